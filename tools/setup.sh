@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs every Debian package kvfabric needs to build, test and run its demo.
+# Idempotent: when every package is already installed it does nothing (no
+# apt-get update, no network). Packages are named, never pinned to a mirror.
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain and builds
+  build-essential pkg-config cmake ninja-build bazel-bootstrap default-jdk-headless
+  clang-format clang-tidy
+  # core libraries
+  libssl-dev libspdlog-dev libfmt-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
+  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+  # control plane
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc prometheus-cpp-dev
+  # optional parts: detected by both builds, installed here so CI builds all of them
+  libucx-dev ucx-utils libibverbs-dev librdmacm-dev liburing-dev libze-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "setup: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+echo "setup: installing ${#missing[@]} missing packages: ${missing[*]}"
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: done"
