@@ -1,0 +1,39 @@
+# Required system libraries and optional parts, found the same way by the
+# build and by kvfabricConfig.cmake (the installed package).
+#
+# Required: missing ones stop the configure step with a message naming the
+# setup script. Optional: each missing part is skipped with one line.
+
+find_package(PkgConfig REQUIRED)
+find_package(Threads REQUIRED)
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+find_package(fmt CONFIG REQUIRED)
+find_package(spdlog CONFIG REQUIRED)
+find_package(yaml-cpp CONFIG REQUIRED)
+find_package(CLI11 CONFIG REQUIRED)
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
+find_package(prometheus-cpp CONFIG REQUIRED)
+
+# Optional parts. KVF_WITH_<PART>=OFF turns a detected part off.
+foreach(part UCX VERBS URING LEVEL_ZERO CUDA)
+  option(KVF_WITH_${part} "Build the ${part} part when its toolkit is found" ON)
+endforeach()
+
+macro(_kvf_optional_pkg part package)
+  set(KVF_HAVE_${part} OFF)
+  if(KVF_WITH_${part})
+    pkg_check_modules(KVF_${part} QUIET IMPORTED_TARGET ${ARGN})
+    if(KVF_${part}_FOUND)
+      set(KVF_HAVE_${part} ON)
+    endif()
+  endif()
+  if(NOT KVF_HAVE_${part})
+    message(STATUS "kvfabric: optional part skipped: ${part} (install ${package})")
+  endif()
+endmacro()
+
+_kvf_optional_pkg(UCX "libucx-dev" ucx)
+_kvf_optional_pkg(VERBS "libibverbs-dev librdmacm-dev" libibverbs librdmacm)
+_kvf_optional_pkg(URING "liburing-dev" liburing)
+_kvf_optional_pkg(LEVEL_ZERO "libze-dev" level-zero)

@@ -1,0 +1,216 @@
+#include "core/crc32c.h"
+
+#include <array>
+#include <cstring>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVF_CRC32C_HAVE_SSE42 1
+#include <nmmintrin.h>
+#else
+#define KVF_CRC32C_HAVE_SSE42 0
+#endif
+
+namespace kvfabric::crc32c {
+namespace {
+
+// Reflected Castagnoli polynomial.
+constexpr std::uint32_t kPoly = 0x82f63b78u;
+
+using ByteTable = std::array<std::uint32_t, 256>;
+
+// kSlice[0] is the classic byte-at-a-time table; kSlice[k][b] is the CRC
+// contribution of byte b followed by k zero bytes, which lets the portable path
+// fold eight input bytes per step with eight independent lookups.
+constexpr std::array<ByteTable, 8> MakeSlicingTables() {
+  std::array<ByteTable, 8> t{};
+  for (std::uint32_t i = 0; i < 256; ++i) {
+    std::uint32_t c = i;
+    for (int bit = 0; bit < 8; ++bit) c = (c & 1) ? (c >> 1) ^ kPoly : c >> 1;
+    t[0][i] = c;
+  }
+  for (int k = 1; k < 8; ++k) {
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      const std::uint32_t prev = t[k - 1][i];
+      t[k][i] = (prev >> 8) ^ t[0][prev & 0xff];
+    }
+  }
+  return t;
+}
+
+constexpr std::array<ByteTable, 8> kSlice = MakeSlicingTables();
+
+// Little-endian load assembled from bytes, so the portable path is correct on
+// big-endian hosts too; compilers turn it into a single load on little-endian.
+inline std::uint32_t LoadLE32(const std::uint8_t* p) {
+  return static_cast<std::uint32_t>(p[0]) | (static_cast<std::uint32_t>(p[1]) << 8) |
+         (static_cast<std::uint32_t>(p[2]) << 16) | (static_cast<std::uint32_t>(p[3]) << 24);
+}
+
+#if KVF_CRC32C_HAVE_SSE42
+
+// The hardware path runs three independent `crc32` chains over adjacent
+// stripes (the instruction has a latency of 3 cycles and a throughput of 1),
+// then combines them: the CRC register after stripe A then stripe B equals
+// (register after A, advanced over len(B) zero bytes) XOR (raw CRC of B). The
+// "advance over N zero bytes" operator is linear over GF(2); it is built here at
+// compile time as four 256-entry tables, one per byte of the register. This is
+// the scheme of Mark Adler's crc32c.c (zlib author), restated.
+constexpr std::size_t kLongStripe = 8192;
+constexpr std::size_t kShortStripe = 256;
+
+using Gf2Matrix = std::array<std::uint32_t, 32>;
+
+constexpr std::uint32_t Gf2MatrixTimes(const Gf2Matrix& mat, std::uint32_t vec) {
+  std::uint32_t sum = 0;
+  for (int i = 0; vec != 0; ++i, vec >>= 1) {
+    if (vec & 1) sum ^= mat[i];
+  }
+  return sum;
+}
+
+constexpr Gf2Matrix Gf2MatrixSquare(const Gf2Matrix& mat) {
+  Gf2Matrix sq{};
+  for (int i = 0; i < 32; ++i) sq[i] = Gf2MatrixTimes(mat, mat[i]);
+  return sq;
+}
+
+// Operator that advances a (reflected) CRC register over `len` zero bytes.
+// REQUIRES: len is a power of two.
+constexpr Gf2Matrix ZerosOperator(std::size_t len) {
+  Gf2Matrix op{};  // one zero bit
+  op[0] = kPoly;
+  for (int i = 1; i < 32; ++i) op[i] = 1u << (i - 1);
+  for (int i = 0; i < 3; ++i) op = Gf2MatrixSquare(op);  // one zero byte
+  while (len > 1) {
+    op = Gf2MatrixSquare(op);
+    len >>= 1;
+  }
+  return op;
+}
+
+constexpr std::array<ByteTable, 4> MakeShiftTables(std::size_t len) {
+  const Gf2Matrix op = ZerosOperator(len);
+  std::array<ByteTable, 4> t{};
+  for (std::uint32_t i = 0; i < 256; ++i) {
+    for (int k = 0; k < 4; ++k) t[k][i] = Gf2MatrixTimes(op, i << (8 * k));
+  }
+  return t;
+}
+
+constexpr std::array<ByteTable, 4> kShiftLong = MakeShiftTables(kLongStripe);
+constexpr std::array<ByteTable, 4> kShiftShort = MakeShiftTables(kShortStripe);
+
+inline std::uint32_t Shift(const std::array<ByteTable, 4>& t, std::uint32_t crc) {
+  return t[0][crc & 0xff] ^ t[1][(crc >> 8) & 0xff] ^ t[2][(crc >> 16) & 0xff] ^ t[3][crc >> 24];
+}
+
+inline std::uint64_t Load64(const std::uint8_t* p) {
+  std::uint64_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Processes as many whole groups of three `stripe`-byte stripes as fit.
+__attribute__((target("sse4.2"))) inline std::uint32_t Sse42Stripes(
+    std::uint32_t crc, const std::uint8_t*& p, std::size_t& n, std::size_t stripe,
+    const std::array<ByteTable, 4>& shift) {
+  while (n >= 3 * stripe) {
+    std::uint64_t c0 = crc;
+    std::uint64_t c1 = 0;
+    std::uint64_t c2 = 0;
+    const std::uint8_t* end = p + stripe;
+    do {
+      c0 = _mm_crc32_u64(c0, Load64(p));
+      c1 = _mm_crc32_u64(c1, Load64(p + stripe));
+      c2 = _mm_crc32_u64(c2, Load64(p + 2 * stripe));
+      p += 8;
+    } while (p < end);
+    crc = Shift(shift, static_cast<std::uint32_t>(c0)) ^ static_cast<std::uint32_t>(c1);
+    crc = Shift(shift, crc) ^ static_cast<std::uint32_t>(c2);
+    p += 2 * stripe;
+    n -= 3 * stripe;
+  }
+  return crc;
+}
+
+__attribute__((target("sse4.2"))) std::uint32_t ExtendSse42(std::uint32_t crc, const void* data,
+                                                            std::size_t n) {
+  const auto* p = static_cast<const std::uint8_t*>(data);
+  std::uint32_t l = crc ^ 0xffffffffu;
+  // Leading bytes up to an 8-byte boundary, so the 64-bit loads are aligned.
+  while (n > 0 && (reinterpret_cast<std::uintptr_t>(p) & 7) != 0) {
+    l = _mm_crc32_u8(l, *p++);
+    --n;
+  }
+  l = Sse42Stripes(l, p, n, kLongStripe, kShiftLong);
+  l = Sse42Stripes(l, p, n, kShortStripe, kShiftShort);
+  std::uint64_t l64 = l;
+  while (n >= 8) {
+    l64 = _mm_crc32_u64(l64, Load64(p));
+    p += 8;
+    n -= 8;
+  }
+  l = static_cast<std::uint32_t>(l64);
+  while (n > 0) {
+    l = _mm_crc32_u8(l, *p++);
+    --n;
+  }
+  return l ^ 0xffffffffu;
+}
+
+#endif  // KVF_CRC32C_HAVE_SSE42
+
+}  // namespace
+
+namespace internal {
+
+std::uint32_t ExtendPortable(std::uint32_t crc, const void* data, std::size_t n) {
+  const auto* p = static_cast<const std::uint8_t*>(data);
+  std::uint32_t l = crc ^ 0xffffffffu;
+  while (n >= 8) {
+    const std::uint32_t lo = LoadLE32(p) ^ l;
+    const std::uint32_t hi = LoadLE32(p + 4);
+    l = kSlice[7][lo & 0xff] ^ kSlice[6][(lo >> 8) & 0xff] ^ kSlice[5][(lo >> 16) & 0xff] ^
+        kSlice[4][lo >> 24] ^ kSlice[3][hi & 0xff] ^ kSlice[2][(hi >> 8) & 0xff] ^
+        kSlice[1][(hi >> 16) & 0xff] ^ kSlice[0][hi >> 24];
+    p += 8;
+    n -= 8;
+  }
+  while (n > 0) {
+    l = kSlice[0][(l ^ *p++) & 0xff] ^ (l >> 8);
+    --n;
+  }
+  return l ^ 0xffffffffu;
+}
+
+bool HardwareAvailable() {
+#if KVF_CRC32C_HAVE_SSE42
+  // __builtin_cpu_init is only required before main (e.g. from a static
+  // initialiser that computes a CRC), but is cheap and idempotent.
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("sse4.2");
+#else
+  return false;
+#endif
+}
+
+std::uint32_t ExtendHardware(std::uint32_t crc, const void* data, std::size_t n) {
+#if KVF_CRC32C_HAVE_SSE42
+  return ExtendSse42(crc, data, n);
+#else
+  return ExtendPortable(crc, data, n);
+#endif
+}
+
+}  // namespace internal
+
+std::uint32_t Extend(std::uint32_t crc, const void* data, std::size_t n) {
+#if KVF_CRC32C_HAVE_SSE42
+  // Decided once; function-local static initialisation is thread-safe.
+  static const bool kUseHardware = internal::HardwareAvailable();
+  if (kUseHardware) return ExtendSse42(crc, data, n);
+#endif
+  return internal::ExtendPortable(crc, data, n);
+}
+
+}  // namespace kvfabric::crc32c

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Runs every kvfabric test: the README's test command.
+#
+#   tools/test.sh            Bazel: build everything, run every test
+#   tools/test.sh --asan     the same under AddressSanitizer + UBSan
+#
+# Installs what it needs first (tools/setup.sh). Ends with Bazel's summary and
+# one line "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+config=()
+for arg in "$@"; do
+  case "$arg" in
+    --asan) config=(--config=asan) ;;
+    *) echo "usage: tools/test.sh [--asan]" >&2; exit 2 ;;
+  esac
+done
+
+bash tools/setup.sh || exit 1
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+bazel test "${config[@]}" --keep_going //... 2>&1 | tee "$log"
+bazel_rc=${PIPESTATUS[0]}
+
+# Tests of the repository tools themselves (Python standard library only).
+py_passed=0
+py_failed=0
+for t in tools/*_test.py; do
+  [[ -e "$t" ]] || continue
+  if python3 "$t" 2>&1 | sed 's/^/  /'; then
+    echo "$t PASSED"
+    py_passed=$((py_passed + 1))
+  else
+    echo "$t FAILED"
+    py_failed=$((py_failed + 1))
+  fi
+done
+
+passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
+failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|INCOMPLETE|FLAKY)' "$log")
+passed=$((passed + py_passed))
+failed=$((failed + py_failed))
+if [[ $bazel_rc -ne 0 && $failed -eq 0 ]]; then
+  # A build failure leaves tests without a status line: count it.
+  echo "bazel test exited $bazel_rc (build failure?)"
+  failed=1
+fi
+echo "${passed} passed, ${failed} failed"
+[[ $failed -eq 0 ]]
