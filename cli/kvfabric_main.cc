@@ -1,0 +1,36 @@
+// `kvfabric`: the operator's command-line tool.
+//
+//   kvfabric version [--json]    this build, and the optional parts it detected
+//
+// Later subcommands (demo, status, explain, calibrate, bench) arrive with the
+// parts they drive. Exit status: 0 on success, 1 on a failed command, 2 on a
+// usage error.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+#include "cli/version_info.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvfabric: a distributed KV-cache for LLM serving", "kvfabric"};
+  app.require_subcommand(1);
+
+  bool json = false;
+  CLI::App* version = app.add_subcommand("version", "print the version and optional parts");
+  version->add_flag("--json", json, "machine-readable output");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  if (version->parsed()) {
+    kvfabric::cli::VersionInfo info = kvfabric::cli::CollectVersionInfo();
+    const std::string out = json ? kvfabric::cli::FormatVersionJson(info)
+                                 : kvfabric::cli::FormatVersionText(info);
+    std::fputs(out.c_str(), stdout);
+    return 0;
+  }
+  return 2;
+}

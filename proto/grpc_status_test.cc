@@ -1,0 +1,39 @@
+#include "proto/grpc_status.h"
+
+#include <gtest/gtest.h>
+
+namespace kvfabric {
+namespace {
+
+TEST(GrpcStatusTest, EveryCodeRoundTrips) {
+  for (int c = 1; c <= 15; ++c) {
+    Status s(static_cast<StatusCode>(c), "message " + std::to_string(c));
+    grpc::Status g = ToGrpcStatus(s);
+    EXPECT_EQ(static_cast<int>(g.error_code()), c);
+    EXPECT_EQ(g.error_message(), "message " + std::to_string(c));
+    EXPECT_EQ(FromGrpcStatus(g), s);
+  }
+}
+
+TEST(GrpcStatusTest, OkBothWays) {
+  EXPECT_TRUE(ToGrpcStatus(Status::OK()).ok());
+  EXPECT_TRUE(FromGrpcStatus(grpc::Status::OK).ok());
+}
+
+TEST(GrpcStatusTest, NamedCodesMatchGrpc) {
+  EXPECT_EQ(ToGrpcStatus(Status::Unavailable("x")).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(ToGrpcStatus(Status::DataLoss("x")).error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_EQ(ToGrpcStatus(Status::ResourceExhausted("x")).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(FromGrpcStatus(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "late")).code(),
+            StatusCode::kDeadlineExceeded);
+}
+
+TEST(GrpcStatusTest, UnknownGrpcCodeBecomesUnknownWithNumber) {
+  Status s = FromGrpcStatus(grpc::Status(static_cast<grpc::StatusCode>(42), "odd"));
+  EXPECT_EQ(s.code(), StatusCode::kUnknown);
+  EXPECT_EQ(s.message(), "gRPC code 42: odd");
+}
+
+}  // namespace
+}  // namespace kvfabric
