@@ -1,0 +1,47 @@
+#include "server/health_reporter.h"
+
+#include <random>
+#include <utility>
+
+#include "proto/wire_limits.h"
+
+namespace kvfabric {
+
+namespace {
+
+std::uint64_t NewIncarnation() {
+  std::random_device rd;
+  std::uint64_t v = 0;
+  while (v == 0) v = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+  return v;
+}
+
+}  // namespace
+
+HealthReporter::HealthReporter(Env* env, std::string server_id, std::string version)
+    : env_(env),
+      server_id_(std::move(server_id)),
+      version_(std::move(version)),
+      start_micros_(env->NowMicros()),
+      incarnation_(NewIncarnation()) {}
+
+void HealthReporter::SetState(v1::ServingStatus state, std::string detail) {
+  std::lock_guard<std::mutex> lock(mu_);
+  state_ = state;
+  detail_ = state == v1::SERVING_STATUS_SERVING ? "" : std::move(detail);
+}
+
+void HealthReporter::Fill(v1::HealthResponse* response) const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    response->set_status(state_);
+    response->set_detail(detail_);
+  }
+  response->set_version(version_);
+  response->set_uptime_us(env_->NowMicros() - start_micros_);
+  response->set_server_id(server_id_);
+  response->set_incarnation(incarnation_);
+  *response->mutable_limits() = DefaultLimits();
+}
+
+}  // namespace kvfabric

@@ -1,0 +1,46 @@
+// HealthReporter answers the Health RPC that both services expose: serving
+// state, version, uptime, identity, incarnation and limits.
+//
+// Thread safety: Fill() and SetState() may be called from any thread.
+#ifndef KVFABRIC_SERVER_HEALTH_REPORTER_H_
+#define KVFABRIC_SERVER_HEALTH_REPORTER_H_
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "core/env.h"
+#include "kvfabric/v1/common.pb.h"
+
+namespace kvfabric {
+
+class HealthReporter {
+ public:
+  // `env` is borrowed and must outlive this object (it supplies the clock).
+  HealthReporter(Env* env, std::string server_id, std::string version);
+
+  HealthReporter(const HealthReporter&) = delete;
+  HealthReporter& operator=(const HealthReporter&) = delete;
+
+  // `detail` says why, in one line, when `state` is not SERVING.
+  void SetState(v1::ServingStatus state, std::string detail);
+
+  void Fill(v1::HealthResponse* response) const;
+
+  // A random id of this process start, never 0.
+  std::uint64_t incarnation() const { return incarnation_; }
+
+ private:
+  Env* const env_;
+  const std::string server_id_;
+  const std::string version_;
+  const std::uint64_t start_micros_;
+  const std::uint64_t incarnation_;
+  mutable std::mutex mu_;
+  v1::ServingStatus state_ = v1::SERVING_STATUS_STARTING;  // guarded by mu_
+  std::string detail_ = "starting";                        // guarded by mu_
+};
+
+}  // namespace kvfabric
+
+#endif  // KVFABRIC_SERVER_HEALTH_REPORTER_H_
