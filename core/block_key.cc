@@ -1,12 +1,10 @@
 #include "core/block_key.h"
 
-#include <openssl/err.h>
-#include <openssl/evp.h>
-
 #include <cstring>
-#include <memory>
 #include <string>
 #include <utility>
+
+#include "core/sha256.h"
 
 namespace kvfabric {
 namespace {
@@ -15,38 +13,17 @@ namespace {
 // encoding gets a new tag; this one is never changed.
 constexpr std::string_view kBlockKeyTag = "kvfabric/block-key/v1";
 
-// The one conversion of a libcrypto failure in this file.
-Status OpenSslFailure(std::string_view call) {
-  char buf[256];
-  const auto err = ERR_get_error();
-  ERR_error_string_n(err, buf, sizeof(buf));
-  ERR_clear_error();
-  return Status::Internal(std::string(call) + " failed: " + buf);
-}
-
-struct EvpMdCtxDeleter {
-  void operator()(EVP_MD_CTX* ctx) const { EVP_MD_CTX_free(ctx); }
-};
-using EvpMdCtxPtr = std::unique_ptr<EVP_MD_CTX, EvpMdCtxDeleter>;
-
 void StoreU32(std::uint8_t* out, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) out[i] = static_cast<std::uint8_t>(v >> (8 * i));
 }
 
-// Streams one block-key message into SHA-256. The first failing libcrypto call
-// is remembered and reported by Finish(); later calls do nothing.
+// Streams one block-key message into a Sha256. A libcrypto failure is
+// remembered by the Sha256 and reported by Finish().
 class KeyHasher {
  public:
-  explicit KeyHasher(EVP_MD_CTX* ctx) : ctx_(ctx) {
-    if (EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) != 1) {
-      status_ = OpenSslFailure("EVP_DigestInit_ex(SHA-256)");
-    }
-  }
+  explicit KeyHasher(Sha256& sha) : sha_(sha) {}
 
-  void Bytes(const void* data, std::size_t size) {
-    if (!status_.ok() || size == 0) return;
-    if (EVP_DigestUpdate(ctx_, data, size) != 1) status_ = OpenSslFailure("EVP_DigestUpdate");
-  }
+  void Bytes(const void* data, std::size_t size) { sha_.Update(data, size); }
   void U32(std::uint32_t v) {
     std::uint8_t le[4];
     StoreU32(le, v);
@@ -58,29 +35,15 @@ class KeyHasher {
     Bytes(s.data(), s.size());
   }
 
+  // The key; the Sha256 is then ready for the next block.
   StatusOr<BlockKey> Finish() {
-    if (!status_.ok()) return status_;
-    BlockKey::Bytes out;
-    unsigned int len = 0;
-    if (EVP_DigestFinal_ex(ctx_, out.data(), &len) != 1) {
-      return OpenSslFailure("EVP_DigestFinal_ex(SHA-256)");
-    }
-    if (len != out.size()) {
-      return Status::Internal("SHA-256 returned " + std::to_string(len) + " bytes, expected 32");
-    }
-    return BlockKey(out);
+    KVF_ASSIGN_OR_RETURN(Sha256Digest digest, sha_.Finish());
+    return BlockKey(digest);
   }
 
  private:
-  EVP_MD_CTX* ctx_;
-  Status status_;
+  Sha256& sha_;
 };
-
-StatusOr<EvpMdCtxPtr> NewDigestContext() {
-  EvpMdCtxPtr ctx(EVP_MD_CTX_new());
-  if (ctx == nullptr) return OpenSslFailure("EVP_MD_CTX_new");
-  return ctx;
-}
 
 Status ValidateExtraKeys(std::span<const std::string> extra_keys) {
   if (extra_keys.size() > kMaxExtraKeysPerBlock) {
@@ -100,11 +63,11 @@ Status ValidateExtraKeys(std::span<const std::string> extra_keys) {
 
 // The block-key message of docs/block-key.md, hashed.
 // REQUIRES: tokens.size() <= kMaxTokensPerBlock; extra_keys validated.
-StatusOr<BlockKey> HashBlock(EVP_MD_CTX* ctx, const Namespace& ns,
+StatusOr<BlockKey> HashBlock(Sha256& sha, const Namespace& ns,
                              const FingerprintDigest& fingerprint_digest, const BlockKey& parent,
                              std::span<const std::uint32_t> tokens,
                              std::span<const std::string> extra_keys) {
-  KeyHasher h(ctx);
+  KeyHasher h(sha);
   h.LengthPrefixed(kBlockKeyTag);
   h.LengthPrefixed(ns.tenant);
   h.Bytes(fingerprint_digest.data(), fingerprint_digest.size());
@@ -185,8 +148,8 @@ StatusOr<BlockKey> BlockKeyer::KeyBlock(const BlockKey& parent,
         " tokens, got " + std::to_string(tokens.size()));
   }
   KVF_RETURN_IF_ERROR(ValidateExtraKeys(extra_keys));
-  KVF_ASSIGN_OR_RETURN(EvpMdCtxPtr ctx, NewDigestContext());
-  return HashBlock(ctx.get(), ns_, fingerprint_digest_, parent, tokens, extra_keys);
+  KVF_ASSIGN_OR_RETURN(Sha256 sha, Sha256::Create());
+  return HashBlock(sha, ns_, fingerprint_digest_, parent, tokens, extra_keys);
 }
 
 StatusOr<std::vector<BlockKey>> BlockKeyer::KeyBlocks(
@@ -210,13 +173,13 @@ StatusOr<std::vector<BlockKey>> BlockKeyer::KeyBlocks(
   std::vector<BlockKey> keys;
   keys.reserve(full_blocks);
   if (full_blocks == 0) return keys;
-  KVF_ASSIGN_OR_RETURN(EvpMdCtxPtr ctx, NewDigestContext());
+  KVF_ASSIGN_OR_RETURN(Sha256 sha, Sha256::Create());
   BlockKey prev = parent;
   for (std::size_t i = 0; i < full_blocks; ++i) {
     std::span<const std::string> extra;
     if (!extra_per_block.empty()) extra = extra_per_block[i];
     KVF_ASSIGN_OR_RETURN(
-        prev, HashBlock(ctx.get(), ns_, fingerprint_digest_, prev,
+        prev, HashBlock(sha, ns_, fingerprint_digest_, prev,
                         tokens.subspan(i * tokens_per_block_, tokens_per_block_), extra));
     keys.push_back(prev);
   }

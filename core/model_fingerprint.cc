@@ -1,9 +1,8 @@
 #include "core/model_fingerprint.h"
 
-#include <openssl/err.h>
-#include <openssl/evp.h>
-
 #include <string>
+
+#include "core/sha256.h"
 
 namespace kvfabric {
 namespace {
@@ -24,15 +23,6 @@ void AppendLengthPrefixed(std::string& out, std::string_view bytes) {
 
 Status Invalid(const std::string& what) {
   return Status::InvalidArgument("invalid ModelFingerprint: " + what);
-}
-
-// The one conversion of a libcrypto failure in this file.
-Status OpenSslFailure(std::string_view call) {
-  char buf[256];
-  const auto err = ERR_get_error();
-  ERR_error_string_n(err, buf, sizeof(buf));
-  ERR_clear_error();
-  return Status::Internal(std::string(call) + " failed: " + buf);
 }
 
 }  // namespace
@@ -123,15 +113,9 @@ StatusOr<FingerprintDigest> ModelFingerprint::Digest() const {
   AppendU32(msg, tp_size);
   AppendU32(msg, layout_version);
 
-  FingerprintDigest digest;
-  unsigned int len = 0;
-  if (EVP_Digest(msg.data(), msg.size(), digest.data(), &len, EVP_sha256(), nullptr) != 1) {
-    return OpenSslFailure("EVP_Digest(SHA-256) of a model fingerprint");
-  }
-  if (len != digest.size()) {
-    return Status::Internal("SHA-256 returned " + std::to_string(len) + " bytes, expected 32");
-  }
-  return digest;
+  StatusOr<Sha256Digest> digest = Sha256Of(msg);
+  if (!digest.ok()) return digest.status().WithContext("digest of a model fingerprint");
+  return *digest;
 }
 
 StatusOr<std::uint64_t> ModelFingerprint::BlockBytes() const {

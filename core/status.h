@@ -4,9 +4,10 @@
 // message that says what was wrong, with the numbers that explain it. Every
 // fallible function in kvfabric returns a Status or a StatusOr<T>; exceptions do
 // not cross module boundaries. Foreign errors (errno, grpc::Status,
-// ucs_status_t, cudaError_t) are converted in exactly one function each, in the
-// module that owns that dependency (core/errno_status.h, proto/grpc_status.h,
-// transport/ucx/ucx_status.h, gpu/cuda/cuda_status.h).
+// ucs_status_t, cudaError_t, ze_result_t, OpenSSL's error queue) are converted
+// in exactly one function each, in the module that owns that dependency
+// (core/errno_status.h, proto/grpc_status.h, transport/ucx/ucx_status.h,
+// gpu/cuda/cuda_status.h, gpu/level_zero/ze_status.h, core/sha256.h).
 //
 // Thread safety: a Status is a value; distinct objects may be used from
 // different threads, one object is not synchronised.
