@@ -1,6 +1,7 @@
 // `kvfabric`: the operator's command-line tool.
 //
-//   kvfabric version [--json]    this build, and the optional parts it detected
+//   kvfabric [--config FILE] [--log-level L] version [--json]
+//       this build, and the optional parts it detected
 //
 // Later subcommands (demo, status, explain, calibrate, bench) arrive with the
 // parts they drive. Exit status: 0 on success, 1 on a failed command, 2 on a
@@ -10,10 +11,17 @@
 #include <cstdio>
 
 #include "cli/version_info.h"
+#include "core/config/logging_flags.h"
+#include "core/config/yaml_config.h"
+#include "core/logging.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvfabric: a distributed KV-cache for LLM serving", "kvfabric"};
   app.require_subcommand(1);
+  // Every flag may also come from a YAML file (--config); flags win.
+  kvfabric::AddYamlConfigOption(&app);
+  kvfabric::LogOptions log_options;
+  kvfabric::AddLoggingFlags(app, &log_options);
 
   bool json = false;
   CLI::App* version = app.add_subcommand("version", "print the version and optional parts");
@@ -23,6 +31,11 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  if (kvfabric::Status s = kvfabric::InitLogging(log_options); !s.ok()) {
+    std::fprintf(stderr, "kvfabric: %s\n", s.ToString().c_str());
+    return 2;
   }
 
   if (version->parsed()) {
