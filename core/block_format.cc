@@ -1,9 +1,11 @@
 #include "core/block_format.h"
 
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include "core/crc32c.h"
+#include "core/model_fingerprint.h"
 
 namespace kvfabric {
 namespace {
@@ -88,7 +90,7 @@ bool MulChecked(std::uint64_t* acc, std::uint64_t factor) {
 
 std::string ShapeString(const BlockHeader& h) {
   return "layers=" + Num(h.layers) + " tokens=" + Num(h.tokens) + " kv_heads=" + Num(h.kv_heads) +
-         " head_dim=" + Num(h.head_dim) + " dtype=" + std::string(BlockDtypeName(h.dtype));
+         " head_dim=" + Num(h.head_dim) + " dtype=" + std::string(KvDtypeName(h.dtype));
 }
 
 Status UnsupportedVersion(std::uint16_t version) {
@@ -96,42 +98,25 @@ Status UnsupportedVersion(std::uint16_t version) {
                                     " (this build reads version " + Num(kBlockFormatVersion) + ")");
 }
 
+// OK if `dtype` names a KvDtype whose number fits the header's u8 dtype byte,
+// so that EncodeBlockHeader() never truncates it; InvalidArgument otherwise.
+Status CheckDtype(KvDtype dtype) {
+  const auto code = static_cast<std::uint32_t>(dtype);
+  if (KvDtypeSize(dtype) == 0) {
+    return Status::InvalidArgument("unknown block dtype " + Num(code));
+  }
+  if (code > std::numeric_limits<std::uint8_t>::max()) {
+    return Status::InvalidArgument("block dtype " + Num(code) + " (" +
+                                   std::string(KvDtypeName(dtype)) +
+                                   ") does not fit the header's one-byte dtype field");
+  }
+  return Status::OK();
+}
+
 // Layer slice size of a header that passed ValidateBlockHeader().
 std::uint64_t LayerBytes(const BlockHeader& h) { return h.payload_bytes / h.layers; }
 
 }  // namespace
-
-std::size_t BlockDtypeSize(BlockDtype dtype) {
-  switch (dtype) {
-    case BlockDtype::kFp16:
-      return 2;
-    case BlockDtype::kBf16:
-      return 2;
-    case BlockDtype::kFp32:
-      return 4;
-    case BlockDtype::kFp8E4m3:
-      return 1;
-    case BlockDtype::kInt8:
-      return 1;
-  }
-  return 0;
-}
-
-std::string_view BlockDtypeName(BlockDtype dtype) {
-  switch (dtype) {
-    case BlockDtype::kFp16:
-      return "fp16";
-    case BlockDtype::kBf16:
-      return "bf16";
-    case BlockDtype::kFp32:
-      return "fp32";
-    case BlockDtype::kFp8E4m3:
-      return "fp8_e4m3";
-    case BlockDtype::kInt8:
-      return "int8";
-  }
-  return "unknown";
-}
 
 std::string_view BlockRepresentationName(BlockRepresentation representation) {
   switch (representation) {
@@ -143,13 +128,10 @@ std::string_view BlockRepresentationName(BlockRepresentation representation) {
   return "unknown";
 }
 
-StatusOr<std::uint64_t> ExactPayloadBytes(BlockDtype dtype, std::uint32_t layers,
-                                          std::uint32_t tokens, std::uint32_t kv_heads,
-                                          std::uint32_t head_dim) {
-  const std::size_t dtype_size = BlockDtypeSize(dtype);
-  if (dtype_size == 0) {
-    return Status::InvalidArgument("unknown block dtype " + Num(static_cast<std::uint8_t>(dtype)));
-  }
+StatusOr<std::uint64_t> ExactPayloadBytes(KvDtype dtype, std::uint32_t layers, std::uint32_t tokens,
+                                          std::uint32_t kv_heads, std::uint32_t head_dim) {
+  KVF_RETURN_IF_ERROR(CheckDtype(dtype));
+  const std::uint32_t dtype_size = KvDtypeSize(dtype);
   if (layers == 0 || tokens == 0 || kv_heads == 0 || head_dim == 0) {
     return Status::InvalidArgument("block shape has a zero dimension: layers=" + Num(layers) +
                                    " tokens=" + Num(tokens) + " kv_heads=" + Num(kv_heads) +
@@ -163,7 +145,7 @@ StatusOr<std::uint64_t> ExactPayloadBytes(BlockDtype dtype, std::uint32_t layers
     return Status::InvalidArgument(
         "block of layers=" + Num(layers) + " x 2 x tokens=" + Num(tokens) +
         " x kv_heads=" + Num(kv_heads) + " x head_dim=" + Num(head_dim) + " x " + Num(dtype_size) +
-        " bytes (" + std::string(BlockDtypeName(dtype)) + ") " +
+        " bytes (" + std::string(KvDtypeName(dtype)) + ") " +
         (fits ? "= " + Num(bytes) + " bytes" : std::string("overflows 64 bits")) +
         ", above kMaxBlockPayloadBytes " + Num(kMaxBlockPayloadBytes));
   }
@@ -189,10 +171,7 @@ Status ValidateBlockHeader(const BlockHeader& h) {
       return Status::OK();
     }
     case BlockRepresentation::kCompactInt8: {
-      if (BlockDtypeSize(h.dtype) == 0) {
-        return Status::InvalidArgument("unknown block dtype " +
-                                       Num(static_cast<std::uint8_t>(h.dtype)));
-      }
+      KVF_RETURN_IF_ERROR(CheckDtype(h.dtype));
       if (h.layers == 0 || h.tokens == 0 || h.kv_heads == 0 || h.head_dim == 0) {
         return Status::InvalidArgument("block shape has a zero dimension: " + ShapeString(h));
       }
@@ -220,6 +199,7 @@ Status EncodeBlockHeader(const BlockHeader& h, std::span<std::byte, kBlockHeader
   for (std::size_t i = 0; i < kBlockMagic.size(); ++i) PutU8(p + kOffMagic + i, kBlockMagic[i]);
   PutU16(p + kOffVersion, h.format_version);
   PutU8(p + kOffRepresentation, static_cast<std::uint8_t>(h.representation));
+  // Checked narrowing: ValidateBlockHeader() above refused a dtype above 255.
   PutU8(p + kOffDtype, static_cast<std::uint8_t>(h.dtype));
   PutU32(p + kOffFlags, h.flags);
   PutU32(p + kOffLayers, h.layers);
@@ -268,7 +248,7 @@ StatusOr<BlockHeader> DecodeBlockHeader(std::span<const std::byte> in) {
   // Enum values are carried through as raw numbers; ValidateBlockHeader rejects
   // the unknown ones before anything switches on them.
   h.representation = static_cast<BlockRepresentation>(GetU8(p + kOffRepresentation));
-  h.dtype = static_cast<BlockDtype>(GetU8(p + kOffDtype));
+  h.dtype = static_cast<KvDtype>(GetU8(p + kOffDtype));
   h.flags = GetU32(p + kOffFlags);
   h.layers = GetU32(p + kOffLayers);
   h.tokens = GetU32(p + kOffTokens);

@@ -29,6 +29,7 @@
 #include <span>
 #include <string_view>
 
+#include "core/model_fingerprint.h"
 #include "core/status.h"
 #include "core/statusor.h"
 
@@ -62,21 +63,6 @@ enum class BlockRepresentation : std::uint8_t {
   kCompactInt8 = 2,
 };
 
-// Element type of the engine's KV tensors. On disk and on the wire: numbered
-// explicitly, never renumbered; 0 is never valid.
-enum class BlockDtype : std::uint8_t {
-  kFp16 = 1,
-  kBf16 = 2,
-  kFp32 = 3,
-  kFp8E4m3 = 4,
-  kInt8 = 5,
-};
-
-// Bytes per element of `dtype`; 0 for a value that is not a known BlockDtype.
-std::size_t BlockDtypeSize(BlockDtype dtype);
-
-// "fp16", "bf16", ...; "unknown" for other values.
-std::string_view BlockDtypeName(BlockDtype dtype);
 // "exact", "compact_int8"; "unknown" for other values.
 std::string_view BlockRepresentationName(BlockRepresentation representation);
 
@@ -93,7 +79,12 @@ using BlockDigest = std::array<std::uint8_t, 32>;
 struct BlockHeader {
   std::uint16_t format_version = kBlockFormatVersion;
   BlockRepresentation representation = BlockRepresentation::kExact;
-  BlockDtype dtype = BlockDtype::kFp16;
+  // Element type of the engine's KV tensors (for a compact block, the type the
+  // codec decodes to): core/model_fingerprint.h's KvDtype, the numbering that
+  // docs/block-key.md hashes into every key. The header stores it in one byte;
+  // ValidateBlockHeader() refuses a value that names no KvDtype or would not fit
+  // (no KvDtype is above 255), so it is never truncated.
+  KvDtype dtype = KvDtype::kFp16;
   std::uint32_t flags = 0;
   BlockDigest key{};
   BlockDigest fingerprint{};
@@ -110,11 +101,11 @@ struct BlockHeader {
 
 // Returns layers x 2 x tokens x kv_heads x head_dim x dtype_size, the payload
 // size of an exact block of that shape.
-// Returns InvalidArgument if any dimension is zero, the dtype is unknown, the
-// product overflows 64 bits, or it exceeds kMaxBlockPayloadBytes.
-StatusOr<std::uint64_t> ExactPayloadBytes(BlockDtype dtype, std::uint32_t layers,
-                                          std::uint32_t tokens, std::uint32_t kv_heads,
-                                          std::uint32_t head_dim);
+// Returns InvalidArgument if any dimension is zero, the dtype names no KvDtype (or
+// does not fit the header's dtype byte), the product overflows 64 bits, or it
+// exceeds kMaxBlockPayloadBytes.
+StatusOr<std::uint64_t> ExactPayloadBytes(KvDtype dtype, std::uint32_t layers, std::uint32_t tokens,
+                                          std::uint32_t kv_heads, std::uint32_t head_dim);
 
 // Returns OK if `header` describes a block this build can read and lay out:
 // FailedPrecondition for a format version other than kBlockFormatVersion;

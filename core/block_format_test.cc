@@ -4,28 +4,19 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/crc32c.h"
+#include "core/model_fingerprint.h"
+#include "core/testing/test_seed.h"
 
 namespace kvfabric {
 namespace {
 
 using Header = std::array<std::byte, kBlockHeaderBytes>;
-
-// A fresh seed per run, or KVF_TEST_SEED to replay a failure.
-std::uint32_t Seed() {
-  const char* fixed = std::getenv("KVF_TEST_SEED");
-  const std::uint32_t seed = fixed != nullptr
-                                 ? static_cast<std::uint32_t>(std::strtoul(fixed, nullptr, 10))
-                                 : std::random_device{}();
-  std::printf("block_format_test seed: %u (KVF_TEST_SEED=%u replays it)\n", seed, seed);
-  return seed;
-}
 
 std::vector<std::byte> RandomBytes(std::size_t n, std::mt19937& rng) {
   std::vector<std::byte> out(n);
@@ -40,7 +31,7 @@ BlockDigest DigestOf(std::uint8_t first) {
 }
 
 // A valid exact header of the given shape, sealed over an all-zero payload.
-BlockHeader ExactHeader(BlockDtype dtype, std::uint32_t layers, std::uint32_t tokens,
+BlockHeader ExactHeader(KvDtype dtype, std::uint32_t layers, std::uint32_t tokens,
                         std::uint32_t kv_heads, std::uint32_t head_dim) {
   BlockHeader h;
   h.representation = BlockRepresentation::kExact;
@@ -56,7 +47,7 @@ BlockHeader ExactHeader(BlockDtype dtype, std::uint32_t layers, std::uint32_t to
   return h;
 }
 
-BlockHeader SmallHeader() { return ExactHeader(BlockDtype::kBf16, 4, 16, 2, 8); }
+BlockHeader SmallHeader() { return ExactHeader(KvDtype::kBf16, 4, 16, 2, 8); }
 
 Header Encode(const BlockHeader& h) {
   Header out{};
@@ -78,10 +69,10 @@ bool Contains(const Status& s, std::string_view needle) {
 }
 
 TEST(BlockFormatTest, RoundTripPreservesEveryField) {
-  const std::uint32_t seed = Seed();
+  const std::uint64_t seed = TestSeed("BlockFormatTest.RoundTripPreservesEveryField");
   std::mt19937 rng(seed);
   for (BlockRepresentation rep : {BlockRepresentation::kExact, BlockRepresentation::kCompactInt8}) {
-    BlockHeader h = ExactHeader(BlockDtype::kFp16, 3, 16, 4, 64);
+    BlockHeader h = ExactHeader(KvDtype::kFp16, 3, 16, 4, 64);
     h.representation = rep;
     if (rep == BlockRepresentation::kCompactInt8) h.payload_bytes = 3 * 2 * 1000;
     for (auto& b : h.key) b = static_cast<std::uint8_t>(rng());
@@ -94,12 +85,19 @@ TEST(BlockFormatTest, RoundTripPreservesEveryField) {
   }
 }
 
-TEST(BlockFormatTest, RoundTripsEveryDtype) {
-  for (BlockDtype dtype : {BlockDtype::kFp16, BlockDtype::kBf16, BlockDtype::kFp32,
-                           BlockDtype::kFp8E4m3, BlockDtype::kInt8}) {
+// The dtype byte is the KvDtype code of docs/block-key.md: fp16, bf16, fp32,
+// fp8_e4m3, int8 are bytes 1 to 5. Checked against those literal bytes rather
+// than the enum's values, because they are on disk and must never change.
+TEST(BlockFormatTest, RoundTripsEveryDtypeAsItsKvDtypeCode) {
+  const KvDtype in_code_order[] = {KvDtype::kFp16, KvDtype::kBf16, KvDtype::kFp32,
+                                   KvDtype::kFp8E4M3, KvDtype::kInt8};
+  for (std::size_t i = 0; i < std::size(in_code_order); ++i) {
+    const KvDtype dtype = in_code_order[i];
     const BlockHeader h = ExactHeader(dtype, 2, 16, 1, 128);
-    StatusOr<BlockHeader> decoded = DecodeBlockHeader(Encode(h));
-    ASSERT_TRUE(decoded.ok()) << decoded.status() << " " << BlockDtypeName(dtype);
+    const Header bytes = Encode(h);
+    EXPECT_EQ(bytes[7], static_cast<std::byte>(i + 1)) << KvDtypeName(dtype);
+    StatusOr<BlockHeader> decoded = DecodeBlockHeader(bytes);
+    ASSERT_TRUE(decoded.ok()) << decoded.status() << " " << KvDtypeName(dtype);
     EXPECT_EQ(*decoded, h);
   }
 }
@@ -107,7 +105,7 @@ TEST(BlockFormatTest, RoundTripsEveryDtype) {
 // Builds the expected bytes from docs/block-format.md's table, independently of
 // the encoder, so a moved field or a wrong byte order fails here.
 TEST(BlockFormatTest, EncodingPlacesFieldsAtDocumentedOffsets) {
-  BlockHeader h = ExactHeader(BlockDtype::kFp32, 0x0102, 0x10, 0x03, 0x0104);
+  BlockHeader h = ExactHeader(KvDtype::kFp32, 0x0102, 0x10, 0x03, 0x0104);
   h.payload_crc32c = 0xDEADBEEFu;
   const Header actual = Encode(h);
 
@@ -278,10 +276,10 @@ TEST(BlockFormatTest, RejectsZeroDimensions) {
 }
 
 TEST(BlockFormatTest, AcceptsPayloadOfExactlyTheLimitAndRejectsOneStepAbove) {
-  StatusOr<std::uint64_t> at_limit = ExactPayloadBytes(BlockDtype::kFp32, 256, 32, 8, 128);
+  StatusOr<std::uint64_t> at_limit = ExactPayloadBytes(KvDtype::kFp32, 256, 32, 8, 128);
   ASSERT_TRUE(at_limit.ok()) << at_limit.status();
   EXPECT_EQ(*at_limit, kMaxBlockPayloadBytes);
-  const Status above = ExactPayloadBytes(BlockDtype::kFp32, 256, 33, 8, 128).status();
+  const Status above = ExactPayloadBytes(KvDtype::kFp32, 256, 33, 8, 128).status();
   EXPECT_TRUE(above.IsInvalidArgument()) << above;
   EXPECT_TRUE(Contains(above, "kMaxBlockPayloadBytes")) << above;
 }
@@ -289,7 +287,7 @@ TEST(BlockFormatTest, AcceptsPayloadOfExactlyTheLimitAndRejectsOneStepAbove) {
 TEST(BlockFormatTest, RejectsAbsurdSizesWithoutOverflow) {
   // Every dimension at its maximum: the product overflows 64 bits.
   const Status s =
-      ExactPayloadBytes(BlockDtype::kFp32, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu)
+      ExactPayloadBytes(KvDtype::kFp32, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu)
           .status();
   EXPECT_TRUE(s.IsInvalidArgument()) << s;
   EXPECT_TRUE(Contains(s, "overflows")) << s;
@@ -297,7 +295,7 @@ TEST(BlockFormatTest, RejectsAbsurdSizesWithoutOverflow) {
   // A shape whose true size is 2^64 + 4096 bytes: with wrapping arithmetic it
   // would masquerade as a plausible 4096-byte block.
   Header bytes = Encode(SmallHeader());
-  PutLE(bytes, 7, static_cast<std::uint8_t>(BlockDtype::kFp8E4m3), 1);
+  PutLE(bytes, 7, static_cast<std::uint8_t>(KvDtype::kFp8E4M3), 1);
   PutLE(bytes, 12, 2048, 4);
   PutLE(bytes, 16, 14586017, 4);
   PutLE(bytes, 20, 308761441, 4);
@@ -339,19 +337,19 @@ TEST(BlockFormatTest, RejectsCompactPayloadThatDoesNotSplitIntoLayerHalves) {
 
 struct Shape {
   BlockRepresentation rep;
-  BlockDtype dtype;
+  KvDtype dtype;
   std::uint32_t layers, tokens, kv_heads, head_dim;
   std::uint64_t compact_bytes;  // payload_bytes for compact shapes
 };
 
 TEST(BlockFormatTest, LayerSlicesTileThePayloadExactly) {
   const Shape shapes[] = {
-      {BlockRepresentation::kExact, BlockDtype::kFp16, 1, 16, 1, 64, 0},
-      {BlockRepresentation::kExact, BlockDtype::kBf16, 32, 16, 8, 128, 0},
-      {BlockRepresentation::kExact, BlockDtype::kFp32, 3, 7, 5, 3, 0},
-      {BlockRepresentation::kExact, BlockDtype::kFp8E4m3, 80, 256, 1, 1, 0},
-      {BlockRepresentation::kExact, BlockDtype::kInt8, 61, 16, 1, 576, 0},
-      {BlockRepresentation::kCompactInt8, BlockDtype::kFp16, 5, 16, 2, 64, 5 * 2 * 2080},
+      {BlockRepresentation::kExact, KvDtype::kFp16, 1, 16, 1, 64, 0},
+      {BlockRepresentation::kExact, KvDtype::kBf16, 32, 16, 8, 128, 0},
+      {BlockRepresentation::kExact, KvDtype::kFp32, 3, 7, 5, 3, 0},
+      {BlockRepresentation::kExact, KvDtype::kFp8E4M3, 80, 256, 1, 1, 0},
+      {BlockRepresentation::kExact, KvDtype::kInt8, 61, 16, 1, 576, 0},
+      {BlockRepresentation::kCompactInt8, KvDtype::kFp16, 5, 16, 2, 64, 5 * 2 * 2080},
   };
   for (const Shape& s : shapes) {
     BlockHeader h;
@@ -367,7 +365,7 @@ TEST(BlockFormatTest, LayerSlicesTileThePayloadExactly) {
             : s.compact_bytes;
     ASSERT_TRUE(ValidateBlockHeader(h).ok()) << ValidateBlockHeader(h);
     const std::string label = std::string(BlockRepresentationName(s.rep)) + " " +
-                              std::string(BlockDtypeName(s.dtype)) + " layers " +
+                              std::string(KvDtypeName(s.dtype)) + " layers " +
                               std::to_string(s.layers);
     std::uint64_t next = 0;
     for (std::uint32_t l = 0; l < h.layers; ++l) {
@@ -381,8 +379,7 @@ TEST(BlockFormatTest, LayerSlicesTileThePayloadExactly) {
       ASSERT_EQ(v.offset + v.bytes, layer.offset + layer.bytes) << label << " layer " << l;
       ASSERT_EQ(k.bytes, v.bytes) << label;
       if (s.rep == BlockRepresentation::kExact) {
-        ASSERT_EQ(k.bytes,
-                  std::uint64_t{s.tokens} * s.kv_heads * s.head_dim * BlockDtypeSize(s.dtype))
+        ASSERT_EQ(k.bytes, std::uint64_t{s.tokens} * s.kv_heads * s.head_dim * KvDtypeSize(s.dtype))
             << label;
       }
       next = layer.offset + layer.bytes;
@@ -394,9 +391,10 @@ TEST(BlockFormatTest, LayerSlicesTileThePayloadExactly) {
 }
 
 TEST(BlockFormatTest, SealedPayloadVerifiesAndEveryCorruptionIsDataLoss) {
-  const std::uint32_t seed = Seed();
+  const std::uint64_t seed =
+      TestSeed("BlockFormatTest.SealedPayloadVerifiesAndEveryCorruptionIsDataLoss");
   std::mt19937 rng(seed);
-  BlockHeader h = ExactHeader(BlockDtype::kFp16, 2, 16, 2, 16);  // 2048 bytes
+  BlockHeader h = ExactHeader(KvDtype::kFp16, 2, 16, 2, 16);  // 2048 bytes
   std::vector<std::byte> payload = RandomBytes(h.payload_bytes, rng);
   ASSERT_TRUE(SealBlock(&h, payload).ok());
   EXPECT_EQ(h.payload_crc32c, crc32c::Value(payload));
@@ -437,29 +435,24 @@ TEST(BlockFormatTest, SealRejectsPayloadOfTheWrongSizeAndLeavesHeaderUnchanged) 
 }
 
 TEST(BlockFormatTest, EncodeRefusesInvalidHeaderAndLeavesOutputUntouched) {
-  BlockHeader h = SmallHeader();
-  h.dtype = static_cast<BlockDtype>(9);
-  Header out;
-  out.fill(std::byte{0xEE});
-  EXPECT_TRUE(EncodeBlockHeader(h, out).IsInvalidArgument());
-  for (std::byte b : out) ASSERT_EQ(b, std::byte{0xEE});
+  // 0x101 names no KvDtype but would truncate to the valid byte 1 (fp16).
+  for (std::uint32_t dtype : {0u, 9u, 0x101u}) {
+    BlockHeader h = SmallHeader();
+    h.dtype = static_cast<KvDtype>(dtype);
+    Header out;
+    out.fill(std::byte{0xEE});
+    const Status s = EncodeBlockHeader(h, out);
+    EXPECT_TRUE(s.IsInvalidArgument()) << dtype << ": " << s;
+    EXPECT_TRUE(Contains(s, "dtype " + std::to_string(dtype))) << s;
+    for (std::byte b : out) ASSERT_EQ(b, std::byte{0xEE}) << dtype;
+  }
 }
 
-TEST(BlockFormatTest, EnumValuesAreTheDocumentedNumbers) {
-  // On disk and on the wire: these numbers never change.
+TEST(BlockFormatTest, RepresentationValuesAreTheDocumentedNumbers) {
+  // On disk and on the wire: these numbers never change. The dtype numbers are
+  // checked byte by byte in RoundTripsEveryDtypeAsItsKvDtypeCode.
   EXPECT_EQ(static_cast<int>(BlockRepresentation::kExact), 1);
   EXPECT_EQ(static_cast<int>(BlockRepresentation::kCompactInt8), 2);
-  EXPECT_EQ(static_cast<int>(BlockDtype::kFp16), 1);
-  EXPECT_EQ(static_cast<int>(BlockDtype::kBf16), 2);
-  EXPECT_EQ(static_cast<int>(BlockDtype::kFp32), 3);
-  EXPECT_EQ(static_cast<int>(BlockDtype::kFp8E4m3), 4);
-  EXPECT_EQ(static_cast<int>(BlockDtype::kInt8), 5);
-  EXPECT_EQ(BlockDtypeSize(BlockDtype::kFp16), 2u);
-  EXPECT_EQ(BlockDtypeSize(BlockDtype::kBf16), 2u);
-  EXPECT_EQ(BlockDtypeSize(BlockDtype::kFp32), 4u);
-  EXPECT_EQ(BlockDtypeSize(BlockDtype::kFp8E4m3), 1u);
-  EXPECT_EQ(BlockDtypeSize(BlockDtype::kInt8), 1u);
-  EXPECT_EQ(BlockDtypeSize(static_cast<BlockDtype>(0)), 0u);
 }
 
 }  // namespace

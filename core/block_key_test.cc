@@ -23,6 +23,7 @@
 #include "core/model_fingerprint.h"
 #include "core/status.h"
 #include "core/statusor.h"
+#include "core/testing/test_seed.h"
 
 namespace kvfabric {
 namespace {
@@ -342,11 +343,7 @@ std::string SmallString(std::mt19937_64& rng, int min_len, int max_len) {
 }
 
 TEST(BlockKeyTest, DistinctInputsGiveDistinctKeysRandomised) {
-  std::uint64_t seed = std::random_device()();
-  const char* fixed_seed = std::getenv("KVF_TEST_SEED");  // NOLINT(concurrency-mt-unsafe)
-  if (fixed_seed != nullptr) seed = std::stoull(fixed_seed);
-  std::cout << "DistinctInputsGiveDistinctKeysRandomised seed=" << seed
-            << " (rerun with KVF_TEST_SEED=" << seed << ")\n";
+  const std::uint64_t seed = TestSeed("BlockKeyTest.DistinctInputsGiveDistinctKeysRandomised");
   SCOPED_TRACE("seed=" + std::to_string(seed));
   std::mt19937_64 rng(seed);
   auto pick = [&rng](std::uint32_t lo, std::uint32_t hi) {

@@ -3,12 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "core/testing/test_seed.h"
 
 namespace kvfabric::crc32c {
 namespace {
@@ -27,16 +27,6 @@ std::vector<Impl> RunnableImpls() {
                              {"dispatch", static_cast<ExtendFn>(&Extend)}};
   if (internal::HardwareAvailable()) impls.push_back({"hardware", &internal::ExtendHardware});
   return impls;
-}
-
-// A fresh seed per run, or KVF_TEST_SEED to replay a failure.
-std::uint32_t Seed() {
-  const char* fixed = std::getenv("KVF_TEST_SEED");
-  const std::uint32_t seed = fixed != nullptr
-                                 ? static_cast<std::uint32_t>(std::strtoul(fixed, nullptr, 10))
-                                 : std::random_device{}();
-  std::printf("crc32c_test seed: %u (KVF_TEST_SEED=%u replays it)\n", seed, seed);
-  return seed;
 }
 
 TEST(Crc32cTest, StandardCheckValueOnEveryPath) {
@@ -93,7 +83,8 @@ TEST(Crc32cTest, LongInputsAgreeAcrossPathsOnKnownPattern) {
 
 TEST(Crc32cTest, HardwareMatchesPortableOnRandomLengthsAlignmentsAndSplits) {
   if (!internal::HardwareAvailable()) GTEST_SKIP() << "no hardware CRC32C on this CPU/build";
-  const std::uint32_t seed = Seed();
+  const std::uint64_t seed =
+      TestSeed("Crc32cTest.HardwareMatchesPortableOnRandomLengthsAlignmentsAndSplits");
   std::mt19937_64 rng(seed);
   std::vector<std::uint8_t> buffer(3 * 8192 * 3 + 64);
   for (auto& b : buffer) b = static_cast<std::uint8_t>(rng());
@@ -119,7 +110,7 @@ TEST(Crc32cTest, HardwareMatchesPortableOnRandomLengthsAlignmentsAndSplits) {
 }
 
 TEST(Crc32cTest, ExtendOfValueEqualsValueOfConcatenation) {
-  const std::uint32_t seed = Seed();
+  const std::uint64_t seed = TestSeed("Crc32cTest.ExtendOfValueEqualsValueOfConcatenation");
   std::mt19937 rng(seed);
   for (int iter = 0; iter < 200; ++iter) {
     std::string a(rng() % 300, '\0');
@@ -153,7 +144,7 @@ TEST(Crc32cTest, MaskRoundTripsAndChangesTheValue) {
   EXPECT_NE(crc, Mask(Mask(crc)));
   EXPECT_EQ(crc, Unmask(Mask(crc)));
   EXPECT_EQ(crc, Unmask(Unmask(Mask(Mask(crc)))));
-  const std::uint32_t seed = Seed();
+  const std::uint64_t seed = TestSeed("Crc32cTest.MaskRoundTripsAndChangesTheValue");
   std::mt19937 rng(seed);
   for (int i = 0; i < 1000; ++i) {
     const std::uint32_t v = rng();

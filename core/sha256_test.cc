@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <iostream>
 #include <random>
 #include <string>
 #include <utility>
@@ -20,6 +19,7 @@
 
 #include "core/status.h"
 #include "core/statusor.h"
+#include "core/testing/test_seed.h"
 
 namespace kvfabric {
 namespace {
@@ -129,11 +129,8 @@ TEST(Sha256Test, EmptyUpdatesDoNotChangeTheDigest) {
 // ------------------------------------------------------ incremental vs one-shot
 
 TEST(Sha256Test, IncrementalEqualsOneShotAcrossRandomSplitPointsRandomised) {
-  std::uint64_t seed = std::random_device()();
-  const char* fixed_seed = std::getenv("KVF_TEST_SEED");  // NOLINT(concurrency-mt-unsafe)
-  if (fixed_seed != nullptr) seed = std::stoull(fixed_seed);
-  std::cout << "IncrementalEqualsOneShotAcrossRandomSplitPointsRandomised seed=" << seed
-            << " (rerun with KVF_TEST_SEED=" << seed << ")\n";
+  const std::uint64_t seed =
+      TestSeed("Sha256Test.IncrementalEqualsOneShotAcrossRandomSplitPointsRandomised");
   SCOPED_TRACE("seed=" + std::to_string(seed));
   std::mt19937_64 rng(seed);
 

@@ -5,11 +5,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <random>
 #include <string>
+
+#include "core/testing/test_seed.h"
 
 namespace kvfabric {
 namespace {
@@ -147,18 +147,9 @@ TEST(FormatBytesTest, ExactFormAddsByteCountOnlyWhenRounded) {
   EXPECT_EQ(FormatBytesExact(64 * kMiB + 1), "64.0 MiB (67108865 bytes)");
 }
 
-// A fresh seed per run, or KVF_TEST_SEED to replay a failure.
-std::uint32_t Seed() {
-  const char* fixed = std::getenv("KVF_TEST_SEED");
-  const std::uint32_t seed = fixed != nullptr
-                                 ? static_cast<std::uint32_t>(std::strtoul(fixed, nullptr, 10))
-                                 : std::random_device{}();
-  std::printf("units_test seed: %u (KVF_TEST_SEED=%u replays it)\n", seed, seed);
-  return seed;
-}
-
 TEST(FormatBytesTest, WholeNumberOutputParsesBackExactlyAndRoundedOutputIsWithinHalfATenth) {
-  std::mt19937_64 rng(Seed());
+  std::mt19937_64 rng(TestSeed(
+      "FormatBytesTest.WholeNumberOutputParsesBackExactlyAndRoundedOutputIsWithinHalfATenth"));
   for (int i = 0; i < 20000; ++i) {
     const int shift = static_cast<int>(rng() % 64);
     std::uint64_t v = rng() >> shift;
@@ -236,7 +227,7 @@ TEST(FormatDurationTest, ReadableExactForms) {
 }
 
 TEST(FormatDurationTest, RoundTripsThroughParse) {
-  std::mt19937_64 rng(Seed());
+  std::mt19937_64 rng(TestSeed("FormatDurationTest.RoundTripsThroughParse"));
   for (int i = 0; i < 20000; ++i) {
     const auto v = static_cast<std::int64_t>((rng() >> 1) >> (rng() % 63));
     const std::string text = FormatDuration(microseconds(v));

@@ -6,7 +6,6 @@
 #include <bit>
 #include <cstring>
 #include <filesystem>
-#include <iostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +13,7 @@
 #include "core/aligned_buffer.h"
 #include "core/env.h"
 #include "core/status.h"
+#include "core/testing/test_seed.h"
 #include "gtest/gtest.h"
 
 namespace kvfabric {
@@ -21,16 +21,6 @@ namespace {
 
 std::span<const std::byte> Bytes(std::string_view s) {
   return std::as_bytes(std::span(s.data(), s.size()));
-}
-
-// The seed for a randomised test: --gtest_random_seed=N replays a run;
-// without it a fresh one is drawn. Printed either way.
-uint64_t TestSeed() {
-  uint64_t seed = static_cast<uint64_t>(GTEST_FLAG_GET(random_seed));
-  if (seed == 0) seed = std::random_device{}() % 99999 + 1;
-  std::cout << "seed " << seed << " (replay with --gtest_random_seed=" << seed << ")\n";
-  ::testing::Test::RecordProperty("seed", std::to_string(seed));
-  return seed;
 }
 
 class FaultInjectionEnvTest : public ::testing::Test {
@@ -143,7 +133,7 @@ TEST_F(FaultInjectionEnvTest, TruncateOnOpenIsRolledBack) {
 // Random writes, truncations and syncs against a model of the file; after the
 // crash the file must equal the model as it stood at the last successful Sync.
 TEST_F(FaultInjectionEnvTest, RandomWorkloadRewindsToLastSync) {
-  const uint64_t seed = TestSeed();
+  const uint64_t seed = TestSeed("FaultInjectionEnvTest.RandomWorkloadRewindsToLastSync");
   std::mt19937_64 rng(seed);
   const std::string path = Path("f");
   WriteDurable(path, "");
@@ -341,7 +331,7 @@ TEST_F(FaultInjectionEnvTest, DirectIoFileRollsBackToSyncedBlocks) {
 }
 
 TEST_F(FaultInjectionEnvTest, WriteFailuresHappenAtSeededRateAndReplay) {
-  const uint64_t seed = TestSeed();
+  const uint64_t seed = TestSeed("FaultInjectionEnvTest.WriteFailuresHappenAtSeededRateAndReplay");
   constexpr int kWrites = 5000;
   constexpr uint32_t kOneIn = 10;
   auto run = [&](const std::string& path) {
@@ -391,7 +381,7 @@ TEST_F(FaultInjectionEnvTest, FailedSyncKeepsDataUnsynced) {
 }
 
 TEST_F(FaultInjectionEnvTest, ReadFailuresAreDataLossAtSeededRate) {
-  const uint64_t seed = TestSeed();
+  const uint64_t seed = TestSeed("FaultInjectionEnvTest.ReadFailuresAreDataLossAtSeededRate");
   const std::string path = Path("f");
   WriteDurable(path, "0123456789");
   auto f = Open(path);
@@ -416,7 +406,8 @@ TEST_F(FaultInjectionEnvTest, ReadFailuresAreDataLossAtSeededRate) {
 }
 
 TEST_F(FaultInjectionEnvTest, ReadCorruptionFlipsOneBitOfTheReturnedBytesOnly) {
-  const uint64_t seed = TestSeed();
+  const uint64_t seed =
+      TestSeed("FaultInjectionEnvTest.ReadCorruptionFlipsOneBitOfTheReturnedBytesOnly");
   const std::string path = Path("f");
   const std::string data(64, 'z');
   WriteDurable(path, data);
@@ -437,7 +428,8 @@ TEST_F(FaultInjectionEnvTest, ReadCorruptionFlipsOneBitOfTheReturnedBytesOnly) {
 }
 
 TEST_F(FaultInjectionEnvTest, CorruptBytesChangesExactlyTheRequestedBytes) {
-  const uint64_t seed = TestSeed();
+  const uint64_t seed =
+      TestSeed("FaultInjectionEnvTest.CorruptBytesChangesExactlyTheRequestedBytes");
   const std::string path = Path("f");
   std::string original(4096, '\0');
   for (size_t i = 0; i < original.size(); ++i) original[i] = static_cast<char>(i);
