@@ -1,0 +1,91 @@
+#include "transport/transfer_batch.h"
+
+#include <string>
+#include <utility>
+
+namespace kvfabric::transport {
+
+BatchCompletion::BatchCompletion(std::size_t entries, std::function<void()> cancel)
+    : results_(entries),
+      completed_(entries, false),
+      remaining_(entries),
+      cancel_(std::move(cancel)) {}
+
+void BatchCompletion::Complete(std::size_t index, Status status, std::uint64_t bytes) {
+  std::function<void()> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (completed_[index]) return;
+    completed_[index] = true;
+    results_[index].status = std::move(status);
+    results_[index].bytes = bytes;
+    if (--remaining_ != 0) return;
+    done = std::move(on_done_);
+    cancel_ = nullptr;  // nothing left to cancel
+    cv_.notify_all();
+  }
+  if (done) done();
+}
+
+void BatchCompletion::OnDone(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (remaining_ != 0) {
+      on_done_ = std::move(fn);
+      return;
+    }
+  }
+  fn();
+}
+
+void BatchCompletion::Cancel() {
+  std::function<void()> cancel;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancel = std::move(cancel_);
+    cancel_ = nullptr;
+  }
+  if (cancel) cancel();
+}
+
+bool BatchCompletion::Done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return remaining_ == 0;
+}
+
+Status BatchCompletion::Wait(std::chrono::steady_clock::time_point deadline) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_until(lock, deadline, [this] { return remaining_ == 0; })) {
+    return Status::DeadlineExceeded(std::to_string(remaining_) + " of " +
+                                    std::to_string(results_.size()) +
+                                    " transfers still in flight at the deadline");
+  }
+  return Status::OK();
+}
+
+void BatchCompletion::WaitForever() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return remaining_ == 0; });
+}
+
+TransferBatch::~TransferBatch() {
+  if (!completion_) return;
+  completion_->Cancel();
+  completion_->WaitForever();
+}
+
+Status TransferBatch::FirstError() const {
+  std::span<const TransferResult> r = results();
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    if (!r[i].status.ok()) return r[i].status.WithContext("transfer " + std::to_string(i));
+  }
+  return Status::OK();
+}
+
+std::uint64_t TransferBatch::TotalBytes() const {
+  std::uint64_t total = 0;
+  for (const TransferResult& r : results()) total += r.bytes;
+  return total;
+}
+
+}  // namespace kvfabric::transport

@@ -1,0 +1,234 @@
+// Transport: moves the bytes of KV blocks between processes and machines.
+//
+// One interface, batch-shaped (Mooncake's submit-a-batch-then-poll), with
+// backends in subfolders: ucx/ (RDMA verbs on hardware, shared memory and TCP
+// elsewhere), loopback (in-process, for tests) and testing/ (fault
+// injection). Control (what to move, leases, commits) travels over gRPC; a
+// Transport only moves bytes and small messages.
+//
+// Objects and ownership
+//   Transport      one per process side; owns its progress thread(s). Destroying
+//                  it force-closes every endpoint and completes every batch.
+//   MemoryRegion   a registered range of local memory, owned by whoever
+//                  registered it (std::unique_ptr). REQUIRES: no transfer in
+//                  flight names it when it is destroyed.
+//   RemoteRegion   a peer's exported range, imported on one Endpoint; owned by
+//                  the importer. REQUIRES: outlives transfers naming it.
+//   Endpoint       a connection to one peer, owned by whoever connected or
+//                  accepted it. Destroying it force-closes it.
+//   TransferBatch  the handle of one Submit() (transport/transfer_batch.h);
+//                  destroying it cancels what is still in flight and waits
+//                  for every entry to finish, so nothing is ever leaked.
+//
+// What success means, per entry of a batch
+//   kRead   the bytes of the remote range are in the local range.
+//   kWrite  the bytes are placed in the peer's memory: the backend has a
+//           remote completion (a flush), not merely a posted request.
+//   kSend   the header and payload were handed to the peer's transport and
+//           the local payload may be reused. Delivery is not acknowledged:
+//           protocols that need it reply with a message (or an RPC).
+//   An entry that fails carries its own Status: Unavailable when the peer is
+//   gone (a dead peer fails in-flight work; it never hangs), Cancelled when the
+//   batch or the endpoint was cancelled or force-closed, DeadlineExceeded is
+//   never an entry status (Wait's deadline does not cancel anything).
+//   After a failed kRead the local range holds unspecified bytes.
+//
+// When a buffer may be reused
+//   The local range of every entry belongs to the transport from Submit()
+//   until that entry completes (any status): do not write a kWrite/kSend
+//   source, nor read a kRead destination, before then. A kSend header is
+//   copied during Submit() and may be reused at once.
+//
+// Security of the data plane
+//   A remote region grants the importer one-sided access to memory. Backends
+//   document how tightly that access is scoped: with UCX, a remote key covers
+//   the whole registration it was packed from, and UCX's emulated get/put (TCP
+//   and shared memory on user memory) do not bounds-check. So kvfabric never
+//   exports a daemon's pool: a client exports only its own staging ranges to
+//   daemons it trusts, daemons push leased pages into them (kWrite), and
+//   payloads bound for a daemon arrive as kSend messages whose destination the
+//   daemon chooses (IncomingMessage::Accept) after checking the lease.
+//
+// Threads
+//   Every method of Transport, Endpoint, MemoryRegion, RemoteRegion and
+//   TransferBatch may be called from any thread. Handlers (AcceptHandler,
+//   MessageHandler, IncomingMessage callbacks) run on a transport progress
+//   thread: they must not block, must not call TransferBatch::Wait, and may
+//   call Submit (which only queues work).
+#ifndef KVFABRIC_TRANSPORT_TRANSPORT_H_
+#define KVFABRIC_TRANSPORT_TRANSPORT_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "core/status.h"
+#include "core/statusor.h"
+#include "transport/transfer_batch.h"
+
+namespace kvfabric::transport {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+// Where registered memory lives. Numbered explicitly: it travels in exports.
+enum class MemoryKind : std::uint8_t {
+  kHost = 1,
+  kDevice = 2,  // only where the backend supports it (not Debian's UCX build)
+};
+
+// Largest kSend header, in bytes (copied at Submit).
+inline constexpr std::size_t kMaxMessageHeaderBytes = 1024;
+
+class MemoryRegion {
+ public:
+  virtual ~MemoryRegion() = default;
+
+  // The registered bytes.
+  virtual std::span<std::byte> bytes() const = 0;
+  virtual MemoryKind kind() const = 0;
+
+  // Opaque bytes that let a peer import [offset, offset + length) of this
+  // region with Endpoint::ImportRegion and name it in kRead/kWrite entries.
+  // The importer's transfers are bounds-checked against that range by the
+  // importing transport; see "Security" above for what a hostile peer could do.
+  // InvalidArgument if the range is outside the region.
+  virtual StatusOr<std::string> Export(std::uint64_t offset, std::uint64_t length) const = 0;
+};
+
+class RemoteRegion {
+ public:
+  virtual ~RemoteRegion() = default;
+  // Bytes addressable through this import (the exported range).
+  virtual std::uint64_t length() const = 0;
+};
+
+enum class TransferOp : std::uint8_t {
+  kRead = 1,   // remote range -> local range
+  kWrite = 2,  // local range -> remote range
+  kSend = 3,   // header + local range -> the peer's MessageHandler
+};
+
+// One entry of a batch. Pointers are borrowed (see "Objects and ownership").
+struct Transfer {
+  TransferOp op = TransferOp::kRead;
+  MemoryRegion* local = nullptr;  // may be null for a kSend without payload
+  std::uint64_t local_offset = 0;
+  std::uint64_t length = 0;  // bytes of payload
+  const RemoteRegion* remote = nullptr;  // kRead and kWrite only
+  std::uint64_t remote_offset = 0;
+  std::span<const std::byte> header;  // kSend only; at most kMaxMessageHeaderBytes
+};
+
+// How an endpoint treats a failed peer. Explicit, never a backend default.
+enum class PeerFailureMode : std::uint8_t {
+  // A peer that dies or becomes unreachable fails every in-flight and later
+  // entry on the endpoint with Unavailable (UCX: UCP_ERR_HANDLING_MODE_PEER).
+  kFailInFlight = 1,
+};
+
+enum class CloseMode : std::uint8_t {
+  kGraceful = 1,  // wait (until the deadline) for in-flight entries, flush, disconnect
+  kForce = 2,     // cancel in-flight entries (they complete Cancelled), disconnect
+};
+
+class Endpoint {
+ public:
+  virtual ~Endpoint() = default;  // force-closes if still open
+
+  // The peer's address as the transport knows it (for logs).
+  virtual std::string peer_address() const = 0;
+
+  // OK while the peer is reachable; Unavailable (with the reason) once it has
+  // failed or the endpoint was closed.
+  virtual Status health() const = 0;
+
+  // Imports bytes produced by the peer's MemoryRegion::Export.
+  // InvalidArgument if they are malformed (every size in them is checked).
+  virtual StatusOr<std::unique_ptr<RemoteRegion>> ImportRegion(std::string_view exported) = 0;
+
+  // Starts every entry of `transfers`. The batch is validated first: an entry
+  // whose local or remote range is out of bounds, a kSend header over
+  // kMaxMessageHeaderBytes or a missing region makes the whole call fail with
+  // InvalidArgument and nothing is started. After a peer failure, Submit
+  // succeeds and every entry completes Unavailable.
+  virtual StatusOr<std::unique_ptr<TransferBatch>> Submit(std::span<const Transfer> transfers) = 0;
+
+  // Returns when every entry submitted before the call has completed, or
+  // DeadlineExceeded.
+  virtual Status Flush(Deadline deadline) = 0;
+
+  // Closes the endpoint. After it returns every entry ever submitted on it
+  // has completed (OK, or Cancelled/Unavailable). kGraceful falls back to
+  // kForce when the deadline passes and then returns DeadlineExceeded.
+  virtual Status Close(CloseMode mode, Deadline deadline) = 0;
+};
+
+// A message that arrived (a peer's kSend). The handler must either Accept the
+// payload into local memory or Drop it, exactly once, before returning;
+// messages without payload need neither.
+class IncomingMessage {
+ public:
+  virtual ~IncomingMessage() = default;
+
+  // The endpoint it arrived on, for replies; null if that endpoint is gone.
+  virtual Endpoint* endpoint() const = 0;
+  virtual std::span<const std::byte> header() const = 0;
+  virtual std::uint64_t payload_length() const = 0;
+
+  // Places the payload at [offset, offset + payload_length()) of `region`
+  // (InvalidArgument if it does not fit; the payload is then dropped) and
+  // calls `on_placed` on a progress thread once the bytes are there (OK), or
+  // with the failure (Unavailable if the peer died meanwhile).
+  virtual Status Accept(MemoryRegion* region, std::uint64_t offset,
+                        std::function<void(Status)> on_placed) = 0;
+
+  // Discards the payload (e.g. the lease it names is unknown).
+  virtual void Drop() = 0;
+};
+
+using AcceptHandler = std::function<void(std::unique_ptr<Endpoint>)>;
+using MessageHandler = std::function<void(IncomingMessage&)>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // e.g. "ucx(tls=tcp)", "loopback".
+  virtual std::string name() const = 0;
+
+  // Registers caller-owned memory. REQUIRES: `bytes` outlives the region.
+  virtual StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(std::span<std::byte> bytes,
+                                                                 MemoryKind kind) = 0;
+
+  // Allocates and registers `size` bytes owned by the region (freed with it).
+  // Backends allocate where transfers are fastest (UCX over shared memory:
+  // memory UCX maps itself is truly one-sided; user memory is emulated).
+  virtual StatusOr<std::unique_ptr<MemoryRegion>> AllocateMemory(std::uint64_t size,
+                                                                 MemoryKind kind) = 0;
+
+  // Receives every message arriving on any endpoint of this transport.
+  // REQUIRES: called before Listen/Connect, at most once.
+  virtual void SetMessageHandler(MessageHandler handler) = 0;
+
+  // Accepts connections on `address` ("127.0.0.1:0" picks a port; see
+  // listen_address()). Each accepted endpoint is handed to `on_accept`.
+  virtual Status Listen(const std::string& address, AcceptHandler on_accept) = 0;
+
+  // The address peers connect to, once Listen succeeded ("ip:port").
+  virtual std::string listen_address() const = 0;
+
+  // Connects to a peer's listen address.
+  virtual StatusOr<std::unique_ptr<Endpoint>> Connect(const std::string& address,
+                                                      PeerFailureMode mode,
+                                                      Deadline deadline) = 0;
+};
+
+}  // namespace kvfabric::transport
+
+#endif  // KVFABRIC_TRANSPORT_TRANSPORT_H_
