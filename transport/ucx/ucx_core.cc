@@ -1,0 +1,567 @@
+#include "transport/ucx/ucx_core.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "transport/ucx/ucx_status.h"
+
+namespace kvfabric::ucx::internal {
+
+using transport::BatchCompletion;
+using transport::Endpoint;
+using transport::IncomingMessage;
+using transport::MemoryRegion;
+using transport::TransferOp;
+
+namespace {
+
+// "ip:port" or "[ipv6]:port" -> sockaddr.
+Status ParseAddress(const std::string& address, sockaddr_storage* out, socklen_t* len) {
+  const std::size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+    return Status::InvalidArgument("address \"" + address + "\" is not \"host:port\"");
+  }
+  std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return Status::InvalidArgument("cannot resolve \"" + address + "\": " + gai_strerror(rc));
+  }
+  std::memcpy(out, res->ai_addr, res->ai_addrlen);
+  *len = res->ai_addrlen;
+  freeaddrinfo(res);
+  return Status::OK();
+}
+
+std::string FormatAddress(const sockaddr_storage& sa) {
+  char host[INET6_ADDRSTRLEN] = {};
+  unsigned port = 0;
+  if (sa.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&sa);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    port = ntohs(in->sin_port);
+    return std::string(host) + ":" + std::to_string(port);
+  }
+  if (sa.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&sa);
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+    port = ntohs(in6->sin6_port);
+    return "[" + std::string(host) + "]:" + std::to_string(port);
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+struct CloseCtx {
+  UcxCore* core;
+  std::shared_ptr<EpState> ep;
+  std::shared_ptr<Waiter> waiter;
+  std::unordered_set<void*>* tracker;
+};
+
+void Waiter::Set(Status s) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (done) return;
+  done = true;
+  status = std::move(s);
+  cv.notify_all();
+}
+
+bool Waiter::WaitUntil(transport::Deadline deadline, Status* out) {
+  std::unique_lock<std::mutex> lock(mu);
+  if (!cv.wait_until(lock, deadline, [this] { return done; })) return false;
+  *out = status;
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// Construction, the progress loop, shutdown.
+
+UcxCore::UcxCore(const UcxTransportOptions& options) : options_(options) {}
+
+StatusOr<std::shared_ptr<UcxCore>> UcxCore::Create(const UcxTransportOptions& options) {
+  std::shared_ptr<UcxCore> core(new UcxCore(options));
+  KVF_RETURN_IF_ERROR(core->InitContext());
+  Waiter started;
+  core->thread_ = std::thread([c = core.get(), &started] { c->Loop(&started); });
+  Status st;
+  started.WaitUntil(transport::Deadline::max(), &st);
+  if (!st.ok()) {
+    core->thread_.join();
+    return st;
+  }
+  return core;
+}
+
+static bool NamesSharedMemory(const std::string& tls) {
+  for (const char* tl : {"sm", "mm", "posix", "sysv", "cma", "all"}) {
+    const std::size_t at = tls.find(tl);
+    if (at != std::string::npos) return true;
+  }
+  return false;
+}
+
+Status UcxCore::InitContext() {
+  ucp_config_t* raw_config = nullptr;
+  // ucp_config_read also applies UCX_* variables of the process environment;
+  // every key this transport depends on is then overridden below from Options.
+  KVF_RETURN_IF_ERROR(
+      StatusFromUcs(ucp_config_read(nullptr, nullptr, &raw_config), "ucp_config_read"));
+  UniqueConfig config(raw_config);
+  auto modify = [&](const char* key, const std::string& value) -> Status {
+    return StatusFromUcs(ucp_config_modify(config.get(), key, value.c_str()),
+                         std::string("ucp_config_modify(") + key + "=" + value + ")");
+  };
+  KVF_RETURN_IF_ERROR(modify("TLS", options_.tls));
+  if (!options_.net_devices.empty())
+    KVF_RETURN_IF_ERROR(modify("NET_DEVICES", options_.net_devices));
+  // Without these two, UCP_ERR_HANDLING_MODE_PEER silently excludes the
+  // shared-memory transports. Set only when the list has shared memory: UCX
+  // warns about keys no transport of the list uses.
+  if (NamesSharedMemory(options_.tls)) {
+    KVF_RETURN_IF_ERROR(modify("MM_ERROR_HANDLING", "y"));
+    KVF_RETURN_IF_ERROR(modify("CMA_MEMORY_INVALIDATE", "y"));
+  }
+  // UCX 1.13.1's protocol v2 shares the accept-then-AM hang (see the header).
+  KVF_RETURN_IF_ERROR(modify("PROTO_ENABLE", "n"));
+
+  ucp_params_t params = {};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  // Memory is mapped and keys packed from caller threads while the progress
+  // thread uses the worker: this makes UCX lock its context-level state.
+  params.mt_workers_shared = 1;
+  ucp_context_h context = nullptr;
+  KVF_RETURN_IF_ERROR(StatusFromUcs(ucp_init(&params, config.get(), &context), "ucp_init"));
+  context_ = std::make_shared<UcpContext>(context);
+  return Status::OK();
+}
+
+Status UcxCore::InitWorker() {
+  ucp_worker_params_t wp = {};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  ucp_worker_h worker = nullptr;
+  KVF_RETURN_IF_ERROR(
+      StatusFromUcs(ucp_worker_create(context_->get(), &wp, &worker), "ucp_worker_create"));
+  worker_.reset(worker);
+
+  ucp_worker_attr_t attr = {};
+  attr.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+  KVF_RETURN_IF_ERROR(StatusFromUcs(ucp_worker_query(worker, &attr), "ucp_worker_query"));
+  max_header_bytes_ = std::min<std::size_t>(attr.max_am_header, transport::kMaxMessageHeaderBytes);
+
+  KVF_RETURN_IF_ERROR(StatusFromUcs(ucp_worker_get_efd(worker, &efd_), "ucp_worker_get_efd"));
+
+  ucp_am_handler_param_t hp = {};
+  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                  UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  hp.id = kAmId;
+  hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+  hp.cb = &UcxCore::OnAmThunk;
+  hp.arg = this;
+  return StatusFromUcs(ucp_worker_set_am_recv_handler(worker, &hp),
+                       "ucp_worker_set_am_recv_handler");
+}
+
+UcxCore::~UcxCore() {
+  Shutdown();
+  // A core whose Init failed never started the thread; its worker (if any)
+  // is destroyed by worker_'s destructor here, before context_.
+}
+
+std::shared_ptr<UcpContext> UcxCore::context() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return context_;
+}
+
+bool UcxCore::OnProgressThread() const {
+  return progress_thread_id_.load() == std::this_thread::get_id();
+}
+
+bool UcxCore::Post(std::function<void()> fn) {
+  const bool here = OnProgressThread();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!worker_alive_ || (stopping_ && !here)) return false;
+  queue_.push_back(std::move(fn));
+  // Signalled under mu_ so the worker cannot be destroyed meanwhile.
+  if (!here) (void)ucp_worker_signal(worker_.get());
+  return true;
+}
+
+bool UcxCore::RunSync(const std::function<void()>& fn) {
+  if (OnProgressThread()) {
+    fn();
+    return true;
+  }
+  auto w = std::make_shared<Waiter>();
+  if (!Post([&fn, w] {
+        fn();
+        w->Set(Status::OK());
+      })) {
+    return false;
+  }
+  Status ignored;
+  // The loop runs every queued task before it exits, so this returns.
+  w->WaitUntil(transport::Deadline::max(), &ignored);
+  return true;
+}
+
+void UcxCore::RunQueued() {
+  for (;;) {
+    std::deque<std::function<void()>> batch;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      batch.swap(queue_);
+    }
+    if (batch.empty()) return;
+    for (auto& fn : batch) fn();
+  }
+}
+
+void UcxCore::Loop(Waiter* started) {
+  progress_thread_id_.store(std::this_thread::get_id());
+  Status init = InitWorker();
+  if (!init.ok()) {
+    listener_.reset();
+    worker_.reset();
+    started->Set(init);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    worker_alive_ = true;
+  }
+  started->Set(Status::OK());
+  ucp_worker_h worker = worker_.get();
+  for (;;) {
+    RunQueued();
+    // Bounded so queued work is not starved by a stream of events.
+    for (int i = 0; i < 256 && ucp_worker_progress(worker) != 0; ++i) {
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!queue_.empty()) continue;
+      if (stopping_) break;
+    }
+    const ucs_status_t armed = ucp_worker_arm(worker);
+    if (armed == UCS_ERR_BUSY) continue;  // events pending: progress again
+    {
+      // A task queued before ucp_worker_arm may have had its signal consumed
+      // by the arm: look at the queue once more before sleeping.
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!queue_.empty() || stopping_) continue;
+    }
+    pollfd pfd = {};
+    pfd.fd = efd_;
+    pfd.events = POLLIN;
+    const int timeout_ms =
+        armed == UCS_OK ? static_cast<int>(options_.idle_poll_timeout.count()) : 1;
+    (void)poll(&pfd, 1, timeout_ms);
+  }
+  DrainAndDestroyWorker();
+}
+
+void UcxCore::DrainAndDestroyWorker() {
+  ucp_worker_h worker = worker_.get();
+  const auto deadline = transport::Clock::now() + options_.shutdown_drain_timeout;
+  while (!other_requests_.empty() && transport::Clock::now() < deadline) {
+    RunQueued();
+    if (ucp_worker_progress(worker) == 0) {
+      pollfd pfd = {efd_, POLLIN, 0};
+      if (ucp_worker_arm(worker) == UCS_OK) (void)poll(&pfd, 1, 10);
+    }
+  }
+  RunQueued();
+  // Requests UCX never completed: released to UCX, which frees them with the
+  // worker. Their contexts are ours to free.
+  for (void* request : other_requests_) ucp_request_free(request);
+  other_requests_.clear();
+  listener_.reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    worker_alive_ = false;
+    queue_.clear();
+  }
+  worker_.reset();
+}
+
+void UcxCore::Shutdown() {
+  std::call_once(shutdown_once_, [this] {
+    if (!thread_.joinable()) return;
+    RunSync([this] { TeardownOnProgressThread(); });
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      (void)ucp_worker_signal(worker_.get());
+    }
+    thread_.join();
+    std::lock_guard<std::mutex> lock(mu_);
+    context_.reset();
+  });
+}
+
+void UcxCore::TeardownOnProgressThread() {
+  listener_.reset();
+  accept_handler_ = nullptr;
+  message_handler_ = nullptr;
+  std::vector<std::shared_ptr<EpState>> all;
+  for (auto& [ep, s] : eps_) all.push_back(s);
+  for (auto& s : all) {
+    s->owner = nullptr;
+    CloseEp(*s, /*force=*/true, Status::Unavailable("the UCX transport was destroyed"), nullptr);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Endpoints.
+
+void UcxCore::Register(const std::shared_ptr<EpState>& s) { eps_[s->ep] = s; }
+
+void UcxCore::OnEpError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+  auto* s = static_cast<EpState*>(arg);
+  s->SetFailure(AsUnavailable(StatusFromUcs(status, "peer " + s->peer + " failed")));
+  // UCX requires closing a failed endpoint; not from inside its callback.
+  UcxCore* core = s->core;
+  auto it = std::find_if(core->eps_.begin(), core->eps_.end(),
+                         [s](const auto& kv) { return kv.second.get() == s; });
+  if (it == core->eps_.end()) return;
+  std::shared_ptr<EpState> keep = it->second;
+  core->Post([core, keep] { core->CloseEp(*keep, /*force=*/true, keep->health(), nullptr); });
+}
+
+Status UcxCore::Listen(const std::string& address, transport::AcceptHandler on_accept) {
+  if (listener_) return Status::FailedPrecondition("already listening on " + listen_address());
+  sockaddr_storage sa;
+  socklen_t len = 0;
+  KVF_RETURN_IF_ERROR(ParseAddress(address, &sa, &len));
+  ucp_listener_params_t p = {};
+  p.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+  p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&sa);
+  p.sockaddr.addrlen = len;
+  p.conn_handler.cb = &UcxCore::OnConnRequestThunk;
+  p.conn_handler.arg = this;
+  ucp_listener_h listener = nullptr;
+  KVF_RETURN_IF_ERROR(StatusFromUcs(ucp_listener_create(worker_.get(), &p, &listener),
+                                    "ucp_listener_create(" + address + ")"));
+  listener_.reset(listener);
+  ucp_listener_attr_t attr = {};
+  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+  KVF_RETURN_IF_ERROR(StatusFromUcs(ucp_listener_query(listener, &attr), "ucp_listener_query"));
+  accept_handler_ = std::move(on_accept);
+  std::lock_guard<std::mutex> lock(mu_);
+  listen_address_ = FormatAddress(attr.sockaddr);
+  return Status::OK();
+}
+
+std::string UcxCore::listen_address() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return listen_address_;
+}
+
+void UcxCore::OnConnRequestThunk(ucp_conn_request_h request, void* arg) {
+  static_cast<UcxCore*>(arg)->OnConnRequest(request);
+}
+
+void UcxCore::OnConnRequest(ucp_conn_request_h request) {
+  std::string peer = "unknown";
+  ucp_conn_request_attr_t attr = {};
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  if (ucp_conn_request_query(request, &attr) == UCS_OK) peer = FormatAddress(attr.client_address);
+  if (!accept_handler_ || !endpoint_factory_) {
+    (void)ucp_listener_reject(listener_.get(), request);
+    return;
+  }
+  auto s = std::make_shared<EpState>(this, peer);
+  ucp_ep_params_t p = {};
+  p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                 UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.conn_request = request;
+  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  p.err_handler.cb = &UcxCore::OnEpError;
+  p.err_handler.arg = s.get();
+  ucp_ep_h ep = nullptr;
+  if (ucp_ep_create(worker_.get(), &p, &ep) != UCS_OK) return;  // UCX rejects it
+  s->ep = ep;
+  Register(s);
+  // UCX 1.13.1: an active message over 100 bytes sent right after accept
+  // hangs when the final lane is shared memory; flushing the new endpoint
+  // first avoids it. The endpoint is handed out only after the flush.
+  FlushEp(s, [this, s](Status st) {
+    if (!st.ok()) {
+      CloseEp(*s, /*force=*/true, AsUnavailable(st), nullptr);
+      return;
+    }
+    if (s->ep == nullptr || !accept_handler_) return;
+    std::unique_ptr<Endpoint> endpoint = endpoint_factory_(s);
+    s->owner = endpoint.get();
+    accept_handler_(std::move(endpoint));
+  });
+}
+
+StatusOr<std::shared_ptr<EpState>> UcxCore::Connect(const std::string& address,
+                                                    std::shared_ptr<Waiter> waiter) {
+  sockaddr_storage sa;
+  socklen_t len = 0;
+  KVF_RETURN_IF_ERROR(ParseAddress(address, &sa, &len));
+  auto s = std::make_shared<EpState>(this, address);
+  ucp_ep_params_t p = {};
+  p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                 UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&sa);
+  p.sockaddr.addrlen = len;
+  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  p.err_handler.cb = &UcxCore::OnEpError;
+  p.err_handler.arg = s.get();
+  ucp_ep_h ep = nullptr;
+  KVF_RETURN_IF_ERROR(AsUnavailable(
+      StatusFromUcs(ucp_ep_create(worker_.get(), &p, &ep), "ucp_ep_create(" + address + ")")));
+  s->ep = ep;
+  Register(s);
+  // The flush completes once wire-up did: then the endpoint is usable.
+  FlushEp(s, [waiter](Status st) { waiter->Set(std::move(st)); });
+  return s;
+}
+
+void UcxCore::FlushEp(const std::shared_ptr<EpState>& s, std::function<void(Status)> done) {
+  if (s->ep == nullptr) {
+    done(s->health());
+    return;
+  }
+  auto* ctx = new FlushCtx{s, std::move(done)};
+  ucp_request_param_t p = {};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = &UcxCore::OnFlushDone;
+  p.user_data = ctx;
+  ucs_status_ptr_t req = ucp_ep_flush_nbx(s->ep, &p);
+  if (req == nullptr || UCS_PTR_IS_ERR(req)) {
+    const ucs_status_t st = UCS_PTR_STATUS(req);
+    auto done_fn = std::move(ctx->done);
+    delete ctx;
+    done_fn(st == UCS_OK ? Status::OK() : EntryStatus(*s, st, "ucp_ep_flush_nbx"));
+    return;
+  }
+  ctx->request = req;
+  s->inflight.insert(req);
+}
+
+void UcxCore::OnFlushDone(void* request, ucs_status_t status, void* user_data) {
+  auto* ctx = static_cast<FlushCtx*>(user_data);
+  ctx->ep->inflight.erase(request);
+  ucp_request_free(request);
+  Status st = status == UCS_OK ? Status::OK()
+                               : ctx->ep->core->EntryStatus(*ctx->ep, status, "ucp_ep_flush_nbx");
+  auto done = std::move(ctx->done);
+  delete ctx;
+  done(std::move(st));
+}
+
+void UcxCore::CloseEp(EpState& s, bool force, const Status& reason,
+                      std::shared_ptr<Waiter> waiter) {
+  if (s.ep == nullptr) {
+    if (waiter) waiter->Set(Status::OK());
+    return;
+  }
+  s.SetFailure(reason);
+  s.closed_locally = true;
+  ucp_ep_h ep = s.ep;
+  auto it = eps_.find(ep);
+  std::shared_ptr<EpState> keep = it != eps_.end() ? it->second : nullptr;
+  if (force) {
+    // Receive-side requests can be cancelled; sends are purged by the force
+    // close below, which completes them with UCS_ERR_CANCELED.
+    std::vector<void*> inflight(s.inflight.begin(), s.inflight.end());
+    for (void* req : inflight) ucp_request_cancel(worker_.get(), req);
+  }
+  ucp_request_param_t p = {};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  if (force) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  }
+  auto* ctx = new CloseCtx{this, keep, waiter, &other_requests_};
+  p.cb.send = &UcxCore::OnCloseDone;
+  p.user_data = ctx;
+  ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &p);
+  s.ep = nullptr;
+  if (it != eps_.end()) eps_.erase(it);
+  // Keys unpacked on the endpoint go with it.
+  for (auto& holder : s.rkeys) holder->rkey.reset();
+  s.rkeys.clear();
+  if (req == nullptr || UCS_PTR_IS_ERR(req)) {
+    delete ctx;
+    if (waiter) {
+      waiter->Set(UCS_PTR_IS_ERR(req) ? StatusFromUcs(UCS_PTR_STATUS(req), "ucp_ep_close_nbx")
+                                      : Status::OK());
+    }
+    return;
+  }
+  other_requests_.insert(req);
+}
+
+void UcxCore::OnCloseDone(void* request, ucs_status_t status, void* user_data) {
+  auto* ctx = static_cast<CloseCtx*>(user_data);
+  ctx->tracker->erase(request);
+  ucp_request_free(request);
+  if (ctx->waiter) ctx->waiter->Set(StatusFromUcs(status, "ucp_ep_close_nbx"));
+  delete ctx;
+}
+
+// ---------------------------------------------------------------------------
+// Remote keys.
+
+StatusOr<std::shared_ptr<RkeyHolder>> UcxCore::UnpackRkey(const std::shared_ptr<EpState>& s,
+                                                          const std::string& packed,
+                                                          std::uint64_t address,
+                                                          std::uint64_t length) {
+  if (s->ep == nullptr) return AsUnavailable(s->health());
+  // ucp_ep_rkey_unpack takes no length: UCX 1.13's packed key is a memory
+  // domain bitmap followed by at most 64 entries of at most 255 bytes each,
+  // so a copy padded with zeros to that size keeps a malformed key from
+  // reading past our buffer.
+  std::string padded = packed;
+  padded.resize(packed.size() + 64 * 256 + 64, '\0');
+  ucp_rkey_h rkey = nullptr;
+  Status st = StatusFromUcs(ucp_ep_rkey_unpack(s->ep, padded.data(), &rkey), "ucp_ep_rkey_unpack");
+  if (!st.ok()) return Status::InvalidArgument(st.ToString());
+  auto holder = std::make_shared<RkeyHolder>();
+  holder->rkey.reset(rkey);
+  holder->ep = s;
+  holder->ep_identity = s.get();
+  holder->address = address;
+  holder->length = length;
+  s->rkeys.push_back(holder);
+  return holder;
+}
+
+void UcxCore::DestroyRkey(const std::shared_ptr<RkeyHolder>& holder) {
+  holder->rkey.reset();
+  if (auto s = holder->ep.lock()) {
+    s->rkeys.erase(std::remove(s->rkeys.begin(), s->rkeys.end(), holder), s->rkeys.end());
+  }
+}
+
+UcxTestCounters UcxCore::counters() const {
+  UcxTestCounters c;
+  c.eager_messages = eager_messages_.load(std::memory_order_relaxed);
+  c.rendezvous_messages = rendezvous_messages_.load(std::memory_order_relaxed);
+  return c;
+}
+
+}  // namespace kvfabric::ucx::internal

@@ -1,0 +1,408 @@
+#include "transport/ucx/ucx_transport.h"
+
+#include <ucp/api/ucp.h>
+
+#include <mutex>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "transport/ucx/ucx_core.h"
+#include "transport/ucx/ucx_export.h"
+#include "transport/ucx/ucx_handles.h"
+#include "transport/ucx/ucx_status.h"
+
+namespace kvfabric::ucx {
+
+namespace {
+
+using internal::BatchOp;
+using internal::EpState;
+using internal::PreparedTransfer;
+using internal::RkeyHolder;
+using internal::UcxCore;
+using internal::Waiter;
+using transport::BatchCompletion;
+using transport::CloseMode;
+using transport::Deadline;
+using transport::Endpoint;
+using transport::MemoryKind;
+using transport::MemoryRegion;
+using transport::RemoteRegion;
+using transport::Transfer;
+using transport::TransferBatch;
+using transport::TransferOp;
+
+// True if [offset, offset + length) lies within [0, size).
+bool InRange(std::uint64_t offset, std::uint64_t length, std::uint64_t size) {
+  return offset <= size && length <= size - offset;
+}
+
+// Does the UCX TLS list let listener (sockaddr) connections be made?
+bool TlsAllowsSockaddr(const std::string& tls) {
+  bool negated = !tls.empty() && tls.front() == '^';
+  std::stringstream ss(negated ? tls.substr(1) : tls);
+  std::string item;
+  bool has_tcp = false;
+  while (std::getline(ss, item, ',')) {
+    if (item == "tcp" || item == "all") has_tcp = true;
+  }
+  return negated ? !has_tcp : has_tcp;
+}
+
+class UcxMemoryRegion final : public MemoryRegion {
+ public:
+  UcxMemoryRegion(std::span<std::byte> bytes, std::unique_ptr<UcpMemHandle> memh)
+      : bytes_(bytes), memh_(std::move(memh)) {}
+
+  std::span<std::byte> bytes() const override { return bytes_; }
+  MemoryKind kind() const override { return MemoryKind::kHost; }
+
+  StatusOr<std::string> Export(std::uint64_t offset, std::uint64_t length) const override {
+    if (!InRange(offset, length, bytes_.size())) {
+      return Status::InvalidArgument("export of [" + std::to_string(offset) + ", +" +
+                                     std::to_string(length) + ") outside a " +
+                                     std::to_string(bytes_.size()) + "-byte region");
+    }
+    void* buffer = nullptr;
+    std::size_t size = 0;
+    KVF_RETURN_IF_ERROR(StatusFromUcs(ucp_rkey_pack(memh_->context(), memh_->get(), &buffer, &size),
+                                      "ucp_rkey_pack"));
+    UniqueRkeyBuffer owned(buffer);
+    if (size == 0 || size > kMaxPackedRkeyBytes) {
+      return Status::Internal("ucp_rkey_pack produced " + std::to_string(size) + " bytes");
+    }
+    ExportedRange r;
+    r.kind = MemoryKind::kHost;
+    r.address = reinterpret_cast<std::uint64_t>(bytes_.data()) + offset;
+    r.length = length;
+    r.packed_rkey.assign(static_cast<const char*>(buffer), size);
+    return EncodeExportedRange(r);
+  }
+
+ private:
+  const std::span<std::byte> bytes_;
+  const std::unique_ptr<UcpMemHandle> memh_;
+};
+
+class UcxRemoteRegion final : public RemoteRegion {
+ public:
+  UcxRemoteRegion(std::weak_ptr<UcxCore> core, std::shared_ptr<RkeyHolder> holder)
+      : core_(std::move(core)), holder_(std::move(holder)) {}
+  ~UcxRemoteRegion() override {
+    // The key belongs to the progress thread; if the core is gone, its
+    // endpoint was closed and the key destroyed with it.
+    if (auto core = core_.lock()) {
+      core->Post([core_raw = core.get(), h = holder_] { core_raw->DestroyRkey(h); });
+    }
+  }
+  std::uint64_t length() const override { return holder_->length; }
+  const std::shared_ptr<RkeyHolder>& holder() const { return holder_; }
+
+ private:
+  const std::weak_ptr<UcxCore> core_;
+  const std::shared_ptr<RkeyHolder> holder_;
+};
+
+// How long a destroyed Endpoint lets posted requests finish before it
+// force-closes (see the UCX 1.13.1 workaround in Close).
+constexpr std::chrono::milliseconds kDestructorGrace{1000};
+
+class UcxEndpoint final : public Endpoint {
+ public:
+  UcxEndpoint(std::shared_ptr<UcxCore> core, std::shared_ptr<EpState> state)
+      : core_(std::move(core)), state_(std::move(state)) {}
+  ~UcxEndpoint() override {
+    Close(CloseMode::kForce, transport::Clock::now() + kDestructorGrace).IgnoreError();
+  }
+
+  std::string peer_address() const override { return state_->peer; }
+  Status health() const override { return state_->health(); }
+
+  StatusOr<std::unique_ptr<RemoteRegion>> ImportRegion(std::string_view exported) override {
+    KVF_ASSIGN_OR_RETURN(ExportedRange range, DecodeExportedRange(exported));
+    if (range.kind != MemoryKind::kHost) {
+      return Status::Unimplemented("importing device memory: this UCX build has no GPU transports");
+    }
+    StatusOr<std::shared_ptr<RkeyHolder>> holder =
+        Status::Unavailable("the UCX transport was destroyed");
+    core_->RunSync([&] {
+      holder = core_->UnpackRkey(state_, range.packed_rkey, range.address, range.length);
+    });
+    if (!holder.ok()) return holder.status();
+    return std::unique_ptr<RemoteRegion>(
+        std::make_unique<UcxRemoteRegion>(core_, std::move(holder).value()));
+  }
+
+  StatusOr<std::unique_ptr<TransferBatch>> Submit(std::span<const Transfer> transfers) override {
+    auto op = std::make_shared<BatchOp>();
+    op->ep = state_;
+    op->entries.resize(transfers.size());
+    for (std::size_t i = 0; i < transfers.size(); ++i) {
+      Status st = Prepare(transfers[i], &op->entries[i]);
+      if (!st.ok()) return st.WithContext("transfer " + std::to_string(i));
+    }
+    std::weak_ptr<BatchOp> weak_op = op;
+    std::weak_ptr<UcxCore> weak_core = core_;
+    op->completion = std::make_shared<BatchCompletion>(transfers.size(), [weak_op, weak_core] {
+      auto core = weak_core.lock();
+      auto o = weak_op.lock();
+      if (core && o) core->Post([c = core.get(), o] { c->CancelBatch(o); });
+    });
+    auto batch = std::make_unique<TransferBatch>(op->completion);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::erase_if(batches_, [](const auto& c) { return c->Done(); });
+      batches_.push_back(op->completion);
+    }
+    Status h = closed_.load() ? Status::Unavailable("endpoint to " + state_->peer + " was closed")
+                              : state_->health();
+    const bool posted = h.ok() && core_->Post([c = core_.get(), op] { c->StartBatch(op); });
+    if (!posted) {
+      Status why = h.ok() ? Status::Unavailable("the UCX transport was destroyed")
+                          : internal::AsUnavailable(h);
+      for (std::size_t i = 0; i < transfers.size(); ++i) op->completion->Complete(i, why, 0);
+    }
+    return batch;
+  }
+
+  Status Flush(Deadline deadline) override {
+    std::vector<std::shared_ptr<BatchCompletion>> batches;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      batches = batches_;
+    }
+    for (const auto& b : batches) KVF_RETURN_IF_ERROR(b->Wait(deadline));
+    return Status::OK();
+  }
+
+  Status Close(CloseMode mode, Deadline deadline) override {
+    if (closed_.exchange(true)) return Flush(transport::Deadline::max());
+    const Status reason = Status::Unavailable("endpoint to " + state_->peer + " was closed");
+    if (mode == CloseMode::kGraceful) {
+      Status flushed = Flush(deadline);
+      if (flushed.ok()) {
+        auto waiter = std::make_shared<Waiter>();
+        const bool ran = core_->RunSync([&] {
+          state_->owner = nullptr;
+          core_->CloseEp(*state_, /*force=*/false, reason, waiter);
+        });
+        if (!ran) return Status::OK();
+        Status closed;
+        if (!waiter->WaitUntil(deadline, &closed)) {
+          return Status::DeadlineExceeded("graceful close of the endpoint to " + state_->peer +
+                                          " did not finish by the deadline");
+        }
+        return Status::OK();
+      }
+    }
+    if (mode == CloseMode::kForce) {
+      // Workaround, UCX 1.13.1: force-closing while emulated gets (TCP, or
+      // shared memory on user memory) are in flight can abort the *peer*
+      // (ucp_get_req_handler: "Fatal: unexpected error: Endpoint timeout",
+      // or a failed-lane stub assertion) when it answers a get on the endpoint
+      // our close failed. So cancel what is not posted yet, give what UCX has
+      // posted until the deadline, and only then force-close (which completes
+      // the rest Cancelled).
+      std::vector<std::shared_ptr<BatchCompletion>> batches;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        batches = batches_;
+      }
+      for (const auto& b : batches) b->Cancel();
+      // Bounded by the deadline; the rest is purged below. Not on the
+      // progress thread, which completes them.
+      if (!core_->OnProgressThread()) Flush(deadline).IgnoreError();
+    }
+    core_->RunSync([&] {
+      state_->owner = nullptr;
+      core_->CloseEp(*state_, /*force=*/true, reason, nullptr);
+    });
+    state_->SetFailure(reason);
+    // Batches queued before the close ran before it (the queue is FIFO) and
+    // their requests were purged, so this does not block for long.
+    Flush(transport::Deadline::max()).IgnoreError();
+    if (mode == CloseMode::kGraceful) {
+      return Status::DeadlineExceeded("in-flight transfers to " + state_->peer +
+                                      " did not finish by the deadline; force-closed");
+    }
+    return Status::OK();
+  }
+
+ private:
+  Status Prepare(const Transfer& t, PreparedTransfer* out) const {
+    out->op = t.op;
+    out->length = t.length;
+    auto local_range = [&]() -> Status {
+      if (t.local == nullptr) return Status::InvalidArgument("no local region");
+      if (t.local->kind() != MemoryKind::kHost) {
+        return Status::InvalidArgument("local region is not host memory");
+      }
+      if (!InRange(t.local_offset, t.length, t.local->bytes().size())) {
+        return Status::InvalidArgument("local range [" + std::to_string(t.local_offset) + ", +" +
+                                       std::to_string(t.length) + ") outside a " +
+                                       std::to_string(t.local->bytes().size()) + "-byte region");
+      }
+      out->local = t.local->bytes().data() + t.local_offset;
+      return Status::OK();
+    };
+    switch (t.op) {
+      case TransferOp::kRead:
+      case TransferOp::kWrite: {
+        KVF_RETURN_IF_ERROR(local_range());
+        const auto* remote = dynamic_cast<const UcxRemoteRegion*>(t.remote);
+        if (remote == nullptr) {
+          return Status::InvalidArgument("no remote region imported by a UCX endpoint");
+        }
+        if (remote->holder()->ep_identity != state_.get()) {
+          return Status::InvalidArgument("remote region was imported on another endpoint");
+        }
+        if (!InRange(t.remote_offset, t.length, remote->length())) {
+          return Status::InvalidArgument("remote range [" + std::to_string(t.remote_offset) +
+                                         ", +" + std::to_string(t.length) + ") outside the " +
+                                         std::to_string(remote->length()) + "-byte imported range");
+        }
+        out->rkey = remote->holder();
+        out->remote_address = remote->holder()->address + t.remote_offset;
+        return Status::OK();
+      }
+      case TransferOp::kSend:
+        if (t.header.size() > core_->max_header_bytes()) {
+          return Status::InvalidArgument("kSend header of " + std::to_string(t.header.size()) +
+                                         " bytes exceeds " +
+                                         std::to_string(core_->max_header_bytes()));
+        }
+        out->header.assign(reinterpret_cast<const char*>(t.header.data()), t.header.size());
+        if (t.length == 0 && t.local == nullptr) return Status::OK();
+        return local_range();
+    }
+    return Status::InvalidArgument("unknown transfer op " + std::to_string(static_cast<int>(t.op)));
+  }
+
+  const std::shared_ptr<UcxCore> core_;
+  const std::shared_ptr<EpState> state_;
+  std::atomic<bool> closed_{false};
+  std::mutex mu_;
+  std::vector<std::shared_ptr<BatchCompletion>> batches_;  // guarded by mu_
+};
+
+class UcxTransport final : public transport::Transport {
+ public:
+  UcxTransport(std::shared_ptr<UcxCore> core) : core_(std::move(core)) {
+    std::weak_ptr<UcxCore> weak = core_;
+    core_->RunSync([&] {
+      core_->set_endpoint_factory([weak](std::shared_ptr<EpState> s) {
+        return std::unique_ptr<Endpoint>(std::make_unique<UcxEndpoint>(weak.lock(), std::move(s)));
+      });
+    });
+  }
+  ~UcxTransport() override { core_->Shutdown(); }
+
+  std::string name() const override { return "ucx(tls=" + core_->options().tls + ")"; }
+
+  StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(std::span<std::byte> bytes,
+                                                         MemoryKind kind) override {
+    KVF_RETURN_IF_ERROR(CheckKind(kind));
+    if (bytes.empty()) return Status::InvalidArgument("cannot register an empty range");
+    ucp_mem_map_params_t p = {};
+    p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    p.address = bytes.data();
+    p.length = bytes.size();
+    KVF_ASSIGN_OR_RETURN(auto memh, Map(p));
+    return std::unique_ptr<MemoryRegion>(std::make_unique<UcxMemoryRegion>(bytes, std::move(memh)));
+  }
+
+  StatusOr<std::unique_ptr<MemoryRegion>> AllocateMemory(std::uint64_t size,
+                                                         MemoryKind kind) override {
+    KVF_RETURN_IF_ERROR(CheckKind(kind));
+    if (size == 0) return Status::InvalidArgument("cannot allocate an empty region");
+    ucp_mem_map_params_t p = {};
+    p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                   UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    p.address = nullptr;
+    p.length = size;
+    p.flags = UCP_MEM_MAP_ALLOCATE;
+    KVF_ASSIGN_OR_RETURN(auto memh, Map(p));
+    ucp_mem_attr_t attr = {};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    KVF_RETURN_IF_ERROR(StatusFromUcs(ucp_mem_query(memh->get(), &attr), "ucp_mem_query"));
+    if (attr.length < size) {
+      return Status::Internal("ucp_mem_map allocated " + std::to_string(attr.length) +
+                              " bytes, asked for " + std::to_string(size));
+    }
+    std::span<std::byte> bytes(static_cast<std::byte*>(attr.address), size);
+    return std::unique_ptr<MemoryRegion>(std::make_unique<UcxMemoryRegion>(bytes, std::move(memh)));
+  }
+
+  void SetMessageHandler(transport::MessageHandler handler) override {
+    core_->RunSync([&] { core_->set_message_handler(std::move(handler)); });
+  }
+
+  Status Listen(const std::string& address, transport::AcceptHandler on_accept) override {
+    Status st = Status::Unavailable("the UCX transport was destroyed");
+    core_->RunSync([&] { st = core_->Listen(address, std::move(on_accept)); });
+    return st;
+  }
+
+  std::string listen_address() const override { return core_->listen_address(); }
+
+  StatusOr<std::unique_ptr<Endpoint>> Connect(const std::string& address,
+                                              transport::PeerFailureMode mode,
+                                              Deadline deadline) override {
+    if (mode != transport::PeerFailureMode::kFailInFlight) {
+      return Status::InvalidArgument("unknown peer failure mode");
+    }
+    auto waiter = std::make_shared<Waiter>();
+    StatusOr<std::shared_ptr<EpState>> state =
+        Status::Unavailable("the UCX transport was destroyed");
+    core_->RunSync([&] { state = core_->Connect(address, waiter); });
+    if (!state.ok()) return state.status();
+    auto endpoint = std::make_unique<UcxEndpoint>(core_, *state);
+    Status connected;
+    if (!waiter->WaitUntil(deadline, &connected)) {
+      return Status::DeadlineExceeded("connecting to " + address + " did not finish in time");
+    }
+    if (!connected.ok())
+      return internal::AsUnavailable(connected.WithContext("connect " + address));
+    core_->RunSync([&] { (*state)->owner = endpoint.get(); });
+    return std::unique_ptr<Endpoint>(std::move(endpoint));
+  }
+
+  UcxTestCounters counters() const { return core_->counters(); }
+
+ private:
+  static Status CheckKind(MemoryKind kind) {
+    if (kind == MemoryKind::kHost) return Status::OK();
+    return Status::Unimplemented(
+        "device memory: Debian's UCX has no CUDA transports; stage through host memory");
+  }
+
+  StatusOr<std::unique_ptr<UcpMemHandle>> Map(const ucp_mem_map_params_t& p) {
+    std::shared_ptr<UcpContext> context = core_->context();
+    if (!context) return Status::Unavailable("the UCX transport was destroyed");
+    ucp_mem_h memh = nullptr;
+    KVF_RETURN_IF_ERROR(StatusFromUcs(ucp_mem_map(context->get(), &p, &memh), "ucp_mem_map"));
+    return std::make_unique<UcpMemHandle>(std::move(context), memh);
+  }
+
+  const std::shared_ptr<UcxCore> core_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<transport::Transport>> CreateUcxTransport(
+    const UcxTransportOptions& options) {
+  if (!TlsAllowsSockaddr(options.tls)) {
+    return Status::InvalidArgument("UcxTransportOptions.tls \"" + options.tls +
+                                   "\" lacks tcp: listener (sockaddr) connections are wired up "
+                                   "over tcp; add it, e.g. \"sm,self,tcp\"");
+  }
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<UcxCore> core, UcxCore::Create(options));
+  return std::unique_ptr<transport::Transport>(std::make_unique<UcxTransport>(std::move(core)));
+}
+
+UcxTestCounters TEST_GetCounters(const transport::Transport& t) {
+  return static_cast<const UcxTransport&>(t).counters();
+}
+
+}  // namespace kvfabric::ucx

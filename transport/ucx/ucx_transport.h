@@ -1,0 +1,136 @@
+// The UCX backend of transport::Transport (transport/transport.h).
+//
+// What it is
+//   One UCP context and one UCP worker, driven by one progress thread that
+//   the transport owns. The worker is created UCS_THREAD_MODE_SINGLE with
+//   UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP; only the progress
+//   thread touches the worker, its endpoints, its listener and the remote
+//   keys unpacked on it. Other threads hand work over through a
+//   mutex-protected queue and wake the worker with ucp_worker_signal. When
+//   idle the progress thread sleeps in poll(2) on the worker's event fd
+//   (ucp_worker_get_efd + ucp_worker_arm); it never busy-spins.
+//
+// How each transfer maps onto UCX
+//   kRead   ucp_get_nbx from the imported range into the local region.
+//   kWrite  ucp_put_nbx, then one ucp_ep_flush_nbx per batch after all of the
+//           batch's puts: a kWrite entry completes OK only when that flush
+//           completed, i.e. the bytes are in the peer's memory.
+//   kSend   ucp_am_send_nbx (UCP_AM_SEND_FLAG_REPLY) with the header and the
+//           payload from the local region. The receiver's MessageHandler gets
+//           an IncomingMessage; Accept copies eager data, or receives
+//           rendezvous data with ucp_am_recv_data_nbx directly into the chosen
+//           region; Drop releases it (a dropped rendezvous payload is never
+//           fetched; the sender's entry still completes OK).
+//   Entries complete with the Status of their UCX request (StatusFromUcs).
+//   Once the endpoint's peer failed every entry completes Unavailable.
+//
+// Endpoints use UCP_ERR_HANDLING_MODE_PEER with an error callback: a peer that
+// dies or disconnects fails in-flight entries (UCX purges their requests) and
+// every later Submit with Unavailable; Endpoint::health() says so. Endpoints
+// are made through the sockaddr connection manager: Listen uses
+// ucp_listener_create, Connect uses ucp_ep_create with a peer address; both
+// sides flush a new endpoint before it is used (also the workaround for UCX
+// 1.13.1 hanging on an active message over 100 bytes sent right after accept
+// when the final lane is shared memory).
+//
+// Memory
+//   RegisterMemory maps caller memory (ucp_mem_map). AllocateMemory lets UCX
+//   allocate (UCP_MEM_MAP_ALLOCATE): on shared memory that is a SysV/posix
+//   segment the peer maps and copies truly one-sidedly; ordinary user memory
+//   gets get/put emulated with active messages, which needs the owner's
+//   progress thread (it always runs). Export packs a remote key
+//   (ucp_rkey_pack) in a versioned, checksummed encoding
+//   (transport/ucx/ucx_export.h) with the exported range. The importer checks
+//   every size when importing and bounds-checks every kRead/kWrite against the
+//   imported range before posting, because UCX's emulated paths do not. A
+//   remote key still covers the whole registration it was packed from: only
+//   export to trusted peers (see transport.h, "Security").
+//   kDevice memory is Unimplemented (Debian's UCX has no CUDA transports).
+//
+// Cancellation and close
+//   TransferBatch::Cancel completes entries not yet posted with Cancelled and
+//   asks UCX to cancel posted ones (ucp_request_cancel); UCX cannot revoke a
+//   posted get/put/send, so those complete with their real outcome.
+//   Close(kForce, deadline) cancels every batch (entries not yet posted
+//   complete Cancelled, ucp_request_cancel on posted requests), lets posted
+//   requests finish until the deadline, then force-closes the endpoint
+//   (ucp_ep_close_nbx with UCP_EP_CLOSE_FLAG_FORCE), which completes what is
+//   left Cancelled. The grace is a workaround: UCX 1.13.1 can abort the
+//   *peer* process when an endpoint is force-closed with emulated gets in
+//   flight (ucp_get_req_handler answers on the failed endpoint: "Fatal:
+//   unexpected error"). Pass Clock::now() for an immediate close. Destroying
+//   an Endpoint is Close(kForce, now + 1 s).
+//   Close(kGraceful) waits for in-flight entries until the deadline, then
+//   closes with a flush (ucp_ep_close_nbx without FORCE); past the deadline it
+//   force-closes and returns DeadlineExceeded.
+//   Destroying the transport force-closes every endpoint (the Endpoint
+//   objects stay valid and report Unavailable), destroys the listener, stops
+//   the progress thread and destroys the worker. The UCP context is destroyed
+//   after the last MemoryRegion made by this transport.
+//
+// Threads
+//   As transport.h says: every method may be called from any thread;
+//   handlers run on the progress thread. REQUIRES: the transport is not
+//   destroyed from one of its own handlers, and a handler does not destroy a
+//   TransferBatch that is still in flight (that waits).
+#ifndef KVFABRIC_TRANSPORT_UCX_UCX_TRANSPORT_H_
+#define KVFABRIC_TRANSPORT_UCX_UCX_TRANSPORT_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/statusor.h"
+#include "transport/transport.h"
+
+namespace kvfabric::ucx {
+
+struct UcxTransportOptions {
+  // UCX transport list (UCX's TLS setting), set with ucp_config_modify and
+  // never read from the environment by this library. Default "sm,self,tcp":
+  // shared memory between processes on one host, TCP across hosts. On an
+  // RDMA cluster use e.g. "rc,ud,sm,self,tcp". Listener (sockaddr)
+  // connections need "tcp" (or "all"); a list without it is rejected with
+  // InvalidArgument.
+  std::string tls = "sm,self,tcp";
+
+  // UCX's NET_DEVICES: which network devices to use, e.g. "mlx5_0:1" to pin
+  // a NIC per GPU (transport/verbs discovers them). Default empty: UCX's
+  // own default (all devices). Not needed for TCP on loopback.
+  std::string net_devices;
+
+  // Idle progress-thread sleep, at most this long per poll(2) before it
+  // re-checks its queue. Default 100 ms: wake-ups come from the event fd, so
+  // this only bounds how long a missed wake-up could stall; shorter costs
+  // idle CPU, longer costs nothing in the normal path.
+  std::chrono::milliseconds idle_poll_timeout{100};
+
+  // Time the progress thread keeps progressing, on shutdown, for close and
+  // receive requests still outstanding after every endpoint was closed
+  // before it destroys the worker anyway. Default 2 s.
+  std::chrono::milliseconds shutdown_drain_timeout{2000};
+};
+
+// Creates a UCX transport: reads UCX's defaults, then sets TLS and
+// NET_DEVICES from `options`, MM_ERROR_HANDLING=y and
+// CMA_MEMORY_INVALIDATE=y (without them UCP_ERR_HANDLING_MODE_PEER silently
+// drops the shared-memory lanes) and PROTO_ENABLE=n (the 1.13 protocol v2
+// shares the accept-then-send hang), and starts the progress thread.
+// InvalidArgument for a TLS list without tcp; the UCX error (StatusFromUcs)
+// when the context or worker cannot be created.
+StatusOr<std::unique_ptr<transport::Transport>> CreateUcxTransport(
+    const UcxTransportOptions& options);
+
+// Counters for tests (which AM receive path messages took). Not for
+// production use; may change.
+struct UcxTestCounters {
+  std::uint64_t eager_messages = 0;
+  std::uint64_t rendezvous_messages = 0;
+};
+// REQUIRES: `t` was made by CreateUcxTransport.
+UcxTestCounters TEST_GetCounters(const transport::Transport& t);
+
+}  // namespace kvfabric::ucx
+
+#endif  // KVFABRIC_TRANSPORT_UCX_UCX_TRANSPORT_H_
