@@ -14,14 +14,14 @@ function(_kvf_target_name out name)
   set(${out} "${prefix}_${name}" PARENT_SCOPE)
 endfunction()
 
-# kvf_cc_library(NAME n [SRCS ...] [HDRS ...] [DEPS ...] [DEFINES ...] [TESTONLY])
+# kvf_cc_library(NAME n [SRCS ...] [HDRS ...] [DEPS ...] [DEFINES ...] [COPTS ...] [TESTONLY])
 function(kvf_cc_library)
-  cmake_parse_arguments(A "TESTONLY" "NAME" "SRCS;HDRS;DEPS;DEFINES" ${ARGN})
+  cmake_parse_arguments(A "TESTONLY" "NAME" "SRCS;HDRS;DEPS;DEFINES;COPTS" ${ARGN})
   _kvf_target_name(target ${A_NAME})
   if(A_SRCS)
     add_library(${target} STATIC ${A_SRCS})
     set(scope PUBLIC)
-    target_compile_options(${target} PRIVATE ${KVF_COPTS})
+    target_compile_options(${target} PRIVATE ${KVF_COPTS} ${A_COPTS})
     set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON
                                                OUTPUT_NAME kvfabric_${target})
   else()
@@ -116,11 +116,11 @@ function(kvf_proto_library)
   set_property(GLOBAL APPEND PROPERTY KVF_EXPORTED_LIBRARIES ${target})
 endfunction()
 
-# kvf_cuda_library(NAME n SRCS a.cu ... [HDRS ...] [DEPS ...]): .cu files
-# compiled by nvcc for sm_80 and sm_90 with the static CUDA runtime. Declared
-# only when CUDA was detected (KVF_HAVE_CUDA).
+# kvf_cuda_library(NAME n SRCS a.cu ... [HDRS ...] [DEPS ...] [TESTONLY]): .cu
+# files compiled by nvcc for sm_80 and sm_90 with the static CUDA runtime.
+# Declared only when CUDA was detected (KVF_HAVE_CUDA).
 function(kvf_cuda_library)
-  cmake_parse_arguments(A "" "NAME" "SRCS;HDRS;DEPS" ${ARGN})
+  cmake_parse_arguments(A "TESTONLY" "NAME" "SRCS;HDRS;DEPS" ${ARGN})
   _kvf_target_name(target ${A_NAME})
   add_library(${target} STATIC ${A_SRCS})
   add_library(kvfabric::${target} ALIAS ${target})
@@ -136,8 +136,10 @@ function(kvf_cuda_library)
   target_include_directories(${target} PUBLIC
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}> $<INSTALL_INTERFACE:include/kvfabric>)
   target_link_libraries(${target} PUBLIC ${A_DEPS} CUDA::cudart_static)
-  install(TARGETS ${target} EXPORT kvfabricTargets
-          ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-          FILE_SET HEADERS DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvfabric)
-  set_property(GLOBAL APPEND PROPERTY KVF_EXPORTED_LIBRARIES ${target})
+  if(NOT A_TESTONLY)
+    install(TARGETS ${target} EXPORT kvfabricTargets
+            ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+            FILE_SET HEADERS DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvfabric)
+    set_property(GLOBAL APPEND PROPERTY KVF_EXPORTED_LIBRARIES ${target})
+  endif()
 endfunction()

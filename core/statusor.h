@@ -18,9 +18,11 @@ template <typename T>
 class [[nodiscard]] StatusOr {
  public:
   // REQUIRES: !status.ok(). An OK status without a value becomes Internal.
-  StatusOr(Status status) : status_(std::move(status)) {  // NOLINT(runtime/explicit)
-    if (status_.ok()) status_ = Status::Internal("StatusOr constructed from OK without a value");
-  }
+  // (Initialised, not assigned: nvcc's front end warns that assigning a
+  // [[nodiscard]] Status discards operator='s result.)
+  StatusOr(Status status)  // NOLINT(runtime/explicit)
+      : status_(status.ok() ? Status::Internal("StatusOr constructed from OK without a value")
+                            : std::move(status)) {}
   StatusOr(const T& value) : value_(value) {}  // NOLINT(runtime/explicit)
   StatusOr(T&& value) : value_(std::move(value)) {}  // NOLINT(runtime/explicit)
   template <typename U,

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "core/model_fingerprint.h"
+#include "core/status.h"
 
 namespace kvfabric::gpu {
 
@@ -32,7 +33,7 @@ struct DeviceRange {
 };
 
 struct AttentionShape {
-  std::uint32_t num_q_heads = 0;   // a multiple of num_kv_heads
+  std::uint32_t num_q_heads = 0;  // a multiple of num_kv_heads
   std::uint32_t num_kv_heads = 0;
   std::uint32_t head_dim = 0;
   KvDtype dtype = KvDtype::kFp16;  // of K and V
@@ -41,13 +42,13 @@ struct AttentionShape {
 // One query against one tile of keys/values.
 struct AttentionTileArgs {
   AttentionShape shape;
-  float scale = 0.0f;          // usually 1/sqrt(head_dim)
-  std::uint32_t tokens = 0;    // 0 is an empty tile: output 0, lse -inf
-  DeviceRange query;           // [num_q_heads, head_dim] fp32
-  DeviceRange keys;            // [tokens, num_kv_heads, head_dim] dtype
-  DeviceRange values;          // [tokens, num_kv_heads, head_dim] dtype
-  DeviceRange output;          // [num_q_heads, head_dim] fp32
-  DeviceRange lse;             // [num_q_heads] fp32
+  float scale = 0.0f;        // usually 1/sqrt(head_dim)
+  std::uint32_t tokens = 0;  // 0 is an empty tile: output 0, lse -inf
+  DeviceRange query;         // [num_q_heads, head_dim] fp32
+  DeviceRange keys;          // [tokens, num_kv_heads, head_dim] dtype
+  DeviceRange values;        // [tokens, num_kv_heads, head_dim] dtype
+  DeviceRange output;        // [num_q_heads, head_dim] fp32
+  DeviceRange lse;           // [num_q_heads] fp32
 };
 
 // Exact merge of `num_states` partial states (softmax over the union of their
@@ -58,10 +59,10 @@ struct MergeStatesArgs {
   std::uint32_t num_states = 0;
   std::uint32_t num_heads = 0;
   std::uint32_t head_dim = 0;
-  DeviceRange outputs;    // [num_states, num_heads, head_dim] fp32
-  DeviceRange lses;       // [num_states, num_heads] fp32
-  DeviceRange output;     // [num_heads, head_dim] fp32
-  DeviceRange lse;        // [num_heads] fp32
+  DeviceRange outputs;  // [num_states, num_heads, head_dim] fp32
+  DeviceRange lses;     // [num_states, num_heads] fp32
+  DeviceRange output;   // [num_heads, head_dim] fp32
+  DeviceRange lse;      // [num_heads] fp32
 };
 
 // Copies `num_pages` pages of `page_bytes` each from arena offsets listed in
@@ -74,6 +75,39 @@ struct GatherPagesArgs {
   DeviceRange page_offsets;  // [num_pages] uint64
   DeviceRange destination;   // num_pages * page_bytes
 };
+
+// Largest head_dim any backend accepts (the CPU kernel keeps one K row of
+// head_dim floats on the stack; the CUDA kernels support a subset, see
+// gpu/cuda/attention_kernels.cuh).
+inline constexpr std::uint32_t kMaxHeadDim = 512;
+
+// Validation shared by every backend, called before any kernel touches memory.
+// Each returns OK or InvalidArgument naming the field and the numbers:
+//   - shape products are overflow-checked (64-bit);
+//   - every range lies inside [0, arena_bytes) and its size equals the layout
+//     exactly (an empty range, bytes == 0, may sit anywhere up to arena_bytes);
+//   - offsets are aligned to the element size (fp32: 4, fp16/bf16: 2, uint64: 8);
+//   - ranges a kernel writes overlap no range it reads and no other range it
+//     writes (kernels are not in-place);
+//   - AttentionTileArgs: dtype fp16, bf16 or fp32; num_kv_heads > 0;
+//     num_q_heads a positive multiple of num_kv_heads; head_dim in
+//     [1, kMaxHeadDim]; scale finite.
+//   - MergeStatesArgs: num_heads > 0, head_dim > 0 (num_states may be 0: the
+//     merge of nothing is the empty state).
+//   - GatherPagesArgs: page_bytes > 0. The page offsets themselves live in the
+//     arena; ValidateGatherSource checks one of them.
+Status ValidateAttentionTile(const AttentionTileArgs& args, std::uint64_t arena_bytes);
+Status ValidateMergeStates(const MergeStatesArgs& args, std::uint64_t arena_bytes);
+Status ValidateGatherPages(const GatherPagesArgs& args, std::uint64_t arena_bytes);
+
+// Page `index` of a gather starts at `page_offset`: OK if [page_offset,
+// page_offset + page_bytes) lies in the arena and does not overlap
+// args.destination or args.page_offsets. Hosts call it on an offset list before
+// copying it to the device (a GPU kernel cannot return a Status); the CPU
+// kernel calls it for every page before copying any.
+// REQUIRES: ValidateGatherPages(args, arena_bytes).ok().
+Status ValidateGatherSource(const GatherPagesArgs& args, std::uint32_t index,
+                            std::uint64_t page_offset, std::uint64_t arena_bytes);
 
 }  // namespace kvfabric::gpu
 

@@ -1,0 +1,352 @@
+#include "client/streaming_attention.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "client/device_arena.h"
+#include "core/testing/test_seed.h"
+#include "gpu/cpu/cpu_device.h"
+#include "gpu/kernels/float_convert.h"
+#include "gpu/kernels/reference_attention.h"
+
+// Every heap allocation in this binary, on any thread. Relaxed: a pure event
+// counter, read by the test thread after Decode's final wait has ordered the
+// device threads' work before it.
+namespace {
+std::atomic<std::uint64_t> g_allocations{0};
+
+void* CountedAlloc(std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* CountedAlignedAlloc(std::size_t n, std::align_val_t a) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  const std::size_t align = static_cast<std::size_t>(a);
+  void* p = nullptr;
+  if (posix_memalign(&p, align < sizeof(void*) ? sizeof(void*) : align, n == 0 ? 1 : n) == 0) {
+    return p;
+  }
+  throw std::bad_alloc();
+}
+}  // namespace
+
+void* operator new(std::size_t n) { return CountedAlloc(n); }
+void* operator new[](std::size_t n) { return CountedAlloc(n); }
+void* operator new(std::size_t n, std::align_val_t a) { return CountedAlignedAlloc(n, a); }
+void* operator new[](std::size_t n, std::align_val_t a) { return CountedAlignedAlloc(n, a); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+namespace kvfabric::client {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+constexpr std::uint64_t kPage = 4096;
+
+struct Shape {
+  KvDtype dtype = KvDtype::kFp16;
+  std::uint32_t q_heads = 8;
+  std::uint32_t kv_heads = 2;  // GQA: 4 query heads per kv head
+  std::uint32_t head_dim = 64;
+  std::uint32_t tokens_per_block = 16;
+  std::uint32_t tile_tokens = 64;
+  std::uint32_t layers = 3;
+};
+
+std::uint64_t Bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+void StoreElement(KvDtype dtype, float f, std::byte* p) {
+  if (dtype == KvDtype::kFp32) {
+    std::memcpy(p, &f, 4);
+    return;
+  }
+  const std::uint16_t b =
+      dtype == KvDtype::kFp16 ? gpu::FloatToFp16Bits(f) : gpu::FloatToBf16Bits(f);
+  std::memcpy(p, &b, 2);
+}
+
+// A device, an arena far smaller than the histories, and the attention.
+class StreamingAttentionTest : public ::testing::Test {
+ protected:
+  void Build(const Shape& shape, std::uint32_t max_tokens,
+             milliseconds fence_timeout = milliseconds(10000)) {
+    // Users of the device go first.
+    attention_.reset();
+    history_.reset();
+    arena_.reset();
+    device_.reset();
+    shape_ = shape;
+    layout_ = {
+        shape.layers, shape.tokens_per_block, shape.kv_heads, shape.head_dim, shape.dtype, 0};
+    options_.num_q_heads = shape.q_heads;
+    options_.tile_tokens = shape.tile_tokens;
+    options_.staging_buffers = 2;
+    options_.fence_timeout = fence_timeout;
+    DeviceArenaOptions ao;
+    ao.page_bytes = kPage;
+    ao.staging_pages = 2 * static_cast<std::uint32_t>(
+                               StreamingAttention::PagesPerBuffer(layout_, options_, kPage));
+    ao.scratch_bytes = StreamingAttention::ScratchBytes(layout_, options_);
+    ao.context_floor_pages = 2;
+    const std::uint64_t arena_bytes = ao.scratch_bytes + (ao.staging_pages + 2) * kPage;
+    gpu::DeviceOptions dopt;
+    dopt.arena_bytes = arena_bytes;
+    auto d = gpu::CreateCpuDevice(dopt, gpu::CpuDeviceOptions());
+    ASSERT_TRUE(d.ok()) << d.status();
+    device_ = std::move(d).value();
+    auto a = DeviceArena::Create(device_->arena_bytes(), ao);
+    ASSERT_TRUE(a.ok()) << a.status();
+    arena_ = std::move(a).value();
+    auto sa = StreamingAttention::Create(*device_, *arena_, arena_->scratch(), layout_, options_);
+    ASSERT_TRUE(sa.ok()) << sa.status();
+    attention_ = std::move(sa).value();
+
+    token_bytes_ = std::uint64_t{shape.kv_heads} * shape.head_dim * KvDtypeSize(shape.dtype);
+    layer_bytes_ = 2 * shape.tokens_per_block * token_bytes_;
+    const std::uint64_t blocks = (max_tokens + shape.tokens_per_block - 1) / shape.tokens_per_block;
+    auto h = device_->AllocatePinnedHost(std::max<std::uint64_t>(1, blocks) * shape.layers *
+                                         layer_bytes_);
+    ASSERT_TRUE(h.ok()) << h.status();
+    history_ = std::move(h).value();
+  }
+
+  // Fills every layer of `tokens` tokens with values drawn from N(0, sigma),
+  // and the unused rows of a partial last block with NaNs (never read).
+  void FillHistory(std::uint32_t tokens, std::mt19937_64& rng, float sigma = 1.0f) {
+    std::normal_distribution<float> dist(0.0f, sigma);
+    std::span<std::byte> h = history_->bytes();
+    const float nan = std::nanf("");
+    const std::size_t elem = KvDtypeSize(shape_.dtype);
+    for (std::size_t i = 0; i + elem <= h.size(); i += elem) StoreElement(shape_.dtype, nan, &h[i]);
+    const std::uint64_t row_elems = std::uint64_t{shape_.kv_heads} * shape_.head_dim;
+    for (std::uint32_t l = 0; l < shape_.layers; ++l) {
+      for (std::uint32_t t = 0; t < tokens; ++t) {
+        for (int kv = 0; kv < 2; ++kv) {
+          std::byte* row = RowAt(l, t, kv);
+          for (std::uint64_t e = 0; e < row_elems; ++e) {
+            StoreElement(shape_.dtype, dist(rng), row + e * elem);
+          }
+        }
+      }
+    }
+    for (float& q : attention_->query()) q = dist(rng);
+  }
+
+  std::byte* RowAt(std::uint32_t layer, std::uint32_t token, int kv) {
+    const std::uint32_t tpb = shape_.tokens_per_block;
+    return history_->bytes().data() + (token / tpb) * shape_.layers * layer_bytes_ +
+           layer * layer_bytes_ + kv * (layer_bytes_ / 2) + (token % tpb) * token_bytes_;
+  }
+
+  // The layer's K (kv = 0) or V (kv = 1) as one contiguous [tokens, ...] array.
+  std::vector<std::byte> Contiguous(std::uint32_t layer, std::uint32_t tokens, int kv) {
+    std::vector<std::byte> out(std::uint64_t{tokens} * token_bytes_);
+    for (std::uint32_t t = 0; t < tokens; ++t) {
+      std::memcpy(out.data() + t * token_bytes_, RowAt(layer, t, kv), token_bytes_);
+    }
+    return out;
+  }
+
+  gpu::AttentionShape KernelShape() const {
+    return {shape_.q_heads, shape_.kv_heads, shape_.head_dim, shape_.dtype};
+  }
+
+  // Streams `layer` and checks: bit-identical to TiledAttentionHost over the
+  // same tiles, within tolerance of FP64, no NaN.
+  void ExpectMatchesReferences(std::uint32_t layer, std::uint32_t tokens, float scale,
+                               std::uint64_t step) {
+    ASSERT_TRUE(attention_->Decode(1, layer, step, 1, *history_, tokens, scale).ok());
+    const std::vector<std::byte> k = Contiguous(layer, tokens, 0);
+    const std::vector<std::byte> v = Contiguous(layer, tokens, 1);
+    const std::size_t elems = std::size_t{shape_.q_heads} * shape_.head_dim;
+    std::vector<float> q(attention_->query().begin(), attention_->query().end());
+    std::vector<float> ref_out(elems), ref_lse(shape_.q_heads);
+    ASSERT_TRUE(gpu::TiledAttentionHost(KernelShape(), scale, tokens, shape_.tile_tokens, q, k, v,
+                                        ref_out, ref_lse)
+                    .ok());
+    std::vector<double> exact_out(elems), exact_lse(shape_.q_heads);
+    ASSERT_TRUE(
+        gpu::NaiveAttentionFp64(KernelShape(), scale, tokens, q, k, v, exact_out, exact_lse).ok());
+    std::span<const float> out = attention_->output();
+    std::span<const float> lse = attention_->lse();
+    for (std::size_t i = 0; i < elems; ++i) {
+      ASSERT_EQ(Bits(out[i]), Bits(ref_out[i]))
+          << "output " << i << ": " << out[i] << " vs resident " << ref_out[i] << ", tokens "
+          << tokens;
+      ASSERT_FALSE(std::isnan(out[i]));
+      ASSERT_NEAR(out[i], exact_out[i], 2e-4 * (1 + std::fabs(exact_out[i])))
+          << "output " << i << ", tokens " << tokens;
+    }
+    for (std::uint32_t h = 0; h < shape_.q_heads; ++h) {
+      ASSERT_EQ(Bits(lse[h]), Bits(ref_lse[h])) << "lse " << h << ", tokens " << tokens;
+      if (tokens == 0) {
+        ASSERT_TRUE(std::isinf(lse[h]) && lse[h] < 0);
+      } else {
+        ASSERT_NEAR(lse[h], exact_lse[h], 2e-5 * (1 + std::fabs(exact_lse[h])));
+      }
+    }
+  }
+
+  Shape shape_;
+  HistoryLayout layout_;
+  StreamingAttentionOptions options_;
+  std::unique_ptr<gpu::Device> device_;
+  std::unique_ptr<DeviceArena> arena_;
+  std::unique_ptr<StreamingAttention> attention_;
+  std::unique_ptr<gpu::PinnedHostBuffer> history_;
+  std::uint64_t token_bytes_ = 0;
+  std::uint64_t layer_bytes_ = 0;
+};
+
+TEST_F(StreamingAttentionTest, BitIdenticalToFullyResidentTiledAttentionForEveryDtype) {
+  std::mt19937_64 rng(
+      TestSeed("StreamingAttentionTest.BitIdenticalToFullyResidentTiledAttentionForEveryDtype"));
+  for (KvDtype dtype : {KvDtype::kFp16, KvDtype::kBf16, KvDtype::kFp32}) {
+    Shape shape;
+    shape.dtype = dtype;
+    Build(shape, 1000);
+    std::uint64_t step = 0;
+    for (std::uint32_t tokens : {1u, 15u, 16u, 64u, 100u, 257u, 1000u}) {
+      SCOPED_TRACE(std::string(KvDtypeName(dtype)) + " tokens " + std::to_string(tokens));
+      FillHistory(tokens, rng);
+      ExpectMatchesReferences(1, tokens, 1.0f / std::sqrt(64.0f), step++);
+      ExpectMatchesReferences(2, tokens, 1.0f / std::sqrt(64.0f), step++);
+    }
+  }
+}
+
+TEST_F(StreamingAttentionTest, AdversarialLogitsAndOneTokenTilesStayExactAndFinite) {
+  std::mt19937_64 rng(
+      TestSeed("StreamingAttentionTest.AdversarialLogitsAndOneTokenTilesStayExactAndFinite"));
+  Shape shape;
+  shape.tokens_per_block = 1;
+  shape.tile_tokens = 1;  // one-token tiles: one merge per token
+  shape.head_dim = 32;
+  Build(shape, 200);
+  FillHistory(200, rng, 4.0f);
+  ExpectMatchesReferences(0, 200, 20.0f, 0);  // huge logits (|s| in the thousands)
+  ExpectMatchesReferences(0, 200, 1e-6f, 1);  // tiny logits: nearly uniform
+  ExpectMatchesReferences(0, 7, 1.0f, 2);
+}
+
+TEST_F(StreamingAttentionTest, ZeroTokensGiveTheEmptyState) {
+  Build(Shape(), 16);
+  for (float& q : attention_->query()) q = 1.0f;
+  ASSERT_TRUE(attention_->Decode(1, 0, 0, 1, *history_, 0, 0.125f).ok());
+  for (float o : attention_->output()) EXPECT_EQ(Bits(o), 0u);
+  for (float l : attention_->lse()) EXPECT_TRUE(std::isinf(l) && l < 0);
+}
+
+TEST_F(StreamingAttentionTest, HistoryFarLargerThanTheArenaStaysWithinTheStagingBudget) {
+  std::mt19937_64 rng(
+      TestSeed("StreamingAttentionTest.HistoryFarLargerThanTheArenaStaysWithinTheStagingBudget"));
+  Build(Shape(), 4096);
+  FillHistory(4096, rng);
+  ASSERT_GT(history_->bytes().size(), 10 * device_->arena_bytes());
+  ExpectMatchesReferences(1, 4096, 0.125f, 0);
+  const DeviceArenaMetrics m = arena_->metrics();
+  EXPECT_EQ(m.peak_staging_in_use, m.staging_pages);  // two buffers, reserved once
+  EXPECT_EQ(m.peak_held_pages, 0u);                   // the pool is never touched
+  const StagerMetrics s = attention_->stager().metrics();
+  EXPECT_EQ(s.leases, 4096u / 64);
+  EXPECT_EQ(s.fence_waits, 2 * (s.leases - 2));  // every reuse waited on copy + compute
+}
+
+TEST_F(StreamingAttentionTest, HungCopyQuarantinesUntilDrainThenDecodesExactly) {
+  std::mt19937_64 rng(
+      TestSeed("StreamingAttentionTest.HungCopyQuarantinesUntilDrainThenDecodesExactly"));
+  Build(Shape(), 512, milliseconds(100));
+  FillHistory(512, rng);
+  gpu::CpuDeviceTestHooks* hooks = gpu::TEST_CpuDeviceHooks(*device_);
+  ASSERT_NE(hooks, nullptr);
+  hooks->HangNextEvents(gpu::Queue::kHostToDevice, 1);  // the query copy's fence
+  Status s = attention_->Decode(1, 0, 0, 1, *history_, 512, 0.125f);
+  ASSERT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("quarantined"), std::string::npos) << s;
+  EXPECT_TRUE(attention_->stager().quarantined());
+  s = attention_->Decode(1, 0, 1, 1, *history_, 512, 0.125f);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_FALSE(attention_->Drain(steady_clock::now() + milliseconds(50)).ok());
+  hooks->ReleaseHangs(gpu::Queue::kHostToDevice);
+  ASSERT_TRUE(attention_->Drain(steady_clock::now() + std::chrono::seconds(10)).ok());
+  ExpectMatchesReferences(0, 512, 0.125f, 2);
+}
+
+TEST_F(StreamingAttentionTest, DeviceErrorOnTheOutputQuarantines) {
+  std::mt19937_64 rng(TestSeed("StreamingAttentionTest.DeviceErrorOnTheOutputQuarantines"));
+  Build(Shape(), 100);
+  FillHistory(100, rng);
+  gpu::CpuDeviceTestHooks* hooks = gpu::TEST_CpuDeviceHooks(*device_);
+  ASSERT_NE(hooks, nullptr);
+  hooks->FailNextEvents(gpu::Queue::kDeviceToHost, 1);  // the output copy's fence
+  Status s = attention_->Decode(1, 0, 0, 1, *history_, 100, 0.125f);
+  ASSERT_EQ(s.code(), StatusCode::kInternal) << s;
+  EXPECT_TRUE(attention_->stager().quarantined());
+  EXPECT_EQ(attention_->Decode(1, 0, 1, 1, *history_, 100, 0.125f).code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(attention_->Drain(steady_clock::now() + std::chrono::seconds(10)).ok());
+  ExpectMatchesReferences(0, 100, 0.125f, 2);
+}
+
+TEST_F(StreamingAttentionTest, RefusesBadOptionsAndShortHistories) {
+  Build(Shape(), 64);
+  StreamingAttentionOptions o = options_;
+  o.tile_tokens = 24;  // not a multiple of 16
+  auto bad = StreamingAttention::Create(*device_, *arena_, arena_->scratch(), layout_, o);
+  EXPECT_TRUE(bad.status().IsInvalidArgument()) << bad.status();
+  o = options_;
+  o.num_q_heads = 3;
+  bad = StreamingAttention::Create(*device_, *arena_, arena_->scratch(), layout_, o);
+  EXPECT_TRUE(bad.status().IsInvalidArgument()) << bad.status();
+  bad = StreamingAttention::Create(*device_, *arena_, {0, 16}, layout_, options_);
+  EXPECT_TRUE(bad.status().IsInvalidArgument()) << bad.status();
+  EXPECT_TRUE(attention_->Decode(1, 0, 0, 1, *history_, 65, 0.1f).IsInvalidArgument());
+  EXPECT_TRUE(attention_->Decode(1, 3, 0, 1, *history_, 16, 0.1f).IsInvalidArgument());
+}
+
+TEST_F(StreamingAttentionTest, ThousandDecodeStepsAfterWarmUpAllocateNothing) {
+  std::mt19937_64 rng(
+      TestSeed("StreamingAttentionTest.ThousandDecodeStepsAfterWarmUpAllocateNothing"));
+  Build(Shape(), 300);
+  FillHistory(300, rng);
+  for (std::uint64_t step = 0; step < 3; ++step) {
+    ASSERT_TRUE(attention_->Decode(1, step % 3, step, 1, *history_, 300, 0.125f).ok());
+  }
+  const std::uint64_t before = g_allocations.load(std::memory_order_relaxed);
+  bool all_ok = true;
+  for (std::uint64_t step = 3; step < 1003; ++step) {
+    const std::uint32_t tokens = 200 + static_cast<std::uint32_t>(step % 100);
+    all_ok = attention_->Decode(1, step % 3, step, 1, *history_, tokens, 0.125f).ok() && all_ok;
+  }
+  const std::uint64_t allocations = g_allocations.load(std::memory_order_relaxed) - before;
+  ASSERT_TRUE(all_ok);
+  EXPECT_EQ(allocations, 0u);
+  // The counter counts: one more std::string is one more allocation.
+  std::string* probe = new std::string(100, 'x');
+  EXPECT_GT(g_allocations.load(std::memory_order_relaxed), before + allocations);
+  delete probe;
+}
+
+}  // namespace
+}  // namespace kvfabric::client

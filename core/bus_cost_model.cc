@@ -1,0 +1,116 @@
+#include "core/bus_cost_model.h"
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+
+#include "core/units.h"
+
+namespace kvfabric {
+namespace {
+
+struct PathNames {
+  std::string_view arrow;
+  std::string_view snake;
+};
+
+// Indexed by the enum value.
+constexpr std::array<PathNames, kMaxBusPath + 1> kPathNames = {{
+    {"unspecified", "unspecified"},
+    {"remote→local", "remote_host_to_local_host"},
+    {"local→remote", "local_host_to_remote_host"},
+    {"host→device", "host_to_device"},
+    {"device→host", "device_to_host"},
+    {"nvme→host", "nvme_to_host"},
+    {"host→nvme", "host_to_nvme"},
+    {"memcpy", "local_memcpy"},
+}};
+
+// Three significant digits of `v` (>= 0) followed by `unit`.
+std::string ThreeDigits(double v, std::string_view unit) {
+  char buf[64];
+  if (v >= 99.95) {
+    std::snprintf(buf, sizeof(buf), "%.0f %.*s", v, static_cast<int>(unit.size()), unit.data());
+  } else if (v >= 9.995) {
+    std::snprintf(buf, sizeof(buf), "%.1f %.*s", v, static_cast<int>(unit.size()), unit.data());
+  } else if (v >= 0.9995 || v == 0) {
+    std::snprintf(buf, sizeof(buf), "%.2f %.*s", v, static_cast<int>(unit.size()), unit.data());
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.3g %.*s", v, static_cast<int>(unit.size()), unit.data());
+  }
+  return buf;
+}
+
+}  // namespace
+
+bool IsValidBusPath(int value) { return value >= 1 && value <= kMaxBusPath; }
+
+std::string_view BusPathArrowName(BusPath path) {
+  const int v = static_cast<int>(path);
+  return IsValidBusPath(v) ? kPathNames[v].arrow : kPathNames[0].arrow;
+}
+
+std::string_view BusPathName(BusPath path) {
+  const int v = static_cast<int>(path);
+  return IsValidBusPath(v) ? kPathNames[v].snake : kPathNames[0].snake;
+}
+
+std::optional<BusPath> BusPathFromName(std::string_view name) {
+  for (int v = 1; v <= kMaxBusPath; ++v) {
+    if (kPathNames[v].snake == name) return static_cast<BusPath>(v);
+  }
+  return std::nullopt;
+}
+
+std::string FormatMicros(double us) {
+  if (std::isnan(us)) return "nan";
+  if (std::isinf(us)) return us > 0 ? "inf" : "-inf";
+  if (us < 0) return "-" + FormatMicros(-us);
+  if (us == 0) return "0 µs";
+  // Pick the unit after rounding to three digits, so 999.96 µs prints as "1.00 ms".
+  if (us < 0.9995) return ThreeDigits(us * 1e3, "ns");
+  if (us < 999.5) return ThreeDigits(us, "µs");
+  if (us < 999.5e3) return ThreeDigits(us / 1e3, "ms");
+  return ThreeDigits(us / 1e6, "s");
+}
+
+std::string FormatRate(double bytes_per_s) {
+  if (!std::isfinite(bytes_per_s)) return std::isnan(bytes_per_s) ? "nan" : "inf B/s";
+  if (bytes_per_s < 999.5) return ThreeDigits(bytes_per_s, "B/s");
+  if (bytes_per_s < 999.5e3) return ThreeDigits(bytes_per_s / 1e3, "kB/s");
+  if (bytes_per_s < 999.5e6) return ThreeDigits(bytes_per_s / 1e6, "MB/s");
+  if (bytes_per_s < 999.5e9) return ThreeDigits(bytes_per_s / 1e9, "GB/s");
+  return ThreeDigits(bytes_per_s / 1e12, "TB/s");
+}
+
+std::string ExplainFetch(BusPath path, const PathParameters& p, uint64_t bytes) {
+  std::string out = "t_fetch(";
+  out += BusPathArrowName(path);
+  out += ", ";
+  out += FormatBytes(bytes);
+  out += ") = " + FormatMicros(p.alpha_us) + " + " + std::to_string(bytes) + " B / " +
+         FormatRate(p.beta_bytes_per_s) + " = " +
+         FormatMicros(FetchMicros(p, static_cast<double>(bytes)));
+  return out;
+}
+
+std::string ExplainRecompute(const RecomputeParameters& r, uint64_t n, uint64_t prefix) {
+  const double nd = static_cast<double>(n);
+  const double pd = static_cast<double>(prefix);
+  char half[32];
+  // n/2 is a whole number or ends in .5.
+  if (n % 2 == 0) {
+    std::snprintf(half, sizeof(half), "%llu", static_cast<unsigned long long>(n / 2));
+  } else {
+    std::snprintf(half, sizeof(half), "%llu.5", static_cast<unsigned long long>(n / 2));
+  }
+  std::string out = "t_recompute(n=" + std::to_string(n) + ", p=" + std::to_string(prefix) +
+                    ") = " + FormatMicros(r.c0_us) + " + " + std::to_string(n) + " × " +
+                    FormatMicros(r.c1_us_per_token) + " + " + std::to_string(n) + " × (" +
+                    std::to_string(prefix) + " + " + half + ") × " +
+                    FormatMicros(r.c2_us_per_token2) + " = " +
+                    FormatMicros(RecomputeMicros(r, nd, pd));
+  return out;
+}
+
+}  // namespace kvfabric

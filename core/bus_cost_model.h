@@ -1,0 +1,109 @@
+// The bus cost model: how long a transfer over one directed path takes, and how long it takes to
+// recompute (prefill) a run of tokens instead (ARCHITECTURE.md section 4).
+//
+//   t_fetch(path, bytes)  = alpha_us + bytes / beta_bytes_per_s * 1e6                      [us]
+//   t_recompute(n, p)     = c0_us + c1_us_per_token * n + c2_us_per_token2 * n * (p + n/2)  [us]
+//     n = tokens recomputed, p = tokens before them (the prefix they attend to).
+//
+// Units, everywhere in this model: time in microseconds (double, names end in _us), sizes in
+// bytes, bandwidth in bytes per second (names end in _bytes_per_s), tokens as counts. These are
+// the units of kvfabric.v1.PathParameters and RecomputeParameters (proto/kvfabric/v1/
+// placement.proto), so conversion to and from the wire is field by field.
+//
+// Every prediction can print itself with the numbers filled in (ExplainFetch, ExplainRecompute),
+// e.g. "t_fetch(nvme→host, 4 MiB) = 85.0 µs + 4194304 B / 1.95 GB/s = 2.24 ms".
+//
+// Fitting lives in core/cost_fit.h, the per-path error histogram in core/prediction_error.h, the
+// thread-safe container with online refit in core/calibrated_cost_model.h and the calibration
+// file in core/bus_calibration.h.
+//
+// Thread safety: everything here is a value type or a pure function.
+#ifndef KVFABRIC_CORE_BUS_COST_MODEL_H_
+#define KVFABRIC_CORE_BUS_COST_MODEL_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace kvfabric {
+
+// A directed path bytes take. Values 1..6 equal kvfabric.v1.BusPath; they are written to
+// calibration files and never renumbered. kLocalMemcpy has no proto value yet (the proto needs
+// BUS_PATH_LOCAL_MEMCPY = 7 before it can travel on the wire).
+enum class BusPath : int {
+  kUnspecified = 0,
+  // Remote daemon's host memory -> the client's host memory, over the transport.
+  kRemoteHostToLocalHost = 1,
+  // The client's host memory -> a remote daemon's host memory (write-back).
+  kLocalHostToRemoteHost = 2,
+  // Host memory -> device memory (PCIe H2D).
+  kHostToDevice = 3,
+  // Device memory -> host memory (PCIe D2H).
+  kDeviceToHost = 4,
+  // A daemon's NVMe tier -> its host memory (staging read).
+  kNvmeToHost = 5,
+  // A daemon's host memory -> its NVMe tier (demotion write).
+  kHostToNvme = 6,
+  // Host memory -> host memory on one machine (memcpy; a daemon on the client's node, and the
+  // baseline every other path is compared with).
+  kLocalMemcpy = 7,
+};
+
+inline constexpr int kMaxBusPath = 7;
+
+// "remote→local", "nvme→host", ...: the spelling in explanations and logs.
+std::string_view BusPathArrowName(BusPath path);
+// "remote_host_to_local_host", "nvme_to_host", ...: the spelling in calibration files and
+// metric labels.
+std::string_view BusPathName(BusPath path);
+// Inverse of BusPathName; nullopt for an unknown name (and for "unspecified").
+std::optional<BusPath> BusPathFromName(std::string_view name);
+// True for 1..kMaxBusPath.
+bool IsValidBusPath(int value);
+
+// Fitted parameters of one path.
+struct PathParameters {
+  // Fixed cost per transfer, in microseconds (>= 0).
+  double alpha_us = 0;
+  // Sustained bandwidth, in bytes per second (> 0).
+  double beta_bytes_per_s = 1;
+};
+
+// Fitted recompute (prefill) cost of one model.
+struct RecomputeParameters {
+  // Fixed cost per prefill call, in microseconds (>= 0).
+  double c0_us = 0;
+  // Linear (MLP, projections) cost, in microseconds per token (>= 0).
+  double c1_us_per_token = 0;
+  // Quadratic (attention) cost, in microseconds per token squared (>= 0).
+  double c2_us_per_token2 = 0;
+};
+
+// t_fetch in microseconds. REQUIRES: p.beta_bytes_per_s > 0.
+inline double FetchMicros(const PathParameters& p, double bytes) {
+  return p.alpha_us + bytes / p.beta_bytes_per_s * 1e6;
+}
+
+// t_recompute(n, prefix) in microseconds; 0 when n == 0 (nothing to prefill costs nothing, not
+// c0).
+inline double RecomputeMicros(const RecomputeParameters& r, double n, double prefix) {
+  if (n <= 0) return 0;
+  return r.c0_us + r.c1_us_per_token * n + r.c2_us_per_token2 * n * (prefix + n / 2);
+}
+
+// "t_fetch(nvme→host, 4 MiB) = 85.0 µs + 4194304 B / 1.95 GB/s = 2.24 ms".
+std::string ExplainFetch(BusPath path, const PathParameters& p, uint64_t bytes);
+// "t_recompute(n=4096, p=1024) = 2.00 ms + 4096 × 10.0 µs + 4096 × (1024 + 2048) × 1.00 ns =
+//  55.5 ms".
+std::string ExplainRecompute(const RecomputeParameters& r, uint64_t n, uint64_t prefix);
+
+// Durations for people, three significant digits: "850 ns", "85.0 µs", "2.24 ms", "1.50 s",
+// "95.0 s". Negative values get a leading '-'; non-finite print as "inf"/"nan".
+std::string FormatMicros(double us);
+// Decimal bandwidth, three significant digits: "950 MB/s", "1.95 GB/s", "12.5 GB/s".
+std::string FormatRate(double bytes_per_s);
+
+}  // namespace kvfabric
+
+#endif  // KVFABRIC_CORE_BUS_COST_MODEL_H_

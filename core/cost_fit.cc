@@ -1,0 +1,306 @@
+#include "core/cost_fit.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvfabric {
+namespace {
+
+// Feature scales: the solver sees bytes in MiB and tokens in kilo-tokens, so the normal
+// equations' entries stay within a few orders of magnitude of each other.
+constexpr double kBytesScale = 1.0 / (1 << 20);
+constexpr double kTokenScale = 1.0 / 1024;
+// Relative pivot (after equilibration to a unit diagonal) below which the system is singular.
+constexpr double kSingularPivot = 1e-9;
+
+std::array<double, 2> PathFeatures(uint64_t bytes) {
+  return {1.0, static_cast<double>(bytes) * kBytesScale};
+}
+
+std::array<double, 3> RecomputeFeatures(uint64_t n, uint64_t p) {
+  const double nd = static_cast<double>(n) * kTokenScale;
+  const double pd = static_cast<double>(p) * kTokenScale;
+  return {1.0, nd, nd * (pd + nd / 2)};
+}
+
+double Weight(FitWeighting weighting, double t) {
+  return weighting == FitWeighting::kAbsolute ? 1.0 : 1.0 / (t * t);
+}
+
+bool GoodTime(double t) { return std::isfinite(t) && t > 0; }
+
+PathParameters PathFromCoefficients(const std::array<double, 2>& c) {
+  // c[1] is microseconds per MiB.
+  return {c[0], 1e6 / (c[1] * kBytesScale)};
+}
+
+RecomputeParameters RecomputeFromCoefficients(const std::array<double, 3>& c) {
+  return {c[0], c[1] * kTokenScale, c[2] * kTokenScale * kTokenScale};
+}
+
+}  // namespace
+
+namespace cost_fit_internal {
+
+template <int K>
+void NormalEquations<K>::Add(const std::array<double, K>& f, double t, double w) {
+  for (int i = 0; i < K; ++i) {
+    for (int j = 0; j < K; ++j) a_[i][j] += w * f[i] * f[j];
+    b_[i] += w * f[i] * t;
+  }
+  tt_ += w * t * t;
+  weight_sum_ += w;
+}
+
+template <int K>
+void NormalEquations<K>::Decay(double factor) {
+  for (int i = 0; i < K; ++i) {
+    for (int j = 0; j < K; ++j) a_[i][j] *= factor;
+    b_[i] *= factor;
+  }
+  tt_ *= factor;
+  weight_sum_ *= factor;
+}
+
+namespace {
+
+// Solves the sub-system of (a, b) on the parameters in `mask`. Returns the index of the first
+// parameter that cannot be separated (singular), or -1 with `x` filled (zeros outside `mask`).
+template <int K>
+int SolveSubset(const std::array<std::array<double, K>, K>& a, const std::array<double, K>& b,
+                unsigned mask, std::array<double, K>* x) {
+  int idx[K];
+  int m = 0;
+  for (int i = 0; i < K; ++i) {
+    if (mask & (1u << i)) idx[m++] = i;
+  }
+  double s[K];  // equilibration: A' = D^-1/2 A D^-1/2
+  for (int i = 0; i < m; ++i) {
+    const double d = a[idx[i]][idx[i]];
+    if (!(d > 0) || !std::isfinite(d)) return idx[i];
+    s[i] = 1.0 / std::sqrt(d);
+  }
+  double mat[K][K + 1];
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < m; ++j) mat[i][j] = a[idx[i]][idx[j]] * s[i] * s[j];
+    mat[i][m] = b[idx[i]] * s[i];
+  }
+  for (int col = 0; col < m; ++col) {
+    int best = col;
+    for (int r = col + 1; r < m; ++r) {
+      if (std::fabs(mat[r][col]) > std::fabs(mat[best][col])) best = r;
+    }
+    if (std::fabs(mat[best][col]) < kSingularPivot) return idx[col];
+    if (best != col) {
+      for (int j = 0; j <= m; ++j) std::swap(mat[best][j], mat[col][j]);
+    }
+    for (int r = col + 1; r < m; ++r) {
+      const double f = mat[r][col] / mat[col][col];
+      for (int j = col; j <= m; ++j) mat[r][j] -= f * mat[col][j];
+    }
+  }
+  double y[K];
+  for (int i = m - 1; i >= 0; --i) {
+    double acc = mat[i][m];
+    for (int j = i + 1; j < m; ++j) acc -= mat[i][j] * y[j];
+    y[i] = acc / mat[i][i];
+  }
+  x->fill(0);
+  for (int i = 0; i < m; ++i) (*x)[idx[i]] = y[i] * s[i];  // rows were swapped, columns never
+  return -1;
+}
+
+}  // namespace
+
+template <int K>
+StatusOr<std::array<double, K>> NormalEquations<K>::SolveNonNegative(unsigned must_be_free) const {
+  const unsigned all = (1u << K) - 1;
+  std::array<double, K> x{};
+  const int singular = SolveSubset<K>(a_, b_, all, &x);
+  if (singular >= 0) {
+    return Status::FailedPrecondition("the data cannot separate parameter " +
+                                      std::to_string(singular) + " from the others");
+  }
+  bool feasible = true;
+  for (double v : x) feasible = feasible && v >= 0;
+  if (feasible) return x;
+  // Enumerate supports; keep the feasible one with the smallest residual.
+  double best_rss = std::numeric_limits<double>::infinity();
+  std::array<double, K> best{};
+  bool found = false;
+  for (unsigned mask = 1; mask < all; ++mask) {
+    if ((mask & must_be_free) != must_be_free) continue;
+    std::array<double, K> c{};
+    if (SolveSubset<K>(a_, b_, mask, &c) >= 0) continue;
+    bool ok = true;
+    for (double v : c) ok = ok && v >= 0;
+    if (!ok) continue;
+    double rss = tt_;
+    for (int i = 0; i < K; ++i) {
+      rss -= 2 * c[i] * b_[i];
+      for (int j = 0; j < K; ++j) rss += c[i] * a_[i][j] * c[j];
+    }
+    if (rss < best_rss) {
+      best_rss = rss;
+      best = c;
+      found = true;
+    }
+  }
+  if (!found) {
+    return Status::FailedPrecondition(
+        "no fit with non-negative parameters keeps every required "
+        "parameter free");
+  }
+  return best;
+}
+
+template <int K>
+StatusOr<std::array<double, K>> NormalEquations<K>::Solve() const {
+  std::array<double, K> x{};
+  const int singular = SolveSubset<K>(a_, b_, (1u << K) - 1, &x);
+  if (singular >= 0) {
+    return Status::FailedPrecondition("the data cannot separate parameter " +
+                                      std::to_string(singular) + " from the others");
+  }
+  return x;
+}
+
+template class NormalEquations<2>;
+template class NormalEquations<3>;
+
+}  // namespace cost_fit_internal
+
+StatusOr<PathParameters> FitPathParameters(std::span<const TransferSample> samples,
+                                           const FitOptions& options) {
+  std::vector<uint64_t> sizes;
+  sizes.reserve(samples.size());
+  cost_fit_internal::NormalEquations<2> eq;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const TransferSample& s = samples[i];
+    if (s.bytes == 0) {
+      return Status::InvalidArgument("samples[" + std::to_string(i) + "].bytes: must be > 0");
+    }
+    if (!GoodTime(s.observed_us)) {
+      return Status::InvalidArgument("samples[" + std::to_string(i) +
+                                     "].observed_us: must be finite and > 0, got " +
+                                     std::to_string(s.observed_us));
+    }
+    sizes.push_back(s.bytes);
+    eq.Add(PathFeatures(s.bytes), s.observed_us, Weight(options.weighting, s.observed_us));
+  }
+  std::sort(sizes.begin(), sizes.end());
+  const size_t distinct = std::unique(sizes.begin(), sizes.end()) - sizes.begin();
+  if (distinct < 2) {
+    return Status::FailedPrecondition(
+        "path fit needs transfers of at least 2 distinct sizes to separate alpha (fixed cost) "
+        "from beta (bandwidth); got " +
+        std::to_string(distinct) + " distinct size(s) in " + std::to_string(samples.size()) +
+        " sample(s)");
+  }
+  // The slope must be positive before alpha is constrained: a constrained fit through the origin
+  // would otherwise invent a bandwidth for data whose time shrinks with size.
+  auto unconstrained = eq.Solve();
+  if (unconstrained.ok() && !((*unconstrained)[1] > 0)) {
+    return Status::FailedPrecondition(
+        "path fit: measured time does not grow with transfer size (fitted " +
+        std::to_string((*unconstrained)[1]) + " µs/MiB); the probes are not measuring the path");
+  }
+  auto solved = eq.SolveNonNegative(/*must_be_free=*/0b10);
+  if (!solved.ok()) {
+    return Status::FailedPrecondition(
+        "path fit: the transfer sizes cannot separate alpha from beta, or time does not grow "
+        "with size (" +
+        std::string(solved.status().message()) + ")");
+  }
+  if (!((*solved)[1] > 0)) {
+    return Status::FailedPrecondition("path fit: time does not grow with size (beta infinite)");
+  }
+  return PathFromCoefficients(*solved);
+}
+
+StatusOr<RecomputeParameters> FitRecomputeParameters(std::span<const RecomputeSample> samples,
+                                                     const FitOptions& options) {
+  std::vector<std::pair<uint64_t, uint64_t>> shapes;
+  std::vector<uint64_t> ns;
+  shapes.reserve(samples.size());
+  cost_fit_internal::NormalEquations<3> eq;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const RecomputeSample& s = samples[i];
+    if (s.tokens == 0) {
+      return Status::InvalidArgument("samples[" + std::to_string(i) + "].tokens: must be > 0");
+    }
+    if (!GoodTime(s.observed_us)) {
+      return Status::InvalidArgument("samples[" + std::to_string(i) +
+                                     "].observed_us: must be finite and > 0, got " +
+                                     std::to_string(s.observed_us));
+    }
+    shapes.emplace_back(s.tokens, s.prefix_tokens);
+    ns.push_back(s.tokens);
+    eq.Add(RecomputeFeatures(s.tokens, s.prefix_tokens), s.observed_us,
+           Weight(options.weighting, s.observed_us));
+  }
+  std::sort(shapes.begin(), shapes.end());
+  const size_t distinct = std::unique(shapes.begin(), shapes.end()) - shapes.begin();
+  if (distinct < 3) {
+    return Status::FailedPrecondition(
+        "recompute fit needs prefills of at least 3 distinct (n, p) shapes to separate c0, c1 "
+        "and c2; got " +
+        std::to_string(distinct) + " in " + std::to_string(samples.size()) + " sample(s)");
+  }
+  std::sort(ns.begin(), ns.end());
+  if (std::unique(ns.begin(), ns.end()) - ns.begin() < 2) {
+    return Status::FailedPrecondition(
+        "recompute fit: every sample has n = " + std::to_string(ns[0]) +
+        " tokens, so c0 (per call) and c1 (per token) cannot be separated; vary n");
+  }
+  auto solved = eq.SolveNonNegative(/*must_be_free=*/0);
+  if (!solved.ok()) {
+    return Status::FailedPrecondition(
+        "recompute fit: the (n, p) shapes cannot separate c0, c1 and c2; vary both n and p (" +
+        std::string(solved.status().message()) + ")");
+  }
+  return RecomputeFromCoefficients(*solved);
+}
+
+bool OnlinePathFit::Observe(uint64_t bytes, double observed_us) {
+  if (bytes == 0 || !GoodTime(observed_us)) return false;
+  eq_.Decay(options_.decay);
+  effective_count_ = effective_count_ * options_.decay + 1;
+  eq_.Add(PathFeatures(bytes), observed_us, Weight(options_.weighting, observed_us));
+  return true;
+}
+
+StatusOr<PathParameters> OnlinePathFit::Fit() const {
+  auto solved = eq_.SolveNonNegative(0b10);
+  if (!solved.ok() || !((*solved)[1] > 0)) {
+    return Status::FailedPrecondition(
+        "online path fit: the observed transfers do not separate alpha and beta yet (need "
+        "transfers of clearly different sizes)");
+  }
+  return PathFromCoefficients(*solved);
+}
+
+bool OnlineRecomputeFit::Observe(uint64_t tokens, uint64_t prefix_tokens, double observed_us) {
+  if (tokens == 0 || !GoodTime(observed_us)) return false;
+  eq_.Decay(options_.decay);
+  effective_count_ = effective_count_ * options_.decay + 1;
+  eq_.Add(RecomputeFeatures(tokens, prefix_tokens), observed_us,
+          Weight(options_.weighting, observed_us));
+  return true;
+}
+
+StatusOr<RecomputeParameters> OnlineRecomputeFit::Fit() const {
+  auto solved = eq_.SolveNonNegative(0);
+  if (!solved.ok()) {
+    return Status::FailedPrecondition(
+        "online recompute fit: the observed prefills do not separate c0, c1 and c2 yet (need "
+        "varied n and p)");
+  }
+  return RecomputeFromCoefficients(*solved);
+}
+
+}  // namespace kvfabric

@@ -1,0 +1,187 @@
+// Planner: for one request's block chain, whether to fetch each run of cached blocks or to
+// recompute it, with the predicted time of the plan and of its alternatives, and the formula with
+// the numbers filled in. Pure logic over a snapshot of the cost model (core/bus_cost_model.h)
+// and of the path load (path_load.h); the gRPC adapter converts PlannerInput/Plan to and from
+// kvfabric.v1.PlanRequest/PlanResponse (enum values below equal the proto's).
+//
+// WHICH CACHED BLOCKS ARE USABLE. Block i's KV depends on every token before it, and its key
+// chains over its parent's, so a cached block after a gap holds exactly the right KV for this
+// chain. Using it would need the gap recomputed with the earlier blocks' KV present and the
+// fetched block's KV injected between two prefill calls; serving engines prefill one contiguous
+// range after their cached prefix and cannot do that, and each extra prefill call pays c0 again.
+// So the usable cached part is the longest cached prefix: blocks [0, m) where every block has a
+// replica (PlanKind::kMixed is reserved for gap plans). Everything after m is recomputed, in one
+// prefill of n = tokens after m (+ suffix_tokens) with p = tokens before m.
+//
+// PLANS CONSIDERED, with P_i = tokens before block i, T = all chain tokens, S = suffix_tokens,
+// rest(j) = t_recompute(T - P_j + S, P_j), F(k, j) = fetch time of blocks [k, j):
+//   recompute-all   t_recompute(T + S, 0)
+//   fetch-all       F(0, m) + rest(m)
+//   split(k)        max(t_recompute(P_k, 0), F(k, m)) + rest(m),   0 < k < m
+//                   (the first k blocks are prefilled while blocks k..m-1 are fetched; both
+//                   finish before the rest runs)
+//   fetch-prefix(j) F(0, j) + rest(j),   0 < j < m  (use a shorter prefix when the tail of the
+//                   cached prefix is slow to fetch; reported as PlanKind::kMixed)
+// The chosen plan is the minimum, so it is never predicted slower than recompute-all or
+// fetch-all. Plans that both recompute a front and drop a tail (k > 0 and j < m) are not
+// considered: choosing both is O(m^2) and neither the issue nor the field reports ask for it.
+//
+// FETCH MODEL. A source is (host, tier). A block fetched from it streams through the stages
+// [NVMe→host on the daemon, if tier NVMe] → [daemon→client host: remote→local over the
+// transport, or memcpy for a daemon on the client's node] → [host→device on the client]. Stages
+// pipeline, so a run of B bytes from one source takes
+//   run(s, B) = sum of alpha over the daemon stages + queue wait + B × max over stages of 1/beta
+// where queue wait = max over the daemon stages of QueuedBytes / beta (PathLoad). Runs of one
+// plan are serialised on the client, and the host→device stage adds alpha_h2d + its own queue
+// wait once per plan that fetches anything:
+//   F = alpha_h2d + wait_h2d + sum over runs of run(source, bytes).
+// A run is a maximal stretch of consecutive blocks fetched from one source; the replica of each
+// block is chosen to minimise F exactly (a dynamic program over blocks × replicas that pays a
+// source's fixed cost when a run starts), not greedily.
+//
+// COST. O(m × R) time and memory for m cached blocks and R replicas per block (R <= 8): one
+// backward pass gives F(k, m) for every k, one forward pass F(0, j) for every j; every
+// alternative is then O(1) with prefix sums.
+//
+// Thread safety: a Planner is immutable after construction; Plan() may be called from any
+// number of threads at once. PathLoad synchronises itself.
+#ifndef KVFABRIC_SERVER_PLACEMENT_PLANNER_H_
+#define KVFABRIC_SERVER_PLACEMENT_PLANNER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/bus_cost_model.h"
+#include "core/statusor.h"
+#include "server/placement/path_load.h"
+
+namespace kvfabric {
+
+// Where a block rests on a daemon. Values equal kvfabric.v1.Tier.
+enum class Tier : int {
+  kUnspecified = 0,
+  kHost = 1,
+  kNvme = 2,
+};
+
+// Values equal kvfabric.v1.PlanKind.
+enum class PlanKind : int {
+  kUnspecified = 0,
+  kRecomputeAll = 1,
+  kFetchAll = 2,
+  kSplit = 3,
+  kMixed = 4,
+};
+
+// Values equal kvfabric.v1.RunAction.
+enum class RunAction : int {
+  kUnspecified = 0,
+  kFetch = 1,
+  kRecompute = 2,
+};
+
+std::string_view PlanKindName(PlanKind kind);
+
+// A daemon as the planner sees it: the parameters of its paths to this client.
+struct PlannerHost {
+  std::string host_id;
+  // On the client's node: blocks come over memcpy (`transfer` is then the memcpy path).
+  bool local = false;
+  // Daemon host memory → client host memory: remote→local over the transport, or memcpy.
+  PathParameters transfer;
+  // Daemon NVMe → daemon host memory.
+  PathParameters nvme;
+};
+
+struct BlockReplica {
+  // Index into PlannerInput::hosts.
+  uint32_t host_index = 0;
+  Tier tier = Tier::kUnspecified;
+};
+
+struct ChainBlock {
+  // Tokens in the block, >= 1.
+  uint32_t tokens = 0;
+  // Tokens before it in the chain; must equal the sum of the earlier blocks' tokens.
+  uint64_t prefix_tokens = 0;
+  // Payload bytes, >= 1.
+  uint64_t bytes = 0;
+  // Live copies; empty = not cached. At most one per (host, tier).
+  std::vector<BlockReplica> replicas;
+};
+
+struct PlannerInput {
+  std::vector<PlannerHost> hosts;
+  // The client's id: the resource its host→device path is charged to in PathLoad.
+  std::string client_id;
+  PathParameters host_to_device;
+  RecomputeParameters recompute;
+  // 1..kMaxChainBlocks blocks, block 0 first.
+  std::vector<ChainBlock> blocks;
+  // Tokens after the chain every alternative prefills anyway.
+  uint64_t suffix_tokens = 0;
+  // Fill Plan::explanation.
+  bool include_explanation = false;
+  // Cap on the explanation's length, in bytes (kvfabric.v1.Limits.max_explanation_bytes).
+  size_t max_explanation_bytes = 65536;
+};
+
+inline constexpr size_t kMaxChainBlocks = 65536;
+
+struct PlanRun {
+  uint32_t first_block = 0;
+  uint32_t block_count = 0;
+  RunAction action = RunAction::kUnspecified;
+  // kFetch only.
+  uint32_t host_index = 0;
+  Tier tier = Tier::kUnspecified;
+  uint64_t payload_bytes = 0;
+  // Microseconds after the plan starts.
+  double predicted_start_us = 0;
+  double predicted_end_us = 0;
+};
+
+struct PlanAlternative {
+  PlanKind kind = PlanKind::kUnspecified;
+  double predicted_us = 0;
+  // kSplit: blocks recomputed at the front (k).
+  uint32_t split_blocks = 0;
+  // Blocks of the cached prefix used (fetched or recomputed alongside): m for fetch-all and
+  // split, j for fetch-prefix, 0 for recompute-all.
+  uint32_t prefix_blocks = 0;
+  bool chosen = false;
+};
+
+struct Plan {
+  PlanKind kind = PlanKind::kUnspecified;
+  // Cover every block exactly once, in chain order.
+  std::vector<PlanRun> runs;
+  double predicted_total_us = 0;
+  // Recompute-all always; fetch-all when m > 0; the best split and the best fetch-prefix when
+  // m > 1. Exactly one is chosen.
+  std::vector<PlanAlternative> alternatives;
+  uint32_t cached_prefix_blocks = 0;
+  // Bytes the plan moves per path resource, for PathLoad::Admit.
+  std::vector<PathCharge> charges;
+  std::string explanation;
+};
+
+class Planner {
+ public:
+  // `load` may be null (no load accounting); otherwise it must outlive the Planner.
+  explicit Planner(const PathLoad* load) : load_(load) {}
+
+  // InvalidArgument naming the field for malformed input: no blocks or more than
+  // kMaxChainBlocks, a block with 0 tokens or bytes, a prefix_tokens that is not the running sum,
+  // a replica naming an unknown host or tier or repeating a (host, tier), parameters that are not
+  // finite or a beta <= 0.
+  StatusOr<Plan> MakePlan(const PlannerInput& input) const;
+
+ private:
+  const PathLoad* const load_;
+};
+
+}  // namespace kvfabric
+
+#endif  // KVFABRIC_SERVER_PLACEMENT_PLANNER_H_

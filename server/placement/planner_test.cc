@@ -1,0 +1,336 @@
+#include "server/placement/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+
+#include "core/testing/test_seed.h"
+
+namespace kvfabric {
+namespace {
+
+constexpr uint32_t kTokensPerBlock = 16;
+
+PlannerInput Chain(uint32_t blocks, uint32_t cached, uint64_t bytes, PathParameters remote) {
+  PlannerInput in;
+  in.hosts.push_back({"cache-0", false, remote, {100.0, 2e9}});
+  in.client_id = "client-0";
+  in.host_to_device = {10.0, 25e9};
+  in.recompute = {0.0, 10.0, 0.0};
+  for (uint32_t i = 0; i < blocks; ++i) {
+    ChainBlock b{kTokensPerBlock, uint64_t{i} * kTokensPerBlock, bytes, {}};
+    if (i < cached) b.replicas.push_back({0, Tier::kHost});
+    in.blocks.push_back(b);
+  }
+  return in;
+}
+
+double Alternative(const Plan& p, PlanKind kind) {
+  for (const auto& a : p.alternatives) {
+    if (a.kind == kind) return a.predicted_us;
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+// ---- An independent oracle: the cost model of planner.h evaluated by brute force. ----
+
+struct OracleSource {
+  double fixed = 0, per_byte = 0;
+};
+
+OracleSource SourceOf(const PlannerInput& in, const BlockReplica& r) {
+  const PlannerHost& h = in.hosts[r.host_index];
+  OracleSource s;
+  s.fixed = h.transfer.alpha_us;
+  double per_byte =
+      std::max(1e6 / h.transfer.beta_bytes_per_s, 1e6 / in.host_to_device.beta_bytes_per_s);
+  if (r.tier == Tier::kNvme) {
+    s.fixed += h.nvme.alpha_us;
+    per_byte = std::max(per_byte, 1e6 / h.nvme.beta_bytes_per_s);
+  }
+  s.per_byte = per_byte;
+  return s;
+}
+
+// Fetch time of [a, b) under one assignment (choice[i - a] = replica index), no load.
+double OracleFetch(const PlannerInput& in, uint32_t a, uint32_t b, const std::vector<int>& choice) {
+  if (a == b) return 0;
+  double t = in.host_to_device.alpha_us;
+  for (uint32_t i = a; i < b; ++i) {
+    const BlockReplica& r = in.blocks[i].replicas[choice[i - a]];
+    const OracleSource s = SourceOf(in, r);
+    const bool new_run = i == a ||
+                         in.blocks[i - 1].replicas[choice[i - 1 - a]].host_index != r.host_index ||
+                         in.blocks[i - 1].replicas[choice[i - 1 - a]].tier != r.tier;
+    if (new_run) t += s.fixed;
+    t += static_cast<double>(in.blocks[i].bytes) * s.per_byte;
+  }
+  return t;
+}
+
+// Minimum over every replica assignment of [a, b).
+double OracleBestFetch(const PlannerInput& in, uint32_t a, uint32_t b) {
+  std::vector<int> choice(b - a, 0);
+  double best = std::numeric_limits<double>::infinity();
+  std::function<void(uint32_t)> rec = [&](uint32_t i) {
+    if (i == b) {
+      best = std::min(best, OracleFetch(in, a, b, choice));
+      return;
+    }
+    for (size_t r = 0; r < in.blocks[i].replicas.size(); ++r) {
+      choice[i - a] = static_cast<int>(r);
+      rec(i + 1);
+    }
+  };
+  rec(a);
+  return best;
+}
+
+double OracleBest(const PlannerInput& in) {
+  const uint32_t n = static_cast<uint32_t>(in.blocks.size());
+  uint32_t m = 0;
+  while (m < n && !in.blocks[m].replicas.empty()) ++m;
+  auto tokens_before = [&](uint32_t i) { return double{kTokensPerBlock} * i; };
+  const double total = tokens_before(n);
+  const double s = static_cast<double>(in.suffix_tokens);
+  auto rest = [&](uint32_t j) {
+    return RecomputeMicros(in.recompute, total - tokens_before(j) + s, tokens_before(j));
+  };
+  double best = RecomputeMicros(in.recompute, total + s, 0);
+  for (uint32_t j = 1; j <= m; ++j) best = std::min(best, OracleBestFetch(in, 0, j) + rest(j));
+  for (uint32_t k = 1; k < m; ++k) {
+    best = std::min(best, std::max(RecomputeMicros(in.recompute, tokens_before(k), 0),
+                                   OracleBestFetch(in, k, m)) +
+                              rest(m));
+  }
+  return best;
+}
+
+PlannerInput RandomChain(std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> u(0, 1);
+  auto log_uniform = [&](double lo, double hi) { return lo * std::pow(hi / lo, u(rng)); };
+  PlannerInput in;
+  for (int h = 0; h < 3; ++h) {
+    in.hosts.push_back({"cache-" + std::to_string(h),
+                        u(rng) < 0.2,
+                        {u(rng) * 200, log_uniform(1e9, 50e9)},
+                        {u(rng) * 300, log_uniform(0.5e9, 7e9)}});
+  }
+  in.client_id = "client";
+  in.host_to_device = {u(rng) * 20, log_uniform(10e9, 50e9)};
+  in.recompute = {u(rng) * 5000, log_uniform(1, 50), u(rng) < 0.5 ? 0.0 : log_uniform(1e-4, 1e-1)};
+  const uint32_t n = 1 + static_cast<uint32_t>(u(rng) * 7);
+  const uint64_t bytes = static_cast<uint64_t>(log_uniform(64 << 10, 16 << 20));
+  const double gap_chance = u(rng) * 0.3;
+  for (uint32_t i = 0; i < n; ++i) {
+    ChainBlock b{kTokensPerBlock, uint64_t{i} * kTokensPerBlock, bytes, {}};
+    if (u(rng) >= gap_chance) {
+      for (uint32_t h = 0; h < 3 && b.replicas.size() < 3; ++h) {
+        for (Tier t : {Tier::kHost, Tier::kNvme}) {
+          if (u(rng) < 0.3 && b.replicas.size() < 3) b.replicas.push_back({h, t});
+        }
+      }
+    }
+    in.blocks.push_back(b);
+  }
+  in.suffix_tokens = u(rng) < 0.5 ? 0 : static_cast<uint64_t>(u(rng) * 200);
+  return in;
+}
+
+TEST(PlannerTest, MatchesBruteForceOracleOnRandomChains) {
+  std::mt19937_64 rng(TestSeed("PlannerTest.MatchesBruteForceOracleOnRandomChains"));
+  Planner planner(nullptr);
+  int kinds[5] = {};
+  for (int trial = 0; trial < 3000; ++trial) {
+    const PlannerInput in = RandomChain(rng);
+    auto plan = planner.MakePlan(in);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const double oracle = OracleBest(in);
+    ASSERT_NEAR(plan->predicted_total_us, oracle, 1e-9 * oracle) << "trial " << trial;
+    // Never slower than the better pure plan.
+    EXPECT_LE(plan->predicted_total_us, std::min(Alternative(*plan, PlanKind::kRecomputeAll),
+                                                 Alternative(*plan, PlanKind::kFetchAll)));
+    // Runs cover every block once, in order, and fetch runs use replicas that exist.
+    uint32_t next = 0;
+    for (const PlanRun& run : plan->runs) {
+      ASSERT_EQ(run.first_block, next);
+      ASSERT_GE(run.block_count, 1u);
+      next += run.block_count;
+      if (run.action == RunAction::kFetch) {
+        for (uint32_t i = run.first_block; i < next; ++i) {
+          const auto& reps = in.blocks[i].replicas;
+          EXPECT_TRUE(std::any_of(reps.begin(), reps.end(), [&](const BlockReplica& r) {
+            return r.host_index == run.host_index && r.tier == run.tier;
+          }));
+        }
+      }
+      EXPECT_LE(run.predicted_end_us, plan->predicted_total_us * (1 + 1e-12));
+    }
+    ASSERT_EQ(next, in.blocks.size());
+    ++kinds[static_cast<int>(plan->kind)];
+  }
+  // The random space exercises every kind, so the comparison above covered each.
+  EXPECT_GT(kinds[static_cast<int>(PlanKind::kRecomputeAll)], 0);
+  EXPECT_GT(kinds[static_cast<int>(PlanKind::kFetchAll)], 0);
+  EXPECT_GT(kinds[static_cast<int>(PlanKind::kSplit)], 0);
+  EXPECT_GT(kinds[static_cast<int>(PlanKind::kMixed)], 0);
+}
+
+// 64 blocks of 1 MiB at 6.4 GB/s take ≈10.5 ms to fetch; 1024 tokens at 10 µs take 10.24 ms to
+// recompute. Doing half of each concurrently takes about half as long.
+TEST(PlannerTest, SplitBeatsBothPurePlansWhenFetchAndRecomputeAreComparable) {
+  Planner planner(nullptr);
+  auto plan = planner.MakePlan(Chain(64, 64, 1 << 20, {20.0, 6.4e9}));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->kind, PlanKind::kSplit);
+  const double pure = std::min(Alternative(*plan, PlanKind::kRecomputeAll),
+                               Alternative(*plan, PlanKind::kFetchAll));
+  EXPECT_LT(plan->predicted_total_us, 0.6 * pure);
+  ASSERT_GE(plan->runs.size(), 2u);
+  EXPECT_EQ(plan->runs[0].action, RunAction::kRecompute);
+  EXPECT_EQ(plan->runs[1].action, RunAction::kFetch);
+  EXPECT_EQ(plan->runs[1].first_block, plan->runs[0].block_count);
+}
+
+// Fetching 64 MiB takes ≈2.7 ms (host→device at 25 GB/s is the bottleneck); recomputing even one
+// block costs a 5 ms prefill call, so no split can help.
+TEST(PlannerTest, FastFetchPathFetchesEverything) {
+  Planner planner(nullptr);
+  PlannerInput in = Chain(64, 64, 1 << 20, {5.0, 400e9});
+  in.recompute.c0_us = 5000;
+  auto plan = planner.MakePlan(in);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->kind, PlanKind::kFetchAll);
+  ASSERT_EQ(plan->runs.size(), 1u);
+  EXPECT_EQ(plan->runs[0].action, RunAction::kFetch);
+}
+
+TEST(PlannerTest, VerySlowFetchPathRecomputesEverything) {
+  Planner planner(nullptr);
+  auto plan = planner.MakePlan(Chain(64, 64, 1 << 20, {20.0, 0.1e9}));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->kind, PlanKind::kRecomputeAll);
+  ASSERT_EQ(plan->runs.size(), 1u);
+  EXPECT_EQ(plan->runs[0].action, RunAction::kRecompute);
+  EXPECT_EQ(plan->runs[0].block_count, 64u);
+}
+
+TEST(PlannerTest, OnlyTheCachedPrefixIsUsedAfterAGap) {
+  PlannerInput in = Chain(8, 8, 1 << 20, {5.0, 400e9});
+  in.blocks[3].replicas.clear();
+  auto plan = Planner(nullptr).MakePlan(in);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->cached_prefix_blocks, 3u);
+  ASSERT_EQ(plan->runs.size(), 2u);
+  EXPECT_EQ(plan->runs[0].action, RunAction::kFetch);
+  EXPECT_EQ(plan->runs[0].block_count, 3u);
+  EXPECT_EQ(plan->runs[1].action, RunAction::kRecompute);
+  EXPECT_EQ(plan->runs[1].first_block, 3u);
+  EXPECT_EQ(plan->runs[1].block_count, 5u);
+}
+
+TEST(PlannerTest, ChoosesTheFasterReplicaPerBlock) {
+  PlannerInput in = Chain(8, 8, 1 << 20, {20.0, 2e9});
+  in.hosts.push_back({"cache-fast", false, {20.0, 40e9}, {100.0, 2e9}});
+  for (uint32_t i = 4; i < 8; ++i) in.blocks[i].replicas.push_back({1, Tier::kHost});
+  in.recompute = {0, 1000.0, 0};  // recompute is hopeless: fetch everything
+  auto plan = Planner(nullptr).MakePlan(in);
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan->runs.size(), 2u);
+  EXPECT_EQ(plan->runs[0].host_index, 0u);
+  EXPECT_EQ(plan->runs[0].block_count, 4u);
+  EXPECT_EQ(plan->runs[1].host_index, 1u);
+  EXPECT_EQ(plan->runs[1].first_block, 4u);
+}
+
+TEST(PlannerTest, AdmittedLoadSlowsTheNextPlanUntilReleased) {
+  PathLoad load;
+  Planner planner(&load);
+  const PlannerInput in = Chain(64, 64, 1 << 20, {20.0, 6.4e9});
+  auto first = planner.MakePlan(in);
+  ASSERT_TRUE(first.ok());
+  ASSERT_FALSE(first->charges.empty());
+  const uint64_t ticket = load.Admit(first->charges, /*deadline_us=*/1000);
+  EXPECT_GT(load.QueuedBytes(BusPath::kRemoteHostToLocalHost, "cache-0"), 0u);
+  EXPECT_GT(load.QueuedBytes(BusPath::kHostToDevice, "client-0"), 0u);
+  auto second = planner.MakePlan(in);
+  ASSERT_TRUE(second.ok());
+  EXPECT_GT(second->predicted_total_us, first->predicted_total_us);
+  EXPECT_GT(Alternative(*second, PlanKind::kFetchAll), Alternative(*first, PlanKind::kFetchAll));
+  // With the path busy, the second plan recomputes more of the front.
+  ASSERT_EQ(second->kind, PlanKind::kSplit);
+  EXPECT_GT(second->alternatives[2].split_blocks, first->alternatives[2].split_blocks);
+  EXPECT_TRUE(load.Release(ticket));
+  EXPECT_FALSE(load.Release(ticket));
+  EXPECT_EQ(load.QueuedBytes(BusPath::kRemoteHostToLocalHost, "cache-0"), 0u);
+  auto third = planner.MakePlan(in);
+  ASSERT_TRUE(third.ok());
+  EXPECT_DOUBLE_EQ(third->predicted_total_us, first->predicted_total_us);
+}
+
+TEST(PathLoadTest, ExpiredPlansStopCounting) {
+  PathLoad load;
+  load.Admit({{BusPath::kNvmeToHost, "h", 100}}, 50);
+  load.Admit({{BusPath::kNvmeToHost, "h", 10}}, 80);
+  EXPECT_EQ(load.QueuedBytes(BusPath::kNvmeToHost, "h"), 110u);
+  EXPECT_EQ(load.ReleaseExpired(60), 1u);
+  EXPECT_EQ(load.QueuedBytes(BusPath::kNvmeToHost, "h"), 10u);
+  EXPECT_EQ(load.admitted_plans(), 1u);
+}
+
+TEST(PlannerTest, ExplanationCarriesTheNumbers) {
+  PlannerInput in = Chain(64, 64, 1 << 20, {20.0, 6.4e9});
+  in.include_explanation = true;
+  auto plan = Planner(nullptr).MakePlan(in);
+  ASSERT_TRUE(plan.ok());
+  const std::string& x = plan->explanation;
+  EXPECT_NE(x.find("cached prefix 64 blocks"), std::string::npos) << x;
+  EXPECT_NE(x.find("t_recompute(n=1024, p=0) = 0 µs + 1024 × 10.0 µs"), std::string::npos) << x;
+  EXPECT_NE(x.find("6.40 GB/s"), std::string::npos) << x;
+  EXPECT_NE(x.find("cache-0"), std::string::npos) << x;
+  EXPECT_NE(x.find("chosen: split " + FormatMicros(plan->predicted_total_us)), std::string::npos)
+      << x;
+  EXPECT_TRUE(Planner(nullptr).MakePlan(Chain(4, 4, 1, {1, 1e9}))->explanation.empty());
+}
+
+TEST(PlannerTest, ExplanationRespectsItsCap) {
+  // Alternate hosts so that every block is its own run.
+  PlannerInput in = Chain(2048, 2048, 1 << 20, {20.0, 400e9});
+  in.hosts.push_back(in.hosts[0]);
+  in.hosts[1].host_id = "cache-1";
+  for (uint32_t i = 1; i < 2048; i += 2) in.blocks[i].replicas[0].host_index = 1;
+  in.include_explanation = true;
+  in.max_explanation_bytes = 4096;
+  auto plan = Planner(nullptr).MakePlan(in);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_LE(plan->explanation.size(), 4096u);
+  EXPECT_NE(plan->explanation.find("more runs"), std::string::npos);
+}
+
+TEST(PlannerTest, RejectsMalformedInputNamingTheField) {
+  Planner planner(nullptr);
+  PlannerInput in = Chain(4, 4, 1 << 20, {20.0, 6.4e9});
+  in.blocks[2].prefix_tokens = 5;
+  auto plan = planner.MakePlan(in);
+  ASSERT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(plan.status().message().find("blocks[2].prefix_tokens"), std::string_view::npos);
+
+  in = Chain(4, 4, 1 << 20, {20.0, 6.4e9});
+  in.blocks[1].replicas.push_back({7, Tier::kHost});
+  EXPECT_NE(planner.MakePlan(in).status().message().find("blocks[1].replicas[1].host_index"),
+            std::string_view::npos);
+  in = Chain(4, 4, 1 << 20, {20.0, 6.4e9});
+  in.blocks[1].replicas.push_back({0, Tier::kHost});
+  EXPECT_NE(planner.MakePlan(in).status().message().find("repeats"), std::string_view::npos);
+  in = Chain(4, 4, 1 << 20, {20.0, 0.0});
+  EXPECT_EQ(planner.MakePlan(in).status().code(), StatusCode::kInvalidArgument);
+  in.blocks.clear();
+  EXPECT_EQ(planner.MakePlan(in).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvfabric
