@@ -139,6 +139,7 @@ Status UcxCore::InitContext() {
   }
   // UCX 1.13.1's protocol v2 shares the accept-then-AM hang (see the header).
   KVF_RETURN_IF_ERROR(modify("PROTO_ENABLE", "n"));
+  for (const auto& [k, v] : options_.ucx_config) KVF_RETURN_IF_ERROR(modify(k.c_str(), v));
 
   ucp_params_t params = {};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
@@ -222,14 +223,16 @@ bool UcxCore::RunSync(const std::function<void()>& fn) {
   return true;
 }
 
-void UcxCore::RunQueued() {
+bool UcxCore::RunQueued() {
+  bool ran = false;
   for (;;) {
     std::deque<std::function<void()>> batch;
     {
       std::lock_guard<std::mutex> lock(mu_);
       batch.swap(queue_);
     }
-    if (batch.empty()) return;
+    if (batch.empty()) return ran;
+    ran = true;
     for (auto& fn : batch) fn();
   }
 }
@@ -249,16 +252,27 @@ void UcxCore::Loop(Waiter* started) {
   }
   started->Set(Status::OK());
   ucp_worker_h worker = worker_.get();
+  // Wake-ups: the event fd reports arrivals, but not that a peer drained a
+  // queue our sends were blocked on (UCX's shared-memory FIFO and TCP send
+  // path have no such event), nor that an owner-side reply of an emulated
+  // get/put was held back. So while work is in flight or was seen within
+  // active_window, sleeps are capped at active_poll_interval; after a burst
+  // the thread first spins for progress_spin (see UcxTransportOptions).
+  auto last_activity = transport::Clock::now();
   for (;;) {
-    RunQueued();
+    const bool ran = RunQueued();
     // Bounded so queued work is not starved by a stream of events.
-    for (int i = 0; i < 256 && ucp_worker_progress(worker) != 0; ++i) {
-    }
+    int events = 0;
+    while (events < 256 && ucp_worker_progress(worker) != 0) ++events;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!queue_.empty()) continue;
       if (stopping_) break;
     }
+    const auto now = transport::Clock::now();
+    if (ran || events > 0) last_activity = now;
+    if (inflight_requests_ > 0 && now - last_activity < options_.progress_spin) continue;
+    const bool active = inflight_requests_ > 0 || now - last_activity < options_.active_window;
     const ucs_status_t armed = ucp_worker_arm(worker);
     if (armed == UCS_ERR_BUSY) continue;  // events pending: progress again
     {
@@ -270,9 +284,15 @@ void UcxCore::Loop(Waiter* started) {
     pollfd pfd = {};
     pfd.fd = efd_;
     pfd.events = POLLIN;
-    const int timeout_ms =
-        armed == UCS_OK ? static_cast<int>(options_.idle_poll_timeout.count()) : 1;
-    (void)poll(&pfd, 1, timeout_ms);
+    std::chrono::microseconds cap = armed == UCS_OK
+                                        ? std::chrono::microseconds(options_.idle_poll_timeout)
+                                        : std::chrono::microseconds(1000);
+    if (active) cap = std::min(cap, options_.active_poll_interval);
+    const auto secs = std::chrono::duration_cast<std::chrono::seconds>(cap);
+    timespec ts = {};
+    ts.tv_sec = static_cast<time_t>(secs.count());
+    ts.tv_nsec = static_cast<long>(std::chrono::nanoseconds(cap - secs).count());
+    (void)ppoll(&pfd, 1, &ts, nullptr);
   }
   DrainAndDestroyWorker();
 }

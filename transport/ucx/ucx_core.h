@@ -185,7 +185,8 @@ class UcxCore {
   Status InitContext();
   Status InitWorker();
   void Loop(Waiter* started);
-  void RunQueued();
+  // Runs every queued task; true if there was one.
+  bool RunQueued();
   void TeardownOnProgressThread();
   void DrainAndDestroyWorker();
   void Register(const std::shared_ptr<EpState>& s);
@@ -231,6 +232,9 @@ class UcxCore {
   EndpointFactory endpoint_factory_;
   std::unordered_map<ucp_ep_h, std::shared_ptr<EpState>> eps_;
   std::unordered_set<void*> other_requests_;  // close/flush/recv requests in flight
+  // Batch and receive requests posted and not yet completed: while any is
+  // in flight the loop sleeps at most options_.active_poll_interval.
+  std::int64_t inflight_requests_ = 0;
 
   // Test counters, relaxed: monotonic tallies read only by tests.
   std::atomic<std::uint64_t> eager_messages_{0};

@@ -39,6 +39,7 @@ void UcxCore::OnOpDone(void* request, ucs_status_t status, void* user_data) {
   auto* ctx = static_cast<OpCtx*>(user_data);
   BatchOp& op = *ctx->op;
   op.ep->inflight.erase(request);
+  --op.ep->core->inflight_requests_;
   op.requests.erase(request);
   ucp_request_free(request);
   const Status st =
@@ -77,6 +78,7 @@ void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
     }
     ctx->request = req;
     s.inflight.insert(req);
+    ++inflight_requests_;
     op->requests.insert(req);
   };
 
@@ -204,6 +206,7 @@ class UcxCore::Incoming final : public transport::IncomingMessage {
     }
     ctx->request = req;
     core_->other_requests_.insert(req);
+    ++core_->inflight_requests_;
     return Status::OK();
   }
 
@@ -224,6 +227,7 @@ void UcxCore::OnRecvDone(void* request, ucs_status_t status, std::size_t /*lengt
                          void* user_data) {
   auto* ctx = static_cast<RecvCtx*>(user_data);
   ctx->core->other_requests_.erase(request);
+  --ctx->core->inflight_requests_;
   ucp_request_free(request);
   Status st = StatusFromUcs(status, "ucp_am_recv_data_nbx");
   if (status == UCS_ERR_CANCELED || status == UCS_ERR_CONNECTION_RESET) {

@@ -8,7 +8,9 @@
 //   keys unpacked on it. Other threads hand work over through a
 //   mutex-protected queue and wake the worker with ucp_worker_signal. When
 //   idle the progress thread sleeps in poll(2) on the worker's event fd
-//   (ucp_worker_get_efd + ucp_worker_arm); it never busy-spins.
+//   (ucp_worker_get_efd + ucp_worker_arm); it spins only for a bounded
+//   window (progress_spin) after an event while its own requests are in
+//   flight, and caps its sleeps while transfers run (active_poll_interval).
 //
 // How each transfer maps onto UCX
 //   kRead   ucp_get_nbx from the imported range into the local region.
@@ -80,6 +82,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/statusor.h"
 #include "transport/transport.h"
@@ -105,6 +109,32 @@ struct UcxTransportOptions {
   // this only bounds how long a missed wake-up could stall; shorter costs
   // idle CPU, longer costs nothing in the normal path.
   std::chrono::milliseconds idle_poll_timeout{100};
+
+  // Progress-thread wake-ups while transfers run. UCX's event fd reports
+  // arrivals, but not that a peer drained a queue our sends wait on (the
+  // shared-memory FIFO, TCP send buffers) nor that an owner-side reply of an
+  // emulated get/put was held back; sleeping until idle_poll_timeout then
+  // stalls a transfer for that long (measured: 16 MiB emulated puts took
+  // 100-400 ms, multiples of the idle timeout, before this cap existed).
+  //
+  // progress_spin: after any event, while this side has UCX requests in
+  // flight, keep calling ucp_worker_progress without sleeping for this long.
+  // Default 50 us. Longer shortens hand-offs on idle cores, but two spinning
+  // processes on 2 cores stall each other (each spin steals the other's
+  // time slice): keep it short. 0 disables spinning.
+  std::chrono::microseconds progress_spin{50};
+  // While requests are in flight, or an event was seen within
+  // active_window, poll(2) sleeps at most active_poll_interval. Defaults
+  // 100 us and 20 ms: ~10k cheap wake-ups/s only while busy; an idle
+  // transport goes back to idle_poll_timeout after active_window.
+  std::chrono::microseconds active_poll_interval{100};
+  std::chrono::milliseconds active_window{20};
+
+  // Extra UCX configuration keys (UCX's names without the UCX_ prefix, e.g.
+  // {"TCP_TX_SEG_SIZE", "64K"}), applied with ucp_config_modify after every
+  // key above, so they override them. Default empty. For tuning and
+  // benchmarks; an unknown key fails CreateUcxTransport with UCX's error.
+  std::vector<std::pair<std::string, std::string>> ucx_config;
 
   // Time the progress thread keeps progressing, on shutdown, for close and
   // receive requests still outstanding after every endpoint was closed
