@@ -54,7 +54,13 @@
 //   TransferBatch may be called from any thread. Handlers (AcceptHandler,
 //   MessageHandler, IncomingMessage callbacks) run on a transport progress
 //   thread: they must not block, must not call TransferBatch::Wait, and may
-//   call Submit (which only queues work).
+//   call Submit (which only queues work). Entries complete, and
+//   TransferBatch::OnDone callbacks run, on whichever transport thread
+//   finished the work (possibly the peer-facing one) or on the thread that
+//   cancelled or closed. Destroying an Endpoint waits for a handler running
+//   for it to return, so IncomingMessage::endpoint() stays valid while the
+//   handler runs; Close(kForce) likewise waits for entries already executing,
+//   which is one more reason handlers must not block.
 #ifndef KVFABRIC_TRANSPORT_TRANSPORT_H_
 #define KVFABRIC_TRANSPORT_TRANSPORT_H_
 
@@ -155,8 +161,9 @@ class Endpoint {
   // Starts every entry of `transfers`. The batch is validated first: an entry
   // whose local or remote range is out of bounds, a kSend header over
   // kMaxMessageHeaderBytes or a missing region makes the whole call fail with
-  // InvalidArgument and nothing is started. After a peer failure, Submit
-  // succeeds and every entry completes Unavailable.
+  // InvalidArgument and nothing is started. After a peer failure or after
+  // this endpoint was closed, Submit either succeeds with every entry
+  // completing Unavailable or fails with Unavailable; nothing is moved.
   virtual StatusOr<std::unique_ptr<TransferBatch>> Submit(std::span<const Transfer> transfers) = 0;
 
   // Returns when every entry submitted before the call has completed, or
