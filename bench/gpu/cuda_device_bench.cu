@@ -1,56 +1,59 @@
-// CUDA device benchmark: figures against physical limits measured in the same
-// run (bench/gpu/run.sh builds and runs it on a GPU machine).
-//
-//   h2d      host->device through Device::CopyHostToDevice (pinned staging,
-//            4 MiB copies, one event per batch) vs one plain cudaMemcpy of the
-//            same pinned bytes (the bus peak this machine reaches).
-//   merge    MergeAttentionStates throughput in GB/s of states read, vs the
-//            HBM bandwidth of a device-to-device cudaMemcpy (read + write).
-//
-// Prints one line per figure with the ratio. Not a test: no thresholds.
+// The CUDA-only pieces of the GPU benchmarks: see cuda_device_bench.h. The
+// host driver that prints the figures is cuda_attention_bench.cc.
 #include <cuda_runtime_api.h>
 
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
+#include <memory>
 #include <string>
-#include <vector>
+#include <utility>
 
+#include "bench/gpu/cuda_device_bench.h"
 #include "gpu/cuda/cuda_device.h"
+#include "gpu/cuda/cuda_status.h"
 #include "gpu/device.h"
 
-namespace kvfabric::gpu {
+namespace kvfabric::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-Deadline Soon() { return Clock::now() + std::chrono::seconds(60); }
+gpu::Deadline Soon() { return Clock::now() + std::chrono::seconds(60); }
 
 double Seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-#define BENCH_CHECK(expr)                                                            \
-  do {                                                                               \
-    ::kvfabric::Status s_ = (expr);                                                  \
-    if (!s_.ok()) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,              \
-                   s_.ToString().c_str());                                           \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
+Status FromCuda(cudaError_t err, const char* what) {
+  return cuda::StatusFromCudaError(static_cast<int>(err), what);
+}
 
-#define CUDA_CHECK(expr)                                                              \
-  do {                                                                                \
-    cudaError_t e_ = (expr);                                                          \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,               \
-                   cudaGetErrorString(e_));                                           \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
+// A cudaMalloc'd buffer freed on every path out.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
-int Main() {
+  Status Allocate(std::uint64_t bytes) { return FromCuda(cudaMalloc(&ptr_, bytes), "cudaMalloc"); }
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+}  // namespace
+
+StatusOr<DeviceMemory> QueryDeviceMemory(int device_index) {
+  KVF_RETURN_IF_ERROR(FromCuda(cudaSetDevice(device_index), "cudaSetDevice"));
+  std::size_t free_bytes = 0, total_bytes = 0;
+  KVF_RETURN_IF_ERROR(FromCuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+  return DeviceMemory{free_bytes, total_bytes};
+}
+
+StatusOr<CopyAndMergeFigures> RunCopyAndMergeBench(int device_index) {
   constexpr std::uint64_t kStage = 256ull << 20;  // bytes per H2D round
   constexpr std::uint64_t kChunk = 4ull << 20;
   constexpr int kRounds = 8;
@@ -59,61 +62,64 @@ int Main() {
   constexpr std::uint64_t kOutputs = std::uint64_t{kStates} * kHeads * kDim * 4;
   constexpr std::uint64_t kLses = std::uint64_t{kStates} * kHeads * 4;
   constexpr std::uint64_t kArena = 2 * kStage;
+  constexpr int kMerges = 2000;
 
-  DeviceOptions options;
+  CopyAndMergeFigures f;
+  f.copy_bytes = kStage;
+  f.chunk_bytes = kChunk;
+  f.merge_states = kStates;
+  f.merge_heads = kHeads;
+  f.merge_head_dim = kDim;
+
+  gpu::DeviceOptions options;
   options.arena_bytes = kArena;
-  auto created = CreateCudaDevice(options);
-  BENCH_CHECK(created.status());
-  std::unique_ptr<Device> device = std::move(created).value();
-  std::printf("device: %s, arena %llu MiB\n", device->name().c_str(),
-              static_cast<unsigned long long>(kArena >> 20));
-
-  auto staging_or = device->AllocatePinnedHost(kStage);
-  BENCH_CHECK(staging_or.status());
-  std::unique_ptr<PinnedHostBuffer> staging = std::move(staging_or).value();
+  options.device_index = device_index;
+  KVF_ASSIGN_OR_RETURN(std::unique_ptr<gpu::Device> device, gpu::CreateCudaDevice(options));
+  KVF_ASSIGN_OR_RETURN(std::unique_ptr<gpu::PinnedHostBuffer> staging,
+                       device->AllocatePinnedHost(kStage));
   for (std::byte& b : staging->bytes()) b = std::byte{1};
-  auto event_or = device->CreateEvent();
-  BENCH_CHECK(event_or.status());
-  std::unique_ptr<Event> event = std::move(event_or).value();
+  KVF_ASSIGN_OR_RETURN(std::unique_ptr<gpu::Event> event, device->CreateEvent());
 
   // Baseline: plain cudaMemcpy of the same pinned bytes into a separate buffer.
-  void* plain = nullptr;
-  CUDA_CHECK(cudaMalloc(&plain, kStage));
-  CUDA_CHECK(cudaMemcpy(plain, staging->bytes().data(), kStage, cudaMemcpyHostToDevice));
+  DeviceBuffer plain, plain2;
+  KVF_RETURN_IF_ERROR(plain.Allocate(kStage));
+  KVF_RETURN_IF_ERROR(plain2.Allocate(kStage));
+  const void* src = staging->bytes().data();
+  KVF_RETURN_IF_ERROR(
+      FromCuda(cudaMemcpy(plain.get(), src, kStage, cudaMemcpyHostToDevice), "cudaMemcpy"));
   auto start = Clock::now();
   for (int r = 0; r < kRounds; ++r) {
-    CUDA_CHECK(cudaMemcpy(plain, staging->bytes().data(), kStage, cudaMemcpyHostToDevice));
+    KVF_RETURN_IF_ERROR(
+        FromCuda(cudaMemcpy(plain.get(), src, kStage, cudaMemcpyHostToDevice), "cudaMemcpy"));
   }
-  const double peak_gbs = kRounds * double(kStage) / Seconds(start) / 1e9;
+  f.plain_h2d_gbs = kRounds * double(kStage) / Seconds(start) / 1e9;
 
-  auto h2d_round = [&] {
+  auto h2d_round = [&]() -> Status {
     for (std::uint64_t off = 0; off < kStage; off += kChunk) {
-      BENCH_CHECK(device->CopyHostToDevice(staging->bytes().subspan(off, kChunk),
-                                           DeviceRange{off, kChunk}));
+      KVF_RETURN_IF_ERROR(device->CopyHostToDevice(staging->bytes().subspan(off, kChunk),
+                                                   gpu::DeviceRange{off, kChunk}));
     }
-    BENCH_CHECK(device->Record(*event, Queue::kHostToDevice));
-    BENCH_CHECK(event->Wait(Soon()));
+    KVF_RETURN_IF_ERROR(device->Record(*event, gpu::Queue::kHostToDevice));
+    return event->Wait(Soon());
   };
-  h2d_round();
+  KVF_RETURN_IF_ERROR(h2d_round());
   start = Clock::now();
-  for (int r = 0; r < kRounds; ++r) h2d_round();
-  const double h2d_gbs = kRounds * double(kStage) / Seconds(start) / 1e9;
-  std::printf("h2d: Device %.1f GB/s, plain cudaMemcpy %.1f GB/s, ratio %.2f (4 MiB copies)\n",
-              h2d_gbs, peak_gbs, h2d_gbs / peak_gbs);
+  for (int r = 0; r < kRounds; ++r) KVF_RETURN_IF_ERROR(h2d_round());
+  f.device_h2d_gbs = kRounds * double(kStage) / Seconds(start) / 1e9;
 
   // HBM: device-to-device cudaMemcpy moves 2 bytes of traffic per byte copied.
-  void* plain2 = nullptr;
-  CUDA_CHECK(cudaMalloc(&plain2, kStage));
-  CUDA_CHECK(cudaMemcpy(plain2, plain, kStage, cudaMemcpyDeviceToDevice));
-  CUDA_CHECK(cudaDeviceSynchronize());
+  KVF_RETURN_IF_ERROR(FromCuda(
+      cudaMemcpy(plain2.get(), plain.get(), kStage, cudaMemcpyDeviceToDevice), "cudaMemcpy"));
+  KVF_RETURN_IF_ERROR(FromCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
   start = Clock::now();
   for (int r = 0; r < kRounds; ++r) {
-    CUDA_CHECK(cudaMemcpy(plain2, plain, kStage, cudaMemcpyDeviceToDevice));
+    KVF_RETURN_IF_ERROR(FromCuda(
+        cudaMemcpy(plain2.get(), plain.get(), kStage, cudaMemcpyDeviceToDevice), "cudaMemcpy"));
   }
-  CUDA_CHECK(cudaDeviceSynchronize());
-  const double hbm_gbs = kRounds * 2.0 * double(kStage) / Seconds(start) / 1e9;
+  KVF_RETURN_IF_ERROR(FromCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
+  f.hbm_gbs = kRounds * 2.0 * double(kStage) / Seconds(start) / 1e9;
 
-  MergeStatesArgs merge;
+  gpu::MergeStatesArgs merge;
   merge.num_states = kStates;
   merge.num_heads = kHeads;
   merge.head_dim = kDim;
@@ -122,30 +128,20 @@ int Main() {
   merge.output = {kStage, std::uint64_t{kHeads} * kDim * 4};
   merge.lse = {kStage + merge.output.bytes, std::uint64_t{kHeads} * 4};
   // Finite states: the staging bytes (0x01010101 floats, lse 2.4e-38) will do.
-  BENCH_CHECK(device->CopyHostToDevice(staging->bytes().first(kOutputs + kLses),
-                                       DeviceRange{0, kOutputs + kLses}));
-  BENCH_CHECK(device->Record(*event, Queue::kHostToDevice));
-  BENCH_CHECK(device->QueueWaitEvent(Queue::kCompute, *event));
-  BENCH_CHECK(device->MergeAttentionStates(merge));
-  BENCH_CHECK(device->Synchronize(Soon()));
-  constexpr int kMerges = 2000;
+  KVF_RETURN_IF_ERROR(device->CopyHostToDevice(staging->bytes().first(kOutputs + kLses),
+                                               gpu::DeviceRange{0, kOutputs + kLses}));
+  KVF_RETURN_IF_ERROR(device->Record(*event, gpu::Queue::kHostToDevice));
+  KVF_RETURN_IF_ERROR(device->QueueWaitEvent(gpu::Queue::kCompute, *event));
+  KVF_RETURN_IF_ERROR(device->MergeAttentionStates(merge));
+  KVF_RETURN_IF_ERROR(device->Synchronize(Soon()));
   start = Clock::now();
-  for (int i = 0; i < kMerges; ++i) BENCH_CHECK(device->MergeAttentionStates(merge));
-  BENCH_CHECK(device->Synchronize(Soon()));
+  for (int i = 0; i < kMerges; ++i) KVF_RETURN_IF_ERROR(device->MergeAttentionStates(merge));
+  KVF_RETURN_IF_ERROR(device->Synchronize(Soon()));
   const double merge_s = Seconds(start);
   const double merge_bytes = double(kOutputs + kLses + merge.output.bytes + merge.lse.bytes);
-  const double merge_gbs = kMerges * merge_bytes / merge_s / 1e9;
-  std::printf("merge: %u states x %u heads x %u dim: %.2f us each, %.1f GB/s; HBM (d2d memcpy) "
-              "%.1f GB/s; ratio %.2f\n",
-              kStates, kHeads, kDim, merge_s / kMerges * 1e6, merge_gbs, hbm_gbs,
-              merge_gbs / hbm_gbs);
-
-  CUDA_CHECK(cudaFree(plain));
-  CUDA_CHECK(cudaFree(plain2));
-  return 0;
+  f.merge_us = merge_s / kMerges * 1e6;
+  f.merge_gbs = kMerges * merge_bytes / merge_s / 1e9;
+  return f;
 }
 
-}  // namespace
-}  // namespace kvfabric::gpu
-
-int main() { return kvfabric::gpu::Main(); }
+}  // namespace kvfabric::bench
