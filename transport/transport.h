@@ -40,14 +40,18 @@
 //   copied during Submit() and may be reused at once.
 //
 // Security of the data plane
-//   A remote region grants the importer one-sided access to memory. Backends
-//   document how tightly that access is scoped: with UCX, a remote key covers
-//   the whole registration it was packed from, and UCX's emulated get/put (TCP
-//   and shared memory on user memory) do not bounds-check. So kvfabric never
-//   exports a daemon's pool: a client exports only its own staging ranges to
-//   daemons it trusts, daemons push leased pages into them (kWrite), and
-//   payloads bound for a daemon arrive as kSend messages whose destination the
-//   daemon chooses (IncomingMessage::Accept) after checking the lease.
+//   A remote region grants the importer access to one exported range of the
+//   owner's memory, and backends say how that access is enforced. UCX
+//   (transport/ucx/ucx_transport.h): over TCP and over shared memory on
+//   caller memory, kRead and kWrite are placed by the owner, which checks
+//   every request against the exported range and a revocable grant; only
+//   memory UCX allocated itself (shared memory) and RDMA lanes use one-sided
+//   get/put, which the importer alone bounds-checks (a UCX remote key covers
+//   the whole registration). So kvfabric never exports a daemon's pool one-
+//   sidedly to a peer it does not trust: clients export their staging ranges
+//   to daemons, daemons push leased pages into them (kWrite), and payloads
+//   bound for a daemon arrive as kSend messages whose destination the daemon
+//   chooses (IncomingMessage::Accept) after checking the lease.
 //
 // Threads
 //   Every method of Transport, Endpoint, MemoryRegion, RemoteRegion and

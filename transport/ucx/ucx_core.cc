@@ -67,13 +67,6 @@ std::string FormatAddress(const sockaddr_storage& sa) {
 
 }  // namespace
 
-struct CloseCtx {
-  UcxCore* core;
-  std::shared_ptr<EpState> ep;
-  std::shared_ptr<Waiter> waiter;
-  std::unordered_set<void*>* tracker;
-};
-
 void Waiter::Set(Status s) {
   std::lock_guard<std::mutex> lock(mu);
   if (done) return;
@@ -92,7 +85,10 @@ bool Waiter::WaitUntil(transport::Deadline deadline, Status* out) {
 // ---------------------------------------------------------------------------
 // Construction, the progress loop, shutdown.
 
-UcxCore::UcxCore(const UcxTransportOptions& options) : options_(options) {}
+static bool NamesRdma(const std::string& tls);
+
+UcxCore::UcxCore(const UcxTransportOptions& options)
+    : options_(options), rdma_configured_(NamesRdma(options.tls)) {}
 
 StatusOr<std::shared_ptr<UcxCore>> UcxCore::Create(const UcxTransportOptions& options) {
   std::shared_ptr<UcxCore> core(new UcxCore(options));
@@ -112,6 +108,21 @@ static bool NamesSharedMemory(const std::string& tls) {
   for (const char* tl : {"sm", "mm", "posix", "sysv", "cma", "all"}) {
     const std::size_t at = tls.find(tl);
     if (at != std::string::npos) return true;
+  }
+  return false;
+}
+
+// Does the UCX transport list name an RDMA transport with one-sided RMA
+// (UCX's names: rc, rc_v, rc_x, rc_verbs, rc_mlx5, dc, dc_x, dc_mlx5, ib)?
+static bool NamesRdma(const std::string& tls) {
+  if (!tls.empty() && tls.front() == '^') return false;  // an exclusion list
+  std::size_t start = 0;
+  while (start <= tls.size()) {
+    std::size_t end = tls.find(',', start);
+    if (end == std::string::npos) end = tls.size();
+    const std::string item = tls.substr(start, end - start);
+    if (item == "ib" || item.rfind("rc", 0) == 0 || item.rfind("dc", 0) == 0) return true;
+    start = end + 1;
   }
   return false;
 }
@@ -172,12 +183,21 @@ Status UcxCore::InitWorker() {
   ucp_am_handler_param_t hp = {};
   hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
                   UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  hp.id = kAmId;
   hp.flags = UCP_AM_FLAG_WHOLE_MSG;
-  hp.cb = &UcxCore::OnAmThunk;
   hp.arg = this;
-  return StatusFromUcs(ucp_worker_set_am_recv_handler(worker, &hp),
-                       "ucp_worker_set_am_recv_handler");
+  const std::pair<unsigned, ucp_am_recv_callback_t> handlers[] = {
+      {kAmId, &UcxCore::OnAmThunk},
+      {kRmaWriteAmId, &UcxCore::OnRmaWriteThunk},
+      {kRmaReadAmId, &UcxCore::OnRmaReadThunk},
+      {kRmaReplyAmId, &UcxCore::OnRmaReplyThunk},
+  };
+  for (const auto& [id, cb] : handlers) {
+    hp.id = id;
+    hp.cb = cb;
+    KVF_RETURN_IF_ERROR(StatusFromUcs(ucp_worker_set_am_recv_handler(worker, &hp),
+                                      "ucp_worker_set_am_recv_handler"));
+  }
+  return Status::OK();
 }
 
 UcxCore::~UcxCore() {
@@ -271,8 +291,9 @@ void UcxCore::Loop(Waiter* started) {
     }
     const auto now = transport::Clock::now();
     if (ran || events > 0) last_activity = now;
-    if (inflight_requests_ > 0 && now - last_activity < options_.progress_spin) continue;
-    const bool active = inflight_requests_ > 0 || now - last_activity < options_.active_window;
+    const bool busy = !requests_.empty() || !awaiting_.empty();
+    if (busy && now - last_activity < options_.progress_spin) continue;
+    const bool active = busy || now - last_activity < options_.active_window;
     const ucs_status_t armed = ucp_worker_arm(worker);
     if (armed == UCS_ERR_BUSY) continue;  // events pending: progress again
     {
@@ -300,7 +321,7 @@ void UcxCore::Loop(Waiter* started) {
 void UcxCore::DrainAndDestroyWorker() {
   ucp_worker_h worker = worker_.get();
   const auto deadline = transport::Clock::now() + options_.shutdown_drain_timeout;
-  while (!other_requests_.empty() && transport::Clock::now() < deadline) {
+  while (!requests_.empty() && transport::Clock::now() < deadline) {
     RunQueued();
     if (ucp_worker_progress(worker) == 0) {
       pollfd pfd = {efd_, POLLIN, 0};
@@ -308,10 +329,17 @@ void UcxCore::DrainAndDestroyWorker() {
     }
   }
   RunQueued();
-  // Requests UCX never completed: released to UCX, which frees them with the
-  // worker. Their contexts are ours to free.
-  for (void* request : other_requests_) ucp_request_free(request);
-  other_requests_.clear();
+  // Requests UCX never completed: released to UCX (which then calls no
+  // callback and frees them with the worker); their contexts are finished
+  // here, completing what waits on them.
+  while (!requests_.empty()) {
+    auto [request, req] = *requests_.begin();
+    FinishReq(req, request, UCS_ERR_CANCELED, 0);
+  }
+  for (auto& [id, a] : awaiting_) {
+    a.op->completion->Complete(a.entry, Status::Cancelled("the UCX transport was destroyed"), 0);
+  }
+  awaiting_.clear();
   listener_.reset();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -344,7 +372,8 @@ void UcxCore::TeardownOnProgressThread() {
   for (auto& [ep, s] : eps_) all.push_back(s);
   for (auto& s : all) {
     s->owner = nullptr;
-    CloseEp(*s, /*force=*/true, Status::Unavailable("the UCX transport was destroyed"), nullptr);
+    CloseEp(*s, /*force=*/true, /*by_user=*/true,
+            Status::Unavailable("the UCX transport was destroyed"), nullptr);
   }
 }
 
@@ -362,7 +391,9 @@ void UcxCore::OnEpError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
                          [s](const auto& kv) { return kv.second.get() == s; });
   if (it == core->eps_.end()) return;
   std::shared_ptr<EpState> keep = it->second;
-  core->Post([core, keep] { core->CloseEp(*keep, /*force=*/true, keep->health(), nullptr); });
+  core->Post([core, keep] {
+    core->CloseEp(*keep, /*force=*/true, /*by_user=*/false, keep->health(), nullptr);
+  });
 }
 
 Status UcxCore::Listen(const std::string& address, transport::AcceptHandler on_accept) {
@@ -419,18 +450,43 @@ void UcxCore::OnConnRequest(ucp_conn_request_h request) {
   if (ucp_ep_create(worker_.get(), &p, &ep) != UCS_OK) return;  // UCX rejects it
   s->ep = ep;
   Register(s);
+  // The Endpoint exists from here on, so a message arriving at once can be
+  // answered; sends on it wait for the flush (StartReadyFlush).
+  std::unique_ptr<Endpoint> endpoint = MakeEndpoint(s);
+  StartReadyFlush(s, nullptr);
+  accept_handler_(std::move(endpoint));
+}
+
+std::unique_ptr<Endpoint> UcxCore::MakeEndpoint(const std::shared_ptr<EpState>& s) {
+  std::unique_ptr<Endpoint> endpoint = endpoint_factory_(s);
+  s->owner = endpoint.get();
+  return endpoint;
+}
+
+void UcxCore::WhenReady(EpState& s, std::function<void()> fn) {
+  if (s.ready || s.ep == nullptr) {
+    fn();
+    return;
+  }
+  s.deferred.push_back(std::move(fn));
+}
+
+void UcxCore::StartReadyFlush(const std::shared_ptr<EpState>& s, std::function<void(Status)> done) {
   // UCX 1.13.1: an active message over 100 bytes sent right after accept
   // hangs when the final lane is shared memory; flushing the new endpoint
-  // first avoids it. The endpoint is handed out only after the flush.
-  FlushEp(s, [this, s](Status st) {
-    if (!st.ok()) {
-      CloseEp(*s, /*force=*/true, AsUnavailable(st), nullptr);
-      return;
-    }
-    if (s->ep == nullptr || !accept_handler_) return;
-    std::unique_ptr<Endpoint> endpoint = endpoint_factory_(s);
-    s->owner = endpoint.get();
-    accept_handler_(std::move(endpoint));
+  // before its first send avoids it. On the connecting side the flush also
+  // says that wire-up finished.
+  // The rest runs from the queue: the flush may complete inside a UCX call
+  // (ucp_ep_set_failed purging it), where closing the endpoint is not allowed.
+  FlushEp(s, [this, s, done = std::move(done)](Status st) mutable {
+    Post([this, s, done = std::move(done), st = std::move(st)] {
+      if (!st.ok()) CloseEp(*s, /*force=*/true, /*by_user=*/false, AsUnavailable(st), nullptr);
+      s->ready = true;
+      std::vector<std::function<void()>> deferred;
+      deferred.swap(s->deferred);
+      for (auto& fn : deferred) fn();
+      if (done) done(st);
+    });
   });
 }
 
@@ -455,51 +511,31 @@ StatusOr<std::shared_ptr<EpState>> UcxCore::Connect(const std::string& address,
   s->ep = ep;
   Register(s);
   // The flush completes once wire-up did: then the endpoint is usable.
-  FlushEp(s, [waiter](Status st) { waiter->Set(std::move(st)); });
+  StartReadyFlush(s, [waiter](Status st) { waiter->Set(std::move(st)); });
   return s;
 }
 
 void UcxCore::FlushEp(const std::shared_ptr<EpState>& s, std::function<void(Status)> done) {
   if (s->ep == nullptr) {
-    done(s->health());
+    done(AsUnavailable(s->health()));
     return;
   }
-  auto* ctx = new FlushCtx{s, std::move(done)};
+  Req* r = NewReq(s, nullptr, [this, s, done = std::move(done)](ucs_status_t st, std::size_t) {
+    done(st == UCS_OK ? Status::OK() : EntryStatus(*s, st, "ucp_ep_flush_nbx"));
+  });
   ucp_request_param_t p = {};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  p.cb.send = &UcxCore::OnFlushDone;
-  p.user_data = ctx;
-  ucs_status_ptr_t req = ucp_ep_flush_nbx(s->ep, &p);
-  if (req == nullptr || UCS_PTR_IS_ERR(req)) {
-    const ucs_status_t st = UCS_PTR_STATUS(req);
-    auto done_fn = std::move(ctx->done);
-    delete ctx;
-    done_fn(st == UCS_OK ? Status::OK() : EntryStatus(*s, st, "ucp_ep_flush_nbx"));
-    return;
-  }
-  ctx->request = req;
-  s->inflight.insert(req);
+  FillParam(r, &p, /*recv=*/false);
+  Track(r, ucp_ep_flush_nbx(s->ep, &p), 0);
 }
 
-void UcxCore::OnFlushDone(void* request, ucs_status_t status, void* user_data) {
-  auto* ctx = static_cast<FlushCtx*>(user_data);
-  ctx->ep->inflight.erase(request);
-  ucp_request_free(request);
-  Status st = status == UCS_OK ? Status::OK()
-                               : ctx->ep->core->EntryStatus(*ctx->ep, status, "ucp_ep_flush_nbx");
-  auto done = std::move(ctx->done);
-  delete ctx;
-  done(std::move(st));
-}
-
-void UcxCore::CloseEp(EpState& s, bool force, const Status& reason,
+void UcxCore::CloseEp(EpState& s, bool force, bool by_user, const Status& reason,
                       std::shared_ptr<Waiter> waiter) {
   if (s.ep == nullptr) {
     if (waiter) waiter->Set(Status::OK());
     return;
   }
   s.SetFailure(reason);
-  s.closed_locally = true;
+  if (by_user) s.closed_locally = true;
   ucp_ep_h ep = s.ep;
   auto it = eps_.find(ep);
   std::shared_ptr<EpState> keep = it != eps_.end() ? it->second : nullptr;
@@ -509,38 +545,28 @@ void UcxCore::CloseEp(EpState& s, bool force, const Status& reason,
     std::vector<void*> inflight(s.inflight.begin(), s.inflight.end());
     for (void* req : inflight) ucp_request_cancel(worker_.get(), req);
   }
+  Req* r = NewReq(nullptr, nullptr, [keep, waiter](ucs_status_t st, std::size_t) {
+    if (waiter) waiter->Set(StatusFromUcs(st, "ucp_ep_close_nbx"));
+  });
   ucp_request_param_t p = {};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  FillParam(r, &p, /*recv=*/false);
   if (force) {
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_EP_CLOSE_FLAG_FORCE;
   }
-  auto* ctx = new CloseCtx{this, keep, waiter, &other_requests_};
-  p.cb.send = &UcxCore::OnCloseDone;
-  p.user_data = ctx;
   ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &p);
   s.ep = nullptr;
   if (it != eps_.end()) eps_.erase(it);
   // Keys unpacked on the endpoint go with it.
   for (auto& holder : s.rkeys) holder->rkey.reset();
   s.rkeys.clear();
-  if (req == nullptr || UCS_PTR_IS_ERR(req)) {
-    delete ctx;
-    if (waiter) {
-      waiter->Set(UCS_PTR_IS_ERR(req) ? StatusFromUcs(UCS_PTR_STATUS(req), "ucp_ep_close_nbx")
-                                      : Status::OK());
-    }
-    return;
-  }
-  other_requests_.insert(req);
-}
-
-void UcxCore::OnCloseDone(void* request, ucs_status_t status, void* user_data) {
-  auto* ctx = static_cast<CloseCtx*>(user_data);
-  ctx->tracker->erase(request);
-  ucp_request_free(request);
-  if (ctx->waiter) ctx->waiter->Set(StatusFromUcs(status, "ucp_ep_close_nbx"));
-  delete ctx;
+  // Owner-placed operations awaiting a reply on it will never get one, and
+  // work deferred until it was ready now fails.
+  FailAwaiting(s, AsUnavailable(s.health()));
+  std::vector<std::function<void()>> deferred;
+  deferred.swap(s.deferred);
+  for (auto& fn : deferred) fn();
+  Track(r, req, 0);
 }
 
 // ---------------------------------------------------------------------------
@@ -549,7 +575,8 @@ void UcxCore::OnCloseDone(void* request, ucs_status_t status, void* user_data) {
 StatusOr<std::shared_ptr<RkeyHolder>> UcxCore::UnpackRkey(const std::shared_ptr<EpState>& s,
                                                           const std::string& packed,
                                                           std::uint64_t address,
-                                                          std::uint64_t length) {
+                                                          std::uint64_t length,
+                                                          std::uint64_t grant_id) {
   if (s->ep == nullptr) return AsUnavailable(s->health());
   // ucp_ep_rkey_unpack takes no length: UCX 1.13's packed key is a memory
   // domain bitmap followed by at most 64 entries of at most 255 bytes each,
@@ -566,6 +593,18 @@ StatusOr<std::shared_ptr<RkeyHolder>> UcxCore::UnpackRkey(const std::shared_ptr<
   holder->ep_identity = s.get();
   holder->address = address;
   holder->length = length;
+  holder->grant_id = grant_id;
+  // UCX's get/put are truly one-sided (the owner takes no part, so neither
+  // its bounds nor its survival depend on them) in two cases; everything
+  // else uses the owner-placed protocol (ucx_am_rma.h):
+  //  - the range maps into this process (ucp_rkey_ptr): memory UCX allocated
+  //    itself (UCP_MEM_MAP_ALLOCATE, a SysV/POSIX segment) reached over
+  //    shared memory;
+  //  - the transport list names RDMA transports (rc/dc): their RMA lanes are
+  //    hardware one-sided on any registered memory. Untested here (no RDMA
+  //    NIC); a deployment that mixes RDMA and TCP peers gets UCX's choice.
+  void* mapped = nullptr;
+  holder->one_sided = rdma_configured_ || ucp_rkey_ptr(rkey, address, &mapped) == UCS_OK;
   s->rkeys.push_back(holder);
   return holder;
 }
@@ -581,6 +620,8 @@ UcxTestCounters UcxCore::counters() const {
   UcxTestCounters c;
   c.eager_messages = eager_messages_.load(std::memory_order_relaxed);
   c.rendezvous_messages = rendezvous_messages_.load(std::memory_order_relaxed);
+  c.one_sided_transfers = one_sided_transfers_.load(std::memory_order_relaxed);
+  c.owner_placed_transfers = owner_placed_transfers_.load(std::memory_order_relaxed);
   return c;
 }
 

@@ -13,10 +13,12 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,13 +31,11 @@
 #include "core/statusor.h"
 #include "transport/transfer_batch.h"
 #include "transport/transport.h"
+#include "transport/ucx/ucx_am_rma.h"
 #include "transport/ucx/ucx_handles.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace kvfabric::ucx::internal {
-
-// The one active-message id kvfabric uses.
-inline constexpr unsigned kAmId = 0x4b56;
 
 // `s` if it is Unavailable, else Unavailable carrying its text.
 // OK stays OK.
@@ -45,6 +45,7 @@ inline Status AsUnavailable(const Status& s) {
 
 class UcxCore;
 struct EpState;
+struct Waiter;
 
 // A remote key unpacked on one endpoint. `rkey` is touched only on the
 // progress thread; it is reset when the endpoint closes or the RemoteRegion
@@ -55,6 +56,32 @@ struct RkeyHolder {
   const EpState* ep_identity;  // immutable: which endpoint it belongs to
   std::uint64_t address = 0;   // immutable: remote address of the range
   std::uint64_t length = 0;    // immutable
+  std::uint64_t grant_id = 0;  // immutable: the owner's name for the range
+  // Immutable: kRead/kWrite use UCX's get/put (truly one-sided for this
+  // range); otherwise the owner-placed protocol of ucx_am_rma.h.
+  bool one_sided = false;
+};
+
+// A local region as its owner-side protocol sees it (ucx_am_rma.h). Shared
+// by the MemoryRegion and the grants made from it.
+struct OwnedRegion {
+  std::byte* base = nullptr;  // immutable
+  std::uint64_t size = 0;     // immutable
+  // Progress thread only: peers' operations placing into or sending from the
+  // region, and who waits for them to drain once the region is going away.
+  int active = 0;
+  std::vector<std::shared_ptr<EpState>> active_eps;
+  std::shared_ptr<Waiter> drained;
+  // Guarded by UcxCore::grants_mu_: the grant id of each exported
+  // (offset, length), so re-exporting a range reuses its grant.
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::uint64_t> grant_ids;
+};
+
+// One exported range: what an owner-placed operation may touch.
+struct Grant {
+  std::shared_ptr<OwnedRegion> region;
+  std::uint64_t offset = 0;  // within the region
+  std::uint64_t length = 0;
 };
 
 // One connection. Created and closed on the progress thread.
@@ -70,6 +97,13 @@ struct EpState {
   transport::Endpoint* owner = nullptr;            // for IncomingMessage::endpoint()
   std::unordered_set<void*> inflight;              // UCX requests posted on `ep`
   std::vector<std::shared_ptr<RkeyHolder>> rkeys;  // unpacked on `ep`
+  // False until the flush that follows ucp_ep_create completed. Work that
+  // sends on the endpoint waits in `deferred` until then (the UCX 1.13.1
+  // accept-then-send workaround, see ucx_transport.h) and runs in order.
+  bool ready = false;
+  std::vector<std::function<void()>> deferred;
+  // Owner-placed operations of this endpoint awaiting the owner's reply.
+  std::unordered_set<std::uint64_t> awaiting;
 
   // OK while usable; the reason (Unavailable) once failed or closed.
   Status health() const {
@@ -93,8 +127,9 @@ struct PreparedTransfer {
   std::byte* local = nullptr;
   std::uint64_t length = 0;
   std::shared_ptr<RkeyHolder> rkey;  // kRead/kWrite
-  std::uint64_t remote_address = 0;  // kRead/kWrite
-  std::string header;                // kSend (kept alive until the send completes)
+  std::uint64_t remote_address = 0;  // kRead/kWrite: for UCX get/put
+  std::uint64_t remote_offset = 0;   // kRead/kWrite: within the granted range
+  std::string header;                // kSend, or the RmaRequest (kept until the send completes)
 };
 
 // One Submit(). Fields below `completion` are progress-thread only.
@@ -104,10 +139,18 @@ struct BatchOp {
   std::vector<PreparedTransfer> entries;
 
   bool started = false;
-  bool cancelled = false;
-  std::vector<int> pending;            // outstanding UCX completions per entry
-  std::vector<Status> status;          // first failure per entry
-  std::unordered_set<void*> requests;  // in flight, for Cancel
+  bool cancelled = false;               // by the user: UCS_ERR_CANCELED means Cancelled
+  std::vector<int> pending;             // outstanding completions per entry
+  std::vector<Status> status;           // first failure per entry
+  std::unordered_set<void*> requests;   // in flight, for Cancel
+  std::vector<std::uint64_t> awaiting;  // per entry: owner-placed request id, 0 if none
+};
+
+// The requester's record of one owner-placed operation awaiting its reply.
+struct AwaitingRma {
+  std::shared_ptr<BatchOp> op;
+  std::size_t entry = 0;
+  std::shared_ptr<EpState> ep;
 };
 
 // Completion of a one-off request driven by a caller thread (connect flush,
@@ -154,29 +197,43 @@ class UcxCore {
 
   // --- Progress thread only. ---
   void set_endpoint_factory(EndpointFactory f) { endpoint_factory_ = std::move(f); }
+  // Creates the Endpoint object of `s` (accepted or connected) and records it
+  // as `s`'s owner, so every message on `s` can be answered.
+  std::unique_ptr<transport::Endpoint> MakeEndpoint(const std::shared_ptr<EpState>& s);
   void set_message_handler(transport::MessageHandler h) { message_handler_ = std::move(h); }
   Status Listen(const std::string& address, transport::AcceptHandler on_accept);
   // Creates a client endpoint and starts a flush whose outcome goes to `waiter`.
   StatusOr<std::shared_ptr<EpState>> Connect(const std::string& address,
                                              std::shared_ptr<Waiter> waiter);
   // Closes `s` (no-op if closed). Force cancels in-flight requests; graceful
-  // flushes first. `waiter`, if set, learns when the close completed.
-  void CloseEp(EpState& s, bool force, const Status& reason, std::shared_ptr<Waiter> waiter);
+  // flushes first. `by_user`: a Close or teardown (requests UCX cancels
+  // complete Cancelled) rather than the peer's failure (Unavailable).
+  // `waiter`, if set, learns when the close completed.
+  void CloseEp(EpState& s, bool force, bool by_user, const Status& reason,
+               std::shared_ptr<Waiter> waiter);
   void StartBatch(const std::shared_ptr<BatchOp>& op);
   void CancelBatch(const std::shared_ptr<BatchOp>& op);
   StatusOr<std::shared_ptr<RkeyHolder>> UnpackRkey(const std::shared_ptr<EpState>& s,
                                                    const std::string& packed, std::uint64_t address,
-                                                   std::uint64_t length);
+                                                   std::uint64_t length, std::uint64_t grant_id);
   void DestroyRkey(const std::shared_ptr<RkeyHolder>& holder);
+
+  // Any thread: the owner side of exports (ucx_am_rma.h).
+  // Names [offset, offset + length) of `region` for peers; the same range
+  // of the same region gets the same id. REQUIRES: the range is in the region.
+  std::uint64_t GrantRange(const std::shared_ptr<OwnedRegion>& region, std::uint64_t offset,
+                           std::uint64_t length);
+  // Revokes every grant of `region` and waits until no peer operation
+  // places into or sends from it (force-closing, after `grace`, the
+  // endpoints of those still running). Not on the progress thread.
+  void RevokeRegion(const std::shared_ptr<OwnedRegion>& region, std::chrono::milliseconds grace);
 
   // Any thread.
   std::string listen_address() const;
   UcxTestCounters counters() const;
 
  private:
-  struct OpCtx;
-  struct RecvCtx;
-  struct FlushCtx;
+  struct Req;
   class Incoming;
 
   explicit UcxCore(const UcxTransportOptions& options);
@@ -190,25 +247,68 @@ class UcxCore {
   void TeardownOnProgressThread();
   void DrainAndDestroyWorker();
   void Register(const std::shared_ptr<EpState>& s);
+  // Runs `fn` once `s` is ready (at once if it is; see EpState::ready).
+  void WhenReady(EpState& s, std::function<void()> fn);
   // Flushes `s`'s endpoint; `done` runs on the progress thread (maybe inline).
   void FlushEp(const std::shared_ptr<EpState>& s, std::function<void(Status)> done);
+  // Flushes a new endpoint, then marks it ready; `done` (if set) gets the outcome.
+  void StartReadyFlush(const std::shared_ptr<EpState>& s, std::function<void(Status)> done);
   void OnConnRequest(ucp_conn_request_h request);
   ucs_status_t OnAm(const void* header, std::size_t header_length, void* data, std::size_t length,
                     const ucp_am_recv_param_t* param);
-  // The Status of a failed request on `s`.
-  Status EntryStatus(const EpState& s, ucs_status_t status, const char* what) const;
+  // The endpoint a message came from, or null.
+  std::shared_ptr<EpState> ReplyEp(const ucp_am_recv_param_t* param) const;
+  // The Status of a failed request on `s`. UCS_ERR_CANCELED is Cancelled only
+  // when the user cancelled (`user_cancelled`) or closed the endpoint;
+  // otherwise UCX purged the request because the peer failed: Unavailable.
+  Status EntryStatus(const EpState& s, ucs_status_t status, const char* what,
+                     bool user_cancelled = false) const;
   void FinishEntry(BatchOp& op, std::size_t i, const Status& s);
 
-  static void OnOpDone(void* request, ucs_status_t status, void* user_data);
-  static void OnFlushDone(void* request, ucs_status_t status, void* user_data);
-  static void OnCloseDone(void* request, ucs_status_t status, void* user_data);
+  // Requests (ucx_core_ops.cc). Every non-blocking call goes through
+  // Track: it handles the three outcomes (done inline, error, in flight),
+  // including a completion callback that ran before the call returned.
+  Req* NewReq(std::shared_ptr<EpState> ep, std::shared_ptr<BatchOp> op,
+              std::function<void(ucs_status_t, std::size_t)> done);
+  void Track(Req* r, ucs_status_ptr_t request, std::size_t inline_length);
+  void FinishReq(Req* r, void* request, ucs_status_t status, std::size_t length);
+  static void OnSendDone(void* request, ucs_status_t status, void* user_data);
   static void OnRecvDone(void* request, ucs_status_t status, std::size_t length, void* user_data);
+  static void FillParam(Req* r, ucp_request_param_t* p, bool recv);
+
+  // Owner-placed kRead/kWrite (ucx_am_rma.cc).
+  void PostRmaRequest(const std::shared_ptr<BatchOp>& op, std::size_t i);
+  void FailAwaiting(EpState& s, const Status& why);
+  void CancelAwaiting(BatchOp& op);
+  ucs_status_t OnRmaRequest(bool write, const void* header, std::size_t header_length, void* data,
+                            std::size_t length, const ucp_am_recv_param_t* param);
+  ucs_status_t OnRmaReply(const void* header, std::size_t header_length, void* data,
+                          std::size_t length, const ucp_am_recv_param_t* param);
+  void SendRmaReply(const std::shared_ptr<EpState>& s, std::uint64_t request_id, StatusCode code,
+                    const std::shared_ptr<OwnedRegion>& region, const std::byte* data,
+                    std::uint64_t length);
+  void EndRegionOp(const std::shared_ptr<OwnedRegion>& region, const std::shared_ptr<EpState>& s);
+  // The region and the address of [offset, offset + length) of grant `id`,
+  // or the refusal.
+  StatusCode ResolveGrant(std::uint64_t id, std::uint64_t offset, std::uint64_t length,
+                          std::shared_ptr<OwnedRegion>* region, std::byte** at);
+
   static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status);
   static void OnConnRequestThunk(ucp_conn_request_h request, void* arg);
   static ucs_status_t OnAmThunk(void* arg, const void* header, std::size_t header_length,
                                 void* data, std::size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t OnRmaWriteThunk(void* arg, const void* header, std::size_t header_length,
+                                      void* data, std::size_t length,
+                                      const ucp_am_recv_param_t* param);
+  static ucs_status_t OnRmaReadThunk(void* arg, const void* header, std::size_t header_length,
+                                     void* data, std::size_t length,
+                                     const ucp_am_recv_param_t* param);
+  static ucs_status_t OnRmaReplyThunk(void* arg, const void* header, std::size_t header_length,
+                                      void* data, std::size_t length,
+                                      const ucp_am_recv_param_t* param);
 
   const UcxTransportOptions options_;
+  const bool rdma_configured_;  // options_.tls names an RDMA transport
   std::size_t max_header_bytes_ = transport::kMaxMessageHeaderBytes;
   int efd_ = -1;
 
@@ -231,35 +331,39 @@ class UcxCore {
   transport::MessageHandler message_handler_;
   EndpointFactory endpoint_factory_;
   std::unordered_map<ucp_ep_h, std::shared_ptr<EpState>> eps_;
-  std::unordered_set<void*> other_requests_;  // close/flush/recv requests in flight
-  // Batch and receive requests posted and not yet completed: while any is
-  // in flight the loop sleeps at most options_.active_poll_interval.
-  std::int64_t inflight_requests_ = 0;
+  // Every UCX request in flight with its context (close requests with a
+  // null context). While any is in flight the loop sleeps at most
+  // options_.active_poll_interval; the drain at shutdown waits for them.
+  std::unordered_map<void*, Req*> requests_;
+  // Owner-placed operations awaiting their reply, by request id.
+  std::unordered_map<std::uint64_t, AwaitingRma> awaiting_;
+  std::uint64_t next_rma_id_ = 1;
+
+  // Grants (owner side), any thread under grants_mu_.
+  mutable std::mutex grants_mu_;
+  std::unordered_map<std::uint64_t, Grant> grants_;  // guarded by grants_mu_
+  std::uint64_t next_grant_id_ = 1;                  // guarded by grants_mu_
 
   // Test counters, relaxed: monotonic tallies read only by tests.
   std::atomic<std::uint64_t> eager_messages_{0};
   std::atomic<std::uint64_t> rendezvous_messages_{0};
+  std::atomic<std::uint64_t> one_sided_transfers_{0};
+  std::atomic<std::uint64_t> owner_placed_transfers_{0};
 };
 
-// Request contexts: the user_data of UCX requests, owned by the request
-// until its completion callback (or its inline completion) deletes them.
-struct UcxCore::OpCtx {
-  std::shared_ptr<BatchOp> op;
-  std::vector<std::size_t> entries;  // entries this request counts for
-  const char* what;                  // the UCX call, for messages
-  void* request = nullptr;
-};
-
-struct UcxCore::FlushCtx {
-  std::shared_ptr<EpState> ep;
-  std::function<void(Status)> done;
-  void* request = nullptr;
-};
-
-struct UcxCore::RecvCtx {
-  UcxCore* core;
-  std::function<void(Status)> on_placed;
-  void* request = nullptr;
+// The user_data of every UCX request but close: owned by the core from
+// NewReq until FinishReq deletes it.
+struct UcxCore::Req {
+  UcxCore* core = nullptr;
+  std::shared_ptr<EpState> ep;  // tracked in ep->inflight if set
+  std::shared_ptr<BatchOp> op;  // tracked in op->requests if set
+  std::function<void(ucs_status_t, std::size_t)> done;
+  // The callback ran while the call that posted the request had not yet
+  // returned (UCX does this, e.g. on a failed endpoint): Track finishes it.
+  bool posting = true;
+  bool completed_early = false;
+  ucs_status_t early_status = UCS_OK;
+  std::size_t early_length = 0;
 };
 
 }  // namespace kvfabric::ucx::internal

@@ -1,5 +1,6 @@
-// UcxCore, continued: posting batches, completing their entries, and
-// receiving active messages. Everything here runs on the progress thread.
+// UcxCore, continued: UCX requests, posting batches, completing their
+// entries, and receiving kSend messages. Everything here runs on the
+// progress thread.
 #include <cstring>
 #include <utility>
 
@@ -12,17 +13,19 @@ using transport::Endpoint;
 using transport::MemoryRegion;
 using transport::TransferOp;
 
-Status UcxCore::EntryStatus(const EpState& s, ucs_status_t status, const char* what) const {
-  // A request purged because the peer failed reports the failure; one purged
-  // by our own close reports Cancelled.
-  if (status == UCS_ERR_CANCELED) {
-    if (s.closed_locally) return StatusFromUcs(status, what);
-    Status h = s.health();
-    if (!h.ok()) return h;
-  }
+Status UcxCore::EntryStatus(const EpState& s, ucs_status_t status, const char* what,
+                            bool user_cancelled) const {
   Status st = StatusFromUcs(status, what);
+  if (status == UCS_ERR_CANCELED) {
+    // Cancelled only when this side asked for it; UCX also cancels (purges)
+    // the requests of an endpoint whose peer failed, sometimes before it
+    // reports the failure: that is the peer's failure.
+    if (user_cancelled || s.closed_locally) return st;
+    const Status h = s.health();
+    return h.ok() ? Status::Unavailable(st.ToString() + " (the endpoint failed)") : h;
+  }
   if (!s.closed_locally) {
-    Status h = s.health();
+    const Status h = s.health();
     if (!h.ok() && !st.IsUnavailable()) return h;
   }
   return st;
@@ -35,25 +38,90 @@ void UcxCore::FinishEntry(BatchOp& op, std::size_t i, const Status& s) {
   op.completion->Complete(i, op.status[i], ok ? op.entries[i].length : 0);
 }
 
-void UcxCore::OnOpDone(void* request, ucs_status_t status, void* user_data) {
-  auto* ctx = static_cast<OpCtx*>(user_data);
-  BatchOp& op = *ctx->op;
-  op.ep->inflight.erase(request);
-  --op.ep->core->inflight_requests_;
-  op.requests.erase(request);
-  ucp_request_free(request);
-  const Status st =
-      status == UCS_OK ? Status::OK() : op.ep->core->EntryStatus(*op.ep, status, ctx->what);
-  for (std::size_t i : ctx->entries) op.ep->core->FinishEntry(op, i, st);
-  delete ctx;
+// ---------------------------------------------------------------------------
+// Requests.
+
+UcxCore::Req* UcxCore::NewReq(std::shared_ptr<EpState> ep, std::shared_ptr<BatchOp> op,
+                              std::function<void(ucs_status_t, std::size_t)> done) {
+  auto* r = new Req;
+  r->core = this;
+  r->ep = std::move(ep);
+  r->op = std::move(op);
+  r->done = std::move(done);
+  return r;
 }
 
+void UcxCore::FillParam(Req* r, ucp_request_param_t* p, bool recv) {
+  p->op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  if (recv) {
+    p->cb.recv_am = &UcxCore::OnRecvDone;
+  } else {
+    p->cb.send = &UcxCore::OnSendDone;
+  }
+  p->user_data = r;
+}
+
+void UcxCore::OnSendDone(void* request, ucs_status_t status, void* user_data) {
+  OnRecvDone(request, status, 0, user_data);
+}
+
+void UcxCore::OnRecvDone(void* request, ucs_status_t status, std::size_t length, void* user_data) {
+  auto* r = static_cast<Req*>(user_data);
+  if (r->posting) {
+    // Completed before the posting call returned: Track finishes it, and
+    // frees the request if that call returns one.
+    r->completed_early = true;
+    r->early_status = status;
+    r->early_length = length;
+    return;
+  }
+  r->core->FinishReq(r, request, status, length);
+}
+
+void UcxCore::Track(Req* r, ucs_status_ptr_t request, std::size_t inline_length) {
+  r->posting = false;
+  if (request == nullptr || UCS_PTR_IS_ERR(request)) {
+    // Done inline (UCX calls no callback and owns no request) or failed.
+    ucs_status_t st = UCS_PTR_STATUS(request);
+    if (st == UCS_OK && r->completed_early) st = r->early_status;
+    FinishReq(r, nullptr, st, st == UCS_OK ? inline_length : 0);
+    return;
+  }
+  if (r->completed_early) {
+    FinishReq(r, request, r->early_status, r->early_length);
+    return;
+  }
+  requests_[request] = r;
+  if (r->ep) r->ep->inflight.insert(request);
+  if (r->op) r->op->requests.insert(request);
+}
+
+void UcxCore::FinishReq(Req* r, void* request, ucs_status_t status, std::size_t length) {
+  if (request != nullptr) {
+    requests_.erase(request);
+    if (r->ep) r->ep->inflight.erase(request);
+    if (r->op) r->op->requests.erase(request);
+    ucp_request_free(request);
+  }
+  auto done = std::move(r->done);
+  delete r;
+  if (done) done(status, length);
+}
+
+// ---------------------------------------------------------------------------
+// Batches.
+
 void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
+  EpState& s = *op->ep;
+  if (!s.ready && s.ep != nullptr && !op->cancelled) {
+    s.deferred.push_back([this, op] { StartBatch(op); });
+    return;
+  }
   const std::size_t n = op->entries.size();
   op->started = true;
   op->pending.assign(n, 1);
   op->status.assign(n, Status::OK());
-  EpState& s = *op->ep;
+  op->awaiting.assign(n, 0);
   if (op->cancelled || s.ep == nullptr) {
     const Status why = op->cancelled ? Status::Cancelled("batch cancelled before it was posted")
                                      : AsUnavailable(s.health());
@@ -63,26 +131,17 @@ void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
 
   // Posts one request; `entries` are released when it completes.
   auto post = [&](const char* what, std::vector<std::size_t> entries, auto&& call) {
-    auto* ctx = new OpCtx{op, std::move(entries), what};
+    Req* r = NewReq(op->ep, op, [this, op, what, entries](ucs_status_t st, std::size_t) {
+      const Status status =
+          st == UCS_OK ? Status::OK() : EntryStatus(*op->ep, st, what, op->cancelled);
+      for (std::size_t i : entries) FinishEntry(*op, i, status);
+    });
     ucp_request_param_t p = {};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    p.cb.send = &UcxCore::OnOpDone;
-    p.user_data = ctx;
-    ucs_status_ptr_t req = call(p);
-    if (req == nullptr || UCS_PTR_IS_ERR(req)) {
-      const ucs_status_t st = UCS_PTR_STATUS(req);
-      const Status status = st == UCS_OK ? Status::OK() : EntryStatus(s, st, what);
-      for (std::size_t i : ctx->entries) FinishEntry(*op, i, status);
-      delete ctx;
-      return;
-    }
-    ctx->request = req;
-    s.inflight.insert(req);
-    ++inflight_requests_;
-    op->requests.insert(req);
+    FillParam(r, &p, /*recv=*/false);
+    Track(r, call(p), 0);
   };
 
-  std::vector<std::size_t> writes;
+  std::vector<std::size_t> writes;  // one-sided puts, completed by one flush
   for (std::size_t i = 0; i < n; ++i) {
     PreparedTransfer& t = op->entries[i];
     if (s.ep == nullptr) {  // failed while posting (an inline error callback)
@@ -101,6 +160,12 @@ void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
           FinishEntry(*op, i, Status::Unavailable("remote region's key was released"));
           break;
         }
+        if (!t.rkey->one_sided) {
+          owner_placed_transfers_.fetch_add(1, std::memory_order_relaxed);
+          PostRmaRequest(op, i);
+          break;
+        }
+        one_sided_transfers_.fetch_add(1, std::memory_order_relaxed);
         if (t.op == TransferOp::kRead) {
           post("ucp_get_nbx", {i}, [&](const ucp_request_param_t& p) {
             return ucp_get_nbx(s.ep, t.local, t.length, t.remote_address, rkey, &p);
@@ -138,31 +203,38 @@ void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
 }
 
 void UcxCore::CancelBatch(const std::shared_ptr<BatchOp>& op) {
-  if (!op->started) {
-    op->cancelled = true;  // StartBatch completes every entry Cancelled
-    return;
-  }
-  // Only what UCX can revoke is revoked; the rest completes on its own.
+  op->cancelled = true;
+  if (!op->started) return;  // StartBatch completes every entry Cancelled
+  // Replies not yet arrived are abandoned; requests are revoked where UCX
+  // can, and the rest complete on their own (a kWrite's source and a kRead's
+  // destination stay UCX's until its request completed).
+  CancelAwaiting(*op);
   std::vector<void*> reqs(op->requests.begin(), op->requests.end());
   for (void* req : reqs) ucp_request_cancel(worker_.get(), req);
 }
 
 // ---------------------------------------------------------------------------
-// Active messages.
+// kSend messages.
+
+std::shared_ptr<EpState> UcxCore::ReplyEp(const ucp_am_recv_param_t* param) const {
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0) return nullptr;
+  auto it = eps_.find(param->reply_ep);
+  return it != eps_.end() ? it->second : nullptr;
+}
 
 // One arrived message, alive during the MessageHandler call.
 class UcxCore::Incoming final : public transport::IncomingMessage {
  public:
-  Incoming(UcxCore* core, Endpoint* endpoint, const void* header, std::size_t header_length,
-           void* data, std::size_t length, bool rendezvous)
+  Incoming(UcxCore* core, std::shared_ptr<EpState> ep, const void* header,
+           std::size_t header_length, void* data, std::size_t length, bool rendezvous)
       : core_(core),
-        endpoint_(endpoint),
+        ep_(std::move(ep)),
         header_(static_cast<const std::byte*>(header), header_length),
         data_(data),
         length_(length),
         rendezvous_(rendezvous) {}
 
-  Endpoint* endpoint() const override { return endpoint_; }
+  Endpoint* endpoint() const override { return ep_ ? ep_->owner : nullptr; }
   std::span<const std::byte> header() const override { return header_; }
   std::uint64_t payload_length() const override { return length_; }
   bool receive_started() const { return receive_started_; }
@@ -191,22 +263,22 @@ class UcxCore::Incoming final : public transport::IncomingMessage {
       core_->Post([cb = std::move(on_placed)] { cb(Status::OK()); });
       return Status::OK();
     }
-    auto* ctx = new RecvCtx{core_, std::move(on_placed)};
+    // on_placed runs from the queue, never inside this call (the handler
+    // may hold locks), whichever of the three outcomes the receive has.
+    UcxCore* core = core_;
+    Req* r = core_->NewReq(ep_, nullptr,
+                           [core, cb = std::move(on_placed)](ucs_status_t st, std::size_t) {
+                             Status s = StatusFromUcs(st, "ucp_am_recv_data_nbx");
+                             if (st == UCS_ERR_CANCELED || st == UCS_ERR_CONNECTION_RESET) {
+                               s = Status::Unavailable(s.ToString());
+                             }
+                             core->Post([cb, s] { cb(s); });
+                           });
     ucp_request_param_t p = {};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    p.cb.recv_am = &UcxCore::OnRecvDone;
-    p.user_data = ctx;
-    ucs_status_ptr_t req = ucp_am_recv_data_nbx(core_->worker_.get(), data_, dest, length_, &p);
+    FillParam(r, &p, /*recv=*/true);
+    // After this call UCX owns the descriptor whatever the outcome.
     receive_started_ = true;
-    if (req == nullptr || UCS_PTR_IS_ERR(req)) {
-      Status st = StatusFromUcs(UCS_PTR_STATUS(req), "ucp_am_recv_data_nbx");
-      core_->Post([cb = std::move(ctx->on_placed), st] { cb(st); });
-      delete ctx;
-      return Status::OK();
-    }
-    ctx->request = req;
-    core_->other_requests_.insert(req);
-    ++core_->inflight_requests_;
+    core_->Track(r, ucp_am_recv_data_nbx(core_->worker_.get(), data_, dest, length_, &p), length_);
     return Status::OK();
   }
 
@@ -214,7 +286,7 @@ class UcxCore::Incoming final : public transport::IncomingMessage {
 
  private:
   UcxCore* const core_;
-  Endpoint* const endpoint_;
+  const std::shared_ptr<EpState> ep_;
   const std::span<const std::byte> header_;
   void* const data_;
   const std::size_t length_;
@@ -222,21 +294,6 @@ class UcxCore::Incoming final : public transport::IncomingMessage {
   bool consumed_ = false;
   bool receive_started_ = false;
 };
-
-void UcxCore::OnRecvDone(void* request, ucs_status_t status, std::size_t /*length*/,
-                         void* user_data) {
-  auto* ctx = static_cast<RecvCtx*>(user_data);
-  ctx->core->other_requests_.erase(request);
-  --ctx->core->inflight_requests_;
-  ucp_request_free(request);
-  Status st = StatusFromUcs(status, "ucp_am_recv_data_nbx");
-  if (status == UCS_ERR_CANCELED || status == UCS_ERR_CONNECTION_RESET) {
-    st = Status::Unavailable(st.ToString());
-  }
-  auto cb = std::move(ctx->on_placed);
-  delete ctx;
-  cb(std::move(st));
-}
 
 ucs_status_t UcxCore::OnAmThunk(void* arg, const void* header, std::size_t header_length,
                                 void* data, std::size_t length, const ucp_am_recv_param_t* param) {
@@ -248,12 +305,7 @@ ucs_status_t UcxCore::OnAm(const void* header, std::size_t header_length, void* 
   const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   (rendezvous ? rendezvous_messages_ : eager_messages_).fetch_add(1, std::memory_order_relaxed);
   if (!message_handler_) return UCS_OK;  // dropped: UCX releases the data
-  Endpoint* endpoint = nullptr;
-  if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0) {
-    auto it = eps_.find(param->reply_ep);
-    if (it != eps_.end()) endpoint = it->second->owner;
-  }
-  Incoming msg(this, endpoint, header, header_length, data, length, rendezvous);
+  Incoming msg(this, ReplyEp(param), header, header_length, data, length, rendezvous);
   message_handler_(msg);
   // A receive started in the callback keeps the descriptor until it is done;
   // otherwise UCX releases it (for rendezvous: tells the sender it is done).

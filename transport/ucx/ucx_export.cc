@@ -9,7 +9,7 @@ namespace kvfabric::ucx {
 namespace {
 
 constexpr char kMagic[4] = {'K', 'V', 'F', 'U'};
-constexpr std::size_t kFixedBytes = 28;
+constexpr std::size_t kFixedBytes = 36;
 constexpr std::size_t kCrcBytes = 4;
 
 void PutLe(std::string& out, std::uint64_t v, int bytes) {
@@ -39,6 +39,7 @@ std::string EncodeExportedRange(const ExportedRange& range) {
   PutLe(out, 0, 2);
   PutLe(out, range.address, 8);
   PutLe(out, range.length, 8);
+  PutLe(out, range.grant_id, 8);
   PutLe(out, range.packed_rkey.size(), 4);
   out += range.packed_rkey;
   PutLe(out, crc32c::Mask(crc32c::Value(out.data(), out.size())), 4);
@@ -66,7 +67,9 @@ StatusOr<ExportedRange> DecodeExportedRange(std::string_view bytes) {
   r.kind = static_cast<transport::MemoryKind>(kind);
   r.address = GetLe(bytes, 8, 8);
   r.length = GetLe(bytes, 16, 8);
-  const std::uint64_t key_bytes = GetLe(bytes, 24, 4);
+  r.grant_id = GetLe(bytes, 24, 8);
+  if (r.grant_id == 0) return Malformed("grant id 0");
+  const std::uint64_t key_bytes = GetLe(bytes, 32, 4);
   if (key_bytes == 0 || key_bytes > kMaxPackedRkeyBytes) {
     return Malformed("packed key of " + std::to_string(key_bytes) + " bytes (allowed 1.." +
                      std::to_string(kMaxPackedRkeyBytes) + ")");

@@ -50,10 +50,23 @@ bool TlsAllowsSockaddr(const std::string& tls) {
   return negated ? !has_tcp : has_tcp;
 }
 
+// How long a destroyed MemoryRegion lets peers' operations on it finish
+// before it force-closes their endpoints.
+constexpr std::chrono::milliseconds kRegionRevokeGrace{1000};
+
 class UcxMemoryRegion final : public MemoryRegion {
  public:
-  UcxMemoryRegion(std::span<std::byte> bytes, std::unique_ptr<UcpMemHandle> memh)
-      : bytes_(bytes), memh_(std::move(memh)) {}
+  UcxMemoryRegion(std::shared_ptr<UcxCore> core, std::span<std::byte> bytes,
+                  std::unique_ptr<UcpMemHandle> memh)
+      : core_(core), bytes_(bytes), memh_(std::move(memh)), owned_(new internal::OwnedRegion) {
+    owned_->base = bytes.data();
+    owned_->size = bytes.size();
+  }
+  ~UcxMemoryRegion() override {
+    // Peers may be placing into or sending from the region: revoke its
+    // grants and wait for them before the memory goes.
+    if (auto core = core_.lock()) core->RevokeRegion(owned_, kRegionRevokeGrace);
+  }
 
   std::span<std::byte> bytes() const override { return bytes_; }
   MemoryKind kind() const override { return MemoryKind::kHost; }
@@ -73,16 +86,21 @@ class UcxMemoryRegion final : public MemoryRegion {
       return Status::Internal("ucp_rkey_pack produced " + std::to_string(size) + " bytes");
     }
     ExportedRange r;
+    std::shared_ptr<UcxCore> core = core_.lock();
+    if (!core) return Status::Unavailable("the UCX transport was destroyed");
     r.kind = MemoryKind::kHost;
     r.address = reinterpret_cast<std::uint64_t>(bytes_.data()) + offset;
     r.length = length;
+    r.grant_id = core->GrantRange(owned_, offset, length);
     r.packed_rkey.assign(static_cast<const char*>(buffer), size);
     return EncodeExportedRange(r);
   }
 
  private:
+  const std::weak_ptr<UcxCore> core_;
   const std::span<std::byte> bytes_;
   const std::unique_ptr<UcpMemHandle> memh_;
+  const std::shared_ptr<internal::OwnedRegion> owned_;
 };
 
 class UcxRemoteRegion final : public RemoteRegion {
@@ -105,7 +123,7 @@ class UcxRemoteRegion final : public RemoteRegion {
 };
 
 // How long a destroyed Endpoint lets posted requests finish before it
-// force-closes (see the UCX 1.13.1 workaround in Close).
+// force-closes (see Close).
 constexpr std::chrono::milliseconds kDestructorGrace{1000};
 
 class UcxEndpoint final : public Endpoint {
@@ -127,7 +145,8 @@ class UcxEndpoint final : public Endpoint {
     StatusOr<std::shared_ptr<RkeyHolder>> holder =
         Status::Unavailable("the UCX transport was destroyed");
     core_->RunSync([&] {
-      holder = core_->UnpackRkey(state_, range.packed_rkey, range.address, range.length);
+      holder =
+          core_->UnpackRkey(state_, range.packed_rkey, range.address, range.length, range.grant_id);
     });
     if (!holder.ok()) return holder.status();
     return std::unique_ptr<RemoteRegion>(
@@ -185,7 +204,7 @@ class UcxEndpoint final : public Endpoint {
         auto waiter = std::make_shared<Waiter>();
         const bool ran = core_->RunSync([&] {
           state_->owner = nullptr;
-          core_->CloseEp(*state_, /*force=*/false, reason, waiter);
+          core_->CloseEp(*state_, /*force=*/false, /*by_user=*/true, reason, waiter);
         });
         if (!ran) return Status::OK();
         Status closed;
@@ -197,13 +216,12 @@ class UcxEndpoint final : public Endpoint {
       }
     }
     if (mode == CloseMode::kForce) {
-      // Workaround, UCX 1.13.1: force-closing while emulated gets (TCP, or
-      // shared memory on user memory) are in flight can abort the *peer*
-      // (ucp_get_req_handler: "Fatal: unexpected error: Endpoint timeout",
-      // or a failed-lane stub assertion) when it answers a get on the endpoint
-      // our close failed. So cancel what is not posted yet, give what UCX has
-      // posted until the deadline, and only then force-close (which completes
-      // the rest Cancelled).
+      // Cancel what is not posted yet and abandon owner-placed entries
+      // waiting for replies, give what UCX has posted until the deadline,
+      // and only then force-close (which completes the rest Cancelled). The
+      // grace keeps a peer from seeing half-sent payloads where it can be
+      // avoided; UCX's emulated get/put, whose forced close could abort the
+      // peer in UCX 1.13.1, are never used (see ucx_transport.h).
       std::vector<std::shared_ptr<BatchCompletion>> batches;
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -216,7 +234,7 @@ class UcxEndpoint final : public Endpoint {
     }
     core_->RunSync([&] {
       state_->owner = nullptr;
-      core_->CloseEp(*state_, /*force=*/true, reason, nullptr);
+      core_->CloseEp(*state_, /*force=*/true, /*by_user=*/true, reason, nullptr);
     });
     state_->SetFailure(reason);
     // Batches queued before the close ran before it (the queue is FIFO) and
@@ -264,6 +282,7 @@ class UcxEndpoint final : public Endpoint {
         }
         out->rkey = remote->holder();
         out->remote_address = remote->holder()->address + t.remote_offset;
+        out->remote_offset = t.remote_offset;
         return Status::OK();
       }
       case TransferOp::kSend:
@@ -309,7 +328,8 @@ class UcxTransport final : public transport::Transport {
     p.address = bytes.data();
     p.length = bytes.size();
     KVF_ASSIGN_OR_RETURN(auto memh, Map(p));
-    return std::unique_ptr<MemoryRegion>(std::make_unique<UcxMemoryRegion>(bytes, std::move(memh)));
+    return std::unique_ptr<MemoryRegion>(
+        std::make_unique<UcxMemoryRegion>(core_, bytes, std::move(memh)));
   }
 
   StatusOr<std::unique_ptr<MemoryRegion>> AllocateMemory(std::uint64_t size,
@@ -331,7 +351,8 @@ class UcxTransport final : public transport::Transport {
                               " bytes, asked for " + std::to_string(size));
     }
     std::span<std::byte> bytes(static_cast<std::byte*>(attr.address), size);
-    return std::unique_ptr<MemoryRegion>(std::make_unique<UcxMemoryRegion>(bytes, std::move(memh)));
+    return std::unique_ptr<MemoryRegion>(
+        std::make_unique<UcxMemoryRegion>(core_, bytes, std::move(memh)));
   }
 
   void SetMessageHandler(transport::MessageHandler handler) override {
@@ -355,17 +376,21 @@ class UcxTransport final : public transport::Transport {
     auto waiter = std::make_shared<Waiter>();
     StatusOr<std::shared_ptr<EpState>> state =
         Status::Unavailable("the UCX transport was destroyed");
-    core_->RunSync([&] { state = core_->Connect(address, waiter); });
+    std::unique_ptr<Endpoint> endpoint;
+    core_->RunSync([&] {
+      state = core_->Connect(address, waiter);
+      // The Endpoint exists as soon as the UCX endpoint does, so a message
+      // arriving before Connect returns can be answered.
+      if (state.ok()) endpoint = core_->MakeEndpoint(*state);
+    });
     if (!state.ok()) return state.status();
-    auto endpoint = std::make_unique<UcxEndpoint>(core_, *state);
     Status connected;
     if (!waiter->WaitUntil(deadline, &connected)) {
       return Status::DeadlineExceeded("connecting to " + address + " did not finish in time");
     }
     if (!connected.ok())
       return internal::AsUnavailable(connected.WithContext("connect " + address));
-    core_->RunSync([&] { (*state)->owner = endpoint.get(); });
-    return std::unique_ptr<Endpoint>(std::move(endpoint));
+    return endpoint;
   }
 
   UcxTestCounters counters() const { return core_->counters(); }

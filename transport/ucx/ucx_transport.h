@@ -13,55 +13,89 @@
 //   flight, and caps its sleeps while transfers run (active_poll_interval).
 //
 // How each transfer maps onto UCX
-//   kRead   ucp_get_nbx from the imported range into the local region.
-//   kWrite  ucp_put_nbx, then one ucp_ep_flush_nbx per batch after all of the
-//           batch's puts: a kWrite entry completes OK only when that flush
-//           completed, i.e. the bytes are in the peer's memory.
+//   kRead/kWrite take one of two paths, fixed per imported region when it is
+//   imported (the rule, RkeyHolder::one_sided in ucx_core.cc):
+//   - UCX's get/put, only where they are truly one-sided, so that the owner
+//     takes no part: the exported range maps into the importer
+//     (ucp_rkey_ptr succeeds: memory UCX allocated itself with
+//     UCP_MEM_MAP_ALLOCATE, a SysV/POSIX segment, reached over shared
+//     memory), or the transport list names RDMA transports (rc*, dc*, ib),
+//     whose RMA lanes are hardware one-sided on any registered memory (not
+//     testable here: no RDMA NIC). kRead is ucp_get_nbx; kWrite is
+//     ucp_put_nbx, then one ucp_ep_flush_nbx per batch after all of its
+//     puts: a kWrite entry completes OK only when that flush completed.
+//   - everywhere else (TCP; shared memory on caller memory), owner-placed
+//     active messages (transport/ucx/ucx_am_rma.h): kWrite sends the payload
+//     with a {grant, offset, length, id} header; the owner's progress thread
+//     bounds-checks it against the range it exported, places it (eager copy,
+//     or a rendezvous receive straight into its region) and acknowledges;
+//     the entry completes OK on the acknowledgement, i.e. once the bytes are
+//     in the owner's memory. kRead asks the owner, which replies with the
+//     bytes of its range (bounds-checked), received straight into the local
+//     destination. Why not UCX's emulated get/put there: they do not
+//     bounds-check, and UCX 1.13.1 aborts the memory *owner* ("Fatal:
+//     unexpected error: Endpoint timeout" in ucp_put_handler /
+//     ucp_get_req_handler) when its peer dies or force-closes with them in
+//     flight, so a crashed client could take a daemon down. Measured here,
+//     active messages are also faster on TCP (≈2-2.4 GB/s against ≈0.5-0.8
+//     for emulated get/put).
 //   kSend   ucp_am_send_nbx (UCP_AM_SEND_FLAG_REPLY) with the header and the
 //           payload from the local region. The receiver's MessageHandler gets
 //           an IncomingMessage; Accept copies eager data, or receives
 //           rendezvous data with ucp_am_recv_data_nbx directly into the chosen
 //           region; Drop releases it (a dropped rendezvous payload is never
 //           fetched; the sender's entry still completes OK).
-//   Entries complete with the Status of their UCX request (StatusFromUcs).
-//   Once the endpoint's peer failed every entry completes Unavailable.
+//   Entries complete with the Status of their UCX request (StatusFromUcs) or
+//   of the owner's reply. Once the endpoint's peer failed every entry
+//   completes Unavailable, including requests UCX purged as cancelled;
+//   Cancelled means this side cancelled the batch or closed the endpoint.
 //
 // Endpoints use UCP_ERR_HANDLING_MODE_PEER with an error callback: a peer that
-// dies or disconnects fails in-flight entries (UCX purges their requests) and
-// every later Submit with Unavailable; Endpoint::health() says so. Endpoints
+// dies or disconnects fails in-flight entries (UCX purges their requests;
+// owner-placed entries waiting for a reply fail with it) and every later
+// Submit with Unavailable; Endpoint::health() says so. Endpoints
 // are made through the sockaddr connection manager: Listen uses
-// ucp_listener_create, Connect uses ucp_ep_create with a peer address; both
-// sides flush a new endpoint before it is used (also the workaround for UCX
-// 1.13.1 hanging on an active message over 100 bytes sent right after accept
-// when the final lane is shared memory).
+// ucp_listener_create, Connect uses ucp_ep_create with a peer address. The
+// Endpoint object exists as soon as ucp_ep_create succeeded (an accepted one
+// is handed to the AcceptHandler at once), so IncomingMessage::endpoint() is
+// set for every message, even the first. Both sides flush a new endpoint
+// before its first send, holding back sends (batches, owner replies) until
+// the flush completed: the workaround for UCX 1.13.1 hanging on an active
+// message over 100 bytes sent right after accept when the final lane is
+// shared memory. Connect returns after that flush.
 //
 // Memory
 //   RegisterMemory maps caller memory (ucp_mem_map). AllocateMemory lets UCX
 //   allocate (UCP_MEM_MAP_ALLOCATE): on shared memory that is a SysV/posix
-//   segment the peer maps and copies truly one-sidedly; ordinary user memory
-//   gets get/put emulated with active messages, which needs the owner's
-//   progress thread (it always runs). Export packs a remote key
-//   (ucp_rkey_pack) in a versioned, checksummed encoding
-//   (transport/ucx/ucx_export.h) with the exported range. The importer checks
-//   every size when importing and bounds-checks every kRead/kWrite against the
-//   imported range before posting, because UCX's emulated paths do not. A
-//   remote key still covers the whole registration it was packed from: only
-//   export to trusted peers (see transport.h, "Security").
-//   kDevice memory is Unimplemented (Debian's UCX has no CUDA transports).
+//   segment the peer maps and copies truly one-sidedly. Export packs a remote
+//   key (ucp_rkey_pack) and a grant id in a versioned, checksummed encoding
+//   (transport/ucx/ucx_export.h) with the exported range. The grant id is a
+//   random 64-bit capability naming that range in the owner's table; the
+//   owner checks every owner-placed operation against the granted range
+//   itself and refuses the rest (InvalidArgument; NotFound once the region
+//   is destroyed, which revokes its grants and waits, up to a grace after
+//   which it force-closes their endpoints, for peers' operations on it to
+//   finish). The importer also checks every size when importing and
+//   bounds-checks every kRead/kWrite before posting. One-sided get/put are
+//   checked by the importer only and a remote key covers the whole
+//   registration it was packed from: export UCX-allocated shared memory and
+//   RDMA-registered memory to trusted peers only (see transport.h,
+//   "Security"). kDevice memory is Unimplemented (Debian's UCX has no CUDA
+//   transports).
 //
 // Cancellation and close
-//   TransferBatch::Cancel completes entries not yet posted with Cancelled and
-//   asks UCX to cancel posted ones (ucp_request_cancel); UCX cannot revoke a
-//   posted get/put/send, so those complete with their real outcome.
-//   Close(kForce, deadline) cancels every batch (entries not yet posted
-//   complete Cancelled, ucp_request_cancel on posted requests), lets posted
-//   requests finish until the deadline, then force-closes the endpoint
+//   TransferBatch::Cancel completes entries not yet posted with Cancelled,
+//   abandons owner-placed entries still waiting for the owner's reply
+//   (Cancelled; a late reply is dropped, never placed), and asks UCX to
+//   cancel posted requests (ucp_request_cancel). UCX cannot revoke every
+//   posted send or receive: an entry whose request still uses its local
+//   range completes when that request does, so the range is never reused
+//   under UCX.
+//   Close(kForce, deadline) cancels every batch as above, lets requests
+//   still posted finish until the deadline, then force-closes the endpoint
 //   (ucp_ep_close_nbx with UCP_EP_CLOSE_FLAG_FORCE), which completes what is
-//   left Cancelled. The grace is a workaround: UCX 1.13.1 can abort the
-//   *peer* process when an endpoint is force-closed with emulated gets in
-//   flight (ucp_get_req_handler answers on the failed endpoint: "Fatal:
-//   unexpected error"). Pass Clock::now() for an immediate close. Destroying
-//   an Endpoint is Close(kForce, now + 1 s).
+//   left Cancelled. Pass Clock::now() for an immediate close. Destroying an
+//   Endpoint is Close(kForce, now + 1 s).
 //   Close(kGraceful) waits for in-flight entries until the deadline, then
 //   closes with a flush (ucp_ep_close_nbx without FORCE); past the deadline it
 //   force-closes and returns DeadlineExceeded.
@@ -74,7 +108,9 @@
 //   As transport.h says: every method may be called from any thread;
 //   handlers run on the progress thread. REQUIRES: the transport is not
 //   destroyed from one of its own handlers, and a handler does not destroy a
-//   TransferBatch that is still in flight (that waits).
+//   TransferBatch that is still in flight (that waits). A MemoryRegion
+//   destroyed on a progress thread cannot wait for peers using it: it
+//   force-closes their endpoints at once.
 #ifndef KVFABRIC_TRANSPORT_UCX_UCX_TRANSPORT_H_
 #define KVFABRIC_TRANSPORT_UCX_UCX_TRANSPORT_H_
 
@@ -157,6 +193,10 @@ StatusOr<std::unique_ptr<transport::Transport>> CreateUcxTransport(
 struct UcxTestCounters {
   std::uint64_t eager_messages = 0;
   std::uint64_t rendezvous_messages = 0;
+  // kRead/kWrite entries posted as UCX get/put, and as owner-placed
+  // active messages (requester side).
+  std::uint64_t one_sided_transfers = 0;
+  std::uint64_t owner_placed_transfers = 0;
 };
 // REQUIRES: `t` was made by CreateUcxTransport.
 UcxTestCounters TEST_GetCounters(const transport::Transport& t);

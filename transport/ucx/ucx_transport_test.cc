@@ -354,7 +354,7 @@ TEST_P(UcxTransportTest, RejectsMalformedImports) {
   ASSERT_TRUE(good.ok());
   std::vector<std::string> bad = {"", "KVFU", good->substr(0, good->size() - 1), *good + "x"};
   std::string flipped = *good;
-  flipped[30] ^= 0x40;  // inside the packed key: the checksum catches it
+  flipped[40] ^= 0x40;  // inside the packed key: the checksum catches it
   bad.push_back(flipped);
   std::string version = *good;
   version[4] = 9;
@@ -472,6 +472,84 @@ TEST_P(UcxTransportTest, AllocatedRegionsWorkBothWays) {
                                                kMiB / 2, kMiB / 2)})
                   .ok());
   EXPECT_TRUE(Same((*server_region)->bytes(), (*client_region)->bytes()));
+}
+
+// The owner bounds-checks owner-placed kRead/kWrite itself: a peer that
+// forges a larger range into an export (the importer's own check then
+// passes) is refused by the owner, and nothing outside the grant moves.
+TEST_P(UcxTransportTest, OwnerRefusesAccessOutsideTheExportedRange) {
+  std::vector<std::byte> server_buf(8192), client_buf(8192, std::byte{7});
+  Fill(std::span(server_buf).subspan(4096), TestSeed("OwnerRefusesAccessOutsideTheExportedRange"));
+  const std::vector<std::byte> server_before = server_buf;
+  auto server_region = Register(*server_, server_buf);
+  auto client_region = Register(*client_, client_buf);
+  auto exported = server_region->Export(0, 4096);
+  ASSERT_TRUE(exported.ok());
+  auto range = DecodeExportedRange(*exported);
+  ASSERT_TRUE(range.ok());
+  range->length = 8192;  // forged: twice what was granted
+  auto remote = client_ep_->ImportRegion(EncodeExportedRange(*range));
+  ASSERT_TRUE(remote.ok()) << remote.status();
+
+  const Status wrote =
+      SubmitAndWait(*client_ep_, {Write(client_region.get(), 0, remote->get(), 0, 8192)});
+  EXPECT_TRUE(wrote.IsInvalidArgument()) << wrote;
+  EXPECT_EQ(server_buf, server_before);
+  const std::vector<std::byte> client_before = client_buf;
+  const Status read =
+      SubmitAndWait(*client_ep_, {Read(client_region.get(), 0, remote->get(), 4096, 4096)});
+  EXPECT_TRUE(read.IsInvalidArgument()) << read;
+  EXPECT_EQ(client_buf, client_before);
+  // Inside the grant the same import works.
+  ASSERT_TRUE(
+      SubmitAndWait(*client_ep_, {Write(client_region.get(), 0, remote->get(), 0, 4096)}).ok());
+  EXPECT_TRUE(Same(std::span(server_buf).subspan(0, 4096), std::span(client_buf).subspan(0, 4096)));
+}
+
+TEST_P(UcxTransportTest, DestroyedRegionRefusesLaterTransfers) {
+  std::vector<std::byte> server_buf(4096), client_buf(4096);
+  auto server_region = Register(*server_, server_buf);
+  auto client_region = Register(*client_, client_buf);
+  auto remote = Share(*server_region, *client_ep_);
+  ASSERT_NE(remote, nullptr);
+  server_region.reset();  // the owner revokes its grant
+  const Status read =
+      SubmitAndWait(*client_ep_, {Read(client_region.get(), 0, remote.get(), 0, 4096)});
+  EXPECT_TRUE(read.IsNotFound()) << read;
+  EXPECT_TRUE(client_ep_->health().ok()) << client_ep_->health();
+}
+
+// UCX's get/put only where they are truly one-sided: memory UCX allocated,
+// over shared memory. Everything else is placed by its owner.
+TEST_P(UcxTransportTest, UsesOneSidedRmaOnlyForUcxAllocatedSharedMemory) {
+  std::vector<std::byte> user_buf(kMiB), client_buf(kMiB);
+  auto user_region = Register(*server_, user_buf);
+  auto allocated = server_->AllocateMemory(kMiB, MemoryKind::kHost);
+  ASSERT_TRUE(allocated.ok()) << allocated.status();
+  auto client_region = Register(*client_, client_buf);
+  auto to_user = Share(*user_region, *client_ep_);
+  auto to_allocated = Share(**allocated, *client_ep_);
+  ASSERT_NE(to_user, nullptr);
+  ASSERT_NE(to_allocated, nullptr);
+
+  auto before = TEST_GetCounters(*client_);
+  ASSERT_TRUE(SubmitAndWait(*client_ep_, {Read(client_region.get(), 0, to_user.get(), 0, kMiB),
+                                          Write(client_region.get(), 0, to_user.get(), 0, kMiB)})
+                  .ok());
+  auto after = TEST_GetCounters(*client_);
+  EXPECT_EQ(after.owner_placed_transfers - before.owner_placed_transfers, 2u);
+  EXPECT_EQ(after.one_sided_transfers, before.one_sided_transfers);
+
+  before = after;
+  ASSERT_TRUE(
+      SubmitAndWait(*client_ep_, {Read(client_region.get(), 0, to_allocated.get(), 0, kMiB),
+                                  Write(client_region.get(), 0, to_allocated.get(), 0, kMiB)})
+          .ok());
+  after = TEST_GetCounters(*client_);
+  const bool shared_memory = GetParam() != "tcp";
+  EXPECT_EQ(after.one_sided_transfers - before.one_sided_transfers, shared_memory ? 2u : 0u);
+  EXPECT_EQ(after.owner_placed_transfers - before.owner_placed_transfers, shared_memory ? 0u : 2u);
+  EXPECT_TRUE(Same((*allocated)->bytes(), client_buf));
 }
 
 INSTANTIATE_TEST_SUITE_P(Tls, UcxTransportTest, ::testing::Values("tcp", "sm,self,tcp"),
