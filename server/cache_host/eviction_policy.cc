@@ -1,0 +1,195 @@
+#include "server/cache_host/eviction_policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <tuple>
+
+#include "core/units.h"
+
+namespace kvfabric::cache_host {
+namespace {
+
+std::string Fixed(double v, int digits) {
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+std::string Percent(std::uint64_t part, std::uint64_t whole) {
+  return Fixed(whole == 0 ? 0.0 : 100.0 * static_cast<double>(part) / whole, 1) + "%";
+}
+
+// Evicted-first order: score, then older access, then namespace, then key.
+struct Scored {
+  double score;
+  const EvictionCandidate* c;
+};
+bool EvictsBefore(const Scored& a, const Scored& b) {
+  return std::tie(a.score, a.c->last_access_us, a.c->ns, a.c->key) <
+         std::tie(b.score, b.c->last_access_us, b.c->ns, b.c->key);
+}
+
+}  // namespace
+
+std::string_view EvictionActionName(EvictionAction action) {
+  switch (action) {
+    case EvictionAction::kDropHostCopy:
+      return "drop-host-copy";
+    case EvictionAction::kDemote:
+      return "demote";
+    case EvictionAction::kEvict:
+      return "evict";
+  }
+  return "unknown";
+}
+
+std::string LruPolicy::ExplainScore(const EvictionCandidate& c) const {
+  return "lru: last access at " + std::to_string(c.last_access_us) + " us, " +
+         std::to_string(c.hit_count) + " hits";
+}
+
+bool LruPolicy::WorthDemoting(const EvictionCandidate&, std::string* why) const {
+  *why = "lru demotes every victim while an NVMe tier exists";
+  return true;
+}
+
+double CostAwarePolicy::Score(const EvictionCandidate& c) const {
+  const double saved =
+      RecomputeMicros(o_.recompute, c.tokens, static_cast<double>(c.token_offset)) -
+      FetchMicros(o_.host_fetch, static_cast<double>(c.bytes));
+  return saved / static_cast<double>(std::max<std::uint64_t>(c.resident_bytes, 1));
+}
+
+std::string CostAwarePolicy::ExplainScore(const EvictionCandidate& c) const {
+  const double per_mib = Score(c) * static_cast<double>(1 << 20);
+  return "cost-aware: value = (" + ExplainRecompute(o_.recompute, c.tokens, c.token_offset) +
+         " - " + ExplainFetch(o_.host_path, o_.host_fetch, c.bytes) + ") / resident " +
+         FormatBytesExact(c.resident_bytes) + " = " + FormatMicros(per_mib) +
+         " per MiB of residency";
+}
+
+bool CostAwarePolicy::WorthDemoting(const EvictionCandidate& c, std::string* why) const {
+  const double recompute =
+      RecomputeMicros(o_.recompute, c.tokens, static_cast<double>(c.token_offset));
+  const double from_nvme = FetchMicros(o_.nvme_fetch, static_cast<double>(c.bytes)) +
+                           FetchMicros(o_.host_fetch, static_cast<double>(c.bytes));
+  const bool worth = recompute > from_nvme;
+  *why = std::string(worth ? "demoted" : "dropped") + ": t_recompute " + FormatMicros(recompute) +
+         (worth ? " > " : " <= ") + "t_fetch(" +
+         std::string(BusPathArrowName(BusPath::kNvmeToHost)) + ") + t_fetch(" +
+         std::string(BusPathArrowName(o_.host_path)) + ") = " + FormatMicros(from_nvme);
+  return worth;
+}
+
+Status Watermarks::Validate() const {
+  if (!(low > 0 && low <= high && high <= 1)) {
+    return Status::InvalidArgument("--host-low-watermark=" + Fixed(low, 3) +
+                                   " and --host-high-watermark=" + Fixed(high, 3) +
+                                   ": need 0 < low <= high <= 1");
+  }
+  return Status::OK();
+}
+
+std::vector<EvictionDecision> PlanEviction(const EvictionPolicy& policy,
+                                           std::vector<EvictionCandidate> candidates,
+                                           const EvictionTrigger& t, std::uint64_t now_us) {
+  std::vector<EvictionDecision> out;
+  const std::uint64_t pages = t.pool_pages;
+  const auto high = static_cast<std::uint64_t>(std::floor(pages * t.watermarks.high));
+  const auto low = static_cast<std::uint64_t>(std::floor(pages * t.watermarks.low));
+  const std::uint64_t free = pages - std::min(pages, t.occupied_pages);
+  const bool over_high = t.occupied_pages > high;
+  const bool needs_room = t.pages_needed > free;
+  if (!over_high && !needs_room) return out;
+  const std::uint64_t target = std::min(low, pages - std::min(pages, t.pages_needed));
+  std::string trigger = "trigger: occupancy " + std::to_string(t.occupied_pages) + "/" +
+                        std::to_string(pages) + " pages (" + Percent(t.occupied_pages, pages) + ")";
+  if (over_high) {
+    trigger += " > high watermark " + std::to_string(high) + " pages";
+  }
+  if (needs_room) {
+    trigger += (over_high ? "; " : " ") + std::string("request needs ") +
+               std::to_string(t.pages_needed) + " pages, " + std::to_string(free) + " free";
+  }
+  trigger += "; target <= " + std::to_string(target) + " pages = min(low watermark " +
+             std::to_string(low) + ", pages - needed)";
+
+  std::uint64_t occupied = t.occupied_pages;
+  for (std::uint32_t step = 1; step <= 2 && occupied > target; ++step) {
+    std::vector<Scored> heap;
+    for (const EvictionCandidate& c : candidates) {
+      const bool wanted = step == 1 ? c.tier == BlockTier::kBoth : c.tier == BlockTier::kHost;
+      if (wanted) heap.push_back({policy.Score(c), &c});
+    }
+    // A min-heap by EvictsBefore: O(n) to build, O(log n) per victim taken.
+    auto after = [](const Scored& a, const Scored& b) { return EvictsBefore(b, a); };
+    std::make_heap(heap.begin(), heap.end(), after);
+    const std::uint64_t in_step = heap.size();
+    std::uint64_t rank = 0;
+    while (occupied > target && !heap.empty()) {
+      std::pop_heap(heap.begin(), heap.end(), after);
+      const Scored s = heap.back();
+      heap.pop_back();
+      const EvictionCandidate& c = *s.c;
+      EvictionDecision d;
+      d.time_us = now_us;
+      d.ns = c.ns;
+      d.key = c.key;
+      d.step = step;
+      d.rank = ++rank;
+      d.candidates = in_step;
+      d.pages = c.pages;
+      d.score = s.score;
+      std::string why;
+      if (step == 1) {
+        d.action = EvictionAction::kDropHostCopy;
+        why = "the NVMe copy remains";
+      } else if (t.nvme_enabled && policy.WorthDemoting(c, &why)) {
+        d.action = EvictionAction::kDemote;
+      } else {
+        d.action = EvictionAction::kEvict;
+        if (!t.nvme_enabled) why = "no NVMe tier";
+      }
+      d.explanation = std::string(EvictionActionName(d.action)) + " " + c.key.ToHex() + " (" +
+                      std::to_string(c.pages) + " pages): step " + std::to_string(step) +
+                      (step == 1 ? " (host copies of blocks on NVMe)" : " (host-only blocks)") +
+                      ", rank " + std::to_string(rank) + " of " + std::to_string(in_step) + " by " +
+                      policy.ExplainScore(c) + "; " + trigger + "; " + why;
+      occupied -= std::min(occupied, c.pages);
+      out.push_back(std::move(d));
+    }
+  }
+  return out;
+}
+
+void DecisionLog::Record(EvictionDecision decision) {
+  std::lock_guard<std::mutex> lock(mu_);
+  decision.sequence = next_sequence_++;
+  ++counts_[static_cast<int>(decision.action) & 3];
+  if (ring_.size() == capacity_) ring_.pop_front();
+  ring_.push_back(std::move(decision));
+}
+
+std::vector<EvictionDecision> DecisionLog::Find(NamespaceId ns, const BlockKey& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<EvictionDecision> out;
+  for (auto it = ring_.rbegin(); it != ring_.rend(); ++it) {
+    if (it->ns == ns && it->key == key) out.push_back(*it);
+  }
+  return out;
+}
+
+std::vector<EvictionDecision> DecisionLog::Recent(std::size_t n) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<EvictionDecision> out;
+  for (auto it = ring_.rbegin(); it != ring_.rend() && out.size() < n; ++it) out.push_back(*it);
+  return out;
+}
+
+std::uint64_t DecisionLog::Count(EvictionAction action) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counts_[static_cast<int>(action) & 3];
+}
+
+}  // namespace kvfabric::cache_host

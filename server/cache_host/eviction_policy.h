@@ -1,0 +1,201 @@
+// Eviction and demotion of host-pool blocks: which blocks leave the pool, in
+// what order, and why (ARCHITECTURE.md §3.5).
+//
+// An EvictionPolicy only scores blocks; PlanEviction turns scores into
+// decisions; the LeaseTable applies them (it alone knows which pages are leased
+// or reserved, and hands PlanEviction only blocks that are neither: a leased,
+// reserved or demoting page is never a candidate).
+//
+// Two policies:
+//   LruPolicy        score = last access time (µs); the least recently used
+//                    block goes first.
+//   CostAwarePolicy  (the default) score = value per byte of residency:
+//                      value = (t_recompute(n, p) - t_fetch(host path, bytes))
+//                              / resident bytes                    [µs per byte]
+//                    with n = tokens the block covers, p = its token offset in
+//                    its context, resident bytes = pages x page bytes, and the
+//                    bus cost model's formulas (core/bus_cost_model.h). The
+//                    block whose host copy saves least per byte goes first.
+//                    A victim is demoted to NVMe only while that copy is still
+//                    worth keeping: t_recompute > t_fetch(nvme→host) +
+//                    t_fetch(host path); otherwise it is dropped.
+// Ties on score break by older last access, then lower namespace id, then
+// lower key, so a plan is a pure function of its inputs.
+//
+// PlanEviction runs when occupancy (pages not free, less pages already being
+// demoted) is above the high watermark, or when a request needs more pages
+// than are free; it takes victims until occupancy is at most
+// min(low watermark, pages - pages needed). The order is fixed and counted:
+//   step 1: host copies of blocks already on NVMe (tier both): dropped, no I/O
+//           and no loss (kDropHostCopy);
+//   step 2: host-only blocks: demoted (kDemote) when an NVMe tier is
+//           configured and the policy says the copy is worth it, else evicted
+//           (kEvict).
+// Within a step, victims go in policy order.
+//
+// Every decision carries one line saying why, with the formula and its
+// numbers; the DecisionLog keeps the most recent ones for `kvfabric explain`.
+//
+// Thread safety: policies are immutable after construction and may be used
+// from any thread; PlanEviction is a pure function; DecisionLog is internally
+// synchronised.
+#ifndef KVFABRIC_SERVER_CACHE_HOST_EVICTION_POLICY_H_
+#define KVFABRIC_SERVER_CACHE_HOST_EVICTION_POLICY_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/block_key.h"
+#include "core/bus_cost_model.h"
+#include "core/status.h"
+#include "server/cache_host/block_index.h"
+#include "server/cache_host/block_location.h"
+
+namespace kvfabric::cache_host {
+
+// A block the policy may choose: committed, in the host pool, not pinned by a
+// read lease, not being demoted.
+struct EvictionCandidate {
+  NamespaceId ns = 0;
+  BlockKey key;
+  BlockTier tier = BlockTier::kHost;  // kHost or kBoth
+  std::uint64_t bytes = 0;            // payload bytes
+  std::uint64_t pages = 0;            // host pages it holds
+  std::uint64_t resident_bytes = 0;   // pages x page bytes
+  std::uint32_t tokens = 0;
+  std::uint64_t token_offset = 0;
+  std::uint64_t last_access_us = 0;
+  std::uint64_t hit_count = 0;
+};
+
+class EvictionPolicy {
+ public:
+  virtual ~EvictionPolicy() = default;
+  // "lru", "cost-aware".
+  virtual std::string_view name() const = 0;
+  // Lower scores leave first.
+  virtual double Score(const EvictionCandidate& c) const = 0;
+  // The score's formula with its numbers filled in.
+  virtual std::string ExplainScore(const EvictionCandidate& c) const = 0;
+  // Whether a host-only victim should be copied to NVMe rather than dropped
+  // (when an NVMe tier exists). Sets *why to the reason with its numbers.
+  virtual bool WorthDemoting(const EvictionCandidate& c, std::string* why) const = 0;
+};
+
+class LruPolicy final : public EvictionPolicy {
+ public:
+  std::string_view name() const override { return "lru"; }
+  double Score(const EvictionCandidate& c) const override {
+    return static_cast<double>(c.last_access_us);
+  }
+  std::string ExplainScore(const EvictionCandidate& c) const override;
+  // Always true: LRU keeps every block it can.
+  bool WorthDemoting(const EvictionCandidate& c, std::string* why) const override;
+};
+
+struct CostAwareOptions {
+  // The path a client reads a host-pool block over (remote daemon -> client
+  // host; kLocalMemcpy for a daemon on the client's node).
+  BusPath host_path = BusPath::kRemoteHostToLocalHost;
+  PathParameters host_fetch;
+  // NVMe -> host staging read, for the demotion decision.
+  PathParameters nvme_fetch;
+  RecomputeParameters recompute;
+};
+
+class CostAwarePolicy final : public EvictionPolicy {
+ public:
+  // REQUIRES: both beta_bytes_per_s > 0.
+  explicit CostAwarePolicy(CostAwareOptions options) : o_(options) {}
+  std::string_view name() const override { return "cost-aware"; }
+  double Score(const EvictionCandidate& c) const override;
+  std::string ExplainScore(const EvictionCandidate& c) const override;
+  bool WorthDemoting(const EvictionCandidate& c, std::string* why) const override;
+
+ private:
+  const CostAwareOptions o_;
+};
+
+// Occupancy thresholds, fractions of the pool's pages.
+struct Watermarks {
+  // --host-high-watermark. Default 0.90: above it eviction runs; the pages
+  // above it are the reserve kept free for in-flight writes.
+  double high = 0.90;
+  // --host-low-watermark. Default 0.80: eviction stops at or below it. The gap
+  // to `high` sets how much one pass frees (fewer, larger passes).
+  double low = 0.80;
+  // InvalidArgument unless 0 < low <= high <= 1 (names the flags).
+  Status Validate() const;
+};
+
+struct EvictionTrigger {
+  std::uint64_t pool_pages = 0;
+  std::uint64_t occupied_pages = 0;  // not free, less pages already being demoted
+  std::uint64_t pages_needed = 0;    // a request waiting for room; 0 for a background pass
+  Watermarks watermarks;
+  bool nvme_enabled = false;
+};
+
+// Numbered explicitly: metric labels and explain output.
+enum class EvictionAction : std::uint8_t {
+  kDropHostCopy = 1,  // step 1: the NVMe copy remains
+  kDemote = 2,        // step 2: copy to NVMe, then free the host pages
+  kEvict = 3,         // step 2: dropped from the cache
+};
+
+// "drop-host-copy", "demote", "evict".
+std::string_view EvictionActionName(EvictionAction action);
+
+struct EvictionDecision {
+  std::uint64_t sequence = 0;  // set by DecisionLog::Record
+  std::uint64_t time_us = 0;
+  NamespaceId ns = 0;
+  std::string tenant;  // filled in by whoever knows it (the lease table)
+  BlockKey key;
+  EvictionAction action = EvictionAction::kEvict;
+  std::uint32_t step = 0;        // 1 or 2
+  std::uint64_t rank = 0;        // 1-based position in the step's order
+  std::uint64_t candidates = 0;  // candidates in the step
+  std::uint64_t pages = 0;
+  double score = 0;
+  // One line: action, step, rank, policy formula, trigger, demotion reason.
+  std::string explanation;
+};
+
+// Chooses victims from `candidates` as described above. Returns nothing when
+// no trigger holds. May return fewer pages than needed when candidates run out
+// (the rest are leased, reserved or demoting): the caller refuses the write.
+std::vector<EvictionDecision> PlanEviction(const EvictionPolicy& policy,
+                                           std::vector<EvictionCandidate> candidates,
+                                           const EvictionTrigger& trigger, std::uint64_t now_us);
+
+// Recent decisions, newest last, at most `capacity`; older ones are dropped.
+// Counts every decision ever recorded by action.
+class DecisionLog {
+ public:
+  // --eviction-log-capacity. REQUIRES: capacity > 0.
+  explicit DecisionLog(std::size_t capacity = 4096) : capacity_(capacity) {}
+
+  void Record(EvictionDecision decision);
+  // Decisions about (ns, key) still in the log, newest first.
+  std::vector<EvictionDecision> Find(NamespaceId ns, const BlockKey& key) const;
+  // The newest `n` decisions, newest first.
+  std::vector<EvictionDecision> Recent(std::size_t n) const;
+  std::uint64_t Count(EvictionAction action) const;
+
+ private:
+  const std::size_t capacity_;
+  mutable std::mutex mu_;
+  std::deque<EvictionDecision> ring_;  // GUARDED_BY(mu_)
+  std::uint64_t next_sequence_ = 1;    // GUARDED_BY(mu_)
+  std::uint64_t counts_[4] = {};       // GUARDED_BY(mu_); indexed by EvictionAction
+};
+
+}  // namespace kvfabric::cache_host
+
+#endif  // KVFABRIC_SERVER_CACHE_HOST_EVICTION_POLICY_H_

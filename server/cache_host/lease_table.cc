@@ -1,0 +1,511 @@
+#include "server/cache_host/lease_table.h"
+
+#include <cstdio>
+#include <utility>
+
+#include "core/block_format.h"
+#include "core/units.h"
+
+namespace kvfabric::cache_host {
+namespace {
+
+std::string Hex32(std::uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "0x%08x", v);
+  return buf;
+}
+
+}  // namespace
+
+LeaseTable::LeaseTable(HostPagePool* pool, MicrosClock clock, LeaseTableOptions options)
+    : pool_(pool),
+      clock_(std::move(clock)),
+      options_(options),
+      decisions_(options.decision_log_capacity),
+      index_(options.index) {}
+
+Status LeaseTable::CheckTtl(std::uint64_t ttl_us) const {
+  if (ttl_us == 0 || ttl_us > options_.max_ttl_us) {
+    return Status::InvalidArgument("TTL " + std::to_string(ttl_us) + " us: must be in (0, " +
+                                   std::to_string(options_.max_ttl_us) + "] us (--max-lease-ttl)");
+  }
+  return Status::OK();
+}
+
+StatusOr<WriteReservation> LeaseTable::Reserve(const Namespace& ns, const BlockKey& key,
+                                               const BlockMeta& meta, std::uint64_t ttl_us) {
+  if (meta.bytes == 0 || meta.bytes > kMaxBlockPayloadBytes) {
+    return Status::InvalidArgument("block of " + std::to_string(meta.bytes) +
+                                   " bytes: must be in (0, " + FormatBytes(kMaxBlockPayloadBytes) +
+                                   "]");
+  }
+  KVF_RETURN_IF_ERROR(CheckTtl(ttl_us));
+  const std::uint64_t now = clock_();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reservations_.size() >= options_.max_reservations) {
+    return Status::ResourceExhausted(std::to_string(reservations_.size()) +
+                                     " reservations in flight, the limit (--max-reservations)");
+  }
+  KVF_ASSIGN_OR_RETURN(const NamespaceId id, index_.InternNamespace(ns));
+  if (const BlockEntry* e = index_.Find(id, key); e != nullptr) {
+    ++c_.already_exists;
+    return Status::AlreadyExists("block " + key.ToHex() + " is already committed (tier " +
+                                 BlockTierName(e->tier) + ")");
+  }
+  if (auto it = reserved_keys_.find({id, key}); it != reserved_keys_.end()) {
+    ++c_.already_exists;
+    const Reservation& r = reservations_.at(it->second);
+    return Status::AlreadyExists("block " + key.ToHex() + " is reserved by another writer (until " +
+                                 std::to_string(r.expires_at_us) + " us)");
+  }
+  const std::uint64_t pages = pool_->PagesFor(meta.bytes);
+  const std::uint64_t resident = pages * pool_->page_bytes();
+  if (Status s = index_.CheckQuota(id, resident); !s.ok()) {
+    ++c_.quota_refusals;
+    return s;
+  }
+  auto runs = pool_->Allocate(pages, PageState::kReserved);
+  if (!runs.ok()) {
+    ++c_.pool_refusals;
+    return runs.status().WithContext("reserve " + FormatBytesExact(meta.bytes) + " for block " +
+                                     key.ToHex());
+  }
+  const std::uint64_t rid = next_id_++;
+  const std::uint64_t expires = now + ttl_us;
+  reservations_.emplace(rid, Reservation{id, key, meta, *runs, resident, expires});
+  reserved_keys_.emplace(SlotKey{id, key}, rid);
+  reservation_expiry_.emplace(expires, rid);
+  index_.ChargeReserved(id, static_cast<std::int64_t>(resident));
+  ++c_.reservations;
+  return WriteReservation{rid, *runs, expires};
+}
+
+void LeaseTable::DropReservationLocked(std::uint64_t id, bool free_pages) {
+  auto it = reservations_.find(id);
+  if (it == reservations_.end()) return;
+  const Reservation& r = it->second;
+  if (free_pages) {
+    // Reserved pages are never pinned, so this cannot fail.
+    pool_->Free(r.pages).IgnoreError();
+  }
+  index_.ChargeReserved(r.ns, -static_cast<std::int64_t>(r.resident_bytes));
+  reserved_keys_.erase({r.ns, r.key});
+  reservation_expiry_.erase({r.expires_at_us, id});
+  reservations_.erase(it);
+}
+
+Status LeaseTable::Commit(std::uint64_t reservation_id, std::uint32_t crc32c) {
+  PageRuns pages;
+  std::uint64_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = reservations_.find(reservation_id);
+    if (it == reservations_.end()) {
+      return Status::NotFound("reservation " + std::to_string(reservation_id) +
+                              " is unknown or expired");
+    }
+    if (it->second.committing) {
+      return Status::FailedPrecondition("reservation " + std::to_string(reservation_id) +
+                                        " is being committed already");
+    }
+    if (it->second.writes_in_flight > 0) {
+      return Status::FailedPrecondition("reservation " + std::to_string(reservation_id) +
+                                        " still has a write in flight; commit after it lands");
+    }
+    it->second.committing = true;  // ExpireUntil leaves it alone from here on
+    pages = it->second.pages;
+    bytes = it->second.meta.bytes;
+  }
+  // The CRC of up to 64 MiB runs without the mutex; the pages stay reserved.
+  const std::uint32_t computed = pool_->Crc32c(pages, bytes);
+
+  std::lock_guard<std::mutex> lock(mu_);
+  Reservation& r = reservations_.at(reservation_id);
+  if (computed != crc32c) {
+    ++c_.crc_failures;
+    const std::string key = r.key.ToHex();
+    DropReservationLocked(reservation_id, /*free_pages=*/true);
+    return Status::DataLoss("commit of block " + key + " (reservation " +
+                            std::to_string(reservation_id) + "): payload CRC mismatch: declared " +
+                            Hex32(crc32c) + " computed " + Hex32(computed) + " over " +
+                            std::to_string(bytes) + " bytes; pages returned, nothing published");
+  }
+  KVF_RETURN_IF_ERROR(pool_->Transition(r.pages, PageState::kReserved, PageState::kCommitted));
+  BlockEntry e;
+  e.ns = r.ns;
+  e.key = r.key;
+  e.meta = r.meta;
+  e.crc32c = computed;
+  e.tier = BlockTier::kHost;
+  e.host_pages = r.pages;
+  e.host_resident_bytes = r.resident_bytes;
+  e.committed_us = clock_();
+  e.last_access_us = e.committed_us;
+  // Cannot collide: reserved_keys_ kept every other writer of this key out.
+  KVF_RETURN_IF_ERROR(index_.Publish(std::move(e)));
+  DropReservationLocked(reservation_id, /*free_pages=*/false);
+  ++c_.commits;
+  return Status::OK();
+}
+
+Status LeaseTable::Abort(std::uint64_t reservation_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reservations_.find(reservation_id);
+  if (it == reservations_.end()) {
+    return Status::NotFound("reservation " + std::to_string(reservation_id) +
+                            " is unknown or expired");
+  }
+  if (it->second.committing || it->second.writes_in_flight > 0) {
+    return Status::FailedPrecondition("reservation " + std::to_string(reservation_id) +
+                                      " has a write or commit in flight");
+  }
+  DropReservationLocked(reservation_id, /*free_pages=*/true);
+  ++c_.aborts;
+  return Status::OK();
+}
+
+Status LeaseTable::BeginWrite(std::uint64_t reservation_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reservations_.find(reservation_id);
+  if (it == reservations_.end()) {
+    return Status::NotFound("reservation " + std::to_string(reservation_id) +
+                            " is unknown or expired");
+  }
+  if (it->second.committing) {
+    return Status::FailedPrecondition("reservation " + std::to_string(reservation_id) +
+                                      " is being committed");
+  }
+  ++it->second.writes_in_flight;
+  return Status::OK();
+}
+
+Status LeaseTable::EndWrite(std::uint64_t reservation_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reservations_.find(reservation_id);
+  if (it == reservations_.end()) {
+    return Status::NotFound("reservation " + std::to_string(reservation_id) + " is unknown");
+  }
+  if (it->second.writes_in_flight == 0) {
+    return Status::FailedPrecondition("EndWrite without BeginWrite on reservation " +
+                                      std::to_string(reservation_id));
+  }
+  --it->second.writes_in_flight;
+  return Status::OK();
+}
+
+StatusOr<ReadLease> LeaseTable::Lease(const Namespace& ns, std::span<const BlockKey> keys,
+                                      std::uint64_t ttl_us) {
+  KVF_RETURN_IF_ERROR(CheckTtl(ttl_us));
+  if (keys.size() > options_.max_keys_per_lease) {
+    return Status::InvalidArgument(std::to_string(keys.size()) + " keys in one lease, more than " +
+                                   std::to_string(options_.max_keys_per_lease) +
+                                   " (--max-keys-per-lease)");
+  }
+  const std::uint64_t now = clock_();
+  ReadLease out;
+  out.blocks.resize(keys.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  if (leases_.size() >= options_.max_leases) {
+    return Status::ResourceExhausted(std::to_string(leases_.size()) +
+                                     " leases held, the limit (--max-leases)");
+  }
+  const std::optional<NamespaceId> id = index_.FindNamespace(ns);
+  LeaseState state;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    LeasedBlock& b = out.blocks[i];
+    b.key = keys[i];
+    BlockEntry* e = id.has_value() ? index_.FindMutable(*id, keys[i]) : nullptr;
+    if (e == nullptr) {
+      b.outcome = LeaseOutcome::kMissing;
+      ++c_.misses;
+      continue;
+    }
+    if (!InHost(e->tier)) {
+      b.outcome = LeaseOutcome::kNvmeOnly;
+      ++c_.nvme_only;
+      continue;
+    }
+    // Committed pages of an indexed block are never free, so Pin succeeds; if
+    // it did not, undo this call's pins rather than leak them.
+    if (Status s = pool_->Pin(e->host_pages); !s.ok()) {
+      for (const PinnedBlock& p : state.blocks) {
+        pool_->Unpin(p.pages).IgnoreError();  // pinned just above
+        --index_.FindMutable(*id, p.key)->read_pins;
+      }
+      return Status::Internal("lease of " + keys[i].ToHex() + ": " + s.ToString());
+    }
+    ++e->read_pins;
+    ++e->hit_count;
+    e->last_access_us = now;
+    ++c_.hits;
+    b.outcome = LeaseOutcome::kLeased;
+    b.pages = e->host_pages;
+    b.bytes = e->meta.bytes;
+    b.crc32c = e->crc32c;
+    b.representation = e->meta.representation;
+    state.blocks.push_back({keys[i], e->host_pages});
+  }
+  if (!state.blocks.empty()) {
+    out.id = next_id_++;
+    out.expires_at_us = now + ttl_us;
+    state.ns = *id;
+    state.expires_at_us = out.expires_at_us;
+    leases_.emplace(out.id, std::move(state));
+    lease_expiry_.emplace(out.expires_at_us, out.id);
+    ++c_.leases;
+  }
+  return out;
+}
+
+void LeaseTable::ReleaseLocked(std::uint64_t id) {
+  auto it = leases_.find(id);
+  if (it == leases_.end()) return;
+  LeaseState& l = it->second;
+  for (const PinnedBlock& b : l.blocks) {
+    // Pinned blocks cannot be deleted, evicted or demoted away, so the entry
+    // and its pins are still there.
+    pool_->Unpin(b.pages).IgnoreError();
+    if (BlockEntry* e = index_.FindMutable(l.ns, b.key); e != nullptr && e->read_pins > 0) {
+      --e->read_pins;
+    }
+  }
+  lease_expiry_.erase({l.expires_at_us, id});
+  leases_.erase(it);
+}
+
+Status LeaseTable::Release(std::uint64_t lease_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || it->second.released) {
+    return Status::NotFound("lease " + std::to_string(lease_id) + " is unknown or expired");
+  }
+  ++c_.releases;
+  if (it->second.reads_in_flight > 0) {
+    it->second.released = true;  // EndRead releases it
+    return Status::OK();
+  }
+  ReleaseLocked(lease_id);
+  return Status::OK();
+}
+
+Status LeaseTable::BeginRead(std::uint64_t lease_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || it->second.released) {
+    return Status::NotFound("lease " + std::to_string(lease_id) + " is unknown or expired");
+  }
+  ++it->second.reads_in_flight;
+  return Status::OK();
+}
+
+Status LeaseTable::EndRead(std::uint64_t lease_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    return Status::NotFound("lease " + std::to_string(lease_id) + " is unknown");
+  }
+  if (it->second.reads_in_flight == 0) {
+    return Status::FailedPrecondition("EndRead without BeginRead on lease " +
+                                      std::to_string(lease_id));
+  }
+  if (--it->second.reads_in_flight == 0 && it->second.released) ReleaseLocked(lease_id);
+  return Status::OK();
+}
+
+StatusOr<std::uint64_t> LeaseTable::Renew(std::uint64_t lease_id, std::uint64_t ttl_us) {
+  KVF_RETURN_IF_ERROR(CheckTtl(ttl_us));
+  const std::uint64_t now = clock_();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || it->second.released) {
+    return Status::NotFound("lease " + std::to_string(lease_id) + " is unknown or expired");
+  }
+  lease_expiry_.erase({it->second.expires_at_us, lease_id});
+  it->second.expires_at_us = now + ttl_us;
+  lease_expiry_.emplace(it->second.expires_at_us, lease_id);
+  ++c_.renewals;
+  return it->second.expires_at_us;
+}
+
+ExpiryCounts LeaseTable::ExpireUntil(std::uint64_t now_us) {
+  ExpiryCounts out;
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::uint64_t> ids;
+  for (const auto& [expires, id] : reservation_expiry_) {
+    if (expires > now_us) break;
+    const Reservation& r = reservations_.at(id);
+    // In use: expired once the write or commit ends (see "Transfers").
+    if (!r.committing && r.writes_in_flight == 0) ids.push_back(id);
+  }
+  for (std::uint64_t id : ids) DropReservationLocked(id, /*free_pages=*/true);
+  out.reservations = ids.size();
+  ids.clear();
+  for (const auto& [expires, id] : lease_expiry_) {
+    if (expires > now_us) break;
+    if (leases_.at(id).reads_in_flight == 0) ids.push_back(id);
+  }
+  for (std::uint64_t id : ids) ReleaseLocked(id);
+  out.leases = ids.size();
+  c_.reservations_expired += out.reservations;
+  c_.leases_expired += out.leases;
+  return out;
+}
+
+StatusOr<BlockEntry> LeaseTable::Lookup(const Namespace& ns, const BlockKey& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::optional<NamespaceId> id = index_.FindNamespace(ns);
+  const BlockEntry* e = id.has_value() ? index_.Find(*id, key) : nullptr;
+  if (e == nullptr) return Status::NotFound("block " + key.ToHex() + " is not cached");
+  return *e;
+}
+
+StatusOr<BlockEntry> LeaseTable::Delete(const Namespace& ns, const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::optional<NamespaceId> id = index_.FindNamespace(ns);
+  const BlockEntry* e = id.has_value() ? index_.Find(*id, key) : nullptr;
+  if (e == nullptr) return Status::NotFound("block " + key.ToHex() + " is not cached");
+  if (e->read_pins > 0 || e->demoting) {
+    return Status::FailedPrecondition(
+        "block " + key.ToHex() + " is " +
+        (e->demoting ? std::string("being demoted")
+                     : "leased by " + std::to_string(e->read_pins) + " leases") +
+        "; delete it after they are released or expire");
+  }
+  if (InHost(e->tier)) KVF_RETURN_IF_ERROR(pool_->Free(e->host_pages));
+  ++c_.deletes;
+  return index_.Remove(*id, key);
+}
+
+Status LeaseTable::SetQuota(const Namespace& ns, std::uint64_t quota_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return index_.SetQuota(ns, quota_bytes);
+}
+
+StatusOr<NamespaceUsage> LeaseTable::Usage(const Namespace& ns) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::optional<NamespaceId> id = index_.FindNamespace(ns);
+  if (!id.has_value()) return Status::NotFound("namespace \"" + ns.tenant + "\" is unknown");
+  return index_.Usage(*id);
+}
+
+StatusOr<EvictionPassResult> LeaseTable::MakeRoom(const EvictionPolicy& policy,
+                                                  const EvictionRequest& req) {
+  KVF_RETURN_IF_ERROR(req.watermarks.Validate());
+  const std::uint64_t now = clock_();
+  EvictionPassResult out;
+  std::lock_guard<std::mutex> lock(mu_);
+  std::optional<NamespaceId> scope;
+  if (req.scope.has_value()) {
+    scope = index_.FindNamespace(*req.scope);
+    if (!scope.has_value()) return out;  // a namespace with no blocks has nothing to give
+  }
+  std::vector<EvictionCandidate> candidates;
+  index_.ForEach(scope, [&](const BlockEntry& e) {
+    if (!InHost(e.tier) || e.read_pins > 0 || e.demoting) return;
+    candidates.push_back(EvictionCandidate{
+        .ns = e.ns,
+        .key = e.key,
+        .tier = e.tier,
+        .bytes = e.meta.bytes,
+        .pages = e.host_pages.TotalPages(),
+        .resident_bytes = e.host_resident_bytes,
+        .tokens = e.meta.tokens,
+        .token_offset = e.meta.token_offset,
+        .last_access_us = e.last_access_us,
+        .hit_count = e.hit_count,
+    });
+  });
+  const PagePoolCounts counts = pool_->Counts();
+  EvictionTrigger trigger;
+  trigger.pool_pages = counts.pages;
+  trigger.occupied_pages =
+      counts.pages - counts.free - std::min(counts.pages - counts.free, c_.pages_demoting);
+  trigger.pages_needed = req.pages_needed;
+  trigger.watermarks = req.watermarks;
+  trigger.nvme_enabled = req.nvme_enabled;
+  out.decisions = PlanEviction(policy, std::move(candidates), trigger, now);
+
+  for (EvictionDecision& d : out.decisions) {
+    BlockEntry* e = index_.FindMutable(d.ns, d.key);
+    const PageRuns pages = e->host_pages;
+    switch (d.action) {
+      case EvictionAction::kDropHostCopy:
+        KVF_RETURN_IF_ERROR(pool_->Free(pages));
+        KVF_RETURN_IF_ERROR(index_.ReplaceLocation(d.ns, d.key, BlockTier::kNvme, {}, 0, e->nvme));
+        out.pages_freed += pages.TotalPages();
+        ++c_.dropped_host_copies;
+        break;
+      case EvictionAction::kEvict:
+        KVF_RETURN_IF_ERROR(pool_->Free(pages));
+        KVF_RETURN_IF_ERROR(index_.Remove(d.ns, d.key).status());
+        out.pages_freed += pages.TotalPages();
+        ++c_.evictions;
+        break;
+      case EvictionAction::kDemote:
+        KVF_RETURN_IF_ERROR(pool_->Pin(pages));
+        e->demoting = true;
+        c_.pages_demoting += pages.TotalPages();
+        out.demotions.push_back({d.ns, d.key, pages, e->meta, e->crc32c});
+        ++c_.demotions_started;
+        break;
+    }
+    d.tenant = index_.Usage(d.ns).tenant;
+    decisions_.Record(d);
+  }
+  return out;
+}
+
+Status LeaseTable::CompleteDemotion(NamespaceId ns, const BlockKey& key,
+                                    const NvmeLocation& location) {
+  std::lock_guard<std::mutex> lock(mu_);
+  BlockEntry* e = ns < index_.namespace_count() ? index_.FindMutable(ns, key) : nullptr;
+  if (e == nullptr || !e->demoting) {
+    return Status::FailedPrecondition("block " + key.ToHex() + " has no demotion in flight");
+  }
+  const PageRuns pages = e->host_pages;
+  KVF_RETURN_IF_ERROR(pool_->Unpin(pages));
+  e->demoting = false;
+  c_.pages_demoting -= pages.TotalPages();
+  ++c_.demotions_completed;
+  if (e->read_pins > 0) {
+    // A reader leased it meanwhile: keep the host copy; a later pass drops it
+    // (step 1) once the lease is gone.
+    return index_.ReplaceLocation(ns, key, BlockTier::kBoth, pages, e->host_resident_bytes,
+                                  location);
+  }
+  KVF_RETURN_IF_ERROR(pool_->Free(pages));
+  return index_.ReplaceLocation(ns, key, BlockTier::kNvme, {}, 0, location);
+}
+
+Status LeaseTable::AbortDemotion(NamespaceId ns, const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  BlockEntry* e = ns < index_.namespace_count() ? index_.FindMutable(ns, key) : nullptr;
+  if (e == nullptr || !e->demoting) {
+    return Status::FailedPrecondition("block " + key.ToHex() + " has no demotion in flight");
+  }
+  KVF_RETURN_IF_ERROR(pool_->Unpin(e->host_pages));
+  e->demoting = false;
+  c_.pages_demoting -= e->host_pages.TotalPages();
+  ++c_.demotions_aborted;
+  return Status::OK();
+}
+
+std::vector<EvictionDecision> LeaseTable::Explain(const Namespace& ns, const BlockKey& key) const {
+  std::optional<NamespaceId> id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = index_.FindNamespace(ns);
+  }
+  if (!id.has_value()) return {};
+  return decisions_.Find(*id, key);
+}
+
+LeaseTableCounters LeaseTable::Counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  LeaseTableCounters c = c_;
+  c.active_reservations = reservations_.size();
+  c.active_leases = leases_.size();
+  return c;
+}
+
+}  // namespace kvfabric::cache_host

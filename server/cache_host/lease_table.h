@@ -1,0 +1,307 @@
+// LeaseTable: the cache host's state machine for blocks in the host pool:
+// write reservations, commits, read leases, expiry, deletion, and applying
+// eviction and demotion decisions. It owns the BlockIndex and borrows the
+// HostPagePool.
+//
+// Write path.
+//   Reserve(ns, key, meta, ttl) takes ceil(bytes / page) pages in state
+//     reserved and returns a reservation id with those pages; the payload then
+//     arrives through the transport into exactly those pages. First reserver
+//     wins: AlreadyExists if the key is committed (in any tier) or reserved by
+//     another writer. Reserve never evicts. When the pool cannot hold the block
+//     it returns ResourceExhausted with the page counts; the caller (the
+//     daemon) then runs MakeRoom with its policy, scoped to the requesting
+//     namespace, and retries once; demotions return their pages only when the
+//     NVMe tier calls CompleteDemotion, so that retry may still fail and the
+//     client sees ResourceExhausted. A namespace over its quota is refused
+//     with ResourceExhausted naming the quota.
+//   Commit(id, crc) computes the CRC32C of the reserved pages (outside the
+//     mutex; the reservation is marked committing so expiry skips it) and
+//     publishes the block atomically if it matches. On a mismatch it returns
+//     DataLoss, frees the pages and publishes nothing.
+//   A reservation not committed by its expiry is removed by ExpireUntil and
+//     its pages return to the pool.
+// Read path.
+//   Lease(ns, keys, ttl) pins the host pages of every key of `ns` that is in
+//     the host pool and reports each key's outcome (leased, missing, or only on
+//     NVMe, which needs staging first). Pinned pages are neither evicted,
+//     demoted nor freed (the pool itself refuses to free a pinned page) until
+//     Release or expiry. Renew moves the expiry.
+// Transfers. Expiry must never recycle pages a transfer is still touching (a
+//   stalled client's late payload would land in another block; a late push
+//   would send another block's bytes). So the daemon brackets every transfer
+//   into a reservation's pages with BeginWrite/EndWrite, and every transfer
+//   out of leased pages with BeginRead/EndRead. A reservation or lease with a
+//   transfer in flight is not expired until the transfer ends (the transport
+//   completes every transfer, failing it if the peer dies, so this is bounded);
+//   Commit and Abort refuse while a write is in flight; Release while a read
+//   is in flight takes effect when the last read ends.
+// Expiry is driven by the caller's clock: ExpireUntil(now) drops every
+//   reservation and lease whose expiry is <= now, and counts them. The daemon
+//   calls it periodically; tests call it with chosen times.
+// Eviction. MakeRoom gathers candidates (committed host-resident blocks with
+//   no read pin and no demotion in flight, in the given namespace scope),
+//   asks PlanEviction (eviction_policy.h) for decisions, applies them and
+//   records each in the DecisionLog. A demotion pins the pages and is returned
+//   as a DemotionOrder; the NVMe tier writes them and calls CompleteDemotion
+//   (host pages freed, tier NVMe) or AbortDemotion.
+//
+// Limits (LeaseTableOptions) bound every request: TTLs, keys per lease, live
+// reservations and leases, so no request makes the table grow without bound.
+//
+// Thread safety: every method may be called from any thread. One mutex guards
+// the table and the index; the pool has its own (lock order: table, then
+// pool). Commit's CRC runs without the mutex. Nothing here blocks on I/O.
+#ifndef KVFABRIC_SERVER_CACHE_HOST_LEASE_TABLE_H_
+#define KVFABRIC_SERVER_CACHE_HOST_LEASE_TABLE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/block_key.h"
+#include "core/status.h"
+#include "core/statusor.h"
+#include "server/cache_host/block_index.h"
+#include "server/cache_host/block_location.h"
+#include "server/cache_host/eviction_policy.h"
+#include "server/cache_host/host_page_pool.h"
+
+namespace kvfabric::cache_host {
+
+// Microseconds on a monotonic clock (Env::NowMicros in the daemon; a fake in
+// tests).
+using MicrosClock = std::function<std::uint64_t()>;
+
+struct LeaseTableOptions {
+  // Longest TTL a reservation or lease may ask for (--max-lease-ttl). Default
+  // 60 s: long enough for a 64 MiB block over a slow link, short enough that a
+  // vanished client's pages come back within a minute.
+  std::uint64_t max_ttl_us = 60'000'000;
+  // Most keys in one Lease call (--max-keys-per-lease). Default 4096 (a
+  // 65,536-token history at 16 tokens per block).
+  std::uint32_t max_keys_per_lease = 4096;
+  // Most live reservations and leases (--max-reservations, --max-leases).
+  // Default 65,536 each; beyond them requests get ResourceExhausted.
+  std::uint32_t max_reservations = 65536;
+  std::uint32_t max_leases = 65536;
+  BlockIndexOptions index;
+  // Recent eviction decisions kept for explain (--eviction-log-capacity).
+  std::size_t decision_log_capacity = 4096;
+};
+
+struct WriteReservation {
+  std::uint64_t id = 0;
+  PageRuns pages;
+  std::uint64_t expires_at_us = 0;
+};
+
+enum class LeaseOutcome : std::uint8_t {
+  kLeased = 1,    // pages pinned; `pages` is valid
+  kMissing = 2,   // not in this namespace
+  kNvmeOnly = 3,  // on NVMe only: stage it into the pool first
+};
+
+struct LeasedBlock {
+  BlockKey key;
+  LeaseOutcome outcome = LeaseOutcome::kMissing;
+  PageRuns pages;
+  std::uint64_t bytes = 0;
+  std::uint32_t crc32c = 0;
+  BlockRepresentation representation = BlockRepresentation::kExact;
+};
+
+struct ReadLease {
+  std::uint64_t id = 0;  // 0 when no key was leased (nothing to release)
+  std::uint64_t expires_at_us = 0;
+  std::vector<LeasedBlock> blocks;  // one per requested key, in order
+};
+
+struct ExpiryCounts {
+  std::uint64_t reservations = 0;
+  std::uint64_t leases = 0;
+};
+
+// A host -> NVMe copy the tier must perform. The pages stay pinned until
+// CompleteDemotion or AbortDemotion.
+struct DemotionOrder {
+  NamespaceId ns = 0;
+  BlockKey key;
+  PageRuns pages;
+  BlockMeta meta;
+  std::uint32_t crc32c = 0;
+};
+
+struct EvictionRequest {
+  Watermarks watermarks;
+  bool nvme_enabled = false;
+  // Set for a pass on behalf of one namespace's request: only its blocks are
+  // candidates. Unset for the background pass over every namespace.
+  std::optional<Namespace> scope;
+  std::uint64_t pages_needed = 0;
+};
+
+struct EvictionPassResult {
+  std::vector<EvictionDecision> decisions;
+  std::vector<DemotionOrder> demotions;
+  std::uint64_t pages_freed = 0;  // by drops and evictions, now
+};
+
+// Counters since creation and current gauges, a snapshot for metrics.
+struct LeaseTableCounters {
+  std::uint64_t reservations = 0;
+  std::uint64_t already_exists = 0;
+  std::uint64_t quota_refusals = 0;
+  std::uint64_t pool_refusals = 0;
+  std::uint64_t commits = 0;
+  std::uint64_t crc_failures = 0;
+  std::uint64_t aborts = 0;
+  std::uint64_t reservations_expired = 0;
+  std::uint64_t leases = 0;
+  std::uint64_t hits = 0;
+  std::uint64_t misses = 0;
+  std::uint64_t nvme_only = 0;
+  std::uint64_t releases = 0;
+  std::uint64_t renewals = 0;
+  std::uint64_t leases_expired = 0;
+  std::uint64_t deletes = 0;
+  std::uint64_t dropped_host_copies = 0;
+  std::uint64_t evictions = 0;
+  std::uint64_t demotions_started = 0;
+  std::uint64_t demotions_completed = 0;
+  std::uint64_t demotions_aborted = 0;
+  std::uint64_t active_reservations = 0;
+  std::uint64_t active_leases = 0;
+  std::uint64_t pages_demoting = 0;
+};
+
+class LeaseTable {
+ public:
+  // REQUIRES: pool outlives the table; clock is callable from any thread.
+  LeaseTable(HostPagePool* pool, MicrosClock clock, LeaseTableOptions options = {});
+  LeaseTable(const LeaseTable&) = delete;
+  LeaseTable& operator=(const LeaseTable&) = delete;
+
+  // ---- Write path ----
+  // See the class comment. InvalidArgument for a TTL of 0 or above
+  // max_ttl_us, or bytes of 0 or above kMaxBlockPayloadBytes.
+  StatusOr<WriteReservation> Reserve(const Namespace& ns, const BlockKey& key,
+                                     const BlockMeta& meta, std::uint64_t ttl_us);
+  // NotFound for an unknown or expired reservation; FailedPrecondition while
+  // another Commit of it runs; DataLoss on a CRC mismatch (pages freed).
+  Status Commit(std::uint64_t reservation_id, std::uint32_t crc32c);
+  // Gives a reservation up; its pages return. NotFound if unknown;
+  // FailedPrecondition while a write or Commit is in flight.
+  Status Abort(std::uint64_t reservation_id);
+  // Brackets one transfer into the reservation's pages (see "Transfers").
+  // BeginWrite: NotFound if unknown or expired, FailedPrecondition while
+  // committing. EndWrite: NotFound if unknown, FailedPrecondition without a
+  // matching BeginWrite.
+  Status BeginWrite(std::uint64_t reservation_id);
+  Status EndWrite(std::uint64_t reservation_id);
+
+  // ---- Read path ----
+  // InvalidArgument for a bad TTL or more than max_keys_per_lease keys.
+  StatusOr<ReadLease> Lease(const Namespace& ns, std::span<const BlockKey> keys,
+                            std::uint64_t ttl_us);
+  // NotFound for an unknown or expired lease.
+  Status Release(std::uint64_t lease_id);
+  // Returns the new expiry. NotFound for an unknown or expired lease.
+  StatusOr<std::uint64_t> Renew(std::uint64_t lease_id, std::uint64_t ttl_us);
+  // Brackets one transfer out of the lease's pages (see "Transfers").
+  // BeginRead: NotFound if unknown, expired or released. EndRead: NotFound if
+  // unknown, FailedPrecondition without a matching BeginRead.
+  Status BeginRead(std::uint64_t lease_id);
+  Status EndRead(std::uint64_t lease_id);
+
+  // Drops what expired at or before `now_us`.
+  ExpiryCounts ExpireUntil(std::uint64_t now_us);
+
+  // ---- Other ----
+  // The entry of (ns, key), without leasing it. NotFound if absent.
+  StatusOr<BlockEntry> Lookup(const Namespace& ns, const BlockKey& key) const;
+  // Removes (ns, key) and frees its host pages; returns the removed entry (its
+  // NVMe location, if any, is the tier's to drop). NotFound if absent;
+  // FailedPrecondition while it is leased or being demoted.
+  StatusOr<BlockEntry> Delete(const Namespace& ns, const BlockKey& key);
+  Status SetQuota(const Namespace& ns, std::uint64_t quota_bytes);
+  // NotFound for a namespace never seen.
+  StatusOr<NamespaceUsage> Usage(const Namespace& ns) const;
+
+  // ---- Eviction ----
+  StatusOr<EvictionPassResult> MakeRoom(const EvictionPolicy& policy, const EvictionRequest& req);
+  // The tier wrote the block: frees its host pages, tier becomes NVMe.
+  Status CompleteDemotion(NamespaceId ns, const BlockKey& key, const NvmeLocation& location);
+  // The tier gave up: the pages are unpinned and stay in the host pool.
+  Status AbortDemotion(NamespaceId ns, const BlockKey& key);
+  // Why (ns, key) left the pool, newest first (`kvfabric explain`).
+  std::vector<EvictionDecision> Explain(const Namespace& ns, const BlockKey& key) const;
+  const DecisionLog& decisions() const { return decisions_; }
+
+  LeaseTableCounters Counters() const;
+
+ private:
+  struct Reservation {
+    NamespaceId ns;
+    BlockKey key;
+    BlockMeta meta;
+    PageRuns pages;
+    std::uint64_t resident_bytes;
+    std::uint64_t expires_at_us;
+    bool committing = false;
+    std::uint32_t writes_in_flight = 0;
+  };
+  struct PinnedBlock {
+    BlockKey key;
+    PageRuns pages;
+  };
+  struct LeaseState {
+    NamespaceId ns;
+    std::uint64_t expires_at_us;
+    std::vector<PinnedBlock> blocks;
+    std::uint32_t reads_in_flight = 0;
+    bool released = false;  // Release came while reads were in flight
+  };
+  struct SlotKey {
+    NamespaceId ns;
+    BlockKey key;
+    friend bool operator==(const SlotKey&, const SlotKey&) = default;
+  };
+  struct SlotKeyHash {
+    std::size_t operator()(const SlotKey& s) const noexcept {
+      return BlockKey::Hash()(s.key) ^ (std::size_t{s.ns} * 0x9e3779b97f4a7c15ull);
+    }
+  };
+
+  Status CheckTtl(std::uint64_t ttl_us) const;
+  void DropReservationLocked(std::uint64_t id, bool free_pages);
+  void ReleaseLocked(std::uint64_t id);
+
+  HostPagePool* const pool_;
+  const MicrosClock clock_;
+  const LeaseTableOptions options_;
+  DecisionLog decisions_;
+
+  mutable std::mutex mu_;
+  BlockIndex index_;                                                       // GUARDED_BY(mu_)
+  std::uint64_t next_id_ = 1;                                              // GUARDED_BY(mu_)
+  std::unordered_map<std::uint64_t, Reservation> reservations_;            // GUARDED_BY(mu_)
+  std::unordered_map<SlotKey, std::uint64_t, SlotKeyHash> reserved_keys_;  // GUARDED_BY(mu_)
+  std::unordered_map<std::uint64_t, LeaseState> leases_;                   // GUARDED_BY(mu_)
+  // (expiry, id) of reservations and of leases, for ExpireUntil.
+  std::set<std::pair<std::uint64_t, std::uint64_t>> reservation_expiry_;  // GUARDED_BY(mu_)
+  std::set<std::pair<std::uint64_t, std::uint64_t>> lease_expiry_;        // GUARDED_BY(mu_)
+  LeaseTableCounters c_;                                                  // GUARDED_BY(mu_)
+};
+
+}  // namespace kvfabric::cache_host
+
+#endif  // KVFABRIC_SERVER_CACHE_HOST_LEASE_TABLE_H_

@@ -1,0 +1,467 @@
+#include "server/cache_host/lease_table.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/crc32c.h"
+#include "core/testing/test_seed.h"
+
+namespace kvfabric::cache_host {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr std::uint64_t kPage = 4096;
+constexpr std::uint64_t kTtl = 1'000'000;
+
+BlockKey KeyOf(std::uint32_t k) {
+  BlockKey::Bytes bytes{};
+  bytes[0] = static_cast<std::uint8_t>(k);
+  bytes[1] = static_cast<std::uint8_t>(k >> 8);
+  return BlockKey(bytes);
+}
+
+BlockMeta Meta(std::uint64_t bytes, std::uint64_t token_offset = 0) {
+  BlockMeta m;
+  m.bytes = bytes;
+  m.tokens = 16;
+  m.token_offset = token_offset;
+  return m;
+}
+
+class LeaseTableTest : public ::testing::Test {
+ protected:
+  void MakeTable(std::uint64_t pages, LeaseTableOptions options = {}) {
+    auto memory = AllocateAnonymousPoolMemory(pages * kPage, false);
+    ASSERT_TRUE(memory.ok());
+    auto pool = HostPagePool::Create({pages * kPage, kPage, LockMode::kOff}, *std::move(memory));
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = *std::move(pool);
+    table_ = std::make_unique<LeaseTable>(
+        pool_.get(), [this] { return now_.load(); }, options);
+  }
+
+  // Reserves, fills with a pattern derived from `seed`, commits.
+  void Put(const Namespace& ns, std::uint32_t k, std::uint64_t bytes, std::uint64_t offset = 0) {
+    auto r = table_->Reserve(ns, KeyOf(k), Meta(bytes, offset), kTtl);
+    ASSERT_TRUE(r.ok()) << r.status();
+    std::vector<std::byte> data(bytes);
+    for (std::size_t i = 0; i < bytes; ++i) data[i] = std::byte((i * 31 + k) & 0xff);
+    pool_->CopyIn(r->pages, data);
+    ASSERT_TRUE(table_->Commit(r->id, crc32c::Value(data)).ok());
+  }
+
+  std::atomic<std::uint64_t> now_{1000};
+  std::unique_ptr<HostPagePool> pool_;
+  std::unique_ptr<LeaseTable> table_;
+  const Namespace a_{"tenant-a"};
+  const Namespace b_{"tenant-b"};
+  LruPolicy lru_;
+};
+
+TEST_F(LeaseTableTest, CommittedBlockIsLeasedWithItsPagesAndCrc) {
+  MakeTable(16);
+  Put(a_, 1, 3 * kPage + 5);
+  const BlockKey keys[] = {KeyOf(1), KeyOf(2)};
+  auto lease = table_->Lease(a_, keys, kTtl);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_NE(lease->id, 0u);
+  ASSERT_EQ(lease->blocks.size(), 2u);
+  const LeasedBlock& b = lease->blocks[0];
+  EXPECT_EQ(b.outcome, LeaseOutcome::kLeased);
+  EXPECT_EQ(b.pages.TotalPages(), 4u);
+  EXPECT_EQ(pool_->Crc32c(b.pages, b.bytes), b.crc32c);
+  EXPECT_EQ(lease->blocks[1].outcome, LeaseOutcome::kMissing);
+  EXPECT_EQ(pool_->Counts().leased, 4u);
+  ASSERT_TRUE(table_->Release(lease->id).ok());
+  EXPECT_EQ(pool_->Counts().leased, 0u);
+  EXPECT_TRUE(table_->Release(lease->id).IsNotFound());
+  const auto c = table_->Counters();
+  EXPECT_EQ(c.hits, 1u);
+  EXPECT_EQ(c.misses, 1u);
+}
+
+TEST_F(LeaseTableTest, SecondWriterOfAKeyGetsAlreadyExists) {
+  MakeTable(16);
+  auto first = table_->Reserve(a_, KeyOf(1), Meta(kPage), kTtl);
+  ASSERT_TRUE(first.ok());
+  auto second = table_->Reserve(a_, KeyOf(1), Meta(kPage), kTtl);
+  ASSERT_EQ(second.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("reserved by another writer"));
+  // Another namespace's key space is separate.
+  EXPECT_TRUE(table_->Reserve(b_, KeyOf(1), Meta(kPage), kTtl).ok());
+  std::vector<std::byte> zero(kPage);
+  pool_->CopyIn(first->pages, zero);
+  ASSERT_TRUE(table_->Commit(first->id, crc32c::Value(zero)).ok());
+  auto third = table_->Reserve(a_, KeyOf(1), Meta(kPage), kTtl);
+  EXPECT_EQ(third.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(third.status().message()), HasSubstr("already committed"));
+}
+
+TEST_F(LeaseTableTest, ConcurrentWritersOfOneKeyExactlyOneWins) {
+  std::mt19937_64 rng(TestSeed("LeaseTableTest.ConcurrentWritersOfOneKeyExactlyOneWins"));
+  MakeTable(256);
+  constexpr int kThreads = 8;
+  constexpr int kKeys = 64;
+  std::atomic<int> wins{0}, already{0}, other{0};
+  std::vector<std::uint64_t> seeds(kThreads);
+  for (auto& s : seeds) s = rng();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 local(seeds[t]);
+      for (int k = 0; k < kKeys; ++k) {
+        auto r = table_->Reserve(a_, KeyOf(k), Meta(kPage + k), kTtl);
+        if (!r.ok()) {
+          (r.status().code() == StatusCode::kAlreadyExists ? already : other)++;
+          continue;
+        }
+        std::vector<std::byte> data(kPage + k);
+        for (auto& byte : data) byte = std::byte(local() & 0xff);
+        pool_->CopyIn(r->pages, data);
+        if (table_->Commit(r->id, crc32c::Value(data)).ok())
+          wins++;
+        else
+          other++;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wins.load(), kKeys);
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_EQ(already.load(), kKeys * (kThreads - 1));
+  // Every published block verifies: no writer overwrote another's pages.
+  for (int k = 0; k < kKeys; ++k) {
+    auto e = table_->Lookup(a_, KeyOf(k));
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ(pool_->Crc32c(e->host_pages, e->meta.bytes), e->crc32c);
+  }
+  EXPECT_EQ(pool_->Counts().committed, 1 + (kKeys - 1) * 2u);  // key 0 fits one page
+  EXPECT_EQ(pool_->Counts().reserved, 0u);
+}
+
+TEST_F(LeaseTableTest, CrcMismatchAtCommitReturnsPagesAndPublishesNothing) {
+  MakeTable(8);
+  auto r = table_->Reserve(a_, KeyOf(1), Meta(2 * kPage), kTtl);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(pool_->Counts().free, 6u);
+  std::vector<std::byte> data(2 * kPage, std::byte{7});
+  pool_->CopyIn(r->pages, data);
+  const std::uint32_t good = crc32c::Value(data);
+  const Status s = table_->Commit(r->id, good ^ 1);
+  ASSERT_TRUE(s.IsDataLoss()) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("payload CRC mismatch"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("nothing published"));
+  EXPECT_EQ(pool_->Counts().free, 8u);
+  EXPECT_TRUE(table_->Lookup(a_, KeyOf(1)).status().IsNotFound());
+  EXPECT_TRUE(table_->Commit(r->id, good).IsNotFound());
+  EXPECT_EQ(table_->Counters().crc_failures, 1u);
+  EXPECT_EQ(table_->Usage(a_)->reserved_bytes, 0u);
+  // The key is free for a correct writer.
+  Put(a_, 1, 2 * kPage);
+}
+
+TEST_F(LeaseTableTest, ExpiredReservationReturnsItsPages) {
+  MakeTable(8);
+  auto r = table_->Reserve(a_, KeyOf(1), Meta(3 * kPage), 500);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->expires_at_us, 1500u);
+  EXPECT_EQ(table_->ExpireUntil(1499).reservations, 0u);
+  EXPECT_EQ(pool_->Counts().reserved, 3u);
+  EXPECT_EQ(table_->ExpireUntil(1500).reservations, 1u);
+  EXPECT_EQ(pool_->Counts().reserved, 0u);
+  EXPECT_EQ(pool_->Counts().free, 8u);
+  EXPECT_TRUE(table_->Commit(r->id, 0).IsNotFound());
+  EXPECT_EQ(table_->Counters().reservations_expired, 1u);
+  EXPECT_TRUE(table_->Reserve(a_, KeyOf(1), Meta(kPage), kTtl).ok());  // key free again
+}
+
+TEST_F(LeaseTableTest, ReservationWithAWriteInFlightOutlivesItsTtl) {
+  MakeTable(4);
+  auto r = table_->Reserve(a_, KeyOf(1), Meta(kPage), 100);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(table_->BeginWrite(r->id).ok());
+  EXPECT_EQ(table_->ExpireUntil(5000).reservations, 0u);  // the payload is still landing
+  EXPECT_EQ(pool_->Counts().reserved, 1u);
+  EXPECT_EQ(table_->Commit(r->id, 0).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(table_->Abort(r->id).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(table_->EndWrite(r->id).ok());
+  EXPECT_EQ(table_->EndWrite(r->id).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(table_->ExpireUntil(5000).reservations, 1u);
+  EXPECT_EQ(pool_->Counts().free, 4u);
+  EXPECT_TRUE(table_->BeginWrite(r->id).IsNotFound());
+}
+
+TEST_F(LeaseTableTest, LeaseWithAReadInFlightOutlivesItsTtlAndRelease) {
+  MakeTable(4);
+  Put(a_, 1, kPage);
+  const BlockKey keys[] = {KeyOf(1)};
+  auto lease = table_->Lease(a_, keys, 100);
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(table_->BeginRead(lease->id).ok());
+  EXPECT_EQ(table_->ExpireUntil(5000).leases, 0u);
+  ASSERT_TRUE(table_->Release(lease->id).ok());  // deferred to EndRead
+  EXPECT_EQ(pool_->Counts().leased, 1u);
+  EXPECT_TRUE(table_->BeginRead(lease->id).IsNotFound());
+  EXPECT_EQ(table_->Delete(a_, KeyOf(1)).status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(table_->EndRead(lease->id).ok());
+  EXPECT_EQ(pool_->Counts().leased, 0u);
+  EXPECT_TRUE(table_->Delete(a_, KeyOf(1)).ok());
+}
+
+TEST_F(LeaseTableTest, LeasedPagesAreNeverEvictedUntilReleased) {
+  MakeTable(10);
+  for (std::uint32_t k = 0; k < 10; ++k) {
+    now_ = 1000 + k;
+    Put(a_, k, kPage);
+  }
+  // Lease the least recently used block, which LRU would evict first.
+  const BlockKey oldest[] = {KeyOf(0)};
+  now_ = 999;  // the lease touches it: keep it the oldest
+  auto lease = table_->Lease(a_, oldest, kTtl);
+  ASSERT_TRUE(lease.ok());
+  EvictionRequest req;  // 10/10 > high 9 -> down to 8
+  auto pass = table_->MakeRoom(lru_, req);
+  ASSERT_TRUE(pass.ok()) << pass.status();
+  ASSERT_EQ(pass->decisions.size(), 2u);
+  for (const auto& d : pass->decisions) EXPECT_NE(d.key, KeyOf(0));
+  EXPECT_EQ(pass->decisions[0].key, KeyOf(1));
+  EXPECT_TRUE(table_->Lookup(a_, KeyOf(0)).ok());
+  EXPECT_EQ(table_->Delete(a_, KeyOf(0)).status().code(), StatusCode::kFailedPrecondition);
+  // Even the pool refuses to recycle a leased page.
+  EXPECT_EQ(pool_->Free(lease->blocks[0].pages).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(table_->Release(lease->id).ok());
+  EXPECT_TRUE(table_->Delete(a_, KeyOf(0)).ok());
+}
+
+TEST_F(LeaseTableTest, ExpiredLeaseUnpinsItsPages) {
+  MakeTable(4);
+  Put(a_, 1, kPage);
+  const BlockKey keys[] = {KeyOf(1)};
+  auto lease = table_->Lease(a_, keys, 100);
+  ASSERT_TRUE(lease.ok());
+  auto renewed = table_->Renew(lease->id, 200);
+  ASSERT_TRUE(renewed.ok());
+  EXPECT_EQ(*renewed, 1200u);
+  EXPECT_EQ(table_->ExpireUntil(1100).leases, 0u);  // the renewal moved it
+  EXPECT_EQ(pool_->Counts().leased, 1u);
+  EXPECT_EQ(table_->ExpireUntil(1200).leases, 1u);
+  EXPECT_EQ(pool_->Counts().leased, 0u);
+  EXPECT_TRUE(table_->Release(lease->id).IsNotFound());
+  EXPECT_TRUE(table_->Delete(a_, KeyOf(1)).ok());
+  EXPECT_EQ(table_->Counters().leases_expired, 1u);
+}
+
+TEST_F(LeaseTableTest, FullPoolRefusesWithAMessageAndKeepsServingReads) {
+  MakeTable(4);
+  Put(a_, 1, 2 * kPage);
+  Put(a_, 2, 2 * kPage);
+  auto r = table_->Reserve(a_, KeyOf(3), Meta(kPage), kTtl);
+  ASSERT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("need 1 pages, 0 of 4 free"));
+  const BlockKey keys[] = {KeyOf(1)};
+  auto lease = table_->Lease(a_, keys, kTtl);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->blocks[0].outcome, LeaseOutcome::kLeased);
+  // The caller makes room for its namespace and retries: block 2 goes (1 is leased).
+  EvictionRequest req;
+  req.scope = a_;
+  req.pages_needed = 1;
+  auto pass = table_->MakeRoom(lru_, req);
+  ASSERT_TRUE(pass.ok());
+  ASSERT_EQ(pass->decisions.size(), 1u);
+  EXPECT_EQ(pass->decisions[0].key, KeyOf(2));
+  EXPECT_TRUE(table_->Reserve(a_, KeyOf(3), Meta(kPage), kTtl).ok());
+}
+
+TEST_F(LeaseTableTest, NamespacesNeverSeeLeaseOrEvictEachOther) {
+  MakeTable(8);
+  Put(a_, 1, kPage);
+  Put(a_, 2, kPage);
+  Put(b_, 9, kPage);
+  const BlockKey a_keys[] = {KeyOf(1)};
+  auto lease = table_->Lease(b_, a_keys, kTtl);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->id, 0u);  // nothing pinned
+  EXPECT_EQ(lease->blocks[0].outcome, LeaseOutcome::kMissing);
+  EXPECT_TRUE(table_->Lookup(b_, KeyOf(1)).status().IsNotFound());
+  EXPECT_TRUE(table_->Delete(b_, KeyOf(1)).status().IsNotFound());
+  EXPECT_TRUE(table_->Lease(Namespace{"never-seen"}, a_keys, kTtl).ok());
+  // b needs the whole pool: a pass scoped to b only takes b's block.
+  EvictionRequest req;
+  req.scope = b_;
+  req.pages_needed = 8;
+  auto pass = table_->MakeRoom(lru_, req);
+  ASSERT_TRUE(pass.ok());
+  ASSERT_EQ(pass->decisions.size(), 1u);
+  EXPECT_EQ(pass->decisions[0].key, KeyOf(9));
+  EXPECT_EQ(pass->decisions[0].tenant, "tenant-b");
+  EXPECT_TRUE(table_->Lookup(a_, KeyOf(1)).ok());
+  EXPECT_TRUE(table_->Lookup(a_, KeyOf(2)).ok());
+}
+
+TEST_F(LeaseTableTest, QuotaRefusesOnlyTheNamespaceOverIt) {
+  MakeTable(16);
+  ASSERT_TRUE(table_->SetQuota(a_, 2 * kPage).ok());
+  Put(a_, 1, kPage);
+  auto reserved = table_->Reserve(a_, KeyOf(2), Meta(kPage), kTtl);
+  ASSERT_TRUE(reserved.ok());
+  auto refused = table_->Reserve(a_, KeyOf(3), Meta(1), kTtl);
+  ASSERT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("quota of namespace \"tenant-a\""));
+  EXPECT_EQ(table_->Counters().quota_refusals, 1u);
+  Put(b_, 3, 4 * kPage);  // b has no quota
+  EXPECT_EQ(table_->Usage(a_)->host_bytes, kPage);
+  EXPECT_EQ(table_->Usage(a_)->reserved_bytes, kPage);
+}
+
+TEST_F(LeaseTableTest, DemotionPinsPagesUntilTheTierCompletes) {
+  MakeTable(10);
+  for (std::uint32_t k = 0; k < 10; ++k) {
+    now_ = 1000 + k;
+    Put(a_, k, kPage);
+  }
+  EvictionRequest req;
+  req.nvme_enabled = true;
+  auto pass = table_->MakeRoom(lru_, req);
+  ASSERT_TRUE(pass.ok());
+  ASSERT_EQ(pass->demotions.size(), 2u);
+  EXPECT_EQ(pass->pages_freed, 0u);
+  const DemotionOrder& order = pass->demotions[0];
+  EXPECT_EQ(pool_->PinCount(order.pages.runs[0].first), 1u);
+  EXPECT_EQ(table_->Delete(a_, order.key).status().code(), StatusCode::kFailedPrecondition);
+  // A second pass does not demote the same blocks again nor over-demote.
+  auto again = table_->MakeRoom(lru_, req);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->decisions.empty());
+  const NvmeLocation loc{1, 0, kPage + 128};
+  ASSERT_TRUE(table_->CompleteDemotion(order.ns, order.key, loc).ok());
+  EXPECT_EQ(pool_->Counts().free, 1u);
+  auto e = table_->Lookup(a_, order.key);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->tier, BlockTier::kNvme);
+  EXPECT_EQ(e->nvme, loc);
+  const BlockKey keys[] = {order.key};
+  EXPECT_EQ(table_->Lease(a_, keys, kTtl)->blocks[0].outcome, LeaseOutcome::kNvmeOnly);
+  ASSERT_TRUE(table_->AbortDemotion(pass->demotions[1].ns, pass->demotions[1].key).ok());
+  EXPECT_EQ(pool_->Counts().leased, 0u);
+  EXPECT_EQ(table_->CompleteDemotion(order.ns, order.key, loc).code(),
+            StatusCode::kFailedPrecondition);
+}
+
+TEST_F(LeaseTableTest, ExplainSaysWhyABlockLeft) {
+  MakeTable(10);
+  for (std::uint32_t k = 0; k < 10; ++k) Put(a_, k, kPage, 1024 * k);
+  CostAwareOptions o;
+  o.host_fetch = {10, 10e9};
+  o.nvme_fetch = {80, 2e9};
+  o.recompute = {0, 10, 0.001};
+  CostAwarePolicy cost(o);
+  auto pass = table_->MakeRoom(cost, EvictionRequest{});
+  ASSERT_TRUE(pass.ok());
+  ASSERT_EQ(pass->decisions.size(), 2u);
+  EXPECT_EQ(pass->decisions[0].key, KeyOf(0));  // position 0 is cheapest to recompute
+  auto why = table_->Explain(a_, KeyOf(0));
+  ASSERT_EQ(why.size(), 1u);
+  EXPECT_THAT(why[0].explanation, HasSubstr("evict"));
+  EXPECT_THAT(why[0].explanation, HasSubstr("t_recompute(n=16, p=0)"));
+  EXPECT_TRUE(table_->Explain(b_, KeyOf(0)).empty());
+  EXPECT_EQ(table_->Counters().evictions, 2u);
+}
+
+TEST_F(LeaseTableTest, RefusesUnboundedRequests) {
+  LeaseTableOptions o;
+  o.max_keys_per_lease = 2;
+  o.max_ttl_us = 10;
+  MakeTable(4, o);
+  const BlockKey keys[] = {KeyOf(1), KeyOf(2), KeyOf(3)};
+  EXPECT_TRUE(table_->Lease(a_, keys, 5).status().IsInvalidArgument());
+  EXPECT_TRUE(table_->Lease(a_, std::span(keys, 2), 11).status().IsInvalidArgument());
+  EXPECT_TRUE(table_->Reserve(a_, KeyOf(1), Meta(0), 5).status().IsInvalidArgument());
+  EXPECT_TRUE(table_->Reserve(a_, KeyOf(1), Meta(kPage), 0).status().IsInvalidArgument());
+}
+
+TEST_F(LeaseTableTest, RandomConcurrentTrafficKeepsPoolAndIndexConsistent) {
+  const std::uint64_t seed =
+      TestSeed("LeaseTableTest.RandomConcurrentTrafficKeepsPoolAndIndexConsistent");
+  MakeTable(64);
+  constexpr int kThreads = 4;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(seed + t);
+      std::vector<std::uint64_t> my_leases;
+      for (int step = 0; step < 1500; ++step) {
+        const Namespace& ns = rng() % 2 ? a_ : b_;
+        const std::uint32_t k = rng() % 48;
+        switch (rng() % 6) {
+          case 0:
+          case 1: {
+            const std::uint64_t bytes = 1 + rng() % (3 * kPage);
+            auto r = table_->Reserve(ns, KeyOf(k), Meta(bytes), 1 + rng() % 2000);
+            if (!r.ok()) break;
+            // As the daemon does around a transport placement.
+            if (!table_->BeginWrite(r->id).ok()) break;  // expired already
+            std::vector<std::byte> data(bytes, std::byte(k));
+            pool_->CopyIn(r->pages, data);
+            ASSERT_TRUE(table_->EndWrite(r->id).ok());
+            const std::uint32_t crc = crc32c::Value(data) ^ (rng() % 8 == 0 ? 1 : 0);
+            table_->Commit(r->id, crc).IgnoreError();  // DataLoss, or NotFound if expired
+            break;
+          }
+          case 2: {
+            const BlockKey keys[] = {KeyOf(k), KeyOf(k + 1)};
+            auto l = table_->Lease(ns, keys, 1 + rng() % 2000);
+            ASSERT_TRUE(l.ok());
+            if (l->id != 0 && table_->BeginRead(l->id).ok()) {  // as the daemon's push does
+              for (const LeasedBlock& b : l->blocks) {
+                if (b.outcome == LeaseOutcome::kLeased) {
+                  ASSERT_EQ(pool_->Crc32c(b.pages, b.bytes), b.crc32c);
+                }
+              }
+              ASSERT_TRUE(table_->EndRead(l->id).ok());
+            }
+            if (l->id != 0) my_leases.push_back(l->id);
+            break;
+          }
+          case 3:
+            if (!my_leases.empty()) {
+              table_->Release(my_leases.back()).IgnoreError();  // may have expired
+              my_leases.pop_back();
+            }
+            break;
+          case 4:
+            table_->Delete(ns, KeyOf(k)).status().IgnoreError();  // may be leased or absent
+            break;
+          case 5:
+            if (t == 0) {
+              now_ += rng() % 500;
+              table_->ExpireUntil(now_.load());
+              EvictionRequest req;
+              req.nvme_enabled = false;
+              ASSERT_TRUE(table_->MakeRoom(lru_, req).ok());
+            }
+            break;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  table_->ExpireUntil(now_.load() + 10 * kTtl);
+  const PagePoolCounts c = pool_->Counts();
+  EXPECT_EQ(c.leased, 0u);
+  EXPECT_EQ(c.reserved, 0u);
+  EXPECT_EQ(c.free + c.committed, c.pages);
+  const std::uint64_t committed_bytes =
+      table_->Usage(a_)->host_bytes + table_->Usage(b_)->host_bytes;
+  EXPECT_EQ(committed_bytes, c.committed * kPage);
+}
+
+}  // namespace
+}  // namespace kvfabric::cache_host
