@@ -45,7 +45,11 @@ StatusCode UcxCore::ResolveGrant(std::uint64_t id, std::uint64_t offset, std::ui
                                  std::shared_ptr<OwnedRegion>* region, std::byte** at) {
   std::lock_guard<std::mutex> lock(grants_mu_);
   auto it = grants_.find(id);
-  if (it == grants_.end()) return StatusCode::kNotFound;  // never granted, or revoked
+  // Never granted, or revoked because the owner destroyed the region: either
+  // way the memory is not available from this owner any more. Unavailable, as
+  // the loopback backend answers, so a client falls back as for a lost peer
+  // (a region destroyed under in-flight reads must not look like a bad key).
+  if (it == grants_.end()) return StatusCode::kUnavailable;
   const Grant& g = it->second;
   // The owner's own bounds check: the requester's is not trusted.
   if (offset > g.length || length > g.length - offset) return StatusCode::kInvalidArgument;

@@ -72,7 +72,7 @@
 //   (transport/ucx/ucx_export.h) with the exported range. The grant id is a
 //   random 64-bit capability naming that range in the owner's table; the
 //   owner checks every owner-placed operation against the granted range
-//   itself and refuses the rest (InvalidArgument; NotFound once the region
+//   itself and refuses the rest (InvalidArgument; Unavailable once the region
 //   is destroyed, which revokes its grants and waits, up to a grace after
 //   which it force-closes their endpoints, for peers' operations on it to
 //   finish). The importer also checks every size when importing and
