@@ -64,6 +64,8 @@ void BlockIndex::Account(const BlockEntry& e, int sign) {
   NamespaceUsage& u = usage_[e.ns];
   const auto s = static_cast<std::uint64_t>(static_cast<std::int64_t>(sign));
   u.blocks += s;
+  u.host_blocks += s * (InHost(e.tier) ? 1 : 0);
+  u.nvme_blocks += s * (OnNvme(e.tier) ? 1 : 0);
   u.host_bytes += s * (InHost(e.tier) ? e.host_resident_bytes : 0);
   u.nvme_bytes += s * (OnNvme(e.tier) ? e.nvme.bytes : 0);
 }

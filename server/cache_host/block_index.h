@@ -51,6 +51,14 @@ struct BlockMeta {
   FingerprintDigest fingerprint{};
   std::uint32_t tokens = 0;        // tokens the block covers
   std::uint64_t token_offset = 0;  // tokens before it in its context (its position)
+  // The block's shape, from its model fingerprint: written into the block
+  // header when it is demoted to NVMe (core/block_format.h), which checks that
+  // an exact block's bytes are layers x 2 x tokens x kv_heads x head_dim x
+  // dtype size.
+  KvDtype dtype = KvDtype::kFp16;
+  std::uint32_t layers = 0;
+  std::uint32_t kv_heads = 0;
+  std::uint32_t head_dim = 0;
 };
 
 struct BlockEntry {
@@ -67,6 +75,7 @@ struct BlockEntry {
   std::uint64_t hit_count = 0;
   std::uint32_t read_pins = 0;  // read leases holding the host pages
   bool demoting = false;        // a host -> NVMe copy is in flight (pages pinned)
+  bool promoting = false;       // an NVMe -> host staging read is in flight
 };
 
 struct NamespaceUsage {
@@ -76,6 +85,10 @@ struct NamespaceUsage {
   std::uint64_t reserved_bytes = 0;  // reserved for writes in flight (whole pages)
   std::uint64_t nvme_bytes = 0;      // NvmeLocation::bytes of its blocks on NVMe
   std::uint64_t blocks = 0;
+  std::uint64_t host_blocks = 0;  // of which with a host copy
+  std::uint64_t nvme_blocks = 0;  // of which with an NVMe copy
+  std::uint64_t hits = 0;         // lease entries that found their block, since start
+  std::uint64_t misses = 0;       // lease entries that did not
 };
 
 struct BlockIndexOptions {
@@ -112,6 +125,8 @@ class BlockIndex {
 
   // Adds (or with a negative delta, removes) reserved bytes of `ns`.
   void ChargeReserved(NamespaceId ns, std::int64_t delta);
+  // Counts one lease entry of `ns` that found (hit) or missed its block.
+  void CountAccess(NamespaceId ns, bool hit) { ++(hit ? usage_[ns].hits : usage_[ns].misses); }
 
   const BlockEntry* Find(NamespaceId ns, const BlockKey& key) const;
   // See the class comment for which fields the caller may change.

@@ -194,7 +194,7 @@ Status LeaseTable::EndWrite(std::uint64_t reservation_id) {
 }
 
 StatusOr<ReadLease> LeaseTable::Lease(const Namespace& ns, std::span<const BlockKey> keys,
-                                      std::uint64_t ttl_us) {
+                                      std::uint64_t ttl_us, const FingerprintDigest* expected) {
   KVF_RETURN_IF_ERROR(CheckTtl(ttl_us));
   if (keys.size() > options_.max_keys_per_lease) {
     return Status::InvalidArgument(std::to_string(keys.size()) + " keys in one lease, more than " +
@@ -218,10 +218,20 @@ StatusOr<ReadLease> LeaseTable::Lease(const Namespace& ns, std::span<const Block
     if (e == nullptr) {
       b.outcome = LeaseOutcome::kMissing;
       ++c_.misses;
+      if (id.has_value()) index_.CountAccess(*id, false);
+      continue;
+    }
+    b.meta = e->meta;
+    b.tier = e->tier;
+    b.bytes = e->meta.bytes;
+    b.crc32c = e->crc32c;
+    b.representation = e->meta.representation;
+    if (expected != nullptr && e->meta.fingerprint != *expected) {
+      b.outcome = LeaseOutcome::kFingerprintMismatch;
       continue;
     }
     if (!InHost(e->tier)) {
-      b.outcome = LeaseOutcome::kNvmeOnly;
+      b.outcome = e->promoting ? LeaseOutcome::kBusy : LeaseOutcome::kNvmeOnly;
       ++c_.nvme_only;
       continue;
     }
@@ -238,12 +248,10 @@ StatusOr<ReadLease> LeaseTable::Lease(const Namespace& ns, std::span<const Block
     ++e->hit_count;
     e->last_access_us = now;
     ++c_.hits;
+    index_.CountAccess(*id, true);
     b.outcome = LeaseOutcome::kLeased;
     b.pages = e->host_pages;
-    b.bytes = e->meta.bytes;
-    b.crc32c = e->crc32c;
-    b.representation = e->meta.representation;
-    state.blocks.push_back({keys[i], e->host_pages});
+    state.blocks.push_back({keys[i], e->host_pages, e->meta.bytes});
   }
   if (!state.blocks.empty()) {
     out.id = next_id_++;
@@ -364,10 +372,11 @@ StatusOr<BlockEntry> LeaseTable::Delete(const Namespace& ns, const BlockKey& key
   const std::optional<NamespaceId> id = index_.FindNamespace(ns);
   const BlockEntry* e = id.has_value() ? index_.Find(*id, key) : nullptr;
   if (e == nullptr) return Status::NotFound("block " + key.ToHex() + " is not cached");
-  if (e->read_pins > 0 || e->demoting) {
+  if (e->read_pins > 0 || e->demoting || e->promoting) {
     return Status::FailedPrecondition(
         "block " + key.ToHex() + " is " +
-        (e->demoting ? std::string("being demoted")
+        (e->demoting    ? std::string("being demoted")
+         : e->promoting ? std::string("being staged from NVMe")
                      : "leased by " + std::to_string(e->read_pins) + " leases") +
         "; delete it after they are released or expire");
   }
@@ -498,6 +507,167 @@ std::vector<EvictionDecision> LeaseTable::Explain(const Namespace& ns, const Blo
   }
   if (!id.has_value()) return {};
   return decisions_.Find(*id, key);
+}
+
+Status LeaseTable::CheckRange(const PageRuns& pages, std::uint64_t bytes, std::uint64_t offset,
+                              std::uint64_t length) const {
+  const std::uint64_t page = pool_->page_bytes();
+  std::uint64_t block_pos = 0;  // payload bytes before this run
+  for (const PageRun& r : pages) {
+    const std::uint64_t start = std::uint64_t{r.first} * page;
+    const std::uint64_t run_bytes = std::uint64_t{r.count} * page;
+    const std::uint64_t usable = std::min(run_bytes, bytes > block_pos ? bytes - block_pos : 0);
+    if (offset >= start && length <= usable && offset - start <= usable - length) {
+      return Status::OK();
+    }
+    block_pos += run_bytes;
+  }
+  return Status::InvalidArgument("range [" + std::to_string(offset) + ", +" +
+                                 std::to_string(length) + ") is outside the granted " +
+                                 pages.ToString() + " of a " + std::to_string(bytes) +
+                                 "-byte block");
+}
+
+Status LeaseTable::BeginWriteRange(std::uint64_t reservation_id, std::uint64_t offset,
+                                   std::uint64_t length) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reservations_.find(reservation_id);
+  if (it == reservations_.end()) {
+    return Status::NotFound("reservation " + std::to_string(reservation_id) +
+                            " is unknown or expired");
+  }
+  if (it->second.committing) {
+    return Status::FailedPrecondition("reservation " + std::to_string(reservation_id) +
+                                      " is being committed");
+  }
+  KVF_RETURN_IF_ERROR(CheckRange(it->second.pages, it->second.meta.bytes, offset, length));
+  ++it->second.writes_in_flight;
+  return Status::OK();
+}
+
+Status LeaseTable::BeginReadRange(std::uint64_t lease_id, std::uint64_t offset,
+                                  std::uint64_t length) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || it->second.released) {
+    return Status::NotFound("lease " + std::to_string(lease_id) + " is unknown or expired");
+  }
+  Status last = Status::InvalidArgument("lease " + std::to_string(lease_id) + " holds no block");
+  for (const PinnedBlock& b : it->second.blocks) {
+    last = CheckRange(b.pages, b.bytes, offset, length);
+    if (last.ok()) {
+      ++it->second.reads_in_flight;
+      return Status::OK();
+    }
+  }
+  return Status::InvalidArgument("lease " + std::to_string(lease_id) + ": range [" +
+                                 std::to_string(offset) + ", +" + std::to_string(length) +
+                                 ") lies inside none of its " +
+                                 std::to_string(it->second.blocks.size()) + " blocks");
+}
+
+StatusOr<PromotionOrder> LeaseTable::BeginPromotion(NamespaceId ns, const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  BlockEntry* e = ns < index_.namespace_count() ? index_.FindMutable(ns, key) : nullptr;
+  if (e == nullptr) return Status::NotFound("block " + key.ToHex() + " is not cached");
+  if (InHost(e->tier)) {
+    return Status::FailedPrecondition("block " + key.ToHex() + " already has a host copy");
+  }
+  if (e->promoting) {
+    return Status::Aborted("block " + key.ToHex() + " is being staged by another lease");
+  }
+  auto runs = pool_->Allocate(pool_->PagesFor(e->meta.bytes), PageState::kStaging);
+  if (!runs.ok()) {
+    ++c_.pool_refusals;
+    return runs.status().WithContext("stage block " + key.ToHex() + " from NVMe");
+  }
+  e->promoting = true;
+  ++c_.promotions_started;
+  return PromotionOrder{ns, key, *runs, e->nvme, e->meta, e->crc32c};
+}
+
+Status LeaseTable::CompletePromotion(const PromotionOrder& order) {
+  std::lock_guard<std::mutex> lock(mu_);
+  BlockEntry* e = index_.FindMutable(order.ns, order.key);
+  if (e == nullptr || !e->promoting) {
+    return Status::FailedPrecondition("block " + order.key.ToHex() +
+                                      " has no staging read in flight");
+  }
+  KVF_RETURN_IF_ERROR(pool_->Transition(order.pages, PageState::kStaging, PageState::kCommitted));
+  e->promoting = false;
+  e->last_access_us = clock_();
+  ++c_.promotions_completed;
+  return index_.ReplaceLocation(order.ns, order.key, BlockTier::kBoth, order.pages,
+                                order.pages.TotalPages() * pool_->page_bytes(), e->nvme);
+}
+
+StatusOr<std::optional<BlockEntry>> LeaseTable::AbortPromotion(const PromotionOrder& order,
+                                                               bool remove_block) {
+  std::lock_guard<std::mutex> lock(mu_);
+  BlockEntry* e = index_.FindMutable(order.ns, order.key);
+  if (e == nullptr || !e->promoting) {
+    return Status::FailedPrecondition("block " + order.key.ToHex() +
+                                      " has no staging read in flight");
+  }
+  KVF_RETURN_IF_ERROR(pool_->Free(order.pages));
+  e->promoting = false;
+  ++c_.promotions_failed;
+  if (!remove_block) return std::optional<BlockEntry>();
+  KVF_ASSIGN_OR_RETURN(BlockEntry removed, index_.Remove(order.ns, order.key));
+  return std::optional<BlockEntry>(std::move(removed));
+}
+
+StatusOr<std::uint64_t> LeaseTable::RenewReservation(std::uint64_t reservation_id,
+                                                     std::uint64_t ttl_us) {
+  KVF_RETURN_IF_ERROR(CheckTtl(ttl_us));
+  const std::uint64_t now = clock_();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reservations_.find(reservation_id);
+  if (it == reservations_.end()) {
+    return Status::NotFound("reservation " + std::to_string(reservation_id) +
+                            " is unknown or expired");
+  }
+  reservation_expiry_.erase({it->second.expires_at_us, reservation_id});
+  it->second.expires_at_us = now + ttl_us;
+  reservation_expiry_.emplace(it->second.expires_at_us, reservation_id);
+  ++c_.renewals;
+  return it->second.expires_at_us;
+}
+
+std::optional<NamespaceId> LeaseTable::FindNamespace(const Namespace& ns) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return index_.FindNamespace(ns);
+}
+
+std::string LeaseTable::TenantName(NamespaceId id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return id < index_.namespace_count() ? index_.Usage(id).tenant : std::string();
+}
+
+std::vector<NamespaceUsage> LeaseTable::Usages() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<NamespaceUsage> out;
+  out.reserve(index_.namespace_count());
+  for (NamespaceId id = 0; id < index_.namespace_count(); ++id) out.push_back(index_.Usage(id));
+  return out;
+}
+
+Status LeaseTable::AdoptRecovered(const Namespace& ns, const BlockKey& key, const BlockMeta& meta,
+                                  std::uint32_t crc32c, const NvmeLocation& location) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KVF_ASSIGN_OR_RETURN(const NamespaceId id, index_.InternNamespace(ns));
+  BlockEntry e;
+  e.ns = id;
+  e.key = key;
+  e.meta = meta;
+  e.crc32c = crc32c;
+  e.tier = BlockTier::kNvme;
+  e.nvme = location;
+  e.committed_us = clock_();
+  e.last_access_us = e.committed_us;
+  KVF_RETURN_IF_ERROR(index_.Publish(std::move(e)));
+  ++c_.recovered;
+  return Status::OK();
 }
 
 LeaseTableCounters LeaseTable::Counters() const {

@@ -107,7 +107,9 @@ struct WriteReservation {
 enum class LeaseOutcome : std::uint8_t {
   kLeased = 1,    // pages pinned; `pages` is valid
   kMissing = 2,   // not in this namespace
-  kNvmeOnly = 3,  // on NVMe only: stage it into the pool first
+  kNvmeOnly = 3,  // on NVMe only: stage it into the pool first (BeginPromotion)
+  kFingerprintMismatch = 4,  // its fingerprint digest is not the expected one; not leased
+  kBusy = 5,      // on NVMe only and another lease is staging it now; retry
 };
 
 struct LeasedBlock {
@@ -117,6 +119,20 @@ struct LeasedBlock {
   std::uint64_t bytes = 0;
   std::uint32_t crc32c = 0;
   BlockRepresentation representation = BlockRepresentation::kExact;
+  BlockMeta meta;                     // set unless kMissing
+  BlockTier tier = BlockTier::kHost;  // set unless kMissing
+};
+
+// An NVMe -> host staging read the daemon performs for a lease: read the
+// block at `nvme` into `pages` (state staging), then CompletePromotion, or
+// AbortPromotion on failure.
+struct PromotionOrder {
+  NamespaceId ns = 0;
+  BlockKey key;
+  PageRuns pages;
+  NvmeLocation nvme;
+  BlockMeta meta;
+  std::uint32_t crc32c = 0;
 };
 
 struct ReadLease {
@@ -181,6 +197,10 @@ struct LeaseTableCounters {
   std::uint64_t active_reservations = 0;
   std::uint64_t active_leases = 0;
   std::uint64_t pages_demoting = 0;
+  std::uint64_t promotions_started = 0;
+  std::uint64_t promotions_completed = 0;
+  std::uint64_t promotions_failed = 0;
+  std::uint64_t recovered = 0;
 };
 
 class LeaseTable {
@@ -209,9 +229,33 @@ class LeaseTable {
   Status EndWrite(std::uint64_t reservation_id);
 
   // ---- Read path ----
-  // InvalidArgument for a bad TTL or more than max_keys_per_lease keys.
+  // InvalidArgument for a bad TTL or more than max_keys_per_lease keys. With
+  // `expected`, a block of another fingerprint digest is kFingerprintMismatch
+  // and not leased.
   StatusOr<ReadLease> Lease(const Namespace& ns, std::span<const BlockKey> keys,
-                            std::uint64_t ttl_us);
+                            std::uint64_t ttl_us, const FingerprintDigest* expected = nullptr);
+
+  // Staging (NVMe -> host, "promotion"). BeginPromotion takes staging pages
+  // for an NVMe-only block and marks it promoting (Delete refuses meanwhile,
+  // a second BeginPromotion gets Aborted). NotFound if absent; FailedPrecondition
+  // if it has a host copy already; ResourceExhausted (with the page counts) if
+  // the pool cannot hold it. CompletePromotion publishes the staged pages as the
+  // block's host copy (tier both; the NVMe copy stays, so eviction later drops
+  // the host copy without I/O). AbortPromotion frees the pages; with
+  // `remove_block` (the NVMe copy failed its CRC) it also removes the block
+  // from the index and returns it.
+  StatusOr<PromotionOrder> BeginPromotion(NamespaceId ns, const BlockKey& key);
+  Status CompletePromotion(const PromotionOrder& order);
+  StatusOr<std::optional<BlockEntry>> AbortPromotion(const PromotionOrder& order,
+                                                     bool remove_block);
+
+  // Range-checked transfer brackets for the data plane: like BeginWrite /
+  // BeginRead, and additionally InvalidArgument unless the pool byte range
+  // [offset, offset + length) lies inside one page run of the reservation (of
+  // one block of the lease), and within the block's payload bytes.
+  Status BeginWriteRange(std::uint64_t reservation_id, std::uint64_t offset,
+                         std::uint64_t length);
+  Status BeginReadRange(std::uint64_t lease_id, std::uint64_t offset, std::uint64_t length);
   // NotFound for an unknown or expired lease.
   Status Release(std::uint64_t lease_id);
   // Returns the new expiry. NotFound for an unknown or expired lease.
@@ -221,6 +265,10 @@ class LeaseTable {
   // unknown, FailedPrecondition without a matching BeginRead.
   Status BeginRead(std::uint64_t lease_id);
   Status EndRead(std::uint64_t lease_id);
+
+  // Moves a reservation's expiry; returns the new one. NotFound if unknown or
+  // expired; InvalidArgument for a bad TTL.
+  StatusOr<std::uint64_t> RenewReservation(std::uint64_t reservation_id, std::uint64_t ttl_us);
 
   // Drops what expired at or before `now_us`.
   ExpiryCounts ExpireUntil(std::uint64_t now_us);
@@ -235,6 +283,18 @@ class LeaseTable {
   Status SetQuota(const Namespace& ns, std::uint64_t quota_bytes);
   // NotFound for a namespace never seen.
   StatusOr<NamespaceUsage> Usage(const Namespace& ns) const;
+  // The id of `ns` if any block or quota named it.
+  std::optional<NamespaceId> FindNamespace(const Namespace& ns) const;
+  // The tenant name of `id` ("" if unknown).
+  std::string TenantName(NamespaceId id) const;
+  // Every namespace's usage (for Stats and metrics).
+  std::vector<NamespaceUsage> Usages() const;
+
+  // Re-indexes a block the NVMe tier recovered at start-up (tier NVMe).
+  // AlreadyExists if present; InvalidArgument / ResourceExhausted from
+  // interning the namespace.
+  Status AdoptRecovered(const Namespace& ns, const BlockKey& key, const BlockMeta& meta,
+                        std::uint32_t crc32c, const NvmeLocation& location);
 
   // ---- Eviction ----
   StatusOr<EvictionPassResult> MakeRoom(const EvictionPolicy& policy, const EvictionRequest& req);
@@ -262,6 +322,7 @@ class LeaseTable {
   struct PinnedBlock {
     BlockKey key;
     PageRuns pages;
+    std::uint64_t bytes = 0;
   };
   struct LeaseState {
     NamespaceId ns;
@@ -269,6 +330,7 @@ class LeaseTable {
     std::vector<PinnedBlock> blocks;
     std::uint32_t reads_in_flight = 0;
     bool released = false;  // Release came while reads were in flight
+    std::uint64_t page_bytes = 0;
   };
   struct SlotKey {
     NamespaceId ns;
@@ -282,6 +344,10 @@ class LeaseTable {
   };
 
   Status CheckTtl(std::uint64_t ttl_us) const;
+  // OK if [offset, offset + length) lies inside one run of `pages` and inside
+  // the first `bytes` bytes of the block.
+  Status CheckRange(const PageRuns& pages, std::uint64_t bytes, std::uint64_t offset,
+                    std::uint64_t length) const;
   void DropReservationLocked(std::uint64_t id, bool free_pages);
   void ReleaseLocked(std::uint64_t id);
 

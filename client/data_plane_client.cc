@@ -1,0 +1,218 @@
+#include "client/data_plane_client.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+namespace kvfabric::client {
+
+class DaemonConnection {
+ public:
+  explicit DaemonConnection(std::unique_ptr<transport::Endpoint> ep) : endpoint(std::move(ep)) {}
+  std::unique_ptr<transport::Endpoint> endpoint;
+};
+
+struct DataPlaneClient::Pending {
+  bool done = false;
+  Status status;
+  std::unique_ptr<transport::TransferBatch> send;  // the request's kSend
+};
+
+DataPlaneClient::DataPlaneClient(transport::Transport* transport) : transport_(transport) {}
+
+StatusOr<std::unique_ptr<DataPlaneClient>> DataPlaneClient::Create(
+    transport::Transport* transport) {
+  std::unique_ptr<DataPlaneClient> c(new DataPlaneClient(transport));
+  c->alive_ = std::make_shared<bool>(true);
+  // The handler holds a weak reference: after the client is destroyed a late
+  // message (a reply racing the close) is ignored.
+  std::weak_ptr<bool> alive = c->alive_;
+  DataPlaneClient* raw = c.get();
+  transport->SetMessageHandler([alive, raw](transport::IncomingMessage& msg) {
+    if (msg.payload_length() > 0) msg.Drop();
+    if (auto a = alive.lock(); a && *a) raw->OnMessage(msg);
+  });
+  return c;
+}
+
+DataPlaneClient::~DataPlaneClient() {
+  std::map<std::string, std::unique_ptr<DaemonConnection>> conns;
+  std::vector<std::unique_ptr<DaemonConnection>> retired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns.swap(connections_);
+    retired.swap(retired_);
+  }
+  for (auto& [addr, c] : conns) {
+    c->endpoint->Close(transport::CloseMode::kForce, transport::Clock::now()).IgnoreError();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    *alive_ = false;
+    pending_.clear();  // their sends completed with the close
+  }
+  conns.clear();
+}
+
+void DataPlaneClient::OnMessage(transport::IncomingMessage& msg) {
+  auto m = wire::DecodeTransferMessage(msg.header());
+  if (!m.ok() || m->op != wire::TransferOpCode::kReply) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pending_.find(m->request_id);
+  if (it == pending_.end()) return;  // abandoned (deadline) or unknown
+  it->second->done = true;
+  it->second->status = m->status;
+  cv_.notify_all();
+}
+
+StatusOr<DaemonConnection*> DataPlaneClient::Connect(const std::string& address,
+                                                     transport::Deadline deadline) {
+  std::lock_guard<std::mutex> serial(connect_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = connections_.find(address);
+    if (it != connections_.end()) {
+      if (it->second->endpoint->health().ok()) return it->second.get();
+    }
+  }
+  KVF_ASSIGN_OR_RETURN(
+      auto ep, transport_->Connect(address, transport::PeerFailureMode::kFailInFlight, deadline));
+  auto conn = std::make_unique<DaemonConnection>(std::move(ep));
+  DaemonConnection* raw = conn.get();
+  std::unique_ptr<DaemonConnection> old;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& slot = connections_[address];
+    old = std::move(slot);
+    slot = std::move(conn);
+    // A failed connection is replaced but kept until the client is destroyed:
+    // a request may still be waiting on it (it fails with the endpoint).
+    if (old) retired_.push_back(std::move(old));
+  }
+  return raw;
+}
+
+void DataPlaneClient::Disconnect(const std::string& address) {
+  DaemonConnection* conn = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = connections_.find(address);
+    if (it == connections_.end()) return;
+    conn = it->second.get();
+    retired_.push_back(std::move(it->second));
+    connections_.erase(it);
+  }
+  conn->endpoint->Close(transport::CloseMode::kForce, transport::Clock::now()).IgnoreError();
+}
+
+StatusOr<std::uint64_t> DataPlaneClient::Send(DaemonConnection* conn,
+                                              const wire::TransferMessage& message) {
+  wire::TransferMessage m = message;
+  auto pending = std::make_shared<Pending>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    m.request_id = next_request_++;
+    pending_.emplace(m.request_id, pending);
+  }
+  auto encoded = wire::EncodeTransferMessage(m);
+  if (!encoded.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.erase(m.request_id);
+    return encoded.status();
+  }
+  transport::Transfer t;
+  t.op = transport::TransferOp::kSend;
+  t.header = std::as_bytes(std::span<const char>(encoded->data(), encoded->size()));
+  auto batch = conn->endpoint->Submit(std::span<const transport::Transfer>(&t, 1));
+  if (!batch.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.erase(m.request_id);
+    return batch.status();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  pending->send = std::move(*batch);
+  return m.request_id;
+}
+
+Status DataPlaneClient::Wait(DaemonConnection* conn, std::uint64_t request_id,
+                             transport::Deadline deadline) {
+  std::shared_ptr<Pending> p;
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = pending_.find(request_id);
+  if (it == pending_.end()) return Status::Internal("unknown request");
+  p = it->second;
+  for (;;) {
+    if (p->done) break;
+    // Wake up now and then to notice a dead daemon (its reply never comes).
+    cv_.wait_for(lock, std::chrono::milliseconds(10));
+    if (p->done) break;
+    Status health = conn->endpoint->health();
+    if (!health.ok()) {
+      p->status = health.WithContext("daemon connection failed");
+      break;
+    }
+    if (transport::Clock::now() >= deadline) {
+      p->status = Status::DeadlineExceeded("no reply from the cache host in time");
+      break;
+    }
+  }
+  Status out = p->status;
+  pending_.erase(request_id);
+  std::unique_ptr<transport::TransferBatch> send = std::move(p->send);
+  lock.unlock();
+  send.reset();  // done (the reply came after it) or completed by the failure
+  return out;
+}
+
+Status DataPlaneClient::ExportRegion(DaemonConnection* conn, std::uint32_t region_id,
+                                     const transport::MemoryRegion& region,
+                                     transport::Deadline deadline) {
+  KVF_ASSIGN_OR_RETURN(std::string blob, region.Export(0, region.bytes().size()));
+  if (blob.size() > wire::kMaxExportBytes) {
+    return Status::InvalidArgument("exported region of " + std::to_string(blob.size()) +
+                                   " bytes exceeds the " + std::to_string(wire::kMaxExportBytes) +
+                                   "-byte limit a cache host imports");
+  }
+  wire::TransferMessage m;
+  m.op = wire::TransferOpCode::kImportRegion;
+  m.region_id = region_id;
+  m.import_total_bytes = static_cast<std::uint32_t>(blob.size());
+  for (std::size_t off = 0; off < blob.size(); off += wire::kMaxImportChunkBytes) {
+    m.import_chunk_offset = static_cast<std::uint32_t>(off);
+    m.import_chunk = blob.substr(off, wire::kMaxImportChunkBytes);
+    KVF_ASSIGN_OR_RETURN(std::uint64_t id, Send(conn, m));
+    KVF_RETURN_IF_ERROR(Wait(conn, id, deadline).WithContext("export region"));
+  }
+  return Status::OK();
+}
+
+Status DataPlaneClient::Transfer(DaemonConnection* conn, DataOp op, std::uint64_t lease_id,
+                                 const std::array<std::uint8_t, 16>& token,
+                                 std::uint32_t region_id,
+                                 std::span<const wire::TransferRange> ranges,
+                                 transport::Deadline deadline) {
+  wire::TransferMessage m;
+  m.op = op == DataOp::kPut ? wire::TransferOpCode::kPut : wire::TransferOpCode::kGet;
+  m.lease_id = lease_id;
+  m.token = token;
+  m.region_id = region_id;
+  std::vector<std::uint64_t> ids;
+  Status first;
+  for (std::size_t i = 0; i < ranges.size(); i += wire::kMaxRangesPerRequest) {
+    const std::size_t n = std::min<std::size_t>(wire::kMaxRangesPerRequest, ranges.size() - i);
+    m.ranges.assign(ranges.begin() + i, ranges.begin() + i + n);
+    auto id = Send(conn, m);
+    if (!id.ok()) {
+      first = id.status();
+      break;
+    }
+    ids.push_back(*id);
+  }
+  for (std::uint64_t id : ids) {
+    Status s = Wait(conn, id, deadline);
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
+}
+
+}  // namespace kvfabric::client

@@ -1,0 +1,101 @@
+// DataPlaneClient: the client side of the owner-driven data path to cache-host
+// daemons (proto/transfer_wire.h, server/cache_host/data_plane.h).
+//
+// A client exports its staging regions (memory it registered or allocated on
+// its own transport) to each daemon it talks to, then asks the daemon to move
+// bytes between those regions and the extents a gRPC Reserve or Lease granted:
+// kPut pulls from the client's region into reserved pages, kGet pushes leased
+// pages into the client's region. A request completes when the daemon's reply
+// arrives, i.e. after every byte moved (or failed); the region's bytes named
+// by a request belong to the transport until then.
+//
+// Ownership: the client borrows the transport (which must outlive it) and owns
+// its endpoints. It installs the transport's message handler, so one
+// DataPlaneClient serves every daemon connection of that transport.
+//
+// Failure: a daemon that dies fails the endpoint; requests waiting on it
+// complete Unavailable (checked while waiting), never hang.
+//
+// Threads: every method may be called from any thread; requests on one
+// connection may be issued concurrently from several threads.
+#ifndef KVFABRIC_CLIENT_DATA_PLANE_CLIENT_H_
+#define KVFABRIC_CLIENT_DATA_PLANE_CLIENT_H_
+
+#include <array>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "core/statusor.h"
+#include "proto/transfer_wire.h"
+#include "transport/transport.h"
+
+namespace kvfabric::client {
+
+// One daemon's data-plane connection. Owned by the DataPlaneClient.
+class DaemonConnection;
+
+enum class DataOp : std::uint8_t {
+  kPut = 1,  // client region -> daemon pool
+  kGet = 2,  // daemon pool -> client region
+};
+
+class DataPlaneClient {
+ public:
+  // REQUIRES: `transport` has no message handler yet and outlives the client.
+  static StatusOr<std::unique_ptr<DataPlaneClient>> Create(transport::Transport* transport);
+  // Closes every connection (in-flight requests complete Cancelled/Unavailable).
+  ~DataPlaneClient();
+  DataPlaneClient(const DataPlaneClient&) = delete;
+  DataPlaneClient& operator=(const DataPlaneClient&) = delete;
+
+  // The connection to the daemon listening at `address` (made on first use,
+  // then reused). Unavailable if it cannot be reached by `deadline`.
+  StatusOr<DaemonConnection*> Connect(const std::string& address, transport::Deadline deadline);
+
+  // Exports `region` (whole) to the daemon of `conn` as `region_id` and waits
+  // for the daemon to import it. Done once per (connection, region).
+  Status ExportRegion(DaemonConnection* conn, std::uint32_t region_id,
+                      const transport::MemoryRegion& region, transport::Deadline deadline);
+
+  // Moves `ranges` (any number; sent as requests of at most
+  // wire::kMaxRangesPerRequest ranges, all in flight at once) under the grant
+  // (lease_id, token), between the daemon's pool and region `region_id`, and
+  // waits for every reply. Returns the first error (a daemon's reply status,
+  // Unavailable if the daemon died, DeadlineExceeded).
+  Status Transfer(DaemonConnection* conn, DataOp op, std::uint64_t lease_id,
+                  const std::array<std::uint8_t, 16>& token, std::uint32_t region_id,
+                  std::span<const wire::TransferRange> ranges, transport::Deadline deadline);
+
+  // Drops the connection to `address` (e.g. after the daemon restarted).
+  void Disconnect(const std::string& address);
+
+  struct Pending;
+
+ private:
+  explicit DataPlaneClient(transport::Transport* transport);
+  StatusOr<std::uint64_t> Send(DaemonConnection* conn, const wire::TransferMessage& message);
+  Status Wait(DaemonConnection* conn, std::uint64_t request_id, transport::Deadline deadline);
+  void OnMessage(transport::IncomingMessage& msg);
+
+  transport::Transport* const transport_;
+  std::mutex connect_mu_;  // serialises Connect
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::unique_ptr<DaemonConnection>> connections_;  // GUARDED_BY(mu_)
+  std::vector<std::unique_ptr<DaemonConnection>> retired_;                // GUARDED_BY(mu_)
+  std::unordered_map<std::uint64_t, std::shared_ptr<Pending>> pending_;   // GUARDED_BY(mu_)
+  std::uint64_t next_request_ = 1;                                        // GUARDED_BY(mu_)
+  std::shared_ptr<bool> alive_;  // handlers check it (the transport may outlive us)
+};
+
+}  // namespace kvfabric::client
+
+#endif  // KVFABRIC_CLIENT_DATA_PLANE_CLIENT_H_

@@ -1,0 +1,99 @@
+// The data-plane messages between a kvfabric client and a cache-host daemon,
+// carried as transport kSend headers (transport/transport.h; at most
+// kMaxMessageHeaderBytes). The control plane (gRPC, cache_host.proto) grants
+// a lease with an access token and pool extents; these messages ask the daemon
+// to move the bytes of those extents (TRANSFER_MODE_OWNER_DRIVEN):
+//
+//   client -> daemon  kImportRegion  one chunk of the client's exported staging
+//                                    region (MemoryRegion::Export), named by a
+//                                    client-chosen region id; chunks arrive in
+//                                    order and the last completes the import.
+//   client -> daemon  kPut           "pull these ranges of my region into your
+//                                    pool extents" (daemon: kRead entries)
+//   client -> daemon  kGet           "push these pool extents into my region"
+//                                    (daemon: kWrite entries)
+//   daemon -> client  kReply         the outcome of one request, by request id,
+//                                    sent after every byte moved (or failed).
+//
+// Layout (little-endian), common header of 48 bytes:
+//   0  u32 magic "KVFT"     4 u8 version (1)   5 u8 op   6 u16 reserved (0)
+//   8  u64 request_id      16 u64 lease_id    24 16 bytes access token
+//   40 u32 region_id       44 u32 count
+// kPut/kGet: `count` ranges of 24 bytes: u64 pool_offset, u64 length,
+//   u64 region_offset; 1 <= count <= kMaxRangesPerRequest.
+// kImportRegion: u32 total_bytes, u32 chunk_offset, then `count` bytes of the
+//   export; lease_id and token are zero; total_bytes <= kMaxExportBytes.
+// kReply: i32 code (StatusCode), u64 bytes_moved, u16 message length, message
+//   (at most kMaxReplyMessageBytes); region_id and count are zero.
+// Decoding is exact: every size and count is checked, trailing bytes are an
+// error, and nothing is allocated beyond what the message's own size bounds.
+// Pure functions; thread-safe.
+#ifndef KVFABRIC_PROTO_TRANSFER_WIRE_H_
+#define KVFABRIC_PROTO_TRANSFER_WIRE_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/statusor.h"
+
+namespace kvfabric::wire {
+
+enum class TransferOpCode : std::uint8_t {
+  kImportRegion = 1,
+  kPut = 2,
+  kGet = 3,
+  kReply = 4,
+};
+
+inline constexpr std::uint32_t kTransferMagic = 0x5446564bu;  // "KVFT" little-endian
+inline constexpr std::uint8_t kTransferVersion = 1;
+inline constexpr std::size_t kTransferHeaderBytes = 48;
+inline constexpr std::size_t kRangeBytes = 24;
+// Fits transport::kMaxMessageHeaderBytes (1024): 48 + 40 x 24 = 1008.
+inline constexpr std::uint32_t kMaxRangesPerRequest = 40;
+// Largest export a daemon imports (Limits.max_transport_blob_bytes).
+inline constexpr std::uint32_t kMaxExportBytes = 4096;
+// Export bytes per kImportRegion chunk: 1024 - 48 - 8.
+inline constexpr std::uint32_t kMaxImportChunkBytes = 968;
+inline constexpr std::uint32_t kMaxReplyMessageBytes = 900;
+inline constexpr std::size_t kMaxTransferMessageBytes = 1024;
+
+struct TransferRange {
+  std::uint64_t pool_offset = 0;
+  std::uint64_t length = 0;
+  std::uint64_t region_offset = 0;
+};
+
+struct TransferMessage {
+  TransferOpCode op = TransferOpCode::kReply;
+  std::uint64_t request_id = 0;
+  std::uint64_t lease_id = 0;
+  std::array<std::uint8_t, 16> token{};
+  std::uint32_t region_id = 0;
+  // kPut / kGet.
+  std::vector<TransferRange> ranges;
+  // kImportRegion.
+  std::uint32_t import_total_bytes = 0;
+  std::uint32_t import_chunk_offset = 0;
+  std::string import_chunk;
+  // kReply.
+  Status status;
+  std::uint64_t bytes_moved = 0;
+};
+
+// InvalidArgument for a message that breaks the layout's bounds (too many
+// ranges, an empty or oversized chunk, a chunk past total_bytes, ...). A reply
+// message longer than kMaxReplyMessageBytes is truncated, not refused.
+StatusOr<std::string> EncodeTransferMessage(const TransferMessage& message);
+
+// InvalidArgument naming the first check that failed.
+StatusOr<TransferMessage> DecodeTransferMessage(std::span<const std::byte> bytes);
+
+}  // namespace kvfabric::wire
+
+#endif  // KVFABRIC_PROTO_TRANSFER_WIRE_H_

@@ -1,0 +1,969 @@
+#include "server/cache_host/cache_host_node.h"
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include "core/block_format.h"
+#include "core/units.h"
+#include "server/cache_host/data_plane.h"
+#include "server/cache_host/nvme_catalog.h"
+#include "spdlog/spdlog.h"
+
+namespace kvfabric::cache_host {
+namespace {
+
+Namespace Ns(const std::string& tenant) { return Namespace{tenant}; }
+
+bool TokensEqual(const AccessToken& a, const AccessToken& b) {
+  std::uint8_t diff = 0;  // constant time: no early exit on the first mismatch
+  for (std::size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
+  return diff == 0;
+}
+
+BlockDigest DigestOf(const BlockKey& key) {
+  BlockDigest d;
+  std::memcpy(d.data(), key.bytes().data(), d.size());
+  return d;
+}
+
+BlockKey KeyOf(const BlockDigest& d) {
+  BlockKey::Bytes b;
+  std::memcpy(b.data(), d.data(), b.size());
+  return BlockKey(b);
+}
+
+}  // namespace
+
+std::string_view EvictionPolicyKindName(EvictionPolicyKind kind) {
+  return kind == EvictionPolicyKind::kLru ? "lru" : "cost-aware";
+}
+
+StatusOr<EvictionPolicyKind> ParseEvictionPolicyKind(std::string_view name) {
+  if (name == "lru") return EvictionPolicyKind::kLru;
+  if (name == "cost-aware") return EvictionPolicyKind::kCostAware;
+  return Status::InvalidArgument("--eviction-policy \"" + std::string(name) +
+                                 "\": expected lru or cost-aware");
+}
+
+std::string_view ServingStateName(ServingState state) {
+  switch (state) {
+    case ServingState::kStarting:
+      return "starting";
+    case ServingState::kServing:
+      return "serving";
+    case ServingState::kDraining:
+      return "draining";
+    case ServingState::kStopped:
+      return "stopped";
+  }
+  return "unknown";
+}
+
+CacheHostNode::CacheHostNode(CacheHostOptions options, transport::Transport* transport, Env* env)
+    : options_(std::move(options)),
+      transport_(transport),
+      env_(env),
+      start_us_(env->NowMicros()) {
+  std::random_device rd;
+  rng_state_[0] = (std::uint64_t{rd()} << 32) ^ rd() ^ start_us_;
+  rng_state_[1] = (std::uint64_t{rd()} << 32) ^ rd() ^ 0x9e3779b97f4a7c15ull;
+}
+
+StatusOr<std::unique_ptr<CacheHostNode>> CacheHostNode::Create(CacheHostOptions options,
+                                                               transport::Transport* transport,
+                                                               Env* env) {
+  if (options.host_id.empty()) return Status::InvalidArgument("--host-id must not be empty");
+  KVF_RETURN_IF_ERROR(options.watermarks.Validate());
+  KVF_RETURN_IF_ERROR(ValidatePoolSizes(options.pool));
+  if (options.default_ttl_us == 0 || options.default_ttl_us > options.leases.max_ttl_us) {
+    return Status::InvalidArgument("default TTL " + std::to_string(options.default_ttl_us) +
+                                   " us must be in (0, --max-lease-ttl]");
+  }
+  std::unique_ptr<CacheHostNode> node(new CacheHostNode(std::move(options), transport, env));
+  KVF_RETURN_IF_ERROR(node->Start());
+  return node;
+}
+
+Status CacheHostNode::Start() {
+  KVF_ASSIGN_OR_RETURN(arithmetic_, DescribePoolArithmetic(options_.pool, options_.models,
+                                                           options_.watermarks.high));
+  const std::uint64_t pool_bytes =
+      options_.pool.pool_bytes / options_.pool.page_bytes * options_.pool.page_bytes;
+  PoolMemory memory;
+  if (options_.transport_allocates_pool) {
+    KVF_ASSIGN_OR_RETURN(pool_region_,
+                         transport_->AllocateMemory(pool_bytes, transport::MemoryKind::kHost));
+    memory.bytes = pool_region_->bytes();
+  } else {
+    KVF_ASSIGN_OR_RETURN(memory, AllocateAnonymousPoolMemory(pool_bytes, options_.huge_pages));
+    pool_owner_ = memory.owner;
+    KVF_ASSIGN_OR_RETURN(pool_region_,
+                         transport_->RegisterMemory(memory.bytes, transport::MemoryKind::kHost));
+  }
+  KVF_ASSIGN_OR_RETURN(pool_, HostPagePool::Create(options_.pool, memory));
+  for (const std::string& line : Split(arithmetic_)) spdlog::info("{}", line);
+  if (options_.prefault) {
+    spdlog::info("host pool: {}", pool_->PreFault(env_).ToString());
+  }
+  if (options_.policy == EvictionPolicyKind::kLru) {
+    policy_ = std::make_unique<LruPolicy>();
+  } else {
+    if (options_.cost_aware.host_fetch.beta_bytes_per_s <= 0 ||
+        options_.cost_aware.nvme_fetch.beta_bytes_per_s <= 0) {
+      return Status::InvalidArgument("cost-aware eviction needs bandwidths > 0 (calibration)");
+    }
+    policy_ = std::make_unique<CostAwarePolicy>(options_.cost_aware);
+  }
+  table_ = std::make_unique<LeaseTable>(
+      pool_.get(), [env = env_] { return env->NowMicros(); }, options_.leases);
+  for (const auto& [tenant, bytes] : options_.quotas) {
+    KVF_RETURN_IF_ERROR(table_->SetQuota(Ns(tenant), bytes).WithContext("--quota " + tenant));
+  }
+  if (!options_.nvme.dir.empty()) KVF_RETURN_IF_ERROR(RecoverNvme());
+  KVF_ASSIGN_OR_RETURN(data_plane_, DataPlane::Start(this, transport_, options_.transport_address));
+  maintenance_ = std::thread([this] { MaintenanceLoop(); });
+  state_.store(ServingState::kServing);
+  spdlog::info("cache host {}: serving; data plane on {} ({}), eviction {}, NVMe tier {}",
+               options_.host_id, data_plane_->address(), transport_->name(), policy_->name(),
+               nvme_ ? options_.nvme.dir : std::string("off"));
+  return Status::OK();
+}
+
+std::vector<std::string> CacheHostNode::Split(const std::string& text) {
+  std::vector<std::string> lines;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    if (end > start) lines.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return lines;
+}
+
+Status CacheHostNode::RecoverNvme() {
+  if (options_.nvme.env == nullptr) options_.nvme.env = env_;
+  KVF_ASSIGN_OR_RETURN(NvmeTier::OpenResult opened, NvmeTier::Open(options_.nvme));
+  nvme_ = std::move(opened.tier);
+  recovery_ = opened.report;
+  CatalogRecovery catalog_report;
+  KVF_ASSIGN_OR_RETURN(catalog_, NvmeCatalog::Open(options_.nvme.env, options_.nvme.dir,
+                                                   &catalog_report));
+  std::vector<BlockDigest> live;
+  live.reserve(opened.blocks.size());
+  for (const RecoveredBlock& b : opened.blocks) {
+    std::optional<CatalogEntry> entry = catalog_->Find(b.header.key);
+    if (!entry.has_value()) {
+      // Demoted without a durable catalog record cannot happen (the record is
+      // synced first); a block left by another tool is not ours to serve.
+      ++recovery_orphans_;
+      nvme_->Remove(b.location, b.header.key).IgnoreError();
+      continue;
+    }
+    BlockMeta meta;
+    meta.bytes = b.header.payload_bytes;
+    meta.representation = b.header.representation;
+    meta.fingerprint = b.header.fingerprint;
+    meta.tokens = b.header.tokens;
+    meta.token_offset = entry->token_offset;
+    meta.dtype = b.header.dtype;
+    meta.layers = b.header.layers;
+    meta.kv_heads = b.header.kv_heads;
+    meta.head_dim = b.header.head_dim;
+    Status s = table_->AdoptRecovered(Ns(entry->tenant), KeyOf(b.header.key), meta,
+                                      b.header.payload_crc32c, b.location);
+    if (!s.ok()) {
+      ++recovery_orphans_;
+      spdlog::warn("NVMe recovery: block {} not re-indexed: {}", KeyOf(b.header.key).ToHex(),
+                   s.ToString());
+      nvme_->Remove(b.location, b.header.key).IgnoreError();
+      continue;
+    }
+    live.push_back(b.header.key);
+  }
+  KVF_RETURN_IF_ERROR(catalog_->Compact(live));
+  for (int i = 0; i < std::max(1, options_.staging_buffers); ++i) {
+    KVF_ASSIGN_OR_RETURN(AlignedBuffer buf,
+                         AlignedBuffer::Allocate(options_.nvme.max_group_bytes, nvme_->alignment()));
+    staging_free_.push_back(std::move(buf));
+  }
+  spdlog::info(
+      "NVMe recovery in {}: {} blocks recovered ({}), dropped {} torn, {} corrupt, {} "
+      "duplicate, {} without a catalog record; {} segments",
+      options_.nvme.dir, live.size(), FormatBytes(recovery_.recovered_bytes),
+      recovery_.dropped_torn, recovery_.dropped_corrupt, recovery_.dropped_duplicate,
+      recovery_orphans_, recovery_.segments);
+  return Status::OK();
+}
+
+CacheHostNode::~CacheHostNode() { Shutdown(std::chrono::milliseconds(0)); }
+
+std::string CacheHostNode::transport_address() const {
+  return data_plane_ ? data_plane_->address() : std::string();
+}
+
+std::uint64_t CacheHostNode::NowUs() const { return env_->NowMicros(); }
+
+std::uint64_t CacheHostNode::EffectiveTtl(std::uint64_t ttl_us) const {
+  return ttl_us == 0 ? options_.default_ttl_us : ttl_us;
+}
+
+AccessToken CacheHostNode::NewToken() {
+  // xorshift128+ seeded from std::random_device: tokens are capabilities a
+  // client cannot guess; they are not long-term secrets.
+  AccessToken t;
+  for (int half = 0; half < 2; ++half) {
+    std::uint64_t s1 = rng_state_[0];
+    const std::uint64_t s0 = rng_state_[1];
+    rng_state_[0] = s0;
+    s1 ^= s1 << 23;
+    rng_state_[1] = s1 ^ s0 ^ (s1 >> 17) ^ (s0 >> 26);
+    const std::uint64_t v = rng_state_[1] + s0;
+    std::memcpy(t.data() + 8 * half, &v, 8);
+  }
+  return t;
+}
+
+std::vector<ByteExtent> CacheHostNode::ExtentsOf(const PageRuns& pages,
+                                                 std::uint64_t bytes) const {
+  std::vector<ByteExtent> out;
+  std::uint64_t left = bytes;
+  for (const PageRun& r : pages) {
+    if (left == 0) break;
+    const std::uint64_t run_bytes = std::uint64_t{r.count} * pool_->page_bytes();
+    const std::uint64_t len = std::min(run_bytes, left);
+    out.push_back({std::uint64_t{r.first} * pool_->page_bytes(), len});
+    left -= len;
+  }
+  return out;
+}
+
+Status CacheHostNode::CheckAdmitting() const {
+  switch (state_.load()) {
+    case ServingState::kServing:
+      return Status::OK();
+    case ServingState::kStarting:
+      return Status::Unavailable("cache host " + options_.host_id + " is starting");
+    case ServingState::kDraining:
+      return Status::Unavailable("cache host " + options_.host_id +
+                                 " is draining: no new reservations or leases");
+    case ServingState::kStopped:
+      break;
+  }
+  return Status::Unavailable("cache host " + options_.host_id + " is stopped");
+}
+
+// ---------------------------------------------------------------- Reserve
+
+StatusOr<ReserveBatch> CacheHostNode::Reserve(const Namespace& ns,
+                                              std::span<const ReserveEntry> entries,
+                                              std::uint64_t ttl_us) {
+  KVF_RETURN_IF_ERROR(CheckAdmitting());
+  ttl_us = EffectiveTtl(ttl_us);
+  ReserveBatch out;
+  out.results.resize(entries.size());
+  Grant grant;
+  grant.write = true;
+  grant.tenant = ns.tenant;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const ReserveEntry& e = entries[i];
+    auto r = table_->Reserve(ns, e.key, e.meta, ttl_us);
+    if (!r.ok() && r.status().code() == StatusCode::kResourceExhausted) {
+      // Make room among this namespace's own blocks (a quota refusal is solved
+      // the same way), wait for the demotions that started, then retry once.
+      MakeRoomAndWait(ns, pool_->PagesFor(e.meta.bytes));
+      r = table_->Reserve(ns, e.key, e.meta, ttl_us);
+    }
+    if (!r.ok()) {
+      out.results[i].status = r.status();
+      continue;
+    }
+    out.results[i].extents = ExtentsOf(r->pages, e.meta.bytes);
+    grant.blocks.push_back({e.key, r->id, r->pages, e.meta.bytes});
+  }
+  if (grant.blocks.empty()) return out;
+  grant.ns = table_->FindNamespace(ns).value_or(0);
+  std::lock_guard<std::mutex> lock(mu_);
+  grant.token = NewToken();
+  grant.expires_at_us = NowUs() + ttl_us;
+  out.grant = {next_grant_id_++, ttl_us, grant.token};
+  grants_.emplace(out.grant.lease_id, std::move(grant));
+  return out;
+}
+
+// ---------------------------------------------------------------- Commit
+
+StatusOr<std::vector<Status>> CacheHostNode::Commit(const Namespace& ns, std::uint64_t lease_id,
+                                                    std::span<const CommitEntry> entries,
+                                                    bool release_uncommitted) {
+  // Resolve every entry to its reservation under the lock; commit (CRC over
+  // the pages) outside it.
+  std::vector<Status> out(entries.size());
+  std::vector<std::pair<std::size_t, std::size_t>> todo;  // (entry, grant block)
+  std::vector<std::uint64_t> sub_ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = grants_.find(lease_id);
+    if (it == grants_.end() || !it->second.write || it->second.tenant != ns.tenant) {
+      return Status::NotFound("write lease " + std::to_string(lease_id) +
+                              " is unknown or ended (expired, released, or the daemon restarted)");
+    }
+    Grant& g = it->second;
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      auto b = std::find_if(g.blocks.begin(), g.blocks.end(),
+                            [&](const GrantBlock& gb) { return gb.key == entries[i].key; });
+      if (b == g.blocks.end() || b->released) {
+        out[i] = Status::NotFound("block " + entries[i].key.ToHex() +
+                                  " is not reserved under lease " + std::to_string(lease_id));
+      } else if (!b->committed) {
+        todo.emplace_back(i, static_cast<std::size_t>(b - g.blocks.begin()));
+        sub_ids.push_back(b->sub_id);
+      }
+    }
+  }
+  std::vector<Status> results(todo.size());
+  for (std::size_t k = 0; k < todo.size(); ++k) {
+    results[k] = table_->Commit(sub_ids[k], entries[todo[k].first].crc32c);
+  }
+  std::vector<std::uint64_t> to_abort;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = grants_.find(lease_id);
+    for (std::size_t k = 0; k < todo.size(); ++k) {
+      out[todo[k].first] = results[k];
+      if (it == grants_.end()) continue;
+      GrantBlock& b = it->second.blocks[todo[k].second];
+      if (results[k].ok()) {
+        b.committed = true;
+      } else if (results[k].code() == StatusCode::kDataLoss ||
+                 results[k].code() == StatusCode::kNotFound) {
+        b.released = true;  // the table dropped the reservation
+      }
+    }
+    if (it != grants_.end()) {
+      bool open = false;
+      for (GrantBlock& b : it->second.blocks) {
+        if (b.committed || b.released) continue;
+        if (release_uncommitted) {
+          to_abort.push_back(b.sub_id);
+          b.released = true;
+        } else {
+          open = true;
+        }
+      }
+      if (!open) grants_.erase(it);
+    }
+  }
+  for (std::uint64_t id : to_abort) table_->Abort(id).IgnoreError();  // expiry frees it otherwise
+  return out;
+}
+
+// ---------------------------------------------------------------- Lease
+
+StatusOr<LeaseBatch> CacheHostNode::Lease(const Namespace& ns, std::span<const BlockKey> keys,
+                                          const LeaseRequestOptions& options) {
+  KVF_RETURN_IF_ERROR(CheckAdmitting());
+  const std::uint64_t ttl_us = EffectiveTtl(options.ttl_us);
+  const FingerprintDigest* expected =
+      options.expected_fingerprint.has_value() ? &*options.expected_fingerprint : nullptr;
+  KVF_ASSIGN_OR_RETURN(ReadLease first, table_->Lease(ns, keys, ttl_us, expected));
+  LeaseBatch out;
+  out.results.resize(keys.size());
+  std::vector<std::uint64_t> table_leases;
+  if (first.id != 0) table_leases.push_back(first.id);
+
+  // Outcomes of the first pass; NVMe-only blocks are staged, in order, and
+  // (prefix_only) only up to the first key that cannot be served.
+  std::size_t prefix_end = keys.size();
+  std::vector<BlockKey> staged;
+  std::vector<std::size_t> staged_index;
+  const std::optional<NamespaceId> ns_id = table_->FindNamespace(ns);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const LeasedBlock& b = first.blocks[i];
+    LeaseEntryResult& r = out.results[i];
+    r.meta = b.meta;
+    r.crc32c = b.crc32c;
+    if (options.prefix_only && prefix_end < keys.size()) {
+      r.status = Status::Aborted("not attempted: an earlier key of the prefix was not served");
+      continue;
+    }
+    Status s;
+    switch (b.outcome) {
+      case LeaseOutcome::kLeased:
+        r.extents = ExtentsOf(b.pages, b.bytes);
+        break;
+      case LeaseOutcome::kMissing:
+        s = Status::NotFound("block " + b.key.ToHex() + " is not cached here");
+        break;
+      case LeaseOutcome::kFingerprintMismatch:
+        s = Status::FailedPrecondition("block " + b.key.ToHex() +
+                                       " belongs to another model fingerprint");
+        break;
+      case LeaseOutcome::kBusy:
+        s = Status::Unavailable("block " + b.key.ToHex() +
+                                " is being staged from NVMe by another lease; retry");
+        break;
+      case LeaseOutcome::kNvmeOnly:
+        s = (nvme_ && ns_id.has_value()) ? Stage(*ns_id, b.key)
+                                         : Status::Internal("NVMe block without an NVMe tier");
+        if (s.ok()) {
+          r.staged_from_nvme = true;
+          staged.push_back(b.key);
+          staged_index.push_back(i);
+        }
+        break;
+    }
+    r.status = s;
+    if (!s.ok() && options.prefix_only) prefix_end = i;
+  }
+  if (!staged.empty()) {
+    auto second = table_->Lease(ns, staged, ttl_us, expected);
+    if (second.ok() && second->id != 0) table_leases.push_back(second->id);
+    for (std::size_t k = 0; k < staged.size(); ++k) {
+      LeaseEntryResult& r = out.results[staged_index[k]];
+      if (second.ok() && second->blocks[k].outcome == LeaseOutcome::kLeased) {
+        r.extents = ExtentsOf(second->blocks[k].pages, second->blocks[k].bytes);
+      } else {
+        r.status = Status::Unavailable("block " + staged[k].ToHex() +
+                                       " was evicted again while being staged; retry");
+        if (options.prefix_only && staged_index[k] < prefix_end) prefix_end = staged_index[k];
+      }
+    }
+  }
+  if (options.prefix_only && prefix_end < keys.size()) {
+    // Only keys[0, prefix_end) stay leased: re-lease that prefix alone.
+    for (std::uint64_t id : table_leases) table_->Release(id).IgnoreError();
+    table_leases.clear();
+    for (std::size_t i = prefix_end + 1; i < keys.size(); ++i) {
+      if (out.results[i].status.code() != StatusCode::kAborted) {
+        out.results[i].status =
+            Status::Aborted("not attempted: an earlier key of the prefix was not served");
+      }
+      out.results[i].extents.clear();
+    }
+    if (prefix_end > 0) {
+      auto again = table_->Lease(ns, keys.first(prefix_end), ttl_us, expected);
+      if (!again.ok()) return again.status();
+      if (again->id != 0) table_leases.push_back(again->id);
+      for (std::size_t i = 0; i < prefix_end; ++i) {
+        const LeasedBlock& b = again->blocks[i];
+        if (b.outcome == LeaseOutcome::kLeased) {
+          out.results[i].extents = ExtentsOf(b.pages, b.bytes);
+        } else {
+          out.results[i].status = Status::Unavailable("block " + b.key.ToHex() +
+                                                      " left the host pool meanwhile; retry");
+          out.results[i].extents.clear();
+        }
+      }
+    }
+  }
+  Grant grant;
+  grant.write = false;
+  grant.tenant = ns.tenant;
+  grant.ns = ns_id.value_or(0);
+  grant.read_leases = table_leases;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const LeaseEntryResult& r = out.results[i];
+    if (!r.status.ok() || r.extents.empty()) continue;
+    // Which table lease pins it: the one whose BeginReadRange accepts it is
+    // found at transfer time; record the page runs for the range lookup.
+    GrantBlock gb;
+    gb.key = keys[i];
+    gb.bytes = r.meta.bytes;
+    for (const ByteExtent& x : r.extents) {
+      PageRun run{static_cast<std::uint32_t>(x.offset / pool_->page_bytes()),
+                  static_cast<std::uint32_t>(pool_->PagesFor(x.length))};
+      gb.pages.runs[gb.pages.size++] = run;
+    }
+    grant.blocks.push_back(gb);
+  }
+  if (grant.blocks.empty()) {
+    for (std::uint64_t id : table_leases) table_->Release(id).IgnoreError();
+    return out;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  grant.token = NewToken();
+  grant.expires_at_us = NowUs() + ttl_us;
+  out.grant = {next_grant_id_++, ttl_us, grant.token};
+  grants_.emplace(out.grant.lease_id, std::move(grant));
+  return out;
+}
+
+Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
+  auto order = table_->BeginPromotion(ns, key);
+  if (!order.ok() && order.status().code() == StatusCode::kResourceExhausted) {
+    auto meta = table_->Lookup(Ns(table_->TenantName(ns)), key);
+    MakeRoomAndWait(std::nullopt, meta.ok() ? pool_->PagesFor(meta->meta.bytes) : 1);
+    order = table_->BeginPromotion(ns, key);
+  }
+  if (!order.ok()) return order.status();
+  AlignedBuffer buffer;
+  {
+    std::unique_lock<std::mutex> lock(staging_mu_);
+    staging_cv_.wait(lock, [&] { return !staging_free_.empty(); });
+    buffer = std::move(staging_free_.back());
+    staging_free_.pop_back();
+  }
+  Status status;
+  if (nvme_->ReadBufferBytes(order->nvme) > buffer.size()) {
+    status = Status::Internal("staging buffer of " + std::to_string(buffer.size()) +
+                              " bytes cannot hold a record of " +
+                              std::to_string(order->nvme.bytes));
+  } else {
+    auto header = nvme_->Read(order->nvme, DigestOf(key), buffer.span());
+    if (header.ok() && header->payload_bytes != order->meta.bytes) {
+      status = Status::DataLoss("NVMe block " + key.ToHex() + " has " +
+                                std::to_string(header->payload_bytes) + " bytes, the index " +
+                                std::to_string(order->meta.bytes));
+    } else if (!header.ok()) {
+      status = header.status();
+    } else {
+      pool_->CopyIn(order->pages, buffer.span().subspan(kBlockHeaderBytes, order->meta.bytes));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(staging_mu_);
+    staging_free_.push_back(std::move(buffer));
+  }
+  staging_cv_.notify_one();
+  ++staging_reads_;
+  if (status.ok()) return table_->CompletePromotion(*order);
+  const bool corrupt = status.code() == StatusCode::kDataLoss;
+  if (corrupt) ++staging_crc_failures_;
+  auto removed = table_->AbortPromotion(*order, corrupt);
+  if (corrupt) {
+    spdlog::error("NVMe block {} failed verification and was removed: {}", key.ToHex(),
+                  status.ToString());
+    if (removed.ok() && removed->has_value()) {
+      nvme_->Remove((*removed)->nvme, DigestOf(key)).IgnoreError();  // already gone if CRC failed
+    }
+  }
+  return status;
+}
+
+// ---------------------------------------------------------------- Renew / Release
+
+std::vector<StatusOr<std::uint64_t>> CacheHostNode::Renew(
+    const Namespace& ns, std::span<const std::uint64_t> lease_ids, std::uint64_t ttl_us) {
+  ttl_us = EffectiveTtl(ttl_us);
+  std::vector<StatusOr<std::uint64_t>> out;
+  out.reserve(lease_ids.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (std::uint64_t id : lease_ids) {
+    auto it = grants_.find(id);
+    if (it == grants_.end() || it->second.tenant != ns.tenant) {
+      out.emplace_back(Status::NotFound("lease " + std::to_string(id) + " is unknown or ended"));
+      continue;
+    }
+    Grant& g = it->second;
+    Status s;
+    if (g.write) {
+      for (const GrantBlock& b : g.blocks) {
+        if (b.committed || b.released) continue;
+        auto r = table_->RenewReservation(b.sub_id, ttl_us);
+        if (!r.ok()) s = r.status();
+      }
+    } else {
+      for (std::uint64_t lid : g.read_leases) {
+        auto r = table_->Renew(lid, ttl_us);
+        if (!r.ok()) s = r.status();
+      }
+    }
+    if (!s.ok()) {
+      out.emplace_back(s.WithContext("renew lease " + std::to_string(id)));
+      continue;
+    }
+    g.expires_at_us = NowUs() + ttl_us;
+    out.emplace_back(ttl_us);
+  }
+  return out;
+}
+
+std::vector<Status> CacheHostNode::Release(const Namespace& ns,
+                                           std::span<const ReleaseEntry> entries) {
+  std::vector<Status> out(entries.size());
+  std::vector<std::uint64_t> aborts, releases;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const ReleaseEntry& e = entries[i];
+      auto it = grants_.find(e.lease_id);
+      if (it == grants_.end() || it->second.tenant != ns.tenant) {
+        out[i] = Status::NotFound("lease " + std::to_string(e.lease_id) + " is unknown or ended");
+        continue;
+      }
+      Grant& g = it->second;
+      for (const BlockKey& k : e.keys) {
+        auto b = std::find_if(g.blocks.begin(), g.blocks.end(),
+                              [&](const GrantBlock& gb) { return gb.key == k; });
+        if (b == g.blocks.end() || b->released) {
+          out[i] = Status::NotFound("block " + k.ToHex() + " is not held by lease " +
+                                    std::to_string(e.lease_id));
+          continue;
+        }
+        b->released = true;
+        if (g.write && !b->committed) aborts.push_back(b->sub_id);
+      }
+      bool all = true;
+      for (GrantBlock& b : g.blocks) {
+        if (e.keys.empty() && !b.released) {
+          b.released = true;
+          if (g.write && !b.committed) aborts.push_back(b.sub_id);
+        }
+        all = all && (b.released || (g.write && b.committed));
+      }
+      if (all) {
+        if (!g.write) releases.insert(releases.end(), g.read_leases.begin(), g.read_leases.end());
+        grants_.erase(it);
+      }
+    }
+  }
+  // A reservation with a write in flight cannot be aborted now; it expires
+  // with its TTL once the write ends.
+  for (std::uint64_t id : aborts) table_->Abort(id).IgnoreError();
+  for (std::uint64_t id : releases) table_->Release(id).IgnoreError();
+  return out;
+}
+
+// ---------------------------------------------------------------- Lookup / Delete
+
+std::vector<LookupEntryResult> CacheHostNode::Lookup(const Namespace& ns,
+                                                     std::span<const BlockKey> keys) {
+  std::vector<LookupEntryResult> out(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    auto e = table_->Lookup(ns, keys[i]);
+    if (!e.ok()) {
+      out[i].status = e.status();
+      continue;
+    }
+    out[i].meta = e->meta;
+    out[i].crc32c = e->crc32c;
+    out[i].tier = e->tier;
+    out[i].active_leases = e->read_pins;
+    out[i].hit_count = e->hit_count;
+  }
+  return out;
+}
+
+void CacheHostNode::DropNvmeCopy(const BlockEntry& removed) {
+  if (nvme_ && OnNvme(removed.tier)) {
+    nvme_->Remove(removed.nvme, DigestOf(removed.key)).IgnoreError();
+    catalog_->Forget(DigestOf(removed.key));
+  }
+}
+
+std::vector<Status> CacheHostNode::Delete(const Namespace& ns, std::span<const BlockKey> keys) {
+  std::vector<Status> out(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    auto removed = table_->Delete(ns, keys[i]);
+    if (!removed.ok()) {
+      out[i] = removed.status();
+      continue;
+    }
+    DropNvmeCopy(*removed);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- Eviction
+
+std::uint64_t CacheHostNode::RunEviction(std::optional<Namespace> scope,
+                                         std::uint64_t pages_needed) {
+  EvictionRequest req;
+  req.watermarks = options_.watermarks;
+  req.nvme_enabled = nvme_ != nullptr;
+  req.scope = std::move(scope);
+  req.pages_needed = pages_needed;
+  auto pass = table_->MakeRoom(*policy_, req);
+  if (!pass.ok()) {
+    spdlog::error("eviction pass failed: {}", pass.status().ToString());
+    return 0;
+  }
+  StartDemotions(std::move(pass->demotions));
+  return pass->pages_freed;
+}
+
+void CacheHostNode::MakeRoomAndWait(std::optional<Namespace> scope, std::uint64_t pages) {
+  std::uint64_t done_before = 0;
+  {
+    std::lock_guard<std::mutex> lock(demotion_mu_);
+    done_before = demotions_done_;
+  }
+  RunEviction(std::move(scope), pages);
+  // Demotions count from the moment the table marked them (a background pass
+  // may still be syncing their catalog records), hence pages_demoting.
+  std::unique_lock<std::mutex> lock(demotion_mu_);
+  demotion_cv_.wait_for(lock, options_.reserve_wait, [&] {
+    return table_->Counters().pages_demoting == 0 || demotions_done_ > done_before ||
+           pool_->Counts().free >= pages;
+  });
+}
+
+void CacheHostNode::StartDemotions(std::vector<DemotionOrder> orders) {
+  if (orders.empty()) return;
+  // The catalog record goes first and is synced, so a block found on NVMe
+  // after a crash always has its namespace (docs/nvme-tier.md).
+  std::vector<CatalogEntry> records;
+  records.reserve(orders.size());
+  for (const DemotionOrder& o : orders) {
+    records.push_back(CatalogEntry{DigestOf(o.key), table_->TenantName(o.ns), o.meta.token_offset});
+  }
+  if (Status s = catalog_->AppendBatch(records); !s.ok()) {
+    spdlog::error("NVMe catalog append failed; {} demotions abandoned: {}", orders.size(),
+                  s.ToString());
+    for (const DemotionOrder& o : orders) table_->AbortDemotion(o.ns, o.key).IgnoreError();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(demotion_mu_);
+    demotions_in_flight_ += orders.size();
+  }
+  for (DemotionOrder& o : orders) {
+    BlockHeader header;
+    header.representation = o.meta.representation;
+    header.dtype = o.meta.dtype;
+    header.key = DigestOf(o.key);
+    header.fingerprint = o.meta.fingerprint;
+    header.layers = o.meta.layers;
+    header.tokens = o.meta.tokens;
+    header.kv_heads = o.meta.kv_heads;
+    header.head_dim = o.meta.head_dim;
+    header.payload_bytes = o.meta.bytes;
+    header.payload_crc32c = o.crc32c;
+    auto finish = [this, ns = o.ns, key = o.key](StatusOr<NvmeLocation> where) {
+      Status s = where.ok() ? table_->CompleteDemotion(ns, key, *where)
+                            : table_->AbortDemotion(ns, key);
+      if (!where.ok()) {
+        spdlog::warn("demotion of {} failed, block stays in the host pool: {}", key.ToHex(),
+                     where.status().ToString());
+      } else if (!s.ok()) {
+        spdlog::error("demotion of {} completed but not applied: {}", key.ToHex(), s.ToString());
+      }
+      {
+        std::lock_guard<std::mutex> lock(demotion_mu_);
+        --demotions_in_flight_;
+        ++demotions_done_;
+      }
+      demotion_cv_.notify_all();
+    };
+    if (o.pages.size == 1) {
+      nvme_->Demote(header, pool_->RunBytes(o.pages.runs[0]).first(o.meta.bytes), finish);
+      continue;
+    }
+    // A block split over several runs: gather it into a staging buffer first.
+    AlignedBuffer buffer;
+    {
+      std::unique_lock<std::mutex> lock(staging_mu_);
+      staging_cv_.wait(lock, [&] { return !staging_free_.empty(); });
+      buffer = std::move(staging_free_.back());
+      staging_free_.pop_back();
+    }
+    std::uint64_t pos = 0;
+    for (const PageRun& r : o.pages) {
+      auto bytes = pool_->RunBytes(r);
+      const std::uint64_t n = std::min<std::uint64_t>(bytes.size(), o.meta.bytes - pos);
+      if (pos + n > buffer.size()) break;
+      std::memcpy(buffer.data() + pos, bytes.data(), n);
+      pos += n;
+    }
+    auto* raw = new AlignedBuffer(std::move(buffer));
+    nvme_->Demote(header, raw->span().first(std::min<std::uint64_t>(o.meta.bytes, raw->size())),
+                  [this, raw, finish](StatusOr<NvmeLocation> where) {
+                    finish(std::move(where));
+                    {
+                      std::lock_guard<std::mutex> lock(staging_mu_);
+                      staging_free_.push_back(std::move(*raw));
+                    }
+                    delete raw;
+                    staging_cv_.notify_one();
+                  });
+  }
+}
+
+// ---------------------------------------------------------------- Data plane
+
+StatusOr<TransferTicket> CacheHostNode::BeginTransfer(std::uint64_t lease_id,
+                                                      const AccessToken& token, bool write,
+                                                      std::span<const ByteExtent> ranges) {
+  TransferTicket ticket;
+  ticket.write = write;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = grants_.find(lease_id);
+  if (it == grants_.end() || !TokensEqual(it->second.token, token) || it->second.write != write) {
+    ++transfers_refused_;
+    return Status::NotFound(std::string(write ? "write" : "read") + " lease " +
+                            std::to_string(lease_id) +
+                            " is unknown, ended, or the access token does not match");
+  }
+  Grant& g = it->second;
+  const std::uint64_t page = pool_->page_bytes();
+  for (const ByteExtent& r : ranges) {
+    const GrantBlock* found = nullptr;
+    for (const GrantBlock& b : g.blocks) {
+      if (b.released || (write && b.committed)) continue;
+      for (const PageRun& run : b.pages) {
+        const std::uint64_t start = std::uint64_t{run.first} * page;
+        if (r.offset >= start && r.offset < start + std::uint64_t{run.count} * page) found = &b;
+      }
+      if (found != nullptr) break;
+    }
+    Status s;
+    std::uint64_t sub = 0;
+    if (found == nullptr) {
+      s = Status::InvalidArgument("range [" + std::to_string(r.offset) + ", +" +
+                                  std::to_string(r.length) + ") lies in no open block of lease " +
+                                  std::to_string(lease_id));
+    } else if (write) {
+      sub = found->sub_id;
+      s = table_->BeginWriteRange(sub, r.offset, r.length);
+    } else {
+      for (std::uint64_t lid : g.read_leases) {
+        s = table_->BeginReadRange(lid, r.offset, r.length);
+        sub = lid;
+        if (s.ok()) break;
+      }
+    }
+    if (!s.ok()) {
+      EndTransfer(ticket);
+      ++transfers_refused_;
+      return s;
+    }
+    ticket.sub_ids.push_back(sub);
+  }
+  return ticket;
+}
+
+void CacheHostNode::EndTransfer(const TransferTicket& ticket) {
+  for (std::uint64_t id : ticket.sub_ids) {
+    (ticket.write ? table_->EndWrite(id) : table_->EndRead(id)).IgnoreError();
+  }
+}
+
+void CacheHostNode::set_transfer_observer(TransferObserver observer) {
+  std::lock_guard<std::mutex> lock(observer_mu_);
+  observer_ = std::move(observer);
+}
+
+void CacheHostNode::ObserveTransfer(bool write, std::uint64_t bytes, std::uint64_t micros,
+                                    const Status& status) {
+  std::lock_guard<std::mutex> lock(observer_mu_);
+  if (observer_) observer_(write, bytes, micros, status);
+}
+
+// ---------------------------------------------------------------- State
+
+CacheHostSnapshot CacheHostNode::Snapshot() const {
+  CacheHostSnapshot s;
+  s.state = state_.load();
+  s.uptime_us = NowUs() - start_us_;
+  s.policy = std::string(policy_->name());
+  s.memory_locked = pool_->locked();
+  s.page_bytes = pool_->page_bytes();
+  s.pages = pool_->Counts();
+  s.table = table_->Counters();
+  s.namespaces = table_->Usages();
+  s.nvme_enabled = nvme_ != nullptr;
+  s.nvme_capacity_bytes = nvme_ ? options_.nvme.capacity_bytes : 0;
+  if (nvme_) s.nvme = nvme_->stats();
+  s.recovery = recovery_;
+  s.recovery_orphans = recovery_orphans_;
+  for (EvictionAction a :
+       {EvictionAction::kDropHostCopy, EvictionAction::kDemote, EvictionAction::kEvict}) {
+    s.evictions_by_action[static_cast<int>(a)] = table_->decisions().Count(a);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s.grants_active = grants_.size();
+    s.grants_expired = grants_expired_;
+  }
+  s.staging_reads = staging_reads_.load();
+  s.staging_crc_failures = staging_crc_failures_.load();
+  s.data_plane_endpoints = data_plane_ ? data_plane_->endpoints() : 0;
+  s.transfers_refused = transfers_refused_.load();
+  return s;
+}
+
+std::vector<EvictionDecision> CacheHostNode::ExplainEviction(const Namespace& ns,
+                                                             const BlockKey& key) const {
+  return table_->Explain(ns, key);
+}
+
+ServingState CacheHostNode::Drain(bool resume) {
+  ServingState expected = resume ? ServingState::kDraining : ServingState::kServing;
+  const ServingState next = resume ? ServingState::kServing : ServingState::kDraining;
+  if (state_.compare_exchange_strong(expected, next)) {
+    spdlog::info("cache host {}: {}", options_.host_id,
+                 resume ? "serving again" : "draining: no new reservations or leases");
+  }
+  return state_.load();
+}
+
+void CacheHostNode::Shutdown(std::chrono::milliseconds grace) {
+  std::call_once(shutdown_once_, [&] {
+    if (state_.load() == ServingState::kServing) state_.store(ServingState::kDraining);
+    const std::uint64_t until = NowUs() + static_cast<std::uint64_t>(grace.count()) * 1000;
+    for (;;) {
+      std::size_t open = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        open = grants_.size();
+      }
+      if (open == 0 || NowUs() >= until) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (data_plane_) data_plane_->Close();
+    {
+      std::lock_guard<std::mutex> lock(maintenance_mu_);
+      stopping_ = true;
+    }
+    maintenance_cv_.notify_all();
+    if (maintenance_.joinable()) maintenance_.join();
+    if (nvme_) {
+      // Commits what is queued (the durability rule), then stops the committer.
+      nvme_->Close().IgnoreError();
+    }
+    state_.store(ServingState::kStopped);
+    spdlog::info("cache host {}: stopped", options_.host_id);
+  });
+}
+
+void CacheHostNode::MaintenanceLoop() {
+  std::unique_lock<std::mutex> lock(maintenance_mu_);
+  while (!stopping_) {
+    maintenance_cv_.wait_for(lock, options_.maintenance_interval);
+    if (stopping_) break;
+    lock.unlock();
+    MaintenanceStep();
+    lock.lock();
+  }
+}
+
+void CacheHostNode::TEST_RunMaintenance() { MaintenanceStep(); }
+
+void CacheHostNode::MaintenanceStep() {
+  const std::uint64_t now = NowUs();
+  table_->ExpireUntil(now);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = grants_.begin(); it != grants_.end();) {
+      if (it->second.expires_at_us <= now) {
+        ++grants_expired_;
+        it = grants_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // Background eviction only when occupancy passes the high watermark: the
+  // pass looks at every host block, so it is not run otherwise.
+  const PagePoolCounts c = pool_->Counts();
+  const LeaseTableCounters t = table_->Counters();
+  const std::uint64_t occupied = c.pages - c.free - std::min(c.pages - c.free, t.pages_demoting);
+  if (static_cast<double>(occupied) > options_.watermarks.high * static_cast<double>(c.pages)) {
+    RunEviction(std::nullopt, 0);
+  }
+  if (data_plane_) data_plane_->Sweep();
+}
+
+}  // namespace kvfabric::cache_host

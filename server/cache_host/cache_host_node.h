@@ -1,0 +1,424 @@
+// CacheHostNode: the core of the cache-host daemon `kvfabric-cached`, in
+// kvfabric's own types, tested without gRPC. It ties together the host page
+// pool (allocated once, through the transport, and pre-faulted), the lease
+// table and block index, the eviction policy, the optional NVMe tier with its
+// catalog, and the data plane that moves payloads over the transport. The gRPC
+// adapter (server/cache_host_service.h) only converts messages and checks wire
+// limits; the binary (server/cache_host/cached_main.cc) only reads flags.
+//
+// Batches. A Reserve batch becomes one *write grant* (one lease id for the
+// client) over one lease-table reservation per block; a Lease batch becomes
+// one *read grant* over one or two lease-table read leases (blocks already in
+// the host pool, then blocks staged from NVMe for this call). A grant carries a
+// random 16-byte access token; the data plane moves bytes only for requests
+// that present the grant's id and token and name byte ranges inside the
+// grant's blocks (LeaseTable::BeginWriteRange / BeginReadRange), so a client
+// can touch nothing but its own leased pages. Grants end with Release, with
+// Commit(release_uncommitted), or when their TTL runs out (the maintenance
+// thread expires the lease table and forgets ended grants).
+//
+// Writes. Reserve never blocks on I/O but may wait up to
+// Options::reserve_wait for demotions it started to free room. Commit checks
+// the payload's CRC32C in the pages; a mismatch publishes nothing and returns
+// the pages (the client reserves again).
+//
+// Reads of NVMe blocks. Lease stages NVMe-only blocks into host pages before
+// it returns: the block is read (O_DIRECT) into a bounce buffer, verified
+// (header, key, CRC32C), copied into staging pages and published as the
+// block's host copy (tier both; promotion on every read is the policy: the
+// NVMe copy stays, so a later eviction drops the host copy without I/O). A
+// block that fails verification is removed everywhere and answers DataLoss.
+//
+// Eviction and demotion. The maintenance thread runs a background pass when
+// occupancy passes the high watermark; Reserve runs a pass scoped to the
+// requesting namespace when the pool cannot hold its block. Demotions are
+// written to the NVMe catalog (one sync per pass) and then queued on the NVMe
+// tier; their pages return when the tier reports them durable.
+//
+// Drain and shutdown. Drain() refuses new reservations and leases
+// (Unavailable) and keeps everything else working. Shutdown() drains, waits
+// (bounded) for grants in use to end, closes the data plane, flushes the NVMe
+// tier (queued demotions are committed: docs/nvme-tier.md's durability rule)
+// and stops the maintenance thread.
+//
+// Thread safety: every public method may be called from any thread (gRPC
+// handler threads, the transport's progress thread through the data plane, the
+// maintenance thread). Lock order: node, then lease table, then pool.
+#ifndef KVFABRIC_SERVER_CACHE_HOST_CACHE_HOST_NODE_H_
+#define KVFABRIC_SERVER_CACHE_HOST_CACHE_HOST_NODE_H_
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/aligned_buffer.h"
+#include "core/block_key.h"
+#include "core/env.h"
+#include "core/status.h"
+#include "core/statusor.h"
+#include "server/cache_host/block_index.h"
+#include "server/cache_host/eviction_policy.h"
+#include "server/cache_host/host_page_pool.h"
+#include "server/cache_host/lease_table.h"
+#include "server/cache_host/nvme_tier.h"
+#include "transport/transport.h"
+
+namespace kvfabric::cache_host {
+
+class DataPlane;
+class NvmeCatalog;
+
+// --eviction-policy.
+enum class EvictionPolicyKind : std::uint8_t {
+  kLru = 1,
+  kCostAware = 2,  // the default
+};
+// "lru", "cost-aware"; ParseEvictionPolicyKind is its inverse (InvalidArgument
+// naming the accepted values).
+std::string_view EvictionPolicyKindName(EvictionPolicyKind kind);
+StatusOr<EvictionPolicyKind> ParseEvictionPolicyKind(std::string_view name);
+
+struct CacheHostOptions {
+  // --host-id. Names this daemon in logs, Health and placement. Non-empty.
+  std::string host_id;
+
+  // --host-pool-bytes, --host-page-bytes, --lock-memory (host_page_pool.h).
+  HostPagePoolOptions pool;
+  // --huge-pages: ask for transparent huge pages on the pool (anonymous
+  // memory only; a transport-allocated pool is the transport's).
+  bool huge_pages = false;
+  // --pool-memory=transport|anonymous. true (default): the transport
+  // allocates the pool (UCX over shared memory: truly one-sided copies);
+  // false: anonymous memory registered with the transport.
+  bool transport_allocates_pool = true;
+  // Touch every page at start-up (and print how long it took). Default true;
+  // tests with large, mostly unused pools may turn it off.
+  bool prefault = true;
+
+  // --host-high-watermark, --host-low-watermark.
+  Watermarks watermarks;
+  // --eviction-policy.
+  EvictionPolicyKind policy = EvictionPolicyKind::kCostAware;
+  // Cost model parameters of the cost-aware policy.
+  CostAwareOptions cost_aware;
+  // Lease-table limits (--max-lease-ttl, --max-reservations, ...).
+  LeaseTableOptions leases;
+  // TTL of a request that leaves it at 0 (default_ttl_ms of the Limits).
+  std::uint64_t default_ttl_us = 30'000'000;
+
+  // --nvme-dir and friends. Empty dir: no NVMe tier (evicted blocks are
+  // dropped). env is filled in from `env` below if left null.
+  NvmeTierOptions nvme;
+
+  // --quota NAMESPACE=BYTES, repeatable. Host bytes (resident + reserved).
+  std::vector<std::pair<std::string, std::uint64_t>> quotas;
+
+  // Models whose arithmetic the daemon prints at start-up (--model ...,
+  // --history-tokens). May be empty (then only the pool lines are printed).
+  std::vector<PoolModel> models;
+
+  // How long Reserve waits for demotions it started to free room before it
+  // answers ResourceExhausted. Default 2 s.
+  std::chrono::milliseconds reserve_wait{2000};
+  // Maintenance period: lease expiry, background eviction, grant cleanup.
+  // Default 20 ms.
+  std::chrono::milliseconds maintenance_interval{20};
+  // Transport listener address (--transport-address), e.g. "127.0.0.1:0".
+  std::string transport_address = "127.0.0.1:0";
+  // Bounce buffers for NVMe staging reads, each of nvme.max_group_bytes
+  // (the largest record the tier accepts), allocated at start-up. Default 2:
+  // two staging reads at once.
+  int staging_buffers = 2;
+};
+
+// A byte range of the pool region (what a grant's extents name).
+struct ByteExtent {
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+};
+
+using AccessToken = std::array<std::uint8_t, 16>;
+
+struct ReserveEntry {
+  BlockKey key;
+  BlockMeta meta;
+};
+
+struct ReserveEntryResult {
+  Status status;                    // OK, AlreadyExists, ResourceExhausted, InvalidArgument
+  std::vector<ByteExtent> extents;  // OK only, in payload order
+};
+
+struct GrantInfo {
+  std::uint64_t lease_id = 0;  // 0 when no entry is OK
+  std::uint64_t ttl_us = 0;
+  AccessToken token{};
+};
+
+struct ReserveBatch {
+  GrantInfo grant;
+  std::vector<ReserveEntryResult> results;  // one per entry, in order
+};
+
+struct CommitEntry {
+  BlockKey key;
+  std::uint32_t crc32c = 0;
+};
+
+struct LeaseRequestOptions {
+  std::uint64_t ttl_us = 0;  // 0: default_ttl_us
+  bool prefix_only = false;
+  std::optional<FingerprintDigest> expected_fingerprint;
+};
+
+struct LeaseEntryResult {
+  // OK, NotFound, DataLoss, ResourceExhausted, FailedPrecondition (digest),
+  // Aborted (prefix_only), Unavailable (evicted while staging; retry).
+  Status status;
+  BlockMeta meta;  // set unless NotFound/Aborted
+  std::uint32_t crc32c = 0;
+  bool staged_from_nvme = false;    // the block rested on NVMe when leased
+  std::vector<ByteExtent> extents;  // OK only
+};
+
+struct LeaseBatch {
+  GrantInfo grant;
+  std::vector<LeaseEntryResult> results;
+};
+
+struct ReleaseEntry {
+  std::uint64_t lease_id = 0;
+  std::vector<BlockKey> keys;  // empty: the whole grant
+};
+
+struct LookupEntryResult {
+  Status status;  // OK or NotFound
+  BlockMeta meta;
+  std::uint32_t crc32c = 0;
+  BlockTier tier = BlockTier::kHost;
+  std::uint32_t active_leases = 0;
+  std::uint64_t hit_count = 0;
+};
+
+enum class ServingState : std::uint8_t {
+  kStarting = 1,
+  kServing = 2,
+  kDraining = 3,
+  kStopped = 4,
+};
+std::string_view ServingStateName(ServingState state);
+
+// Everything Stats and /metrics report, one consistent-enough snapshot.
+struct CacheHostSnapshot {
+  ServingState state = ServingState::kStarting;
+  std::uint64_t uptime_us = 0;
+  std::string policy;  // "lru" / "cost-aware"
+  bool memory_locked = false;
+  std::uint64_t page_bytes = 0;
+  PagePoolCounts pages;          // host pool pages by state
+  LeaseTableCounters table;      // lease table counters and gauges
+  std::vector<NamespaceUsage> namespaces;
+  bool nvme_enabled = false;
+  std::uint64_t nvme_capacity_bytes = 0;
+  NvmeTierStats nvme;
+  NvmeRecoveryReport recovery;
+  std::uint64_t recovery_orphans = 0;  // NVMe blocks without a catalog record (dropped)
+  std::uint64_t evictions_by_action[4] = {};  // indexed by EvictionAction
+  std::uint64_t grants_active = 0;
+  std::uint64_t grants_expired = 0;
+  std::uint64_t staging_reads = 0;
+  std::uint64_t staging_crc_failures = 0;
+  std::uint64_t data_plane_endpoints = 0;
+  std::uint64_t transfers_refused = 0;  // data-plane requests refused (token, range, lease)
+};
+
+// A data-plane transfer the node allowed (see BeginTransfer).
+struct TransferTicket {
+  bool write = false;
+  // Lease-table ids to end (EndWrite / EndRead), one per range, in order.
+  std::vector<std::uint64_t> sub_ids;
+};
+
+// Observes data-plane transfers for metrics (bytes, latency). Called on the
+// transport's progress thread; must not block.
+using TransferObserver =
+    std::function<void(bool write, std::uint64_t bytes, std::uint64_t micros, const Status&)>;
+
+class CacheHostNode {
+ public:
+  // Allocates and pre-faults the pool, opens and recovers the NVMe tier,
+  // rebuilds the index, listens on the transport and starts maintenance.
+  // Prints the start-up arithmetic (pool, pages, models, write reserve) and the
+  // recovery counts as log lines. Refuses (InvalidArgument / FailedPrecondition
+  // naming the setting) what cannot work. `transport` and `env` are borrowed
+  // and must outlive the node.
+  static StatusOr<std::unique_ptr<CacheHostNode>> Create(CacheHostOptions options,
+                                                         transport::Transport* transport,
+                                                         Env* env);
+  // Shutdown() if not yet done.
+  ~CacheHostNode();
+  CacheHostNode(const CacheHostNode&) = delete;
+  CacheHostNode& operator=(const CacheHostNode&) = delete;
+
+  // The start-up arithmetic lines (also logged).
+  const std::string& arithmetic() const { return arithmetic_; }
+  std::string transport_address() const;
+  std::uint64_t pool_bytes() const { return pool_->pool_bytes(); }
+  std::uint64_t page_bytes() const { return pool_->page_bytes(); }
+  const CacheHostOptions& options() const { return options_; }
+  ServingState state() const { return state_.load(); }
+
+  // ---- The CacheHost RPCs, in core types (see cache_host.proto) ----
+  // Unavailable while not serving. Per-entry outcomes in the result.
+  StatusOr<ReserveBatch> Reserve(const Namespace& ns, std::span<const ReserveEntry> entries,
+                                 std::uint64_t ttl_us);
+  // NotFound for an unknown or ended grant (or one of another namespace).
+  StatusOr<std::vector<Status>> Commit(const Namespace& ns, std::uint64_t lease_id,
+                                       std::span<const CommitEntry> entries,
+                                       bool release_uncommitted);
+  StatusOr<LeaseBatch> Lease(const Namespace& ns, std::span<const BlockKey> keys,
+                             const LeaseRequestOptions& options);
+  // Per lease: the granted TTL, or NotFound.
+  std::vector<StatusOr<std::uint64_t>> Renew(const Namespace& ns,
+                                             std::span<const std::uint64_t> lease_ids,
+                                             std::uint64_t ttl_us);
+  std::vector<Status> Release(const Namespace& ns, std::span<const ReleaseEntry> entries);
+  std::vector<LookupEntryResult> Lookup(const Namespace& ns, std::span<const BlockKey> keys);
+  // Per key: OK, NotFound, FailedPrecondition (leased, demoting, staging).
+  std::vector<Status> Delete(const Namespace& ns, std::span<const BlockKey> keys);
+  CacheHostSnapshot Snapshot() const;
+  // Why (ns, key) left the host pool, newest first.
+  std::vector<EvictionDecision> ExplainEviction(const Namespace& ns, const BlockKey& key) const;
+  // false: start draining; true: serve again. Returns the state after.
+  ServingState Drain(bool resume);
+  // See the class comment. `grace` bounds the wait for grants in use.
+  void Shutdown(std::chrono::milliseconds grace);
+
+  // ---- Data plane (server/cache_host/data_plane.h) ----
+  // Checks a transfer request: the grant exists, is of the right kind
+  // (write for puts), `token` matches, and every range lies inside one of the
+  // grant's blocks; brackets each range in the lease table. On error nothing
+  // is bracketed. EndTransfer closes the brackets when the bytes have moved
+  // (or failed).
+  StatusOr<TransferTicket> BeginTransfer(std::uint64_t lease_id, const AccessToken& token,
+                                         bool write, std::span<const ByteExtent> ranges);
+  void EndTransfer(const TransferTicket& ticket);
+  // The registered pool region (for the data plane's transfers).
+  transport::MemoryRegion* pool_region() const { return pool_region_.get(); }
+  void set_transfer_observer(TransferObserver observer);
+  void ObserveTransfer(bool write, std::uint64_t bytes, std::uint64_t micros,
+                       const Status& status);
+
+  // Runs one maintenance step now (tests): expiry, background eviction.
+  void TEST_RunMaintenance();
+
+ private:
+  struct GrantBlock {
+    BlockKey key;
+    std::uint64_t sub_id = 0;  // reservation id (write) or table lease id (read)
+    PageRuns pages;
+    std::uint64_t bytes = 0;
+    bool committed = false;  // write grants
+    bool released = false;
+  };
+  struct Grant {
+    bool write = false;
+    NamespaceId ns = 0;
+    std::string tenant;
+    AccessToken token{};
+    std::uint64_t expires_at_us = 0;
+    std::vector<GrantBlock> blocks;
+    std::vector<std::uint64_t> read_leases;  // table lease ids (read grants)
+  };
+
+  CacheHostNode(CacheHostOptions options, transport::Transport* transport, Env* env);
+  Status Start();
+  Status RecoverNvme();
+  // Unavailable (naming the state) unless serving.
+  Status CheckAdmitting() const;
+  static std::vector<std::string> Split(const std::string& text);
+
+  std::uint64_t NowUs() const;
+  std::uint64_t EffectiveTtl(std::uint64_t ttl_us) const;
+  AccessToken NewToken();
+  std::vector<ByteExtent> ExtentsOf(const PageRuns& pages, std::uint64_t bytes) const;
+  // Runs an eviction pass; starts the demotions it ordered. Returns the pages
+  // it freed at once.
+  std::uint64_t RunEviction(std::optional<Namespace> scope, std::uint64_t pages_needed);
+  void StartDemotions(std::vector<DemotionOrder> orders);
+  // RunEviction, then waits (at most reserve_wait) until a demotion finishes,
+  // none is in flight, or `pages` pages are free.
+  void MakeRoomAndWait(std::optional<Namespace> scope, std::uint64_t pages);
+  // Stages one NVMe-only block into host pages (see the class comment).
+  Status Stage(NamespaceId ns, const BlockKey& key);
+  void MaintenanceLoop();
+  void MaintenanceStep();
+  void ForgetEndedGrantsLocked(std::uint64_t now_us);
+  void DropNvmeCopy(const BlockEntry& removed);
+
+  CacheHostOptions options_;
+  transport::Transport* const transport_;
+  Env* const env_;
+  const std::uint64_t start_us_;
+  std::string arithmetic_;
+
+  // Keeps anonymous pool memory mapped until after the region is deregistered.
+  std::shared_ptr<void> pool_owner_;
+  std::unique_ptr<transport::MemoryRegion> pool_region_;
+  std::unique_ptr<HostPagePool> pool_;
+  std::unique_ptr<EvictionPolicy> policy_;
+  std::unique_ptr<LeaseTable> table_;
+  std::unique_ptr<NvmeTier> nvme_;
+  std::unique_ptr<NvmeCatalog> catalog_;
+  NvmeRecoveryReport recovery_;
+  std::uint64_t recovery_orphans_ = 0;
+  std::unique_ptr<DataPlane> data_plane_;
+
+  std::atomic<ServingState> state_{ServingState::kStarting};
+
+  mutable std::mutex mu_;
+  std::unordered_map<std::uint64_t, Grant> grants_;  // GUARDED_BY(mu_)
+  std::uint64_t next_grant_id_ = 1;                  // GUARDED_BY(mu_)
+  std::uint64_t grants_expired_ = 0;                 // GUARDED_BY(mu_)
+  std::uint64_t rng_state_[2] = {};                  // GUARDED_BY(mu_)
+  std::atomic<std::uint64_t> transfers_refused_{0};
+  std::atomic<std::uint64_t> staging_reads_{0};
+  std::atomic<std::uint64_t> staging_crc_failures_{0};
+
+  // Demotions in flight; Reserve waits on demotion_cv_ for them.
+  std::mutex demotion_mu_;
+  std::condition_variable demotion_cv_;
+  std::uint64_t demotions_in_flight_ = 0;  // GUARDED_BY(demotion_mu_)
+  std::uint64_t demotions_done_ = 0;       // GUARDED_BY(demotion_mu_)
+
+  // Bounce buffers for staging reads.
+  std::mutex staging_mu_;
+  std::condition_variable staging_cv_;
+  std::vector<AlignedBuffer> staging_free_;  // GUARDED_BY(staging_mu_)
+
+  std::mutex observer_mu_;
+  TransferObserver observer_;  // GUARDED_BY(observer_mu_)
+
+  std::mutex maintenance_mu_;
+  std::condition_variable maintenance_cv_;
+  bool stopping_ = false;  // GUARDED_BY(maintenance_mu_)
+  std::thread maintenance_;
+  std::once_flag shutdown_once_;
+};
+
+}  // namespace kvfabric::cache_host
+
+#endif  // KVFABRIC_SERVER_CACHE_HOST_CACHE_HOST_NODE_H_

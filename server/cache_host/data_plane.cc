@@ -1,0 +1,362 @@
+#include "server/cache_host/data_plane.h"
+
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "proto/transfer_wire.h"
+#include "server/cache_host/cache_host_node.h"
+#include "spdlog/spdlog.h"
+
+namespace kvfabric::cache_host {
+
+using transport::Endpoint;
+using transport::IncomingMessage;
+using transport::Transfer;
+using transport::TransferBatch;
+using transport::TransferOp;
+
+namespace {
+
+struct PartialImport {
+  std::uint32_t total = 0;
+  std::string bytes;
+};
+
+struct Peer {
+  std::unique_ptr<Endpoint> endpoint;
+  std::unordered_map<std::uint32_t, std::unique_ptr<transport::RemoteRegion>> regions;
+  std::unordered_map<std::uint32_t, PartialImport> imports;
+  std::uint64_t in_flight = 0;  // transfer batches naming its regions
+};
+
+std::uint64_t NowMicros() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
+}  // namespace
+
+struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
+  CacheHostNode* node = nullptr;
+  transport::Transport* transport = nullptr;
+
+  mutable std::mutex mu;
+  bool closed = false;                                   // GUARDED_BY(mu)
+  std::unordered_map<Endpoint*, Peer> peers;             // GUARDED_BY(mu)
+  std::unordered_map<std::uint64_t, std::unique_ptr<TransferBatch>> in_flight;  // GUARDED_BY(mu)
+  std::vector<std::unique_ptr<TransferBatch>> finished;  // GUARDED_BY(mu); replies and done batches
+  std::uint64_t next_batch = 1;                          // GUARDED_BY(mu)
+
+  void OnAccept(std::unique_ptr<Endpoint> ep) {
+    std::unique_ptr<Endpoint> refused;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (closed) {
+        refused = std::move(ep);
+      } else {
+        Endpoint* raw = ep.get();
+        peers[raw].endpoint = std::move(ep);
+      }
+    }
+    // Destroyed outside the lock: destroying an endpoint waits for its handlers.
+  }
+
+  void Reply(Endpoint* ep, std::uint64_t request_id, const Status& status, std::uint64_t bytes) {
+    wire::TransferMessage m;
+    m.op = wire::TransferOpCode::kReply;
+    m.request_id = request_id;
+    m.status = status;
+    m.bytes_moved = bytes;
+    auto encoded = wire::EncodeTransferMessage(m);
+    if (!encoded.ok()) return;  // cannot happen for a reply
+    transport::Transfer t;
+    t.op = TransferOp::kSend;
+    t.header = std::as_bytes(std::span<const char>(encoded->data(), encoded->size()));
+    auto batch = ep->Submit(std::span<const Transfer>(&t, 1));
+    if (!batch.ok()) return;  // the peer is gone; nobody waits for the reply
+    std::lock_guard<std::mutex> lock(mu);
+    finished.push_back(std::move(*batch));  // Sweep frees it once it is done
+  }
+
+  void OnMessage(IncomingMessage& msg) {
+    if (msg.payload_length() > 0) msg.Drop();
+    Endpoint* ep = msg.endpoint();
+    if (ep == nullptr) return;
+    auto decoded = wire::DecodeTransferMessage(msg.header());
+    if (!decoded.ok()) {
+      spdlog::debug("data plane: dropped a message from {}: {}", ep->peer_address(),
+                    decoded.status().ToString());
+      return;
+    }
+    wire::TransferMessage& m = *decoded;
+    if (msg.payload_length() > 0) {
+      Reply(ep, m.request_id,
+            Status::InvalidArgument("messages to a cache host carry no payload"), 0);
+      return;
+    }
+    switch (m.op) {
+      case wire::TransferOpCode::kImportRegion:
+        Reply(ep, m.request_id, Import(ep, m), 0);
+        return;
+      case wire::TransferOpCode::kPut:
+      case wire::TransferOpCode::kGet:
+        Move(ep, std::move(m));
+        return;
+      case wire::TransferOpCode::kReply:
+        return;  // a daemon asks nothing of its clients
+    }
+  }
+
+  Status Import(Endpoint* ep, const wire::TransferMessage& m) {
+    std::string complete;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (closed) return Status::Unavailable("cache host is shutting down");
+      auto pit = peers.find(ep);
+      if (pit == peers.end()) return Status::Unavailable("unknown endpoint");
+      Peer& peer = pit->second;
+      if (peer.regions.count(m.region_id) != 0) {
+        return Status::AlreadyExists("region " + std::to_string(m.region_id) +
+                                     " is already imported on this connection");
+      }
+      auto it = peer.imports.find(m.region_id);
+      if (m.import_chunk_offset == 0) {
+        if (it == peer.imports.end() && peer.imports.size() >= kMaxImportsInProgress) {
+          return Status::ResourceExhausted(std::to_string(peer.imports.size()) +
+                                           " region imports already in progress");
+        }
+        if (peer.regions.size() >= kMaxRegionsPerPeer) {
+          return Status::ResourceExhausted(std::to_string(peer.regions.size()) +
+                                           " regions imported on this connection, the limit");
+        }
+        it = peer.imports.insert_or_assign(m.region_id, PartialImport{m.import_total_bytes, {}})
+                 .first;
+      }
+      if (it == peer.imports.end() || it->second.total != m.import_total_bytes ||
+          it->second.bytes.size() != m.import_chunk_offset) {
+        if (it != peer.imports.end()) peer.imports.erase(it);
+        return Status::InvalidArgument("import chunk of region " + std::to_string(m.region_id) +
+                                       " at " + std::to_string(m.import_chunk_offset) +
+                                       " out of order; start the import again");
+      }
+      it->second.bytes += m.import_chunk;
+      if (it->second.bytes.size() < it->second.total) return Status::OK();
+      complete = std::move(it->second.bytes);
+      peer.imports.erase(it);
+    }
+    // ImportRegion unpacks on this (the progress) thread without blocking.
+    auto region = ep->ImportRegion(complete);
+    if (!region.ok()) return region.status().WithContext("import region");
+    std::lock_guard<std::mutex> lock(mu);
+    auto pit = peers.find(ep);
+    if (closed || pit == peers.end()) return Status::Unavailable("connection closed");
+    pit->second.regions.emplace(m.region_id, std::move(*region));
+    return Status::OK();
+  }
+
+  void Move(Endpoint* ep, wire::TransferMessage m) {
+    const bool write = m.op == wire::TransferOpCode::kPut;
+    std::vector<transport::Transfer> entries;
+    entries.reserve(m.ranges.size());
+    std::vector<ByteExtent> ranges;
+    ranges.reserve(m.ranges.size());
+    const transport::RemoteRegion* remote = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto pit = closed ? peers.end() : peers.find(ep);
+      if (pit == peers.end()) return;
+      auto rit = pit->second.regions.find(m.region_id);
+      if (rit != pit->second.regions.end()) remote = rit->second.get();
+    }
+    if (remote == nullptr) {
+      Reply(ep, m.request_id,
+            Status::NotFound("region " + std::to_string(m.region_id) +
+                             " is not imported on this connection"),
+            0);
+      return;
+    }
+    for (const wire::TransferRange& r : m.ranges) {
+      if (r.region_offset > remote->length() || r.length > remote->length() - r.region_offset) {
+        Reply(ep, m.request_id,
+              Status::InvalidArgument("range [" + std::to_string(r.region_offset) + ", +" +
+                                      std::to_string(r.length) + ") is outside region " +
+                                      std::to_string(m.region_id) + " of " +
+                                      std::to_string(remote->length()) + " bytes"),
+              0);
+        return;
+      }
+      ranges.push_back({r.pool_offset, r.length});
+      transport::Transfer t;
+      t.op = write ? TransferOp::kRead : TransferOp::kWrite;
+      t.local = node->pool_region();
+      t.local_offset = r.pool_offset;
+      t.length = r.length;
+      t.remote = remote;
+      t.remote_offset = r.region_offset;
+      entries.push_back(t);
+    }
+    auto ticket = node->BeginTransfer(m.lease_id, m.token, write, ranges);
+    if (!ticket.ok()) {
+      Reply(ep, m.request_id, ticket.status(), 0);
+      return;
+    }
+    std::uint64_t id = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto pit = closed ? peers.end() : peers.find(ep);
+      if (pit == peers.end()) {
+        node->EndTransfer(*ticket);
+        return;
+      }
+      ++pit->second.in_flight;  // keeps the region and endpoint alive
+      id = next_batch++;
+    }
+    const std::uint64_t started = NowMicros();
+    auto batch = ep->Submit(entries);
+    if (!batch.ok()) {
+      node->EndTransfer(*ticket);
+      Done(ep, 0);
+      Reply(ep, m.request_id, batch.status(), 0);
+      return;
+    }
+    TransferBatch* raw = batch->get();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      in_flight.emplace(id, std::move(*batch));
+    }
+    auto self = shared_from_this();
+    raw->OnDone([self, raw, ep, id, ticket = std::move(*ticket), request = m.request_id, write,
+                 started]() {
+      const Status status = raw->FirstError();
+      const std::uint64_t bytes = raw->TotalBytes();
+      self->node->EndTransfer(ticket);
+      self->node->ObserveTransfer(write, bytes, NowMicros() - started, status);
+      self->Reply(ep, request, status, bytes);
+      std::lock_guard<std::mutex> lock(self->mu);
+      auto it = self->in_flight.find(id);
+      if (it != self->in_flight.end()) {
+        self->finished.push_back(std::move(it->second));
+        self->in_flight.erase(it);
+      }
+      auto pit = self->peers.find(ep);
+      if (pit != self->peers.end()) --pit->second.in_flight;
+    });
+  }
+
+  void Done(Endpoint* ep, std::uint64_t) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto pit = peers.find(ep);
+    if (pit != peers.end()) --pit->second.in_flight;
+  }
+};
+
+StatusOr<std::unique_ptr<DataPlane>> DataPlane::Start(CacheHostNode* node,
+                                                      transport::Transport* transport,
+                                                      const std::string& address) {
+  auto impl = std::make_shared<Impl>();
+  impl->node = node;
+  impl->transport = transport;
+  std::weak_ptr<Impl> weak = impl;
+  transport->SetMessageHandler([weak](IncomingMessage& msg) {
+    if (auto self = weak.lock()) {
+      self->OnMessage(msg);
+    } else if (msg.payload_length() > 0) {
+      msg.Drop();
+    }
+  });
+  KVF_RETURN_IF_ERROR(transport->Listen(address, [weak](std::unique_ptr<Endpoint> ep) {
+    if (auto self = weak.lock()) self->OnAccept(std::move(ep));
+  }));
+  return std::unique_ptr<DataPlane>(new DataPlane(std::move(impl)));
+}
+
+DataPlane::~DataPlane() { Close(); }
+
+std::string DataPlane::address() const { return impl_->transport->listen_address(); }
+
+std::uint64_t DataPlane::endpoints() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->peers.size();
+}
+
+void DataPlane::Sweep() {
+  std::vector<std::unique_ptr<TransferBatch>> done;
+  std::vector<Peer> dead;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    for (auto it = impl_->finished.begin(); it != impl_->finished.end();) {
+      if ((*it)->Done()) {
+        done.push_back(std::move(*it));
+        it = impl_->finished.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = impl_->peers.begin(); it != impl_->peers.end();) {
+      if (it->second.in_flight == 0 && !it->second.endpoint->health().ok()) {
+        dead.push_back(std::move(it->second));
+        it = impl_->peers.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // Outside the lock: an endpoint's destructor waits for its handlers, which
+  // take the lock. Regions go before their endpoint.
+  for (Peer& p : dead) {
+    p.regions.clear();
+    p.endpoint.reset();
+  }
+}
+
+void DataPlane::Close() {
+  std::vector<Endpoint*> endpoints;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->closed) return;
+    impl_->closed = true;
+    for (auto& [raw, peer] : impl_->peers) endpoints.push_back(raw);
+  }
+  // Force-closing completes every entry (Cancelled); their OnDone callbacks
+  // close the lease brackets and move the batches to `finished`.
+  for (Endpoint* ep : endpoints) {
+    ep->Close(transport::CloseMode::kForce, transport::Clock::now() + std::chrono::seconds(2))
+        .IgnoreError();
+  }
+  // Wait for the callbacks of force-closed batches (they use the endpoint and
+  // the batch); bounded, since the close completed every entry.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      if (impl_->in_flight.empty()) break;
+    }
+    if (std::chrono::steady_clock::now() > give_up) {
+      spdlog::error("data plane: transfer batches still running 5 s after close; leaking them");
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      for (auto& [id, batch] : impl_->in_flight) (void)batch.release();
+      impl_->in_flight.clear();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::vector<std::unique_ptr<TransferBatch>> finished;
+  std::unordered_map<Endpoint*, Peer> peers;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    finished.swap(impl_->finished);
+    peers.swap(impl_->peers);
+  }
+  finished.clear();  // replies: done or cancelled by the close
+  for (auto& [raw, peer] : peers) {
+    peer.regions.clear();
+    peer.endpoint.reset();
+  }
+}
+
+}  // namespace kvfabric::cache_host
