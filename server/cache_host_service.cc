@@ -1,12 +1,365 @@
 #include "server/cache_host_service.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "proto/grpc_status.h"
+#include "server/cache_host_convert.h"
+
 namespace kvfabric {
+
+// Returns the gRPC form of a failed kvfabric Status from a handler.
+#define KVF_GRPC_RETURN_IF_ERROR(expr)                                 \
+  do {                                                                 \
+    ::kvfabric::Status kvf_grpc_status_ = (expr);                      \
+    if (!kvf_grpc_status_.ok()) return ToGrpcStatus(kvf_grpc_status_); \
+  } while (0)
+
+namespace {
+
+Namespace NamespaceOf(const std::string& ns) { return Namespace{ns}; }
+
+// A node that answers a batch with the wrong number of results broke its
+// contract; the call fails rather than misattribute outcomes to keys.
+Status CheckResultCount(std::string_view rpc, std::size_t got, std::size_t want) {
+  if (got == want) return Status::OK();
+  return Status::Internal(std::string(rpc) + ": the node answered " + std::to_string(got) +
+                          " results for " + std::to_string(want) + " entries");
+}
+
+}  // namespace
+
+CacheHostService::CacheHostService(cache_host::CacheHostNode* node, HealthReporter* health,
+                                   CacheHostServiceOptions options)
+    : node_(node), health_(health), options_(std::move(options)) {}
+
+Status CacheHostService::Admit(grpc::ServerContext* context) const {
+  if (node_ == nullptr) {
+    return Status::Unavailable("the cache-host daemon is starting; only Health is served");
+  }
+  return CheckCallLive(context->IsCancelled(), context->deadline(),
+                       std::chrono::system_clock::now());
+}
+
+// ---------------------------------------------------------------- Reserve
+
+grpc::Status CacheHostService::Reserve(grpc::ServerContext* context,
+                                       const v1::ReserveRequest* request,
+                                       v1::ReserveResponse* response) {
+  const v1::Limits& limits = options_.limits;
+  KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), limits));
+  KVF_GRPC_RETURN_IF_ERROR(CheckBatchSize("blocks", request->blocks_size(), limits));
+  KVF_GRPC_RETURN_IF_ERROR(CheckTtlMs(request->ttl_ms(), limits));
+  StatusOr<ModelFingerprint> fingerprint = FingerprintFromProto(request->fingerprint(), limits);
+  if (!fingerprint.ok()) return ToGrpcStatus(fingerprint.status());
+  StatusOr<FingerprintDigest> digest = fingerprint->Digest();
+  if (!digest.ok()) return ToGrpcStatus(digest.status());
+  StatusOr<std::vector<BlockKey>> keys = ReserveKeysFromProto(request->blocks(), limits);
+  if (!keys.ok()) return ToGrpcStatus(keys.status());
+
+  // Per-entry checks: a bad descriptor is answered in its own result and
+  // never reaches the node.
+  const int n = request->blocks_size();
+  std::vector<cache_host::ReserveEntry> entries;
+  entries.reserve(n);
+  std::vector<int> entry_of(n, -1);  // index into `entries`, or -1 if refused here
+  std::vector<Status> refused(n);
+  for (int i = 0; i < n; ++i) {
+    StatusOr<cache_host::BlockMeta> meta = BlockMetaFromDescriptor(
+        request->blocks(i), *fingerprint, *digest, "blocks[" + std::to_string(i) + "]");
+    if (!meta.ok()) {
+      refused[i] = meta.status();
+      continue;
+    }
+    entry_of[i] = static_cast<int>(entries.size());
+    entries.push_back({(*keys)[i], *meta});
+  }
+
+  KVF_GRPC_RETURN_IF_ERROR(Admit(context));
+  cache_host::ReserveBatch batch;
+  if (!entries.empty()) {
+    StatusOr<cache_host::ReserveBatch> reserved = node_->Reserve(
+        NamespaceOf(request->namespace_()), entries, TtlUsFromMs(request->ttl_ms(), limits));
+    if (!reserved.ok()) return ToGrpcStatus(reserved.status());
+    batch = std::move(*reserved);
+  }
+  KVF_GRPC_RETURN_IF_ERROR(CheckResultCount("Reserve", batch.results.size(), entries.size()));
+
+  if (batch.grant.lease_id != 0) {
+    response->set_lease_id(batch.grant.lease_id);
+    response->set_ttl_ms(TtlMsFromUs(batch.grant.ttl_us));
+    GrantToProto(batch.grant, options_.transport_address, node_->pool_bytes(),
+                 response->mutable_grant());
+  }
+  response->mutable_results()->Reserve(n);
+  for (int i = 0; i < n; ++i) {
+    v1::ReserveResult* result = response->add_results();
+    if (entry_of[i] < 0) {
+      StatusToEntry(refused[i], result->mutable_status());
+      continue;
+    }
+    const cache_host::ReserveEntryResult& r = batch.results[entry_of[i]];
+    StatusToEntry(r.status, result->mutable_status());
+    if (r.status.ok()) ExtentsToProto(r.extents, result->mutable_extents());
+  }
+  return grpc::Status::OK;
+}
+
+// ---------------------------------------------------------------- Commit
+
+grpc::Status CacheHostService::Commit(grpc::ServerContext* context,
+                                      const v1::CommitRequest* request,
+                                      v1::CommitResponse* response) {
+  const v1::Limits& limits = options_.limits;
+  KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), limits));
+  KVF_GRPC_RETURN_IF_ERROR(CheckBatchSize("entries", request->entries_size(), limits));
+  std::vector<cache_host::CommitEntry> entries;
+  std::vector<BlockKey> keys;
+  entries.reserve(request->entries_size());
+  keys.reserve(request->entries_size());
+  for (int i = 0; i < request->entries_size(); ++i) {
+    const v1::CommitEntry& e = request->entries(i);
+    StatusOr<BlockKey> key = BlockKeyFromProto(e.key(), "entries[" + std::to_string(i) + "].key");
+    if (!key.ok()) return ToGrpcStatus(key.status());
+    keys.push_back(*key);
+    entries.push_back({*key, e.crc32c()});
+  }
+  KVF_GRPC_RETURN_IF_ERROR(CheckDistinctKeys(keys, "entries", ".key"));
+
+  KVF_GRPC_RETURN_IF_ERROR(Admit(context));
+  StatusOr<std::vector<Status>> results =
+      node_->Commit(NamespaceOf(request->namespace_()), request->lease_id(), entries,
+                    request->release_uncommitted());
+  if (!results.ok()) return ToGrpcStatus(results.status());
+  KVF_GRPC_RETURN_IF_ERROR(CheckResultCount("Commit", results->size(), entries.size()));
+  response->mutable_results()->Reserve(static_cast<int>(results->size()));
+  for (const Status& s : *results) StatusToEntry(s, response->add_results()->mutable_status());
+  return grpc::Status::OK;
+}
+
+// ---------------------------------------------------------------- Lease
+
+grpc::Status CacheHostService::Lease(grpc::ServerContext* context, const v1::LeaseRequest* request,
+                                     v1::LeaseResponse* response) {
+  const v1::Limits& limits = options_.limits;
+  KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), limits));
+  KVF_GRPC_RETURN_IF_ERROR(CheckBatchSize("keys", request->keys_size(), limits));
+  KVF_GRPC_RETURN_IF_ERROR(CheckTtlMs(request->ttl_ms(), limits));
+  StatusOr<std::vector<BlockKey>> keys = BlockKeysFromProto(request->keys(), "keys", true);
+  if (!keys.ok()) return ToGrpcStatus(keys.status());
+  cache_host::LeaseRequestOptions lease_options;
+  lease_options.ttl_us = TtlUsFromMs(request->ttl_ms(), limits);
+  lease_options.prefix_only = request->prefix_only();
+  const std::string& expected = request->expected_fingerprint_digest();
+  if (!expected.empty()) {
+    if (expected.size() != kFingerprintDigestSize) {
+      return ToGrpcStatus(Status::InvalidArgument(
+          "expected_fingerprint_digest: " + std::to_string(expected.size()) + " bytes; empty or " +
+          std::to_string(kFingerprintDigestSize) + " required"));
+    }
+    FingerprintDigest digest;
+    std::copy(expected.begin(), expected.end(), digest.begin());
+    lease_options.expected_fingerprint = digest;
+  }
+
+  KVF_GRPC_RETURN_IF_ERROR(Admit(context));
+  const Namespace ns = NamespaceOf(request->namespace_());
+  StatusOr<cache_host::LeaseBatch> leased = node_->Lease(ns, *keys, lease_options);
+  if (!leased.ok()) return ToGrpcStatus(leased.status());
+  const cache_host::LeaseBatch& batch = *leased;
+
+  // What a Lease may pin is bounded by the bytes it leases, which only the
+  // node knows: over the limit, the whole grant is given back.
+  Status refusal = CheckResultCount("Lease", batch.results.size(), keys->size());
+  std::uint64_t leased_bytes = 0;
+  for (const cache_host::LeaseEntryResult& r : batch.results) {
+    if (r.status.ok()) leased_bytes += r.meta.bytes;
+  }
+  if (refusal.ok() && leased_bytes > limits.max_batch_payload_bytes()) {
+    refusal = Status::InvalidArgument(
+        "payload_bytes of the leased blocks: " + std::to_string(leased_bytes) +
+        " > max_batch_payload_bytes " + std::to_string(limits.max_batch_payload_bytes()) +
+        "; lease fewer keys per call");
+  }
+  if (!refusal.ok()) {
+    if (batch.grant.lease_id != 0) {
+      const cache_host::ReleaseEntry whole{batch.grant.lease_id, {}};
+      // The grant may have expired already; either way it is gone.
+      for (const Status& s : node_->Release(ns, {&whole, 1})) s.IgnoreError();
+    }
+    return ToGrpcStatus(refusal);
+  }
+
+  if (batch.grant.lease_id != 0) {
+    response->set_lease_id(batch.grant.lease_id);
+    response->set_ttl_ms(TtlMsFromUs(batch.grant.ttl_us));
+    GrantToProto(batch.grant, options_.transport_address, node_->pool_bytes(),
+                 response->mutable_grant());
+  }
+  response->mutable_results()->Reserve(static_cast<int>(batch.results.size()));
+  for (std::size_t i = 0; i < batch.results.size(); ++i) {
+    const cache_host::LeaseEntryResult& r = batch.results[i];
+    v1::LeaseResult* result = response->add_results();
+    StatusToEntry(r.status, result->mutable_status());
+    if (!r.status.ok()) continue;
+    DescriptorFromMeta((*keys)[i], r.meta, r.crc32c, result->mutable_block());
+    result->set_tier(r.staged_from_nvme ? v1::TIER_NVME : v1::TIER_HOST);
+    ExtentsToProto(r.extents, result->mutable_extents());
+  }
+  return grpc::Status::OK;
+}
+
+// ---------------------------------------------------------------- Renew
+
+grpc::Status CacheHostService::Renew(grpc::ServerContext* context, const v1::RenewRequest* request,
+                                     v1::RenewResponse* response) {
+  const v1::Limits& limits = options_.limits;
+  KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), limits));
+  KVF_GRPC_RETURN_IF_ERROR(CheckBatchSize("lease_ids", request->lease_ids_size(), limits));
+  KVF_GRPC_RETURN_IF_ERROR(CheckTtlMs(request->ttl_ms(), limits));
+  const std::vector<std::uint64_t> ids(request->lease_ids().begin(), request->lease_ids().end());
+
+  KVF_GRPC_RETURN_IF_ERROR(Admit(context));
+  const std::vector<StatusOr<std::uint64_t>> results =
+      node_->Renew(NamespaceOf(request->namespace_()), ids, TtlUsFromMs(request->ttl_ms(), limits));
+  KVF_GRPC_RETURN_IF_ERROR(CheckResultCount("Renew", results.size(), ids.size()));
+  response->mutable_results()->Reserve(static_cast<int>(results.size()));
+  for (const StatusOr<std::uint64_t>& r : results) {
+    v1::RenewResult* result = response->add_results();
+    StatusToEntry(r.status(), result->mutable_status());
+    if (r.ok()) result->set_ttl_ms(TtlMsFromUs(*r));
+  }
+  return grpc::Status::OK;
+}
+
+// ---------------------------------------------------------------- Release
+
+grpc::Status CacheHostService::Release(grpc::ServerContext* context,
+                                       const v1::ReleaseRequest* request,
+                                       v1::ReleaseResponse* response) {
+  const v1::Limits& limits = options_.limits;
+  KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), limits));
+  KVF_GRPC_RETURN_IF_ERROR(CheckBatchSize("entries", request->entries_size(), limits));
+  std::uint64_t total_keys = 0;
+  for (const v1::ReleaseEntry& e : request->entries()) total_keys += e.keys_size();
+  if (total_keys > limits.max_keys_per_batch()) {
+    return ToGrpcStatus(Status::InvalidArgument(
+        "keys of all entries: " + std::to_string(total_keys) + " > max_keys_per_batch " +
+        std::to_string(limits.max_keys_per_batch())));
+  }
+  std::vector<cache_host::ReleaseEntry> entries;
+  entries.reserve(request->entries_size());
+  for (int i = 0; i < request->entries_size(); ++i) {
+    const v1::ReleaseEntry& e = request->entries(i);
+    StatusOr<std::vector<BlockKey>> keys =
+        BlockKeysFromProto(e.keys(), "entries[" + std::to_string(i) + "].keys", false);
+    if (!keys.ok()) return ToGrpcStatus(keys.status());
+    entries.push_back({e.lease_id(), std::move(*keys)});
+  }
+
+  KVF_GRPC_RETURN_IF_ERROR(Admit(context));
+  const std::vector<Status> results = node_->Release(NamespaceOf(request->namespace_()), entries);
+  KVF_GRPC_RETURN_IF_ERROR(CheckResultCount("Release", results.size(), entries.size()));
+  response->mutable_results()->Reserve(static_cast<int>(results.size()));
+  for (const Status& s : results) StatusToEntry(s, response->add_results()->mutable_status());
+  return grpc::Status::OK;
+}
+
+// ---------------------------------------------------------------- Lookup
+
+grpc::Status CacheHostService::Lookup(grpc::ServerContext* context,
+                                      const v1::LookupRequest* request,
+                                      v1::LookupResponse* response) {
+  const v1::Limits& limits = options_.limits;
+  KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), limits));
+  KVF_GRPC_RETURN_IF_ERROR(CheckBatchSize("keys", request->keys_size(), limits));
+  StatusOr<std::vector<BlockKey>> keys = BlockKeysFromProto(request->keys(), "keys", false);
+  if (!keys.ok()) return ToGrpcStatus(keys.status());
+
+  KVF_GRPC_RETURN_IF_ERROR(Admit(context));
+  const std::vector<cache_host::LookupEntryResult> results =
+      node_->Lookup(NamespaceOf(request->namespace_()), *keys);
+  KVF_GRPC_RETURN_IF_ERROR(CheckResultCount("Lookup", results.size(), keys->size()));
+  response->mutable_results()->Reserve(static_cast<int>(results.size()));
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const cache_host::LookupEntryResult& r = results[i];
+    v1::LookupResult* result = response->add_results();
+    StatusToEntry(r.status, result->mutable_status());
+    if (!r.status.ok()) continue;
+    DescriptorFromMeta((*keys)[i], r.meta, r.crc32c, result->mutable_block());
+    result->set_tier(TierToProto(r.tier));
+    result->set_active_leases(r.active_leases);
+    result->set_hit_count(r.hit_count);
+  }
+  return grpc::Status::OK;
+}
+
+// ---------------------------------------------------------------- Delete
+
+grpc::Status CacheHostService::Delete(grpc::ServerContext* context,
+                                      const v1::DeleteRequest* request,
+                                      v1::DeleteResponse* response) {
+  const v1::Limits& limits = options_.limits;
+  KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), limits));
+  KVF_GRPC_RETURN_IF_ERROR(CheckBatchSize("keys", request->keys_size(), limits));
+  StatusOr<std::vector<BlockKey>> keys = BlockKeysFromProto(request->keys(), "keys", false);
+  if (!keys.ok()) return ToGrpcStatus(keys.status());
+
+  KVF_GRPC_RETURN_IF_ERROR(Admit(context));
+  const std::vector<Status> results = node_->Delete(NamespaceOf(request->namespace_()), *keys);
+  KVF_GRPC_RETURN_IF_ERROR(CheckResultCount("Delete", results.size(), keys->size()));
+  response->mutable_results()->Reserve(static_cast<int>(results.size()));
+  for (const Status& s : results) StatusToEntry(s, response->add_results()->mutable_status());
+  return grpc::Status::OK;
+}
+
+// ---------------------------------------------------------------- Stats
+
+grpc::Status CacheHostService::Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
+                                     v1::StatsResponse* response) {
+  KVF_GRPC_RETURN_IF_ERROR(Admit(context));
+  StatsContext stats;
+  stats.host_pool_bytes = node_->pool_bytes();
+  const Env* nvme_env = node_->options().nvme.env;
+  stats.nvme_unit_bytes =
+      nvme_env != nullptr ? nvme_env->DirectIoAlignment() : Env::kDefaultDirectIoAlignment;
+  stats.policy = node_->options().policy;
+  StatsFromSnapshot(node_->Snapshot(), stats, request->include_namespaces(), response);
+  return grpc::Status::OK;
+}
+
+// ---------------------------------------------------------------- Health
 
 grpc::Status CacheHostService::Health(grpc::ServerContext* /*context*/,
                                       const v1::HealthRequest* /*request*/,
                                       v1::HealthResponse* response) {
   health_->Fill(response);
+  // The limits in force are this service's, which a daemon may have lowered.
+  *response->mutable_limits() = options_.limits;
   return grpc::Status::OK;
 }
+
+// ---------------------------------------------------------------- Drain
+
+grpc::Status CacheHostService::Drain(grpc::ServerContext* context, const v1::DrainRequest* request,
+                                     v1::DrainResponse* response) {
+  KVF_GRPC_RETURN_IF_ERROR(Admit(context));
+  const cache_host::ServingState state = node_->Drain(request->resume());
+  health_->SetState(ServingStateToProto(state),
+                    state == cache_host::ServingState::kDraining
+                        ? "draining: new reservations and leases get UNAVAILABLE"
+                        : std::string(cache_host::ServingStateName(state)));
+  const cache_host::CacheHostSnapshot snapshot = node_->Snapshot();
+  response->set_status(ServingStateToProto(state));
+  response->set_active_reservations(snapshot.table.active_reservations);
+  response->set_active_read_leases(snapshot.table.active_leases);
+  return grpc::Status::OK;
+}
+
+#undef KVF_GRPC_RETURN_IF_ERROR
 
 }  // namespace kvfabric

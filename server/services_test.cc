@@ -19,7 +19,7 @@ class ServicesTest : public ::testing::Test {
  protected:
   void SetUp() override {
     health_ = std::make_unique<HealthReporter>(Env::Default(), "test-host", "0.0.0-test");
-    cache_host_ = std::make_unique<CacheHostService>(health_.get());
+    cache_host_ = std::make_unique<CacheHostService>(nullptr, health_.get(), CacheHostServiceOptions());
     placement_ = std::make_unique<PlacementService>(health_.get());
     grpc::ServerBuilder builder;
     int port = 0;
@@ -74,13 +74,25 @@ TEST_F(ServicesTest, PlacementHealthFollowsServingState) {
   EXPECT_EQ(resp.detail(), "");
 }
 
-TEST_F(ServicesTest, RpcsOfLaterIssuesAreUnimplemented) {
+TEST_F(ServicesTest, CacheHostWithoutANodeChecksRequestsAndAnswersUnavailable) {
   auto cache_host = v1::CacheHost::NewStub(channel_);
   grpc::ClientContext ctx1;
   SetDeadline(&ctx1);
   v1::ReserveResponse reserve;
+  // An empty batch is refused whole, naming the limit; a lookup of a valid
+  // key reaches the missing node: UNAVAILABLE while the daemon starts.
   EXPECT_EQ(cache_host->Reserve(&ctx1, v1::ReserveRequest(), &reserve).error_code(),
-            grpc::StatusCode::UNIMPLEMENTED);
+            grpc::StatusCode::INVALID_ARGUMENT);
+  grpc::ClientContext ctx3;
+  SetDeadline(&ctx3);
+  v1::LookupRequest lookup;
+  lookup.add_keys(std::string(32, 'k'));
+  v1::LookupResponse looked;
+  EXPECT_EQ(cache_host->Lookup(&ctx3, lookup, &looked).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(ServicesTest, PlacementRpcsOfTheLaterIssueAreUnimplemented) {
   auto placement = v1::Placement::NewStub(channel_);
   grpc::ClientContext ctx2;
   SetDeadline(&ctx2);

@@ -1,0 +1,280 @@
+// `kvfabric-cached`: the cache-host daemon. Reads flags (or a YAML file with
+// the same keys) once, builds CacheHostNode over a UCX transport, serves the
+// CacheHost gRPC service and /metrics, and drains on SIGTERM or SIGINT:
+// stop admitting, finish or cancel transfers (bounded by --shutdown-grace),
+// commit queued NVMe demotions, exit 0.
+//
+// Sizes are explicit: --host-pool-bytes and --host-page-bytes have no
+// default. Start-up prints the pool arithmetic, the pre-fault time and the
+// NVMe recovery counts, and refuses (exit 1, naming the setting) what cannot
+// work. Exit status: 0 after a clean shutdown, 1 when start-up failed, 2 on a
+// usage error.
+#include <CLI/CLI.hpp>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config/logging_flags.h"
+#include "core/config/unit_flags.h"
+#include "core/config/yaml_config.h"
+#include "core/env.h"
+#include "core/logging.h"
+#include "core/model_fingerprint.h"
+#include "server/cache_host/cache_host_metrics.h"
+#include "server/cache_host/cache_host_node.h"
+#include "server/cache_host_service.h"
+#include "server/health_reporter.h"
+#include "spdlog/spdlog.h"
+#include "transport/ucx/ucx_transport.h"
+
+namespace kvfabric {
+namespace {
+
+struct Flags {
+  std::string host_id;
+  std::string grpc_address = "127.0.0.1:7440";
+  std::string metrics_address = "127.0.0.1:0";
+  std::string ready_file;
+  std::string ucx_tls = "sm,self,tcp";
+  std::string lock_memory = "required";
+  std::string pool_memory = "transport";
+  std::string eviction_policy = "cost-aware";
+  std::string nvme_io_engine = "auto";
+  std::vector<std::string> quotas;
+  std::string model_id;
+  std::uint32_t model_layers = 32, model_kv_heads = 8, model_head_dim = 128;
+  std::uint32_t tokens_per_block = 16;
+  std::string model_dtype = "fp16";
+  std::uint64_t history_tokens = 32768;
+  std::chrono::microseconds max_lease_ttl{60'000'000};
+  std::chrono::microseconds default_lease_ttl{30'000'000};
+  std::chrono::microseconds shutdown_grace{5'000'000};
+  bool no_prefault = false;
+};
+
+StatusOr<KvDtype> ParseDtype(const std::string& s) {
+  if (s == "fp16") return KvDtype::kFp16;
+  if (s == "bf16") return KvDtype::kBf16;
+  if (s == "fp32") return KvDtype::kFp32;
+  if (s == "fp8_e4m3") return KvDtype::kFp8E4M3;
+  if (s == "int8") return KvDtype::kInt8;
+  return Status::InvalidArgument("--model-dtype \"" + s +
+                                 "\": expected fp16, bf16, fp32, fp8_e4m3 or int8");
+}
+
+using cache_host::IoEngineKind;
+
+StatusOr<IoEngineKind> ParseEngine(const std::string& s) {
+  if (s == "auto") return IoEngineKind::kAuto;
+  if (s == "uring") return IoEngineKind::kUring;
+  if (s == "threads") return IoEngineKind::kThreads;
+  return Status::InvalidArgument("--nvme-io-engine \"" + s + "\": expected auto, uring or threads");
+}
+
+StatusOr<cache_host::CacheHostOptions> BuildOptions(Flags& f,
+                                                    cache_host::CacheHostOptions o) {
+  if (o.host_id.empty()) {
+    char name[256] = {};
+    gethostname(name, sizeof(name) - 1);
+    o.host_id = name;
+  }
+  KVF_ASSIGN_OR_RETURN(o.pool.lock_mode, cache_host::ParseLockMode(f.lock_memory));
+  if (f.pool_memory != "transport" && f.pool_memory != "anonymous") {
+    return Status::InvalidArgument("--pool-memory \"" + f.pool_memory +
+                                   "\": expected transport or anonymous");
+  }
+  o.transport_allocates_pool = f.pool_memory == "transport";
+  KVF_ASSIGN_OR_RETURN(o.policy, cache_host::ParseEvictionPolicyKind(f.eviction_policy));
+  KVF_ASSIGN_OR_RETURN(o.nvme.io_engine, ParseEngine(f.nvme_io_engine));
+  o.prefault = !f.no_prefault;
+  o.leases.max_ttl_us = static_cast<std::uint64_t>(f.max_lease_ttl.count());
+  o.default_ttl_us = static_cast<std::uint64_t>(f.default_lease_ttl.count());
+  for (const std::string& q : f.quotas) {
+    const auto eq = q.rfind('=');
+    if (eq == std::string::npos) {
+      return Status::InvalidArgument("--quota \"" + q + "\": expected NAMESPACE=BYTES");
+    }
+    CLI::App tmp;
+    std::uint64_t bytes = 0;
+    AddBytesOption(tmp, "--b", &bytes, "");
+    try {
+      tmp.parse(std::vector<std::string>{q.substr(eq + 1), "--b"});
+    } catch (const CLI::ParseError&) {
+      return Status::InvalidArgument("--quota \"" + q + "\": bad size");
+    }
+    o.quotas.emplace_back(q.substr(0, eq), bytes);
+  }
+  if (!f.model_id.empty()) {
+    ModelFingerprint fp;
+    fp.model_id = f.model_id;
+    fp.first_layer = 0;
+    fp.layer_count = f.model_layers;
+    KVF_ASSIGN_OR_RETURN(fp.dtype, ParseDtype(f.model_dtype));
+    fp.kv_heads = f.model_kv_heads;
+    fp.head_dim = f.model_head_dim;
+    fp.tokens_per_block = f.tokens_per_block;
+    fp.tp_rank = 0;
+    fp.tp_size = 1;
+    fp.layout_version = 1;
+    o.models.push_back({fp, f.history_tokens});
+  }
+  // Until `kvfabric calibrate` writes a calibration file (placement issue),
+  // the cost-aware policy uses conservative figures measured on these
+  // machines: TCP/shared-memory fetch ≈2 GB/s, NVMe ≈1.2 GB/s, and a prefill
+  // of ≈50 us/token plus the attention term.
+  o.cost_aware.host_fetch = {20, 2e9};
+  o.cost_aware.nvme_fetch = {100, 1.2e9};
+  o.cost_aware.recompute = {20000, 50, 0.001};
+  return o;
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{"kvfabric-cached: the kvfabric cache-host daemon", "kvfabric-cached"};
+  AddYamlConfigOption(&app);
+  LogOptions log_options;
+  AddLoggingFlags(app, &log_options);
+  Flags f;
+  cache_host::CacheHostOptions o;
+  app.add_option("--host-id", o.host_id, "name of this daemon (default: the hostname)");
+  app.add_option("--grpc-address", f.grpc_address, "gRPC listen address (HOST:PORT; :0 picks)");
+  app.add_option("--transport-address", o.transport_address,
+                 "UCX listen address for the data plane (HOST:PORT; :0 picks)");
+  app.add_option("--ucx-tls", f.ucx_tls,
+                 "UCX transports: sm,self,tcp here; rc,ud,sm,self,tcp on RDMA; must include tcp");
+  app.add_option("--metrics-address", f.metrics_address,
+                 "Prometheus /metrics listen address (empty: off)");
+  app.add_option("--ready-file", f.ready_file,
+                 "write the listen addresses here once serving (for scripts and tests)");
+  AddBytesOption(app, "--host-pool-bytes", &o.pool.pool_bytes, "host pool size (required)")
+      ->required();
+  AddBytesOption(app, "--host-page-bytes", &o.pool.page_bytes,
+                 "host page size, a power of two >= 4 KiB (required)")
+      ->required();
+  app.add_option("--lock-memory", f.lock_memory, "required | best-effort | off");
+  app.add_option("--pool-memory", f.pool_memory,
+                 "transport (UCX allocates: one-sided over shared memory) | anonymous");
+  app.add_flag("--huge-pages", o.huge_pages, "transparent huge pages for anonymous pool memory");
+  app.add_flag("--no-prefault", f.no_prefault, "do not touch every pool page at start-up");
+  app.add_option("--host-high-watermark", o.watermarks.high, "eviction starts above (0, 1]");
+  app.add_option("--host-low-watermark", o.watermarks.low, "eviction stops at or below");
+  app.add_option("--eviction-policy", f.eviction_policy, "cost-aware | lru");
+  app.add_option("--nvme-dir", o.nvme.dir, "NVMe tier directory (empty: no NVMe tier)");
+  AddBytesOption(app, "--nvme-capacity-bytes", &o.nvme.capacity_bytes,
+                 "most bytes the NVMe segment files may occupy (required with --nvme-dir)");
+  AddBytesOption(app, "--nvme-segment-bytes", &o.nvme.segment_bytes, "segment file size");
+  app.add_option("--nvme-io-engine", f.nvme_io_engine, "auto | uring | threads");
+  app.add_option("--quota", f.quotas, "NAMESPACE=BYTES host quota, repeatable");
+  app.add_option("--model-id", f.model_id, "model whose arithmetic start-up prints");
+  app.add_option("--model-layers", f.model_layers, "layers per block");
+  app.add_option("--model-kv-heads", f.model_kv_heads, "KV heads per block");
+  app.add_option("--model-head-dim", f.model_head_dim, "elements per head");
+  app.add_option("--model-dtype", f.model_dtype, "fp16 | bf16 | fp32 | fp8_e4m3 | int8");
+  app.add_option("--tokens-per-block", f.tokens_per_block, "tokens per block");
+  app.add_option("--history-tokens", f.history_tokens, "N of 'histories of N tokens fit'");
+  AddDurationOption(app, "--max-lease-ttl", &f.max_lease_ttl, "longest lease TTL");
+  AddDurationOption(app, "--default-lease-ttl", &f.default_lease_ttl, "TTL when a request gives 0");
+  AddDurationOption(app, "--shutdown-grace", &f.shutdown_grace,
+                    "how long SIGTERM waits for leases in use before cancelling");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (Status s = InitLogging(log_options); !s.ok()) {
+    std::fprintf(stderr, "kvfabric-cached: %s\n", s.ToString().c_str());
+    return 2;
+  }
+  auto options = BuildOptions(f, std::move(o));
+  if (!options.ok()) {
+    spdlog::error("kvfabric-cached: {}", options.status().ToString());
+    return 2;
+  }
+
+  // Signals are taken by sigwait below; every thread started from here on
+  // inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  ucx::UcxTransportOptions topts;
+  topts.tls = f.ucx_tls;
+  auto transport = ucx::CreateUcxTransport(topts);
+  if (!transport.ok()) {
+    spdlog::error("kvfabric-cached: UCX transport: {}", transport.status().ToString());
+    return 1;
+  }
+  auto node = cache_host::CacheHostNode::Create(std::move(*options), transport->get(),
+                                                Env::Default());
+  if (!node.ok()) {
+    spdlog::error("kvfabric-cached: cannot start: {}", node.status().ToString());
+    return 1;
+  }
+  auto metrics = std::make_shared<cache_host::CacheHostMetrics>(
+      [n = node->get()] { return n->Snapshot(); });
+  (*node)->set_transfer_observer(cache_host::CacheHostMetrics::ObserverFor(metrics));
+  std::unique_ptr<cache_host::MetricsServer> metrics_server;
+  if (!f.metrics_address.empty()) {
+    auto started = cache_host::MetricsServer::Start(f.metrics_address, {metrics});
+    if (!started.ok()) {
+      spdlog::error("kvfabric-cached: {}", started.status().ToString());
+      return 1;
+    }
+    metrics_server = std::move(*started);
+  }
+
+  HealthReporter health(Env::Default(), (*node)->options().host_id, "kvfabric-cached");
+  CacheHostServiceOptions sopts;
+  sopts.transport_address = (*node)->transport_address();
+  CacheHostService service(node->get(), &health, sopts);
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(f.grpc_address, grpc::InsecureServerCredentials(), &grpc_port);
+  builder.SetMaxReceiveMessageSize(16 << 20);
+  builder.SetMaxSendMessageSize(16 << 20);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || grpc_port == 0) {
+    spdlog::error("kvfabric-cached: cannot listen for gRPC on {} (--grpc-address)",
+                  f.grpc_address);
+    return 1;
+  }
+  const std::string grpc_host = f.grpc_address.substr(0, f.grpc_address.rfind(':'));
+  const std::string grpc_bound = grpc_host + ":" + std::to_string(grpc_port);
+  health.SetState(v1::SERVING_STATUS_SERVING, "");
+  const std::string metrics_url = metrics_server ? metrics_server->url() : std::string("off");
+  spdlog::info("kvfabric-cached {}: gRPC on {}, data plane on {}, metrics {}",
+               (*node)->options().host_id, grpc_bound, (*node)->transport_address(), metrics_url);
+  if (!f.ready_file.empty()) {
+    const std::string tmp = f.ready_file + ".tmp";
+    std::ofstream out(tmp);
+    out << "grpc=" << grpc_bound << "\ntransport=" << (*node)->transport_address()
+        << "\nmetrics=" << metrics_url << "\npid=" << getpid() << "\n";
+    out.close();
+    std::rename(tmp.c_str(), f.ready_file.c_str());
+  }
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("kvfabric-cached: signal {}: draining", sig);
+  health.SetState(v1::SERVING_STATUS_DRAINING, "shutting down");
+  (*node)->Drain(false);
+  (*node)->Shutdown(std::chrono::duration_cast<std::chrono::milliseconds>(f.shutdown_grace));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  metrics_server.reset();
+  node->reset();
+  spdlog::info("kvfabric-cached: exit 0");
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvfabric
+
+int main(int argc, char** argv) { return kvfabric::Run(argc, argv); }
