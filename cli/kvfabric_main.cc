@@ -2,6 +2,8 @@
 //
 //   kvfabric [--config FILE] [--log-level L] version [--json]
 //       this build, and the optional parts it detected
+//   kvfabric explain eviction --cache-host HOST:PORT [--namespace NS] --key HEX [--json]
+//       why a cache host evicted, demoted or dropped a block, with the formula
 //
 // Later subcommands (demo, status, explain, calibrate, bench) arrive with the
 // parts they drive. Exit status: 0 on success, 1 on a failed command, 2 on a
@@ -10,6 +12,7 @@
 
 #include <cstdio>
 
+#include "cli/explain_command.h"
 #include "cli/version_info.h"
 #include "core/config/logging_flags.h"
 #include "core/config/yaml_config.h"
@@ -27,6 +30,18 @@ int main(int argc, char** argv) {
   CLI::App* version = app.add_subcommand("version", "print the version and optional parts");
   version->add_flag("--json", json, "machine-readable output");
 
+  CLI::App* explain = app.add_subcommand("explain", "explain a decision with its formula");
+  explain->require_subcommand(1);
+  kvfabric::cli::ExplainEvictionArgs eviction_args;
+  CLI::App* eviction =
+      explain->add_subcommand("eviction", "why a cache host evicted or demoted a block");
+  eviction->add_option("--cache-host", eviction_args.cache_host, "daemon gRPC address HOST:PORT")
+      ->required();
+  eviction->add_option("--namespace", eviction_args.tenant, "the block's namespace");
+  eviction->add_option("--key", eviction_args.key_hex, "the block key, 64 hex characters")
+      ->required();
+  eviction->add_flag("--json", eviction_args.json, "machine-readable output");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -43,6 +58,13 @@ int main(int argc, char** argv) {
     const std::string out = json ? kvfabric::cli::FormatVersionJson(info)
                                  : kvfabric::cli::FormatVersionText(info);
     std::fputs(out.c_str(), stdout);
+    return 0;
+  }
+  if (eviction->parsed()) {
+    if (kvfabric::Status s = kvfabric::cli::RunExplainEviction(eviction_args); !s.ok()) {
+      std::fprintf(stderr, "kvfabric explain eviction: %s\n", s.ToString().c_str());
+      return 1;
+    }
     return 0;
   }
   return 2;

@@ -298,6 +298,33 @@ grpc::Status CacheHostService::Lookup(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+// ---------------------------------------------------------------- ExplainEviction
+
+grpc::Status CacheHostService::ExplainEviction(grpc::ServerContext* context,
+                                               const v1::ExplainEvictionRequest* request,
+                                               v1::ExplainEvictionResponse* response) {
+  KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), options_.limits));
+  StatusOr<BlockKey> key = BlockKeyFromProto(request->key(), "key");
+  if (!key.ok()) return ToGrpcStatus(key.status());
+  KVF_GRPC_RETURN_IF_ERROR(Admit(context));
+  for (const cache_host::EvictionDecision& d :
+       node_->ExplainEviction(NamespaceOf(request->namespace_()), *key)) {
+    v1::EvictionExplanation* r = response->add_decisions();
+    r->set_sequence(d.sequence);
+    r->set_time_us(d.time_us);
+    r->set_action(std::string(cache_host::EvictionActionName(d.action)));
+    r->set_step(d.step);
+    r->set_rank(d.rank);
+    r->set_candidates(d.candidates);
+    r->set_score(d.score);
+    r->set_explanation(d.explanation);
+  }
+  response->set_eviction_policy(node_->options().policy == cache_host::EvictionPolicyKind::kLru
+                                    ? v1::EVICTION_POLICY_LRU
+                                    : v1::EVICTION_POLICY_COST_AWARE);
+  return grpc::Status::OK;
+}
+
 // ---------------------------------------------------------------- Delete
 
 grpc::Status CacheHostService::Delete(grpc::ServerContext* context,

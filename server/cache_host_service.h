@@ -71,6 +71,9 @@ class CacheHostService final : public v1::CacheHost::Service {
                        v1::ReleaseResponse* response) override;
   grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                       v1::LookupResponse* response) override;
+  grpc::Status ExplainEviction(grpc::ServerContext* context,
+                               const v1::ExplainEvictionRequest* request,
+                               v1::ExplainEvictionResponse* response) override;
   grpc::Status Delete(grpc::ServerContext* context, const v1::DeleteRequest* request,
                       v1::DeleteResponse* response) override;
   grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,

@@ -9,7 +9,10 @@
 //
 // The daemon binary is $KVF_CACHED (the build sets it), else
 // "kvfabric-cached" beside this test binary.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -99,6 +102,7 @@ class Daemon {
   ~Daemon() { Kill(SIGKILL); }
 
   const std::string& grpc() { return info_["grpc"]; }
+  const std::string& metrics() { return info_["metrics"]; }
   const std::string& transport() { return info_["transport"]; }
 
   void Kill(int sig) {
@@ -130,6 +134,33 @@ class Daemon {
   pid_t pid_ = -1;
   std::map<std::string, std::string> info_;
 };
+
+// GET of an http://127.0.0.1:PORT/path URL; the whole response, or "".
+std::string HttpGet(const std::string& url) {
+  const std::string rest = url.substr(url.find("//") + 2);
+  const std::string hostport = rest.substr(0, rest.find('/'));
+  const std::string path = rest.substr(rest.find('/'));
+  const int port = std::stoi(hostport.substr(hostport.rfind(':') + 1));
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: " + hostport + "\r\n\r\n";
+  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
+    close(fd);
+    return "";
+  }
+  std::string out;
+  char buf[65536];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  close(fd);
+  return out;
+}
 
 class CacheHostDaemonTest : public ::testing::Test {
  protected:
@@ -347,6 +378,12 @@ TEST_F(CacheHostDaemonTest, PutsAndGets2GiBThroughUcxWithChecksums) {
   EXPECT_EQ(stats.commits_total(), static_cast<std::uint64_t>(kBlocks));
   EXPECT_EQ(stats.hits_total(), static_cast<std::uint64_t>(kBlocks));
   EXPECT_EQ(stats.crc_failures_total(), 0u);
+  // /metrics reports the same work, in Prometheus' text format.
+  const std::string metrics = HttpGet(daemon_->metrics());
+  EXPECT_NE(metrics.find("kvfabric_cache_host_commits_total 1024"), std::string::npos)
+      << metrics.substr(0, 2000);
+  EXPECT_NE(metrics.find("kvfabric_cache_host_transfer_bytes_total{direction=\"get\"} 2147483648"),
+            std::string::npos);
   daemon_->Kill(SIGTERM);
   EXPECT_EQ(daemon_->WaitExit(std::chrono::seconds(30)), 0);
 }
@@ -374,6 +411,15 @@ TEST_F(CacheHostDaemonTest, SigkillDuringWritesThenRestartRecoversNvmeBlocks) {
     }
   }
   ASSERT_GT(durable.size(), 16u);
+  // The daemon explains why a block left its host pool.
+  v1::ExplainEvictionRequest ereq;
+  ereq.set_key(Key(durable[0]));
+  v1::ExplainEvictionResponse eresp;
+  grpc::ClientContext ectx;
+  ASSERT_TRUE(stub_->ExplainEviction(&ectx, ereq, &eresp).ok());
+  ASSERT_GE(eresp.decisions_size(), 1);
+  EXPECT_EQ(eresp.decisions(0).action(), "demote");
+  EXPECT_FALSE(eresp.decisions(0).explanation().empty());
   // Keep writing, and kill the daemon in the middle of it.
   std::atomic<bool> stop{false};
   std::thread writer([&] {
@@ -398,6 +444,117 @@ TEST_F(CacheHostDaemonTest, SigkillDuringWritesThenRestartRecoversNvmeBlocks) {
   grpc::ClientContext ctx;
   ASSERT_TRUE(stub_->Stats(&ctx, sreq, &stats).ok());
   EXPECT_GE(stats.recovered_blocks(), durable.size());
+}
+
+TEST_F(CacheHostDaemonTest, StalledClientsLeasesExpireAndTheirPagesReturn) {
+  StartDaemon({"--host-pool-bytes=64MiB", "--host-page-bytes=2MiB"});
+  ASSERT_TRUE(PutBatch(0, 4).ok());
+  // A read lease of 300 ms that the client lets run out before reading.
+  v1::LeaseRequest lreq;
+  lreq.add_keys(Key(0));
+  lreq.set_ttl_ms(300);
+  v1::LeaseResponse lresp;
+  grpc::ClientContext lctx;
+  ASSERT_TRUE(stub_->Lease(&lctx, lreq, &lresp).ok());
+  ASSERT_EQ(lresp.results(0).status().code(), 0);
+  // A reservation of 300 ms that is never put or committed.
+  v1::ReserveRequest rreq;
+  *rreq.mutable_fingerprint() = Fingerprint();
+  v1::BlockDescriptor* b = rreq.add_blocks();
+  b->set_key(Key(99));
+  b->set_payload_bytes(kBlockBytes);
+  b->set_representation(v1::REPRESENTATION_EXACT);
+  b->set_format_version(1);
+  b->set_token_count(16);
+  rreq.set_ttl_ms(300);
+  v1::ReserveResponse rresp;
+  grpc::ClientContext rctx;
+  ASSERT_TRUE(stub_->Reserve(&rctx, rreq, &rresp).ok());
+  ASSERT_EQ(rresp.results(0).status().code(), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));  // the stall
+
+  std::array<std::uint8_t, 16> token{};
+  std::memcpy(token.data(), lresp.grant().access_token().data(), 16);
+  std::vector<wire::TransferRange> ranges = {
+      {lresp.results(0).extents(0).offset_bytes(), kBlockBytes, 32 << 20}};
+  Status late = data_->Transfer(conn_, client::DataOp::kGet, lresp.lease_id(), token, kRegion,
+                                ranges, Clock::now() + std::chrono::seconds(10));
+  EXPECT_TRUE(late.IsNotFound()) << late.ToString();
+  std::memcpy(token.data(), rresp.grant().access_token().data(), 16);
+  ranges = {{rresp.results(0).extents(0).offset_bytes(), kBlockBytes, 0}};
+  late = data_->Transfer(conn_, client::DataOp::kPut, rresp.lease_id(), token, kRegion, ranges,
+                         Clock::now() + std::chrono::seconds(10));
+  EXPECT_TRUE(late.IsNotFound()) << late.ToString();
+
+  v1::StatsResponse stats;
+  grpc::ClientContext sctx;
+  ASSERT_TRUE(stub_->Stats(&sctx, v1::StatsRequest(), &stats).ok());
+  EXPECT_GE(stats.read_leases_expired_total(), 1u);
+  EXPECT_GE(stats.reservations_expired_total(), 1u);
+  EXPECT_EQ(stats.tiers(0).reserved_bytes(), 0u);
+  EXPECT_EQ(stats.tiers(0).leased_bytes(), 0u);
+  // The block itself is still there for a client that is on time.
+  EXPECT_TRUE(GetBatch({0}).ok());
+}
+
+TEST_F(CacheHostDaemonTest, CorruptedSegmentByteIsDetectedAndNeverServed) {
+  const std::vector<std::string> args = {
+      "--host-pool-bytes=64MiB", "--host-page-bytes=2MiB", "--nvme-dir=" + dir_ + "/nvme",
+      "--nvme-capacity-bytes=1GiB", "--nvme-io-engine=threads", "--eviction-policy=lru"};
+  StartDaemon(args);
+  constexpr int kBlocks = 64;
+  for (int i = 0; i < kBlocks; i += 8) ASSERT_TRUE(PutBatch(i, 8).ok());
+  daemon_->Kill(SIGTERM);
+  ASSERT_EQ(daemon_->WaitExit(std::chrono::seconds(30)), 0);
+  // One flipped byte inside the first record's payload of every segment.
+  int flipped = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir_ + "/nvme")) {
+    if (f.path().filename().string().rfind("catalog", 0) == 0) continue;
+    if (std::filesystem::file_size(f.path()) < (1 << 20)) continue;
+    std::fstream io(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(64 << 10);
+    char c = 0;
+    io.read(&c, 1);
+    c ^= 0x01;
+    io.seekp(64 << 10);
+    io.write(&c, 1);
+    ++flipped;
+  }
+  ASSERT_GT(flipped, 0);
+  StartDaemon(args);
+  int served = 0, refused = 0;
+  for (int i = 0; i < kBlocks; ++i) {
+    Status s = GetBatch({i});
+    if (s.ok()) {
+      ++served;  // GetBatch compared every byte with what was put
+    } else {
+      EXPECT_TRUE(s.IsNotFound() || s.IsDataLoss()) << i << ": " << s.ToString();
+      ++refused;
+    }
+  }
+  EXPECT_GE(refused, flipped);
+  EXPECT_GT(served, 0);
+  v1::StatsResponse stats;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->Stats(&ctx, v1::StatsRequest(), &stats).ok());
+  EXPECT_GE(stats.recovery_dropped_blocks() + stats.crc_failures_total(),
+            static_cast<std::uint64_t>(flipped));
+}
+
+TEST_F(CacheHostDaemonTest, FullPoolRefusesWithResourceExhaustedAndKeepsServingReads) {
+  StartDaemon({"--host-pool-bytes=32MiB", "--host-page-bytes=2MiB", "--host-high-watermark=1.0",
+               "--host-low-watermark=1.0"});
+  ASSERT_TRUE(PutBatch(0, 16).ok());  // every page
+  // Hold every block so that nothing can be evicted to make room.
+  v1::LeaseRequest lreq;
+  for (int i = 0; i < 16; ++i) lreq.add_keys(Key(i));
+  v1::LeaseResponse held;
+  grpc::ClientContext lctx;
+  ASSERT_TRUE(stub_->Lease(&lctx, lreq, &held).ok());
+  Status s = PutBatch(100, 1);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  EXPECT_NE(s.message().find("pages"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(GetBatch({3, 7, 11}).ok());
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -233,6 +234,14 @@ int Run(int argc, char** argv) {
   HealthReporter health(Env::Default(), (*node)->options().host_id, "kvfabric-cached");
   CacheHostServiceOptions sopts;
   sopts.transport_address = (*node)->transport_address();
+  // Report (and enforce at the door) what the node accepts, so a request
+  // within the advertised limits is never refused further down.
+  const cache_host::CacheHostOptions& no = (*node)->options();
+  sopts.limits.set_max_ttl_ms(static_cast<std::uint32_t>(
+      std::min<std::uint64_t>(sopts.limits.max_ttl_ms(), no.leases.max_ttl_us / 1000)));
+  sopts.limits.set_default_ttl_ms(static_cast<std::uint32_t>(no.default_ttl_us / 1000));
+  sopts.limits.set_max_keys_per_batch(
+      std::min(sopts.limits.max_keys_per_batch(), no.leases.max_keys_per_lease));
   CacheHostService service(node->get(), &health, sopts);
   grpc::ServerBuilder builder;
   int grpc_port = 0;

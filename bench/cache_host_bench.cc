@@ -1,0 +1,376 @@
+// cache_host_bench: PUT and GET of 256 KiB and 2 MiB blocks through a real
+// kvfabric-cached on loopback (gRPC control + UCX owner-driven data), with 1
+// and 4 client connections, over shared memory and over TCP; and, in the same
+// run, Redis (SET/GET) and memcached (-I 8m) on the same value sizes.
+// Prints GB/s, p50/p99 per batch and the ratio against memcached's GET.
+//
+//   cache_host_bench --daemon build/ci/server/cache_host/kvfabric-cached
+//                    [--total-mib 1024] [--batch-mib 8]
+//
+// A kvfabric "op" is one batch: Lease (or Reserve) of batch-mib of blocks over
+// gRPC, one data-plane transfer of all of them, Release (or Commit). Redis and
+// memcached ops are single-key SET/GET (they have no batch-with-lease shape);
+// GB/s compares like with like, latency does not.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/kv_baselines.h"
+#include "client/data_plane_client.h"
+#include "core/crc32c.h"
+#include "kvfabric/v1/cache_host.grpc.pb.h"
+#include "transport/ucx/ucx_transport.h"
+
+extern char** environ;
+
+namespace kvfabric {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string daemon = "kvfabric-cached";
+  std::uint64_t total_mib = 1024;
+  std::uint64_t batch_mib = 8;
+};
+
+struct Result {
+  double gbps = 0, p50_us = 0, p99_us = 0;
+};
+
+class Daemon {
+ public:
+  Daemon(const Args& a, const std::string& tls, const std::string& dir) {
+    const std::string ready = dir + "/ready";
+    std::filesystem::remove(ready);
+    std::vector<std::string> argv = {a.daemon,
+                                     "--host-id=bench",
+                                     "--grpc-address=127.0.0.1:0",
+                                     "--transport-address=127.0.0.1:0",
+                                     "--metrics-address=",
+                                     "--lock-memory=off",
+                                     "--ucx-tls=" + tls,
+                                     "--host-pool-bytes=" + std::to_string(2 * a.total_mib + 64) +
+                                         "MiB",
+                                     "--host-page-bytes=256KiB",
+                                     "--host-high-watermark=1.0",
+                                     "--host-low-watermark=1.0",
+                                     "--eviction-policy=lru",
+                                     "--ready-file=" + ready,
+                                     "--log-level=warn"};
+    std::vector<char*> c;
+    for (auto& s : argv) c.push_back(s.data());
+    c.push_back(nullptr);
+    if (posix_spawn(&pid_, c[0], nullptr, nullptr, c.data(), environ) != 0) {
+      std::fprintf(stderr, "cannot start %s\n", c[0]);
+      std::exit(1);
+    }
+    for (int i = 0; i < 6000; ++i) {
+      std::ifstream in(ready);
+      std::string line;
+      while (std::getline(in, line)) {
+        auto eq = line.find('=');
+        if (eq != std::string::npos) info_[line.substr(0, eq)] = line.substr(eq + 1);
+      }
+      if (info_.count("pid")) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::fprintf(stderr, "daemon did not become ready\n");
+    std::exit(1);
+  }
+  ~Daemon() {
+    kill(pid_, SIGTERM);
+    int st = 0;
+    waitpid(pid_, &st, 0);
+  }
+  std::string grpc() { return info_["grpc"]; }
+  std::string transport() { return info_["transport"]; }
+
+ private:
+  pid_t pid_ = -1;
+  std::map<std::string, std::string> info_;
+};
+
+// One client connection: its own UCX transport, staging region, gRPC stub.
+struct Conn {
+  std::unique_ptr<transport::Transport> t;
+  std::unique_ptr<transport::MemoryRegion> staging;
+  std::unique_ptr<client::DataPlaneClient> data;
+  client::DaemonConnection* dc = nullptr;
+  std::unique_ptr<v1::CacheHost::Stub> stub;
+};
+
+std::unique_ptr<Conn> Connect(Daemon& d, const std::string& tls, std::uint64_t staging_bytes) {
+  auto c = std::make_unique<Conn>();
+  ucx::UcxTransportOptions o;
+  o.tls = tls;
+  c->t = std::move(*ucx::CreateUcxTransport(o));
+  c->staging = std::move(*c->t->AllocateMemory(staging_bytes, transport::MemoryKind::kHost));
+  std::memset(c->staging->bytes().data(), 0x5a, c->staging->bytes().size());
+  c->data = std::move(*client::DataPlaneClient::Create(c->t.get()));
+  c->dc = *c->data->Connect(d.transport(), Clock::now() + std::chrono::seconds(10));
+  if (!c->data->ExportRegion(c->dc, 1, *c->staging, Clock::now() + std::chrono::seconds(10)).ok()) {
+    std::fprintf(stderr, "export failed\n");
+    std::exit(1);
+  }
+  grpc::ChannelArguments ch;
+  ch.SetMaxReceiveMessageSize(16 << 20);
+  ch.SetMaxSendMessageSize(16 << 20);
+  c->stub = v1::CacheHost::NewStub(
+      grpc::CreateCustomChannel(d.grpc(), grpc::InsecureChannelCredentials(), ch));
+  return c;
+}
+
+v1::ModelFingerprint Fp(std::uint32_t layers) {
+  v1::ModelFingerprint f;
+  f.set_model_id("bench/model@1");
+  f.set_layer_count(layers);
+  f.set_dtype(v1::DTYPE_FP16);
+  f.set_kv_heads(8);
+  f.set_head_dim(128);
+  f.set_tokens_per_block(16);
+  f.set_tp_size(1);
+  f.set_layout_version(1);
+  return f;
+}
+
+std::string Key(int conn, std::uint64_t i) {
+  std::string k(32, '\0');
+  std::uint64_t v = (std::uint64_t(conn) << 48) ^ (i * 0x9e3779b97f4a7c15ull) ^ 0x1234;
+  for (int b = 0; b < 32; ++b) {
+    k[b] = static_cast<char>(v >> (8 * (b % 8)));
+    if (b % 8 == 7) v = v * 6364136223846793005ull + 1442695040888963407ull;
+  }
+  return k;
+}
+
+std::array<std::uint8_t, 16> Token(const std::string& s) {
+  std::array<std::uint8_t, 16> t{};
+  std::memcpy(t.data(), s.data(), std::min<std::size_t>(16, s.size()));
+  return t;
+}
+
+// One batch: PUT (reserve, put, commit) or GET (lease, get, release) of
+// `n` blocks starting at `first`. Returns false on any error.
+bool Batch(Conn& c, const std::string& ns, bool put, int conn, std::uint64_t first, int n,
+           std::uint64_t block, std::uint32_t layers, std::vector<std::uint32_t>* crcs) {
+  std::vector<wire::TransferRange> ranges;
+  std::uint64_t lease = 0;
+  std::array<std::uint8_t, 16> token{};
+  if (put) {
+    v1::ReserveRequest req;
+    req.set_namespace_(ns);
+    *req.mutable_fingerprint() = Fp(layers);
+    for (int k = 0; k < n; ++k) {
+      auto* b = req.add_blocks();
+      b->set_key(Key(conn, first + k));
+      b->set_payload_bytes(block);
+      b->set_representation(v1::REPRESENTATION_EXACT);
+      b->set_format_version(1);
+      b->set_token_count(16);
+      b->set_prefix_tokens(16 * (first + k));
+    }
+    v1::ReserveResponse resp;
+    grpc::ClientContext ctx;
+    if (!c.stub->Reserve(&ctx, req, &resp).ok()) return false;
+    for (int k = 0; k < n; ++k) {
+      const auto& r = resp.results(k);
+      if (r.status().code() != 0) {
+        std::fprintf(stderr, "reserve: %s\n", r.status().message().c_str());
+        return false;
+      }
+      std::uint64_t pos = k * block;
+      for (const auto& x : r.extents()) {
+        ranges.push_back({x.offset_bytes(), x.length_bytes(), pos});
+        pos += x.length_bytes();
+      }
+    }
+    lease = resp.lease_id();
+    token = Token(resp.grant().access_token());
+  } else {
+    v1::LeaseRequest req;
+    req.set_namespace_(ns);
+    for (int k = 0; k < n; ++k) req.add_keys(Key(conn, first + k));
+    v1::LeaseResponse resp;
+    grpc::ClientContext ctx;
+    if (!c.stub->Lease(&ctx, req, &resp).ok()) return false;
+    for (int k = 0; k < n; ++k) {
+      const auto& r = resp.results(k);
+      if (r.status().code() != 0) return false;
+      std::uint64_t pos = k * block;
+      for (const auto& x : r.extents()) {
+        ranges.push_back({x.offset_bytes(), x.length_bytes(), pos});
+        pos += x.length_bytes();
+      }
+    }
+    lease = resp.lease_id();
+    token = Token(resp.grant().access_token());
+  }
+  if (!c.data
+           ->Transfer(c.dc, put ? client::DataOp::kPut : client::DataOp::kGet, lease, token, 1,
+                      ranges, Clock::now() + std::chrono::seconds(60))
+           .ok()) {
+    return false;
+  }
+  if (put) {
+    v1::CommitRequest req;
+    req.set_namespace_(ns);
+    req.set_lease_id(lease);
+    for (int k = 0; k < n; ++k) {
+      auto* e = req.add_entries();
+      e->set_key(Key(conn, first + k));
+      e->set_crc32c((*crcs)[k]);
+    }
+    v1::CommitResponse resp;
+    grpc::ClientContext ctx;
+    if (!c.stub->Commit(&ctx, req, &resp).ok()) return false;
+    for (const auto& r : resp.results()) {
+      if (r.status().code() != 0) return false;
+    }
+  } else {
+    v1::ReleaseRequest req;
+    req.set_namespace_(ns);
+    req.add_entries()->set_lease_id(lease);
+    v1::ReleaseResponse resp;
+    grpc::ClientContext ctx;
+    c.stub->Release(&ctx, req, &resp);
+  }
+  return true;
+}
+
+Result RunKvf(std::vector<std::unique_ptr<Conn>>& conns, const std::string& ns, bool put,
+              std::uint64_t block, std::uint64_t total, std::uint64_t batch_bytes) {
+  const std::uint32_t layers = static_cast<std::uint32_t>(block / (64 << 10));
+  const int per_batch = static_cast<int>(std::max<std::uint64_t>(1, batch_bytes / block));
+  const std::uint64_t blocks_per_conn = total / block / conns.size();
+  std::vector<std::vector<double>> lat(conns.size());
+  std::atomic<bool> failed{false};
+  const auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (std::size_t ci = 0; ci < conns.size(); ++ci) {
+    threads.emplace_back([&, ci] {
+      Conn& c = *conns[ci];
+      // The staging bytes are fixed; their CRC is computed once per slot.
+      std::vector<std::uint32_t> crcs(per_batch);
+      for (int k = 0; k < per_batch; ++k) {
+        crcs[k] = crc32c::Value(c.staging->bytes().subspan(k * block, block));
+      }
+      for (std::uint64_t i = 0; i < blocks_per_conn && !failed; i += per_batch) {
+        const int n = static_cast<int>(std::min<std::uint64_t>(per_batch, blocks_per_conn - i));
+        const auto t0 = Clock::now();
+        if (!Batch(c, ns, put, static_cast<int>(ci), i, n, block, layers, &crcs)) failed = true;
+        lat[ci].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  if (failed) {
+    std::fprintf(stderr, "kvfabric %s failed\n", put ? "put" : "get");
+    std::exit(1);
+  }
+  std::vector<double> all;
+  for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  Result r;
+  r.gbps = double(blocks_per_conn * conns.size() * block) / secs / 1e9;
+  r.p50_us = all[all.size() / 2];
+  r.p99_us = all[std::min(all.size() - 1, all.size() * 99 / 100)];
+  return r;
+}
+
+void Print(const char* system, const char* path, const char* op, std::uint64_t block, int conns,
+           const Result& r, double memcached_get) {
+  std::printf("%-10s %-6s %-4s %5llu KiB %d conn  %6.2f GB/s  p50 %8.0f us  p99 %8.0f us",
+              system, path, op, static_cast<unsigned long long>(block >> 10), conns, r.gbps,
+              r.p50_us, r.p99_us);
+  if (memcached_get > 0) std::printf("  %.2fx memcached GET", r.gbps / memcached_get);
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+int Main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i];
+    if (k == "--daemon") a.daemon = argv[i + 1];
+    else if (k == "--total-mib") a.total_mib = std::stoull(argv[i + 1]);
+    else if (k == "--batch-mib") a.batch_mib = std::stoull(argv[i + 1]);
+  }
+  const std::uint64_t total = a.total_mib << 20;
+  const std::uint64_t sizes[] = {256 << 10, 2 << 20};
+  const int conn_counts[] = {1, 4};
+  std::map<std::pair<std::uint64_t, int>, double> memcached_get;
+
+  // Baselines first, on the same value sizes and total bytes.
+  for (auto kind : {bench::BaselineKind::kMemcached, bench::BaselineKind::kRedis}) {
+    auto server = bench::BaselineServer::Start(kind);
+    if (!server.ok()) {
+      std::printf("%s: skipped (%s)\n", std::string(bench::BaselineKindName(kind)).c_str(),
+                  server.status().ToString().c_str());
+      continue;
+    }
+    for (std::uint64_t block : sizes) {
+      for (int conns : conn_counts) {
+        // Warm-up put (fresh values fault in pages), then the timed overwrite.
+        (void)bench::RunBaseline(kind, bench::BaselineOp::kPut, (*server)->port(), block, total,
+                                 conns);
+        for (auto op : {bench::BaselineOp::kPut, bench::BaselineOp::kGet}) {
+          auto r = bench::RunBaseline(kind, op, (*server)->port(), block, total, conns);
+          if (!r.ok()) {
+            std::printf("%s failed: %s\n", std::string(bench::BaselineKindName(kind)).c_str(),
+                        r.status().ToString().c_str());
+            continue;
+          }
+          const bool get = op == bench::BaselineOp::kGet;
+          if (kind == bench::BaselineKind::kMemcached && get) {
+            memcached_get[{block, conns}] = r->gbps;
+          }
+          Print(std::string(bench::BaselineKindName(kind)).c_str(), "tcp", get ? "GET" : "PUT",
+                block, conns, Result{r->gbps, r->p50_us, r->p99_us},
+                memcached_get.count({block, conns}) ? memcached_get[{block, conns}] : 0);
+        }
+      }
+    }
+  }
+
+  char tmpl[] = "/tmp/kvf_bench_XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  for (const char* tls : {"sm,self,tcp", "tcp"}) {
+    const char* path = std::string(tls) == "tcp" ? "tcp" : "shm";
+    for (std::uint64_t block : sizes) {
+      Daemon d(a, tls, dir);
+      for (int conns : conn_counts) {
+        std::vector<std::unique_ptr<Conn>> cs;
+        for (int i = 0; i < conns; ++i) cs.push_back(Connect(d, tls, a.batch_mib << 20));
+        const std::string ns = "bench-" + std::to_string(conns);
+        Result put = RunKvf(cs, ns, true, block, total, a.batch_mib << 20);
+        Result get = RunKvf(cs, ns, false, block, total, a.batch_mib << 20);
+        const double mg = memcached_get.count({block, conns}) ? memcached_get[{block, conns}] : 0;
+        Print("kvfabric", path, "PUT", block, conns, put, mg);
+        Print("kvfabric", path, "GET", block, conns, get, mg);
+      }
+    }
+  }
+  std::filesystem::remove_all(dir);
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvfabric
+
+int main(int argc, char** argv) { return kvfabric::Main(argc, argv); }

@@ -1,0 +1,94 @@
+#include "cli/explain_command.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "core/block_key.h"
+#include "kvfabric/v1/cache_host.grpc.pb.h"
+#include "proto/grpc_status.h"
+
+namespace kvfabric::cli {
+namespace {
+
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string FormatExplainEviction(const ExplainEvictionArgs& args,
+                                  const v1::ExplainEvictionResponse& response) {
+  const std::string policy =
+      response.eviction_policy() == v1::EVICTION_POLICY_LRU ? "lru" : "cost-aware";
+  std::string out;
+  if (args.json) {
+    out = "{\"cache_host\":\"" + JsonEscape(args.cache_host) + "\",\"namespace\":\"" +
+          JsonEscape(args.tenant) + "\",\"key\":\"" + args.key_hex + "\",\"policy\":\"" + policy +
+          "\",\"decisions\":[";
+    for (int i = 0; i < response.decisions_size(); ++i) {
+      const v1::EvictionExplanation& d = response.decisions(i);
+      char score[64];
+      std::snprintf(score, sizeof(score), "%.9g", d.score());
+      out += std::string(i ? "," : "") + "{\"sequence\":" + std::to_string(d.sequence()) +
+             ",\"time_us\":" + std::to_string(d.time_us()) + ",\"action\":\"" + d.action() +
+             "\",\"step\":" + std::to_string(d.step()) + ",\"rank\":" +
+             std::to_string(d.rank()) + ",\"candidates\":" + std::to_string(d.candidates()) +
+             ",\"score\":" + score + ",\"explanation\":\"" + JsonEscape(d.explanation()) + "\"}";
+    }
+    return out + "]}\n";
+  }
+  out = "block " + args.key_hex + " in namespace \"" + args.tenant + "\" on " + args.cache_host +
+        " (policy " + policy + ")\n";
+  if (response.decisions_size() == 0) {
+    return out + "  no eviction decision about it in the daemon's log (never evicted, or "
+                 "older than --eviction-log-capacity decisions)\n";
+  }
+  for (const v1::EvictionExplanation& d : response.decisions()) {
+    out += "  #" + std::to_string(d.sequence()) + " " + d.action() + " (step " +
+           std::to_string(d.step()) + ", rank " + std::to_string(d.rank()) + " of " +
+           std::to_string(d.candidates()) + "): " + d.explanation() + "\n";
+  }
+  return out;
+}
+
+Status RunExplainEviction(const ExplainEvictionArgs& args) {
+  KVF_ASSIGN_OR_RETURN(BlockKey key, BlockKey::FromHex(args.key_hex));
+  auto channel = grpc::CreateChannel(args.cache_host, grpc::InsecureChannelCredentials());
+  auto stub = v1::CacheHost::NewStub(channel);
+  v1::ExplainEvictionRequest req;
+  req.set_namespace_(args.tenant);
+  req.set_key(std::string(reinterpret_cast<const char*>(key.bytes().data()), key.bytes().size()));
+  v1::ExplainEvictionResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(args.timeout_ms));
+  grpc::Status g = stub->ExplainEviction(&ctx, req, &resp);
+  if (!g.ok()) return FromGrpcStatus(g).WithContext("ExplainEviction on " + args.cache_host);
+  std::fputs(FormatExplainEviction(args, resp).c_str(), stdout);
+  return Status::OK();
+}
+
+}  // namespace kvfabric::cli
