@@ -270,9 +270,22 @@ StatusOr<ReserveBatch> CacheHostNode::Reserve(const Namespace& ns,
     const ReserveEntry& e = entries[i];
     auto r = table_->Reserve(ns, e.key, e.meta, ttl_us);
     if (!r.ok() && r.status().code() == StatusCode::kResourceExhausted) {
-      // Make room among this namespace's own blocks (a quota refusal is solved
-      // the same way), wait for the demotions that started, then retry once.
-      MakeRoomAndWait(ns, pool_->PagesFor(e.meta.bytes));
+      // Make room among this namespace's own blocks, wait for the demotions
+      // that started, then retry once. A pass frees pages until the pool can
+      // hold the block; over a quota it must also free what brings the
+      // namespace back under it: pages_needed = free pages + the overshoot.
+      const std::uint64_t block_pages = pool_->PagesFor(e.meta.bytes);
+      std::uint64_t pages = block_pages;
+      if (auto usage = table_->Usage(ns); usage.ok() && usage->quota_bytes > 0) {
+        const std::uint64_t want =
+            usage->host_bytes + usage->reserved_bytes + block_pages * pool_->page_bytes();
+        if (want > usage->quota_bytes) {
+          const std::uint64_t over = (want - usage->quota_bytes + pool_->page_bytes() - 1) /
+                                     pool_->page_bytes();
+          pages = std::max(pages, pool_->Counts().free + over);
+        }
+      }
+      MakeRoomAndWait(ns, pages);
       r = table_->Reserve(ns, e.key, e.meta, ttl_us);
     }
     if (!r.ok()) {

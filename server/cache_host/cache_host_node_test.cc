@@ -311,6 +311,38 @@ TEST_F(CacheHostNodeTest, FullPoolRefusesWritesAndKeepsServingReads) {
   EXPECT_TRUE(Get("a", Key(2), 2 << 20).ok());
 }
 
+TEST_F(CacheHostNodeTest, QuotaMakesRoomOnlyFromTheTenantsOwnBlocks) {
+  CacheHostOptions o = Options(2 << 20, false);  // 32 pages of 64 KiB
+  o.quotas = {{"small", 512 << 10}};            // 2 blocks of 4 pages
+  o.watermarks = {1.0, 1.0};                     // no background eviction
+  StartNode(std::move(o));
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(Put("big", Key(100 + i), Meta(4), 0, 100 + i).ok());
+  // "small" writes four blocks into a two-block quota: each write past the
+  // quota evicts one of its own older blocks, never one of "big"'s.
+  for (int i = 0; i < 4; ++i) {
+    Status s = Put("small", Key(i), Meta(4), 0, i);
+    ASSERT_TRUE(s.ok()) << i << ": " << s.ToString();
+  }
+  std::vector<BlockKey> big = {Key(100), Key(101), Key(102), Key(103)};
+  for (const LookupEntryResult& r : node_->Lookup(Namespace{"big"}, big)) {
+    EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+  }
+  std::vector<BlockKey> small = {Key(0), Key(1), Key(2), Key(3)};
+  int present = 0;
+  for (const LookupEntryResult& r : node_->Lookup(Namespace{"small"}, small)) {
+    present += r.status.ok() ? 1 : 0;
+  }
+  EXPECT_EQ(present, 2);
+  EXPECT_EQ(node_->Snapshot().table.evictions, 2u);
+  // Holding both of its blocks, "small" cannot write a third: refused, with
+  // the quota named.
+  auto held = node_->Lease(Namespace{"small"}, small, {});
+  ASSERT_TRUE(held.ok());
+  Status s = Put("small", Key(9), Meta(4), 0, 9);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("quota"), std::string::npos) << s.ToString();
+}
+
 TEST_F(CacheHostNodeTest, DrainRefusesNewWorkAndResumeUndoesIt) {
   StartNode(Options(8 << 20, false));
   ASSERT_TRUE(Put("a", Key(1), Meta(1), 0, 1).ok());
