@@ -925,13 +925,13 @@ void CacheHostNode::Shutdown(std::chrono::milliseconds grace) {
       if (open == 0 || NowUs() >= until) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    if (data_plane_) data_plane_->Close();
     {
       std::lock_guard<std::mutex> lock(maintenance_mu_);
       stopping_ = true;
     }
     maintenance_cv_.notify_all();
     if (maintenance_.joinable()) maintenance_.join();
+    if (data_plane_) data_plane_->Close();
     if (nvme_) {
       // Commits what is queued (the durability rule), then stops the committer.
       nvme_->Close().IgnoreError();

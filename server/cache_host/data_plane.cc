@@ -215,6 +215,9 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
       }
       ++pit->second.in_flight;  // keeps the region and endpoint alive
       id = next_batch++;
+      // The slot exists before Submit, so Close waits for this batch's
+      // callback (which uses the endpoint) before destroying endpoints.
+      in_flight.emplace(id, nullptr);
     }
     const std::uint64_t started = NowMicros();
     auto batch = ep->Submit(entries);
@@ -222,12 +225,14 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
       node->EndTransfer(*ticket);
       Done(ep, 0);
       Reply(ep, m.request_id, batch.status(), 0);
+      std::lock_guard<std::mutex> lock(mu);
+      in_flight.erase(id);
       return;
     }
     TransferBatch* raw = batch->get();
     {
       std::lock_guard<std::mutex> lock(mu);
-      in_flight.emplace(id, std::move(*batch));
+      in_flight[id] = std::move(*batch);
     }
     auto self = shared_from_this();
     raw->OnDone([self, raw, ep, id, ticket = std::move(*ticket), request = m.request_id, write,
@@ -289,6 +294,7 @@ void DataPlane::Sweep() {
   std::vector<Peer> dead;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->closed) return;  // Close owns the endpoints now
     for (auto it = impl_->finished.begin(); it != impl_->finished.end();) {
       if ((*it)->Done()) {
         done.push_back(std::move(*it));
@@ -315,17 +321,19 @@ void DataPlane::Sweep() {
 }
 
 void DataPlane::Close() {
-  std::vector<Endpoint*> endpoints;
+  // Take the endpoints out of the map first: Sweep and handlers no longer see
+  // them, and nothing destroys them before their callbacks have run.
+  std::unordered_map<Endpoint*, Peer> peers;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     if (impl_->closed) return;
     impl_->closed = true;
-    for (auto& [raw, peer] : impl_->peers) endpoints.push_back(raw);
+    peers.swap(impl_->peers);
   }
   // Force-closing completes every entry (Cancelled); their OnDone callbacks
   // close the lease brackets and move the batches to `finished`.
-  for (Endpoint* ep : endpoints) {
-    ep->Close(transport::CloseMode::kForce, transport::Clock::now() + std::chrono::seconds(2))
+  for (auto& [raw, peer] : peers) {
+    raw->Close(transport::CloseMode::kForce, transport::Clock::now() + std::chrono::seconds(2))
         .IgnoreError();
   }
   // Wait for the callbacks of force-closed batches (they use the endpoint and
@@ -346,11 +354,9 @@ void DataPlane::Close() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   std::vector<std::unique_ptr<TransferBatch>> finished;
-  std::unordered_map<Endpoint*, Peer> peers;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     finished.swap(impl_->finished);
-    peers.swap(impl_->peers);
   }
   finished.clear();  // replies: done or cancelled by the close
   for (auto& [raw, peer] : peers) {
