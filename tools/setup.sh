@@ -17,6 +17,8 @@ PACKAGES=(
   libucx-dev ucx-utils libibverbs-dev librdmacm-dev liburing-dev libze-dev
   # baselines the cache-host benchmark measures in the same run
   redis-server memcached
+  # membership store the placement service can use (integration tests start one)
+  etcd-server
 )
 
 missing=()

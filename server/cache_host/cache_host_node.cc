@@ -369,6 +369,18 @@ StatusOr<std::vector<Status>> CacheHostNode::Commit(const Namespace& ns, std::ui
     }
   }
   for (std::uint64_t id : to_abort) table_->Abort(id).IgnoreError();  // expiry frees it otherwise
+  if (has_sink_.load()) {
+    std::vector<BlockEventRecord> events;
+    for (std::size_t k = 0; k < todo.size(); ++k) {
+      if (!results[k].ok()) continue;
+      const BlockKey& key = entries[todo[k].first].key;
+      auto e = table_->Lookup(ns, key);
+      if (!e.ok()) continue;  // evicted or deleted already: its own event follows
+      events.push_back({BlockEventKind::kCommitted, ns.tenant, key, e->meta, e->crc32c,
+                        BlockTier::kHost, 0});
+    }
+    Emit(std::move(events));
+  }
   return out;
 }
 
@@ -541,7 +553,14 @@ Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
   }
   staging_cv_.notify_one();
   ++staging_reads_;
-  if (status.ok()) return table_->CompletePromotion(*order);
+  if (status.ok()) {
+    KVF_RETURN_IF_ERROR(table_->CompletePromotion(*order));
+    if (has_sink_.load()) {
+      Emit({{BlockEventKind::kPromoted, table_->TenantName(ns), key, order->meta, order->crc32c,
+             BlockTier::kBoth, 0}});
+    }
+    return Status::OK();
+  }
   const bool corrupt = status.code() == StatusCode::kDataLoss;
   if (corrupt) ++staging_crc_failures_;
   auto removed = table_->AbortPromotion(*order, corrupt);
@@ -550,6 +569,11 @@ Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
                   status.ToString());
     if (removed.ok() && removed->has_value()) {
       nvme_->Remove((*removed)->nvme, DigestOf(key)).IgnoreError();  // already gone if CRC failed
+      catalog_->Forget(DigestOf(key));
+      if (has_sink_.load()) {
+        Emit({{BlockEventKind::kCorrupted, table_->TenantName(ns), key, {}, 0, BlockTier::kNvme,
+               0}});
+      }
     }
   }
   return status;
@@ -675,6 +699,9 @@ std::vector<Status> CacheHostNode::Delete(const Namespace& ns, std::span<const B
       continue;
     }
     DropNvmeCopy(*removed);
+    if (has_sink_.load()) {
+      Emit({{BlockEventKind::kDeleted, ns.tenant, keys[i], {}, 0, removed->tier, 0}});
+    }
   }
   return out;
 }
@@ -692,6 +719,21 @@ std::uint64_t CacheHostNode::RunEviction(std::optional<Namespace> scope,
   if (!pass.ok()) {
     spdlog::error("eviction pass failed: {}", pass.status().ToString());
     return 0;
+  }
+  if (has_sink_.load()) {
+    std::vector<BlockEventRecord> events;
+    for (const EvictionDecision& d : pass->decisions) {
+      if (d.action == EvictionAction::kEvict) {
+        events.push_back({BlockEventKind::kEvicted, d.tenant, d.key, {}, 0, BlockTier::kHost, 0});
+      } else if (d.action == EvictionAction::kDropHostCopy) {
+        auto e = table_->Lookup(Ns(d.tenant), d.key);
+        if (e.ok()) {
+          events.push_back({BlockEventKind::kDemoted, d.tenant, d.key, e->meta, e->crc32c,
+                            BlockTier::kNvme, e->hit_count});
+        }
+      }
+    }
+    Emit(std::move(events));
   }
   StartDemotions(std::move(pass->demotions));
   return pass->pages_freed;
@@ -752,6 +794,13 @@ void CacheHostNode::StartDemotions(std::vector<DemotionOrder> orders) {
                      where.status().ToString());
       } else if (!s.ok()) {
         spdlog::error("demotion of {} completed but not applied: {}", key.ToHex(), s.ToString());
+      } else if (has_sink_.load()) {
+        const std::string tenant = table_->TenantName(ns);
+        auto e = table_->Lookup(Ns(tenant), key);
+        if (e.ok() && e->tier == BlockTier::kNvme) {
+          Emit({{BlockEventKind::kDemoted, tenant, key, e->meta, e->crc32c, BlockTier::kNvme,
+                 e->hit_count}});
+        }
       }
       {
         std::lock_guard<std::mutex> lock(demotion_mu_);
@@ -851,6 +900,44 @@ void CacheHostNode::EndTransfer(const TransferTicket& ticket) {
   for (std::uint64_t id : ticket.sub_ids) {
     (ticket.write ? table_->EndWrite(id) : table_->EndRead(id)).IgnoreError();
   }
+}
+
+void CacheHostNode::set_block_event_sink(BlockEventSink sink) {
+  std::lock_guard<std::mutex> lock(observer_mu_);
+  event_sink_ = std::move(sink);
+  has_sink_.store(static_cast<bool>(event_sink_));
+}
+
+void CacheHostNode::Emit(std::vector<BlockEventRecord> events) {
+  if (events.empty()) return;
+  BlockEventSink sink;
+  {
+    std::lock_guard<std::mutex> lock(observer_mu_);
+    sink = event_sink_;
+  }
+  if (sink) sink(std::move(events));
+}
+
+std::vector<BlockEventRecord> CacheHostNode::SnapshotBlocks() const {
+  std::vector<BlockEventRecord> out;
+  std::vector<BlockEntry> entries = table_->Entries();
+  out.reserve(entries.size());
+  for (const BlockEntry& e : entries) {
+    out.push_back({BlockEventKind::kPresent, table_->TenantName(e.ns), e.key, e.meta, e.crc32c,
+                   e.tier, e.hit_count});
+  }
+  return out;
+}
+
+std::uint64_t CacheHostNode::host_free_bytes() const {
+  return pool_->Counts().free * pool_->page_bytes();
+}
+
+std::uint64_t CacheHostNode::nvme_free_bytes() const {
+  if (!nvme_) return 0;
+  const NvmeTierStats st = nvme_->stats();
+  return options_.nvme.capacity_bytes > st.used_bytes ? options_.nvme.capacity_bytes - st.used_bytes
+                                                      : 0;
 }
 
 void CacheHostNode::set_transfer_observer(TransferObserver observer) {

@@ -252,6 +252,33 @@ struct TransferTicket {
   std::vector<std::uint64_t> sub_ids;
 };
 
+// What happened to a block, for the placement service's directory (numbered
+// as kvfabric.v1.BlockEventKind).
+enum class BlockEventKind : std::uint8_t {
+  kCommitted = 1,  // committed in the host pool
+  kDemoted = 2,    // now on NVMe only (demoted, or its host copy dropped)
+  kPromoted = 3,   // staged back into the host pool (also still on NVMe)
+  kEvicted = 4,    // dropped to make room
+  kDeleted = 5,    // removed by Delete
+  kCorrupted = 6,  // removed: its bytes failed their CRC32C
+  kPresent = 7,    // full-snapshot entry
+};
+
+struct BlockEventRecord {
+  BlockEventKind kind = BlockEventKind::kCommitted;
+  std::string tenant;
+  BlockKey key;
+  BlockMeta meta;  // zero for kEvicted / kDeleted / kCorrupted (the key is enough)
+  std::uint32_t crc32c = 0;
+  BlockTier tier = BlockTier::kHost;  // where it rests after the event
+  std::uint64_t hit_count = 0;
+};
+
+// Receives block events, in the order they happened, on the thread that
+// caused them (gRPC handlers, the maintenance thread, the NVMe committer).
+// Must not block and must not call back into the node.
+using BlockEventSink = std::function<void(std::vector<BlockEventRecord>)>;
+
 // Observes data-plane transfers for metrics (bytes, latency). Called on the
 // transport's progress thread; must not block.
 using TransferObserver =
@@ -321,6 +348,16 @@ class CacheHostNode {
   void set_transfer_observer(TransferObserver observer);
   void ObserveTransfer(bool write, std::uint64_t bytes, std::uint64_t micros,
                        const Status& status);
+
+  // Block events for the placement reporter (server/cache_host/
+  // placement_reporter.h). Set once, before traffic.
+  void set_block_event_sink(BlockEventSink sink);
+  // Every block held now, as kPresent events (a full report for placement).
+  std::vector<BlockEventRecord> SnapshotBlocks() const;
+  // Usage of each tier, for membership capacity reports.
+  std::uint64_t host_free_bytes() const;
+  std::uint64_t nvme_capacity_bytes() const { return nvme_ ? options_.nvme.capacity_bytes : 0; }
+  std::uint64_t nvme_free_bytes() const;
 
   // Runs one maintenance step now (tests): expiry, background eviction.
   void TEST_RunMaintenance();
@@ -411,6 +448,9 @@ class CacheHostNode {
 
   std::mutex observer_mu_;
   TransferObserver observer_;  // GUARDED_BY(observer_mu_)
+  BlockEventSink event_sink_;  // GUARDED_BY(observer_mu_)
+  std::atomic<bool> has_sink_{false};
+  void Emit(std::vector<BlockEventRecord> events);
 
   std::mutex maintenance_mu_;
   std::condition_variable maintenance_cv_;

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -401,6 +403,42 @@ TEST_F(CacheHostNodeTest, DemotesToNvmeStagesBackAndRecoversAfterRestart) {
   EXPECT_EQ(again[0].meta.token_offset, 16u * on_nvme[0]);
   EXPECT_TRUE(node_->Lookup(Namespace{"other"}, std::span<const BlockKey>(&keys[on_nvme[0]], 1))[0]
                   .status.IsNotFound());
+}
+
+TEST_F(CacheHostNodeTest, ReportsEveryBlockEventForPlacement) {
+  StartNode(Options(1 << 20, true));
+  std::mutex mu;
+  std::vector<BlockEventRecord> events;
+  node_->set_block_event_sink([&](std::vector<BlockEventRecord> batch) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.insert(events.end(), batch.begin(), batch.end());
+  });
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(Put("t", Key(i), Meta(4), 0, i).ok());
+  bool staged = false;
+  int first_on_nvme = -1;
+  for (int i = 0; i < 8 && first_on_nvme < 0; ++i) {
+    ASSERT_TRUE(Get("t", Key(i), 4 << 20, &staged).ok());
+    if (staged) first_on_nvme = i;
+  }
+  ASSERT_GE(first_on_nvme, 0);
+  const BlockKey gone = Key(7);
+  auto del = node_->Delete(Namespace{"t"}, std::span<const BlockKey>(&gone, 1));
+  std::map<BlockEventKind, int> kinds;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const BlockEventRecord& e : events) {
+      ++kinds[e.kind];
+      EXPECT_EQ(e.tenant, "t");
+    }
+  }
+  EXPECT_EQ(kinds[BlockEventKind::kCommitted], 8);
+  EXPECT_GE(kinds[BlockEventKind::kDemoted], 1);
+  EXPECT_GE(kinds[BlockEventKind::kPromoted], 1);
+  if (del[0].ok()) EXPECT_EQ(kinds[BlockEventKind::kDeleted], 1);
+  // A full report lists every block the node holds.
+  std::vector<BlockEventRecord> snapshot = node_->SnapshotBlocks();
+  EXPECT_EQ(snapshot.size(), del[0].ok() ? 7u : 8u);
+  for (const BlockEventRecord& e : snapshot) EXPECT_EQ(e.kind, BlockEventKind::kPresent);
 }
 
 TEST_F(CacheHostNodeTest, CorruptNvmeBlockIsNeverServed) {

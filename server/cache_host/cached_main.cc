@@ -29,6 +29,7 @@
 #include "core/model_fingerprint.h"
 #include "server/cache_host/cache_host_metrics.h"
 #include "server/cache_host/cache_host_node.h"
+#include "server/cache_host/placement_reporter.h"
 #include "server/cache_host_service.h"
 #include "server/health_reporter.h"
 #include "spdlog/spdlog.h"
@@ -57,6 +58,9 @@ struct Flags {
   std::chrono::microseconds default_lease_ttl{30'000'000};
   std::chrono::microseconds shutdown_grace{5'000'000};
   bool no_prefault = false;
+  std::string placement_address;
+  std::string node_name;
+  std::chrono::microseconds membership_ttl{10'000'000};
 };
 
 StatusOr<KvDtype> ParseDtype(const std::string& s) {
@@ -180,6 +184,12 @@ int Run(int argc, char** argv) {
   app.add_option("--history-tokens", f.history_tokens, "N of 'histories of N tokens fit'");
   AddDurationOption(app, "--max-lease-ttl", &f.max_lease_ttl, "longest lease TTL");
   AddDurationOption(app, "--default-lease-ttl", &f.default_lease_ttl, "TTL when a request gives 0");
+  app.add_option("--placement-address", f.placement_address,
+                 "placement service gRPC address; empty: run without placement");
+  app.add_option("--node-name", f.node_name,
+                 "machine name clients compare with theirs to pick local paths (default hostname)");
+  AddDurationOption(app, "--membership-ttl", &f.membership_ttl,
+                    "membership lease with placement; a dead daemon leaves plans after it");
   AddDurationOption(app, "--shutdown-grace", &f.shutdown_grace,
                     "how long SIGTERM waits for leases in use before cancelling");
   try {
@@ -270,11 +280,35 @@ int Run(int argc, char** argv) {
     std::rename(tmp.c_str(), f.ready_file.c_str());
   }
 
+  std::unique_ptr<cache_host::PlacementReporter> reporter;
+  if (!f.placement_address.empty()) {
+    cache_host::PlacementReporterOptions ro;
+    ro.placement_address = f.placement_address;
+    ro.host_id = (*node)->options().host_id;
+    ro.grpc_address = grpc_bound;
+    ro.transport_address = (*node)->transport_address();
+    ro.node_name = f.node_name;
+    if (ro.node_name.empty()) {
+      char name[256] = {};
+      gethostname(name, sizeof(name) - 1);
+      ro.node_name = name;
+    }
+    ro.version = "kvfabric-cached";
+    ro.ttl = std::chrono::duration_cast<std::chrono::milliseconds>(f.membership_ttl);
+    auto started = cache_host::PlacementReporter::Start(node->get(), std::move(ro));
+    if (!started.ok()) {
+      spdlog::error("kvfabric-cached: {}", started.status().ToString());
+      return 1;
+    }
+    reporter = std::move(*started);
+  }
+
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("kvfabric-cached: signal {}: draining", sig);
   health.SetState(v1::SERVING_STATUS_DRAINING, "shutting down");
   (*node)->Drain(false);
+  if (reporter) reporter->Stop();  // deregisters: placement stops planning here
   (*node)->Shutdown(std::chrono::duration_cast<std::chrono::milliseconds>(f.shutdown_grace));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   metrics_server.reset();

@@ -644,6 +644,14 @@ std::string LeaseTable::TenantName(NamespaceId id) const {
   return id < index_.namespace_count() ? index_.Usage(id).tenant : std::string();
 }
 
+std::vector<BlockEntry> LeaseTable::Entries() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<BlockEntry> out;
+  out.reserve(index_.size());
+  index_.ForEach(std::nullopt, [&](const BlockEntry& e) { out.push_back(e); });
+  return out;
+}
+
 std::vector<NamespaceUsage> LeaseTable::Usages() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<NamespaceUsage> out;

@@ -287,6 +287,8 @@ class LeaseTable {
   std::optional<NamespaceId> FindNamespace(const Namespace& ns) const;
   // The tenant name of `id` ("" if unknown).
   std::string TenantName(NamespaceId id) const;
+  // Every indexed block (a full report for placement). O(blocks).
+  std::vector<BlockEntry> Entries() const;
   // Every namespace's usage (for Stats and metrics).
   std::vector<NamespaceUsage> Usages() const;
 
