@@ -1,0 +1,467 @@
+// PlacementNode: the core of the placement service `kvfabric-placement`, in kvfabric's own
+// types, tested without gRPC. It ties together cluster membership (a borrowed MembershipStore:
+// in-process or etcd), the block directory (directory.h, in memory, rebuilt from the daemons'
+// reports), the calibrated bus cost model (core/calibrated_cost_model.h) with the path load of
+// admitted plans (path_load.h), the planner (planner.h) and weighted rendezvous placement
+// (rendezvous.h). The gRPC adapter only converts messages (enum values are equal) and maps
+// Status codes; the binary only reads flags.
+//
+// Membership. Register joins the store under a lease and declares the daemon's incarnation to
+// the directory; a new incarnation of a known host_id drops the old one's directory entries
+// (its blocks count as absent until the new one reports them). The node watches the store: a
+// member that leaves or whose lease expires (kLeft) is forgotten with its directory entries,
+// counted as a leave (Deregister) or a lease expiry. Maintain() reconciles with store->List()
+// in case a watch event was missed (with MemoryMembershipStore, List also applies expiry).
+// Between an expiry and the node hearing of it, a dead daemon may still be named as a source:
+// that costs the client a failed lease and a fallback, never a wrong byte.
+//
+// Reports. ReportBlocks is idempotent per (host_id, incarnation, sequence): a sequence at or
+// below the highest applied is acknowledged and ignored. A gap (sequence > highest + 1) is
+// applied but asks for a full snapshot. A snapshot is a run of calls sharing a snapshot_id;
+// on its last chunk the directory drops the host's entries the snapshot (or events since its
+// start) did not mention, and the full-report request is cleared if no gap broke the snapshot.
+//
+// Locate and Plan see only live, non-draining members (a draining daemon grants no new leases)
+// and count as accesses of the keys they find (hot keys for Place, the directory's LRU).
+//
+// Plans. Plan locates the chain (or takes the locations the client saw), builds the planner's
+// input with each member's calibrated paths (memcpy for a member on the client's node), runs
+// the planner outside the node's mutex, admits the plan's bytes into the PathLoad until
+// ReportObservations(plan_finished) or the predicted end times Options::plan_deadline_factor
+// plus plan_deadline_slack_us passes, and keeps the plan's explanation in a bounded history for
+// Explain. ReportObservations scores the model per path
+// and refits it online (CalibratedCostModel: out-of-sample error histograms, constant memory
+// per path), compares the plan's observed and predicted totals, and drops stale directory
+// entries the client met.
+//
+// Place chooses hosts for new blocks by weighted rendezvous over live, non-draining members
+// (weight: free host + NVMe bytes), with Options::hot_replicas copies for keys the directory
+// has seen accessed at least Options::hot_threshold times.
+//
+// Limits (kvfabric.v1.Limits) are checked at the door: a request over one is refused whole with
+// InvalidArgument naming the limit and both numbers, e.g. "keys: 70000 > max_chain_blocks
+// 65536".
+//
+// Thread safety: every public method may be called from any thread (gRPC handler threads, the
+// store's watch thread, the maintenance thread). One mutex guards membership, the directory,
+// the plan history and the counters; the cost model and the path load synchronise themselves
+// (lock order: node, then cost model or path load). The node never calls the store while
+// holding its mutex, because the store may call the node's watcher from inside that call.
+#ifndef KVFABRIC_SERVER_PLACEMENT_PLACEMENT_NODE_H_
+#define KVFABRIC_SERVER_PLACEMENT_PLACEMENT_NODE_H_
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/block_key.h"
+#include "core/bus_calibration.h"
+#include "core/bus_cost_model.h"
+#include "core/calibrated_cost_model.h"
+#include "core/env.h"
+#include "core/prediction_error.h"
+#include "core/status.h"
+#include "core/statusor.h"
+#include "server/placement/directory.h"
+#include "server/placement/membership_store.h"
+#include "server/placement/path_load.h"
+#include "server/placement/planner.h"
+
+namespace kvfabric::placement {
+
+// kvfabric.v1.Limits as placement enforces them (the defaults are the proto's).
+struct PlacementLimits {
+  std::uint32_t max_keys_per_batch = 4096;  // Place keys, report events, observations
+  std::uint32_t max_chain_blocks = 65536;   // Locate/Plan keys; at most kMaxChainBlocks
+  std::uint32_t max_replicas = 8;           // Place replicas, directory replicas; at most 8
+  std::uint32_t max_namespace_bytes = 256;
+  std::uint64_t max_block_bytes = std::uint64_t{64} << 20;
+  std::uint32_t max_ttl_ms = 600000;
+  std::uint32_t default_ttl_ms = 30000;
+  std::uint32_t max_explanation_bytes = 65536;
+};
+
+struct PlacementOptions {
+  PlacementLimits limits;
+  // Directory bound (max_replicas is taken from limits).
+  std::size_t max_directory_entries = std::size_t{4} << 20;
+
+  // Cost model. Every daemon's paths start at these defaults; `calibration` (a `kvfabric
+  // calibrate` file, may be empty) replaces them per path and per host, and the online refit
+  // specialises them per host from observations. The defaults are placeholders for a
+  // 100 Gb/s fabric, PCIe 4 x16 and a datacentre NVMe drive: calibrate.
+  PathParameters remote_to_local{25.0, 10e9};  // remote daemon host -> client host
+  PathParameters local_memcpy{5.0, 10e9};      // daemon on the client's node -> client host
+  PathParameters nvme_to_host{100.0, 3e9};     // daemon NVMe -> daemon host
+  PathParameters host_to_device{10.0, 25e9};   // client host -> device (per client)
+  // Recompute (prefill) of a model without a calibrated or refitted fit.
+  RecomputeParameters recompute{2000.0, 10.0, 0.001};
+  BusCalibration calibration;
+  CalibratedCostModel::Options cost_model;
+  // Models whose recompute fit is learned online from observations. Default 64; observations
+  // of further models are counted as unscored (bounds the cost model's memory).
+  std::size_t max_models = 64;
+
+  // Plans kept for Explain, newest first out of the ring last. Default 4096 plans and 16 MiB of
+  // explanation text, whichever bound is hit first.
+  std::size_t plan_history = 4096;
+  std::size_t plan_history_bytes = std::size_t{16} << 20;
+  // Format every plan's explanation (so Explain can answer later) even when the request did not
+  // ask for it. Default true; false saves the formatting (a few µs per run) on busy services.
+  bool explain_every_plan = true;
+  // A plan's bytes leave the path load at ReportObservations(plan_finished) or at
+  // predicted_total_us * factor + slack after it was made. Default 2 and 100 ms: a client
+  // that never reports cannot inflate a path for long.
+  double plan_deadline_factor = 2.0;
+  std::uint64_t plan_deadline_slack_us = 100'000;
+
+  // Place: a key the directory has seen accessed at least hot_threshold times gets hot_replicas
+  // copies when the request leaves replicas at 0 (else 1). Defaults 8 and 2.
+  std::uint64_t hot_threshold = 8;
+  std::uint32_t hot_replicas = 2;
+
+  // Maintain() period on the node's own thread (lease reconciliation, path-load expiry).
+  // Default 100 ms; 0: no thread (tests call Maintain()).
+  std::chrono::milliseconds maintenance_interval{100};
+  // Random id of this process start (RegisterResponse.placement_incarnation); 0: derived from
+  // the wall clock.
+  std::uint64_t incarnation = 0;
+};
+
+struct RegisterResult {
+  std::uint64_t lease_id = 0;
+  std::uint32_t ttl_ms = 0;
+  std::uint32_t heartbeat_interval_ms = 0;  // ttl_ms / 3
+  bool full_report_requested = false;
+  std::uint64_t placement_incarnation = 0;
+};
+
+struct HeartbeatResult {
+  std::uint32_t ttl_ms = 0;
+  bool full_report_requested = false;
+};
+
+// One ReportBlocks call (kvfabric.v1.ReportBlocksRequest).
+struct BlockReport {
+  std::string host_id;
+  std::uint64_t incarnation = 0;
+  std::uint64_t lease_id = 0;
+  std::uint64_t sequence = 0;     // 1, 2, 3, ... per incarnation
+  std::uint64_t snapshot_id = 0;  // non-zero: a chunk of a full snapshot
+  bool snapshot_last = false;
+  std::vector<BlockEvent> events;
+};
+
+struct ReportResult {
+  std::uint64_t acked_sequence = 0;
+  bool full_report_requested = false;
+};
+
+struct LocatedReplica {
+  std::uint32_t host_index = 0;  // into ChainLocations::hosts
+  Tier tier = Tier::kUnspecified;
+  std::uint64_t payload_bytes = 0;
+  std::uint8_t representation = 0;
+};
+
+struct ChainLocations {
+  std::vector<MemberRecord> hosts;
+  // One per key; replicas best first (host tier before NVMe, then least queued bytes).
+  std::vector<std::vector<LocatedReplica>> blocks;
+  std::uint32_t cached_prefix_blocks = 0;
+};
+
+struct ChainBlockSpec {
+  BlockKey key;
+  std::uint32_t tokens = 0;
+  std::uint64_t prefix_tokens = 0;
+  std::uint64_t bytes = 0;
+};
+
+struct PlanRequest {
+  std::string ns;
+  // Selects the recompute fit (ModelFingerprint.model_id); may be empty.
+  std::string model_id;
+  std::vector<ChainBlockSpec> chain;
+  // The client's id (its host->device path resource in the path load).
+  std::string client_id;
+  // Compared with members' node_name: a member on the client's node is read by memcpy.
+  std::string client_node;
+  std::uint64_t suffix_tokens = 0;
+  // Override the model's recompute fit / the client's host->device path for this plan.
+  std::optional<RecomputeParameters> recompute;
+  std::optional<PathParameters> host_to_device;
+  // Locations from an earlier Locate of the same keys, to plan on exactly what the client saw
+  // (one block per key); unset: placement locates the chain itself.
+  std::optional<ChainLocations> locations;
+  bool include_explanation = false;
+};
+
+struct PlanResult {
+  std::uint64_t plan_id = 0;
+  kvfabric::Plan plan;  // host indices resolve in locations.hosts
+  ChainLocations locations;
+  // One per plan run: for a fetch, the other hosts holding every block of the run, best first
+  // (as the run's first block lists them); recompute is always the last fallback. Empty for a
+  // recompute run.
+  std::vector<std::vector<std::uint32_t>> fallback_host_indices;
+};
+
+struct TransferObservation {
+  BusPath path = BusPath::kUnspecified;
+  std::string host_id;  // empty for paths local to the client
+  std::uint64_t bytes = 0;
+  double observed_us = 0;
+};
+
+struct RecomputeObservation {
+  std::uint64_t tokens = 0;
+  std::uint64_t prefix_tokens = 0;
+  double observed_us = 0;
+};
+
+struct StaleEntry {
+  std::string host_id;
+  BlockKey key;
+};
+
+// One ReportObservations call.
+struct ObservationReport {
+  std::string ns;
+  std::uint64_t plan_id = 0;  // 0: none
+  std::string model_id;
+  std::vector<TransferObservation> transfers;
+  std::vector<RecomputeObservation> recomputes;
+  std::vector<StaleEntry> stale_entries;
+  std::vector<std::uint32_t> fallback_runs;
+  bool plan_finished = false;
+  double observed_total_us = 0;  // plan_finished only; 0: unknown
+};
+
+struct ExplainTerm {
+  std::string name;
+  double value = 0;
+  std::string unit;
+};
+
+struct PlanExplanation {
+  std::uint64_t plan_id = 0;
+  PlanKind kind = PlanKind::kUnspecified;
+  std::string formula;
+  std::string text;  // empty if Options::explain_every_plan is off and the request did not ask
+  std::vector<ExplainTerm> terms;
+  std::uint64_t decided_unix_us = 0;
+  double predicted_total_us = 0;
+  std::optional<double> observed_total_us;
+};
+
+struct PlaceRequest {
+  std::string ns;
+  std::vector<BlockKey> keys;
+  std::uint64_t payload_bytes = 0;
+  std::uint32_t replicas = 0;  // 0: policy (1, or hot_replicas for hot keys)
+  std::vector<std::string> exclude_host_ids;
+};
+
+struct PlaceResult {
+  Status status;  // OK, Unavailable (no live host), ResourceExhausted (no room anywhere)
+  std::vector<std::uint32_t> host_indices;  // best first, into PlaceResponse::hosts
+  std::vector<double> scores;
+  std::vector<std::uint32_t> existing_host_indices;
+  bool hot = false;
+};
+
+struct PlaceResponse {
+  std::vector<MemberRecord> hosts;
+  std::vector<PlaceResult> results;
+};
+
+struct HostStatus {
+  MemberRecord record;
+  std::uint64_t lease_id = 0;
+  std::uint64_t last_heartbeat_unix_us = 0;  // 0: none through this node yet
+  // As last granted or renewed through this node; 0 if unknown (another replica's member).
+  std::uint32_t lease_remaining_ms = 0;
+  std::uint64_t directory_blocks = 0;
+  std::uint64_t acked_sequence = 0;
+  bool full_report_requested = false;
+};
+
+// Everything /metrics reports.
+struct PlacementSnapshot {
+  std::uint64_t uptime_us = 0;
+  std::uint64_t live_hosts = 0;
+  std::uint64_t draining_hosts = 0;
+  DirectoryCounters directory;
+  std::uint64_t registrations = 0;
+  std::uint64_t heartbeats = 0;
+  std::uint64_t heartbeats_not_found = 0;
+  std::uint64_t deregistrations = 0;
+  std::uint64_t members_left = 0;
+  std::uint64_t lease_expiries = 0;
+  std::uint64_t incarnations_replaced = 0;
+  std::uint64_t reports = 0;
+  std::uint64_t reports_duplicate = 0;
+  std::uint64_t reports_gap = 0;
+  std::uint64_t reports_not_found = 0;
+  // Events of reports refused for a stale lease or incarnation (never applied).
+  std::uint64_t report_events_ignored = 0;
+  std::uint64_t snapshots_completed = 0;
+  std::uint64_t locates = 0;
+  std::uint64_t plans = 0;
+  std::array<std::uint64_t, 5> plans_by_kind{};  // indexed by PlanKind
+  std::uint64_t plans_admitted = 0;              // gauge: plans holding path load
+  std::uint64_t plans_finished = 0;
+  std::uint64_t plans_expired = 0;  // path load released by deadline
+  std::uint64_t plan_history = 0;   // gauge
+  std::uint64_t observations_unknown_plan = 0;
+  // No parameters for the path or model, not a member, or over max_models.
+  std::uint64_t observations_unscored = 0;
+  std::uint64_t fallback_runs = 0;
+  std::uint64_t stale_reports = 0;
+  std::uint64_t places = 0;
+  std::uint64_t place_hot_keys = 0;
+  // observed_total_us / predicted_total_us - 1 of finished plans.
+  PredictionErrorHistogram::Snapshot plan_error;
+  std::vector<CalibratedCostModel::PathReport> paths;
+  std::vector<CalibratedCostModel::RecomputeReport> models;
+};
+
+class PlacementNode {
+ public:
+  // Loads the calibration over the default parameters, watches `membership`, learns its
+  // current members (List) and starts the maintenance thread. InvalidArgument naming the
+  // setting for options that cannot work. `membership` and `env` are borrowed and must outlive
+  // the node.
+  static StatusOr<std::unique_ptr<PlacementNode>> Create(PlacementOptions options,
+                                                         MembershipStore* membership, Env* env);
+  // Stops the maintenance thread and the watch.
+  ~PlacementNode();
+  PlacementNode(const PlacementNode&) = delete;
+  PlacementNode& operator=(const PlacementNode&) = delete;
+
+  const PlacementOptions& options() const { return options_; }
+  std::uint64_t incarnation() const { return incarnation_; }
+
+  // ---- The Placement RPCs, in core types (see placement.proto) ----
+  // ttl_ms 0: limits.default_ttl_ms. InvalidArgument for a bad record, a zero incarnation or a
+  // TTL over limits.max_ttl_ms.
+  StatusOr<RegisterResult> Register(const MemberRecord& record, std::uint32_t ttl_ms);
+  // NotFound if the lease is gone (register again and send a full report). `updated` (may be
+  // null) replaces the member's record: free capacity, draining.
+  StatusOr<HeartbeatResult> Heartbeat(std::uint64_t lease_id, const MemberRecord* updated);
+  // Idempotent.
+  Status Deregister(std::uint64_t lease_id);
+  // NotFound if the lease is not the host's current one.
+  StatusOr<ReportResult> ReportBlocks(const BlockReport& report);
+  // Counts as an access of every key found (hot-key detection, directory LRU).
+  StatusOr<ChainLocations> Locate(std::string_view ns, std::span<const BlockKey> keys);
+  StatusOr<PlanResult> Plan(const PlanRequest& request);
+  Status ReportObservations(const ObservationReport& report);
+  // The same as ReportObservations with only plan_finished. Idempotent.
+  void ReportPlanFinished(std::uint64_t plan_id);
+  // NotFound if the plan is unknown or aged out of the history.
+  StatusOr<PlanExplanation> Explain(std::uint64_t plan_id) const;
+  StatusOr<PlaceResponse> Place(const PlaceRequest& request);
+  // Live members, sorted by host_id.
+  std::vector<HostStatus> ListHosts() const;
+  PlacementSnapshot Snapshot() const;
+
+  // Reconciles membership with the store (List) and releases expired plans' path load. Runs on
+  // the maintenance thread every Options::maintenance_interval; tests call it directly. A round
+  // whose List raced with a membership change skips the reconciliation (the watch has it).
+  void Maintain();
+
+ private:
+  struct HostState {
+    MemberRecord record;
+    std::uint64_t lease_id = 0;
+    std::uint64_t last_heartbeat_unix_us = 0;
+    // Lease TTL granted through this node and when it was last renewed here (Env::NowMicros);
+    // 0 for a member learned from the store (registered through another replica).
+    std::uint32_t ttl_ms = 0;
+    std::uint64_t renewed_at_us = 0;
+    std::uint64_t acked_sequence = 0;
+    bool full_report_wanted = true;
+    std::uint64_t snapshot_id = 0;  // in progress
+    bool snapshot_broken = false;   // a gap inside the snapshot in progress
+    bool leaving = false;           // Deregister in progress: its kLeft is a leave, not an expiry
+  };
+  struct PlanRecord {
+    std::uint64_t plan_id = 0;
+    std::uint64_t decided_unix_us = 0;
+    PlanKind kind = PlanKind::kUnspecified;
+    double predicted_total_us = 0;
+    std::vector<PlanAlternative> alternatives;
+    std::uint32_t chain_blocks = 0;
+    std::uint32_t cached_prefix_blocks = 0;
+    std::uint64_t suffix_tokens = 0;
+    PathParameters host_to_device;
+    RecomputeParameters recompute;
+    std::string explanation;
+    std::uint64_t ticket = 0;  // PathLoad ticket; 0 once released or if nothing was charged
+    bool finished = false;
+    std::optional<double> observed_total_us;
+  };
+
+  PlacementNode(PlacementOptions options, MembershipStore* membership, Env* env);
+  Status Start();
+
+  void OnMemberEvent(const MemberEvent& event);
+  // REQUIRES: mu_ held.
+  HostState& UpsertMemberLocked(const MemberRecord& record, std::uint64_t lease_id);
+  void RemoveMemberLocked(const std::string& host_id, bool expired);
+  bool UsableLocked(const HostState& host) const;
+  ChainLocations LocateLocked(std::string_view ns, std::span<const BlockKey> keys);
+  void TrimPlanHistoryLocked();
+  const PlanRecord* FindPlanLocked(std::uint64_t plan_id) const;
+  PlanRecord* FindPlanLocked(std::uint64_t plan_id);
+
+  Status CheckNamespace(std::string_view ns) const;
+  PathParameters PathOrDefault(BusPath path, std::string_view host_id) const;
+  void MaintenanceLoop();
+
+  const PlacementOptions options_;
+  MembershipStore* const membership_;
+  Env* const env_;
+  const std::uint64_t start_us_;
+  const std::uint64_t incarnation_;
+
+  CalibratedCostModel cost_model_;
+  PathLoad path_load_;
+  const Planner planner_{&path_load_};
+
+  mutable std::mutex mu_;
+  Directory directory_;                                           // GUARDED_BY(mu_)
+  std::map<std::string, HostState, std::less<>> hosts_;           // GUARDED_BY(mu_)
+  std::unordered_map<std::uint64_t, std::string> host_by_lease_;  // GUARDED_BY(mu_)
+  std::deque<PlanRecord> plans_;    // GUARDED_BY(mu_); ids consecutive
+  std::size_t plans_bytes_ = 0;     // GUARDED_BY(mu_)
+  std::uint64_t next_plan_id_ = 1;  // GUARDED_BY(mu_)
+  // Bumped by every membership change; Maintain skips a List result that raced with one.
+  std::uint64_t member_epoch_ = 0;       // GUARDED_BY(mu_)
+  PredictionErrorHistogram plan_error_;  // GUARDED_BY(mu_)
+  PlacementSnapshot counters_;           // GUARDED_BY(mu_); counters only
+
+  std::mutex maintenance_mu_;
+  std::condition_variable maintenance_cv_;
+  bool stopping_ = false;  // GUARDED_BY(maintenance_mu_)
+  std::thread maintenance_;
+};
+
+}  // namespace kvfabric::placement
+
+#endif  // KVFABRIC_SERVER_PLACEMENT_PLACEMENT_NODE_H_
