@@ -49,15 +49,19 @@ TEST(FitPathParametersTest, RecoversAlphaAndBetaExactlyWithoutNoise) {
   EXPECT_NEAR(fit->beta_bytes_per_s, kNvme.beta_bytes_per_s, 1e-9 * kNvme.beta_bytes_per_s);
 }
 
-// Tolerances for 1% multiplicative noise over 65 probes from 64 KiB to 256 MiB: beta within 1%,
-// alpha within 10% (alpha is 85 µs against 118 µs for the smallest probe, so it is pinned only
-// by the small sizes).
+// Tolerances for 1% multiplicative noise over 65 probes from 64 KiB to 256 MiB, set from the
+// worst case over 20,000 seeds (relative weighting: beta 0.65%, alpha 2.0%; absolute
+// weighting, which the largest probes dominate: beta 1.39%) with headroom: beta within 1%
+// (relative) or 2.5% (absolute), alpha within 10% (alpha is 85 µs against 118 µs for the
+// smallest probe, so it is pinned only by the small sizes).
 TEST(FitPathParametersTest, RecoversAlphaAndBetaFromNoisyProbes) {
   std::mt19937_64 rng(TestSeed("FitPathParametersTest.RecoversAlphaAndBetaFromNoisyProbes"));
   for (FitWeighting w : {FitWeighting::kRelative, FitWeighting::kAbsolute}) {
     auto fit = FitPathParameters(PathProbes(kNvme, 0.01, rng), {w});
     ASSERT_TRUE(fit.ok()) << fit.status();
-    EXPECT_NEAR(fit->beta_bytes_per_s, kNvme.beta_bytes_per_s, 0.01 * kNvme.beta_bytes_per_s);
+    const double beta_tolerance = w == FitWeighting::kRelative ? 0.01 : 0.025;
+    EXPECT_NEAR(fit->beta_bytes_per_s, kNvme.beta_bytes_per_s,
+                beta_tolerance * kNvme.beta_bytes_per_s);
     if (w == FitWeighting::kRelative) {
       EXPECT_NEAR(fit->alpha_us, kNvme.alpha_us, 0.10 * kNvme.alpha_us);
     }
