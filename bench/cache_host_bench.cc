@@ -5,12 +5,14 @@
 // Prints GB/s, p50/p99 per batch and the ratio against memcached's GET.
 //
 //   cache_host_bench --daemon build/ci/server/cache_host/kvfabric-cached
-//                    [--total-mib 1024] [--batch-mib 8]
+//                    [--total-mib 1024] [--batch-mib 32] [--depth 1]
 //
 // A kvfabric "op" is one batch: Lease (or Reserve) of batch-mib of blocks over
-// gRPC, one data-plane transfer of all of them, Release (or Commit). Redis and
-// memcached ops are single-key SET/GET (they have no batch-with-lease shape);
-// GB/s compares like with like, latency does not.
+// gRPC, one data-plane transfer of all of them, Release (or Commit); each
+// connection keeps `depth` batches in flight. Redis and memcached ops are
+// single-key SET/GET (they have no batch-with-lease shape); GB/s compares like
+// with like, latency does not. PUT rows are compared with memcached's PUT,
+// GET rows with its GET, at the same value size and connection count.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <spawn.h>
@@ -27,6 +29,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "bench/kv_baselines.h"
@@ -45,7 +48,11 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   std::string daemon = "kvfabric-cached";
   std::uint64_t total_mib = 1024;
-  std::uint64_t batch_mib = 8;
+  std::uint64_t batch_mib = 32;
+  // Batches in flight per connection (each its own thread and staging slot):
+  // while one batch's bytes move, the next one's lease RPC runs, as a client
+  // library pipelines.
+  int depth = 1;
 };
 
 struct Result {
@@ -61,7 +68,7 @@ class Daemon {
                                      "--host-id=bench",
                                      "--grpc-address=127.0.0.1:0",
                                      "--transport-address=127.0.0.1:0",
-                                     "--metrics-address=",
+                                     "--metrics-address=off",
                                      "--lock-memory=off",
                                      "--ucx-tls=" + tls,
                                      "--host-pool-bytes=" + std::to_string(2 * a.total_mib + 64) +
@@ -167,7 +174,8 @@ std::array<std::uint8_t, 16> Token(const std::string& s) {
 // One batch: PUT (reserve, put, commit) or GET (lease, get, release) of
 // `n` blocks starting at `first`. Returns false on any error.
 bool Batch(Conn& c, const std::string& ns, bool put, int conn, std::uint64_t first, int n,
-           std::uint64_t block, std::uint32_t layers, std::vector<std::uint32_t>* crcs) {
+           std::uint64_t block, std::uint32_t layers, std::uint64_t slot,
+           std::vector<std::uint32_t>* crcs) {
   std::vector<wire::TransferRange> ranges;
   std::uint64_t lease = 0;
   std::array<std::uint8_t, 16> token{};
@@ -193,7 +201,7 @@ bool Batch(Conn& c, const std::string& ns, bool put, int conn, std::uint64_t fir
         std::fprintf(stderr, "reserve: %s\n", r.status().message().c_str());
         return false;
       }
-      std::uint64_t pos = k * block;
+      std::uint64_t pos = slot + k * block;
       for (const auto& x : r.extents()) {
         ranges.push_back({x.offset_bytes(), x.length_bytes(), pos});
         pos += x.length_bytes();
@@ -211,7 +219,7 @@ bool Batch(Conn& c, const std::string& ns, bool put, int conn, std::uint64_t fir
     for (int k = 0; k < n; ++k) {
       const auto& r = resp.results(k);
       if (r.status().code() != 0) return false;
-      std::uint64_t pos = k * block;
+      std::uint64_t pos = slot + k * block;
       for (const auto& x : r.extents()) {
         ranges.push_back({x.offset_bytes(), x.length_bytes(), pos});
         pos += x.length_bytes();
@@ -253,27 +261,31 @@ bool Batch(Conn& c, const std::string& ns, bool put, int conn, std::uint64_t fir
 }
 
 Result RunKvf(std::vector<std::unique_ptr<Conn>>& conns, const std::string& ns, bool put,
-              std::uint64_t block, std::uint64_t total, std::uint64_t batch_bytes) {
+              std::uint64_t block, std::uint64_t total, std::uint64_t batch_bytes, int depth) {
   const std::uint32_t layers = static_cast<std::uint32_t>(block / (64 << 10));
   const int per_batch = static_cast<int>(std::max<std::uint64_t>(1, batch_bytes / block));
-  const std::uint64_t blocks_per_conn = total / block / conns.size();
-  std::vector<std::vector<double>> lat(conns.size());
+  const std::size_t workers = conns.size() * static_cast<std::size_t>(depth);
+  const std::uint64_t blocks_per_worker = total / block / workers;
+  std::vector<std::vector<double>> lat(workers);
   std::atomic<bool> failed{false};
   const auto start = Clock::now();
   std::vector<std::thread> threads;
-  for (std::size_t ci = 0; ci < conns.size(); ++ci) {
-    threads.emplace_back([&, ci] {
-      Conn& c = *conns[ci];
+  for (std::size_t wi = 0; wi < workers; ++wi) {
+    threads.emplace_back([&, wi] {
+      Conn& c = *conns[wi / static_cast<std::size_t>(depth)];
+      const std::uint64_t slot = (wi % static_cast<std::size_t>(depth)) * batch_bytes;
       // The staging bytes are fixed; their CRC is computed once per slot.
       std::vector<std::uint32_t> crcs(per_batch);
       for (int k = 0; k < per_batch; ++k) {
-        crcs[k] = crc32c::Value(c.staging->bytes().subspan(k * block, block));
+        crcs[k] = crc32c::Value(c.staging->bytes().subspan(slot + k * block, block));
       }
-      for (std::uint64_t i = 0; i < blocks_per_conn && !failed; i += per_batch) {
-        const int n = static_cast<int>(std::min<std::uint64_t>(per_batch, blocks_per_conn - i));
+      for (std::uint64_t i = 0; i < blocks_per_worker && !failed; i += per_batch) {
+        const int n = static_cast<int>(std::min<std::uint64_t>(per_batch, blocks_per_worker - i));
         const auto t0 = Clock::now();
-        if (!Batch(c, ns, put, static_cast<int>(ci), i, n, block, layers, &crcs)) failed = true;
-        lat[ci].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        if (!Batch(c, ns, put, static_cast<int>(wi), i, n, block, layers, slot, &crcs)) {
+          failed = true;
+        }
+        lat[wi].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
       }
     });
   }
@@ -287,18 +299,18 @@ Result RunKvf(std::vector<std::unique_ptr<Conn>>& conns, const std::string& ns, 
   for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
   std::sort(all.begin(), all.end());
   Result r;
-  r.gbps = double(blocks_per_conn * conns.size() * block) / secs / 1e9;
+  r.gbps = double(blocks_per_worker * workers * block) / secs / 1e9;
   r.p50_us = all[all.size() / 2];
   r.p99_us = all[std::min(all.size() - 1, all.size() * 99 / 100)];
   return r;
 }
 
 void Print(const char* system, const char* path, const char* op, std::uint64_t block, int conns,
-           const Result& r, double memcached_get) {
+           const Result& r, double memcached_gbps) {
   std::printf("%-10s %-6s %-4s %5llu KiB %d conn  %6.2f GB/s  p50 %8.0f us  p99 %8.0f us",
               system, path, op, static_cast<unsigned long long>(block >> 10), conns, r.gbps,
               r.p50_us, r.p99_us);
-  if (memcached_get > 0) std::printf("  %.2fx memcached GET", r.gbps / memcached_get);
+  if (memcached_gbps > 0) std::printf("  %.2fx memcached %s", r.gbps / memcached_gbps, op);
   std::printf("\n");
   std::fflush(stdout);
 }
@@ -310,15 +322,21 @@ int Main(int argc, char** argv) {
     if (k == "--daemon") a.daemon = argv[i + 1];
     else if (k == "--total-mib") a.total_mib = std::stoull(argv[i + 1]);
     else if (k == "--batch-mib") a.batch_mib = std::stoull(argv[i + 1]);
+    else if (k == "--depth") a.depth = std::max(1, std::stoi(argv[i + 1]));
   }
   const std::uint64_t total = a.total_mib << 20;
   const std::uint64_t sizes[] = {256 << 10, 2 << 20};
   const int conn_counts[] = {1, 4};
-  std::map<std::pair<std::uint64_t, int>, double> memcached_get;
+  // memcached's GB/s by (value size, connections, is-get): the ratios' baseline.
+  std::map<std::tuple<std::uint64_t, int, bool>, double> memcached;
 
   // Baselines first, on the same value sizes and total bytes.
   for (auto kind : {bench::BaselineKind::kMemcached, bench::BaselineKind::kRedis}) {
-    auto server = bench::BaselineServer::Start(kind);
+    bench::BaselineServerOptions so;
+    // Room for the values twice over plus memcached's per-item overhead, so
+    // nothing is evicted between the put and the get.
+    so.memcached_memory_mib = 2 * a.total_mib + 512;
+    auto server = bench::BaselineServer::Start(kind, so);
     if (!server.ok()) {
       std::printf("%s: skipped (%s)\n", std::string(bench::BaselineKindName(kind)).c_str(),
                   server.status().ToString().c_str());
@@ -337,12 +355,10 @@ int Main(int argc, char** argv) {
             continue;
           }
           const bool get = op == bench::BaselineOp::kGet;
-          if (kind == bench::BaselineKind::kMemcached && get) {
-            memcached_get[{block, conns}] = r->gbps;
-          }
+          if (kind == bench::BaselineKind::kMemcached) memcached[{block, conns, get}] = r->gbps;
           Print(std::string(bench::BaselineKindName(kind)).c_str(), "tcp", get ? "GET" : "PUT",
                 block, conns, Result{r->gbps, r->p50_us, r->p99_us},
-                memcached_get.count({block, conns}) ? memcached_get[{block, conns}] : 0);
+                memcached.count({block, conns, get}) ? memcached[{block, conns, get}] : 0);
         }
       }
     }
@@ -356,13 +372,18 @@ int Main(int argc, char** argv) {
       Daemon d(a, tls, dir);
       for (int conns : conn_counts) {
         std::vector<std::unique_ptr<Conn>> cs;
-        for (int i = 0; i < conns; ++i) cs.push_back(Connect(d, tls, a.batch_mib << 20));
+        for (int i = 0; i < conns; ++i) {
+          cs.push_back(Connect(d, tls, (a.batch_mib << 20) * static_cast<std::uint64_t>(a.depth)));
+        }
         const std::string ns = "bench-" + std::to_string(conns);
-        Result put = RunKvf(cs, ns, true, block, total, a.batch_mib << 20);
-        Result get = RunKvf(cs, ns, false, block, total, a.batch_mib << 20);
-        const double mg = memcached_get.count({block, conns}) ? memcached_get[{block, conns}] : 0;
-        Print("kvfabric", path, "PUT", block, conns, put, mg);
-        Print("kvfabric", path, "GET", block, conns, get, mg);
+        Result put = RunKvf(cs, ns, true, block, total, a.batch_mib << 20, a.depth);
+        Result get = RunKvf(cs, ns, false, block, total, a.batch_mib << 20, a.depth);
+        auto base = [&](bool g) {
+          auto it = memcached.find({block, conns, g});
+          return it == memcached.end() ? 0.0 : it->second;
+        };
+        Print("kvfabric", path, "PUT", block, conns, put, base(false));
+        Print("kvfabric", path, "GET", block, conns, get, base(true));
       }
     }
   }

@@ -153,7 +153,7 @@ int Run(int argc, char** argv) {
   app.add_option("--ucx-tls", f.ucx_tls,
                  "UCX transports: sm,self,tcp here; rc,ud,sm,self,tcp on RDMA; must include tcp");
   app.add_option("--metrics-address", f.metrics_address,
-                 "Prometheus /metrics listen address (empty: off)");
+                 "Prometheus /metrics listen address HOST:PORT, or \"off\"");
   app.add_option("--ready-file", f.ready_file,
                  "write the listen addresses here once serving (for scripts and tests)");
   AddBytesOption(app, "--host-pool-bytes", &o.pool.pool_bytes, "host pool size (required)")
@@ -232,7 +232,7 @@ int Run(int argc, char** argv) {
       [n = node->get()] { return n->Snapshot(); });
   (*node)->set_transfer_observer(cache_host::CacheHostMetrics::ObserverFor(metrics));
   std::unique_ptr<cache_host::MetricsServer> metrics_server;
-  if (!f.metrics_address.empty()) {
+  if (!f.metrics_address.empty() && f.metrics_address != "off") {
     auto started = cache_host::MetricsServer::Start(f.metrics_address, {metrics});
     if (!started.ok()) {
       spdlog::error("kvfabric-cached: {}", started.status().ToString());
