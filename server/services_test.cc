@@ -1,5 +1,6 @@
-// Both services on a real gRPC server on loopback: Health answers with the
-// documented limits, and RPCs a later issue fills answer UNIMPLEMENTED.
+// Both services on a real gRPC server on loopback, without their nodes (the
+// daemons are starting): Health answers with the documented limits, other RPCs
+// check the request and then answer UNAVAILABLE.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -20,7 +21,8 @@ class ServicesTest : public ::testing::Test {
   void SetUp() override {
     health_ = std::make_unique<HealthReporter>(Env::Default(), "test-host", "0.0.0-test");
     cache_host_ = std::make_unique<CacheHostService>(nullptr, health_.get(), CacheHostServiceOptions());
-    placement_ = std::make_unique<PlacementService>(health_.get());
+    placement_ =
+        std::make_unique<PlacementService>(nullptr, health_.get(), PlacementServiceOptions());
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -92,13 +94,23 @@ TEST_F(ServicesTest, CacheHostWithoutANodeChecksRequestsAndAnswersUnavailable) {
             grpc::StatusCode::UNAVAILABLE);
 }
 
-TEST_F(ServicesTest, PlacementRpcsOfTheLaterIssueAreUnimplemented) {
+TEST_F(ServicesTest, PlacementWithoutANodeChecksRequestsAndAnswersUnavailable) {
   auto placement = v1::Placement::NewStub(channel_);
+  // An empty chain is refused whole, naming what is missing; a valid one
+  // reaches the missing node: UNAVAILABLE while placement starts.
+  grpc::ClientContext ctx1;
+  SetDeadline(&ctx1);
+  v1::PlanResponse plan;
+  grpc::Status s = placement->Plan(&ctx1, v1::PlanRequest(), &plan);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(s.error_message(), "keys: 0, a chain needs at least 1 key");
   grpc::ClientContext ctx2;
   SetDeadline(&ctx2);
-  v1::PlanResponse plan;
-  EXPECT_EQ(placement->Plan(&ctx2, v1::PlanRequest(), &plan).error_code(),
-            grpc::StatusCode::UNIMPLEMENTED);
+  v1::LocateRequest locate;
+  locate.add_keys(std::string(32, 'k'));
+  v1::LocateResponse located;
+  EXPECT_EQ(placement->Locate(&ctx2, locate, &located).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
 }
 
 }  // namespace

@@ -236,11 +236,17 @@ void PlacementReporter::Run() {
         stats_.registered = false;
         snapshot_owed_ = true;
       }
-      // Back off a little while placement is unreachable.
-      next_heartbeat = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-      if (lease_id_ == 0 || s.code() == StatusCode::kUnavailable) {
-        spdlog::warn("placement {}: {}", options_.placement_address, s.ToString());
+      // Back off a little while placement is unreachable; say so once, then
+      // at most every 30 s.
+      const auto now = std::chrono::steady_clock::now();
+      next_heartbeat = now + std::chrono::milliseconds(500);
+      if (now >= next_warning_) {
+        spdlog::warn("placement {}: {} (retrying every 500 ms)", options_.placement_address,
+                     s.ToString());
+        next_warning_ = now + std::chrono::seconds(30);
       }
+    } else {
+      next_warning_ = {};
     }
     if (stopping) break;
   }

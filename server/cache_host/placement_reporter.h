@@ -107,6 +107,7 @@ class PlacementReporter {
   std::uint64_t sequence_ = 0;
   std::uint64_t next_snapshot_id_ = 1;
   std::chrono::milliseconds heartbeat_every_{3000};
+  std::chrono::steady_clock::time_point next_warning_{};
   std::thread thread_;
 };
 

@@ -60,9 +60,9 @@ StatusOr<std::unique_ptr<PlacementNode>> PlacementNode::Create(PlacementOptions 
     return Status::InvalidArgument("max_replicas: " + std::to_string(l.max_replicas) +
                                    " not in 1..8");
   }
-  if (l.max_chain_blocks < 1 || l.max_chain_blocks > kMaxChainBlocks) {
+  if (l.max_chain_blocks < 1 || l.max_chain_blocks > kMaxPlannerChainBlocks) {
     return Status::InvalidArgument("max_chain_blocks: " + std::to_string(l.max_chain_blocks) +
-                                   " not in 1.." + std::to_string(kMaxChainBlocks));
+                                   " not in 1.." + std::to_string(kMaxPlannerChainBlocks));
   }
   if (l.max_keys_per_batch < 1 || l.max_block_bytes < 1) {
     return Status::InvalidArgument("max_keys_per_batch and max_block_bytes must be >= 1");

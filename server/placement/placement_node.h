@@ -85,7 +85,7 @@ namespace kvfabric::placement {
 // kvfabric.v1.Limits as placement enforces them (the defaults are the proto's).
 struct PlacementLimits {
   std::uint32_t max_keys_per_batch = 4096;  // Place keys, report events, observations
-  std::uint32_t max_chain_blocks = 65536;   // Locate/Plan keys; at most kMaxChainBlocks
+  std::uint32_t max_chain_blocks = 65536;   // Locate/Plan keys; at most kMaxPlannerChainBlocks
   std::uint32_t max_replicas = 8;           // Place replicas, directory replicas; at most 8
   std::uint32_t max_namespace_bytes = 256;
   std::uint64_t max_block_bytes = std::uint64_t{64} << 20;

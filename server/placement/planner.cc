@@ -29,10 +29,10 @@ bool GoodParameters(const PathParameters& p) {
 }
 
 Status Validate(const PlannerInput& in) {
-  if (in.blocks.empty() || in.blocks.size() > kMaxChainBlocks) {
+  if (in.blocks.empty() || in.blocks.size() > kMaxPlannerChainBlocks) {
     return Status::InvalidArgument("blocks: " + std::to_string(in.blocks.size()) +
                                    " not in 1..max_chain_blocks " +
-                                   std::to_string(kMaxChainBlocks));
+                                   std::to_string(kMaxPlannerChainBlocks));
   }
   if (!GoodParameters(in.host_to_device)) {
     return Status::InvalidArgument(

@@ -117,7 +117,7 @@ struct PlannerInput {
   std::string client_id;
   PathParameters host_to_device;
   RecomputeParameters recompute;
-  // 1..kMaxChainBlocks blocks, block 0 first.
+  // 1..kMaxPlannerChainBlocks blocks, block 0 first.
   std::vector<ChainBlock> blocks;
   // Tokens after the chain every alternative prefills anyway.
   uint64_t suffix_tokens = 0;
@@ -127,7 +127,7 @@ struct PlannerInput {
   size_t max_explanation_bytes = 65536;
 };
 
-inline constexpr size_t kMaxChainBlocks = 65536;
+inline constexpr size_t kMaxPlannerChainBlocks = 65536;
 
 struct PlanRun {
   uint32_t first_block = 0;
@@ -173,7 +173,7 @@ class Planner {
   explicit Planner(const PathLoad* load) : load_(load) {}
 
   // InvalidArgument naming the field for malformed input: no blocks or more than
-  // kMaxChainBlocks, a block with 0 tokens or bytes, a prefix_tokens that is not the running sum,
+  // kMaxPlannerChainBlocks, a block with 0 tokens or bytes, a prefix_tokens that is not the running sum,
   // a replica naming an unknown host or tier or repeating a (host, tier), parameters that are not
   // finite or a beta <= 0.
   StatusOr<Plan> MakePlan(const PlannerInput& input) const;

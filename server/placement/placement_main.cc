@@ -1,0 +1,178 @@
+// `kvfabric-placement`: the placement service. Reads flags (or a YAML file
+// with the same keys) once, builds PlacementNode over a membership store (in
+// process by default; etcd with --etcd-endpoint), serves the Placement gRPC
+// service and /metrics, and stops on SIGTERM or SIGINT (exit 0).
+//
+// The block directory lives in this process's memory only: after a restart it
+// is rebuilt from the daemons' full reports (they re-register when their
+// heartbeat answers NOT_FOUND, and report in full after every registration).
+// With etcd, membership survives the restart: the daemons' leases are in
+// etcd, and a new placement process lists them at start.
+//
+// Exit status: 0 after a clean shutdown, 1 when start-up failed, 2 on a usage
+// error.
+#include <CLI/CLI.hpp>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "core/bus_calibration.h"
+#include "core/config/logging_flags.h"
+#include "core/config/yaml_config.h"
+#include "core/env.h"
+#include "core/logging.h"
+#include "server/cache_host/cache_host_metrics.h"
+#include "server/health_reporter.h"
+#include "server/placement/etcd_membership_store.h"
+#include "server/placement/membership_store.h"
+#include "server/placement/placement_metrics.h"
+#include "server/placement/placement_node.h"
+#include "server/placement_convert.h"
+#include "server/placement_service.h"
+#include "spdlog/spdlog.h"
+
+namespace kvfabric {
+namespace {
+
+int Run(int argc, char** argv) {
+  CLI::App app{"kvfabric-placement: the kvfabric placement service", "kvfabric-placement"};
+  AddYamlConfigOption(&app);
+  LogOptions log_options;
+  AddLoggingFlags(app, &log_options);
+  std::string grpc_address = "127.0.0.1:7450";
+  std::string metrics_address = "127.0.0.1:0";
+  std::string ready_file;
+  std::string etcd_endpoint;
+  std::string etcd_prefix = "/kvfabric/v1/";
+  std::string calibration_path;
+  placement::PlacementOptions o;
+  app.add_option("--grpc-address", grpc_address, "gRPC listen address HOST:PORT (:0 picks)");
+  app.add_option("--metrics-address", metrics_address,
+                 "Prometheus /metrics listen address HOST:PORT, or \"off\"");
+  app.add_option("--ready-file", ready_file,
+                 "write the listen addresses here once serving (for scripts and tests)");
+  app.add_option("--etcd-endpoint", etcd_endpoint,
+                 "etcd client URL (http://HOST:PORT) for membership; empty: in-process store");
+  app.add_option("--etcd-prefix", etcd_prefix, "key prefix in etcd; must end with '/'");
+  app.add_option("--calibration", calibration_path,
+                 "bus calibration file written by `kvfabric calibrate`");
+  app.add_option("--max-directory-entries", o.max_directory_entries,
+                 "blocks the directory remembers (least recently accessed dropped first)");
+  app.add_option("--hot-threshold", o.hot_threshold,
+                 "accesses after which Place gives a key --hot-replicas copies");
+  app.add_option("--hot-replicas", o.hot_replicas, "replicas of a hot key");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (Status s = InitLogging(log_options); !s.ok()) {
+    std::fprintf(stderr, "kvfabric-placement: %s\n", s.ToString().c_str());
+    return 2;
+  }
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  Env* env = Env::Default();
+  if (!calibration_path.empty()) {
+    auto calibration = LoadBusCalibration(env, calibration_path);
+    if (!calibration.ok()) {
+      spdlog::error("kvfabric-placement: --calibration {}: {}", calibration_path,
+                    calibration.status().ToString());
+      return 1;
+    }
+    o.calibration = std::move(*calibration);
+    spdlog::info("calibration {}: {} paths, {} models", calibration_path,
+                 o.calibration.paths.size(), o.calibration.recompute.size());
+  } else {
+    spdlog::warn("no --calibration: the cost model uses placeholder figures until observations "
+                 "refit it; run `kvfabric calibrate`");
+  }
+
+  std::unique_ptr<placement::MembershipStore> store;
+  if (etcd_endpoint.empty()) {
+    store = std::make_unique<placement::MemoryMembershipStore>(env);
+  } else {
+    placement::EtcdMembershipStoreOptions eo;
+    eo.endpoint = etcd_endpoint;
+    eo.prefix = etcd_prefix;
+    auto etcd = placement::EtcdMembershipStore::Create(eo);
+    if (!etcd.ok()) {
+      spdlog::error("kvfabric-placement: etcd at {} (--etcd-endpoint): {}", etcd_endpoint,
+                    etcd.status().ToString());
+      return 1;
+    }
+    store = std::move(*etcd);
+  }
+  // The node refuses at the same numbers the service advertises.
+  PlacementServiceOptions service_options;
+  o.limits = PlacementLimitsFromProto(service_options.limits);
+  auto node = placement::PlacementNode::Create(o, store.get(), env);
+  if (!node.ok()) {
+    spdlog::error("kvfabric-placement: cannot start: {}", node.status().ToString());
+    return 1;
+  }
+  auto metrics = std::make_shared<placement::PlacementMetrics>(
+      [n = node->get()] { return n->Snapshot(); });
+  std::unique_ptr<cache_host::MetricsServer> metrics_server;
+  if (!metrics_address.empty() && metrics_address != "off") {
+    auto started = cache_host::MetricsServer::Start(metrics_address, {metrics});
+    if (!started.ok()) {
+      spdlog::error("kvfabric-placement: {}", started.status().ToString());
+      return 1;
+    }
+    metrics_server = std::move(*started);
+  }
+
+  HealthReporter health(env, "placement", "kvfabric-placement");
+  PlacementService service(node->get(), &health, service_options);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(grpc_address, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(16 << 20);
+  builder.SetMaxSendMessageSize(16 << 20);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    spdlog::error("kvfabric-placement: cannot listen for gRPC on {} (--grpc-address)",
+                  grpc_address);
+    return 1;
+  }
+  const std::string bound = grpc_address.substr(0, grpc_address.rfind(':')) + ":" +
+                            std::to_string(port);
+  health.SetState(v1::SERVING_STATUS_SERVING, "");
+  const std::string metrics_url = metrics_server ? metrics_server->url() : std::string("off");
+  spdlog::info("kvfabric-placement: gRPC on {}, membership {}, metrics {}", bound, store->name(),
+               metrics_url);
+  if (!ready_file.empty()) {
+    const std::string tmp = ready_file + ".tmp";
+    std::ofstream out(tmp);
+    out << "grpc=" << bound << "\nmetrics=" << metrics_url << "\npid=" << getpid() << "\n";
+    out.close();
+    std::rename(tmp.c_str(), ready_file.c_str());
+  }
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("kvfabric-placement: signal {}: stopping", sig);
+  health.SetState(v1::SERVING_STATUS_NOT_SERVING, "shutting down");
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  metrics_server.reset();
+  node->reset();
+  store.reset();
+  spdlog::info("kvfabric-placement: exit 0");
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvfabric
+
+int main(int argc, char** argv) { return kvfabric::Run(argc, argv); }

@@ -1,0 +1,398 @@
+#include "server/placement/placement_metrics.h"
+
+#include <prometheus/client_metric.h>
+#include <prometheus/metric_type.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "core/bus_cost_model.h"
+#include "core/prediction_error.h"
+
+namespace kvfabric::placement {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+constexpr std::string_view kPrefix = "kvfabric_placement_";
+
+struct Sample {
+  double value = 0;
+  std::vector<ClientMetric::Label> labels;
+};
+
+// Appends the family kPrefix + `name` with `samples` to `out`; nothing when there are no samples
+// (a HELP line over nothing is noise to a reader).
+void Emit(std::vector<MetricFamily>& out, MetricType type, std::string_view name,
+          std::string_view help, std::vector<Sample> samples) {
+  if (samples.empty()) return;
+  MetricFamily family;
+  family.name = std::string(kPrefix) + std::string(name);
+  family.help = std::string(help);
+  family.type = type;
+  family.metric.reserve(samples.size());
+  for (Sample& sample : samples) {
+    ClientMetric metric;
+    metric.label = std::move(sample.labels);
+    if (type == MetricType::Counter) {
+      metric.counter.value = sample.value;
+    } else {
+      metric.gauge.value = sample.value;
+    }
+    family.metric.push_back(std::move(metric));
+  }
+  out.push_back(std::move(family));
+}
+
+void Gauge(std::vector<MetricFamily>& out, std::string_view name, std::string_view help,
+           std::vector<Sample> samples) {
+  Emit(out, MetricType::Gauge, name, help, std::move(samples));
+}
+
+void Counter(std::vector<MetricFamily>& out, std::string_view name, std::string_view help,
+             std::vector<Sample> samples) {
+  Emit(out, MetricType::Counter, name, help, std::move(samples));
+}
+
+Sample S(double value, std::vector<ClientMetric::Label> labels = {}) {
+  return Sample{value, std::move(labels)};
+}
+
+double D(std::uint64_t v) { return static_cast<double>(v); }
+
+// `a - b`, or 0 if the counters were read at different moments and b overtook a.
+std::uint64_t Minus(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; }
+
+// Plan kinds and their label values, in enum order. "mixed" is PLAN_KIND_MIXED, which the
+// planner uses for its fetch-prefix plans (PlanKindName spells it "fetch-prefix"); the label
+// follows the wire enum so that it stays right if the planner makes other mixes.
+constexpr std::array<std::pair<PlanKind, std::string_view>, 4> kPlanKinds = {{
+    {PlanKind::kRecomputeAll, "recompute-all"},
+    {PlanKind::kFetchAll, "fetch-all"},
+    {PlanKind::kSplit, "split"},
+    {PlanKind::kMixed, "mixed"},
+}};
+
+// The Prometheus histogram of `h` (bucket counts made cumulative; the last bucket is +Inf).
+ClientMetric ErrorHistogram(const PredictionErrorHistogram::Snapshot& h,
+                            std::vector<ClientMetric::Label> labels = {}) {
+  ClientMetric metric;
+  metric.label = std::move(labels);
+  metric.histogram.sample_count = h.count;
+  metric.histogram.sample_sum = h.sum;
+  metric.histogram.bucket.reserve(PredictionErrorHistogram::kBuckets);
+  std::uint64_t cumulative = 0;
+  for (int i = 0; i < PredictionErrorHistogram::kBuckets; ++i) {
+    cumulative += h.counts[static_cast<std::size_t>(i)];
+    ClientMetric::Bucket bucket;
+    bucket.cumulative_count = cumulative;
+    bucket.upper_bound = i + 1 < PredictionErrorHistogram::kBuckets
+                             ? PredictionErrorHistogram::kUpperBounds[static_cast<std::size_t>(i)]
+                             : std::numeric_limits<double>::infinity();
+    metric.histogram.bucket.push_back(bucket);
+  }
+  return metric;
+}
+
+// The two error figures of `h` as samples labelled quantile="0.5" (estimated signed median) and
+// quantile="max" (worst |error|) on top of `labels`; none without scored samples, where both
+// would read 0 and look like a perfect model.
+void AppendErrorQuantiles(const PredictionErrorHistogram::Snapshot& h,
+                          const std::vector<ClientMetric::Label>& labels,
+                          std::vector<Sample>& out) {
+  if (h.count == 0) return;
+  std::vector<ClientMetric::Label> median = labels;
+  median.push_back({"quantile", "0.5"});
+  std::vector<ClientMetric::Label> worst = labels;
+  worst.push_back({"quantile", "max"});
+  out.push_back(S(h.median, std::move(median)));
+  out.push_back(S(h.worst_abs, std::move(worst)));
+}
+
+void EmitPaths(const std::vector<CalibratedCostModel::PathReport>& paths,
+               std::vector<MetricFamily>& out) {
+  // Defaults first (they stand for every host without its own entry), then the pairs with the
+  // most scored observations; ties by host, then path, so the set does not flap between scrapes.
+  std::vector<const CalibratedCostModel::PathReport*> order;
+  order.reserve(paths.size());
+  for (const auto& p : paths) order.push_back(&p);
+  const auto before = [](const CalibratedCostModel::PathReport* a,
+                         const CalibratedCostModel::PathReport* b) {
+    const bool da = a->host_id.empty();
+    const bool db = b->host_id.empty();
+    if (da != db) return da;
+    if (a->error.count != b->error.count) return a->error.count > b->error.count;
+    if (a->host_id != b->host_id) return a->host_id < b->host_id;
+    return static_cast<int>(a->path) < static_cast<int>(b->path);
+  };
+  const std::size_t shown = std::min(order.size(), kMaxPathSeries);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(shown), order.end(),
+                    before);
+
+  std::vector<Sample> error, observations, effective, alpha, beta;
+  for (std::size_t i = 0; i < shown; ++i) {
+    const CalibratedCostModel::PathReport& p = *order[i];
+    const std::vector<ClientMetric::Label> labels = {{"path", std::string(BusPathName(p.path))},
+                                                     {"host", p.host_id}};
+    AppendErrorQuantiles(p.error, labels, error);
+    observations.push_back(S(D(p.error.count), labels));
+    effective.push_back(S(p.effective_observations, labels));
+    alpha.push_back(S(p.parameters.alpha_us / 1e6, labels));
+    beta.push_back(S(p.parameters.beta_bytes_per_s, labels));
+  }
+
+  Gauge(out, "path_entries",
+        "(path, host) pairs the cost model has parameters for, including those beyond the 256 "
+        "with their own path_* series.",
+        {S(D(paths.size()))});
+  Gauge(out, "path_error_ratio",
+        "Out-of-sample error observed / predicted - 1 of the cost model per (path, host): "
+        "quantile 0.5 = estimated median (signed), max = worst |error|. Only pairs with scored "
+        "observations; host \"\" = the path's default entry.",
+        std::move(error));
+  Counter(out, "path_observations_total",
+          "Transfers scored against the cost model per (path, host).", std::move(observations));
+  Gauge(out, "path_effective_observations",
+        "Decayed observation weight the online refit of a (path, host) rests on; it replaces the "
+        "parameters once it reaches the refit minimum.",
+        std::move(effective));
+  Gauge(out, "path_alpha_seconds",
+        "Fixed cost per transfer (alpha) in force for a (path, host), in seconds.",
+        std::move(alpha));
+  Gauge(out, "path_beta_bytes_per_second",
+        "Sustained bandwidth (beta) in force for a (path, host), in bytes per second.",
+        std::move(beta));
+}
+
+void EmitModels(const std::vector<CalibratedCostModel::RecomputeReport>& models,
+                std::vector<MetricFamily>& out) {
+  std::vector<const CalibratedCostModel::RecomputeReport*> order;
+  order.reserve(models.size());
+  for (const auto& m : models) order.push_back(&m);
+  const auto before = [](const CalibratedCostModel::RecomputeReport* a,
+                         const CalibratedCostModel::RecomputeReport* b) {
+    if (a->error.count != b->error.count) return a->error.count > b->error.count;
+    return a->model_id < b->model_id;
+  };
+  const std::size_t shown = std::min(order.size(), kMaxModelSeries);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(shown), order.end(),
+                    before);
+
+  std::vector<Sample> error, observations, effective, c0, c1, c2;
+  for (std::size_t i = 0; i < shown; ++i) {
+    const CalibratedCostModel::RecomputeReport& m = *order[i];
+    const std::vector<ClientMetric::Label> labels = {{"model", m.model_id}};
+    AppendErrorQuantiles(m.error, labels, error);
+    observations.push_back(S(D(m.error.count), labels));
+    effective.push_back(S(m.effective_observations, labels));
+    c0.push_back(S(m.parameters.c0_us / 1e6, labels));
+    c1.push_back(S(m.parameters.c1_us_per_token / 1e6, labels));
+    c2.push_back(S(m.parameters.c2_us_per_token2 / 1e6, labels));
+  }
+
+  Gauge(out, "models",
+        "Models the cost model has recompute parameters for, including those beyond the 256 "
+        "with their own model_* series.",
+        {S(D(models.size()))});
+  Gauge(out, "model_error_ratio",
+        "Out-of-sample error observed / predicted - 1 of a model's recompute (prefill) time: "
+        "quantile 0.5 = estimated median (signed), max = worst |error|. Only models with scored "
+        "observations.",
+        std::move(error));
+  Counter(out, "model_observations_total",
+          "Recomputes (prefills) scored against the cost model per model.",
+          std::move(observations));
+  Gauge(out, "model_effective_observations",
+        "Decayed observation weight the online recompute refit of a model rests on.",
+        std::move(effective));
+  Gauge(out, "model_c0_seconds", "Fixed cost per recompute call (c0) in force, in seconds.",
+        std::move(c0));
+  Gauge(out, "model_c1_seconds_per_token",
+        "Linear recompute cost (c1) in force, in seconds per token.", std::move(c1));
+  Gauge(out, "model_c2_seconds_per_token_squared",
+        "Quadratic (attention) recompute cost (c2) in force, in seconds per token squared.",
+        std::move(c2));
+}
+
+}  // namespace
+
+std::vector<MetricFamily> PlacementFamilies(const PlacementSnapshot& s) {
+  std::vector<MetricFamily> out;
+  out.reserve(64);
+
+  // ---- Service and membership ----
+  Gauge(out, "uptime_seconds", "Seconds since the placement service started.",
+        {S(D(s.uptime_us) / 1e6)});
+  Gauge(out, "hosts",
+        "Live daemons (members with a lease) by state: serving, or draining (no new leases, "
+        "not chosen by Locate, Plan or Place). The states sum to the live daemons.",
+        {S(D(Minus(s.live_hosts, s.draining_hosts)), {{"state", "serving"}}),
+         S(D(s.draining_hosts), {{"state", "draining"}})});
+  Counter(out, "registrations_total", "Register calls that granted a membership lease.",
+          {S(D(s.registrations))});
+  Counter(out, "heartbeats_total",
+          "Heartbeats by outcome: ok = lease renewed, not_found = the lease was gone (the daemon "
+          "must register again).",
+          {S(D(s.heartbeats), {{"result", "ok"}}),
+           S(D(s.heartbeats_not_found), {{"result", "not_found"}})});
+  Counter(out, "deregistrations_total", "Deregister calls that succeeded.",
+          {S(D(s.deregistrations))});
+  Counter(out, "members_left_total",
+          "Members forgotten because they left the membership store (Deregister, here or through "
+          "another replica), with their directory entries.",
+          {S(D(s.members_left))});
+  Counter(out, "lease_expiries_total",
+          "Members forgotten because their membership lease expired (no heartbeat within the "
+          "TTL), with their directory entries.",
+          {S(D(s.lease_expiries))});
+  Counter(out, "incarnations_replaced_total",
+          "Registrations of a known host_id with a new incarnation (a restarted daemon); the old "
+          "incarnation's directory entries are dropped.",
+          {S(D(s.incarnations_replaced))});
+
+  // ---- Block reports ----
+  Counter(
+      out, "reports_total",
+      "ReportBlocks calls by outcome: applied, duplicate = sequence already applied "
+      "(acknowledged, ignored), not_found = not the host's current lease or incarnation "
+      "(refused).",
+      {S(D(Minus(s.reports, s.reports_duplicate + s.reports_not_found)), {{"result", "applied"}}),
+       S(D(s.reports_duplicate), {{"result", "duplicate"}}),
+       S(D(s.reports_not_found), {{"result", "not_found"}})});
+  Counter(out, "report_gaps_total",
+          "Applied reports whose sequence skipped one or more (a report was lost); each asks the "
+          "daemon for a full snapshot.",
+          {S(D(s.reports_gap))});
+  Counter(out, "report_events_ignored_total",
+          "Block events of reports refused as not_found (never applied).",
+          {S(D(s.report_events_ignored))});
+  Counter(out, "snapshots_completed_total",
+          "Full snapshots applied whole (their last chunk arrived with no gap inside).",
+          {S(D(s.snapshots_completed))});
+
+  // ---- Directory ----
+  const DirectoryCounters& d = s.directory;
+  Gauge(out, "directory_entries", "Blocks (namespace, key) the directory holds.",
+        {S(D(d.entries))});
+  Gauge(out, "directory_replicas", "Replicas (daemon copies) over all directory entries.",
+        {S(D(d.replicas))});
+  Gauge(out, "directory_hosts", "Daemons the directory holds an incarnation for.", {S(D(d.hosts))});
+  Gauge(out, "directory_namespaces", "Namespaces that ever had a directory entry.",
+        {S(D(d.namespaces))});
+  Counter(out, "directory_evictions_total",
+          "Directory entries dropped, least recently accessed first, to stay within "
+          "--max-directory-entries.",
+          {S(D(d.entries_evicted))});
+  Counter(out, "directory_events_total",
+          "Block events that reached the directory, by result: applied, ignored_incarnation = "
+          "from an unknown host or an old incarnation, malformed = unspecified kind or tier.",
+          {S(D(d.events_applied), {{"result", "applied"}}),
+           S(D(d.events_ignored_incarnation), {{"result", "ignored_incarnation"}}),
+           S(D(d.events_ignored_malformed), {{"result", "malformed"}})});
+  Counter(out, "directory_events_without_replica_total",
+          "Applied events that removed or changed a replica the directory did not have "
+          "(reordered or lost reports; harmless).",
+          {S(D(d.events_without_replica))});
+  Counter(out, "directory_replicas_refused_total",
+          "Replicas not recorded because their entry already had max_replicas.",
+          {S(D(d.replicas_refused))});
+  Counter(out, "directory_replicas_dropped_total",
+          "Replicas removed other than by their daemon's events: host = with their daemon (it "
+          "left, expired or restarted), snapshot = not in the daemon's full snapshot, stale = a "
+          "client found the block missing.",
+          {S(D(d.replicas_dropped_with_host), {{"reason", "host"}}),
+           S(D(d.replicas_dropped_by_snapshot), {{"reason", "snapshot"}}),
+           S(D(d.stale_replicas_removed), {{"reason", "stale"}})});
+  Counter(out, "directory_stale_reports_unmatched_total",
+          "Stale-entry reports naming a replica the directory no longer had.",
+          {S(D(d.stale_reports_unmatched))});
+
+  // ---- Locate, Plan, Place ----
+  Counter(out, "locates_total", "Locate calls answered.", {S(D(s.locates))});
+  std::vector<Sample> plans;
+  for (const auto& [kind, name] : kPlanKinds) {
+    plans.push_back(
+        S(D(s.plans_by_kind[static_cast<std::size_t>(kind)]), {{"kind", std::string(name)}}));
+  }
+  const std::uint64_t unspecified =
+      s.plans_by_kind[static_cast<std::size_t>(PlanKind::kUnspecified)];
+  if (unspecified != 0) plans.push_back(S(D(unspecified), {{"kind", "unspecified"}}));
+  Counter(out, "plans_total",
+          "Plans made, by kind: recompute-all, fetch-all (fetch the cached prefix), split "
+          "(recompute a head while fetching the rest), mixed (any other mix, e.g. fetch a shorter "
+          "prefix).",
+          std::move(plans));
+  Gauge(out, "plans_in_flight",
+        "Plans whose bytes are charged to the path load (neither reported finished nor past "
+        "their deadline).",
+        {S(D(s.plans_admitted))});
+  Counter(out, "plans_finished_total", "Plans the client reported finished.",
+          {S(D(s.plans_finished))});
+  Counter(out, "plans_expired_total",
+          "Plans whose path load was released at their deadline (the client did not report "
+          "them finished in time).",
+          {S(D(s.plans_expired))});
+  Gauge(out, "plan_history_plans", "Plans kept for Explain.", {S(D(s.plan_history))});
+
+  MetricFamily plan_error;
+  plan_error.name = std::string(kPrefix) + "plan_error_ratio";
+  plan_error.help =
+      "Error of finished plans' predicted total time: observed / predicted - 1 (0.03 = took 3% "
+      "longer than predicted).";
+  plan_error.type = MetricType::Histogram;
+  plan_error.metric.push_back(ErrorHistogram(s.plan_error));
+  out.push_back(std::move(plan_error));
+  std::vector<Sample> plan_quantiles;
+  AppendErrorQuantiles(s.plan_error, {}, plan_quantiles);
+  Gauge(out, "plan_error_quantile_ratio",
+        "Error observed / predicted - 1 of finished plans: quantile 0.5 = estimated median "
+        "(signed), max = worst |error|. Absent before the first scored plan.",
+        std::move(plan_quantiles));
+  Counter(out, "plan_error_unscored_total",
+          "Finished plans with an observed time whose prediction could not be scored "
+          "(predicted time not positive and finite).",
+          {S(D(s.plan_error.unscored))});
+
+  // ---- Observations ----
+  Counter(out, "observations_unknown_plan_total",
+          "ReportObservations calls naming a plan that is unknown or aged out of the history.",
+          {S(D(s.observations_unknown_plan))});
+  Counter(out, "observations_unscored_total",
+          "Observed transfers and recomputes not scored: no parameters for the path or model, "
+          "not a member, or a model beyond max_models (PlacementOptions, default 64).",
+          {S(D(s.observations_unscored))});
+  Counter(out, "fallback_runs_total",
+          "Plan runs a client could not complete as planned and fell back (another replica or "
+          "recompute).",
+          {S(D(s.fallback_runs))});
+  Counter(out, "stale_reports_total",
+          "Directory entries clients reported stale (the daemon answered NOT_FOUND).",
+          {S(D(s.stale_reports))});
+  Counter(out, "places_total", "Place calls answered.", {S(D(s.places))});
+  Counter(out, "place_hot_keys_total",
+          "Keys in Place calls the directory counts as hot (given extra replicas).",
+          {S(D(s.place_hot_keys))});
+
+  // ---- Cost model ----
+  EmitPaths(s.paths, out);
+  EmitModels(s.models, out);
+  return out;
+}
+
+PlacementMetrics::PlacementMetrics(SnapshotSource source) : source_(std::move(source)) {}
+
+PlacementMetrics::~PlacementMetrics() = default;
+
+std::vector<MetricFamily> PlacementMetrics::Collect() const {
+  if (!source_) return {};
+  return PlacementFamilies(source_());
+}
+
+}  // namespace kvfabric::placement

@@ -1,0 +1,71 @@
+// CacheHostTestClient: what cross-process tests use to talk to a real
+// kvfabric-cached: gRPC (CacheHost) for control, UCX for data (owner-driven:
+// the daemon pulls puts from and pushes gets into this client's staging
+// region, client/data_plane_client.h).
+//
+// Blocks are 2 MiB (32 layers x 2 x 16 tokens x 8 heads x 128 dims, fp16) with
+// keys and payloads derived from a seed and an index, so any process that
+// knows the seed can check every byte. PutBatch writes blocks [first, first+n)
+// (at most 16 at a time); GetBatch leases, reads, compares every byte with
+// what PutBatch wrote, and releases.
+//
+// Thread safety: one thread at a time.
+#ifndef KVFABRIC_TESTS_CACHE_HOST_TEST_CLIENT_H_
+#define KVFABRIC_TESTS_CACHE_HOST_TEST_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "client/data_plane_client.h"
+#include "core/status.h"
+#include "core/statusor.h"
+#include "kvfabric/v1/cache_host.grpc.pb.h"
+#include "transport/transport.h"
+
+namespace kvfabric::testing {
+
+inline constexpr std::uint64_t kTestBlockBytes = 2 << 20;
+
+class CacheHostTestClient {
+ public:
+  // A UCX transport over `tls` and a 64 MiB staging region.
+  static StatusOr<std::unique_ptr<CacheHostTestClient>> Create(std::uint64_t seed,
+                                                               const std::string& tls);
+  ~CacheHostTestClient();
+
+  // Connects to a daemon (gRPC address, transport address) and exports the
+  // staging region to it; replaces an earlier daemon.
+  Status Attach(const std::string& grpc_address, const std::string& transport_address);
+
+  v1::CacheHost::Stub* stub() { return stub_.get(); }
+  client::DataPlaneClient* data() { return data_.get(); }
+  client::DaemonConnection* connection() { return conn_; }
+
+  static v1::ModelFingerprint Fingerprint();
+  // Key of block i (32 bytes), of the chain this seed defines.
+  std::string Key(int i) const;
+  // Block i's payload.
+  void Fill(int i, std::span<std::byte> dst) const;
+
+  Status PutBatch(int first, int n, const std::string& ns = "");
+  Status GetBatch(const std::vector<int>& ids, const std::string& ns = "");
+
+ private:
+  CacheHostTestClient() = default;
+  std::span<std::byte> Staging(std::uint64_t offset, std::uint64_t bytes);
+
+  std::uint64_t seed_ = 0;
+  std::unique_ptr<transport::Transport> transport_;
+  std::unique_ptr<transport::MemoryRegion> staging_;
+  std::unique_ptr<client::DataPlaneClient> data_;
+  client::DaemonConnection* conn_ = nullptr;
+  std::string transport_address_;
+  std::unique_ptr<v1::CacheHost::Stub> stub_;
+};
+
+}  // namespace kvfabric::testing
+
+#endif  // KVFABRIC_TESTS_CACHE_HOST_TEST_CLIENT_H_
