@@ -7,6 +7,7 @@
 
 #include "core/block_key.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
+#include "kvfabric/v1/placement.grpc.pb.h"
 #include "proto/grpc_status.h"
 
 namespace kvfabric::cli {
@@ -88,6 +89,46 @@ Status RunExplainEviction(const ExplainEvictionArgs& args) {
   grpc::Status g = stub->ExplainEviction(&ctx, req, &resp);
   if (!g.ok()) return FromGrpcStatus(g).WithContext("ExplainEviction on " + args.cache_host);
   std::fputs(FormatExplainEviction(args, resp).c_str(), stdout);
+  return Status::OK();
+}
+
+std::string FormatExplainPlan(const ExplainPlanArgs& args, const v1::ExplainResponse& response) {
+  if (args.json) {
+    std::string out = "{\"placement\":\"" + JsonEscape(args.placement) +
+                      "\",\"plan_id\":" + std::to_string(args.plan_id) + ",\"formula\":\"" +
+                      JsonEscape(response.formula()) + "\",\"terms\":[";
+    for (int i = 0; i < response.terms_size(); ++i) {
+      const v1::ExplainTerm& t = response.terms(i);
+      char value[64];
+      std::snprintf(value, sizeof(value), "%.9g", t.value());
+      out += std::string(i ? "," : "") + "{\"name\":\"" + JsonEscape(t.name()) +
+             "\",\"value\":" + value + ",\"unit\":\"" + JsonEscape(t.unit()) + "\"}";
+    }
+    return out + "],\"text\":\"" + JsonEscape(response.text()) + "\"}\n";
+  }
+  std::string out = "plan " + std::to_string(args.plan_id) + " on " + args.placement + "\n";
+  if (!response.formula().empty()) out += "  formula: " + response.formula() + "\n";
+  for (const v1::ExplainTerm& t : response.terms()) {
+    char value[64];
+    std::snprintf(value, sizeof(value), "%.6g", t.value());
+    out += "  " + t.name() + " = " + value + (t.unit().empty() ? "" : " " + t.unit()) + "\n";
+  }
+  if (!response.text().empty()) out += response.text() + (response.text().back() == '\n' ? "" : "\n");
+  return out;
+}
+
+Status RunExplainPlan(const ExplainPlanArgs& args) {
+  if (args.plan_id == 0) return Status::InvalidArgument("--plan-id must be a plan's non-zero id");
+  auto stub = v1::Placement::NewStub(
+      grpc::CreateChannel(args.placement, grpc::InsecureChannelCredentials()));
+  v1::ExplainRequest req;
+  req.set_plan_id(args.plan_id);
+  v1::ExplainResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(args.timeout_ms));
+  grpc::Status g = stub->Explain(&ctx, req, &resp);
+  if (!g.ok()) return FromGrpcStatus(g).WithContext("Explain on " + args.placement);
+  std::fputs(FormatExplainPlan(args, resp).c_str(), stdout);
   return Status::OK();
 }
 

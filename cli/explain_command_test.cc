@@ -58,5 +58,28 @@ TEST(ExplainCommandTest, RefusesAMalformedKeyBeforeAnyRpc) {
   EXPECT_TRUE(RunExplainEviction(args).IsInvalidArgument());
 }
 
+TEST(ExplainCommandTest, PlanShowsFormulaTermsAndText) {
+  ExplainPlanArgs args{"127.0.0.1:7450", 17, false};
+  v1::ExplainResponse r;
+  r.set_formula("max(t_recompute(first k), t_fetch(rest)) + t_recompute(suffix)");
+  v1::ExplainTerm* t = r.add_terms();
+  t->set_name("t_fetch");
+  t->set_value(1234.5);
+  t->set_unit("us");
+  r.set_text("chose split k=3 \"because\" ...");
+  const std::string text = FormatExplainPlan(args, r);
+  EXPECT_NE(text.find("plan 17 on 127.0.0.1:7450"), std::string::npos) << text;
+  EXPECT_NE(text.find("t_fetch = 1234.5 us"), std::string::npos) << text;
+  args.json = true;
+  const std::string json = FormatExplainPlan(args, r);
+  EXPECT_NE(json.find("\"plan_id\":17"), std::string::npos) << json;
+  EXPECT_NE(json.find("\\\"because\\\""), std::string::npos) << json;
+}
+
+TEST(ExplainCommandTest, PlanIdZeroIsRefusedBeforeAnyRpc) {
+  ExplainPlanArgs args{"127.0.0.1:1", 0, false};
+  EXPECT_TRUE(RunExplainPlan(args).IsInvalidArgument());
+}
+
 }  // namespace
 }  // namespace kvfabric::cli

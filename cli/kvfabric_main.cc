@@ -4,14 +4,19 @@
 //       this build, and the optional parts it detected
 //   kvfabric explain eviction --cache-host HOST:PORT [--namespace NS] --key HEX [--json]
 //       why a cache host evicted, demoted or dropped a block, with the formula
+//   kvfabric explain plan --placement HOST:PORT --plan-id N [--json]
+//       a fetch-or-recompute plan's formula with its numbers
+//   kvfabric calibrate --out FILE [--cache-host HOST:PORT]... [--nvme-dir DIR]
+//                      [--min-bytes B] [--max-bytes B] [--repeats N] [--json]
+//       measure the bus paths, fit the cost model, write the calibration file
 //
-// Later subcommands (demo, status, explain, calibrate, bench) arrive with the
-// parts they drive. Exit status: 0 on success, 1 on a failed command, 2 on a
-// usage error.
+// Later subcommands (demo, status, bench) arrive with the parts they drive.
+// Exit status: 0 on success, 1 on a failed command, 2 on a usage error.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 
+#include "cli/calibrate_command.h"
 #include "cli/explain_command.h"
 #include "cli/version_info.h"
 #include "core/config/logging_flags.h"
@@ -41,6 +46,16 @@ int main(int argc, char** argv) {
   eviction->add_option("--key", eviction_args.key_hex, "the block key, 64 hex characters")
       ->required();
   eviction->add_flag("--json", eviction_args.json, "machine-readable output");
+  kvfabric::cli::ExplainPlanArgs plan_args;
+  CLI::App* plan = explain->add_subcommand("plan", "a placement plan's formula with its numbers");
+  plan->add_option("--placement", plan_args.placement, "placement gRPC address HOST:PORT")
+      ->required();
+  plan->add_option("--plan-id", plan_args.plan_id, "the plan's id (PlanResponse.plan_id)")
+      ->required();
+  plan->add_flag("--json", plan_args.json, "machine-readable output");
+
+  kvfabric::cli::CalibrateArgs calibrate_args;
+  CLI::App* calibrate = kvfabric::cli::AddCalibrateSubcommand(app, &calibrate_args);
 
   try {
     app.parse(argc, argv);
@@ -60,9 +75,27 @@ int main(int argc, char** argv) {
     std::fputs(out.c_str(), stdout);
     return 0;
   }
+  if (plan->parsed()) {
+    if (kvfabric::Status s = kvfabric::cli::RunExplainPlan(plan_args); !s.ok()) {
+      std::fprintf(stderr, "kvfabric explain plan: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    return 0;
+  }
   if (eviction->parsed()) {
     if (kvfabric::Status s = kvfabric::cli::RunExplainEviction(eviction_args); !s.ok()) {
       std::fprintf(stderr, "kvfabric explain eviction: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    return 0;
+  }
+  if (calibrate->parsed()) {
+    if (auto v = kvfabric::cli::ValidateCalibrateArgs(calibrate_args); !v.ok()) {
+      std::fprintf(stderr, "kvfabric calibrate: %s\n", v.status().ToString().c_str());
+      return 2;
+    }
+    if (kvfabric::Status s = kvfabric::cli::RunCalibrateCommand(calibrate_args); !s.ok()) {
+      std::fprintf(stderr, "kvfabric calibrate: %s\n", s.ToString().c_str());
       return 1;
     }
     return 0;

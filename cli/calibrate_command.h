@@ -1,0 +1,146 @@
+// `kvfabric calibrate`: measures the bus paths of this machine, fits the bus cost model
+// t_fetch(path, bytes) = alpha_us + bytes / beta_bytes_per_s * 1e6 per path, judges the fit out
+// of sample, and writes the calibration file the services load (core/bus_calibration.h).
+//
+// Paths (the method is core/bus_probe.h's: a size ladder, runs A and B, fit on A, judge on B,
+// final fit on A + B):
+//   local_memcpy               always: one memcpy between cold host buffers
+//   nvme_to_host               with --nvme-dir: O_DIRECT reads of a scratch file made there
+//   host_to_device, device_to_host
+//                              only with a GPU (a CUDA device in a CUDA build); otherwise listed
+//                              as "not measured: no GPU ..." and absent from the file, never
+//                              guessed
+//   remote_host_to_local_host  per --cache-host: Lease + data-plane kGet of blocks totalling the
+//                              probe size (blocks of at most 64 MiB, all in one transfer),
+//                              timed together; the blocks are put once, before the runs
+//   local_host_to_remote_host  per --cache-host: Reserve + kPut + Commit, timed together; the
+//                              blocks are deleted after each probe (untimed)
+// Cache-host paths are recorded under the daemon's host_id (its Health server_id); local paths
+// under host_id "" (the default for every host). The probe blocks live in the namespace
+// "kvfabric.calibrate" under a shape of 4 KiB per layer, and are deleted when done.
+//
+// The command fails (and writes nothing) if any requested path cannot be measured or fitted: a
+// file silently missing a path would make the services fall back to built-in figures. Whether
+// the accuracy target (worst out-of-sample |error| <= 3% from 256 KiB up) is met is reported per
+// path; missing it is not an error.
+//
+// Thread safety: call from main only. The run is single-threaded apart from the transport's
+// progress thread.
+#ifndef KVFABRIC_CLI_CALIBRATE_COMMAND_H_
+#define KVFABRIC_CLI_CALIBRATE_COMMAND_H_
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/bus_calibration.h"
+#include "core/bus_probe.h"
+#include "core/env.h"
+#include "core/status.h"
+#include "core/statusor.h"
+#include "gpu/device.h"
+
+namespace kvfabric::cli {
+
+struct CalibrateArgs {
+  // --out: where the calibration file goes (written atomically). Required.
+  std::string out_path;
+  // --cache-host: gRPC address HOST:PORT of a cache-host daemon; repeatable. The data-plane
+  // address comes from the daemon's grants.
+  std::vector<std::string> cache_hosts;
+  // --nvme-dir: a directory on the NVMe device to read from; empty skips the NVMe path.
+  std::string nvme_dir;
+  // --min-bytes / --max-bytes: the probe size ladder (core/bus_probe.h). Defaults 64 KiB and
+  // 256 MiB: the block sizes engines move, and large enough for bandwidth to dominate.
+  std::uint64_t min_bytes = std::uint64_t{64} << 10;
+  std::uint64_t max_bytes = std::uint64_t{256} << 20;
+  // --repeats: timed transfers per size and run; each size's figure is their median. Default 5.
+  int repeats = 5;
+  // --json: print one JSON object instead of the table.
+  bool json = false;
+  // --cache-scrub-bytes: bytes read before every timed memcpy so its buffers start cold.
+  // Default 256 MiB; 0 measures warm-cache copies.
+  std::uint64_t cache_scrub_bytes = std::uint64_t{256} << 20;
+  // gRPC deadline of each control call to a cache host. Default 10 s.
+  int rpc_timeout_ms = 10000;
+  // Recorded in the file as "machine"; empty means this host's name.
+  std::string machine;
+};
+
+// Adds the `calibrate` subcommand and its flags to `app`, parsing into `*args`.
+// REQUIRES: `args` outlives parsing.
+CLI::App* AddCalibrateSubcommand(CLI::App& app, CalibrateArgs* args);
+
+// Checks `args` without measuring anything and returns the probe sizes. InvalidArgument naming
+// the flag: --out missing, bad sizes or repeats (PlanProbeSizes), an empty or repeated
+// --cache-host, rpc_timeout_ms <= 0.
+StatusOr<std::vector<std::uint64_t>> ValidateCalibrateArgs(const CalibrateArgs& args);
+
+// One path's outcome.
+struct PathOutcome {
+  BusPath path = BusPath::kUnspecified;
+  // The daemon's host_id for cache-host paths; "" for local ones.
+  std::string host_id;
+  // Where it was measured: "local", the NVMe directory, the device's name, the gRPC address.
+  std::string where;
+  bool measured = false;
+  // Why not, when !measured, e.g. "no GPU (this build has no CUDA backend)".
+  std::string not_measured_reason;
+  PathFit fit;  // valid when measured
+};
+
+struct CalibrationReport {
+  std::vector<std::uint64_t> sizes;
+  int repeats = 0;
+  std::uint64_t judge_from_bytes = 0;
+  double target_error_ratio = 0;
+  std::vector<PathOutcome> paths;
+  // What was written to out_path.
+  BusCalibration calibration;
+  std::string out_path;
+
+  // Measured paths, and those of them that met the target.
+  int measured_paths() const;
+  int targets_met() const;
+};
+
+// What a run takes from its surroundings (tests substitute them).
+struct CalibrateContext {
+  // Files and the wall clock. Default: Env::Default().
+  Env* env = nullptr;
+  // The device whose host<->device paths are measured; null: none, reported with
+  // `no_device_reason`. Borrowed. REQUIRES: its arena holds at least max_bytes.
+  gpu::Device* device = nullptr;
+  std::string no_device_reason = "no GPU";
+  // Progress lines (one per size and run, and per phase). Default: none.
+  std::function<void(const std::string&)> progress;
+};
+
+// Runs the calibration and writes args.out_path. Errors: ValidateCalibrateArgs'; Unavailable
+// (with the address) for a cache host that does not answer; FailedPrecondition when a daemon's
+// pool cannot hold the probe blocks or a fit is impossible; the probe's error, naming the path
+// and size, otherwise. Nothing is written on error.
+StatusOr<CalibrationReport> RunCalibrate(const CalibrateArgs& args,
+                                         const CalibrateContext& context);
+
+// The table `kvfabric calibrate` prints, and its --json form (one object, newline-terminated).
+std::string FormatCalibrationText(const CalibrationReport& report);
+std::string FormatCalibrationJson(const CalibrationReport& report);
+
+// The machine's GPU for calibration, with an arena of `arena_bytes`; null with the reason
+// ("no GPU (...)") when there is none or this build has no CUDA backend.
+struct CalibrationDevice {
+  std::unique_ptr<gpu::Device> device;
+  std::string absent_reason;
+};
+CalibrationDevice OpenCalibrationDevice(std::uint64_t arena_bytes);
+
+// main's entry: opens the GPU if any, runs with progress on stderr, prints the report on stdout.
+Status RunCalibrateCommand(const CalibrateArgs& args);
+
+}  // namespace kvfabric::cli
+
+#endif  // KVFABRIC_CLI_CALIBRATE_COMMAND_H_

@@ -1,0 +1,202 @@
+// Measuring the bus paths for `kvfabric calibrate` and fitting the bus cost model
+// (core/bus_cost_model.h) to what was measured, judged out of sample.
+//
+// Method:
+//   sizes  ProbeSizeLadder: min, 4 min, 16 min, ... up to max (max itself is added when the
+//          ladder steps over it): 64 KiB, 256 KiB, 1 MiB, ..., 256 MiB at the defaults.
+//   runs   RunTwoProbeRuns: one untimed warm-up transfer of the largest size (page faults,
+//          connection and registration set-up), then run A over every size, then run B over
+//          every size, `repeats` timed transfers per size and run. A size's figure in a run is the
+//          median of its repeats, so one preempted transfer does not move it.
+//   fit    FitAndJudge: FitPathParameters (relative weighting, core/cost_fit.h) on run A's
+//          medians.
+//   judge  every size of run B at or above JudgeOptions::judge_from_bytes (256 KiB; clamped to
+//          the largest size so a tiny ladder still judges one) against the run-A fit:
+//          error = observed_B / predicted_A - 1 (core/prediction_error.h's definition). The
+//          median and the worst |error| over those sizes are the out-of-sample figures; the
+//          target (worst <= 3%) is met or not, and is reported either way.
+//   final  FitPathParameters on the medians of A and B together: the parameters the calibration
+//          file holds, with the out-of-sample figures of the A fit (ToPathCalibration).
+//
+// Local probes (no daemon needed): CreateMemcpyProbe (host memory -> host memory, cold caches)
+// and CreateNvmeReadProbe (O_DIRECT reads of a scratch file). Probes that need a daemon or a
+// device live with the command (cli/calibrate_command.cc) and implement PathProbe.
+//
+// Timing uses std::chrono::steady_clock directly, not Env::NowMicros: a 64 KiB copy takes a
+// few microseconds, and Env's clock has a resolution of one.
+//
+// Thread safety: the free functions are pure (RunTwoProbeRuns calls the probe from the calling
+// thread only); a PathProbe is used from one thread at a time.
+#ifndef KVFABRIC_CORE_BUS_PROBE_H_
+#define KVFABRIC_CORE_BUS_PROBE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/bus_calibration.h"
+#include "core/bus_cost_model.h"
+#include "core/cost_fit.h"
+#include "core/env.h"
+#include "core/statusor.h"
+
+namespace kvfabric {
+
+// Every probe size is a multiple of this (the O_DIRECT alignment, Env::kDefaultDirectIoAlignment).
+inline constexpr uint64_t kProbeGranuleBytes = 4096;
+// Largest probe: one Reserve or Lease carries at most 4 GiB (Limits.max_batch_payload_bytes).
+inline constexpr uint64_t kMaxProbeBytes = uint64_t{4} << 30;
+// Most bytes the two runs may move over one path (64 KiB..256 MiB x 5 repeats x 2 runs moves
+// 3.3 GiB): bounds how long a calibration holds a daemon's pool and a link busy.
+inline constexpr uint64_t kMaxProbeBytesPerPath = uint64_t{16} << 30;
+// The accuracy target of the cost model (|observed / predicted - 1| <= 3%).
+inline constexpr double kCalibrationTargetErrorRatio = 0.03;
+
+// The probe sizes (see the file comment). InvalidArgument, naming --min-bytes / --max-bytes,
+// when min_bytes is below kProbeGranuleBytes, either is not a multiple of it, max_bytes exceeds
+// kMaxProbeBytes, or max_bytes <= min_bytes (a fit needs two sizes).
+StatusOr<std::vector<uint64_t>> ProbeSizeLadder(uint64_t min_bytes, uint64_t max_bytes);
+
+// Bytes RunTwoProbeRuns moves over one path: (2 * repeats) * sum(sizes) + max(sizes).
+uint64_t ProbeBytesPerPath(std::span<const uint64_t> sizes, int repeats);
+
+// The ladder, plus: repeats in [1, 1000] (InvalidArgument naming --repeats) and at most
+// kMaxProbeBytesPerPath per path (InvalidArgument with the arithmetic, naming --max-bytes and
+// --repeats).
+StatusOr<std::vector<uint64_t>> PlanProbeSizes(uint64_t min_bytes, uint64_t max_bytes, int repeats);
+
+// `bytes` cut into `blocks` equal blocks of `block_bytes` (a multiple of `granule`, at most
+// `max_block_bytes`), with as few blocks as that allows: 256 MiB under a 64 MiB limit is 4 x
+// 64 MiB. InvalidArgument if bytes is 0 or not a multiple of granule, or granule exceeds
+// max_block_bytes.
+struct BlockSplit {
+  uint64_t block_bytes = 0;
+  uint64_t blocks = 0;
+};
+StatusOr<BlockSplit> SplitIntoBlocks(uint64_t bytes, uint64_t max_block_bytes, uint64_t granule);
+
+// The median (the mean of the middle two for an even count). REQUIRES: !values.empty().
+double MedianOf(std::vector<double> values);
+
+// One path under measurement.
+class PathProbe {
+ public:
+  virtual ~PathProbe() = default;
+  // Moves `bytes` over the path once and returns how long that took, in microseconds (finite,
+  // > 0). REQUIRES: bytes is one of the sizes the probe was created for (<= its max_bytes).
+  virtual StatusOr<double> Measure(uint64_t bytes) = 0;
+};
+
+// One size of one run.
+struct SizeTiming {
+  uint64_t bytes = 0;
+  std::vector<double> repeats_us;
+  double median_us = 0;
+};
+using ProbeRun = std::vector<SizeTiming>;
+
+struct ProbeRunOptions {
+  // Timed transfers per size and run. Default 5. REQUIRES: >= 1.
+  int repeats = 5;
+  // Names the path in progress lines, e.g. "remote→local cache-0".
+  std::string label;
+  // Receives one line per size and run ("<label> run A 16 MiB: median 1.23 ms of 5"); may be
+  // empty.
+  std::function<void(const std::string&)> progress;
+};
+
+struct TwoProbeRuns {
+  ProbeRun a;
+  ProbeRun b;
+};
+
+// The warm-up and the two runs (see the file comment). Returns the probe's first error, with
+// the label and size as context. REQUIRES: sizes non-empty and ascending.
+StatusOr<TwoProbeRuns> RunTwoProbeRuns(PathProbe& probe, std::span<const uint64_t> sizes,
+                                       const ProbeRunOptions& options);
+
+struct JudgeOptions {
+  // Smallest size judged. Default 256 KiB: below it the fixed cost and timer noise dominate.
+  uint64_t judge_from_bytes = uint64_t{256} << 10;
+  // Worst |error| that meets the target. Default kCalibrationTargetErrorRatio (3%).
+  double target_error_ratio = kCalibrationTargetErrorRatio;
+  FitOptions fit;
+};
+
+// Run B's figure for one size against the run-A fit.
+struct SizeError {
+  uint64_t bytes = 0;
+  double observed_us = 0;
+  double predicted_us = 0;
+  // observed_us / predicted_us - 1.
+  double error = 0;
+  // Whether the size counts toward the median and worst (>= the judged range's start).
+  bool judged = false;
+};
+
+struct PathFit {
+  PathParameters run_a;  // fitted on run A
+  std::vector<SizeError> run_b;
+  uint64_t judged_min_bytes = 0;
+  uint64_t judged_max_bytes = 0;
+  double median_abs_error = 0;
+  double worst_abs_error = 0;
+  bool target_met = false;
+  double target_error_ratio = kCalibrationTargetErrorRatio;
+  PathParameters final_parameters;  // fitted on runs A and B
+  uint64_t samples = 0;             // timed transfers behind the final fit
+  uint64_t min_bytes = 0;
+  uint64_t max_bytes = 0;
+};
+
+// Fits on A, judges on B, refits on A + B. InvalidArgument if the runs are empty or do not
+// cover the same sizes in the same order; FitPathParameters' errors (FailedPrecondition when the
+// times do not grow with size) with "run A" / "runs A+B" as context.
+StatusOr<PathFit> FitAndJudge(const ProbeRun& a, const ProbeRun& b, const JudgeOptions& options);
+
+// The calibration file entry for `fit`: the final parameters, with the out-of-sample median and
+// worst error ratios of the run-A fit.
+PathCalibration ToPathCalibration(BusPath path, std::string host_id, const PathFit& fit);
+
+// ---- Local probes ----
+
+struct MemcpyProbeOptions {
+  // Largest size measured; the source and destination buffers are this large. REQUIRES: > 0.
+  uint64_t max_bytes = 0;
+  // Bytes read (untimed) before every copy so that neither buffer is in the CPU caches, as a
+  // block copied from a pool is not. Default 256 MiB, larger than the last-level cache of the
+  // CPUs kvfabric runs on; 0 measures warm-cache copies.
+  uint64_t cache_scrub_bytes = uint64_t{256} << 20;
+};
+
+// Host memory -> host memory (BusPath::kLocalMemcpy), one std::memcpy on the calling thread.
+// ResourceExhausted if the buffers cannot be allocated.
+StatusOr<std::unique_ptr<PathProbe>> CreateMemcpyProbe(const MemcpyProbeOptions& options);
+
+struct NvmeReadProbeOptions {
+  // Directory on the NVMe device; a scratch file is created there (O_EXCL, a random name) and
+  // deleted when the probe is destroyed.
+  std::string dir;
+  // Largest size measured. REQUIRES: a multiple of kProbeGranuleBytes.
+  uint64_t max_bytes = 0;
+  // Scratch file size; 0 (default) means 4 x max_bytes. Consecutive reads go to different
+  // offsets of it, so a read finds neither the page cache (O_DIRECT bypasses it) nor, mostly,
+  // the drive's own cache warm. The file is written once with non-zero bytes (so a
+  // deduplicating or thin-provisioned device cannot answer reads of zeros without reading).
+  uint64_t scratch_bytes = 0;
+};
+
+// The NVMe tier's read path (BusPath::kNvmeToHost): one O_DIRECT pread of `bytes` into an
+// aligned buffer. Cold caches cannot be forced without root (drop_caches); O_DIRECT and a file
+// larger than any read stand in for it. InvalidArgument if the file system refuses O_DIRECT
+// (e.g. tmpfs), ResourceExhausted when the disk is full; errors name the directory.
+StatusOr<std::unique_ptr<PathProbe>> CreateNvmeReadProbe(Env* env,
+                                                         const NvmeReadProbeOptions& options);
+
+}  // namespace kvfabric
+
+#endif  // KVFABRIC_CORE_BUS_PROBE_H_

@@ -1,0 +1,319 @@
+#include "core/bus_probe.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "core/testing/test_seed.h"
+
+namespace kvfabric {
+namespace {
+
+constexpr uint64_t kKiB = 1024;
+constexpr uint64_t kMiB = 1024 * 1024;
+constexpr PathParameters kRemote{120.0, 9.5e9};
+
+std::string TestName() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return std::string(info->test_suite_name()) + "." + info->name();
+}
+
+// A run whose every repeat is the model's time times (1 + N(0, noise)).
+ProbeRun SyntheticRun(const PathParameters& truth, const std::vector<uint64_t>& sizes, int repeats,
+                      double noise, std::mt19937_64& rng) {
+  std::normal_distribution<double> n(0.0, noise);
+  ProbeRun run;
+  for (uint64_t bytes : sizes) {
+    SizeTiming t;
+    t.bytes = bytes;
+    for (int i = 0; i < repeats; ++i) {
+      t.repeats_us.push_back(FetchMicros(truth, static_cast<double>(bytes)) * (1 + n(rng)));
+    }
+    t.median_us = MedianOf(t.repeats_us);
+    run.push_back(t);
+  }
+  return run;
+}
+
+std::vector<uint64_t> DefaultLadder() { return *ProbeSizeLadder(64 * kKiB, 256 * kMiB); }
+
+TEST(ProbeSizeLadderTest, DefaultsArePowersOfFourFrom64KiBTo256MiB) {
+  auto sizes = ProbeSizeLadder(64 * kKiB, 256 * kMiB);
+  ASSERT_TRUE(sizes.ok()) << sizes.status();
+  EXPECT_EQ(*sizes, (std::vector<uint64_t>{64 * kKiB, 256 * kKiB, 1 * kMiB, 4 * kMiB, 16 * kMiB,
+                                           64 * kMiB, 256 * kMiB}));
+}
+
+TEST(ProbeSizeLadderTest, EndsAtMaxEvenWhenTheLadderStepsOverIt) {
+  EXPECT_EQ(*ProbeSizeLadder(64 * kKiB, 100 * kMiB),
+            (std::vector<uint64_t>{64 * kKiB, 256 * kKiB, 1 * kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB,
+                                   100 * kMiB}));
+  EXPECT_EQ(*ProbeSizeLadder(4 * kKiB, 8 * kKiB), (std::vector<uint64_t>{4 * kKiB, 8 * kKiB}));
+}
+
+TEST(ProbeSizeLadderTest, RefusesBadSizesNamingTheFlag) {
+  struct Case {
+    uint64_t min, max;
+    const char* flag;
+  };
+  for (const Case& c :
+       {Case{0, kMiB, "--min-bytes"}, Case{1000, kMiB, "--min-bytes"},
+        Case{6 * kKiB, kMiB, "--min-bytes"}, Case{64 * kKiB, kMiB + 1, "--max-bytes"},
+        Case{kMiB, kMiB, "--max-bytes"}, Case{kMiB, 64 * kKiB, "--max-bytes"},
+        Case{kMiB, 8192 * kMiB, "--max-bytes"}}) {
+    auto sizes = ProbeSizeLadder(c.min, c.max);
+    ASSERT_TRUE(sizes.status().IsInvalidArgument()) << c.min << ".." << c.max;
+    EXPECT_NE(sizes.status().message().find(c.flag), std::string_view::npos) << sizes.status();
+  }
+}
+
+TEST(PlanProbeSizesTest, DefaultsMoveUnder4GiBPerPath) {
+  auto sizes = PlanProbeSizes(64 * kKiB, 256 * kMiB, 5);
+  ASSERT_TRUE(sizes.ok()) << sizes.status();
+  // 2 x 5 x (64 KiB + ... + 256 MiB) + 256 MiB.
+  EXPECT_EQ(ProbeBytesPerPath(*sizes, 5), 10 * (341 * kMiB + 320 * kKiB) + 256 * kMiB);
+  EXPECT_LE(ProbeBytesPerPath(*sizes, 5), 4096 * kMiB);
+}
+
+TEST(PlanProbeSizesTest, RefusesBadRepeatsAndTooMuchTraffic) {
+  EXPECT_NE(PlanProbeSizes(64 * kKiB, kMiB, 0).status().message().find("--repeats"),
+            std::string_view::npos);
+  EXPECT_TRUE(PlanProbeSizes(64 * kKiB, kMiB, 1001).status().IsInvalidArgument());
+  auto big = PlanProbeSizes(64 * kKiB, 4096 * kMiB, 5);
+  ASSERT_TRUE(big.status().IsInvalidArgument());
+  EXPECT_NE(big.status().message().find("lower --max-bytes or --repeats"), std::string_view::npos)
+      << big.status();
+}
+
+TEST(SplitIntoBlocksTest, UsesTheFewestEqualBlocks) {
+  struct Case {
+    uint64_t bytes, block, blocks;
+  };
+  for (const Case& c : {Case{256 * kMiB, 64 * kMiB, 4}, Case{64 * kKiB, 64 * kKiB, 1},
+                        Case{64 * kMiB, 64 * kMiB, 1}, Case{100 * kMiB, 50 * kMiB, 2},
+                        Case{192 * kMiB, 64 * kMiB, 3}}) {
+    auto split = SplitIntoBlocks(c.bytes, 64 * kMiB, 4096);
+    ASSERT_TRUE(split.ok()) << split.status();
+    EXPECT_EQ(split->block_bytes, c.block) << c.bytes;
+    EXPECT_EQ(split->blocks, c.blocks) << c.bytes;
+  }
+  // 7 granules under a 2-granule limit: 7 blocks of one granule.
+  auto odd = SplitIntoBlocks(7 * 4096, 8192, 4096);
+  ASSERT_TRUE(odd.ok());
+  EXPECT_EQ(odd->block_bytes, 4096u);
+  EXPECT_EQ(odd->blocks, 7u);
+  EXPECT_TRUE(SplitIntoBlocks(0, 8192, 4096).status().IsInvalidArgument());
+  EXPECT_TRUE(SplitIntoBlocks(5000, 8192, 4096).status().IsInvalidArgument());
+}
+
+TEST(MedianOfTest, MiddleValueOrMeanOfTheMiddleTwo) {
+  EXPECT_EQ(MedianOf({5, 1, 3}), 3);
+  EXPECT_EQ(MedianOf({4, 1, 3, 2}), 2.5);
+  EXPECT_EQ(MedianOf({7}), 7);
+}
+
+TEST(FitAndJudgeTest, RecoversAlphaAndBetaFromNoisyRuns) {
+  std::mt19937_64 rng(TestSeed(TestName()));
+  const std::vector<uint64_t> sizes = DefaultLadder();
+  const ProbeRun a = SyntheticRun(kRemote, sizes, 5, 0.005, rng);
+  const ProbeRun b = SyntheticRun(kRemote, sizes, 5, 0.005, rng);
+  auto fit = FitAndJudge(a, b, {});
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_NEAR(fit->final_parameters.beta_bytes_per_s, kRemote.beta_bytes_per_s,
+              0.01 * kRemote.beta_bytes_per_s);
+  EXPECT_NEAR(fit->final_parameters.alpha_us, kRemote.alpha_us, 0.10 * kRemote.alpha_us);
+  EXPECT_NEAR(fit->run_a.beta_bytes_per_s, kRemote.beta_bytes_per_s,
+              0.015 * kRemote.beta_bytes_per_s);
+  // 0.5% noise, medians of 5: every out-of-sample error far below 3%.
+  EXPECT_TRUE(fit->target_met) << fit->worst_abs_error;
+  EXPECT_LT(fit->worst_abs_error, 0.03);
+  EXPECT_EQ(fit->samples, 2u * 5 * sizes.size());
+  EXPECT_EQ(fit->min_bytes, 64 * kKiB);
+  EXPECT_EQ(fit->max_bytes, 256 * kMiB);
+  EXPECT_EQ(fit->judged_min_bytes, 256 * kKiB);
+  EXPECT_EQ(fit->judged_max_bytes, 256 * kMiB);
+}
+
+TEST(FitAndJudgeTest, ScoresRunBAgainstTheRunAFitOnly) {
+  const std::vector<uint64_t> sizes = DefaultLadder();
+  std::mt19937_64 rng(1);
+  const ProbeRun a = SyntheticRun(kRemote, sizes, 3, 0.0, rng);
+  // Run B: the 64 KiB size 40% slow (not judged), 4 MiB 2% fast, 64 MiB 6% slow.
+  const std::map<uint64_t, double> skew = {{64 * kKiB, 1.40}, {4 * kMiB, 0.98}, {64 * kMiB, 1.06}};
+  ProbeRun b = a;
+  for (SizeTiming& t : b) {
+    if (auto it = skew.find(t.bytes); it != skew.end()) {
+      for (double& us : t.repeats_us) us *= it->second;
+      t.median_us *= it->second;
+    }
+  }
+  auto fit = FitAndJudge(a, b, {});
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  // Run A is exact, so its fit is the truth and each error is the skew.
+  EXPECT_NEAR(fit->run_a.alpha_us, kRemote.alpha_us, 1e-6 * kRemote.alpha_us);
+  ASSERT_EQ(fit->run_b.size(), sizes.size());
+  std::vector<double> judged;
+  for (const SizeError& e : fit->run_b) {
+    const double predicted = FetchMicros(fit->run_a, static_cast<double>(e.bytes));
+    EXPECT_DOUBLE_EQ(e.predicted_us, predicted);
+    EXPECT_DOUBLE_EQ(e.error, e.observed_us / predicted - 1);
+    const auto it = skew.find(e.bytes);
+    EXPECT_NEAR(e.error, it == skew.end() ? 0.0 : it->second - 1, 1e-9) << e.bytes;
+    EXPECT_EQ(e.judged, e.bytes >= 256 * kKiB);
+    if (e.judged) judged.push_back(std::fabs(e.error));
+  }
+  EXPECT_NEAR(fit->worst_abs_error, 0.06, 1e-9);
+  EXPECT_NEAR(fit->median_abs_error, MedianOf(judged), 1e-12);
+  EXPECT_FALSE(fit->target_met);
+  // The file gets the out-of-sample figures and the A+B parameters.
+  const PathCalibration c = ToPathCalibration(BusPath::kNvmeToHost, "", *fit);
+  EXPECT_EQ(c.path, BusPath::kNvmeToHost);
+  EXPECT_EQ(c.worst_error_ratio, fit->worst_abs_error);
+  EXPECT_EQ(c.median_error_ratio, fit->median_abs_error);
+  EXPECT_EQ(c.parameters.beta_bytes_per_s, fit->final_parameters.beta_bytes_per_s);
+  EXPECT_EQ(c.samples, 2u * 3 * sizes.size());
+}
+
+TEST(FitAndJudgeTest, JudgesTheLargestSizeWhenEverySizeIsBelowTheJudgedRange) {
+  std::mt19937_64 rng(2);
+  const std::vector<uint64_t> sizes = {4 * kKiB, 16 * kKiB, 64 * kKiB};
+  auto fit = FitAndJudge(SyntheticRun(kRemote, sizes, 1, 0, rng),
+                         SyntheticRun(kRemote, sizes, 1, 0, rng), {});
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_EQ(fit->judged_min_bytes, 64 * kKiB);
+  EXPECT_EQ(fit->judged_max_bytes, 64 * kKiB);
+}
+
+TEST(FitAndJudgeTest, RefusesMismatchedRunsAndFlatTimes) {
+  std::mt19937_64 rng(3);
+  const ProbeRun a = SyntheticRun(kRemote, {64 * kKiB, kMiB}, 1, 0, rng);
+  const ProbeRun b = SyntheticRun(kRemote, {64 * kKiB, 4 * kMiB}, 1, 0, rng);
+  EXPECT_TRUE(FitAndJudge(a, b, {}).status().IsInvalidArgument());
+  EXPECT_TRUE(FitAndJudge({}, {}, {}).status().IsInvalidArgument());
+  ProbeRun flat = a;
+  flat[0].median_us = 500;
+  flat[1].median_us = 400;
+  auto fit = FitAndJudge(flat, flat, {});
+  EXPECT_EQ(fit.status().code(), StatusCode::kFailedPrecondition) << fit.status();
+  EXPECT_NE(fit.status().message().find("run A"), std::string_view::npos);
+}
+
+// Returns the model's time times (1 + noise) and counts calls per size.
+class FakeProbe final : public PathProbe {
+ public:
+  FakeProbe(PathParameters truth, double noise, uint64_t seed)
+      : truth_(truth), n_(0, noise), rng_(seed) {}
+  StatusOr<double> Measure(uint64_t bytes) override {
+    ++calls_[bytes];
+    if (bytes == fail_at_) return Status::Unavailable("link down");
+    return FetchMicros(truth_, static_cast<double>(bytes)) * (1 + n_(rng_));
+  }
+  std::map<uint64_t, int> calls_;
+  uint64_t fail_at_ = 0;
+
+ private:
+  PathParameters truth_;
+  std::normal_distribution<double> n_;
+  std::mt19937_64 rng_;
+};
+
+TEST(RunTwoProbeRunsTest, WarmsUpThenMeasuresEverySizeRepeatsTimesPerRun) {
+  FakeProbe probe(kRemote, 0.003, TestSeed(TestName()));
+  const std::vector<uint64_t> sizes = DefaultLadder();
+  std::vector<std::string> lines;
+  ProbeRunOptions o;
+  o.repeats = 3;
+  o.label = "remote→local h0";
+  o.progress = [&](const std::string& line) { lines.push_back(line); };
+  auto runs = RunTwoProbeRuns(probe, sizes, o);
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  for (uint64_t s : sizes) EXPECT_EQ(probe.calls_[s], s == sizes.back() ? 7 : 6) << s;
+  ASSERT_EQ(runs->a.size(), sizes.size());
+  ASSERT_EQ(runs->b.size(), sizes.size());
+  for (const ProbeRun* run : {&runs->a, &runs->b}) {
+    for (const SizeTiming& t : *run) {
+      ASSERT_EQ(t.repeats_us.size(), 3u);
+      EXPECT_EQ(t.median_us, MedianOf(t.repeats_us));
+    }
+  }
+  ASSERT_EQ(lines.size(), 2 * sizes.size());
+  EXPECT_EQ(lines[0].rfind("remote→local h0 run A 64 KiB: median ", 0), 0u) << lines[0];
+  EXPECT_NE(lines.back().find("run B 256 MiB"), std::string::npos) << lines.back();
+  auto fit = FitAndJudge(runs->a, runs->b, {});
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_NEAR(fit->final_parameters.beta_bytes_per_s, kRemote.beta_bytes_per_s,
+              0.01 * kRemote.beta_bytes_per_s);
+}
+
+TEST(RunTwoProbeRunsTest, ReportsTheProbesErrorWithPathAndSize) {
+  FakeProbe probe(kRemote, 0, 1);
+  probe.fail_at_ = 4 * kMiB;
+  ProbeRunOptions o;
+  o.repeats = 2;
+  o.label = "local→remote h1";
+  auto runs = RunTwoProbeRuns(probe, DefaultLadder(), o);
+  ASSERT_TRUE(runs.status().IsUnavailable()) << runs.status();
+  EXPECT_NE(runs.status().message().find("local→remote h1 run A 4 MiB: link down"),
+            std::string_view::npos)
+      << runs.status();
+}
+
+TEST(MemcpyProbeTest, TimesCopiesUpToItsMaximum) {
+  MemcpyProbeOptions o;
+  o.max_bytes = kMiB;
+  o.cache_scrub_bytes = 4 * kMiB;
+  auto probe = CreateMemcpyProbe(o);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  for (uint64_t bytes : {4 * kKiB, kMiB}) {
+    auto us = (*probe)->Measure(bytes);
+    ASSERT_TRUE(us.ok()) << us.status();
+    EXPECT_GT(*us, 0);
+  }
+  EXPECT_TRUE((*probe)->Measure(2 * kMiB).status().IsInvalidArgument());
+  EXPECT_TRUE(CreateMemcpyProbe({}).status().IsInvalidArgument());
+}
+
+TEST(NvmeReadProbeTest, ReadsAScratchFileWithODirectAndDeletesIt) {
+  Env* env = Env::Default();
+  const std::string dir = ::testing::TempDir() + "/bus_probe_nvme";
+  ASSERT_TRUE(env->CreateDirIfMissing(dir).ok());
+  NvmeReadProbeOptions o;
+  o.dir = dir;
+  o.max_bytes = 256 * kKiB;
+  {
+    auto probe = CreateNvmeReadProbe(env, o);
+    if (probe.status().IsInvalidArgument()) {
+      GTEST_SKIP() << "no O_DIRECT on " << dir << ": " << probe.status();
+    }
+    ASSERT_TRUE(probe.ok()) << probe.status();
+    auto children = env->GetChildren(dir);
+    ASSERT_TRUE(children.ok());
+    ASSERT_EQ(children->size(), 1u);
+    EXPECT_EQ(*env->GetFileSize(dir + "/" + children->front()), 4 * o.max_bytes);
+    // More reads than fit in the file: the offset wraps.
+    for (int i = 0; i < 12; ++i) {
+      auto us = (*probe)->Measure(i % 2 == 0 ? 4 * kKiB : 256 * kKiB);
+      ASSERT_TRUE(us.ok()) << us.status();
+      EXPECT_GT(*us, 0);
+    }
+    EXPECT_TRUE((*probe)->Measure(6000).status().IsInvalidArgument());
+  }
+  EXPECT_TRUE(env->GetChildren(dir)->empty()) << "the scratch file must be deleted";
+  EXPECT_TRUE(env->DeleteDir(dir).ok());
+}
+
+TEST(NvmeReadProbeTest, NamesTheDirectoryWhenItCannotCreateTheFile) {
+  NvmeReadProbeOptions o;
+  o.dir = ::testing::TempDir() + "/no/such/dir";
+  o.max_bytes = 64 * kKiB;
+  auto probe = CreateNvmeReadProbe(Env::Default(), o);
+  ASSERT_FALSE(probe.ok());
+  EXPECT_NE(probe.status().message().find("--nvme-dir " + o.dir), std::string_view::npos)
+      << probe.status();
+}
+
+}  // namespace
+}  // namespace kvfabric

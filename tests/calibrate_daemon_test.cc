@@ -1,0 +1,62 @@
+// `kvfabric calibrate` against a real kvfabric-cached on loopback: the fetch
+// paths to and from the daemon are measured, fitted and written under the
+// daemon's host id, and every probe block is deleted again.
+//
+// No timing assertions: the figures depend on the machine; this checks that
+// the command measures the paths it claims, writes a file the services load,
+// and leaves the daemon as it found it.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "cli/calibrate_command.h"
+#include "core/bus_calibration.h"
+#include "core/env.h"
+#include "tests/server_process.h"
+
+namespace kvfabric {
+namespace {
+
+TEST(CalibrateDaemonTest, MeasuresBothDirectionsOfADaemonAndWritesAFileServicesLoad) {
+  char tmpl[] = "/tmp/kvf_calibrate_test_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto daemon = testing::ServerProcess::Start(
+      testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), "cached", dir,
+      {"--host-id=calib-host", "--grpc-address=127.0.0.1:0", "--transport-address=127.0.0.1:0",
+       "--metrics-address=off", "--lock-memory=off", "--log-level=warn",
+       "--host-pool-bytes=64MiB", "--host-page-bytes=64KiB"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+
+  cli::CalibrateArgs args;
+  args.out_path = dir + "/calibration.json";
+  args.cache_hosts = {(*daemon)->grpc()};
+  args.min_bytes = 64 << 10;
+  args.max_bytes = 4 << 20;
+  args.repeats = 2;
+  args.cache_scrub_bytes = 0;
+  cli::CalibrateContext ctx;
+  ctx.env = Env::Default();
+  ctx.no_device_reason = "no GPU in this test";
+  auto report = cli::RunCalibrate(args, ctx);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  const std::string text = cli::FormatCalibrationText(*report);
+  EXPECT_NE(text.find("calib-host"), std::string::npos) << text;
+
+  auto loaded = LoadBusCalibration(Env::Default(), args.out_path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  bool get = false, put = false;
+  for (const PathCalibration& p : loaded->paths) {
+    if (p.host_id != "calib-host") continue;
+    get = get || p.path == BusPath::kRemoteHostToLocalHost;
+    put = put || p.path == BusPath::kLocalHostToRemoteHost;
+    EXPECT_GT(p.parameters.beta_bytes_per_s, 0);
+    EXPECT_GE(p.parameters.alpha_us, 0);
+  }
+  EXPECT_TRUE(get) << text;
+  EXPECT_TRUE(put) << text;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kvfabric
