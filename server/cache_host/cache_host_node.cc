@@ -7,33 +7,15 @@
 #include "core/block_format.h"
 #include "core/units.h"
 #include "server/cache_host/data_plane.h"
+#include "server/cache_host/node_keys.h"
 #include "server/cache_host/nvme_catalog.h"
 #include "spdlog/spdlog.h"
 
 namespace kvfabric::cache_host {
-namespace {
 
-Namespace Ns(const std::string& tenant) { return Namespace{tenant}; }
-
-bool TokensEqual(const AccessToken& a, const AccessToken& b) {
-  std::uint8_t diff = 0;  // constant time: no early exit on the first mismatch
-  for (std::size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
-  return diff == 0;
-}
-
-BlockDigest DigestOf(const BlockKey& key) {
-  BlockDigest d;
-  std::memcpy(d.data(), key.bytes().data(), d.size());
-  return d;
-}
-
-BlockKey KeyOf(const BlockDigest& d) {
-  BlockKey::Bytes b;
-  std::memcpy(b.data(), d.data(), b.size());
-  return BlockKey(b);
-}
-
-}  // namespace
+using internal::DigestOf;
+using internal::Ns;
+using internal::TokensEqual;
 
 std::string_view EvictionPolicyKindName(EvictionPolicyKind kind) {
   return kind == EvictionPolicyKind::kLru ? "lru" : "cost-aware";
@@ -141,63 +123,6 @@ std::vector<std::string> CacheHostNode::Split(const std::string& text) {
   }
   return lines;
 }
-
-Status CacheHostNode::RecoverNvme() {
-  if (options_.nvme.env == nullptr) options_.nvme.env = env_;
-  KVF_ASSIGN_OR_RETURN(NvmeTier::OpenResult opened, NvmeTier::Open(options_.nvme));
-  nvme_ = std::move(opened.tier);
-  recovery_ = opened.report;
-  CatalogRecovery catalog_report;
-  KVF_ASSIGN_OR_RETURN(catalog_, NvmeCatalog::Open(options_.nvme.env, options_.nvme.dir,
-                                                   &catalog_report));
-  std::vector<BlockDigest> live;
-  live.reserve(opened.blocks.size());
-  for (const RecoveredBlock& b : opened.blocks) {
-    std::optional<CatalogEntry> entry = catalog_->Find(b.header.key);
-    if (!entry.has_value()) {
-      // Demoted without a durable catalog record cannot happen (the record is
-      // synced first); a block left by another tool is not ours to serve.
-      ++recovery_orphans_;
-      nvme_->Remove(b.location, b.header.key).IgnoreError();
-      continue;
-    }
-    BlockMeta meta;
-    meta.bytes = b.header.payload_bytes;
-    meta.representation = b.header.representation;
-    meta.fingerprint = b.header.fingerprint;
-    meta.tokens = b.header.tokens;
-    meta.token_offset = entry->token_offset;
-    meta.dtype = b.header.dtype;
-    meta.layers = b.header.layers;
-    meta.kv_heads = b.header.kv_heads;
-    meta.head_dim = b.header.head_dim;
-    Status s = table_->AdoptRecovered(Ns(entry->tenant), KeyOf(b.header.key), meta,
-                                      b.header.payload_crc32c, b.location);
-    if (!s.ok()) {
-      ++recovery_orphans_;
-      spdlog::warn("NVMe recovery: block {} not re-indexed: {}", KeyOf(b.header.key).ToHex(),
-                   s.ToString());
-      nvme_->Remove(b.location, b.header.key).IgnoreError();
-      continue;
-    }
-    live.push_back(b.header.key);
-  }
-  KVF_RETURN_IF_ERROR(catalog_->Compact(live));
-  for (int i = 0; i < std::max(1, options_.staging_buffers); ++i) {
-    KVF_ASSIGN_OR_RETURN(AlignedBuffer buf,
-                         AlignedBuffer::Allocate(options_.nvme.max_group_bytes, nvme_->alignment()));
-    staging_free_.push_back(std::move(buf));
-  }
-  spdlog::info(
-      "NVMe recovery in {}: {} blocks recovered ({}), dropped {} torn, {} corrupt, {} "
-      "duplicate, {} without a catalog record; {} segments",
-      options_.nvme.dir, live.size(), FormatBytes(recovery_.recovered_bytes),
-      recovery_.dropped_torn, recovery_.dropped_corrupt, recovery_.dropped_duplicate,
-      recovery_orphans_, recovery_.segments);
-  return Status::OK();
-}
-
-CacheHostNode::~CacheHostNode() { Shutdown(std::chrono::milliseconds(0)); }
 
 std::string CacheHostNode::transport_address() const {
   return data_plane_ ? data_plane_->address() : std::string();
@@ -515,70 +440,6 @@ StatusOr<LeaseBatch> CacheHostNode::Lease(const Namespace& ns, std::span<const B
   return out;
 }
 
-Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
-  auto order = table_->BeginPromotion(ns, key);
-  if (!order.ok() && order.status().code() == StatusCode::kResourceExhausted) {
-    auto meta = table_->Lookup(Ns(table_->TenantName(ns)), key);
-    MakeRoomAndWait(std::nullopt, meta.ok() ? pool_->PagesFor(meta->meta.bytes) : 1);
-    order = table_->BeginPromotion(ns, key);
-  }
-  if (!order.ok()) return order.status();
-  AlignedBuffer buffer;
-  {
-    std::unique_lock<std::mutex> lock(staging_mu_);
-    staging_cv_.wait(lock, [&] { return !staging_free_.empty(); });
-    buffer = std::move(staging_free_.back());
-    staging_free_.pop_back();
-  }
-  Status status;
-  if (nvme_->ReadBufferBytes(order->nvme) > buffer.size()) {
-    status = Status::Internal("staging buffer of " + std::to_string(buffer.size()) +
-                              " bytes cannot hold a record of " +
-                              std::to_string(order->nvme.bytes));
-  } else {
-    auto header = nvme_->Read(order->nvme, DigestOf(key), buffer.span());
-    if (header.ok() && header->payload_bytes != order->meta.bytes) {
-      status = Status::DataLoss("NVMe block " + key.ToHex() + " has " +
-                                std::to_string(header->payload_bytes) + " bytes, the index " +
-                                std::to_string(order->meta.bytes));
-    } else if (!header.ok()) {
-      status = header.status();
-    } else {
-      pool_->CopyIn(order->pages, buffer.span().subspan(kBlockHeaderBytes, order->meta.bytes));
-    }
-  }
-  {
-    std::lock_guard<std::mutex> lock(staging_mu_);
-    staging_free_.push_back(std::move(buffer));
-  }
-  staging_cv_.notify_one();
-  ++staging_reads_;
-  if (status.ok()) {
-    KVF_RETURN_IF_ERROR(table_->CompletePromotion(*order));
-    if (has_sink_.load()) {
-      Emit({{BlockEventKind::kPromoted, table_->TenantName(ns), key, order->meta, order->crc32c,
-             BlockTier::kBoth, 0}});
-    }
-    return Status::OK();
-  }
-  const bool corrupt = status.code() == StatusCode::kDataLoss;
-  if (corrupt) ++staging_crc_failures_;
-  auto removed = table_->AbortPromotion(*order, corrupt);
-  if (corrupt) {
-    spdlog::error("NVMe block {} failed verification and was removed: {}", key.ToHex(),
-                  status.ToString());
-    if (removed.ok() && removed->has_value()) {
-      nvme_->Remove((*removed)->nvme, DigestOf(key)).IgnoreError();  // already gone if CRC failed
-      catalog_->Forget(DigestOf(key));
-      if (has_sink_.load()) {
-        Emit({{BlockEventKind::kCorrupted, table_->TenantName(ns), key, {}, 0, BlockTier::kNvme,
-               0}});
-      }
-    }
-  }
-  return status;
-}
-
 // ---------------------------------------------------------------- Renew / Release
 
 std::vector<StatusOr<std::uint64_t>> CacheHostNode::Renew(
@@ -683,13 +544,6 @@ std::vector<LookupEntryResult> CacheHostNode::Lookup(const Namespace& ns,
   return out;
 }
 
-void CacheHostNode::DropNvmeCopy(const BlockEntry& removed) {
-  if (nvme_ && OnNvme(removed.tier)) {
-    nvme_->Remove(removed.nvme, DigestOf(removed.key)).IgnoreError();
-    catalog_->Forget(DigestOf(removed.key));
-  }
-}
-
 std::vector<Status> CacheHostNode::Delete(const Namespace& ns, std::span<const BlockKey> keys) {
   std::vector<Status> out(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -704,143 +558,6 @@ std::vector<Status> CacheHostNode::Delete(const Namespace& ns, std::span<const B
     }
   }
   return out;
-}
-
-// ---------------------------------------------------------------- Eviction
-
-std::uint64_t CacheHostNode::RunEviction(std::optional<Namespace> scope,
-                                         std::uint64_t pages_needed) {
-  EvictionRequest req;
-  req.watermarks = options_.watermarks;
-  req.nvme_enabled = nvme_ != nullptr;
-  req.scope = std::move(scope);
-  req.pages_needed = pages_needed;
-  auto pass = table_->MakeRoom(*policy_, req);
-  if (!pass.ok()) {
-    spdlog::error("eviction pass failed: {}", pass.status().ToString());
-    return 0;
-  }
-  if (has_sink_.load()) {
-    std::vector<BlockEventRecord> events;
-    for (const EvictionDecision& d : pass->decisions) {
-      if (d.action == EvictionAction::kEvict) {
-        events.push_back({BlockEventKind::kEvicted, d.tenant, d.key, {}, 0, BlockTier::kHost, 0});
-      } else if (d.action == EvictionAction::kDropHostCopy) {
-        auto e = table_->Lookup(Ns(d.tenant), d.key);
-        if (e.ok()) {
-          events.push_back({BlockEventKind::kDemoted, d.tenant, d.key, e->meta, e->crc32c,
-                            BlockTier::kNvme, e->hit_count});
-        }
-      }
-    }
-    Emit(std::move(events));
-  }
-  StartDemotions(std::move(pass->demotions));
-  return pass->pages_freed;
-}
-
-void CacheHostNode::MakeRoomAndWait(std::optional<Namespace> scope, std::uint64_t pages) {
-  std::uint64_t done_before = 0;
-  {
-    std::lock_guard<std::mutex> lock(demotion_mu_);
-    done_before = demotions_done_;
-  }
-  RunEviction(std::move(scope), pages);
-  // Demotions count from the moment the table marked them (a background pass
-  // may still be syncing their catalog records), hence pages_demoting.
-  std::unique_lock<std::mutex> lock(demotion_mu_);
-  demotion_cv_.wait_for(lock, options_.reserve_wait, [&] {
-    return table_->Counters().pages_demoting == 0 || demotions_done_ > done_before ||
-           pool_->Counts().free >= pages;
-  });
-}
-
-void CacheHostNode::StartDemotions(std::vector<DemotionOrder> orders) {
-  if (orders.empty()) return;
-  // The catalog record goes first and is synced, so a block found on NVMe
-  // after a crash always has its namespace (docs/nvme-tier.md).
-  std::vector<CatalogEntry> records;
-  records.reserve(orders.size());
-  for (const DemotionOrder& o : orders) {
-    records.push_back(CatalogEntry{DigestOf(o.key), table_->TenantName(o.ns), o.meta.token_offset});
-  }
-  if (Status s = catalog_->AppendBatch(records); !s.ok()) {
-    spdlog::error("NVMe catalog append failed; {} demotions abandoned: {}", orders.size(),
-                  s.ToString());
-    for (const DemotionOrder& o : orders) table_->AbortDemotion(o.ns, o.key).IgnoreError();
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(demotion_mu_);
-    demotions_in_flight_ += orders.size();
-  }
-  for (DemotionOrder& o : orders) {
-    BlockHeader header;
-    header.representation = o.meta.representation;
-    header.dtype = o.meta.dtype;
-    header.key = DigestOf(o.key);
-    header.fingerprint = o.meta.fingerprint;
-    header.layers = o.meta.layers;
-    header.tokens = o.meta.tokens;
-    header.kv_heads = o.meta.kv_heads;
-    header.head_dim = o.meta.head_dim;
-    header.payload_bytes = o.meta.bytes;
-    header.payload_crc32c = o.crc32c;
-    auto finish = [this, ns = o.ns, key = o.key](StatusOr<NvmeLocation> where) {
-      Status s = where.ok() ? table_->CompleteDemotion(ns, key, *where)
-                            : table_->AbortDemotion(ns, key);
-      if (!where.ok()) {
-        spdlog::warn("demotion of {} failed, block stays in the host pool: {}", key.ToHex(),
-                     where.status().ToString());
-      } else if (!s.ok()) {
-        spdlog::error("demotion of {} completed but not applied: {}", key.ToHex(), s.ToString());
-      } else if (has_sink_.load()) {
-        const std::string tenant = table_->TenantName(ns);
-        auto e = table_->Lookup(Ns(tenant), key);
-        if (e.ok() && e->tier == BlockTier::kNvme) {
-          Emit({{BlockEventKind::kDemoted, tenant, key, e->meta, e->crc32c, BlockTier::kNvme,
-                 e->hit_count}});
-        }
-      }
-      {
-        std::lock_guard<std::mutex> lock(demotion_mu_);
-        --demotions_in_flight_;
-        ++demotions_done_;
-      }
-      demotion_cv_.notify_all();
-    };
-    if (o.pages.size == 1) {
-      nvme_->Demote(header, pool_->RunBytes(o.pages.runs[0]).first(o.meta.bytes), finish);
-      continue;
-    }
-    // A block split over several runs: gather it into a staging buffer first.
-    AlignedBuffer buffer;
-    {
-      std::unique_lock<std::mutex> lock(staging_mu_);
-      staging_cv_.wait(lock, [&] { return !staging_free_.empty(); });
-      buffer = std::move(staging_free_.back());
-      staging_free_.pop_back();
-    }
-    std::uint64_t pos = 0;
-    for (const PageRun& r : o.pages) {
-      auto bytes = pool_->RunBytes(r);
-      const std::uint64_t n = std::min<std::uint64_t>(bytes.size(), o.meta.bytes - pos);
-      if (pos + n > buffer.size()) break;
-      std::memcpy(buffer.data() + pos, bytes.data(), n);
-      pos += n;
-    }
-    auto* raw = new AlignedBuffer(std::move(buffer));
-    nvme_->Demote(header, raw->span().first(std::min<std::uint64_t>(o.meta.bytes, raw->size())),
-                  [this, raw, finish](StatusOr<NvmeLocation> where) {
-                    finish(std::move(where));
-                    {
-                      std::lock_guard<std::mutex> lock(staging_mu_);
-                      staging_free_.push_back(std::move(*raw));
-                    }
-                    delete raw;
-                    staging_cv_.notify_one();
-                  });
-  }
 }
 
 // ---------------------------------------------------------------- Data plane
@@ -918,26 +635,8 @@ void CacheHostNode::Emit(std::vector<BlockEventRecord> events) {
   if (sink) sink(std::move(events));
 }
 
-std::vector<BlockEventRecord> CacheHostNode::SnapshotBlocks() const {
-  std::vector<BlockEventRecord> out;
-  std::vector<BlockEntry> entries = table_->Entries();
-  out.reserve(entries.size());
-  for (const BlockEntry& e : entries) {
-    out.push_back({BlockEventKind::kPresent, table_->TenantName(e.ns), e.key, e.meta, e.crc32c,
-                   e.tier, e.hit_count});
-  }
-  return out;
-}
-
 std::uint64_t CacheHostNode::host_free_bytes() const {
   return pool_->Counts().free * pool_->page_bytes();
-}
-
-std::uint64_t CacheHostNode::nvme_free_bytes() const {
-  if (!nvme_) return 0;
-  const NvmeTierStats st = nvme_->stats();
-  return options_.nvme.capacity_bytes > st.used_bytes ? options_.nvme.capacity_bytes - st.used_bytes
-                                                      : 0;
 }
 
 void CacheHostNode::set_transfer_observer(TransferObserver observer) {
