@@ -4,6 +4,8 @@
 //       this build, and the optional parts it detected
 //   kvfabric explain eviction --cache-host HOST:PORT [--namespace NS] --key HEX [--json]
 //       why a cache host evicted, demoted or dropped a block, with the formula
+//   kvfabric status (--placement HOST:PORT | --cache-host HOST:PORT ...) [--json]
+//       live cache hosts: state, capacity and use per tier, blocks, leases
 //   kvfabric explain plan --placement HOST:PORT --plan-id N [--json]
 //       a fetch-or-recompute plan's formula with its numbers
 //   kvfabric calibrate --out FILE [--cache-host HOST:PORT]... [--nvme-dir DIR]
@@ -18,6 +20,7 @@
 
 #include "cli/calibrate_command.h"
 #include "cli/explain_command.h"
+#include "cli/status_command.h"
 #include "cli/version_info.h"
 #include "core/config/logging_flags.h"
 #include "core/config/yaml_config.h"
@@ -34,6 +37,13 @@ int main(int argc, char** argv) {
   bool json = false;
   CLI::App* version = app.add_subcommand("version", "print the version and optional parts");
   version->add_flag("--json", json, "machine-readable output");
+
+  kvfabric::cli::StatusArgs status_args;
+  CLI::App* status = app.add_subcommand("status", "live cache hosts, capacity and use per tier");
+  status->add_option("--placement", status_args.placement, "placement gRPC address HOST:PORT");
+  status->add_option("--cache-host", status_args.cache_hosts,
+                     "a daemon's gRPC address HOST:PORT (repeatable), without placement");
+  status->add_flag("--json", status_args.json, "machine-readable output");
 
   CLI::App* explain = app.add_subcommand("explain", "explain a decision with its formula");
   explain->require_subcommand(1);
@@ -73,6 +83,13 @@ int main(int argc, char** argv) {
     const std::string out = json ? kvfabric::cli::FormatVersionJson(info)
                                  : kvfabric::cli::FormatVersionText(info);
     std::fputs(out.c_str(), stdout);
+    return 0;
+  }
+  if (status->parsed()) {
+    if (kvfabric::Status s = kvfabric::cli::RunStatus(status_args); !s.ok()) {
+      std::fprintf(stderr, "kvfabric status: %s\n", s.ToString().c_str());
+      return 1;
+    }
     return 0;
   }
   if (plan->parsed()) {

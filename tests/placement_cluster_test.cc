@@ -23,6 +23,7 @@
 #include <functional>
 #include <thread>
 
+#include "cli/status_command.h"
 #include "core/testing/test_seed.h"
 #include "kvfabric/v1/placement.grpc.pb.h"
 #include "server/placement/testing/etcd_process.h"
@@ -143,6 +144,10 @@ TEST_F(PlacementClusterTest, DaemonDeathChangesPlansAndPlacementRecoversFromEtcd
   for (int i = 0; i < 3; ++i) StartDaemon(i);
   const std::vector<std::string> all = {"cache-0", "cache-1", "cache-2"};
   ASSERT_TRUE(WaitFor([&] { return LiveHosts() == all; }, std::chrono::seconds(20)));
+  // `kvfabric status` reaches placement and every daemon it lists.
+  cli::StatusArgs status;
+  status.placement = placement_->grpc();
+  EXPECT_TRUE(cli::RunStatus(status).ok());
 
   // A chain of 8 blocks on cache-0, another on cache-1.
   constexpr int kBlocks = 8;
