@@ -8,39 +8,10 @@
 #include "core/block_key.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
 #include "kvfabric/v1/placement.grpc.pb.h"
+#include "cli/json_text.h"
 #include "proto/grpc_status.h"
 
 namespace kvfabric::cli {
-namespace {
-
-std::string JsonEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
 std::string FormatExplainEviction(const ExplainEvictionArgs& args,
                                   const v1::ExplainEvictionResponse& response) {
   const std::string policy =

@@ -8,6 +8,7 @@
 #include "core/units.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
 #include "kvfabric/v1/placement.grpc.pb.h"
+#include "cli/json_text.h"
 #include "proto/grpc_status.h"
 
 namespace kvfabric::cli {
@@ -44,23 +45,6 @@ std::string Use(const v1::TierUsage* t) {
 std::string Pad(std::string s, std::size_t width) {
   if (s.size() < width) s.append(width - s.size(), ' ');
   return s + " ";
-}
-
-std::string JsonEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out;
 }
 
 template <typename T>
