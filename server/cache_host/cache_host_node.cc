@@ -194,11 +194,15 @@ StatusOr<ReserveBatch> CacheHostNode::Reserve(const Namespace& ns,
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const ReserveEntry& e = entries[i];
     auto r = table_->Reserve(ns, e.key, e.meta, ttl_us);
-    if (!r.ok() && r.status().code() == StatusCode::kResourceExhausted) {
-      // Make room among this namespace's own blocks, wait for the demotions
-      // that started, then retry once. A pass frees pages until the pool can
-      // hold the block; over a quota it must also free what brings the
-      // namespace back under it: pages_needed = free pages + the overshoot.
+    // Make room among this namespace's own blocks, wait for the demotions
+    // that started (ours or a background pass's), and retry, until the block
+    // fits, nothing more can be freed, or reserve_wait has passed. A pass
+    // frees pages until the pool can hold the block; over a quota it must
+    // also free what brings the namespace back under it: pages_needed = free
+    // pages + the overshoot.
+    const auto give_up = std::chrono::steady_clock::now() + options_.reserve_wait;
+    while (!r.ok() && r.status().code() == StatusCode::kResourceExhausted &&
+           std::chrono::steady_clock::now() < give_up) {
       const std::uint64_t block_pages = pool_->PagesFor(e.meta.bytes);
       std::uint64_t pages = block_pages;
       if (auto usage = table_->Usage(ns); usage.ok() && usage->quota_bytes > 0) {
@@ -210,8 +214,9 @@ StatusOr<ReserveBatch> CacheHostNode::Reserve(const Namespace& ns,
           pages = std::max(pages, pool_->Counts().free + over);
         }
       }
-      MakeRoomAndWait(ns, pages);
+      const bool progress = MakeRoomAndWait(ns, pages, give_up);
       r = table_->Reserve(ns, e.key, e.meta, ttl_us);
+      if (!progress) break;  // nothing evictable and nothing in flight: refuse now
     }
     if (!r.ok()) {
       out.results[i].status = r.status();

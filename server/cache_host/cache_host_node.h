@@ -396,9 +396,11 @@ class CacheHostNode {
   // it freed at once.
   std::uint64_t RunEviction(std::optional<Namespace> scope, std::uint64_t pages_needed);
   void StartDemotions(std::vector<DemotionOrder> orders);
-  // RunEviction, then waits (at most reserve_wait) until a demotion finishes,
-  // none is in flight, or `pages` pages are free.
-  void MakeRoomAndWait(std::optional<Namespace> scope, std::uint64_t pages);
+  // RunEviction, then waits (until `deadline`) for a demotion to finish, for
+  // none to be in flight, or for `pages` pages to be free. Returns whether
+  // anything was freed or is being freed (false: retrying cannot help).
+  bool MakeRoomAndWait(std::optional<Namespace> scope, std::uint64_t pages,
+                       std::chrono::steady_clock::time_point deadline);
   // Stages one NVMe-only block into host pages (see the class comment).
   Status Stage(NamespaceId ns, const BlockKey& key);
   void MaintenanceLoop();

@@ -79,7 +79,8 @@ Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
   auto order = table_->BeginPromotion(ns, key);
   if (!order.ok() && order.status().code() == StatusCode::kResourceExhausted) {
     auto meta = table_->Lookup(Ns(table_->TenantName(ns)), key);
-    MakeRoomAndWait(std::nullopt, meta.ok() ? pool_->PagesFor(meta->meta.bytes) : 1);
+    MakeRoomAndWait(std::nullopt, meta.ok() ? pool_->PagesFor(meta->meta.bytes) : 1,
+                    std::chrono::steady_clock::now() + options_.reserve_wait);
     order = table_->BeginPromotion(ns, key);
   }
   if (!order.ok()) return order.status();
@@ -177,20 +178,23 @@ std::uint64_t CacheHostNode::RunEviction(std::optional<Namespace> scope,
   return pass->pages_freed;
 }
 
-void CacheHostNode::MakeRoomAndWait(std::optional<Namespace> scope, std::uint64_t pages) {
+bool CacheHostNode::MakeRoomAndWait(std::optional<Namespace> scope, std::uint64_t pages,
+                                    std::chrono::steady_clock::time_point deadline) {
   std::uint64_t done_before = 0;
   {
     std::lock_guard<std::mutex> lock(demotion_mu_);
     done_before = demotions_done_;
   }
-  RunEviction(std::move(scope), pages);
+  const std::uint64_t freed = RunEviction(std::move(scope), pages);
   // Demotions count from the moment the table marked them (a background pass
   // may still be syncing their catalog records), hence pages_demoting.
   std::unique_lock<std::mutex> lock(demotion_mu_);
-  demotion_cv_.wait_for(lock, options_.reserve_wait, [&] {
+  const bool in_flight = table_->Counters().pages_demoting > 0;
+  demotion_cv_.wait_until(lock, deadline, [&] {
     return table_->Counters().pages_demoting == 0 || demotions_done_ > done_before ||
            pool_->Counts().free >= pages;
   });
+  return freed > 0 || in_flight;
 }
 
 void CacheHostNode::StartDemotions(std::vector<DemotionOrder> orders) {
