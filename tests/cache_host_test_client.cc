@@ -150,9 +150,27 @@ Status CacheHostTestClient::GetBatch(const std::vector<int>& ids, const std::str
   req.set_namespace_(ns);
   for (int i : ids) req.add_keys(Key(i));
   v1::LeaseResponse resp;
-  grpc::ClientContext ctx;
-  grpc::Status g = stub_->Lease(&ctx, req, &resp);
-  if (!g.ok()) return Status::Unavailable("Lease: " + g.error_message());
+  // An entry answering UNAVAILABLE means "retry" (a block staged from NVMe
+  // can be evicted again before the lease pins it): release and lease again.
+  for (int attempt = 0;; ++attempt) {
+    resp.Clear();
+    grpc::ClientContext ctx;
+    grpc::Status g = stub_->Lease(&ctx, req, &resp);
+    if (!g.ok()) return Status::Unavailable("Lease: " + g.error_message());
+    bool retry = false;
+    for (const v1::LeaseResult& r : resp.results()) {
+      retry = retry || r.status().code() == static_cast<int>(StatusCode::kUnavailable);
+    }
+    if (!retry || attempt == 5) break;
+    if (resp.lease_id() != 0) {
+      v1::ReleaseRequest rel;
+      rel.set_namespace_(ns);
+      rel.add_entries()->set_lease_id(resp.lease_id());
+      v1::ReleaseResponse rresp;
+      grpc::ClientContext rctx;
+      stub_->Release(&rctx, rel, &rresp);
+    }
+  }
   std::vector<wire::TransferRange> ranges;
   const std::uint64_t base = 32 << 20;
   for (std::size_t k = 0; k < ids.size(); ++k) {

@@ -153,6 +153,12 @@ class CacheHostNodeTest : public ::testing::Test {
   Status Get(const std::string& ns, const BlockKey& key, std::uint64_t offset,
              bool* staged = nullptr) {
     auto l = node_->Lease(Namespace{ns}, std::span<const BlockKey>(&key, 1), {});
+    // UNAVAILABLE means "retry" (a block staged from NVMe can be evicted again
+    // by a background pass before this lease pins it), as clients do.
+    for (int attempt = 0; attempt < 5 && l.ok() && l->results[0].status.IsUnavailable();
+         ++attempt) {
+      l = node_->Lease(Namespace{ns}, std::span<const BlockKey>(&key, 1), {});
+    }
     if (!l.ok()) return l.status();
     const LeaseEntryResult& r = l->results[0];
     if (!r.status.ok()) return r.status;
