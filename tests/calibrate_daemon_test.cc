@@ -25,15 +25,17 @@ TEST(CalibrateDaemonTest, MeasuresBothDirectionsOfADaemonAndWritesAFileServicesL
       testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), "cached", dir,
       {"--host-id=calib-host", "--grpc-address=127.0.0.1:0", "--transport-address=127.0.0.1:0",
        "--metrics-address=off", "--lock-memory=off", "--log-level=warn",
-       "--host-pool-bytes=64MiB", "--host-page-bytes=64KiB"});
+       "--host-pool-bytes=384MiB", "--host-page-bytes=1MiB"});
   ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
 
   cli::CalibrateArgs args;
   args.out_path = dir + "/calibration.json";
   args.cache_hosts = {(*daemon)->grpc()};
-  args.min_bytes = 64 << 10;
-  args.max_bytes = 4 << 20;
-  args.repeats = 2;
+  // Up to 64 MiB, so that bytes (not the RPC round trips) dominate the
+  // largest probes and the fit always sees time grow with size.
+  args.min_bytes = 256 << 10;
+  args.max_bytes = 64 << 20;
+  args.repeats = 3;
   args.cache_scrub_bytes = 0;
   cli::CalibrateContext ctx;
   ctx.env = Env::Default();
