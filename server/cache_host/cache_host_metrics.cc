@@ -25,32 +25,11 @@ using prometheus::MetricType;
 
 constexpr std::string_view kPrefix = "kvfabric_cache_host_";
 
-struct Sample {
-  double value = 0;
-  std::vector<ClientMetric::Label> labels;
-};
+using Sample = MetricSample;
 
-// Appends the family kPrefix + `name` with `samples` to `out`; nothing when
-// there are no samples (a HELP line over nothing is noise to a reader).
 void Emit(std::vector<MetricFamily>& out, MetricType type, std::string_view name,
           std::string_view help, std::vector<Sample> samples) {
-  if (samples.empty()) return;
-  MetricFamily family;
-  family.name = std::string(kPrefix) + std::string(name);
-  family.help = std::string(help);
-  family.type = type;
-  family.metric.reserve(samples.size());
-  for (Sample& sample : samples) {
-    ClientMetric metric;
-    metric.label = std::move(sample.labels);
-    if (type == MetricType::Counter) {
-      metric.counter.value = sample.value;
-    } else {
-      metric.gauge.value = sample.value;
-    }
-    family.metric.push_back(std::move(metric));
-  }
-  out.push_back(std::move(family));
+  AppendFamily(out, kPrefix, type, name, help, std::move(samples));
 }
 
 void Gauge(std::vector<MetricFamily>& out, std::string_view name, std::string_view help,
@@ -235,6 +214,28 @@ StatusOr<ParsedAddress> ParseAddress(const std::string& address) {
 }
 
 }  // namespace
+
+void AppendFamily(std::vector<MetricFamily>& out, std::string_view prefix, MetricType type,
+                  std::string_view name, std::string_view help,
+                  std::vector<MetricSample> samples) {
+  if (samples.empty()) return;
+  MetricFamily family;
+  family.name = std::string(prefix) + std::string(name);
+  family.help = std::string(help);
+  family.type = type;
+  family.metric.reserve(samples.size());
+  for (MetricSample& sample : samples) {
+    ClientMetric metric;
+    metric.label = std::move(sample.labels);
+    if (type == MetricType::Counter) {
+      metric.counter.value = sample.value;
+    } else {
+      metric.gauge.value = sample.value;
+    }
+    family.metric.push_back(std::move(metric));
+  }
+  out.push_back(std::move(family));
+}
 
 const std::vector<double>& TransferSecondsBuckets() {
   static const std::vector<double> kBuckets = {

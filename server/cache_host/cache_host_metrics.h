@@ -77,6 +77,19 @@ std::vector<prometheus::MetricFamily> SnapshotFamilies(const CacheHostSnapshot& 
 // served at /metrics. Pure; for tests and `kvfabric status`-style dumps.
 std::string RenderText(const std::vector<prometheus::MetricFamily>& families);
 
+// One sample of a metric family being built: its value and labels.
+struct MetricSample {
+  double value = 0;
+  std::vector<prometheus::ClientMetric::Label> labels;
+};
+
+// Appends the family `prefix` + `name` (gauge or counter) with `samples` to
+// `out`; nothing when there are no samples (a HELP line over nothing is noise
+// to a reader). Shared by the cache host's and placement's collectors.
+void AppendFamily(std::vector<prometheus::MetricFamily>& out, std::string_view prefix,
+                  prometheus::MetricType type, std::string_view name, std::string_view help,
+                  std::vector<MetricSample> samples);
+
 class CacheHostMetrics final : public prometheus::Collectable {
  public:
   using SnapshotSource = std::function<CacheHostSnapshot()>;

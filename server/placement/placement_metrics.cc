@@ -13,9 +13,13 @@
 
 #include "core/bus_cost_model.h"
 #include "core/prediction_error.h"
+#include "server/cache_host/cache_host_metrics.h"
 
 namespace kvfabric::placement {
 namespace {
+
+using cache_host::AppendFamily;
+using cache_host::MetricSample;
 
 using prometheus::ClientMetric;
 using prometheus::MetricFamily;
@@ -23,32 +27,11 @@ using prometheus::MetricType;
 
 constexpr std::string_view kPrefix = "kvfabric_placement_";
 
-struct Sample {
-  double value = 0;
-  std::vector<ClientMetric::Label> labels;
-};
+using Sample = MetricSample;
 
-// Appends the family kPrefix + `name` with `samples` to `out`; nothing when there are no samples
-// (a HELP line over nothing is noise to a reader).
 void Emit(std::vector<MetricFamily>& out, MetricType type, std::string_view name,
           std::string_view help, std::vector<Sample> samples) {
-  if (samples.empty()) return;
-  MetricFamily family;
-  family.name = std::string(kPrefix) + std::string(name);
-  family.help = std::string(help);
-  family.type = type;
-  family.metric.reserve(samples.size());
-  for (Sample& sample : samples) {
-    ClientMetric metric;
-    metric.label = std::move(sample.labels);
-    if (type == MetricType::Counter) {
-      metric.counter.value = sample.value;
-    } else {
-      metric.gauge.value = sample.value;
-    }
-    family.metric.push_back(std::move(metric));
-  }
-  out.push_back(std::move(family));
+  AppendFamily(out, kPrefix, type, name, help, std::move(samples));
 }
 
 void Gauge(std::vector<MetricFamily>& out, std::string_view name, std::string_view help,
