@@ -1,0 +1,176 @@
+// Client::Impl: the state behind client/kvfabric_client.h. Internal to the
+// client library (kvfabric_client.cc: API, contexts, attention;
+// client_io.cc: fetch, recompute, write-back).
+//
+// Locks, in the order they may nest: Impl::mu_ (contexts), Context::mu,
+// Impl::metrics_mu_. fetch_mu_ (the fetch half of staging) and daemons_mu_
+// are taken alone. attend_mu_ serialises Attend (one set of staging buffers).
+#ifndef KVFABRIC_CLIENT_CLIENT_IMPL_H_
+#define KVFABRIC_CLIENT_CLIENT_IMPL_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/data_plane_client.h"
+#include "client/device_arena.h"
+#include "client/kvfabric_client.h"
+#include "client/streaming_attention.h"
+#include "kvfabric/v1/cache_host.grpc.pb.h"
+#include "kvfabric/v1/placement.grpc.pb.h"
+#include "transport/transport.h"
+
+namespace kvfabric::client {
+
+using Clock = std::chrono::steady_clock;
+
+// The staging region's id on every daemon it is exported to.
+inline constexpr std::uint32_t kStagingRegionId = 1;
+
+// One request's history and the state of its load and saves.
+struct Context {
+  ContextId id = 0;
+  std::uint64_t tokens = 0;
+  std::uint32_t blocks = 0;       // ceil(tokens / tokens_per_block)
+  std::uint32_t full_blocks = 0;  // tokens / tokens_per_block
+  std::unique_ptr<gpu::PinnedHostBuffer> history;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  // Load: GUARDED_BY(mu).
+  bool load_started = false;
+  bool load_done = false;
+  int load_workers = 0;  // loader threads still running
+  Status load_status;
+  Clock::time_point load_start;
+  MatchResult match;
+  ContextReport report;
+  std::vector<v1::TransferObservation> transfers;
+  std::vector<v1::RecomputeObservation> recomputes;
+  std::vector<v1::StaleEntry> stale;
+  std::vector<std::uint32_t> fallback_runs;
+  std::vector<double> landed_us;     // per block: µs after load_start it was in the history
+  std::vector<std::thread> workers;  // joined by Finish
+  // Saves: GUARDED_BY(mu).
+  std::vector<std::uint32_t> layers_saved;  // per full block: layers saved
+  std::vector<bool> save_queued;            // per full block
+  std::uint32_t pending_saves = 0;
+};
+
+// A daemon as the client reaches it.
+struct Daemon {
+  std::string host_id;
+  std::string grpc_address;
+  std::string transport_address;
+  std::unique_ptr<v1::CacheHost::Stub> stub;
+  DaemonConnection* conn = nullptr;  // owned by the DataPlaneClient
+};
+
+struct SaveJob {
+  std::shared_ptr<Context> context;
+  std::uint32_t block = 0;
+  BlockKey key;
+};
+
+class Client::Impl {
+ public:
+  explicit Impl(ClientOptions options) : o_(std::move(options)) {}
+  ~Impl();
+
+  Status Init();
+  Status Close();
+
+  // kvfabric_client.cc
+  StatusOr<MatchResult> Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens,
+                              bool explain);
+  StatusOr<ContextId> NewContext(std::uint64_t tokens);
+  Status Load(const MatchResult& match, ContextId id);
+  Status WaitLayer(ContextId id, std::uint32_t layer, std::chrono::milliseconds timeout);
+  StatusOr<std::span<std::byte>> BlockPayload(ContextId id, std::uint32_t block);
+  StatusOr<std::span<const std::byte>> History(ContextId id);
+  Status Save(ContextId id, std::uint32_t layer, std::uint32_t first_block,
+              std::span<const BlockKey> keys);
+  Status Attend(ContextId id, std::uint32_t layer, std::uint64_t step, std::span<const float> q,
+                std::span<float> out, std::span<float> lse);
+  StatusOr<ContextReport> Finish(ContextId id);
+  ClientMetrics metrics() const;
+  const ClientOptions& options() const { return o_; }
+  std::string DescribeArena() const { return arena_->DescribeLayout(); }
+  StatusOr<std::vector<BlockKey>> KeyTokens(std::span<const std::uint32_t> tokens) const;
+
+ private:
+  friend class Client;
+  StatusOr<std::shared_ptr<Context>> Find(ContextId id) const;
+  std::chrono::system_clock::time_point RpcDeadline() const {
+    return std::chrono::system_clock::now() + o_.rpc_timeout;
+  }
+  void ReportObservations(Context& c);
+
+  // client_io.cc
+  // Loader thread bodies: the plan's fetch runs (with their fallbacks), and
+  // its recompute runs plus the partial tail.
+  void FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t> runs);
+  void RecomputeRuns(std::shared_ptr<Context> c, std::vector<std::size_t> runs);
+  void WorkerDone(Context& c, const Status& status);
+  // Fetches `blocks` of `c` from `host` into its history; the blocks that
+  // arrived intact are removed from *blocks. The first error, if any.
+  Status FetchFrom(Context& c, const MatchResult::Host& host, std::vector<std::uint32_t>* blocks);
+  Status FetchBatch(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
+                    std::vector<bool>* arrived);
+  // Recomputes chain blocks [first, first + count) of `c` (clipped to its
+  // tokens) through options.recompute.
+  Status Recompute(Context& c, std::uint32_t first, std::uint32_t count);
+  StatusOr<Daemon*> GetDaemon(const MatchResult::Host& host);
+  void DropDaemon(const std::string& grpc_address);
+  void SaverLoop();
+  void SaveBatch(std::vector<SaveJob>& jobs);
+  Status SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs, std::vector<bool>* saved);
+  void FinishSaves(std::vector<SaveJob*>& jobs, bool ok);
+
+  const ClientOptions o_;
+  std::unique_ptr<BlockKeyer> keyer_;
+  v1::ModelFingerprint fingerprint_;
+  std::string fingerprint_digest_;
+  std::uint64_t block_bytes_ = 0;
+  std::uint64_t layer_bytes_ = 0;  // one layer of one block, K and V
+  std::string client_node_;
+
+  std::unique_ptr<v1::Placement::Stub> placement_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::unique_ptr<transport::MemoryRegion> staging_;
+  std::unique_ptr<DataPlaneClient> data_;
+  std::unique_ptr<DeviceArena> arena_;
+  std::unique_ptr<StreamingAttention> attention_;
+  HistoryLayout layout_;
+  DeviceArenaOptions arena_options_;  // o_.arena with its defaults filled in
+
+  std::mutex attend_mu_;
+  std::mutex fetch_mu_;  // the fetch half of staging_
+  std::mutex daemons_mu_;
+  std::map<std::string, std::unique_ptr<Daemon>> daemons_;  // GUARDED_BY(daemons_mu_)
+
+  mutable std::mutex mu_;
+  std::map<ContextId, std::shared_ptr<Context>> contexts_;  // GUARDED_BY(mu_)
+  ContextId next_context_ = 1;                              // GUARDED_BY(mu_)
+  bool closed_ = false;                                     // GUARDED_BY(mu_)
+
+  std::mutex save_mu_;
+  std::condition_variable save_cv_;
+  std::deque<SaveJob> save_queue_;  // GUARDED_BY(save_mu_)
+  bool save_stop_ = false;          // GUARDED_BY(save_mu_)
+  std::thread saver_;
+
+  mutable std::mutex metrics_mu_;
+  ClientMetrics m_;  // GUARDED_BY(metrics_mu_)
+};
+
+}  // namespace kvfabric::client
+
+#endif  // KVFABRIC_CLIENT_CLIENT_IMPL_H_

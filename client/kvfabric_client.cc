@@ -1,0 +1,609 @@
+#include "client/kvfabric_client.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "client/client_impl.h"
+#include "proto/grpc_status.h"
+#include "transport/ucx/ucx_transport.h"
+
+namespace kvfabric::client {
+namespace {
+
+v1::DType DtypeToProto(KvDtype d) {
+  switch (d) {
+    case KvDtype::kFp16:
+      return v1::DTYPE_FP16;
+    case KvDtype::kBf16:
+      return v1::DTYPE_BF16;
+    case KvDtype::kFp32:
+      return v1::DTYPE_FP32;
+    case KvDtype::kFp8E4M3:
+      return v1::DTYPE_FP8_E4M3;
+    case KvDtype::kInt8:
+      return v1::DTYPE_INT8;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+std::string KindName(v1::PlanKind kind) {
+  switch (kind) {
+    case v1::PLAN_KIND_RECOMPUTE_ALL:
+      return "recompute_all";
+    case v1::PLAN_KIND_FETCH_ALL:
+      return "fetch_all";
+    case v1::PLAN_KIND_SPLIT:
+      return "split";
+    case v1::PLAN_KIND_MIXED:
+      return "mixed";
+    default:
+      return "unspecified";
+  }
+}
+
+std::string TierName(v1::Tier tier) {
+  switch (tier) {
+    case v1::TIER_HOST:
+      return "host";
+    case v1::TIER_NVME:
+      return "nvme";
+    default:
+      return "unspecified";
+  }
+}
+
+std::uint32_t CeilDiv(std::uint64_t a, std::uint64_t b) {
+  return static_cast<std::uint32_t>((a + b - 1) / b);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Impl: set-up
+
+Status Client::Impl::Init() {
+  if (o_.placement_address.empty()) {
+    return Status::InvalidArgument("client: placement_address (--placement-address) is empty");
+  }
+  if (o_.device == nullptr) return Status::InvalidArgument("client: no device given");
+  if (!o_.recompute) {
+    return Status::InvalidArgument("client: no recompute function (the engine's prefill)");
+  }
+  KVF_RETURN_IF_ERROR(o_.model.Validate().WithContext("client: model"));
+  if (o_.num_q_heads == 0 || o_.num_q_heads % o_.model.kv_heads != 0) {
+    return Status::InvalidArgument("client: num_q_heads (--num-q-heads) " +
+                                   std::to_string(o_.num_q_heads) +
+                                   " must be a positive multiple of kv_heads " +
+                                   std::to_string(o_.model.kv_heads));
+  }
+  if (o_.tile_tokens == 0 || o_.tile_tokens % o_.model.tokens_per_block != 0) {
+    return Status::InvalidArgument("client: tile_tokens (--tile-tokens) " +
+                                   std::to_string(o_.tile_tokens) +
+                                   " must be a positive multiple of tokens_per_block " +
+                                   std::to_string(o_.model.tokens_per_block));
+  }
+  KVF_ASSIGN_OR_RETURN(block_bytes_, o_.model.BlockBytes());
+  layer_bytes_ = block_bytes_ / o_.model.layer_count;
+  if (o_.staging_bytes / 2 < block_bytes_) {
+    return Status::InvalidArgument(
+        "client: staging_bytes (--client-staging-bytes) " + std::to_string(o_.staging_bytes) +
+        " must hold two blocks of " + std::to_string(block_bytes_) +
+        " bytes (one fetch, one write-back)");
+  }
+  if (o_.rpc_timeout.count() <= 0 || o_.transfer_timeout.count() <= 0) {
+    return Status::InvalidArgument("client: rpc_timeout and transfer_timeout must be positive");
+  }
+
+  KVF_ASSIGN_OR_RETURN(BlockKeyer keyer, BlockKeyer::Create(Namespace{o_.namespace_name}, o_.model));
+  keyer_ = std::make_unique<BlockKeyer>(std::move(keyer));
+  KVF_ASSIGN_OR_RETURN(const FingerprintDigest digest, o_.model.Digest());
+  fingerprint_digest_.assign(reinterpret_cast<const char*>(digest.data()), digest.size());
+  fingerprint_.set_model_id(o_.model.model_id);
+  fingerprint_.set_first_layer(o_.model.first_layer);
+  fingerprint_.set_layer_count(o_.model.layer_count);
+  fingerprint_.set_dtype(DtypeToProto(o_.model.dtype));
+  fingerprint_.set_kv_heads(o_.model.kv_heads);
+  fingerprint_.set_head_dim(o_.model.head_dim);
+  fingerprint_.set_tokens_per_block(o_.model.tokens_per_block);
+  fingerprint_.set_tp_rank(o_.model.tp_rank);
+  fingerprint_.set_tp_size(o_.model.tp_size);
+  fingerprint_.set_layout_version(o_.model.layout_version);
+  client_node_ = o_.client_node;
+  if (client_node_.empty()) {
+    char name[256] = {};
+    gethostname(name, sizeof(name) - 1);
+    client_node_ = name;
+  }
+
+  // The device working set: attention's staging buffers and scratch.
+  layout_.layers = o_.model.layer_count;
+  layout_.tokens_per_block = o_.model.tokens_per_block;
+  layout_.kv_heads = o_.model.kv_heads;
+  layout_.head_dim = o_.model.head_dim;
+  layout_.dtype = o_.model.dtype;
+  StreamingAttentionOptions ao;
+  ao.num_q_heads = o_.num_q_heads;
+  ao.tile_tokens = o_.tile_tokens;
+  DeviceArenaOptions arena = o_.arena;
+  if (arena.page_bytes == 0) {
+    arena.page_bytes = std::uint64_t{o_.tile_tokens} * o_.model.kv_heads * o_.model.head_dim *
+                       KvDtypeSize(o_.model.dtype) * 2;
+  }
+  const std::uint64_t per_buffer = StreamingAttention::PagesPerBuffer(layout_, ao, arena.page_bytes);
+  if (arena.staging_pages == 0) {
+    arena.staging_pages = static_cast<std::uint32_t>(per_buffer * ao.staging_buffers);
+  }
+  if (arena.context_floor_pages == 0) arena.context_floor_pages = 1 + arena.hot_newest_pages;
+  arena.scratch_bytes = std::max(arena.scratch_bytes, StreamingAttention::ScratchBytes(layout_, ao));
+  arena_options_ = arena;
+  KVF_ASSIGN_OR_RETURN(arena_, DeviceArena::Create(o_.device->arena_bytes(), arena));
+  KVF_ASSIGN_OR_RETURN(attention_, StreamingAttention::Create(*o_.device, *arena_,
+                                                              arena_->scratch(), layout_, ao));
+  spdlog::info("kvfabric client: {}", arena_->DescribeLayout());
+
+  // Placement: it must answer before Open succeeds.
+  grpc::ChannelArguments ch;
+  ch.SetMaxReceiveMessageSize(16 << 20);
+  ch.SetMaxSendMessageSize(16 << 20);
+  placement_ = v1::Placement::NewStub(grpc::CreateCustomChannel(
+      o_.placement_address, grpc::InsecureChannelCredentials(), ch));
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(RpcDeadline());
+    v1::HealthRequest req;
+    v1::HealthResponse resp;
+    grpc::Status g = placement_->Health(&ctx, req, &resp);
+    if (!g.ok()) {
+      return Status::Unavailable("client: placement at " + o_.placement_address +
+                                 " (--placement-address) does not answer: " + g.error_message());
+    }
+  }
+
+  // The data plane: one UCX transport, one staging region exported to each
+  // daemon on first use.
+  ucx::UcxTransportOptions topts;
+  topts.tls = o_.ucx_tls;
+  KVF_ASSIGN_OR_RETURN(transport_, ucx::CreateUcxTransport(topts));
+  KVF_ASSIGN_OR_RETURN(staging_,
+                       transport_->AllocateMemory(o_.staging_bytes, transport::MemoryKind::kHost));
+  KVF_ASSIGN_OR_RETURN(data_, DataPlaneClient::Create(transport_.get()));
+  saver_ = std::thread([this] { SaverLoop(); });
+  return Status::OK();
+}
+
+Client::Impl::~Impl() {
+  Close().IgnoreError();
+  // The data plane goes before the transport it borrows.
+  {
+    std::lock_guard<std::mutex> l(daemons_mu_);
+    daemons_.clear();
+  }
+  data_.reset();
+  staging_.reset();
+  transport_.reset();
+}
+
+Status Client::Impl::Close() {
+  std::vector<ContextId> ids;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return Status::OK();
+    closed_ = true;
+    for (const auto& [id, c] : contexts_) ids.push_back(id);
+  }
+  Status first;
+  for (ContextId id : ids) {
+    StatusOr<ContextReport> r = Finish(id);
+    if (!r.ok() && first.ok()) first = r.status();
+  }
+  {
+    std::lock_guard<std::mutex> l(save_mu_);
+    save_stop_ = true;
+  }
+  save_cv_.notify_all();
+  if (saver_.joinable()) saver_.join();
+  return first;
+}
+
+StatusOr<std::vector<BlockKey>> Client::Impl::KeyTokens(
+    std::span<const std::uint32_t> tokens) const {
+  return keyer_->KeyBlocks(kRootParentKey, tokens);
+}
+
+StatusOr<std::shared_ptr<Context>> Client::Impl::Find(ContextId id) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = contexts_.find(id);
+  if (it == contexts_.end()) {
+    return Status::NotFound("client: no context " + std::to_string(id) +
+                            " (never created, or finished)");
+  }
+  return it->second;
+}
+
+// ---------------------------------------------------------------- Match
+
+StatusOr<MatchResult> Client::Impl::Match(std::span<const BlockKey> chain,
+                                          std::uint64_t suffix_tokens, bool explain) {
+  if (chain.empty()) return Status::InvalidArgument("client: Match of an empty chain");
+  MatchResult m;
+  m.chain.assign(chain.begin(), chain.end());
+  m.suffix_tokens = suffix_tokens;
+  v1::PlanRequest req;
+  req.set_namespace_(o_.namespace_name);
+  *req.mutable_fingerprint() = fingerprint_;
+  for (const BlockKey& k : chain) {
+    req.add_keys(reinterpret_cast<const char*>(k.bytes().data()), BlockKey::kSize);
+  }
+  req.set_client_node(client_node_);
+  req.set_suffix_tokens(suffix_tokens);
+  req.set_include_explanation(explain);
+  v1::PlanResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(RpcDeadline());
+  grpc::Status g = placement_->Plan(&ctx, req, &resp);
+  std::lock_guard<std::mutex> l(metrics_mu_);
+  ++m_.matches;
+  if (g.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+    return FromGrpcStatus(g).WithContext("client: Match");
+  }
+  if (!g.ok()) {
+    // Placement is down or slow: recompute everything, exactly, and say so.
+    ++m_.placement_unavailable;
+    ++m_.plans_recompute_all;
+    spdlog::warn("kvfabric client: placement Plan failed ({}); recomputing {} blocks",
+                 g.error_message(), chain.size());
+    m.kind = "recompute_all";
+    MatchResult::Run r;
+    r.block_count = static_cast<std::uint32_t>(chain.size());
+    m.runs.push_back(r);
+    return m;
+  }
+  m.plan_id = resp.plan_id();
+  m.kind = KindName(resp.kind());
+  m.predicted_us = resp.predicted_total_us();
+  m.explanation = resp.explanation();
+  m.cached_prefix_blocks = resp.locations().cached_prefix_blocks();
+  for (const v1::HostRef& h : resp.locations().hosts()) {
+    m.hosts.push_back({h.host_id(), h.grpc_address(), h.transport_address()});
+  }
+  std::uint32_t covered = 0;
+  for (const v1::PlanRun& pr : resp.runs()) {
+    MatchResult::Run r;
+    r.first_block = pr.first_block();
+    r.block_count = pr.block_count();
+    r.fetch = pr.action() == v1::RUN_ACTION_FETCH;
+    r.host = pr.host_index();
+    r.tier = TierName(pr.tier());
+    r.fallback_hosts.assign(pr.fallback_host_indices().begin(), pr.fallback_host_indices().end());
+    r.predicted_start_us = pr.predicted_start_us();
+    r.predicted_end_us = pr.predicted_end_us();
+    // Check what the network said before anything acts on it.
+    bool hosts_ok = !r.fetch || r.host < m.hosts.size();
+    for (std::uint32_t f : r.fallback_hosts) hosts_ok = hosts_ok && f < m.hosts.size();
+    if (r.first_block != covered || r.block_count == 0 || !hosts_ok) {
+      return Status::Internal("client: placement's plan " + std::to_string(m.plan_id) +
+                              " is malformed at run starting at block " +
+                              std::to_string(r.first_block));
+    }
+    covered += r.block_count;
+    m.runs.push_back(std::move(r));
+  }
+  if (covered != chain.size()) {
+    return Status::Internal("client: placement's plan covers " + std::to_string(covered) +
+                            " of " + std::to_string(chain.size()) + " blocks");
+  }
+  switch (resp.kind()) {
+    case v1::PLAN_KIND_RECOMPUTE_ALL:
+      ++m_.plans_recompute_all;
+      break;
+    case v1::PLAN_KIND_FETCH_ALL:
+      ++m_.plans_fetch_all;
+      break;
+    case v1::PLAN_KIND_SPLIT:
+      ++m_.plans_split;
+      break;
+    default:
+      ++m_.plans_mixed;
+      break;
+  }
+  return m;
+}
+
+// ---------------------------------------------------------------- contexts
+
+StatusOr<ContextId> Client::Impl::NewContext(std::uint64_t tokens) {
+  const std::uint32_t tpb = o_.model.tokens_per_block;
+  if (tokens == 0) return Status::InvalidArgument("client: NewContext of 0 tokens");
+  auto c = std::make_shared<Context>();
+  c->tokens = tokens;
+  c->blocks = CeilDiv(tokens, tpb);
+  c->full_blocks = static_cast<std::uint32_t>(tokens / tpb);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return Status::FailedPrecondition("client: closed");
+    c->id = next_context_++;
+  }
+  ContextBudget budget;
+  budget.floor = arena_options_.context_floor_pages;
+  budget.target = budget.floor;
+  budget.logical_pages = CeilDiv(tokens, o_.tile_tokens);
+  KVF_RETURN_IF_ERROR(arena_->AdmitContext(c->id, budget));
+  auto history = o_.device->AllocatePinnedHost(std::uint64_t{c->blocks} * block_bytes_);
+  if (!history.ok()) {
+    arena_->ReleaseContext(c->id).IgnoreError();
+    return history.status().WithContext("client: history of " + std::to_string(tokens) +
+                                        " tokens (" + std::to_string(c->blocks) + " blocks of " +
+                                        std::to_string(block_bytes_) + " bytes)");
+  }
+  c->history = std::move(*history);
+  c->layers_saved.assign(c->full_blocks, 0);
+  c->save_queued.assign(c->full_blocks, false);
+  std::lock_guard<std::mutex> l(mu_);
+  contexts_[c->id] = c;
+  return c->id;
+}
+
+Status Client::Impl::Load(const MatchResult& match, ContextId id) {
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<Context> c, Find(id));
+  if (match.chain.size() > c->full_blocks) {
+    return Status::InvalidArgument("client: Load of a " + std::to_string(match.chain.size()) +
+                                   "-block chain into context " + std::to_string(id) + " of " +
+                                   std::to_string(c->full_blocks) + " full blocks");
+  }
+  std::vector<std::size_t> fetch_runs, recompute_runs;
+  for (std::size_t i = 0; i < match.runs.size(); ++i) {
+    (match.runs[i].fetch ? fetch_runs : recompute_runs).push_back(i);
+  }
+  std::lock_guard<std::mutex> l(c->mu);
+  if (c->load_started) {
+    return Status::FailedPrecondition("client: context " + std::to_string(id) +
+                                      " was already loaded");
+  }
+  c->load_started = true;
+  c->match = match;
+  c->load_start = Clock::now();
+  c->landed_us.assign(c->blocks, 0.0);
+  c->report.plan_id = match.plan_id;
+  c->report.kind = match.kind;
+  c->report.predicted_us = match.predicted_us;
+  for (const MatchResult::Run& r : match.runs) {
+    RunOutcome ro;
+    ro.first_block = r.first_block;
+    ro.block_count = r.block_count;
+    ro.fetch = r.fetch;
+    if (r.fetch) ro.host_id = match.hosts[r.host].host_id;
+    ro.tier = r.fetch ? r.tier : "";
+    ro.predicted_end_us = r.predicted_end_us;
+    c->report.runs.push_back(std::move(ro));
+  }
+  // Fetches and recomputes run concurrently, as the plan assumes.
+  c->load_workers = 2;
+  c->workers.emplace_back([this, c, fetch_runs] { FetchRuns(c, fetch_runs); });
+  c->workers.emplace_back([this, c, recompute_runs] { RecomputeRuns(c, recompute_runs); });
+  return Status::OK();
+}
+
+Status Client::Impl::WaitLayer(ContextId id, std::uint32_t layer,
+                               std::chrono::milliseconds timeout) {
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<Context> c, Find(id));
+  if (layer >= o_.model.layer_count) {
+    return Status::InvalidArgument("client: WaitLayer layer " + std::to_string(layer) +
+                                   " of a " + std::to_string(o_.model.layer_count) +
+                                   "-layer model");
+  }
+  std::unique_lock<std::mutex> l(c->mu);
+  if (!c->load_started) {
+    return Status::FailedPrecondition("client: context " + std::to_string(id) + " has no load");
+  }
+  if (!c->cv.wait_for(l, timeout, [&] { return c->load_done; })) {
+    return Status::DeadlineExceeded("client: layer " + std::to_string(layer) + " of context " +
+                                    std::to_string(id) + " not loaded after " +
+                                    std::to_string(timeout.count()) + " ms");
+  }
+  return c->load_status;
+}
+
+StatusOr<std::span<std::byte>> Client::Impl::BlockPayload(ContextId id, std::uint32_t block) {
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<Context> c, Find(id));
+  if (block >= c->blocks) {
+    return Status::OutOfRange("client: block " + std::to_string(block) + " of context " +
+                              std::to_string(id) + " with " + std::to_string(c->blocks) +
+                              " blocks");
+  }
+  return c->history->bytes().subspan(std::uint64_t{block} * block_bytes_, block_bytes_);
+}
+
+StatusOr<std::span<const std::byte>> Client::Impl::History(ContextId id) {
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<Context> c, Find(id));
+  return std::span<const std::byte>(c->history->bytes());
+}
+
+Status Client::Impl::Save(ContextId id, std::uint32_t layer, std::uint32_t first_block,
+                          std::span<const BlockKey> keys) {
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<Context> c, Find(id));
+  if (layer >= o_.model.layer_count) {
+    return Status::InvalidArgument("client: Save of layer " + std::to_string(layer) + " of a " +
+                                   std::to_string(o_.model.layer_count) + "-layer model");
+  }
+  if (keys.empty() || std::uint64_t{first_block} + keys.size() > c->full_blocks) {
+    return Status::InvalidArgument("client: Save of blocks [" + std::to_string(first_block) +
+                                   ", " + std::to_string(first_block + keys.size()) +
+                                   ") of context " + std::to_string(id) + " with " +
+                                   std::to_string(c->full_blocks) +
+                                   " full blocks (a partial block is never saved)");
+  }
+  std::vector<SaveJob> ready;
+  {
+    std::lock_guard<std::mutex> l(c->mu);
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      const std::uint32_t b = first_block + static_cast<std::uint32_t>(k);
+      if (c->save_queued[b]) continue;
+      if (++c->layers_saved[b] >= o_.model.layer_count) {
+        c->save_queued[b] = true;
+        ++c->pending_saves;
+        ready.push_back({c, b, keys[k]});
+      }
+    }
+  }
+  if (!ready.empty()) {
+    std::lock_guard<std::mutex> l(save_mu_);
+    for (SaveJob& j : ready) save_queue_.push_back(std::move(j));
+  }
+  save_cv_.notify_one();
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------- attention
+
+Status Client::Impl::Attend(ContextId id, std::uint32_t layer, std::uint64_t step,
+                            std::span<const float> q, std::span<float> out,
+                            std::span<float> lse) {
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<Context> c, Find(id));
+  const std::size_t qn = std::size_t{o_.num_q_heads} * o_.model.head_dim;
+  if (q.size() != qn || out.size() != qn || lse.size() != o_.num_q_heads) {
+    return Status::InvalidArgument("client: Attend needs q and out of " + std::to_string(qn) +
+                                   " floats and lse of " + std::to_string(o_.num_q_heads) +
+                                   "; got " + std::to_string(q.size()) + ", " +
+                                   std::to_string(out.size()) + ", " + std::to_string(lse.size()));
+  }
+  {
+    std::lock_guard<std::mutex> l(c->mu);
+    if (!c->load_done || !c->load_status.ok()) {
+      return Status::FailedPrecondition("client: Attend on context " + std::to_string(id) +
+                                        " before its load finished OK");
+    }
+  }
+  const auto start = Clock::now();
+  std::lock_guard<std::mutex> l(attend_mu_);
+  KVF_RETURN_IF_ERROR(arena_->Touch(id));
+  std::copy(q.begin(), q.end(), attention_->query().begin());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(o_.model.head_dim));
+  KVF_RETURN_IF_ERROR(attention_->Decode(id, layer, step, /*host_generation=*/1, *c->history,
+                                         static_cast<std::uint32_t>(c->tokens), scale));
+  std::copy(attention_->output().begin(), attention_->output().end(), out.begin());
+  std::copy(attention_->lse().begin(), attention_->lse().end(), lse.begin());
+  const DeviceArenaMetrics am = arena_->metrics();
+  std::lock_guard<std::mutex> ml(metrics_mu_);
+  ++m_.attends;
+  m_.attend_us += static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count());
+  m_.peak_arena_pages = std::max(m_.peak_arena_pages,
+                                 am.peak_held_pages + am.peak_staging_in_use);
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------- finish
+
+void Client::Impl::ReportObservations(Context& c) {
+  if (c.match.plan_id == 0 && c.stale.empty()) return;
+  v1::ReportObservationsRequest req;
+  req.set_namespace_(o_.namespace_name);
+  req.set_plan_id(c.match.plan_id);
+  *req.mutable_fingerprint() = fingerprint_;
+  // At most 256 of each (placement's max_keys_per_batch is larger).
+  for (std::size_t i = 0; i < c.transfers.size() && i < 256; ++i) {
+    *req.add_transfers() = c.transfers[i];
+  }
+  for (std::size_t i = 0; i < c.recomputes.size() && i < 256; ++i) {
+    *req.add_recomputes() = c.recomputes[i];
+  }
+  for (std::size_t i = 0; i < c.stale.size() && i < 256; ++i) *req.add_stale_entries() = c.stale[i];
+  for (std::uint32_t r : c.fallback_runs) req.add_fallback_runs(r);
+  req.set_plan_finished(c.match.plan_id != 0);
+  if (c.match.plan_id != 0) req.set_observed_total_us(c.report.load_us);
+  v1::ReportObservationsResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(RpcDeadline());
+  grpc::Status g = placement_->ReportObservations(&ctx, req, &resp);
+  if (!g.ok()) {
+    spdlog::warn("kvfabric client: reporting plan {}'s observations: {}", c.match.plan_id,
+                 g.error_message());
+    return;
+  }
+  std::lock_guard<std::mutex> l(metrics_mu_);
+  m_.stale_entries_reported += static_cast<std::uint64_t>(req.stale_entries_size());
+}
+
+StatusOr<ContextReport> Client::Impl::Finish(ContextId id) {
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<Context> c, Find(id));
+  std::vector<std::thread> workers;
+  {
+    std::unique_lock<std::mutex> l(c->mu);
+    workers.swap(c->workers);
+  }
+  for (std::thread& t : workers) t.join();
+  {
+    std::unique_lock<std::mutex> l(c->mu);
+    c->cv.wait(l, [&] { return c->pending_saves == 0; });
+  }
+  ReportObservations(*c);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    contexts_.erase(id);
+  }
+  KVF_RETURN_IF_ERROR(arena_->ReleaseContext(id));
+  std::lock_guard<std::mutex> l(c->mu);
+  return c->report;
+}
+
+ClientMetrics Client::Impl::metrics() const {
+  const DeviceArenaMetrics am = arena_->metrics();
+  std::lock_guard<std::mutex> l(metrics_mu_);
+  ClientMetrics m = m_;
+  m.arena_pages = am.pool_pages + am.staging_pages;
+  m.peak_arena_pages = std::max(m.peak_arena_pages, am.peak_held_pages + am.peak_staging_in_use);
+  return m;
+}
+
+// ---------------------------------------------------------------- Client
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+StatusOr<std::unique_ptr<Client>> Client::Open(ClientOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  KVF_RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+Status Client::Close() { return impl_->Close(); }
+StatusOr<std::vector<BlockKey>> Client::KeyTokens(std::span<const std::uint32_t> tokens) const {
+  return impl_->KeyTokens(tokens);
+}
+StatusOr<MatchResult> Client::Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens,
+                                    bool explain) {
+  return impl_->Match(chain, suffix_tokens, explain);
+}
+StatusOr<ContextId> Client::NewContext(std::uint64_t tokens) { return impl_->NewContext(tokens); }
+Status Client::Load(const MatchResult& match, ContextId context) {
+  return impl_->Load(match, context);
+}
+Status Client::WaitLayer(ContextId context, std::uint32_t layer,
+                         std::chrono::milliseconds timeout) {
+  return impl_->WaitLayer(context, layer, timeout);
+}
+StatusOr<std::span<std::byte>> Client::BlockPayload(ContextId context, std::uint32_t block) {
+  return impl_->BlockPayload(context, block);
+}
+StatusOr<std::span<const std::byte>> Client::History(ContextId context) const {
+  return impl_->History(context);
+}
+Status Client::Save(ContextId context, std::uint32_t layer, std::uint32_t first_block,
+                    std::span<const BlockKey> keys) {
+  return impl_->Save(context, layer, first_block, keys);
+}
+Status Client::Attend(ContextId context, std::uint32_t layer, std::uint64_t step,
+                      std::span<const float> q, std::span<float> out, std::span<float> lse) {
+  return impl_->Attend(context, layer, step, q, out, lse);
+}
+StatusOr<ContextReport> Client::Finish(ContextId context) { return impl_->Finish(context); }
+ClientMetrics Client::metrics() const { return impl_->metrics(); }
+const ClientOptions& Client::options() const { return impl_->options(); }
+std::string Client::DescribeArena() const { return impl_->DescribeArena(); }
+
+}  // namespace kvfabric::client

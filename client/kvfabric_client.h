@@ -1,0 +1,306 @@
+// Client: the library a serving engine links (libkvfabric). It follows the
+// calls engines already make (vLLM's KV connector): how many tokens are
+// cached, load asynchronously and wait per layer, save per layer, finish.
+//
+//   Open(options)                 connects to placement; daemons are reached
+//                                 lazily through the hosts placement names.
+//   Match(chain, suffix_tokens)   the longest cached prefix and placement's
+//                                 plan (fetch / recompute per run of blocks).
+//   NewContext(tokens)            a request's history: a pinned host buffer
+//                                 of ceil(tokens / tokens_per_block) block
+//                                 payloads back to back, and a budget in the
+//                                 device arena.
+//   Load(match, context)          starts the plan: fetch runs on one loader
+//                                 thread, recompute runs (options.recompute,
+//                                 the engine's prefill) on another, both
+//                                 writing into the context's history.
+//   WaitLayer(context, layer)     returns when layer `layer` of every block
+//                                 is in the history. Blocks move whole, so
+//                                 today every layer becomes ready when the
+//                                 whole load has landed.
+//   Save(context, layer, blocks)  the engine has written that layer of those
+//                                 blocks into the history (BlockPayload);
+//                                 once every layer of a block is saved, the
+//                                 block is written back to a daemon chosen by
+//                                 placement, asynchronously (saver thread).
+//   Attend(context, layer, q)     decode attention over the whole history:
+//                                 tiles stream host -> device through the
+//                                 arena's staging pages and fold by LSE
+//                                 (client/streaming_attention.h); the result
+//                                 is bit-identical to fully resident tiled
+//                                 attention with the same tile size.
+//   Finish(context)               waits for the load and the saves, reports
+//                                 the observations to placement, releases
+//                                 the arena pages and the history.
+//
+// Exactness and fallback: a fetched block is used only if its bytes match the
+// CRC32C the daemon committed; a fetch that fails (daemon gone: Unavailable,
+// NotFound, DataLoss, a CRC mismatch, a deadline) tries the run's fallback
+// hosts, then recomputes the blocks still missing. Every fallback is counted
+// (ClientMetrics) and reported to placement (fallback runs, stale directory
+// entries for NotFound). When placement itself cannot be reached, Match
+// returns a local recompute-all plan and counts it. Wrong bytes are never
+// returned: what cannot be fetched exactly is recomputed or the load fails.
+//
+// Ownership: the Client borrows options.device (which must outlive it) and
+// owns its UCX transport, its staging region (options.staging_bytes: half for
+// fetches, half for write-back), its device arena, its loader and saver
+// threads and every context. A context's history belongs to the Client; the
+// spans BlockPayload and History return stay valid until Finish.
+//
+// Threads: Match, NewContext, Load, WaitLayer, Save, Finish and metrics may be
+// called from any thread, concurrently, for different contexts. Attend uses
+// one set of staging buffers: calls to Attend are serialised internally (one
+// decode at a time per Client). options.recompute runs on loader threads.
+// The engine must not write into a context's history while its load runs
+// (before WaitLayer returned OK), nor after Save for the saved layers.
+#ifndef KVFABRIC_CLIENT_KVFABRIC_CLIENT_H_
+#define KVFABRIC_CLIENT_KVFABRIC_CLIENT_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "client/device_arena.h"
+#include "core/block_key.h"
+#include "core/model_fingerprint.h"
+#include "core/status.h"
+#include "core/statusor.h"
+#include "gpu/device.h"
+
+namespace kvfabric::client {
+
+using ContextId = std::uint64_t;
+
+// What the engine must prefill when a run is recomputed.
+struct RecomputeRequest {
+  ContextId context = 0;
+  std::uint32_t first_block = 0;  // chain index of the first block
+  std::uint32_t block_count = 0;
+  std::uint64_t first_token = 0;    // first_block * tokens_per_block
+  std::uint64_t tokens = 0;         // tokens to produce (a partial tail counts its own)
+  std::uint64_t prefix_tokens = 0;  // tokens before them (= first_token)
+};
+
+// The engine's prefill: writes every layer of the request's blocks into `out`
+// (block payloads back to back, laid out as docs/block-format.md says; block
+// first_block at out[0]). Called on a loader thread; may block. An error fails
+// the load (there is no further fallback).
+using RecomputeFn = std::function<Status(const RecomputeRequest&, std::span<std::byte> out)>;
+
+// The flag names are the settings a refusal names.
+struct ClientOptions {
+  // Placement's gRPC address HOST:PORT (--placement-address). Required.
+  std::string placement_address;
+  // Tenant of every key (empty: the default tenant).
+  std::string namespace_name;
+  // Model and shard: block geometry and recompute fit. Required (validated).
+  ModelFingerprint model;
+  // This machine's name, compared with the daemons' (default: hostname).
+  std::string client_node;
+  // UCX transports for the data plane (--ucx-tls). Must include tcp.
+  std::string ucx_tls = "sm,self,tcp";
+  // The device attention runs on; borrowed. Required.
+  gpu::Device* device = nullptr;
+  // The bounded device working set (client/device_arena.h). page_bytes 0
+  // picks one attention tile of one layer (tile_tokens * kv_heads * head_dim
+  // * dtype size * 2); staging_pages 0 picks two tiles' worth;
+  // context_floor_pages 0 picks 1 + hot_newest_pages.
+  DeviceArenaOptions arena;
+  // Query heads (--num-q-heads): a multiple of model.kv_heads. Required.
+  std::uint32_t num_q_heads = 0;
+  // Tokens per attention tile (--tile-tokens): a multiple of
+  // tokens_per_block. Default 256.
+  std::uint32_t tile_tokens = 256;
+  // Client staging region for the data plane (--client-staging-bytes).
+  // Default 64 MiB: 32 MiB of fetches and 32 MiB of write-back in flight.
+  // Each half must hold one block.
+  std::uint64_t staging_bytes = std::uint64_t{64} << 20;
+  // The engine's prefill. Required.
+  RecomputeFn recompute;
+  // Deadline of each gRPC call (placement and daemons). Default 5 s.
+  std::chrono::milliseconds rpc_timeout{5000};
+  // Deadline of each data-plane transfer. Default 30 s.
+  std::chrono::milliseconds transfer_timeout{30000};
+  // Read-lease TTL asked of daemons. Default 30 s.
+  std::uint32_t lease_ttl_ms = 30000;
+};
+
+// Counters since Open (a snapshot).
+struct ClientMetrics {
+  std::uint64_t matches = 0;
+  std::uint64_t plans_recompute_all = 0;
+  std::uint64_t plans_fetch_all = 0;
+  std::uint64_t plans_split = 0;
+  std::uint64_t plans_mixed = 0;
+  std::uint64_t placement_unavailable = 0;  // Match planned locally
+  std::uint64_t blocks_fetched = 0;
+  std::uint64_t bytes_fetched = 0;
+  std::uint64_t fetch_us = 0;  // wall time of fetch batches
+  std::uint64_t blocks_recomputed = 0;
+  std::uint64_t tokens_recomputed = 0;
+  std::uint64_t recompute_us = 0;
+  std::uint64_t fallbacks_to_replica = 0;    // runs (or parts) fetched from a fallback host
+  std::uint64_t fallbacks_to_recompute = 0;  // runs (or parts) recomputed after a failed fetch
+  std::uint64_t blocks_fallen_back = 0;      // blocks recomputed after a failed fetch
+  std::uint64_t crc_failures = 0;
+  std::uint64_t stale_entries_reported = 0;
+  std::uint64_t blocks_saved = 0;
+  std::uint64_t bytes_saved = 0;
+  std::uint64_t save_us = 0;
+  std::uint64_t save_failures = 0;  // blocks not written back (counted, logged)
+  std::uint64_t attends = 0;
+  std::uint64_t attend_us = 0;
+  std::uint32_t peak_arena_pages = 0;  // held pool + staging pages at peak
+  std::uint32_t arena_pages = 0;       // pool + staging pages
+};
+
+// One run of a plan, as executed.
+struct RunOutcome {
+  std::uint32_t first_block = 0;
+  std::uint32_t block_count = 0;
+  bool fetch = false;       // planned action
+  std::string host_id;      // fetch: planned source
+  std::string tier;         // fetch: "host" | "nvme" | "both"
+  // When the run's last block is in the history, in µs after Load: as
+  // predicted by placement, and as measured (fallbacks included). Fetches of
+  // all runs from one host are batched together, so a run's blocks may land
+  // before or after the run's predicted start.
+  double predicted_end_us = 0;
+  double measured_end_us = 0;
+  std::uint32_t blocks_from_fallback_host = 0;
+  std::uint32_t blocks_recomputed_after_failure = 0;
+  std::string failure;  // the first fetch error, if any
+};
+
+// What Match returns: the plan, and the chain it was made for.
+struct MatchResult {
+  std::vector<BlockKey> chain;
+  std::uint64_t suffix_tokens = 0;
+  std::uint32_t cached_prefix_blocks = 0;  // per placement's directory
+  std::uint64_t plan_id = 0;               // 0: planned locally (placement unreachable)
+  std::string kind;  // "recompute_all" | "fetch_all" | "split" | "mixed"
+  double predicted_us = 0;
+  std::string explanation;  // with options.explain
+  struct Run {
+    std::uint32_t first_block = 0;
+    std::uint32_t block_count = 0;
+    bool fetch = false;
+    std::uint32_t host = 0;  // index into hosts
+    std::string tier;
+    std::vector<std::uint32_t> fallback_hosts;
+    double predicted_start_us = 0;
+    double predicted_end_us = 0;
+  };
+  std::vector<Run> runs;
+  struct Host {
+    std::string host_id;
+    std::string grpc_address;
+    std::string transport_address;
+  };
+  std::vector<Host> hosts;
+};
+
+// What Finish returns about one context.
+struct ContextReport {
+  std::uint64_t plan_id = 0;
+  std::string kind;
+  double predicted_us = 0;
+  double load_us = 0;  // Load to the end of the last run
+  std::vector<RunOutcome> runs;
+  std::uint32_t blocks_fetched = 0;
+  std::uint32_t blocks_recomputed = 0;  // planned or after failure, tail included
+  std::uint64_t bytes_fetched = 0;
+  std::uint64_t fetch_from_host_tier_bytes = 0;
+  std::uint64_t fetch_from_nvme_tier_bytes = 0;
+  std::uint32_t blocks_saved = 0;
+  std::uint32_t save_failures = 0;
+};
+
+class Client {
+ public:
+  // Validates `options` (InvalidArgument naming the setting), connects to
+  // placement (Unavailable if it does not answer Health by rpc_timeout),
+  // creates the UCX transport, the staging region and the device arena, and
+  // starts the saver thread.
+  static StatusOr<std::unique_ptr<Client>> Open(ClientOptions options);
+  // Close(), then frees everything.
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Finishes every open context (waiting for their loads and saves) and stops
+  // the saver. Idempotent. Returns the first error seen.
+  Status Close();
+
+  // The key chain of `tokens` (full blocks; a partial tail is ignored), under
+  // options.namespace_name and options.model.
+  StatusOr<std::vector<BlockKey>> KeyTokens(std::span<const std::uint32_t> tokens) const;
+
+  // Asks placement for a plan over `chain` (1..max chain blocks) plus
+  // `suffix_tokens` the engine prefills anyway. With explain, the plan's
+  // formula comes back too. Never fails for placement being down (a local
+  // recompute-all plan is returned and counted); InvalidArgument for a bad
+  // chain.
+  StatusOr<MatchResult> Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens,
+                              bool explain = false);
+
+  // A context for a history of `tokens` tokens: pinned host memory for
+  // ceil(tokens / tokens_per_block) blocks and an arena budget.
+  // ResourceExhausted when the arena cannot admit it (formula in the message).
+  StatusOr<ContextId> NewContext(std::uint64_t tokens);
+
+  // Starts `match`'s plan into `context`: blocks [0, chain) from the plan,
+  // then the partial tail (tokens beyond the chain) by recompute.
+  // InvalidArgument if the chain does not fit the context;
+  // FailedPrecondition if a load already ran.
+  Status Load(const MatchResult& match, ContextId context);
+
+  // See the class comment. The load's error if it failed; DeadlineExceeded.
+  Status WaitLayer(ContextId context, std::uint32_t layer,
+                   std::chrono::milliseconds timeout = std::chrono::minutes(5));
+
+  // Block `block`'s payload in the context's history (all layers; layer l's
+  // K at l * 2 * layer_half, V after it; core/block_format.h).
+  StatusOr<std::span<std::byte>> BlockPayload(ContextId context, std::uint32_t block);
+  // The whole history (for a reference check).
+  StatusOr<std::span<const std::byte>> History(ContextId context) const;
+
+  // The engine has written layer `layer` of full blocks [first_block,
+  // first_block + block_count) into the history, whose keys are
+  // keys[0..block_count). Each block is written back once all its layers are
+  // saved. InvalidArgument for a range past the context, a partial block, or
+  // a key count that differs.
+  Status Save(ContextId context, std::uint32_t layer, std::uint32_t first_block,
+              std::span<const BlockKey> keys);
+
+  // Attention of `q` ([num_q_heads, head_dim] fp32) over every token of the
+  // context's history in layer `layer`, into `out` ([num_q_heads, head_dim])
+  // and `lse` ([num_q_heads]). `step` is the decode step (for staging leases).
+  // FailedPrecondition before the load finished.
+  Status Attend(ContextId context, std::uint32_t layer, std::uint64_t step,
+                std::span<const float> q, std::span<float> out, std::span<float> lse);
+
+  // Waits for the load and this context's saves, reports observations to
+  // placement (best effort), releases the arena budget and the history.
+  StatusOr<ContextReport> Finish(ContextId context);
+
+  ClientMetrics metrics() const;
+  const ClientOptions& options() const;
+  // The arena's layout, one line (DeviceArena::DescribeLayout).
+  std::string DescribeArena() const;
+
+  class Impl;
+
+ private:
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvfabric::client
+
+#endif  // KVFABRIC_CLIENT_KVFABRIC_CLIENT_H_
