@@ -1,0 +1,351 @@
+/* kvfabric's C API: the client library (client/kvfabric_client.h) for engines
+ * that bind through a foreign-function interface (Python ctypes/cffi, Rust,
+ * Go). Pure C: it compiles as C99 and as C++, and every symbol has C linkage.
+ *
+ * The calls follow kvfabric::client::Client one for one:
+ *
+ *   kvf_options_init(&o); ...            defaults, then the required settings
+ *   kvf_client_open(&o, &client)         a CPU device + Client::Open
+ *   kvf_key_tokens(client, tokens, ...)  the key chain of a prompt
+ *   kvf_match(client, keys, n, ...)      cached prefix and placement's plan
+ *   kvf_new_context(client, tokens, &c)  a request's history
+ *   kvf_load(client, match, c)           starts the plan (fetch / recompute)
+ *   kvf_wait_layer(client, c, layer, ms) that layer of every block is loaded
+ *   kvf_block_payload(client, c, b, ...) the engine reads / writes a block
+ *   kvf_save(client, c, layer, ...)      that layer was written: write back
+ *   kvf_attend(client, c, layer, ...)    decode attention over the history
+ *   kvf_finish(client, c, &report)       waits, reports, frees the context
+ *   kvf_client_close(client)             finishes everything, frees
+ *
+ * Errors. Every call that can fail returns a kvf_status: KVF_OK or one of the
+ * codes below, numbered as kvfabric::StatusCode (and gRPC) and never
+ * renumbered. A failing call also records a message on the calling thread:
+ * kvf_last_error() returns it, naming what was wrong with its numbers and the
+ * setting or argument to change, e.g.
+ *   "kvf_attend: InvalidArgument: q_len is 4000, expected num_q_heads *
+ *    head_dim = 32 * 128 = 4096".
+ * A null pointer or a size that does not fit gives KVF_INVALID_ARGUMENT naming
+ * the argument. No C++ exception crosses this API: one that escapes the
+ * library becomes KVF_INTERNAL.
+ *
+ * Ownership. The caller owns every buffer it passes in; the library copies
+ * what it keeps (option strings, keys) before the call returns, except:
+ *   - kvf_options.recompute_user is borrowed until kvf_client_close returns;
+ *   - a kvf_client owns its device, its Client, every context and every
+ *     history; kvf_block_payload's pointer stays valid until kvf_finish of
+ *     that context (or kvf_client_close);
+ *   - a kvf_match_result belongs to the caller (kvf_match_free); the
+ *     strings its accessors return live as long as it does;
+ *   - kvf_last_error's string belongs to the calling thread and stays valid
+ *     until the next failing call on that thread.
+ *
+ * Device. Today a kvf_client creates and owns a CPU reference device
+ * (gpu/cpu) with an arena of kvf_options.device_arena_bytes: attention runs
+ * on the CPU. Selecting a CUDA or Level Zero device (and borrowing the
+ * engine's) is a later addition to kvf_options.
+ *
+ * Threads. Every kvf_client call may be made from any thread, concurrently,
+ * for different contexts (as Client's). kvf_attend calls are serialised inside
+ * the library (one decode at a time per client). kvf_options.recompute runs on
+ * the library's loader threads. kvf_client_close must be the last call on a
+ * client: no other call on it may be in flight or follow, and it must not be
+ * called from inside the recompute callback. A kvf_match_result is
+ * immutable: its accessors and kvf_load may use it from any thread. The
+ * engine must not write into a context's history while its load runs (before
+ * kvf_wait_layer returned KVF_OK), nor after kvf_save for the saved layers.
+ *
+ * ABI. kvf_options carries its size (struct_size, set by kvf_options_init):
+ * options not initialised by this library's kvf_options_init are refused, and
+ * later versions add fields at its end. The output structs (kvf_metrics,
+ * kvf_context_report) and the codes change only with the major version.
+ */
+#ifndef KVFABRIC_KVFABRIC_H_
+#define KVFABRIC_KVFABRIC_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Status ------------------------------------------------------------ */
+
+/* A kvf_status holds one of enum kvf_status_code (a fixed-width int, so that
+ * FFI declarations need no enum size). */
+typedef int32_t kvf_status;
+
+enum kvf_status_code {
+  KVF_OK = 0,
+  KVF_CANCELLED = 1,
+  KVF_UNKNOWN = 2,
+  KVF_INVALID_ARGUMENT = 3,
+  KVF_DEADLINE_EXCEEDED = 4,
+  KVF_NOT_FOUND = 5,
+  KVF_ALREADY_EXISTS = 6,
+  KVF_PERMISSION_DENIED = 7,
+  KVF_RESOURCE_EXHAUSTED = 8,
+  KVF_FAILED_PRECONDITION = 9,
+  KVF_ABORTED = 10,
+  KVF_OUT_OF_RANGE = 11,
+  KVF_UNIMPLEMENTED = 12,
+  KVF_INTERNAL = 13,
+  KVF_UNAVAILABLE = 14,
+  KVF_DATA_LOSS = 15
+};
+
+/* The message of the last call on this thread that did not return KVF_OK,
+ * "<function>: <Code>: <what was wrong>"; "" if none has failed on this
+ * thread. Successful calls leave it unchanged (like errno). Never NULL. The
+ * string belongs to this thread and stays valid until its next failing call. */
+const char* kvf_last_error(void);
+
+/* "KVF_OK", "KVF_INVALID_ARGUMENT", ...; "KVF_UNRECOGNISED_STATUS" for any
+ * other value. A static string. */
+const char* kvf_status_name(kvf_status status);
+
+/* ---- Keys and handles -------------------------------------------------- */
+
+/* One block key: 32 bytes (SHA-256, core/block_key.h). An array of n keys is
+ * 32 * n contiguous bytes. (A struct rather than uint8_t[32] because C does
+ * not convert uint8_t (*)[32] to const uint8_t (*)[32] implicitly.) */
+#define KVF_BLOCK_KEY_BYTES 32
+typedef struct kvf_block_key {
+  uint8_t bytes[KVF_BLOCK_KEY_BYTES];
+} kvf_block_key;
+
+/* A connected client (kvf_client_open .. kvf_client_close). Opaque. */
+typedef struct kvf_client kvf_client;
+/* A plan returned by kvf_match (.. kvf_match_free). Opaque. (Not named
+ * kvf_match: a C function and a type cannot share a name.) */
+typedef struct kvf_match_result kvf_match_result;
+/* A request's history, valid from kvf_new_context until kvf_finish. */
+typedef uint64_t kvf_context_id;
+
+/* ---- Options ----------------------------------------------------------- */
+
+/* Element type of the cached keys and values: the numbers of kvfabric::KvDtype
+ * (hashed into every block key; never renumbered). The attention kernels take
+ * these three. Stored in kvf_options.dtype as a uint32_t. */
+enum kvf_dtype_code { KVF_DTYPE_FP16 = 1, KVF_DTYPE_BF16 = 2, KVF_DTYPE_FP32 = 3 };
+
+/* What the engine must prefill when a run of blocks is recomputed
+ * (kvfabric::client::RecomputeRequest). */
+typedef struct kvf_recompute_request {
+  kvf_context_id context;
+  uint32_t first_block; /* chain index of the first block */
+  uint32_t block_count;
+  uint64_t first_token;   /* first_block * tokens_per_block */
+  uint64_t tokens;        /* tokens to produce (a partial tail counts its own) */
+  uint64_t prefix_tokens; /* tokens before them (= first_token) */
+} kvf_recompute_request;
+
+/* The engine's prefill: writes every layer of the request's blocks into `out`
+ * (out_bytes bytes: block payloads back to back, laid out as
+ * docs/block-format.md says; block first_block at out[0]). `out` belongs to
+ * the library and is valid during the call only. Called on a loader thread,
+ * possibly several at once for different contexts; may block. Return KVF_OK,
+ * or a code that fails the load (there is no further fallback). */
+typedef kvf_status (*kvf_recompute_fn)(void* user, const kvf_recompute_request* request,
+                                       uint8_t* out, uint64_t out_bytes);
+
+/* Settings of kvf_client_open. Fill with kvf_options_init, then set the
+ * required fields. Strings are copied by kvf_client_open; they need not
+ * outlive it. The names in brackets are the matching server-side flags. */
+typedef struct kvf_options {
+  /* sizeof(kvf_options), set by kvf_options_init. Do not change. */
+  uint32_t struct_size;
+
+  /* Placement's gRPC address HOST:PORT [--placement-address]. Required. */
+  const char* placement_address;
+  /* Tenant of every key. NULL or "": the default tenant. */
+  const char* namespace_name;
+  /* This machine's name, compared with the daemons'. NULL: the hostname. */
+  const char* client_node;
+
+  /* The model and shard: they decide the block geometry and every key.
+   * model_id is required (non-empty, at most 256 bytes). */
+  const char* model_id;
+  uint32_t first_layer;      /* layers [first_layer, first_layer + layer_count). Default 0 */
+  uint32_t layer_count;      /* > 0. Required */
+  uint32_t dtype;            /* a kvf_dtype_code. Default KVF_DTYPE_BF16 */
+  uint32_t kv_heads;         /* KV heads of this TP rank, > 0. Required */
+  uint32_t head_dim;         /* > 0. Required */
+  uint32_t tokens_per_block; /* a power of two in [1, 256]. Default 16 */
+  uint32_t tp_rank;          /* < tp_size. Default 0 */
+  uint32_t tp_size;          /* Default 1 */
+
+  /* Query heads [--num-q-heads]: a multiple of kv_heads. Required. */
+  uint32_t num_q_heads;
+  /* Tokens per attention tile [--tile-tokens]: a multiple of
+   * tokens_per_block. Default 256. */
+  uint32_t tile_tokens;
+
+  /* Bytes of the device arena, allocated (and pre-faulted) once at open
+   * [--device-arena-bytes]. Required: 0 is refused. It must hold the staging
+   * pages plus one context's floor (client/device_arena.h). */
+  uint64_t device_arena_bytes;
+  /* Bytes per arena page [--device-page-bytes]. 0 (default): one attention
+   * tile of one layer, tile_tokens * kv_heads * head_dim * dtype size * 2. */
+  uint64_t device_page_bytes;
+  /* Client staging region for the data plane [--client-staging-bytes].
+   * Default 64 MiB: half for fetches, half for write-back in flight; each
+   * half must hold one block. */
+  uint64_t staging_bytes;
+  /* UCX transports for the data plane [--ucx-tls]. Must include tcp.
+   * Default "sm,self,tcp" (NULL means the same). */
+  const char* ucx_tls;
+
+  /* Deadline of each gRPC call, to placement and daemons. Default 5000. */
+  uint32_t rpc_timeout_ms;
+  /* Deadline of each data-plane transfer. Default 30000. */
+  uint32_t transfer_timeout_ms;
+
+  /* The engine's prefill. Required. recompute_user is passed back to it
+   * unchanged and is borrowed until kvf_client_close returns. */
+  kvf_recompute_fn recompute;
+  void* recompute_user;
+} kvf_options;
+
+/* Fills *options with the defaults above (required fields zero or NULL) and
+ * sets struct_size. NULL: does nothing. */
+void kvf_options_init(kvf_options* options);
+
+/* ---- Client ------------------------------------------------------------ */
+
+/* Validates *options (KVF_INVALID_ARGUMENT naming the field), creates the
+ * client's CPU device of device_arena_bytes, then opens the client: connects
+ * to placement (KVF_UNAVAILABLE if it does not answer within rpc_timeout_ms),
+ * creates the data-plane transport, the staging region and the device arena.
+ * On success *out is the new client; on failure *out is NULL. */
+kvf_status kvf_client_open(const kvf_options* options, kvf_client** out);
+
+/* Finishes every open context (waiting for their loads and saves), stops the
+ * client's threads, and frees the client and its device, whatever the
+ * outcome. Returns the first error seen while finishing. NULL: KVF_OK.
+ * REQUIRES: no other call on `client` is in flight or follows. */
+kvf_status kvf_client_close(kvf_client* client);
+
+/* The keys of the floor(n / tokens_per_block) full blocks of tokens[0..n)
+ * (a partial tail has no key), under the client's namespace and model.
+ * *keys_len is set to that count. keys_out may be NULL when keys_cap is 0:
+ * a size query (KVF_OK). Otherwise keys_cap smaller than the count gives
+ * KVF_INVALID_ARGUMENT (with *keys_len set). tokens may be NULL if n is 0. */
+kvf_status kvf_key_tokens(kvf_client* client, const uint32_t* tokens, size_t n,
+                          kvf_block_key* keys_out, size_t keys_cap, size_t* keys_len);
+
+/* Asks placement for a plan over the chain keys[0..n) (n >= 1) plus
+ * suffix_tokens the engine prefills anyway. Placement being down is not an
+ * error: a local recompute-all plan comes back (plan id 0) and is counted.
+ * On success *out is a new match owned by the caller (kvf_match_free). */
+kvf_status kvf_match(kvf_client* client, const kvf_block_key* keys, size_t n,
+                     uint64_t suffix_tokens, kvf_match_result** out);
+
+/* Accessors of a match; they cannot fail (NULL match: 0, or ""). */
+/* Blocks of the chain cached per placement's directory. */
+uint32_t kvf_match_cached_blocks(const kvf_match_result* match);
+/* Blocks in the chain the match was made for. */
+uint32_t kvf_match_chain_blocks(const kvf_match_result* match);
+/* Placement's plan id; 0 when planned locally (placement unreachable). */
+uint64_t kvf_match_plan_id(const kvf_match_result* match);
+/* "recompute_all", "fetch_all", "split" or "mixed"; valid while `match` is. */
+const char* kvf_match_kind(const kvf_match_result* match);
+/* Predicted load time of the plan, microseconds. */
+double kvf_match_predicted_us(const kvf_match_result* match);
+/* Frees a match. NULL: does nothing. */
+void kvf_match_free(kvf_match_result* match);
+
+/* A context for a history of `tokens` tokens: host memory for
+ * ceil(tokens / tokens_per_block) blocks and an arena budget.
+ * KVF_RESOURCE_EXHAUSTED when the arena cannot admit it (formula in the
+ * message). */
+kvf_status kvf_new_context(kvf_client* client, uint64_t tokens, kvf_context_id* out);
+
+/* Starts `match`'s plan into `context` (blocks of the chain from the plan,
+ * then the partial tail by recompute). The match may be freed once this
+ * returns. KVF_INVALID_ARGUMENT if the chain does not fit the context;
+ * KVF_FAILED_PRECONDITION if a load already ran. */
+kvf_status kvf_load(kvf_client* client, const kvf_match_result* match, kvf_context_id context);
+
+/* Returns when layer `layer` of every block is in the history (today: when
+ * the whole load has landed). The load's error if it failed;
+ * KVF_DEADLINE_EXCEEDED after timeout_ms (0: do not wait). */
+kvf_status kvf_wait_layer(kvf_client* client, kvf_context_id context, uint32_t layer,
+                          uint32_t timeout_ms);
+
+/* Block `block`'s payload in the history: all layers, layer l's K at
+ * l * 2 * layer_half and its V after it (docs/block-format.md). *data stays
+ * owned by the client, valid until kvf_finish of the context; the engine may
+ * write into it only as the Threads paragraph above allows. */
+kvf_status kvf_block_payload(kvf_client* client, kvf_context_id context, uint32_t block,
+                             uint8_t** data, uint64_t* bytes);
+
+/* The engine has written layer `layer` of full blocks [first_block,
+ * first_block + n) into the history; keys[0..n) are their keys. A block is
+ * written back (asynchronously) once all its layers are saved.
+ * KVF_INVALID_ARGUMENT for a range past the context or a partial block. */
+kvf_status kvf_save(kvf_client* client, kvf_context_id context, uint32_t layer,
+                    uint32_t first_block, const kvf_block_key* keys, size_t n);
+
+/* Decode attention of q ([num_q_heads, head_dim] fp32, q_len floats) over
+ * every token of the history in layer `layer`, into out ([num_q_heads,
+ * head_dim], out_len floats) and lse ([num_q_heads], lse_len floats; natural
+ * log). `step` is the decode step. Lengths must be exactly those;
+ * KVF_FAILED_PRECONDITION before the load finished. */
+kvf_status kvf_attend(kvf_client* client, kvf_context_id context, uint32_t layer, uint64_t step,
+                      const float* q, size_t q_len, float* out, size_t out_len, float* lse,
+                      size_t lse_len);
+
+/* What kvf_finish reports about one context. */
+typedef struct kvf_context_report {
+  uint64_t plan_id;
+  uint32_t blocks_fetched;
+  uint32_t blocks_recomputed; /* planned or after a failed fetch, tail included */
+  uint64_t bytes_fetched;
+  uint32_t blocks_saved;
+  uint32_t save_failures; /* blocks not written back */
+  double predicted_us;    /* the plan's prediction */
+  double load_us;         /* kvf_load to the end of the last run */
+} kvf_context_report;
+
+/* Waits for the context's load and saves, reports the observations to
+ * placement (best effort), and frees the context and its history (the
+ * pointers kvf_block_payload returned). report may be NULL. */
+kvf_status kvf_finish(kvf_client* client, kvf_context_id context, kvf_context_report* report);
+
+/* Counters since open (kvfabric::client::ClientMetrics), a snapshot. */
+typedef struct kvf_metrics {
+  uint64_t matches;
+  uint64_t plans_recompute_all;
+  uint64_t plans_fetch_all;
+  uint64_t plans_split;
+  uint64_t plans_mixed;
+  uint64_t placement_unavailable; /* matches planned locally */
+  uint64_t blocks_fetched;
+  uint64_t bytes_fetched;
+  uint64_t fetch_us;
+  uint64_t blocks_recomputed;
+  uint64_t tokens_recomputed;
+  uint64_t recompute_us;
+  uint64_t fallbacks_to_replica;   /* runs (or parts) fetched from a fallback host */
+  uint64_t fallbacks_to_recompute; /* runs (or parts) recomputed after a failed fetch */
+  uint64_t blocks_fallen_back;     /* blocks recomputed after a failed fetch */
+  uint64_t crc_failures;
+  uint64_t stale_entries_reported;
+  uint64_t blocks_saved;
+  uint64_t bytes_saved;
+  uint64_t save_us;
+  uint64_t save_failures;
+  uint64_t attends;
+  uint64_t attend_us;
+  uint32_t peak_arena_pages; /* held pool + staging pages at peak */
+  uint32_t arena_pages;      /* pool + staging pages */
+} kvf_metrics;
+
+kvf_status kvf_client_metrics(kvf_client* client, kvf_metrics* out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KVFABRIC_KVFABRIC_H_ */
