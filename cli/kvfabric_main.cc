@@ -2,6 +2,8 @@
 //
 //   kvfabric [--config FILE] [--log-level L] version [--json]
 //       this build, and the optional parts it detected
+//   kvfabric demo [--max-history-tokens N] [--layers L] ... [--keep-running] [--json]
+//       a long-context workload end to end on an embedded local cluster
 //   kvfabric explain eviction --cache-host HOST:PORT [--namespace NS] --key HEX [--json]
 //       why a cache host evicted, demoted or dropped a block, with the formula
 //   kvfabric status (--placement HOST:PORT | --cache-host HOST:PORT ...) [--json]
@@ -12,13 +14,15 @@
 //                      [--min-bytes B] [--max-bytes B] [--repeats N] [--json]
 //       measure the bus paths, fit the cost model, write the calibration file
 //
-// Later subcommands (demo, status, bench) arrive with the parts they drive.
 // Exit status: 0 on success, 1 on a failed command, 2 on a usage error.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 
 #include "cli/calibrate_command.h"
+#ifdef KVF_HAVE_UCX
+#include "cli/demo_command.h"
+#endif
 #include "cli/explain_command.h"
 #include "cli/status_command.h"
 #include "cli/version_info.h"
@@ -66,6 +70,10 @@ int main(int argc, char** argv) {
 
   kvfabric::cli::CalibrateArgs calibrate_args;
   CLI::App* calibrate = kvfabric::cli::AddCalibrateSubcommand(app, &calibrate_args);
+#ifdef KVF_HAVE_UCX
+  kvfabric::cli::DemoArgs demo_args;
+  CLI::App* demo = kvfabric::cli::AddDemoSubcommand(app, &demo_args);
+#endif
 
   try {
     app.parse(argc, argv);
@@ -117,5 +125,14 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+#ifdef KVF_HAVE_UCX
+  if (demo->parsed()) {
+    if (kvfabric::Status s = kvfabric::cli::RunDemo(demo_args); !s.ok()) {
+      std::fprintf(stderr, "kvfabric demo: %s\n", s.ToString().c_str());
+      return s.code() == kvfabric::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    return 0;
+  }
+#endif
   return 2;
 }

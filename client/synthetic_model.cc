@@ -30,6 +30,17 @@ std::uint32_t Fp32(std::uint32_t r) {
   return (r & 0x80000000u) | ((123u + ((r >> 23) & 3u)) << 23) | (r & 0x7fffffu);
 }
 
+// A 32-bit integer hash of (seed, i) (lowbias32-style mixing).
+inline std::uint32_t Hash32(std::uint32_t seed, std::uint32_t i) {
+  std::uint32_t x = i * 0x9e3779b1u ^ seed;
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
 }  // namespace
 
 std::uint64_t SeedFromKey(const BlockKey& key, std::uint64_t salt) {
@@ -55,27 +66,32 @@ Status SyntheticKv(const ModelFingerprint& model, std::uint64_t seed, std::uint3
   const std::uint64_t row = std::uint64_t{model.kv_heads} * model.head_dim * elem;
   const std::uint64_t half = row * model.tokens_per_block;  // K (or V) of one layer
   const std::uint64_t valid = row * std::min(valid_tokens, model.tokens_per_block);
-  std::uint64_t x = seed;
+  // Counter-based (element pairs are hashed independently), so the loop
+  // vectorises: the generator must outrun the prefill time it stands in for.
+  const auto s32 = static_cast<std::uint32_t>(seed ^ (seed >> 32));
+  std::uint32_t counter = 0;
   for (std::uint64_t base = 0; base < out.size(); base += half) {
     std::byte* p = out.data() + base;
+    const std::uint64_t words = valid / 4;
+    auto* w = reinterpret_cast<std::uint32_t*>(p);
     if (elem == 4) {
-      for (std::uint64_t i = 0; i < valid; i += 8) {
-        const std::uint64_t r = SplitMix(x);
-        const std::uint32_t a = Fp32(static_cast<std::uint32_t>(r));
-        const std::uint32_t b = Fp32(static_cast<std::uint32_t>(r >> 32));
-        std::memcpy(p + i, &a, 4);
-        if (i + 4 < valid) std::memcpy(p + i + 4, &b, 4);
+      for (std::uint64_t i = 0; i < words; ++i) {
+        w[i] = Fp32(Hash32(s32, counter + static_cast<std::uint32_t>(i)));
+      }
+    } else if (model.dtype == KvDtype::kFp16) {
+      for (std::uint64_t i = 0; i < words; ++i) {
+        const std::uint32_t h = Hash32(s32, counter + static_cast<std::uint32_t>(i));
+        w[i] = Fp16(static_cast<std::uint16_t>(h)) |
+               (std::uint32_t{Fp16(static_cast<std::uint16_t>(h >> 16))} << 16);
       }
     } else {
-      for (std::uint64_t i = 0; i < valid; i += 8) {
-        std::uint64_t r = SplitMix(x);
-        for (std::uint64_t j = 0; j < 8 && i + j < valid; j += 2, r >>= 16) {
-          const auto bits = static_cast<std::uint16_t>(r);
-          const std::uint16_t h = model.dtype == KvDtype::kFp16 ? Fp16(bits) : Bf16(bits);
-          std::memcpy(p + i + j, &h, 2);
-        }
+      for (std::uint64_t i = 0; i < words; ++i) {
+        const std::uint32_t h = Hash32(s32, counter + static_cast<std::uint32_t>(i));
+        w[i] = Bf16(static_cast<std::uint16_t>(h)) |
+               (std::uint32_t{Bf16(static_cast<std::uint16_t>(h >> 16))} << 16);
       }
     }
+    counter += static_cast<std::uint32_t>(words);
     std::memset(p + valid, 0, half - valid);
   }
   return Status::OK();

@@ -1,0 +1,515 @@
+#include "cli/demo_command.h"
+
+#include <signal.h>
+#include <stdlib.h>
+
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "cli/calibrate_command.h"
+#include "cli/json_text.h"
+#include "client/kvfabric_client.h"
+#include "client/synthetic_model.h"
+#include "core/bus_cost_model.h"
+#include "core/config/unit_flags.h"
+#include "core/units.h"
+#include "gpu/device.h"
+#include "server/embedded_cluster.h"
+
+namespace kvfabric::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+struct PlanStats {
+  std::uint32_t count = 0;
+  double predicted_us = 0;
+  double measured_us = 0;
+};
+
+struct Totals {
+  std::uint64_t tokens_host_tier = 0;
+  std::uint64_t tokens_nvme_tier = 0;
+  std::uint64_t tokens_recomputed = 0;
+  std::map<std::string, PlanStats> plans;
+  std::uint32_t checks = 0;
+  std::uint32_t check_failures = 0;
+  std::uint64_t h2d_bytes = 0;  // attention tiles streamed host -> device
+  double attend_us = 0;
+  std::uint64_t largest_history_bytes = 0;
+};
+
+class Demo {
+ public:
+  explicit Demo(const DemoArgs& a) : a_(a) {}
+  ~Demo();
+  Status Run();
+
+ private:
+  Status Validate();
+  Status StartCluster();
+  Status OpenClient();
+  Status Prefill(const client::RecomputeRequest& r, std::span<std::byte> out);
+  Status RunTurn(std::uint32_t index, std::uint32_t conversation, std::uint32_t turn);
+  void PrintSummary(double seconds) const;
+  void PrintJson(double seconds) const;
+
+  const DemoArgs a_;
+  ModelFingerprint model_;
+  std::uint64_t block_bytes_ = 0;
+  std::string dir_;
+  std::unique_ptr<server::EmbeddedCluster> cluster_;
+  std::unique_ptr<gpu::Device> device_;
+  std::unique_ptr<client::Client> client_;
+  std::vector<std::vector<std::uint32_t>> tokens_;  // per conversation, its longest history
+  std::vector<std::vector<BlockKey>> keys_;         // per conversation
+  std::uint32_t total_turns_ = 0;
+  std::mutex mu_;
+  std::map<client::ContextId, const std::vector<BlockKey>*> context_keys_;  // GUARDED_BY(mu_)
+  std::mt19937_64 rng_;
+  Totals t_;
+};
+
+Demo::~Demo() {
+  client_.reset();
+  device_.reset();
+  cluster_.reset();
+  if (!dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+}
+
+Status Demo::Validate() {
+  model_.model_id = "kvfabric-demo/synthetic-" + std::to_string(a_.layers) + "L";
+  model_.layer_count = a_.layers;
+  model_.kv_heads = a_.kv_heads;
+  model_.head_dim = a_.head_dim;
+  model_.tokens_per_block = a_.tokens_per_block;
+  KVF_ASSIGN_OR_RETURN(model_.dtype, ParseKvDtype(a_.dtype));
+  KVF_RETURN_IF_ERROR(model_.Validate().WithContext("demo model (--layers, --kv-heads, ...)"));
+  KVF_ASSIGN_OR_RETURN(block_bytes_, model_.BlockBytes());
+  const std::uint64_t tpb = a_.tokens_per_block;
+  if (a_.conversations == 0 || a_.turns == 0) {
+    return Status::InvalidArgument("--conversations and --turns must be at least 1");
+  }
+  if (a_.system_prompt_tokens % tpb != 0 || a_.max_history_tokens % tpb != 0 ||
+      a_.max_history_tokens <= a_.system_prompt_tokens) {
+    return Status::InvalidArgument(
+        "--system-prompt-tokens (" + std::to_string(a_.system_prompt_tokens) +
+        ") and --max-history-tokens (" + std::to_string(a_.max_history_tokens) +
+        ") must be multiples of --tokens-per-block (" + std::to_string(tpb) +
+        "), the history longer than the prompt");
+  }
+  if (a_.check_layers > a_.layers) {
+    return Status::InvalidArgument("--check-layers " + std::to_string(a_.check_layers) +
+                                   " exceeds --layers " + std::to_string(a_.layers));
+  }
+  // Each daemon must hold a few blocks; the client holds one history.
+  if (a_.host_pool_bytes < 8 * block_bytes_) {
+    return Status::InvalidArgument("--host-pool-bytes " + FormatBytes(a_.host_pool_bytes) +
+                                   " holds fewer than 8 blocks of " + FormatBytes(block_bytes_));
+  }
+  return Status::OK();
+}
+
+Status Demo::StartCluster() {
+  std::string tmpl = a_.work_dir + "/kvfabric-demo-XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    return Status::FailedPrecondition("cannot make a temporary folder under " + a_.work_dir +
+                                      " (--work-dir): " + std::strerror(errno));
+  }
+  dir_ = tmpl;
+  server::EmbeddedClusterOptions co;
+  for (const char* name : {"demo-a", "demo-b"}) {
+    server::EmbeddedDaemonOptions d;
+    d.host_id = name;
+    d.host_pool_bytes = a_.host_pool_bytes;
+    d.host_page_bytes = std::bit_floor(std::max<std::uint64_t>(block_bytes_, 4096));
+    d.nvme_dir = dir_ + "/" + name + "-nvme";
+    d.nvme_capacity_bytes = a_.nvme_capacity_bytes;
+    d.nvme_segment_bytes = std::uint64_t{64} << 20;
+    d.model = model_;
+    d.history_tokens = a_.max_history_tokens;
+    co.daemons.push_back(std::move(d));
+  }
+  co.membership_ttl = std::chrono::seconds(10);
+  std::printf("starting 2 cache-host daemons (host pool %s each, NVMe tier %s each under %s)\n",
+              FormatBytes(a_.host_pool_bytes).c_str(),
+              FormatBytes(a_.nvme_capacity_bytes).c_str(), dir_.c_str());
+  std::fflush(stdout);
+  KVF_ASSIGN_OR_RETURN(cluster_, server::EmbeddedCluster::StartDaemons(co));
+
+  BusCalibration calibration;
+  if (a_.calibrate) {
+    CalibrateArgs ca;
+    ca.out_path = dir_ + "/calibration.json";
+    for (const auto& d : cluster_->daemons()) ca.cache_hosts.push_back(d.grpc_address);
+    ca.min_bytes = std::uint64_t{256} << 10;
+    ca.max_bytes = a_.calibrate_max_bytes;
+    ca.repeats = 3;
+    ca.cache_scrub_bytes = std::uint64_t{16} << 20;
+    ca.nvme_dir = dir_;  // the NVMe tiers live under it
+    CalibrateContext cc;
+    const auto start = Clock::now();
+    std::printf("calibrating the bus cost model (probes of %s to %s)...\n",
+                FormatBytes(ca.min_bytes).c_str(), FormatBytes(ca.max_bytes).c_str());
+    std::fflush(stdout);
+    KVF_ASSIGN_OR_RETURN(CalibrationReport report, RunCalibrate(ca, cc));
+    for (const PathCalibration& p : report.calibration.paths) {
+      std::printf("  %-28s %-7s t = %7.1f us + bytes / %5.2f GB/s   (worst out-of-sample %4.1f%%)\n",
+                  std::string(BusPathName(p.path)).c_str(),
+                  p.host_id.empty() ? "local" : p.host_id.c_str(), p.parameters.alpha_us,
+                  p.parameters.beta_bytes_per_s / 1e9, 100 * p.worst_error_ratio);
+    }
+    std::printf("  calibrated in %.1f s\n", Seconds(Clock::now() - start));
+    calibration = std::move(report.calibration);
+  }
+  RecomputeCalibration rc;
+  rc.model_id = model_.model_id;
+  rc.parameters = {a_.prefill_c0_us, a_.prefill_c1_us, a_.prefill_c2_us};
+  calibration.recompute.push_back(rc);
+  std::printf("  prefill model (charged for every recompute): t = %.0f us + %.1f us * n + %g us "
+              "* n * (p + n/2)\n",
+              a_.prefill_c0_us, a_.prefill_c1_us, a_.prefill_c2_us);
+  return cluster_->StartPlacement(calibration);
+}
+
+Status Demo::OpenClient() {
+  gpu::DeviceOptions dopts;
+  dopts.arena_bytes = a_.device_arena_bytes;
+  KVF_ASSIGN_OR_RETURN(device_, gpu::CreateCpuDevice(dopts));
+  client::ClientOptions o;
+  o.placement_address = cluster_->placement_address();
+  o.model = model_;
+  o.device = device_.get();
+  o.num_q_heads = a_.num_q_heads;
+  o.tile_tokens = a_.tile_tokens;
+  o.staging_bytes = std::max<std::uint64_t>(std::uint64_t{64} << 20, 4 * block_bytes_);
+  o.recompute = [this](const client::RecomputeRequest& r, std::span<std::byte> out) {
+    return Prefill(r, out);
+  };
+  KVF_ASSIGN_OR_RETURN(client_, client::Client::Open(std::move(o)));
+  return Status::OK();
+}
+
+// The engine's prefill: the generator (a block's KV is a function of its key,
+// i.e. of its whole prefix), charged the modelled time.
+Status Demo::Prefill(const client::RecomputeRequest& r, std::span<std::byte> out) {
+  const auto start = Clock::now();
+  const std::vector<BlockKey>* keys = nullptr;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = context_keys_.find(r.context);
+    if (it == context_keys_.end()) return Status::Internal("prefill of an unknown context");
+    keys = it->second;
+  }
+  const std::uint64_t tpb = a_.tokens_per_block;
+  for (std::uint32_t i = 0; i < r.block_count; ++i) {
+    const std::uint32_t b = r.first_block + i;
+    const auto valid = static_cast<std::uint32_t>(
+        std::min<std::uint64_t>(tpb, r.first_token + r.tokens - std::uint64_t{b} * tpb));
+    const std::uint64_t seed = b < keys->size()
+                                   ? client::SeedFromKey((*keys)[b], a_.seed)
+                                   : client::SeedFromKey(keys->back(), a_.seed + b + 1);
+    KVF_RETURN_IF_ERROR(client::SyntheticKv(model_, seed, valid,
+                                            out.subspan(i * block_bytes_, block_bytes_)));
+  }
+  const double n = static_cast<double>(r.tokens), p = static_cast<double>(r.prefix_tokens);
+  const double us = a_.prefill_c0_us + a_.prefill_c1_us * n + a_.prefill_c2_us * n * (p + n / 2);
+  std::this_thread::sleep_until(start + std::chrono::microseconds(static_cast<std::int64_t>(us)));
+  return Status::OK();
+}
+
+Status Demo::RunTurn(std::uint32_t index, std::uint32_t conversation, std::uint32_t turn) {
+  const std::uint64_t tpb = a_.tokens_per_block;
+  const std::uint64_t final_tokens = tokens_[conversation].size();
+  const std::uint64_t grown = (final_tokens - a_.system_prompt_tokens) * (turn + 1) / a_.turns;
+  const std::uint64_t tokens = std::max(a_.system_prompt_tokens + tpb,
+                                        (a_.system_prompt_tokens + grown) / tpb * tpb);
+  const std::vector<BlockKey>& all = keys_[conversation];
+  const std::vector<BlockKey> chain(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(tokens / tpb));
+  const auto start = Clock::now();
+  KVF_ASSIGN_OR_RETURN(client::MatchResult match, client_->Match(chain, 0));
+  KVF_ASSIGN_OR_RETURN(client::ContextId ctx, client_->NewContext(tokens));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    context_keys_[ctx] = &all;
+  }
+  KVF_RETURN_IF_ERROR(client_->Load(match, ctx));
+  for (std::uint32_t l = 0; l < a_.layers; ++l) KVF_RETURN_IF_ERROR(client_->WaitLayer(ctx, l));
+  const auto loaded = Clock::now();
+  // Write back what is not cached yet (placement skips blocks it knows).
+  for (std::uint32_t l = 0; l < a_.layers; ++l) KVF_RETURN_IF_ERROR(client_->Save(ctx, l, 0, chain));
+  // One decode step over every layer; a sample checked bit for bit.
+  KVF_ASSIGN_OR_RETURN(std::span<const std::byte> history, client_->History(ctx));
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  const std::size_t qn = std::size_t{a_.num_q_heads} * a_.head_dim;
+  std::vector<float> q(qn), out(qn), lse(a_.num_q_heads), ref_out(qn), ref_lse(a_.num_q_heads);
+  std::uint32_t checks = 0, failures = 0;
+  const auto attend_start = Clock::now();
+  double check_s = 0;
+  for (std::uint32_t l = 0; l < a_.layers; ++l) {
+    for (float& x : q) x = dist(rng_);
+    KVF_RETURN_IF_ERROR(client_->Attend(ctx, l, index, q, out, lse));
+    const bool check = a_.check_layers > 0 &&
+                       l % std::max<std::uint32_t>(1, a_.layers / a_.check_layers) == 0 &&
+                       checks < a_.check_layers;
+    if (!check) continue;
+    const auto c0 = Clock::now();
+    KVF_RETURN_IF_ERROR(client::ResidentAttention(model_, a_.num_q_heads, a_.tile_tokens, history,
+                                                  static_cast<std::uint32_t>(tokens), l, q,
+                                                  ref_out, ref_lse));
+    ++checks;
+    if (std::memcmp(out.data(), ref_out.data(), qn * 4) != 0 ||
+        std::memcmp(lse.data(), ref_lse.data(), lse.size() * 4) != 0) {
+      ++failures;
+      std::fprintf(stderr, "EXACTNESS FAILURE: turn %u layer %u differs from resident attention\n",
+                   index + 1, l);
+    }
+    check_s += Seconds(Clock::now() - c0);
+  }
+  t_.attend_us += (Seconds(Clock::now() - attend_start) - check_s) * 1e6;
+  t_.h2d_bytes += tokens * block_bytes_ / tpb;  // every layer's K and V, once
+  KVF_ASSIGN_OR_RETURN(client::ContextReport report, client_->Finish(ctx));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    context_keys_.erase(ctx);
+  }
+  const std::uint64_t host_tokens = report.fetch_from_host_tier_bytes / block_bytes_ * tpb;
+  const std::uint64_t nvme_tokens = report.fetch_from_nvme_tier_bytes / block_bytes_ * tpb;
+  const std::uint64_t recomputed = std::uint64_t{report.blocks_recomputed} * tpb;
+  t_.tokens_host_tier += host_tokens;
+  t_.tokens_nvme_tier += nvme_tokens;
+  t_.tokens_recomputed += recomputed;
+  PlanStats& ps = t_.plans[report.kind];
+  ++ps.count;
+  ps.predicted_us += report.predicted_us;
+  ps.measured_us += report.load_us;
+  t_.checks += checks;
+  t_.check_failures += failures;
+  t_.largest_history_bytes = std::max(t_.largest_history_bytes, tokens / tpb * block_bytes_);
+  std::printf("[%u/%u] conversation %c turn %u: %6llu tokens | plan %-13s predicted %7.0f ms, "
+              "load %7.0f ms | host %6llu, nvme %6llu, recomputed %6llu tokens | exact %u/%u | "
+              "%.1f s\n",
+              index + 1, total_turns_, static_cast<char>('A' + conversation), turn + 1,
+              static_cast<unsigned long long>(tokens), report.kind.c_str(),
+              report.predicted_us / 1000, report.load_us / 1000,
+              static_cast<unsigned long long>(host_tokens),
+              static_cast<unsigned long long>(nvme_tokens),
+              static_cast<unsigned long long>(recomputed), checks - failures, checks,
+              Seconds(Clock::now() - start));
+  (void)loaded;
+  std::fflush(stdout);
+  return Status::OK();
+}
+
+void Demo::PrintSummary(double seconds) const {
+  const client::ClientMetrics m = client_->metrics();
+  const std::uint64_t total = t_.tokens_host_tier + t_.tokens_nvme_tier + t_.tokens_recomputed;
+  auto pct = [&](std::uint64_t x) { return total == 0 ? 0.0 : 100.0 * x / total; };
+  std::printf("\nkvfabric demo: %u turns of %u conversations in %.1f s\n\n", total_turns_,
+              a_.conversations, seconds);
+  std::printf("tokens served          %12s %12s %12s %12s\n", "daemon host", "daemon NVMe",
+              "recomputed", "total");
+  std::printf("                       %12llu %12llu %12llu %12llu\n",
+              static_cast<unsigned long long>(t_.tokens_host_tier),
+              static_cast<unsigned long long>(t_.tokens_nvme_tier),
+              static_cast<unsigned long long>(t_.tokens_recomputed),
+              static_cast<unsigned long long>(total));
+  std::printf("                       %11.1f%% %11.1f%% %11.1f%%\n\n", pct(t_.tokens_host_tier),
+              pct(t_.tokens_nvme_tier), pct(t_.tokens_recomputed));
+  std::printf("plans (load time)      %6s %15s %15s %10s\n", "count", "predicted ms", "measured ms",
+              "meas/pred");
+  for (const auto& [kind, ps] : t_.plans) {
+    std::printf("  %-20s %6u %15.0f %15.0f %10.2f\n", kind.c_str(), ps.count,
+                ps.predicted_us / 1000, ps.measured_us / 1000,
+                ps.predicted_us > 0 ? ps.measured_us / ps.predicted_us : 0.0);
+  }
+  std::printf("\nbytes moved            %12s %10s %10s\n", "bytes", "seconds", "GB/s");
+  auto row = [](const char* what, std::uint64_t bytes, double us) {
+    std::printf("  %-20s %12s %10.2f %10.2f\n", what, FormatBytes(bytes).c_str(), us / 1e6,
+                us > 0 ? bytes / us / 1e3 : 0.0);
+  };
+  row("daemon -> client", m.bytes_fetched, static_cast<double>(m.fetch_us));
+  row("client -> daemon", m.bytes_saved, static_cast<double>(m.save_us));
+  row("host -> device", t_.h2d_bytes, t_.attend_us);
+  std::printf("  (host -> device: attention tiles streamed on the CPU backend; its time is the "
+              "decode step's)\n\n");
+  std::printf("device arena: peak %u of %u pages (%s budget; largest history %s)\n",
+              m.peak_arena_pages, m.arena_pages, FormatBytes(a_.device_arena_bytes).c_str(),
+              FormatBytes(t_.largest_history_bytes).c_str());
+  std::printf("fallbacks: %llu runs recomputed after a failed fetch, %llu from a replica; "
+              "CRC failures %llu\n",
+              static_cast<unsigned long long>(m.fallbacks_to_recompute),
+              static_cast<unsigned long long>(m.fallbacks_to_replica),
+              static_cast<unsigned long long>(m.crc_failures));
+  std::printf("exactness: %u of %u sampled decode steps bit-identical to fully resident "
+              "attention\n\n",
+              t_.checks - t_.check_failures, t_.checks);
+  std::printf("metrics:\n  placement  %s\n", cluster_->placement_metrics_url().c_str());
+  for (const auto& d : cluster_->daemons()) {
+    std::printf("  %-10s %s\n", d.host_id.c_str(), d.metrics_url.c_str());
+  }
+}
+
+void Demo::PrintJson(double seconds) const {
+  const client::ClientMetrics m = client_->metrics();
+  std::printf("{\"seconds\":%.3f,\"turns\":%u,\"tokens\":{\"host_tier\":%llu,\"nvme_tier\":%llu,"
+              "\"recomputed\":%llu},\"plans\":{",
+              seconds, total_turns_, static_cast<unsigned long long>(t_.tokens_host_tier),
+              static_cast<unsigned long long>(t_.tokens_nvme_tier),
+              static_cast<unsigned long long>(t_.tokens_recomputed));
+  bool first = true;
+  for (const auto& [kind, ps] : t_.plans) {
+    std::printf("%s\"%s\":{\"count\":%u,\"predicted_us\":%.0f,\"measured_us\":%.0f}",
+                first ? "" : ",", JsonEscape(kind).c_str(), ps.count, ps.predicted_us,
+                ps.measured_us);
+    first = false;
+  }
+  std::printf("},\"bytes\":{\"fetched\":%llu,\"fetch_us\":%llu,\"saved\":%llu,\"save_us\":%llu,"
+              "\"host_to_device\":%llu},\"arena\":{\"peak_pages\":%u,\"pages\":%u},"
+              "\"fallbacks_to_recompute\":%llu,\"checks\":%u,\"check_failures\":%u,"
+              "\"metrics\":[\"%s\"",
+              static_cast<unsigned long long>(m.bytes_fetched),
+              static_cast<unsigned long long>(m.fetch_us),
+              static_cast<unsigned long long>(m.bytes_saved),
+              static_cast<unsigned long long>(m.save_us),
+              static_cast<unsigned long long>(t_.h2d_bytes), m.peak_arena_pages, m.arena_pages,
+              static_cast<unsigned long long>(m.fallbacks_to_recompute), t_.checks,
+              t_.check_failures, JsonEscape(cluster_->placement_metrics_url()).c_str());
+  for (const auto& d : cluster_->daemons()) std::printf(",\"%s\"", JsonEscape(d.metrics_url).c_str());
+  std::printf("]}\n");
+}
+
+Status Demo::Run() {
+  KVF_RETURN_IF_ERROR(Validate());
+  const auto start = Clock::now();
+  const std::uint64_t tpb = a_.tokens_per_block;
+  std::printf("kvfabric demo: model %u layers x %u KV heads x %u dims, %s, %u-token blocks of %s; "
+              "longest history %llu tokens = %s; device arena %s\n",
+              a_.layers, a_.kv_heads, a_.head_dim, a_.dtype.c_str(), a_.tokens_per_block,
+              FormatBytes(block_bytes_).c_str(),
+              static_cast<unsigned long long>(a_.max_history_tokens),
+              FormatBytes(a_.max_history_tokens / tpb * block_bytes_).c_str(),
+              FormatBytes(a_.device_arena_bytes).c_str());
+  KVF_RETURN_IF_ERROR(StartCluster());
+  KVF_RETURN_IF_ERROR(OpenClient());
+  std::printf("%s\n", client_->DescribeArena().c_str());
+
+  // Conversations share the system prompt; conversation c grows to
+  // max_history_tokens / 2^c tokens over its turns.
+  rng_.seed(a_.seed);
+  std::vector<std::uint32_t> system(a_.system_prompt_tokens);
+  for (std::uint32_t& t : system) t = static_cast<std::uint32_t>(rng_() % 128000);
+  for (std::uint32_t c = 0; c < a_.conversations; ++c) {
+    std::uint64_t final_tokens = std::max(a_.system_prompt_tokens + tpb,
+                                          (a_.max_history_tokens >> std::min(c, 30u)) / tpb * tpb);
+    std::vector<std::uint32_t> tokens = system;
+    while (tokens.size() < final_tokens) tokens.push_back(static_cast<std::uint32_t>(rng_() % 128000));
+    KVF_ASSIGN_OR_RETURN(std::vector<BlockKey> keys, client_->KeyTokens(tokens));
+    tokens_.push_back(std::move(tokens));
+    keys_.push_back(std::move(keys));
+  }
+  total_turns_ = a_.conversations * a_.turns;
+  std::uint32_t index = 0;
+  for (std::uint32_t turn = 0; turn < a_.turns; ++turn) {
+    for (std::uint32_t c = 0; c < a_.conversations; ++c) {
+      KVF_RETURN_IF_ERROR(RunTurn(index++, c, turn));
+    }
+  }
+  const double seconds = Seconds(Clock::now() - start);
+  if (a_.json) {
+    PrintJson(seconds);
+  } else {
+    PrintSummary(seconds);
+  }
+  std::fflush(stdout);
+  if (a_.keep_running) {
+    std::printf("--keep-running: the cluster stays up; placement at %s. Ctrl-C to stop.\n",
+                cluster_->placement_address().c_str());
+    std::fflush(stdout);
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    int sig = 0;
+    sigwait(&signals, &sig);
+  }
+  if (t_.check_failures > 0) {
+    return Status::DataLoss(std::to_string(t_.check_failures) + " of " +
+                            std::to_string(t_.checks) +
+                            " exactness checks failed: streamed attention differs from resident");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+CLI::App* AddDemoSubcommand(CLI::App& app, DemoArgs* a) {
+  CLI::App* d = app.add_subcommand(
+      "demo", "a long-context workload end to end on an embedded local cluster");
+  d->add_option("--layers", a->layers, "model layers (default 32)");
+  d->add_option("--kv-heads", a->kv_heads, "KV heads (default 8)");
+  d->add_option("--head-dim", a->head_dim, "elements per head (default 128)");
+  d->add_option("--tokens-per-block", a->tokens_per_block, "tokens per block (default 16)");
+  d->add_option("--dtype", a->dtype, "fp16 | bf16 | fp32 (default fp16)");
+  d->add_option("--num-q-heads", a->num_q_heads, "query heads of the decode step (default 8)");
+  d->add_option("--conversations", a->conversations, "conversations (default 3)");
+  d->add_option("--turns", a->turns, "turns per conversation (default 3)");
+  d->add_option("--max-history-tokens", a->max_history_tokens,
+                "longest history, conversation A's last turn (default 32768)");
+  d->add_option("--system-prompt-tokens", a->system_prompt_tokens,
+                "shared system prompt (default 2048)");
+  d->add_option("--check-layers", a->check_layers,
+                "layers per turn checked against resident attention (default 2)");
+  d->add_option("--prefill-c0-us", a->prefill_c0_us, "modelled prefill: µs per call");
+  d->add_option("--prefill-c1-us", a->prefill_c1_us, "modelled prefill: µs per token");
+  d->add_option("--prefill-c2-us", a->prefill_c2_us, "modelled prefill: µs per token squared");
+  AddBytesOption(*d, "--host-pool-bytes", &a->host_pool_bytes, "host pool per daemon (1 GiB)");
+  AddBytesOption(*d, "--nvme-capacity-bytes", &a->nvme_capacity_bytes,
+                 "NVMe tier per daemon (4 GiB)");
+  AddBytesOption(*d, "--device-arena-bytes", &a->device_arena_bytes,
+                 "the client's device arena (16 MiB)");
+  d->add_option("--tile-tokens", a->tile_tokens, "tokens per attention tile (default 256)");
+  AddBytesOption(*d, "--calibrate-max-bytes", &a->calibrate_max_bytes,
+                 "largest calibration probe (16 MiB)");
+  d->add_flag("!--no-calibrate", a->calibrate, "skip calibration (placeholder bus figures)");
+  d->add_option("--work-dir", a->work_dir, "where the temporary NVMe folder goes (/tmp)");
+  d->add_option("--seed", a->seed, "workload seed (default 1)");
+  d->add_flag("--keep-running", a->keep_running,
+              "leave the cluster up after the summary (for a dashboard) until Ctrl-C");
+  d->add_flag("--json", a->json, "print the summary as one JSON object");
+  return d;
+}
+
+Status RunDemo(const DemoArgs& args) {
+  // The daemons' and placement's info lines would bury the progress lines;
+  // an explicit --log-level other than info still applies.
+  if (spdlog::get_level() == spdlog::level::info) spdlog::set_level(spdlog::level::warn);
+  if (args.keep_running) {
+    // Before any thread starts, so that only sigwait takes these.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  }
+  Demo demo(args);
+  return demo.Run();
+}
+
+}  // namespace kvfabric::cli
