@@ -11,26 +11,11 @@
 
 #include "client/client_impl.h"
 #include "proto/grpc_status.h"
+#include "proto/model_proto.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace kvfabric::client {
 namespace {
-
-v1::DType DtypeToProto(KvDtype d) {
-  switch (d) {
-    case KvDtype::kFp16:
-      return v1::DTYPE_FP16;
-    case KvDtype::kBf16:
-      return v1::DTYPE_BF16;
-    case KvDtype::kFp32:
-      return v1::DTYPE_FP32;
-    case KvDtype::kFp8E4M3:
-      return v1::DTYPE_FP8_E4M3;
-    case KvDtype::kInt8:
-      return v1::DTYPE_INT8;
-  }
-  return v1::DTYPE_UNSPECIFIED;
-}
 
 std::string KindName(v1::PlanKind kind) {
   switch (kind) {
@@ -103,16 +88,7 @@ Status Client::Impl::Init() {
   keyer_ = std::make_unique<BlockKeyer>(std::move(keyer));
   KVF_ASSIGN_OR_RETURN(const FingerprintDigest digest, o_.model.Digest());
   fingerprint_digest_.assign(reinterpret_cast<const char*>(digest.data()), digest.size());
-  fingerprint_.set_model_id(o_.model.model_id);
-  fingerprint_.set_first_layer(o_.model.first_layer);
-  fingerprint_.set_layer_count(o_.model.layer_count);
-  fingerprint_.set_dtype(DtypeToProto(o_.model.dtype));
-  fingerprint_.set_kv_heads(o_.model.kv_heads);
-  fingerprint_.set_head_dim(o_.model.head_dim);
-  fingerprint_.set_tokens_per_block(o_.model.tokens_per_block);
-  fingerprint_.set_tp_rank(o_.model.tp_rank);
-  fingerprint_.set_tp_size(o_.model.tp_size);
-  fingerprint_.set_layout_version(o_.model.layout_version);
+  FingerprintToProto(o_.model, &fingerprint_);
   client_node_ = o_.client_node;
   if (client_node_.empty()) {
     char name[256] = {};

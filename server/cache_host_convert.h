@@ -28,6 +28,7 @@
 #include "core/block_format.h"
 #include "core/block_key.h"
 #include "core/model_fingerprint.h"
+#include "proto/model_proto.h"
 #include "core/status.h"
 #include "core/statusor.h"
 #include "kvfabric/v1/cache_host.pb.h"
@@ -90,7 +91,7 @@ StatusOr<std::vector<BlockKey>> ReserveKeysFromProto(
 
 // InvalidArgument for DTYPE_UNSPECIFIED or a number that names no DType.
 StatusOr<KvDtype> KvDtypeFromProto(int dtype);
-v1::DType KvDtypeToProto(KvDtype dtype);
+// KvDtypeToProto: proto/model_proto.h.
 
 // InvalidArgument for REPRESENTATION_UNSPECIFIED or an unknown number.
 StatusOr<BlockRepresentation> RepresentationFromProto(int representation);
@@ -109,7 +110,7 @@ v1::EvictionPolicy EvictionPolicyToProto(cache_host::EvictionPolicyKind policy);
 // Whole-request InvalidArgument, prefixed "fingerprint", otherwise.
 StatusOr<ModelFingerprint> FingerprintFromProto(const v1::ModelFingerprint& fingerprint,
                                                 const v1::Limits& limits);
-void FingerprintToProto(const ModelFingerprint& fingerprint, v1::ModelFingerprint* out);
+// FingerprintToProto: proto/model_proto.h.
 
 // ---------------------------------------------------------------- descriptors
 
