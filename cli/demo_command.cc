@@ -199,6 +199,8 @@ Status Demo::OpenClient() {
   o.num_q_heads = a_.num_q_heads;
   o.tile_tokens = a_.tile_tokens;
   o.staging_bytes = std::max<std::uint64_t>(std::uint64_t{64} << 20, 4 * block_bytes_);
+  // Keep the largest history for the next turns (no fresh pages to fault in).
+  o.history_cache_bytes = a_.max_history_tokens / a_.tokens_per_block * block_bytes_;
   o.recompute = [this](const client::RecomputeRequest& r, std::span<std::byte> out) {
     return Prefill(r, out);
   };

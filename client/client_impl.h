@@ -112,6 +112,12 @@ class Client::Impl {
     return std::chrono::system_clock::now() + o_.rpc_timeout;
   }
   void ReportObservations(Context& c);
+  // A history buffer of at least `bytes`: the smallest cached one that fits,
+  // else a new one from the device.
+  StatusOr<std::unique_ptr<gpu::PinnedHostBuffer>> TakeHistory(std::uint64_t bytes);
+  // Keeps `buffer` for reuse within options.history_cache_bytes (evicting the
+  // smallest cached buffers), or frees it.
+  void ReturnHistory(std::unique_ptr<gpu::PinnedHostBuffer> buffer);
 
   // client_io.cc
   // Loader thread bodies: the plan's fetch runs (with their fallbacks), and
@@ -160,6 +166,11 @@ class Client::Impl {
   std::map<ContextId, std::shared_ptr<Context>> contexts_;  // GUARDED_BY(mu_)
   ContextId next_context_ = 1;                              // GUARDED_BY(mu_)
   bool closed_ = false;                                     // GUARDED_BY(mu_)
+
+  std::mutex history_mu_;
+  std::multimap<std::uint64_t, std::unique_ptr<gpu::PinnedHostBuffer>>
+      history_cache_;                      // GUARDED_BY(history_mu_); by size
+  std::uint64_t history_cache_bytes_ = 0;  // GUARDED_BY(history_mu_)
 
   std::mutex save_mu_;
   std::condition_variable save_cv_;

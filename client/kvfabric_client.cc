@@ -309,7 +309,7 @@ StatusOr<ContextId> Client::Impl::NewContext(std::uint64_t tokens) {
   budget.target = budget.floor;
   budget.logical_pages = CeilDiv(tokens, o_.tile_tokens);
   KVF_RETURN_IF_ERROR(arena_->AdmitContext(c->id, budget));
-  auto history = o_.device->AllocatePinnedHost(std::uint64_t{c->blocks} * block_bytes_);
+  auto history = TakeHistory(std::uint64_t{c->blocks} * block_bytes_);
   if (!history.ok()) {
     arena_->ReleaseContext(c->id).IgnoreError();
     return history.status().WithContext("client: history of " + std::to_string(tokens) +
@@ -396,7 +396,8 @@ StatusOr<std::span<std::byte>> Client::Impl::BlockPayload(ContextId id, std::uin
 
 StatusOr<std::span<const std::byte>> Client::Impl::History(ContextId id) {
   KVF_ASSIGN_OR_RETURN(std::shared_ptr<Context> c, Find(id));
-  return std::span<const std::byte>(c->history->bytes());
+  return std::span<const std::byte>(c->history->bytes()).first(std::uint64_t{c->blocks} *
+                                                                 block_bytes_);
 }
 
 Status Client::Impl::Save(ContextId id, std::uint32_t layer, std::uint32_t first_block,
@@ -473,6 +474,42 @@ Status Client::Impl::Attend(ContextId id, std::uint32_t layer, std::uint64_t ste
   return Status::OK();
 }
 
+// ---------------------------------------------------------------- histories
+
+StatusOr<std::unique_ptr<gpu::PinnedHostBuffer>> Client::Impl::TakeHistory(std::uint64_t bytes) {
+  {
+    std::lock_guard<std::mutex> l(history_mu_);
+    auto it = history_cache_.lower_bound(bytes);  // the smallest that fits
+    if (it != history_cache_.end()) {
+      std::unique_ptr<gpu::PinnedHostBuffer> b = std::move(it->second);
+      history_cache_bytes_ -= it->first;
+      history_cache_.erase(it);
+      std::lock_guard<std::mutex> ml(metrics_mu_);
+      ++m_.histories_reused;
+      return b;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> ml(metrics_mu_);
+    ++m_.histories_allocated;
+  }
+  return o_.device->AllocatePinnedHost(bytes);
+}
+
+void Client::Impl::ReturnHistory(std::unique_ptr<gpu::PinnedHostBuffer> buffer) {
+  if (buffer == nullptr || o_.history_cache_bytes == 0) return;
+  const std::uint64_t size = buffer->bytes().size();
+  std::vector<std::unique_ptr<gpu::PinnedHostBuffer>> freed;  // freed outside the lock
+  std::lock_guard<std::mutex> l(history_mu_);
+  history_cache_.emplace(size, std::move(buffer));
+  history_cache_bytes_ += size;
+  while (history_cache_bytes_ > o_.history_cache_bytes) {  // the smallest go first
+    history_cache_bytes_ -= history_cache_.begin()->first;
+    freed.push_back(std::move(history_cache_.begin()->second));
+    history_cache_.erase(history_cache_.begin());
+  }
+}
+
 // ---------------------------------------------------------------- finish
 
 void Client::Impl::ReportObservations(Context& c) {
@@ -524,6 +561,7 @@ StatusOr<ContextReport> Client::Impl::Finish(ContextId id) {
   }
   KVF_RETURN_IF_ERROR(arena_->ReleaseContext(id));
   std::lock_guard<std::mutex> l(c->mu);
+  ReturnHistory(std::move(c->history));
   return c->report;
 }
 

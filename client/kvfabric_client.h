@@ -45,7 +45,8 @@
 // Ownership: the Client borrows options.device (which must outlive it) and
 // owns its UCX transport, its staging region (options.staging_bytes: half for
 // fetches, half for write-back), its device arena, its loader and saver
-// threads and every context. A context's history belongs to the Client; the
+// threads, every context and the idle histories it keeps
+// (options.history_cache_bytes). A context's history belongs to the Client; the
 // spans BlockPayload and History return stay valid until Finish.
 //
 // Threads: Match, NewContext, Load, WaitLayer, Save, Finish and metrics may be
@@ -120,6 +121,12 @@ struct ClientOptions {
   // Default 64 MiB: 32 MiB of fetches and 32 MiB of write-back in flight.
   // Each half must hold one block.
   std::uint64_t staging_bytes = std::uint64_t{64} << 20;
+  // Pinned host histories kept after Finish for later contexts
+  // (--client-history-cache-bytes): a new context takes the smallest kept
+  // buffer that fits instead of allocating (and faulting in, or pinning)
+  // fresh memory. Idle buffers only; in-use histories are not counted.
+  // Default 0: every history is freed at Finish.
+  std::uint64_t history_cache_bytes = 0;
   // The engine's prefill. Required.
   RecomputeFn recompute;
   // Deadline of each gRPC call (placement and daemons). Default 5 s.
@@ -153,6 +160,8 @@ struct ClientMetrics {
   std::uint64_t bytes_saved = 0;
   std::uint64_t save_us = 0;
   std::uint64_t save_failures = 0;  // blocks not written back (counted, logged)
+  std::uint64_t histories_allocated = 0;  // new pinned histories
+  std::uint64_t histories_reused = 0;     // taken from history_cache_bytes
   std::uint64_t attends = 0;
   std::uint64_t attend_us = 0;
   std::uint32_t peak_arena_pages = 0;  // held pool + staging pages at peak

@@ -131,6 +131,7 @@ class ClientEndToEndTest : public ::testing::Test {
     o.arena.page_bytes = page_bytes_;
     o.arena.staging_pages = 2;
     o.staging_bytes = 4 << 20;
+    o.history_cache_bytes = 64 << 20;  // later contexts reuse the first's history
     o.recompute = [this](const client::RecomputeRequest& r, std::span<std::byte> out) {
       return Prefill(r, out);
     };
@@ -275,6 +276,10 @@ TEST_F(ClientEndToEndTest, SavedHistoryLoadsExactlyAndSurvivesADaemonThroughReco
   EXPECT_GT(m.blocks_fallen_back, 0u);
   EXPECT_EQ(m.blocks_fallen_back, after.blocks_recomputed - PlannedRecompute(after));
   EXPECT_EQ(m.crc_failures, 0u);
+  // Three contexts of one size: one history allocated, reused twice (and the
+  // byte-for-byte checks above ran on reused memory).
+  EXPECT_EQ(m.histories_allocated, 1u);
+  EXPECT_EQ(m.histories_reused, 2u);
 }
 
 }  // namespace

@@ -205,6 +205,11 @@ typedef struct kvf_options {
    * unchanged and is borrowed until kvf_client_close returns. */
   kvf_recompute_fn recompute;
   void* recompute_user;
+
+  /* Pinned host histories kept after kvf_finish for later contexts
+   * [--client-history-cache-bytes]: no fresh memory to fault in or pin on
+   * the next request. Idle buffers only. Default 0: freed at kvf_finish. */
+  uint64_t history_cache_bytes;
 } kvf_options;
 
 /* Fills *options with the defaults above (required fields zero or NULL) and
@@ -340,6 +345,8 @@ typedef struct kvf_metrics {
   uint64_t attend_us;
   uint32_t peak_arena_pages; /* held pool + staging pages at peak */
   uint32_t arena_pages;      /* pool + staging pages */
+  uint64_t histories_allocated; /* new pinned histories */
+  uint64_t histories_reused;    /* taken from history_cache_bytes */
 } kvf_metrics;
 
 kvf_status kvf_client_metrics(kvf_client* client, kvf_metrics* out);
