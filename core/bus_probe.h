@@ -20,7 +20,8 @@
 //
 // Local probes (no daemon needed): CreateMemcpyProbe (host memory -> host memory, cold caches)
 // and CreateNvmeReadProbe (O_DIRECT reads of a scratch file). Probes that need a daemon or a
-// device live with the command (cli/calibrate_command.cc) and implement PathProbe.
+// device live with the command (cli/calibrate_command.cc, cli/calibrate_cache_host.cc) and
+// implement PathProbe.
 //
 // Timing uses std::chrono::steady_clock directly, not Env::NowMicros: a 64 KiB copy takes a
 // few microseconds, and Env's clock has a resolution of one.

@@ -1,0 +1,135 @@
+// Internal to the calibrate_command target: the timing helper its probes share, and the
+// cache-host probe's classes (UCX builds only; defined in calibrate_cache_host.cc).
+#ifndef KVFABRIC_CLI_CALIBRATE_INTERNAL_H_
+#define KVFABRIC_CLI_CALIBRATE_INTERNAL_H_
+
+#include <chrono>
+
+#ifdef KVF_HAVE_UCX
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "client/data_plane_client.h"
+#include "core/bus_probe.h"
+#include "core/status.h"
+#include "core/statusor.h"
+#include "kvfabric/v1/cache_host.grpc.pb.h"
+#include "proto/transfer_wire.h"
+#include "transport/transport.h"
+#endif
+
+namespace kvfabric::cli::calibrate_internal {
+
+using SteadyClock = std::chrono::steady_clock;
+
+inline double MicrosSince(SteadyClock::time_point start) {
+  return std::chrono::duration<double, std::micro>(SteadyClock::now() - start).count();
+}
+
+#ifdef KVF_HAVE_UCX
+
+// The largest probe block; a daemon's smaller max_block_bytes lowers it.
+constexpr std::uint64_t kMaxProbeBlockBytes = std::uint64_t{64} << 20;
+
+// The client side shared by every cache host: one UCX transport, one staging region of
+// max_bytes exported to each daemon, one data-plane client.
+struct ClientFabric {
+  // Declared in the order of creation, so that each is destroyed before what it borrows.
+  std::unique_ptr<transport::Transport> transport;
+  std::unique_ptr<transport::MemoryRegion> staging;
+  std::unique_ptr<client::DataPlaneClient> data;
+
+  static StatusOr<std::unique_ptr<ClientFabric>> Create(std::uint64_t staging_bytes);
+};
+
+// One daemon under measurement: its control stub, its limits, and the probe blocks it holds.
+class CacheHostSession {
+ public:
+  // Health (serving, host_id, limits) and Stats (room in the host pool); no data moves yet.
+  static StatusOr<std::unique_ptr<CacheHostSession>> Open(const std::string& address,
+                                                          std::span<const std::uint64_t> sizes,
+                                                          int timeout_ms);
+
+  ~CacheHostSession();
+
+  const std::string& host_id() const { return host_id_; }
+  const std::string& address() const { return address_; }
+
+  // Puts one set of blocks per size, read by TimedGet.
+  Status PrepareGets(ClientFabric* fabric, std::span<const std::uint64_t> sizes);
+
+  // Lease + kGet, timed; then (untimed) Release and a CRC check of every block read.
+  // REQUIRES: PrepareGets succeeded (also for TimedPut, which uses its fabric).
+  StatusOr<double> TimedGet(std::uint64_t bytes);
+
+  // Reserve + kPut + Commit of fresh blocks, timed; then (untimed) Delete.
+  StatusOr<double> TimedPut(std::uint64_t bytes);
+
+ private:
+  CacheHostSession(std::string address, int timeout_ms)
+      : address_(std::move(address)), timeout_ms_(timeout_ms), rng_(std::random_device{}()) {}
+
+  std::unique_ptr<grpc::ClientContext> Context() const;
+
+  // Long enough for the largest transfer, within the daemon's max_ttl_ms.
+  std::uint32_t TtlMs() const;
+
+  Status Call(const char* rpc, const grpc::Status& g) const;
+
+  StatusOr<BlockSplit> Split(std::uint64_t bytes) const;
+
+  std::vector<std::string> NewKeys(std::uint64_t n);
+
+  // CRC32C of each block of `split` as laid out in the staging region (its bytes never change:
+  // gets read back what was put from it).
+  const std::vector<std::uint32_t>& Crcs(const BlockSplit& split);
+
+  static void AppendRanges(const google::protobuf::RepeatedPtrField<v1::Extent>& extents,
+                           std::uint64_t region_offset, std::vector<wire::TransferRange>* out);
+
+  // Connects on first use (the transport address comes with the first grant), then moves
+  // `ranges` under the grant.
+  Status Move(client::DataOp op, std::uint64_t lease_id, const v1::TransportGrant& grant,
+              std::span<const wire::TransferRange> ranges);
+
+  Status Put(const BlockSplit& split, const std::vector<std::string>& keys,
+             const std::vector<std::uint32_t>& crcs);
+
+  Status DeleteKeys(const std::vector<std::string>& keys);
+
+  const std::string address_;
+  const int timeout_ms_;
+  std::string host_id_;
+  v1::Limits limits_;
+  std::uint64_t max_block_bytes_ = kMaxProbeBlockBytes;
+  std::unique_ptr<v1::CacheHost::Stub> stub_;
+  ClientFabric* fabric_ = nullptr;  // set by PrepareGets
+  client::DaemonConnection* conn_ = nullptr;
+  std::mt19937_64 rng_;
+  std::map<std::uint64_t, std::vector<std::string>> get_keys_;
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::vector<std::uint32_t>> crcs_;
+};
+
+class CacheHostProbe final : public PathProbe {
+ public:
+  CacheHostProbe(CacheHostSession* session, bool get) : session_(session), get_(get) {}
+  StatusOr<double> Measure(std::uint64_t bytes) override;
+
+ private:
+  CacheHostSession* const session_;
+  const bool get_;
+};
+
+#endif  // KVF_HAVE_UCX
+
+}  // namespace kvfabric::cli::calibrate_internal
+
+#endif  // KVFABRIC_CLI_CALIBRATE_INTERNAL_H_
