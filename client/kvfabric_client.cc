@@ -514,32 +514,45 @@ void Client::Impl::ReturnHistory(std::unique_ptr<gpu::PinnedHostBuffer> buffer) 
 
 void Client::Impl::ReportObservations(Context& c) {
   if (c.match.plan_id == 0 && c.stale.empty()) return;
-  v1::ReportObservationsRequest req;
-  req.set_namespace_(o_.namespace_name);
-  req.set_plan_id(c.match.plan_id);
-  *req.mutable_fingerprint() = fingerprint_;
-  // At most 256 of each (placement's max_keys_per_batch is larger).
-  for (std::size_t i = 0; i < c.transfers.size() && i < 256; ++i) {
-    *req.add_transfers() = c.transfers[i];
+  // In requests of at most kPer entries per list (placement's
+  // max_keys_per_batch is larger); the plan finishes with the last one.
+  constexpr std::size_t kPer = 256;
+  const std::size_t rounds =
+      std::max({c.transfers.size(), c.recomputes.size(), c.stale.size(), c.fallback_runs.size(),
+                std::size_t{1}}) + kPer - 1;
+  for (std::size_t round = 0; round < rounds / kPer; ++round) {
+    const std::size_t from = round * kPer;
+    v1::ReportObservationsRequest req;
+    req.set_namespace_(o_.namespace_name);
+    req.set_plan_id(c.match.plan_id);
+    *req.mutable_fingerprint() = fingerprint_;
+    for (std::size_t i = from; i < c.transfers.size() && i < from + kPer; ++i) {
+      *req.add_transfers() = c.transfers[i];
+    }
+    for (std::size_t i = from; i < c.recomputes.size() && i < from + kPer; ++i) {
+      *req.add_recomputes() = c.recomputes[i];
+    }
+    for (std::size_t i = from; i < c.stale.size() && i < from + kPer; ++i) {
+      *req.add_stale_entries() = c.stale[i];
+    }
+    for (std::size_t i = from; i < c.fallback_runs.size() && i < from + kPer; ++i) {
+      req.add_fallback_runs(c.fallback_runs[i]);
+    }
+    const bool last = round + 1 == rounds / kPer;
+    req.set_plan_finished(last && c.match.plan_id != 0);
+    if (last && c.match.plan_id != 0) req.set_observed_total_us(c.report.load_us);
+    v1::ReportObservationsResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(RpcDeadline());
+    grpc::Status g = placement_->ReportObservations(&ctx, req, &resp);
+    if (!g.ok()) {
+      spdlog::warn("kvfabric client: reporting plan {}'s observations: {}", c.match.plan_id,
+                   g.error_message());
+      return;
+    }
+    std::lock_guard<std::mutex> l(metrics_mu_);
+    m_.stale_entries_reported += static_cast<std::uint64_t>(req.stale_entries_size());
   }
-  for (std::size_t i = 0; i < c.recomputes.size() && i < 256; ++i) {
-    *req.add_recomputes() = c.recomputes[i];
-  }
-  for (std::size_t i = 0; i < c.stale.size() && i < 256; ++i) *req.add_stale_entries() = c.stale[i];
-  for (std::uint32_t r : c.fallback_runs) req.add_fallback_runs(r);
-  req.set_plan_finished(c.match.plan_id != 0);
-  if (c.match.plan_id != 0) req.set_observed_total_us(c.report.load_us);
-  v1::ReportObservationsResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(RpcDeadline());
-  grpc::Status g = placement_->ReportObservations(&ctx, req, &resp);
-  if (!g.ok()) {
-    spdlog::warn("kvfabric client: reporting plan {}'s observations: {}", c.match.plan_id,
-                 g.error_message());
-    return;
-  }
-  std::lock_guard<std::mutex> l(metrics_mu_);
-  m_.stale_entries_reported += static_cast<std::uint64_t>(req.stale_entries_size());
 }
 
 StatusOr<ContextReport> Client::Impl::Finish(ContextId id) {
