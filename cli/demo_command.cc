@@ -1,6 +1,7 @@
 #include "cli/demo_command.h"
 
 #include <signal.h>
+#include <unistd.h>
 #include <stdlib.h>
 
 #include <bit>
@@ -251,9 +252,21 @@ Status Demo::RunTurn(std::uint32_t index, std::uint32_t conversation, std::uint3
     std::lock_guard<std::mutex> l(mu_);
     context_keys_[ctx] = &all;
   }
+  // A live line on a terminal while the turn runs; the summary line replaces it.
+  const bool live = isatty(STDOUT_FILENO) != 0;
+  auto progress = [&](const char* phase, std::uint32_t done, std::uint32_t of) {
+    if (!live) return;
+    std::printf("\r[%u/%u] conversation %c turn %u: %6llu tokens | plan %-13s | %s %u/%u   ",
+                index + 1, total_turns_, static_cast<char>('A' + conversation), turn + 1,
+                static_cast<unsigned long long>(tokens), match.kind.c_str(), phase, done, of);
+    std::fflush(stdout);
+  };
   KVF_RETURN_IF_ERROR(client_->Load(match, ctx));
-  for (std::uint32_t l = 0; l < a_.layers; ++l) KVF_RETURN_IF_ERROR(client_->WaitLayer(ctx, l));
-  const auto loaded = Clock::now();
+  progress("loading, layers ready", 0, a_.layers);
+  for (std::uint32_t l = 0; l < a_.layers; ++l) {
+    KVF_RETURN_IF_ERROR(client_->WaitLayer(ctx, l));
+    progress("loading, layers ready", l + 1, a_.layers);
+  }
   // Write back what is not cached yet (placement skips blocks it knows).
   for (std::uint32_t l = 0; l < a_.layers; ++l) KVF_RETURN_IF_ERROR(client_->Save(ctx, l, 0, chain));
   // One decode step over every layer; a sample checked bit for bit.
@@ -265,6 +278,7 @@ Status Demo::RunTurn(std::uint32_t index, std::uint32_t conversation, std::uint3
   const auto attend_start = Clock::now();
   double check_s = 0;
   for (std::uint32_t l = 0; l < a_.layers; ++l) {
+    progress("decode, layers attended", l, a_.layers);
     for (float& x : q) x = dist(rng_);
     KVF_RETURN_IF_ERROR(client_->Attend(ctx, l, index, q, out, lse));
     const bool check = a_.check_layers > 0 &&
@@ -304,6 +318,7 @@ Status Demo::RunTurn(std::uint32_t index, std::uint32_t conversation, std::uint3
   t_.checks += checks;
   t_.check_failures += failures;
   t_.largest_history_bytes = std::max(t_.largest_history_bytes, tokens / tpb * block_bytes_);
+  if (live) std::printf("\r");
   std::printf("[%u/%u] conversation %c turn %u: %6llu tokens | plan %-13s predicted %7.0f ms, "
               "load %7.0f ms | host %6llu, nvme %6llu, recomputed %6llu tokens | exact %u/%u | "
               "%.1f s\n",
@@ -314,7 +329,6 @@ Status Demo::RunTurn(std::uint32_t index, std::uint32_t conversation, std::uint3
               static_cast<unsigned long long>(nvme_tokens),
               static_cast<unsigned long long>(recomputed), checks - failures, checks,
               Seconds(Clock::now() - start));
-  (void)loaded;
   std::fflush(stdout);
   return Status::OK();
 }
