@@ -145,7 +145,9 @@ class Client::Impl {
   v1::ModelFingerprint fingerprint_;
   std::string fingerprint_digest_;
   std::uint64_t block_bytes_ = 0;
-  std::uint64_t layer_bytes_ = 0;  // one layer of one block, K and V
+  // Blocks per Lease / Reserve batch: at most 16, and what half the staging
+  // region holds.
+  std::size_t blocks_per_batch_ = 1;
   std::string client_node_;
 
   std::unique_ptr<v1::Placement::Stub> placement_;

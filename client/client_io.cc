@@ -15,8 +15,6 @@
 namespace kvfabric::client {
 namespace {
 
-constexpr std::size_t kMaxBlocksPerBatch = 16;
-
 double MicrosSince(Clock::time_point start) {
   return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
 }
@@ -27,6 +25,51 @@ std::string KeyBytes(const BlockKey& key) {
 
 Status EntryError(const v1::EntryStatus& s, const std::string& what) {
   return Status(static_cast<StatusCode>(s.code()), what + ": " + s.message());
+}
+
+// A daemon that failed this way is gone or stuck for this load.
+bool HostDown(const Status& s) {
+  return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded;
+}
+
+template <typename Extents>
+std::uint64_t ExtentBytes(const Extents& extents) {
+  std::uint64_t n = 0;
+  for (const v1::Extent& x : extents) n += x.length_bytes();
+  return n;
+}
+
+// Appends one range per extent, mapping the block's bytes to the staging
+// region from `staging_offset` on.
+template <typename Extents>
+void AppendRanges(const Extents& extents, std::uint64_t staging_offset,
+                  std::vector<wire::TransferRange>* ranges) {
+  for (const v1::Extent& x : extents) {
+    ranges->push_back({x.offset_bytes(), x.length_bytes(), staging_offset});
+    staging_offset += x.length_bytes();
+  }
+}
+
+// The grant's 16-byte access token; Internal naming `what` if it is not 16 bytes.
+StatusOr<std::array<std::uint8_t, 16>> GrantToken(const v1::TransportGrant& grant,
+                                                  const char* what) {
+  std::array<std::uint8_t, 16> token{};
+  if (grant.access_token().size() != token.size()) {
+    return Status::Internal(std::string(what) + " grant's access token has " +
+                            std::to_string(grant.access_token().size()) + " bytes, not 16");
+  }
+  std::memcpy(token.data(), grant.access_token().data(), token.size());
+  return token;
+}
+
+v1::TransferObservation Observation(v1::BusPath path, const std::string& host_id,
+                                    std::uint64_t bytes, double us) {
+  v1::TransferObservation o;
+  o.set_path(path);
+  o.set_host_id(host_id);
+  o.set_bytes(bytes);
+  o.set_observed_us(us);
+  return o;
 }
 
 }  // namespace
@@ -165,7 +208,7 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
     if (!s.ok()) {
       spdlog::warn("kvfabric client: context {}: {} of its blocks on {} not fetched: {}", c->id,
                    by_host[h].size(), m.hosts[h].host_id, s.ToString());
-      dead[h] = s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded;
+      dead[h] = HostDown(s);
     }
     for (std::uint32_t b : by_host[h]) {
       missing[run_of[b]].push_back(b);
@@ -183,7 +226,7 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
       const std::size_t before = blocks.size();
       Status s = FetchFrom(*c, m.hosts[h], &blocks);
       from_fallback += static_cast<std::uint32_t>(before - blocks.size());
-      dead[h] = s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded;
+      dead[h] = HostDown(s);
     }
     const auto recomputed = static_cast<std::uint32_t>(blocks.size());
     for (std::size_t i = 0; i < blocks.size() && status.ok();) {
@@ -212,8 +255,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
                                std::vector<std::uint32_t>* blocks) {
   auto daemon = GetDaemon(host);
   if (!daemon.ok()) return daemon.status();
-  const std::size_t per_batch = std::max<std::size_t>(
-      1, std::min<std::size_t>(kMaxBlocksPerBatch, o_.staging_bytes / 2 / block_bytes_));
+  const std::size_t per_batch = blocks_per_batch_;
   std::vector<std::uint32_t> left;
   Status first;
   for (std::size_t i = 0; i < blocks->size(); i += per_batch) {
@@ -226,7 +268,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
     }
     if (s.ok()) continue;
     if (first.ok()) first = s.WithContext("daemon " + host.host_id);
-    if (s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded) {
+    if (HostDown(s)) {
       // The daemon is gone or stuck: the rest of the run goes elsewhere.
       DropDaemon(host.grpc_address);
       left.insert(left.end(), blocks->begin() + static_cast<std::ptrdiff_t>(i + batch.size()),
@@ -295,8 +337,7 @@ Status Client::Impl::FetchBatch(Context& c, Daemon& d, std::span<const std::uint
       continue;
     }
     // Every size from the network is checked before bytes move.
-    std::uint64_t extent_bytes = 0;
-    for (const v1::Extent& x : r.extents()) extent_bytes += x.length_bytes();
+    const std::uint64_t extent_bytes = ExtentBytes(r.extents());
     if (r.block().payload_bytes() != block_bytes_ || extent_bytes != block_bytes_) {
       if (first.ok()) {
         first = Status::DataLoss(what + ": daemon offers " +
@@ -306,26 +347,20 @@ Status Client::Impl::FetchBatch(Context& c, Daemon& d, std::span<const std::uint
       }
       continue;
     }
-    std::uint64_t pos = leased.size() * block_bytes_;
-    for (const v1::Extent& x : r.extents()) {
-      ranges.push_back({x.offset_bytes(), x.length_bytes(), pos});
-      pos += x.length_bytes();
-    }
+    AppendRanges(r.extents(), leased.size() * block_bytes_, &ranges);
     leased.push_back(k);
   }
   if (leased.empty()) {
     release();
     return first;
   }
-  if (resp.grant().access_token().size() != 16) {
+  const StatusOr<std::array<std::uint8_t, 16>> token = GrantToken(resp.grant(), "Lease");
+  if (!token.ok()) {
     release();
-    return Status::Internal("Lease grant's access token has " +
-                            std::to_string(resp.grant().access_token().size()) + " bytes, not 16");
+    return token.status();
   }
-  std::array<std::uint8_t, 16> token{};
-  std::memcpy(token.data(), resp.grant().access_token().data(), 16);
   const auto start = Clock::now();
-  Status s = data_->Transfer(d.conn, DataOp::kGet, resp.lease_id(), token, kStagingRegionId,
+  Status s = data_->Transfer(d.conn, DataOp::kGet, resp.lease_id(), *token, kStagingRegionId,
                              ranges, Clock::now() + o_.transfer_timeout);
   const double us = MicrosSince(start);
   if (!s.ok()) {
@@ -358,12 +393,8 @@ Status Client::Impl::FetchBatch(Context& c, Daemon& d, std::span<const std::uint
   release();
   {
     std::lock_guard<std::mutex> l(c.mu);
-    v1::TransferObservation o;
-    o.set_path(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST);
-    o.set_host_id(d.host_id);
-    o.set_bytes(leased.size() * block_bytes_);
-    o.set_observed_us(us);
-    c.transfers.push_back(o);
+    c.transfers.push_back(Observation(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST, d.host_id,
+                                      leased.size() * block_bytes_, us));
     c.report.blocks_fetched += static_cast<std::uint32_t>(bytes / block_bytes_);
     c.report.bytes_fetched += bytes;
     c.report.fetch_from_host_tier_bytes += host_tier;
@@ -382,8 +413,7 @@ Status Client::Impl::FetchBatch(Context& c, Daemon& d, std::span<const std::uint
 // ---------------------------------------------------------------- write-back
 
 void Client::Impl::SaverLoop() {
-  const std::size_t per_batch = std::max<std::size_t>(
-      1, std::min<std::size_t>(kMaxBlocksPerBatch, o_.staging_bytes / 2 / block_bytes_));
+  const std::size_t per_batch = blocks_per_batch_;
   for (;;) {
     std::vector<SaveJob> jobs;
     {
@@ -515,8 +545,7 @@ Status Client::Impl::SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs
       (*saved)[k] = true;  // someone wrote it first: it is cached
       continue;
     }
-    std::uint64_t extent_bytes = 0;
-    for (const v1::Extent& x : r.extents()) extent_bytes += x.length_bytes();
+    const std::uint64_t extent_bytes = ExtentBytes(r.extents());
     if (r.status().code() != 0 || extent_bytes != block_bytes_) {
       if (first.ok()) {
         first = r.status().code() != 0
@@ -530,22 +559,14 @@ Status Client::Impl::SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs
     std::span<const std::byte> src =
         jobs[k]->context->history->bytes().subspan(jobs[k]->block * block_bytes_, block_bytes_);
     std::memcpy(staging.data() + off, src.data(), block_bytes_);
-    std::uint64_t pos = off;
-    for (const v1::Extent& x : r.extents()) {
-      ranges.push_back({x.offset_bytes(), x.length_bytes(), pos});
-      pos += x.length_bytes();
-    }
+    AppendRanges(r.extents(), off, &ranges);
     v1::CommitEntry* e = commit.add_entries();
     e->set_key(KeyBytes(jobs[k]->key));
     e->set_crc32c(crc32c::Value(staging.subspan(off, block_bytes_)));
     reserved.push_back(k);
   }
   if (reserved.empty()) return first;
-  if (resp.grant().access_token().size() != 16) {
-    return Status::Internal("Reserve grant's access token is not 16 bytes");
-  }
-  std::array<std::uint8_t, 16> token{};
-  std::memcpy(token.data(), resp.grant().access_token().data(), 16);
+  KVF_ASSIGN_OR_RETURN(const auto token, GrantToken(resp.grant(), "Reserve"));
   const auto start = Clock::now();
   Status s = data_->Transfer(d->conn, DataOp::kPut, resp.lease_id(), token, kStagingRegionId,
                              ranges, Clock::now() + o_.transfer_timeout);
@@ -569,12 +590,8 @@ Status Client::Impl::SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs
   }
   Context& c = *jobs[reserved.front()]->context;
   std::lock_guard<std::mutex> l(c.mu);
-  v1::TransferObservation o;
-  o.set_path(v1::BUS_PATH_LOCAL_HOST_TO_REMOTE_HOST);
-  o.set_host_id(h.host_id);
-  o.set_bytes(reserved.size() * block_bytes_);
-  o.set_observed_us(us);
-  c.transfers.push_back(o);
+  c.transfers.push_back(Observation(v1::BUS_PATH_LOCAL_HOST_TO_REMOTE_HOST, h.host_id,
+                                    reserved.size() * block_bytes_, us));
   std::lock_guard<std::mutex> ml(metrics_mu_);
   m_.save_us += static_cast<std::uint64_t>(us);
   return first;

@@ -73,13 +73,14 @@ Status Client::Impl::Init() {
                                    std::to_string(o_.model.tokens_per_block));
   }
   KVF_ASSIGN_OR_RETURN(block_bytes_, o_.model.BlockBytes());
-  layer_bytes_ = block_bytes_ / o_.model.layer_count;
   if (o_.staging_bytes / 2 < block_bytes_) {
     return Status::InvalidArgument(
         "client: staging_bytes (--client-staging-bytes) " + std::to_string(o_.staging_bytes) +
         " must hold two blocks of " + std::to_string(block_bytes_) +
         " bytes (one fetch, one write-back)");
   }
+  blocks_per_batch_ = static_cast<std::size_t>(
+      std::min<std::uint64_t>(16, o_.staging_bytes / 2 / block_bytes_));
   if (o_.rpc_timeout.count() <= 0 || o_.transfer_timeout.count() <= 0) {
     return Status::InvalidArgument("client: rpc_timeout and transfer_timeout must be positive");
   }
