@@ -1,0 +1,281 @@
+// PlacementNode: plans (alternatives, path load, fallbacks, explanations,
+// observations), split from placement_node_test.cc.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+#include "core/testing/test_seed.h"
+
+#include "server/placement/placement_node.h"
+#include "server/placement/placement_node_test_fixture.h"
+
+namespace kvfabric::placement {
+namespace {
+
+TEST_F(PlacementNodeTest, PlanIsNeverPredictedSlowerThanRecomputeAllOrFetchAll) {
+  const std::uint64_t seed =
+      TestSeed("PlacementNodeTest.PlanIsNeverPredictedSlowerThanRecomputeAllOrFetchAll");
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  const auto log_uniform = [&](double lo, double hi) { return lo * std::pow(hi / lo, unit(rng)); };
+  options_.remote_to_local = {log_uniform(1, 200), log_uniform(1e9, 50e9)};
+  options_.local_memcpy = {log_uniform(1, 20), log_uniform(5e9, 50e9)};
+  options_.nvme_to_host = {log_uniform(10, 500), log_uniform(1e9, 10e9)};
+  options_.recompute = {log_uniform(100, 5000), log_uniform(1, 200), log_uniform(1e-5, 1e-2)};
+  Start();
+  const int hosts = 2 + static_cast<int>(rng() % 4);
+  std::vector<std::uint64_t> leases;
+  for (int h = 0; h < hosts; ++h) {
+    leases.push_back(Register(Rec("h" + std::to_string(h), 1, h == 0 ? "node-0" : "node-x")));
+  }
+  constexpr int kBlocks = 40;
+  for (int h = 0; h < hosts; ++h) {
+    std::vector<BlockEvent> ev;
+    for (int i = 0; i < kBlocks; ++i) {
+      if (unit(rng) < 0.6) ev.push_back(Commit(i, unit(rng) < 0.5 ? Tier::kHost : Tier::kNvme));
+    }
+    Report("h" + std::to_string(h), 1, leases[h], ev);
+  }
+  for (int trial = 0; trial < 50; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % kBlocks);
+    PlanRequest req;
+    req.ns = "t";
+    req.chain = Chain(n);
+    req.client_id = "client-" + std::to_string(trial % 3);
+    req.client_node = trial % 2 ? "node-0" : "elsewhere";
+    req.suffix_tokens = rng() % 64;
+    auto res = node_->Plan(req);
+    ASSERT_TRUE(res.ok()) << res.status().ToString();
+    const kvfabric::Plan& plan = res->plan;
+    const double recompute_all = RecomputeMicros(
+        options_.recompute, static_cast<double>(n * kTokens + req.suffix_tokens), 0);
+    EXPECT_NEAR(Alternative(plan, PlanKind::kRecomputeAll), recompute_all, 1e-9 * recompute_all);
+    const double bound = std::min(recompute_all, Alternative(plan, PlanKind::kFetchAll));
+    EXPECT_LE(plan.predicted_total_us, bound * (1 + 1e-12)) << "trial " << trial;
+    std::uint32_t covered = 0;
+    for (const auto& run : plan.runs) {
+      ASSERT_EQ(run.first_block, covered);
+      if (run.action == RunAction::kFetch) {
+        for (std::uint32_t b = run.first_block; b < run.first_block + run.block_count; ++b) {
+          bool held = false;
+          for (const auto& r : res->locations.blocks[b]) {
+            held |= r.host_index == run.host_index && r.tier == run.tier;
+          }
+          EXPECT_TRUE(held) << "block " << b << " fetched from a host that does not hold it";
+        }
+      }
+      covered += run.block_count;
+    }
+    EXPECT_EQ(covered, static_cast<std::uint32_t>(n));
+    node_->ReportPlanFinished(res->plan_id);
+  }
+  EXPECT_EQ(node_->Snapshot().plans, 50u);
+  EXPECT_EQ(node_->Snapshot().plans_admitted, 0u);
+}
+
+TEST_F(PlacementNodeTest, APlanLoadsItsPathsUntilFinishedOrPastItsDeadline) {
+  Start();
+  const std::uint64_t la = Register(Rec("a", 1));
+  Report("a", 1, la, Commits(0, 8));
+  const PlanResult first = MakePlan(8);
+  ASSERT_EQ(first.plan.kind, PlanKind::kFetchAll);
+  EXPECT_EQ(node_->Snapshot().plans_admitted, 1u);
+  // The second plan queues behind the first's bytes.
+  const PlanResult second = MakePlan(8);
+  EXPECT_GT(Alternative(second.plan, PlanKind::kFetchAll),
+            Alternative(first.plan, PlanKind::kFetchAll));
+  ObservationReport done;
+  done.ns = "t";
+  done.plan_id = first.plan_id;
+  done.plan_finished = true;
+  done.observed_total_us = first.plan.predicted_total_us * 1.5;
+  ASSERT_TRUE(node_->ReportObservations(done).ok());
+  ASSERT_TRUE(node_->ReportObservations(done).ok());  // idempotent
+  EXPECT_EQ(node_->Snapshot().plans_admitted, 1u);
+  EXPECT_EQ(node_->Snapshot().plans_finished, 1u);
+  // The second expires by its deadline (predicted end x 2 + 100 ms).
+  env_.Advance(static_cast<std::uint64_t>(second.plan.predicted_total_us * 2) + 100'001);
+  node_->Maintain();
+  EXPECT_EQ(node_->Snapshot().plans_admitted, 0u);
+  EXPECT_EQ(node_->Snapshot().plans_expired, 1u);
+  const PlanResult third = MakePlan(8);
+  EXPECT_DOUBLE_EQ(Alternative(third.plan, PlanKind::kFetchAll),
+                   Alternative(first.plan, PlanKind::kFetchAll));
+  // Predicted vs observed of the finished plan.
+  const PlacementSnapshot s = node_->Snapshot();
+  EXPECT_EQ(s.plan_error.count, 1u);
+  EXPECT_NEAR(s.plan_error.worst_abs, 0.5, 1e-9);
+  auto x = node_->Explain(first.plan_id);
+  ASSERT_TRUE(x.ok());
+  ASSERT_TRUE(x->observed_total_us.has_value());
+  EXPECT_DOUBLE_EQ(*x->observed_total_us, done.observed_total_us);
+}
+
+TEST_F(PlacementNodeTest, AHostOnTheClientsNodeIsReadOverTheMemcpyPath) {
+  options_.remote_to_local = {20.0, 2e9};
+  options_.local_memcpy = {2.0, 20e9};
+  Start();
+  const std::uint64_t la = Register(Rec("a", 1, "gpu-node-3"));
+  Report("a", 1, la, Commits(0, 8));
+  const PlanResult remote = MakePlan(8, "gpu-node-9");
+  node_->ReportPlanFinished(remote.plan_id);
+  const PlanResult local = MakePlan(8, "gpu-node-3");
+  node_->ReportPlanFinished(local.plan_id);
+  // 8 MiB at 2 GB/s vs (bottleneck host->device) 25 GB/s.
+  const double bytes = 8.0 * kBlockBytes;
+  const double want_remote = 10 + 20 + bytes / 2e9 * 1e6;
+  const double want_local = 10 + 2 + bytes / 20e9 * 1e6;  // memcpy 20 GB/s is the bottleneck
+  EXPECT_NEAR(Alternative(remote.plan, PlanKind::kFetchAll), want_remote, 1e-6 * want_remote);
+  EXPECT_NEAR(Alternative(local.plan, PlanKind::kFetchAll), want_local, 1e-6 * want_local);
+}
+
+TEST_F(PlacementNodeTest, PlanNamesFallbackHostsThatHoldTheWholeRun) {
+  Start();
+  const std::uint64_t la = Register(Rec("a", 1));
+  const std::uint64_t lb = Register(Rec("b", 1));
+  const std::uint64_t lc = Register(Rec("c", 1));
+  Report("a", 1, la, Commits(0, 4));
+  Report("b", 1, lb, Commits(0, 4, Tier::kNvme));
+  Report("c", 1, lc, Commits(0, 2));
+  const PlanResult p = MakePlan(4);
+  ASSERT_EQ(p.plan.kind, PlanKind::kFetchAll);
+  ASSERT_EQ(p.plan.runs.size(), 1u);
+  EXPECT_EQ(p.locations.hosts[p.plan.runs[0].host_index].host_id, "a");
+  ASSERT_EQ(p.fallback_host_indices.size(), 1u);
+  std::vector<std::string> fallbacks;
+  for (std::uint32_t h : p.fallback_host_indices[0]) {
+    fallbacks.push_back(p.locations.hosts[h].host_id);
+  }
+  EXPECT_EQ(fallbacks, (std::vector<std::string>{"b"}));  // c lacks blocks 2 and 3
+}
+
+TEST_F(PlacementNodeTest, PlanUsesTheLocationsTheClientSawWhenGiven) {
+  Start();
+  const std::uint64_t la = Register(Rec("a", 1));
+  Report("a", 1, la, Commits(0, 4));
+  const std::vector<BlockKey> keys = Keys(4);
+  auto seen = node_->Locate("t", keys);
+  ASSERT_TRUE(seen.ok());
+  ASSERT_TRUE(node_->Deregister(la).ok());
+  PlanRequest req;
+  req.ns = "t";
+  req.chain = Chain(4);
+  req.locations = *seen;
+  auto p = node_->Plan(req);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->plan.kind, PlanKind::kFetchAll);
+  EXPECT_EQ(p->locations.hosts[p->plan.runs[0].host_index].host_id, "a");
+  req.locations->blocks.pop_back();
+  auto bad = node_->Plan(req);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("locations.blocks: 3 != 4 keys"), std::string::npos);
+  req.locations.reset();
+  EXPECT_EQ(node_->Plan(req)->plan.kind, PlanKind::kRecomputeAll);
+}
+
+TEST_F(PlacementNodeTest, ListHostsReportsTheLeaseTimeLeft) {
+  Start();
+  const std::uint64_t la = Register(Rec("a", 1), 3000);
+  env_.Advance(1'000'000);
+  EXPECT_EQ(node_->ListHosts()[0].lease_remaining_ms, 2000u);
+  auto hb = node_->Heartbeat(la, nullptr);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->ttl_ms, 3000u);
+  EXPECT_EQ(node_->ListHosts()[0].lease_remaining_ms, 3000u);
+  EXPECT_NE(node_->ListHosts()[0].last_heartbeat_unix_us, 0u);
+  MemberRecord other = Rec("a", 2);
+  EXPECT_EQ(node_->Heartbeat(la, &other).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(PlacementNodeTest, ExplainKeepsABoundedHistory) {
+  options_.plan_history = 2;
+  Start();
+  const std::uint64_t la = Register(Rec("a", 1));
+  Report("a", 1, la, Commits(0, 4));
+  const PlanResult p1 = MakePlan(4);
+  PlanRequest req;
+  req.ns = "t";
+  req.chain = Chain(4);
+  req.include_explanation = true;
+  auto p2 = node_->Plan(req);
+  ASSERT_TRUE(p2.ok());
+  EXPECT_TRUE(p1.plan.explanation.empty());  // not asked for
+  EXPECT_FALSE(p2->plan.explanation.empty());
+  EXPECT_NE(p2->plan_id, p1.plan_id);
+  auto x1 = node_->Explain(p1.plan_id);
+  ASSERT_TRUE(x1.ok()) << x1.status().ToString();
+  EXPECT_FALSE(x1->text.empty());  // kept for Explain even though the response left it out
+  EXPECT_EQ(x1->kind, p1.plan.kind);
+  EXPECT_NE(x1->formula.find("t_recompute"), std::string::npos);
+  bool has_term = false;
+  for (const auto& t : x1->terms) has_term |= t.name == "t_recompute_all" && t.unit == "us";
+  EXPECT_TRUE(has_term);
+  const PlanResult p3 = MakePlan(4);
+  auto gone = node_->Explain(p1.plan_id);
+  EXPECT_EQ(gone.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(gone.status().message().find("plan_history 2"), std::string::npos);
+  EXPECT_TRUE(node_->Explain(p3.plan_id).ok());
+  EXPECT_EQ(node_->Explain(12345).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(node_->Snapshot().plan_history, 2u);
+}
+
+TEST_F(PlacementNodeTest, ObservationsScorePathsAndDropStaleEntries) {
+  Start();
+  const std::uint64_t la = Register(Rec("a", 1));
+  const std::uint64_t lb = Register(Rec("b", 1));
+  Report("a", 1, la, Commits(0, 2));
+  Report("b", 1, lb, Commits(0, 2));
+  ObservationReport r;
+  r.ns = "t";
+  r.model_id = "m";
+  for (int i = 0; i < 4; ++i) {
+    const std::uint64_t bytes = kBlockBytes << i;
+    // Twice the default model's prediction: error +1.
+    r.transfers.push_back({BusPath::kRemoteHostToLocalHost, "a", bytes,
+                           2 * FetchMicros(options_.remote_to_local, static_cast<double>(bytes))});
+  }
+  r.transfers.push_back({BusPath::kRemoteHostToLocalHost, "not-a-member", kBlockBytes, 10.0});
+  r.recomputes.push_back({64, 0, 2 * RecomputeMicros(options_.recompute, 64, 0)});
+  r.stale_entries.push_back({"a", Key(0)});
+  r.fallback_runs = {0};
+  ASSERT_TRUE(node_->ReportObservations(r).ok());
+  const PlacementSnapshot s = node_->Snapshot();
+  bool found = false;
+  for (const auto& p : s.paths) {
+    if (p.path == BusPath::kRemoteHostToLocalHost && p.host_id == "a") {
+      found = true;
+      EXPECT_EQ(p.error.count, 4u);
+      EXPECT_NEAR(p.error.worst_abs, 1.0, 1e-9);
+    }
+    EXPECT_NE(p.host_id, "not-a-member");
+  }
+  EXPECT_TRUE(found);
+  ASSERT_EQ(s.models.size(), 1u);
+  EXPECT_EQ(s.models[0].model_id, "m");
+  EXPECT_EQ(s.models[0].error.count, 1u);
+  EXPECT_EQ(s.observations_unscored, 1u);
+  EXPECT_EQ(s.stale_reports, 1u);
+  EXPECT_EQ(s.fallback_runs, 1u);
+  EXPECT_EQ(s.directory.stale_replicas_removed, 1u);
+  const std::vector<BlockKey> keys = Keys(2);
+  EXPECT_EQ(Holders(*node_->Locate("t", keys)),
+            (std::vector<std::vector<std::string>>{{"b"}, {"a", "b"}}));
+
+  ObservationReport bad;
+  bad.transfers.push_back({BusPath::kRemoteHostToLocalHost, "a", 0, 5.0});
+  EXPECT_EQ(node_->ReportObservations(bad).code(), StatusCode::kInvalidArgument);
+  ObservationReport unknown_plan;
+  unknown_plan.plan_id = 777;
+  unknown_plan.plan_finished = true;
+  EXPECT_TRUE(node_->ReportObservations(unknown_plan).ok());
+  EXPECT_EQ(node_->Snapshot().observations_unknown_plan, 1u);
+}
+
+}  // namespace
+}  // namespace kvfabric::placement
