@@ -4,6 +4,7 @@
 //
 // Blocks are of TestFingerprint(): 2 layers x 2 (K, V) x 16 tokens x 2 heads x 16 dims x bf16 =
 // 4096 bytes. The cost model makes fetching a cached block far cheaper than recomputing it.
+#include "core/testing/fake_clock_env.h"
 #include "server/placement_service.h"
 
 #include <grpcpp/grpcpp.h>
@@ -29,40 +30,6 @@ namespace {
 constexpr char kNs[] = "tenant-a";
 constexpr std::uint64_t kBlockBytes = 4096;
 constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
-
-// An Env whose clocks only move when the test says so; files go to the real Env.
-class FakeClockEnv final : public Env {
- public:
-  void Advance(std::uint64_t us) { now_us_ += us; }
-
-  StatusOr<std::unique_ptr<RandomRWFile>> NewRandomRWFile(const std::string& path,
-                                                          const FileOptions& options) override {
-    return base_->NewRandomRWFile(path, options);
-  }
-  bool FileExists(const std::string& path) override { return base_->FileExists(path); }
-  StatusOr<std::vector<std::string>> GetChildren(const std::string& dir) override {
-    return base_->GetChildren(dir);
-  }
-  Status CreateDirIfMissing(const std::string& dir) override {
-    return base_->CreateDirIfMissing(dir);
-  }
-  Status DeleteFile(const std::string& path) override { return base_->DeleteFile(path); }
-  Status DeleteDir(const std::string& dir) override { return base_->DeleteDir(dir); }
-  Status RenameFile(const std::string& src, const std::string& target) override {
-    return base_->RenameFile(src, target);
-  }
-  StatusOr<uint64_t> GetFileSize(const std::string& path) override {
-    return base_->GetFileSize(path);
-  }
-  Status SyncDir(const std::string& dir) override { return base_->SyncDir(dir); }
-  uint64_t NowMicros() override { return now_us_; }
-  uint64_t WallMicros() override { return 1'700'000'000'000'000 + now_us_; }
-  void SleepForMicros(uint64_t micros) override { now_us_ += micros; }
-
- private:
-  Env* const base_ = Env::Default();
-  std::atomic<std::uint64_t> now_us_{1'000'000};
-};
 
 std::string Key(int i) {
   std::string key(BlockKey::kSize, '\x5A');

@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+
 #include "core/testing/test_seed.h"
 
 #include "server/placement/placement_node.h"

@@ -14,45 +14,12 @@
 #include <string>
 #include <thread>
 #include <vector>
-#include "core/testing/test_seed.h"
 
+#include "core/testing/fake_clock_env.h"
+#include "core/testing/test_seed.h"
 #include "server/placement/placement_node.h"
 
 namespace kvfabric::placement {
-
-// An Env whose clocks only move when the test says so; files go to the real Env.
-class FakeClockEnv final : public Env {
- public:
-  void Advance(std::uint64_t us) { now_us_ += us; }
-
-  StatusOr<std::unique_ptr<RandomRWFile>> NewRandomRWFile(const std::string& path,
-                                                          const FileOptions& options) override {
-    return base_->NewRandomRWFile(path, options);
-  }
-  bool FileExists(const std::string& path) override { return base_->FileExists(path); }
-  StatusOr<std::vector<std::string>> GetChildren(const std::string& dir) override {
-    return base_->GetChildren(dir);
-  }
-  Status CreateDirIfMissing(const std::string& dir) override {
-    return base_->CreateDirIfMissing(dir);
-  }
-  Status DeleteFile(const std::string& path) override { return base_->DeleteFile(path); }
-  Status DeleteDir(const std::string& dir) override { return base_->DeleteDir(dir); }
-  Status RenameFile(const std::string& src, const std::string& target) override {
-    return base_->RenameFile(src, target);
-  }
-  StatusOr<uint64_t> GetFileSize(const std::string& path) override {
-    return base_->GetFileSize(path);
-  }
-  Status SyncDir(const std::string& dir) override { return base_->SyncDir(dir); }
-  uint64_t NowMicros() override { return now_us_; }
-  uint64_t WallMicros() override { return 1'700'000'000'000'000 + now_us_; }
-  void SleepForMicros(uint64_t micros) override { now_us_ += micros; }
-
- private:
-  Env* const base_ = Env::Default();
-  std::atomic<std::uint64_t> now_us_{1'000'000};
-};
 
 constexpr std::uint32_t kTokens = 16;
 constexpr std::uint64_t kBlockBytes = 1 << 20;
