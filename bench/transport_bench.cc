@@ -96,6 +96,23 @@ std::uint64_t Bytes(const std::string& s) {
   return *b;
 }
 
+// --ucx=KEY=VALUE;KEY=VALUE: extra UCX configuration for both sides
+// (UcxTransportOptions::ucx_config), for tuning experiments.
+std::vector<std::pair<std::string, std::string>> UcxConfig(const std::string& s) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ';')) {
+    const std::size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      std::fprintf(stderr, "bad --ucx entry '%s' (want KEY=VALUE)\n", item.c_str());
+      std::exit(2);
+    }
+    out.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+  }
+  return out;
+}
+
 // "sm" and "tcp" are shorthands for the two transport lists compared.
 std::string TlsList(const std::string& name) {
   if (name == "sm") return "sm,self,tcp";
@@ -134,6 +151,7 @@ double Percentile(std::vector<double> v, double p) {
 int RunServer(const std::map<std::string, std::string>& flags) {
   ucx::UcxTransportOptions options;
   options.tls = TlsList(flags.at("tls"));
+  if (flags.count("ucx")) options.ucx_config = UcxConfig(flags.at("ucx"));
   auto t = ucx::CreateUcxTransport(options);
   if (!t.ok()) {
     std::fprintf(stderr, "server: %s\n", t.status().ToString().c_str());
@@ -198,7 +216,8 @@ struct ServerProcess {
   }
 };
 
-bool StartServer(const std::string& tls, const std::string& mem, ServerProcess* s) {
+bool StartServer(const std::string& tls, const std::string& mem, const std::string& ucx,
+                 ServerProcess* s) {
   int in[2], out[2];
   if (pipe(in) != 0 || pipe(out) != 0) return false;
   const pid_t pid = fork();
@@ -207,8 +226,9 @@ bool StartServer(const std::string& tls, const std::string& mem, ServerProcess* 
     dup2(out[1], STDOUT_FILENO);
     close(in[1]);
     close(out[0]);
-    const std::string a1 = "--tls=" + tls, a2 = "--mem=" + mem;
-    execl("/proc/self/exe", "transport_bench", "--role=server", a1.c_str(), a2.c_str(), nullptr);
+    const std::string a1 = "--tls=" + tls, a2 = "--mem=" + mem, a3 = "--ucx=" + ucx;
+    execl("/proc/self/exe", "transport_bench", "--role=server", a1.c_str(), a2.c_str(),
+          ucx.empty() ? nullptr : a3.c_str(), nullptr);
     _exit(127);
   }
   close(in[0]);
@@ -291,18 +311,30 @@ KvfResult RunKvf(Endpoint& ep, MemoryRegion& local, const RemoteRegion& remote, 
 
 // --- Baselines -------------------------------------------------------------
 
-double MemcpyGbps(std::uint64_t size, std::uint64_t bytes_per_case) {
-  std::vector<char> a(size, 1), b(size, 2);
-  const int iters = static_cast<int>(std::clamp<std::uint64_t>(bytes_per_case / size, 3, 2000));
-  std::memcpy(b.data(), a.data(), size);
+// Single-thread memcpy of the bytes one batch moves, laid out as RunKvf
+// lays them out: `depth` blocks of `size` at distinct offsets of a source
+// and a destination buffer, batch after batch. At depth 1 it is one
+// cache-resident block, as ucx_perftest's single buffer is; at depth 16
+// the working set is 2 x 16 blocks, which is what the batch touches.
+double MemcpyGbps(std::uint64_t size, int depth, std::uint64_t bytes_per_case) {
+  const std::uint64_t blocks = std::min<std::uint64_t>(depth, kRegionBytes / size);
+  std::vector<char> a(size * blocks, 1), b(size * blocks, 2);
+  const std::uint64_t per_batch = size * depth;
+  const int iters =
+      static_cast<int>(std::clamp<std::uint64_t>(bytes_per_case / per_batch, 3, 2000));
+  auto batch = [&] {
+    for (int i = 0; i < depth; ++i) {
+      const std::uint64_t off = (i % blocks) * size;
+      std::memcpy(b.data() + off, a.data() + off, size);
+    }
+  };
+  batch();  // fault in and warm up, as RunKvf's first batch does
   const auto start = Clock::now();
-  for (int i = 0; i < iters; ++i) {
-    std::memcpy(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), size);
-  }
+  for (int i = 0; i < iters; ++i) batch();
   const double secs = Seconds(Clock::now() - start);
   volatile char sink = a[size / 2] + b[size / 3];
   (void)sink;
-  return static_cast<double>(size) * iters / secs / 1e9;
+  return static_cast<double>(per_batch) * iters / secs / 1e9;
 }
 
 bool WriteAll(int fd, const char* p, std::size_t n) {
@@ -451,9 +483,10 @@ int RunClient(const std::map<std::string, std::string>& flags) {
   const auto run_start = Clock::now();
 
   // Baselines that fork run first, before any UCX thread exists.
-  std::map<std::uint64_t, double> memcpy_gbps, socket_gbps;
+  std::map<std::pair<std::uint64_t, int>, double> memcpy_gbps;
+  std::map<std::uint64_t, double> socket_gbps;
   for (std::uint64_t size : sizes) {
-    memcpy_gbps[size] = MemcpyGbps(size, bytes_per_case);
+    for (int depth : depths) memcpy_gbps[{size, depth}] = MemcpyGbps(size, depth, bytes_per_case);
     socket_gbps[size] = SocketGbps(size, bytes_per_case);
   }
   // ucx_perftest: best operation per transport list and size.
@@ -479,13 +512,14 @@ int RunClient(const std::map<std::string, std::string>& flags) {
   for (const auto& name : tls_names) {
     for (const auto& mem : mems) {
       ServerProcess server;
-      if (!StartServer(name, mem, &server)) {
+      if (!StartServer(name, mem, get("ucx", ""), &server)) {
         std::fprintf(stderr, "cannot start the server for tls=%s mem=%s\n", name.c_str(),
                      mem.c_str());
         return 1;
       }
       ucx::UcxTransportOptions options;
       options.tls = TlsList(name);
+      options.ucx_config = UcxConfig(get("ucx", ""));
       auto t = ucx::CreateUcxTransport(options);
       if (!t.ok()) {
         std::fprintf(stderr, "%s\n", t.status().ToString().c_str());
@@ -530,8 +564,8 @@ int RunClient(const std::map<std::string, std::string>& flags) {
                 "%6.2f %6.2f\n",
                 name.c_str(), mem.c_str(), op == TransferOp::kRead ? "read" : "write",
                 FormatBytes(size).c_str(), depth, r.gbps, r.p50_ms, r.p99_ms, pt,
-                pt_op.empty() ? "-" : pt_op.c_str(), memcpy_gbps[size], socket_gbps[size],
-                ratio(r.gbps, pt), ratio(r.gbps, memcpy_gbps[size]),
+                pt_op.empty() ? "-" : pt_op.c_str(), memcpy_gbps[{size, depth}], socket_gbps[size],
+                ratio(r.gbps, pt), ratio(r.gbps, memcpy_gbps[{size, depth}]),
                 ratio(r.gbps, socket_gbps[size]));
             std::fflush(stdout);
           }

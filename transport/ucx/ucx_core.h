@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -60,6 +61,25 @@ struct RkeyHolder {
   // Immutable: kRead/kWrite use UCX's get/put (truly one-sided for this
   // range); otherwise the owner-placed protocol of ucx_am_rma.h.
   bool one_sided = false;
+
+  // Where the range is mapped into this process (ucp_rkey_ptr succeeded:
+  // memory UCX allocated, reached over shared memory), so that Submit can
+  // copy small batches on the caller's thread (ucx_transport.h,
+  // inline_copy_max_bytes). Null if it does not map, and set to null, under
+  // an exclusive map_mu, before `rkey` is destroyed (which unmaps it);
+  // inline copies hold map_mu shared while they touch the mapping.
+  std::shared_mutex map_mu;
+  std::byte* mapped = nullptr;  // guarded by map_mu
+
+  // Progress thread: forgets the mapping, waiting for inline copies still
+  // using it, then destroys the key.
+  void Reset() {
+    {
+      std::unique_lock<std::shared_mutex> lock(map_mu);
+      mapped = nullptr;
+    }
+    rkey.reset();
+  }
 };
 
 // A local region as its owner-side protocol sees it (ucx_am_rma.h). Shared
@@ -231,6 +251,11 @@ class UcxCore {
   // Any thread.
   std::string listen_address() const;
   UcxTestCounters counters() const;
+  // Any thread: counts entries UcxEndpoint::Submit copied inline.
+  void CountInline(std::uint64_t n) {
+    inline_transfers_.fetch_add(n, std::memory_order_relaxed);
+    one_sided_transfers_.fetch_add(n, std::memory_order_relaxed);
+  }
 
  private:
   struct Req;
@@ -349,6 +374,7 @@ class UcxCore {
   std::atomic<std::uint64_t> rendezvous_messages_{0};
   std::atomic<std::uint64_t> one_sided_transfers_{0};
   std::atomic<std::uint64_t> owner_placed_transfers_{0};
+  std::atomic<std::uint64_t> inline_transfers_{0};
 };
 
 // The user_data of every UCX request but close: owned by the core from

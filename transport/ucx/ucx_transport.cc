@@ -2,7 +2,11 @@
 
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <mutex>
+#include <shared_mutex>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -161,6 +165,10 @@ class UcxEndpoint final : public Endpoint {
       Status st = Prepare(transfers[i], &op->entries[i]);
       if (!st.ok()) return st.WithContext("transfer " + std::to_string(i));
     }
+    if (CopyInline(*op)) {
+      core_->CountInline(transfers.size());
+      return std::make_unique<TransferBatch>(op->completion);
+    }
     std::weak_ptr<BatchOp> weak_op = op;
     std::weak_ptr<UcxCore> weak_core = core_;
     op->completion = std::make_shared<BatchCompletion>(transfers.size(), [weak_op, weak_core] {
@@ -183,6 +191,47 @@ class UcxEndpoint final : public Endpoint {
       for (std::size_t i = 0; i < transfers.size(); ++i) op->completion->Complete(i, why, 0);
     }
     return batch;
+  }
+
+  // The inline path of UcxTransportOptions::inline_copy_max_bytes: when
+  // every entry is a kRead/kWrite into a range mapped here and the batch is
+  // small enough, copies it on this thread, completes op->completion and
+  // returns true; otherwise changes nothing and returns false.
+  bool CopyInline(BatchOp& op) {
+    const std::uint64_t limit = core_->options().inline_copy_max_bytes;
+    if (limit == 0 || op.entries.empty() || core_->OnProgressThread()) return false;
+    std::uint64_t total = 0;
+    for (const PreparedTransfer& t : op.entries) {
+      if (t.op == TransferOp::kSend || t.rkey == nullptr) return false;
+      total += t.length;
+      if (total > limit) return false;
+    }
+    if (closed_.load() || !state_->health().ok()) return false;  // the queued path reports it
+    // Lock every distinct key's mapping (a batch normally names one).
+    std::vector<std::shared_lock<std::shared_mutex>> locks;
+    std::vector<const RkeyHolder*> held;
+    for (const PreparedTransfer& t : op.entries) {
+      if (std::find(held.begin(), held.end(), t.rkey.get()) != held.end()) continue;
+      locks.emplace_back(t.rkey->map_mu);
+      held.push_back(t.rkey.get());
+      if (t.rkey->mapped == nullptr) return false;  // not mapped, or already released
+    }
+    op.completion = std::make_shared<BatchCompletion>(op.entries.size(), nullptr);
+    for (std::size_t i = 0; i < op.entries.size(); ++i) {
+      const PreparedTransfer& t = op.entries[i];
+      std::byte* remote = t.rkey->mapped + t.remote_offset;
+      if (t.op == TransferOp::kRead) {
+        std::memcpy(t.local, remote, t.length);
+      } else {
+        std::memcpy(remote, t.local, t.length);
+      }
+    }
+    // The bytes are in place before anyone learns the batch completed.
+    std::atomic_thread_fence(std::memory_order_release);
+    for (std::size_t i = 0; i < op.entries.size(); ++i) {
+      op.completion->Complete(i, Status::OK(), op.entries[i].length);
+    }
+    return true;
   }
 
   Status Flush(Deadline deadline) override {

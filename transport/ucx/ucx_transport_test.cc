@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/testing/test_seed.h"
@@ -84,9 +86,14 @@ class UcxTransportTest : public ::testing::TestWithParam<std::string> {
   }
 
  protected:
-  void SetUp() override {
+  virtual UcxTransportOptions MakeOptions() const {
     UcxTransportOptions options;
     options.tls = GetParam();
+    return options;
+  }
+
+  void SetUp() override {
+    const UcxTransportOptions options = MakeOptions();
     auto server = CreateUcxTransport(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -558,6 +565,126 @@ INSTANTIATE_TEST_SUITE_P(Tls, UcxTransportTest, ::testing::Values("tcp", "sm,sel
                            return info.param == "tcp" ? std::string("Tcp")
                                                       : std::string("SharedMemory");
                          });
+
+// Shared memory with a small inline limit, and a region UCX allocated on
+// the server side, so that both sides of the limit can be exercised.
+class UcxInlineCopyTest : public UcxTransportTest {
+ protected:
+  static constexpr std::uint64_t kLimit = kMiB;
+
+  UcxTransportOptions MakeOptions() const override {
+    UcxTransportOptions options = UcxTransportTest::MakeOptions();
+    options.inline_copy_max_bytes = kLimit;
+    return options;
+  }
+
+  void SetUp() override {
+    UcxTransportTest::SetUp();
+    if (HasFatalFailure()) return;
+    auto owned = server_->AllocateMemory(4 * kMiB, MemoryKind::kHost);
+    ASSERT_TRUE(owned.ok()) << owned.status();
+    owned_ = std::move(*owned);
+    Fill(owned_->bytes(), 7);
+    auto local = client_->AllocateMemory(4 * kMiB, MemoryKind::kHost);
+    ASSERT_TRUE(local.ok()) << local.status();
+    local_ = std::move(*local);
+    remote_ = Share(*owned_, *client_ep_);
+    ASSERT_NE(remote_, nullptr);
+  }
+
+  void TearDown() override {
+    remote_.reset();
+    local_.reset();
+    owned_.reset();
+    UcxTransportTest::TearDown();
+  }
+
+  std::unique_ptr<MemoryRegion> owned_, local_;
+  std::unique_ptr<RemoteRegion> remote_;
+};
+
+TEST_P(UcxInlineCopyTest, SmallBatchIsCopiedBeforeSubmitReturns) {
+  const auto before = TEST_GetCounters(*client_);
+  std::vector<Transfer> ts = {Read(local_.get(), 0, remote_.get(), kMiB / 2, kMiB / 2),
+                              Write(local_.get(), 0, remote_.get(), 3 * kMiB, kMiB / 2)};
+  auto batch = client_ep_->Submit(ts);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_TRUE((*batch)->Done());  // no hand-off to the progress thread
+  ASSERT_TRUE((*batch)->FirstError().ok()) << (*batch)->FirstError();
+  EXPECT_EQ((*batch)->TotalBytes(), kMiB);
+  const auto after = TEST_GetCounters(*client_);
+  EXPECT_EQ(after.inline_transfers - before.inline_transfers, 2u);
+  EXPECT_EQ(after.one_sided_transfers - before.one_sided_transfers, 2u);
+  EXPECT_TRUE(Same(local_->bytes().subspan(0, kMiB / 2), owned_->bytes().subspan(kMiB / 2, kMiB / 2)));
+  EXPECT_TRUE(Same(owned_->bytes().subspan(3 * kMiB, kMiB / 2),
+                   owned_->bytes().subspan(kMiB / 2, kMiB / 2)));
+}
+
+TEST_P(UcxInlineCopyTest, BatchOverTheLimitGoesThroughTheProgressThread) {
+  const auto before = TEST_GetCounters(*client_);
+  ASSERT_TRUE(
+      SubmitAndWait(*client_ep_, {Read(local_.get(), 0, remote_.get(), 0, kLimit),
+                                  Read(local_.get(), kLimit, remote_.get(), kLimit, 4096)})
+          .ok());
+  const auto after = TEST_GetCounters(*client_);
+  EXPECT_EQ(after.inline_transfers, before.inline_transfers);
+  EXPECT_EQ(after.one_sided_transfers - before.one_sided_transfers, 2u);
+  EXPECT_TRUE(Same(local_->bytes().subspan(0, kLimit + 4096),
+                   owned_->bytes().subspan(0, kLimit + 4096)));
+}
+
+TEST_P(UcxInlineCopyTest, BatchWithAnOwnerPlacedEntryIsNotCopiedInline) {
+  std::vector<std::byte> user(4096);
+  auto user_region = server_->RegisterMemory(user, MemoryKind::kHost);
+  ASSERT_TRUE(user_region.ok()) << user_region.status();
+  auto exported = (*user_region)->Export(0, user.size());
+  ASSERT_TRUE(exported.ok());
+  auto to_user = client_ep_->ImportRegion(*exported);
+  ASSERT_TRUE(to_user.ok()) << to_user.status();
+  const auto before = TEST_GetCounters(*client_);
+  ASSERT_TRUE(SubmitAndWait(*client_ep_, {Read(local_.get(), 0, remote_.get(), 0, 4096),
+                                          Write(local_.get(), 0, to_user->get(), 0, 4096)})
+                  .ok());
+  const auto after = TEST_GetCounters(*client_);
+  EXPECT_EQ(after.inline_transfers, before.inline_transfers);
+  EXPECT_EQ(after.owner_placed_transfers - before.owner_placed_transfers, 1u);
+  EXPECT_TRUE(Same(std::span(user), owned_->bytes().subspan(0, 4096)));
+}
+
+// The mapping an inline copy uses is released by the progress thread when
+// the endpoint closes; copies racing the close either finish or fail
+// cleanly, never touch an unmapped page (run under ASan).
+TEST_P(UcxInlineCopyTest, CopiesRacingACloseFinishOrFailCleanly) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, failed{0};
+  std::thread reader([&] {
+    while (!stop.load()) {
+      auto batch = client_ep_->Submit(
+          std::vector<Transfer>{Read(local_.get(), 0, remote_.get(), 0, kLimit)});
+      if (!batch.ok()) {
+        EXPECT_TRUE(batch.status().IsUnavailable()) << batch.status();
+        ++failed;
+        continue;
+      }
+      ASSERT_TRUE((*batch)->Wait(In(10)).ok());
+      const Status st = (*batch)->FirstError();
+      if (st.ok()) {
+        ++ok;
+      } else {
+        EXPECT_TRUE(st.IsUnavailable() || st.code() == StatusCode::kCancelled) << st;
+        ++failed;
+      }
+    }
+  });
+  while (ok.load() < 20) std::this_thread::yield();
+  EXPECT_TRUE(client_ep_->Close(CloseMode::kForce, In(10)).ok());
+  while (failed.load() < 5) std::this_thread::yield();
+  stop = true;
+  reader.join();
+  EXPECT_GE(ok.load(), 20);
+}
+
+INSTANTIATE_TEST_SUITE_P(SharedMemory, UcxInlineCopyTest, ::testing::Values("sm,self,tcp"));
 
 TEST(UcxTransportOptionsTest, RejectsTransportListWithoutTcp) {
   UcxTransportOptions options;
