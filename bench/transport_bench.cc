@@ -9,7 +9,8 @@
 //   perftest    the best of ucx_perftest's ucp_get, ucp_put_bw, ucp_am_bw and
 //               tag_bw for the same UCX_TLS and size (memory UCX allocates,
 //               endpoints with error handling, -e, like kvfabric's)
-//   memcpy      single-thread memcpy of the same bytes
+//   memcpy      single-thread memcpy of the same bytes in the batch's layout
+//               (depth blocks at distinct offsets)
 //   socket      a plain loopback TCP stream of the same block size, the
 //               receiver acknowledging each block
 // and the ratios kvf/perftest, kvf/memcpy and kvf/socket.
@@ -22,7 +23,8 @@
 // Usage: transport_bench [--tls=sm,tcp] [--mem=alloc,user]
 //          [--sizes=64K,256K,1M,2M,16M,64M] [--depths=1,16]
 //          [--bytes_per_case=256M] [--max_iters=200] [--perftest=1]
-//          [--perftest_bytes=256M]
+//          [--perftest_bytes=256M] [--ucx='KEY=VALUE;...']
+//          [--inline_max=BYTES (client's inline_copy_max_bytes; 0 = off)]
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -520,6 +522,7 @@ int RunClient(const std::map<std::string, std::string>& flags) {
       ucx::UcxTransportOptions options;
       options.tls = TlsList(name);
       options.ucx_config = UcxConfig(get("ucx", ""));
+      if (flags.count("inline_max")) options.inline_copy_max_bytes = Bytes(flags.at("inline_max"));
       auto t = ucx::CreateUcxTransport(options);
       if (!t.ok()) {
         std::fprintf(stderr, "%s\n", t.status().ToString().c_str());

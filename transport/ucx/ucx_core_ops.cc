@@ -166,6 +166,19 @@ void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
           break;
         }
         one_sided_transfers_.fetch_add(1, std::memory_order_relaxed);
+        if (t.rkey->mapped != nullptr) {
+          // Mapped here: copy through the mapping. UCX's get/put on these
+          // lanes are the same copy cut into bcopy fragments. Read without
+          // map_mu: only this thread changes `mapped` (RkeyHolder::Reset).
+          std::byte* remote = t.rkey->mapped + t.remote_offset;
+          if (t.op == TransferOp::kRead) {
+            std::memcpy(t.local, remote, t.length);
+          } else {
+            std::memcpy(remote, t.local, t.length);
+          }
+          FinishEntry(*op, i, Status::OK());
+          break;
+        }
         if (t.op == TransferOp::kRead) {
           post("ucp_get_nbx", {i}, [&](const ucp_request_param_t& p) {
             return ucp_get_nbx(s.ep, t.local, t.length, t.remote_address, rkey, &p);
