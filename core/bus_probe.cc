@@ -249,24 +249,33 @@ StatusOr<TwoProbeRuns> RunTwoProbeRuns(PathProbe& probe, std::span<const uint64_
     return *us;
   };
   KVF_RETURN_IF_ERROR(measure(sizes.back(), "warm-up").status());
+  // Interleaved (see the header): round r visits the sizes starting at
+  // index r (mod n), and measures each size for both runs back to back, A
+  // first in even rounds and B first in odd ones.
   TwoProbeRuns runs;
-  for (int r = 0; r < 2; ++r) {
-    const char* name = r == 0 ? "run A" : "run B";
-    ProbeRun& run = r == 0 ? runs.a : runs.b;
-    for (uint64_t bytes : sizes) {
-      SizeTiming t;
-      t.bytes = bytes;
-      for (int i = 0; i < options.repeats; ++i) {
-        KVF_ASSIGN_OR_RETURN(double us, measure(bytes, name));
-        t.repeats_us.push_back(us);
+  const size_t n = sizes.size();
+  runs.a.resize(n);
+  runs.b.resize(n);
+  for (size_t k = 0; k < n; ++k) runs.a[k].bytes = runs.b[k].bytes = sizes[k];
+  for (int round = 0; round < options.repeats; ++round) {
+    for (size_t j = 0; j < n; ++j) {
+      const size_t k = (j + static_cast<size_t>(round)) % n;
+      for (int half = 0; half < 2; ++half) {
+        const bool a = (half == 0) == (round % 2 == 0);
+        KVF_ASSIGN_OR_RETURN(double us, measure(sizes[k], a ? "run A" : "run B"));
+        (a ? runs.a : runs.b)[k].repeats_us.push_back(us);
       }
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    for (SizeTiming& t : r == 0 ? runs.a : runs.b) {
       t.median_us = MedianOf(t.repeats_us);
       if (options.progress) {
-        options.progress(options.label + " " + name + " " + FormatBytes(bytes) + ": median " +
-                         FormatMicros(t.median_us) + " of " + std::to_string(options.repeats) +
-                         " (" + FormatRate(static_cast<double>(bytes) / t.median_us * 1e6) + ")");
+        options.progress(options.label + (r == 0 ? " run A " : " run B ") +
+                         FormatBytes(t.bytes) + ": median " + FormatMicros(t.median_us) + " of " +
+                         std::to_string(options.repeats) + " (" +
+                         FormatRate(static_cast<double>(t.bytes) / t.median_us * 1e6) + ")");
       }
-      run.push_back(std::move(t));
     }
   }
   return runs;

@@ -5,9 +5,15 @@
 //   sizes  ProbeSizeLadder: min, 4 min, 16 min, ... up to max (max itself is added when the
 //          ladder steps over it): 64 KiB, 256 KiB, 1 MiB, ..., 256 MiB at the defaults.
 //   runs   RunTwoProbeRuns: one untimed warm-up transfer of the largest size (page faults,
-//          connection and registration set-up), then run A over every size, then run B over
-//          every size, `repeats` timed transfers per size and run. A size's figure in a run is the
-//          median of its repeats, so one preempted transfer does not move it.
+//          connection and registration set-up), then `repeats` rounds; each round measures every
+//          size once for run A and once for run B, back to back (A first in even rounds, B first
+//          in odd ones), starting at a different size each round. The runs are interleaved, not
+//          one after the other, because this class of machine drifts: measured sequentially,
+//          run B of memcpy came out 10-25% slower than run A seconds earlier at most sizes, and
+//          that drift, not the model, was most of the out-of-sample error. Interleaved, the two
+//          runs agree within a few percent per size, and they are still disjoint samples (fit
+//          on A's transfers, judge on B's). A size's figure in a run is the median of its
+//          repeats, so one preempted transfer does not move it.
 //   fit    FitAndJudge: FitPathParameters (relative weighting, core/cost_fit.h) on run A's
 //          medians.
 //   judge  every size of run B at or above JudgeOptions::judge_from_bytes (256 KiB; clamped to

@@ -209,10 +209,14 @@ class FakeProbe final : public PathProbe {
   StatusOr<double> Measure(uint64_t bytes) override {
     ++calls_[bytes];
     if (bytes == fail_at_) return Status::Unavailable("link down");
-    return FetchMicros(truth_, static_cast<double>(bytes)) * (1 + n_(rng_));
+    const double slowdown = 1 + drift_per_call_ * total_calls_++;
+    return FetchMicros(truth_, static_cast<double>(bytes)) * (1 + n_(rng_)) * slowdown;
   }
   std::map<uint64_t, int> calls_;
   uint64_t fail_at_ = 0;
+  // The machine slows down by this fraction per call (drift over time).
+  double drift_per_call_ = 0;
+  int total_calls_ = 0;
 
  private:
   PathParameters truth_;
@@ -246,6 +250,22 @@ TEST(RunTwoProbeRunsTest, WarmsUpThenMeasuresEverySizeRepeatsTimesPerRun) {
   ASSERT_TRUE(fit.ok()) << fit.status();
   EXPECT_NEAR(fit->final_parameters.beta_bytes_per_s, kRemote.beta_bytes_per_s,
               0.01 * kRemote.beta_bytes_per_s);
+}
+
+// A machine that slows down steadily (1% per transfer here: ~40% over the
+// two runs) moves runs A and B alike, because they are interleaved; run
+// one after the other, B would be ~20% slower than A at every size.
+TEST(RunTwoProbeRunsTest, InterleavesTheRunsSoThatDriftMovesBothAlike) {
+  FakeProbe probe(kRemote, 0, 1);
+  probe.drift_per_call_ = 0.01;
+  ProbeRunOptions o;
+  o.repeats = 3;
+  auto runs = RunTwoProbeRuns(probe, DefaultLadder(), o);
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  for (size_t k = 0; k < runs->a.size(); ++k) {
+    EXPECT_NEAR(runs->b[k].median_us / runs->a[k].median_us, 1.0, 0.015)
+        << runs->a[k].bytes << " bytes";
+  }
 }
 
 TEST(RunTwoProbeRunsTest, ReportsTheProbesErrorWithPathAndSize) {
