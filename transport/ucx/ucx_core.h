@@ -166,6 +166,14 @@ struct BatchOp {
   std::vector<std::uint64_t> awaiting;  // per entry: owner-placed request id, 0 if none
 };
 
+// Copies `t`'s bytes through its range's mapping (REQUIRES: t.rkey->mapped,
+// held stable by the caller), with streaming stores when `streaming`.
+void CopyThroughMapping(const PreparedTransfer& t, bool streaming);
+
+// Whether a batch of `op`'s total size streams its mapped copies
+// (UcxTransportOptions::streaming_copy_min_bytes).
+bool StreamsCopies(const UcxTransportOptions& options, const BatchOp& op);
+
 // The requester's record of one owner-placed operation awaiting its reply.
 struct AwaitingRma {
   std::shared_ptr<BatchOp> op;

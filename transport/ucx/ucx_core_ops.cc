@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/stream_copy.h"
 #include "transport/ucx/ucx_core.h"
 #include "transport/ucx/ucx_status.h"
 
@@ -111,6 +112,23 @@ void UcxCore::FinishReq(Req* r, void* request, ucs_status_t status, std::size_t 
 // ---------------------------------------------------------------------------
 // Batches.
 
+void CopyThroughMapping(const PreparedTransfer& t, bool streaming) {
+  std::byte* remote = t.rkey->mapped + t.remote_offset;
+  std::byte* dst = t.op == TransferOp::kRead ? t.local : remote;
+  const std::byte* src = t.op == TransferOp::kRead ? remote : t.local;
+  if (streaming) {
+    StreamingCopy(dst, src, t.length);
+  } else {
+    std::memcpy(dst, src, t.length);
+  }
+}
+
+bool StreamsCopies(const UcxTransportOptions& options, const BatchOp& op) {
+  std::uint64_t total = 0;
+  for (const PreparedTransfer& t : op.entries) total += t.length;
+  return total >= options.streaming_copy_min_bytes;
+}
+
 void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
   EpState& s = *op->ep;
   if (!s.ready && s.ep != nullptr && !op->cancelled) {
@@ -141,6 +159,7 @@ void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
     Track(r, call(p), 0);
   };
 
+  const bool streaming = StreamsCopies(options_, *op);
   std::vector<std::size_t> writes;  // one-sided puts, completed by one flush
   for (std::size_t i = 0; i < n; ++i) {
     PreparedTransfer& t = op->entries[i];
@@ -170,12 +189,7 @@ void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
           // Mapped here: copy through the mapping. UCX's get/put on these
           // lanes are the same copy cut into bcopy fragments. Read without
           // map_mu: only this thread changes `mapped` (RkeyHolder::Reset).
-          std::byte* remote = t.rkey->mapped + t.remote_offset;
-          if (t.op == TransferOp::kRead) {
-            std::memcpy(t.local, remote, t.length);
-          } else {
-            std::memcpy(remote, t.local, t.length);
-          }
+          CopyThroughMapping(t, streaming);
           FinishEntry(*op, i, Status::OK());
           break;
         }

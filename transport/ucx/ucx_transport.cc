@@ -217,15 +217,8 @@ class UcxEndpoint final : public Endpoint {
       if (t.rkey->mapped == nullptr) return false;  // not mapped, or already released
     }
     op.completion = std::make_shared<BatchCompletion>(op.entries.size(), nullptr);
-    for (std::size_t i = 0; i < op.entries.size(); ++i) {
-      const PreparedTransfer& t = op.entries[i];
-      std::byte* remote = t.rkey->mapped + t.remote_offset;
-      if (t.op == TransferOp::kRead) {
-        std::memcpy(t.local, remote, t.length);
-      } else {
-        std::memcpy(remote, t.local, t.length);
-      }
-    }
+    const bool streaming = StreamsCopies(core_->options(), op);
+    for (const PreparedTransfer& t : op.entries) CopyThroughMapping(t, streaming);
     // The bytes are in place before anyone learns the batch completed.
     std::atomic_thread_fence(std::memory_order_release);
     for (std::size_t i = 0; i < op.entries.size(); ++i) {
