@@ -511,21 +511,25 @@ std::vector<EvictionDecision> LeaseTable::Explain(const Namespace& ns, const Blo
 
 Status LeaseTable::CheckRange(const PageRuns& pages, std::uint64_t bytes, std::uint64_t offset,
                               std::uint64_t length) const {
+  if (RangeInside(pages, bytes, offset, length)) return Status::OK();
+  return Status::InvalidArgument("range [" + std::to_string(offset) + ", +" +
+                                 std::to_string(length) + ") is outside the granted " +
+                                 pages.ToString() + " of a " + std::to_string(bytes) +
+                                 "-byte block");
+}
+
+bool LeaseTable::RangeInside(const PageRuns& pages, std::uint64_t bytes, std::uint64_t offset,
+                             std::uint64_t length) const {
   const std::uint64_t page = pool_->page_bytes();
   std::uint64_t block_pos = 0;  // payload bytes before this run
   for (const PageRun& r : pages) {
     const std::uint64_t start = std::uint64_t{r.first} * page;
     const std::uint64_t run_bytes = std::uint64_t{r.count} * page;
     const std::uint64_t usable = std::min(run_bytes, bytes > block_pos ? bytes - block_pos : 0);
-    if (offset >= start && length <= usable && offset - start <= usable - length) {
-      return Status::OK();
-    }
+    if (offset >= start && length <= usable && offset - start <= usable - length) return true;
     block_pos += run_bytes;
   }
-  return Status::InvalidArgument("range [" + std::to_string(offset) + ", +" +
-                                 std::to_string(length) + ") is outside the granted " +
-                                 pages.ToString() + " of a " + std::to_string(bytes) +
-                                 "-byte block");
+  return false;
 }
 
 Status LeaseTable::BeginWriteRange(std::uint64_t reservation_id, std::uint64_t offset,
@@ -552,10 +556,10 @@ Status LeaseTable::BeginReadRange(std::uint64_t lease_id, std::uint64_t offset,
   if (it == leases_.end() || it->second.released) {
     return Status::NotFound("lease " + std::to_string(lease_id) + " is unknown or expired");
   }
-  Status last = Status::InvalidArgument("lease " + std::to_string(lease_id) + " holds no block");
+  // Every range of a batch searches the lease's blocks: no status (and no
+  // message string) is built for the blocks it is not in.
   for (const PinnedBlock& b : it->second.blocks) {
-    last = CheckRange(b.pages, b.bytes, offset, length);
-    if (last.ok()) {
+    if (RangeInside(b.pages, b.bytes, offset, length)) {
       ++it->second.reads_in_flight;
       return Status::OK();
     }

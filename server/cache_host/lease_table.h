@@ -350,6 +350,10 @@ class LeaseTable {
   // the first `bytes` bytes of the block.
   Status CheckRange(const PageRuns& pages, std::uint64_t bytes, std::uint64_t offset,
                     std::uint64_t length) const;
+  // CheckRange's test without the message: whether [offset, offset + length)
+  // lies inside the first `bytes` of `pages`.
+  bool RangeInside(const PageRuns& pages, std::uint64_t bytes, std::uint64_t offset,
+                   std::uint64_t length) const;
   void DropReservationLocked(std::uint64_t id, bool free_pages);
   void ReleaseLocked(std::uint64_t id);
 
