@@ -10,6 +10,7 @@
 
 #include "client/client_impl.h"
 #include "core/crc32c.h"
+#include "core/stream_copy.h"
 #include "proto/grpc_status.h"
 
 namespace kvfabric::client {
@@ -383,8 +384,10 @@ Status Client::Impl::FetchBatch(Context& c, Daemon& d, std::span<const std::uint
       }
       continue;
     }
-    std::memcpy(c.history->bytes().data() + std::uint64_t{batch[k]} * block_bytes_, got.data(),
-                block_bytes_);
+    // The history is large and read later (by Attend), not now: streaming
+    // stores skip reading its cold lines before overwriting them.
+    StreamingCopy(c.history->bytes().data() + std::uint64_t{batch[k]} * block_bytes_, got.data(),
+                  block_bytes_);
     (*arrived)[k] = true;
     landed.push_back(batch[k]);
     bytes += block_bytes_;

@@ -180,7 +180,11 @@ struct MemcpyProbeOptions {
   uint64_t cache_scrub_bytes = uint64_t{256} << 20;
 };
 
-// Host memory -> host memory (BusPath::kLocalMemcpy), one std::memcpy on the calling thread.
+// Host memory -> host memory (BusPath::kLocalMemcpy), one StreamingCopy (core/stream_copy.h) on
+// the calling thread: the copy the data path makes of cold blocks (the UCX transport's copies
+// through a shared-memory mapping, the client's staging -> history copy). Streamed, cold copies
+// run at one bandwidth from 1 MiB up (15-17 GB/s here), where std::memcpy's varied from 9.3 to
+// 11.8 GB/s with size, more than a linear model can follow within 3%.
 // ResourceExhausted if the buffers cannot be allocated.
 StatusOr<std::unique_ptr<PathProbe>> CreateMemcpyProbe(const MemcpyProbeOptions& options);
 
