@@ -5,7 +5,7 @@
 // Prints GB/s, p50/p99 per batch and the ratio against memcached's GET.
 //
 //   cache_host_bench --daemon build/ci/server/cache_host/kvfabric-cached
-//                    [--total-mib 1024] [--batch-mib 32] [--depth 1]
+//                    [--total-mib 1024] [--batch-mib 32] [--depth 1] [--copy-threads 1]
 //
 // A kvfabric "op" is one batch: Lease (or Reserve) of batch-mib of blocks over
 // gRPC, one data-plane transfer of all of them, Release (or Commit); each
@@ -53,6 +53,8 @@ struct Args {
   // while one batch's bytes move, the next one's lease RPC runs, as a client
   // library pipelines.
   int depth = 1;
+  // The daemon's --copy-threads.
+  int copy_threads = 1;
 };
 
 struct Result {
@@ -77,6 +79,7 @@ class Daemon {
                                      "--host-high-watermark=1.0",
                                      "--host-low-watermark=1.0",
                                      "--eviction-policy=lru",
+                                     "--copy-threads=" + std::to_string(a.copy_threads),
                                      "--ready-file=" + ready,
                                      "--log-level=warn"};
     std::vector<char*> c;
@@ -323,6 +326,7 @@ int Main(int argc, char** argv) {
     else if (k == "--total-mib") a.total_mib = std::stoull(argv[i + 1]);
     else if (k == "--batch-mib") a.batch_mib = std::stoull(argv[i + 1]);
     else if (k == "--depth") a.depth = std::max(1, std::stoi(argv[i + 1]));
+    else if (k == "--copy-threads") a.copy_threads = std::max(0, std::stoi(argv[i + 1]));
   }
   const std::uint64_t total = a.total_mib << 20;
   const std::uint64_t sizes[] = {256 << 10, 2 << 20};

@@ -163,6 +163,7 @@ Status EmbeddedCluster::StartDaemon(const EmbeddedDaemonOptions& options, Daemon
   KVF_ASSIGN_OR_RETURN(cache_host::CacheHostOptions node_options, NodeOptions(options));
   ucx::UcxTransportOptions topts;
   topts.tls = options.ucx_tls;
+  topts.copy_threads = options.copy_threads;
   auto transport = ucx::CreateUcxTransport(topts);
   if (!transport.ok()) {
     return transport.status().WithContext("UCX transport (ucx_tls \"" + options.ucx_tls + "\")");

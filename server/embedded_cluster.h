@@ -70,6 +70,8 @@ struct EmbeddedDaemonOptions {
   std::string node_name;
   // UCX transport list (--ucx-tls); must include tcp.
   std::string ucx_tls = "sm,self,tcp";
+  // Copy helpers of each daemon's transport (UcxTransportOptions::copy_threads).
+  int copy_threads = 1;
   // Serve /metrics on 127.0.0.1 with a picked port. Default true.
   bool metrics = true;
 };

@@ -44,6 +44,7 @@ struct Flags {
   std::string metrics_address = "127.0.0.1:0";
   std::string ready_file;
   std::string ucx_tls = "sm,self,tcp";
+  int copy_threads = 1;
   std::string lock_memory = "required";
   std::string pool_memory = "transport";
   std::string eviction_policy = "cost-aware";
@@ -152,6 +153,10 @@ int Run(int argc, char** argv) {
                  "UCX listen address for the data plane (HOST:PORT; :0 picks)");
   app.add_option("--ucx-tls", f.ucx_tls,
                  "UCX transports: sm,self,tcp here; rc,ud,sm,self,tcp on RDMA; must include tcp");
+  app.add_option("--copy-threads", f.copy_threads,
+                 "threads that help the data plane's progress thread copy large shared-memory "
+                 "batches (0: it copies alone; default 1; more on nodes with many cores)")
+      ->check(CLI::Range(0, 64));
   app.add_option("--metrics-address", f.metrics_address,
                  "Prometheus /metrics listen address HOST:PORT, or \"off\"");
   app.add_option("--ready-file", f.ready_file,
@@ -217,6 +222,7 @@ int Run(int argc, char** argv) {
 
   ucx::UcxTransportOptions topts;
   topts.tls = f.ucx_tls;
+  topts.copy_threads = f.copy_threads;
   auto transport = ucx::CreateUcxTransport(topts);
   if (!transport.ok()) {
     spdlog::error("kvfabric-cached: UCX transport: {}", transport.status().ToString());

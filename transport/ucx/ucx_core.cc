@@ -88,7 +88,9 @@ bool Waiter::WaitUntil(transport::Deadline deadline, Status* out) {
 static bool NamesRdma(const std::string& tls);
 
 UcxCore::UcxCore(const UcxTransportOptions& options)
-    : options_(options), rdma_configured_(NamesRdma(options.tls)) {}
+    : options_(options),
+      rdma_configured_(NamesRdma(options.tls)),
+      copy_pool_(std::max(0, options.copy_threads)) {}
 
 StatusOr<std::shared_ptr<UcxCore>> UcxCore::Create(const UcxTransportOptions& options) {
   std::shared_ptr<UcxCore> core(new UcxCore(options));

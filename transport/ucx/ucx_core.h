@@ -28,6 +28,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/copy_pool.h"
 #include "core/status.h"
 #include "core/statusor.h"
 #include "transport/transfer_batch.h"
@@ -166,9 +167,9 @@ struct BatchOp {
   std::vector<std::uint64_t> awaiting;  // per entry: owner-placed request id, 0 if none
 };
 
-// Copies `t`'s bytes through its range's mapping (REQUIRES: t.rkey->mapped,
-// held stable by the caller), with streaming stores when `streaming`.
-void CopyThroughMapping(const PreparedTransfer& t, bool streaming);
+// The copy `t` makes through its range's mapping (REQUIRES: t.rkey->mapped,
+// held stable by the caller until the copy is done).
+CopyRange MappedRange(const PreparedTransfer& t);
 
 // Whether a batch of `op`'s total size streams its mapped copies
 // (UcxTransportOptions::streaming_copy_min_bytes).
@@ -259,6 +260,12 @@ class UcxCore {
   // Any thread.
   std::string listen_address() const;
   UcxTestCounters counters() const;
+  // Any thread: copies `ranges` (through mappings the caller holds stable),
+  // split across the copy pool when there is one (options().copy_threads),
+  // with streaming stores when `streaming`.
+  void CopyRanges(std::span<const CopyRange> ranges, bool streaming) {
+    copy_pool_.Copy(ranges, streaming);
+  }
   // Any thread: counts entries UcxEndpoint::Submit copied inline.
   void CountInline(std::uint64_t n) {
     inline_transfers_.fetch_add(n, std::memory_order_relaxed);
@@ -342,6 +349,7 @@ class UcxCore {
 
   const UcxTransportOptions options_;
   const bool rdma_configured_;  // options_.tls names an RDMA transport
+  CopyPool copy_pool_;          // options_.copy_threads helpers (0: copies alone)
   std::size_t max_header_bytes_ = transport::kMaxMessageHeaderBytes;
   int efd_ = -1;
 

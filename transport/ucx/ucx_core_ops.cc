@@ -4,7 +4,6 @@
 #include <cstring>
 #include <utility>
 
-#include "core/stream_copy.h"
 #include "transport/ucx/ucx_core.h"
 #include "transport/ucx/ucx_status.h"
 
@@ -112,15 +111,10 @@ void UcxCore::FinishReq(Req* r, void* request, ucs_status_t status, std::size_t 
 // ---------------------------------------------------------------------------
 // Batches.
 
-void CopyThroughMapping(const PreparedTransfer& t, bool streaming) {
+CopyRange MappedRange(const PreparedTransfer& t) {
   std::byte* remote = t.rkey->mapped + t.remote_offset;
-  std::byte* dst = t.op == TransferOp::kRead ? t.local : remote;
-  const std::byte* src = t.op == TransferOp::kRead ? remote : t.local;
-  if (streaming) {
-    StreamingCopy(dst, src, t.length);
-  } else {
-    std::memcpy(dst, src, t.length);
-  }
+  if (t.op == TransferOp::kRead) return {t.local, remote, t.length};
+  return {remote, t.local, t.length};
 }
 
 bool StreamsCopies(const UcxTransportOptions& options, const BatchOp& op) {
@@ -159,7 +153,18 @@ void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
     Track(r, call(p), 0);
   };
 
-  const bool streaming = StreamsCopies(options_, *op);
+  // Entries whose range is mapped here are copied first, all together (split
+  // across the copy pool), and completed in the loop below. Reading
+  // `mapped` without map_mu is safe here: only this thread changes it
+  // (RkeyHolder::Reset), and it is blocked in the copy meanwhile.
+  std::vector<CopyRange> mapped;
+  for (const PreparedTransfer& t : op->entries) {
+    if (t.op != TransferOp::kSend && t.length > 0 && t.rkey != nullptr &&
+        t.rkey->rkey != nullptr && t.rkey->one_sided && t.rkey->mapped != nullptr) {
+      mapped.push_back(MappedRange(t));
+    }
+  }
+  if (!mapped.empty()) CopyRanges(mapped, StreamsCopies(options_, *op));
   std::vector<std::size_t> writes;  // one-sided puts, completed by one flush
   for (std::size_t i = 0; i < n; ++i) {
     PreparedTransfer& t = op->entries[i];
@@ -186,10 +191,8 @@ void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
         }
         one_sided_transfers_.fetch_add(1, std::memory_order_relaxed);
         if (t.rkey->mapped != nullptr) {
-          // Mapped here: copy through the mapping. UCX's get/put on these
-          // lanes are the same copy cut into bcopy fragments. Read without
-          // map_mu: only this thread changes `mapped` (RkeyHolder::Reset).
-          CopyThroughMapping(t, streaming);
+          // Mapped here: copied above, through the mapping (UCX's get/put
+          // on these lanes are the same copy cut into bcopy fragments).
           FinishEntry(*op, i, Status::OK());
           break;
         }

@@ -217,8 +217,10 @@ class UcxEndpoint final : public Endpoint {
       if (t.rkey->mapped == nullptr) return false;  // not mapped, or already released
     }
     op.completion = std::make_shared<BatchCompletion>(op.entries.size(), nullptr);
-    const bool streaming = StreamsCopies(core_->options(), op);
-    for (const PreparedTransfer& t : op.entries) CopyThroughMapping(t, streaming);
+    std::vector<CopyRange> ranges;
+    ranges.reserve(op.entries.size());
+    for (const PreparedTransfer& t : op.entries) ranges.push_back(MappedRange(t));
+    core_->CopyRanges(ranges, StreamsCopies(core_->options(), op));
     // The bytes are in place before anyone learns the batch completed.
     std::atomic_thread_fence(std::memory_order_release);
     for (std::size_t i = 0; i < op.entries.size(); ++i) {

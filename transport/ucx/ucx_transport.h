@@ -199,6 +199,15 @@ struct UcxTransportOptions {
   // every copy, UINT64_MAX none.
   std::uint64_t streaming_copy_min_bytes = std::uint64_t{8} << 20;
 
+  // Helper threads for copies through a mapping (core/copy_pool.h): the
+  // thread that copies a batch (the progress thread, or the caller for an
+  // inline batch) splits its bytes across itself and these. One thread
+  // copies cold memory at one core's bandwidth (11-19 GB/s here), so a
+  // daemon serving several clients over shared memory is limited by it.
+  // Default 0 (the copying thread works alone); kvfabric-cached sets it from
+  // --copy-threads.
+  int copy_threads = 0;
+
   // Extra UCX configuration keys (UCX's names without the UCX_ prefix, e.g.
   // {"TCP_TX_SEG_SIZE", "64K"}), applied with ucp_config_modify after every
   // key above, so they override them. Default empty. For tuning and

@@ -686,6 +686,38 @@ TEST_P(UcxInlineCopyTest, CopiesRacingACloseFinishOrFailCleanly) {
 
 INSTANTIATE_TEST_SUITE_P(SharedMemory, UcxInlineCopyTest, ::testing::Values("sm,self,tcp"));
 
+// The same transports with two copy helpers (copy_threads): batches split
+// across the helpers land byte for byte, on the progress thread (above the
+// inline limit) and inline, at odd offsets and lengths.
+class UcxCopyHelpersTest : public UcxInlineCopyTest {
+ protected:
+  UcxTransportOptions MakeOptions() const override {
+    UcxTransportOptions options = UcxInlineCopyTest::MakeOptions();
+    options.copy_threads = 2;
+    options.streaming_copy_min_bytes = kMiB;  // streamed too
+    return options;
+  }
+};
+
+TEST_P(UcxCopyHelpersTest, SplitBatchesLandExactly) {
+  const std::uint64_t a = kMiB + 12345, b = 2 * kMiB - 777;
+  ASSERT_TRUE(SubmitAndWait(*client_ep_, {Read(local_.get(), 3, remote_.get(), 5, a),
+                                          Read(local_.get(), a + 3, remote_.get(), a + 9, b)})
+                  .ok());
+  EXPECT_TRUE(Same(local_->bytes().subspan(3, a), owned_->bytes().subspan(5, a)));
+  EXPECT_TRUE(Same(local_->bytes().subspan(a + 3, b), owned_->bytes().subspan(a + 9, b)));
+  // Inline (at most kLimit), written back to the far end of the region.
+  const auto before = TEST_GetCounters(*client_);
+  ASSERT_TRUE(SubmitAndWait(*client_ep_, {Write(local_.get(), 3, remote_.get(), 3 * kMiB + 1,
+                                                kLimit - 1)})
+                  .ok());
+  EXPECT_EQ(TEST_GetCounters(*client_).inline_transfers - before.inline_transfers, 1u);
+  EXPECT_TRUE(Same(owned_->bytes().subspan(3 * kMiB + 1, kLimit - 1),
+                   local_->bytes().subspan(3, kLimit - 1)));
+}
+
+INSTANTIATE_TEST_SUITE_P(SharedMemory, UcxCopyHelpersTest, ::testing::Values("sm,self,tcp"));
+
 TEST(UcxTransportOptionsTest, RejectsTransportListWithoutTcp) {
   UcxTransportOptions options;
   options.tls = "sm,self";

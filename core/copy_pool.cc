@@ -1,0 +1,118 @@
+#include "core/copy_pool.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "core/stream_copy.h"
+
+namespace kvfabric {
+namespace {
+
+// Shares are cut inside a range only at multiples of this (a page: whole
+// cache lines, and no two threads write one line).
+constexpr std::size_t kCutAlign = 4096;
+
+void CopyAll(std::span<const CopyRange> ranges, bool streaming) {
+  for (const CopyRange& r : ranges) {
+    if (streaming) {
+      StreamingCopy(r.dst, r.src, r.bytes);
+    } else {
+      std::memcpy(r.dst, r.src, r.bytes);
+    }
+  }
+}
+
+// Splits `ranges` into at most `parts` lists of about equal bytes.
+std::vector<std::vector<CopyRange>> Split(std::span<const CopyRange> ranges, std::size_t parts) {
+  std::size_t total = 0;
+  for (const CopyRange& r : ranges) total += r.bytes;
+  const std::size_t target = std::max<std::size_t>(kCutAlign, (total + parts - 1) / parts);
+  std::vector<std::vector<CopyRange>> out(1);
+  std::size_t in_part = 0;
+  for (CopyRange r : ranges) {
+    while (r.bytes > 0) {
+      if (in_part >= target && out.size() < parts) {
+        out.emplace_back();
+        in_part = 0;
+      }
+      std::size_t take = r.bytes;
+      if (out.size() < parts && in_part + take > target) {
+        // Cut at the first page boundary of the destination past the target.
+        const std::size_t want = target - in_part;
+        const auto dst = reinterpret_cast<std::uintptr_t>(r.dst);
+        const std::size_t aligned = ((dst + want + kCutAlign - 1) / kCutAlign) * kCutAlign - dst;
+        take = std::min(r.bytes, std::max<std::size_t>(aligned, 1));
+      }
+      out.back().push_back({r.dst, r.src, take});
+      in_part += take;
+      r.dst = static_cast<char*>(r.dst) + take;
+      r.src = static_cast<const char*>(r.src) + take;
+      r.bytes -= take;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+CopyPool::CopyPool(int threads) {
+  for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
+}
+
+CopyPool::~CopyPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+void CopyPool::Work() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stopping, nothing left
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job();
+  }
+}
+
+void CopyPool::Copy(std::span<const CopyRange> ranges, bool streaming) {
+  if (workers_.empty() || ranges.empty()) {
+    CopyAll(ranges, streaming);
+    return;
+  }
+  const std::vector<std::vector<CopyRange>> shares = Split(ranges, workers_.size() + 1);
+  // Completion of the helpers' shares; lives on this stack frame, which
+  // outlives every job (Copy waits for all of them).
+  std::mutex done_mu;
+  std::condition_variable done_cv;
+  std::size_t left = shares.size() - 1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (std::size_t i = 1; i < shares.size(); ++i) {
+      jobs_.push_back([&, i] {
+        CopyAll(shares[i], streaming);
+        std::lock_guard<std::mutex> l(done_mu);
+        if (--left == 0) done_cv.notify_one();
+      });
+    }
+  }
+  if (shares.size() > 2) {
+    cv_.notify_all();
+  } else if (shares.size() == 2) {
+    cv_.notify_one();
+  }
+  CopyAll(shares[0], streaming);
+  std::unique_lock<std::mutex> lock(done_mu);
+  done_cv.wait(lock, [&] { return left == 0; });
+}
+
+}  // namespace kvfabric

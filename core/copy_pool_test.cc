@@ -1,0 +1,88 @@
+#include "core/copy_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/testing/test_seed.h"
+
+namespace kvfabric {
+namespace {
+
+std::uint64_t Seed() {
+  return TestSeed(::testing::UnitTest::GetInstance()->current_test_info()->name());
+}
+
+// Random ranges (sizes 0 to 1.5 MiB at any alignment) copied from one buffer
+// into another, with 0 to 3 helpers and both copy kinds: every destination
+// byte equals its source, and no byte outside the ranges is written.
+TEST(CopyPoolTest, CopiesEveryRangeExactlyWithAnyNumberOfHelpers) {
+  std::mt19937_64 rng(Seed());
+  const std::size_t kBytes = 12 << 20;
+  std::vector<unsigned char> src(kBytes);
+  for (auto& b : src) b = static_cast<unsigned char>(rng());
+  for (int threads = 0; threads <= 3; ++threads) {
+    CopyPool pool(threads);
+    EXPECT_EQ(pool.threads(), threads);
+    for (bool streaming : {false, true}) {
+      std::vector<unsigned char> dst(kBytes, 0xee);
+      std::vector<CopyRange> ranges;
+      std::vector<bool> covered(kBytes, false);
+      std::size_t at = 0;
+      while (ranges.size() < 30) {
+        const std::size_t gap = rng() % 5000;
+        const std::size_t n = rng() % (3 << 19);
+        if (at + gap + n > kBytes) break;
+        at += gap;
+        ranges.push_back({dst.data() + at, src.data() + at, n});
+        for (std::size_t i = at; i < at + n; ++i) covered[i] = true;
+        at += n;
+      }
+      pool.Copy(ranges, streaming);
+      for (std::size_t i = 0; i < kBytes; ++i) {
+        ASSERT_EQ(dst[i], covered[i] ? src[i] : 0xee)
+            << "byte " << i << " threads " << threads << " streaming " << streaming;
+      }
+    }
+  }
+}
+
+// Several callers share one pool: each gets exactly its own bytes.
+TEST(CopyPoolTest, ConcurrentCallersShareThePool) {
+  const std::uint64_t seed = Seed();
+  CopyPool pool(2);
+  std::vector<std::thread> callers;
+  std::vector<int> bad(4, 0);
+  for (int c = 0; c < 4; ++c) {
+    callers.emplace_back([&, c] {
+      std::mt19937_64 rng(seed + c);
+      std::vector<unsigned char> src(4 << 20), dst(4 << 20);
+      for (int round = 0; round < 20; ++round) {
+        for (auto& b : src) b = static_cast<unsigned char>(rng());
+        const std::size_t half = src.size() / 2;
+        const CopyRange ranges[] = {{dst.data(), src.data(), half},
+                                    {dst.data() + half, src.data() + half, half}};
+        pool.Copy(ranges, round % 2 == 0);
+        if (std::memcmp(dst.data(), src.data(), src.size()) != 0) ++bad[c];
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  for (int c = 0; c < 4; ++c) EXPECT_EQ(bad[c], 0) << "caller " << c;
+}
+
+TEST(CopyPoolTest, EmptyCopiesReturn) {
+  CopyPool pool(2);
+  pool.Copy({}, true);
+  unsigned char a = 1, b = 2;
+  const CopyRange zero[] = {{&b, &a, 0}};
+  pool.Copy(zero, false);
+  EXPECT_EQ(b, 2);
+}
+
+}  // namespace
+}  // namespace kvfabric
