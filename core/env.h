@@ -187,6 +187,45 @@ class Env {
   virtual void SleepForMicros(uint64_t micros) = 0;
 };
 
+// An Env that forwards every call to another (LevelDB's and RocksDB's
+// EnvWrapper): subclasses override only what they change, e.g. a test's
+// clock or one file operation.
+class EnvWrapper : public Env {
+ public:
+  // `target` is borrowed and must outlive the wrapper.
+  explicit EnvWrapper(Env* target) : target_(target) {}
+
+  Env* target() const { return target_; }
+
+  size_t DirectIoAlignment() const override { return target_->DirectIoAlignment(); }
+  StatusOr<std::unique_ptr<RandomRWFile>> NewRandomRWFile(const std::string& path,
+                                                          const FileOptions& options) override {
+    return target_->NewRandomRWFile(path, options);
+  }
+  bool FileExists(const std::string& path) override { return target_->FileExists(path); }
+  StatusOr<std::vector<std::string>> GetChildren(const std::string& dir) override {
+    return target_->GetChildren(dir);
+  }
+  Status CreateDirIfMissing(const std::string& dir) override {
+    return target_->CreateDirIfMissing(dir);
+  }
+  Status DeleteFile(const std::string& path) override { return target_->DeleteFile(path); }
+  Status DeleteDir(const std::string& dir) override { return target_->DeleteDir(dir); }
+  Status RenameFile(const std::string& src, const std::string& target) override {
+    return target_->RenameFile(src, target);
+  }
+  StatusOr<uint64_t> GetFileSize(const std::string& path) override {
+    return target_->GetFileSize(path);
+  }
+  Status SyncDir(const std::string& dir) override { return target_->SyncDir(dir); }
+  uint64_t NowMicros() override { return target_->NowMicros(); }
+  uint64_t WallMicros() override { return target_->WallMicros(); }
+  void SleepForMicros(uint64_t micros) override { target_->SleepForMicros(micros); }
+
+ private:
+  Env* const target_;
+};
+
 // The directory part of `path`: "a/b" for "a/b/c", "." for "c", "/" for "/c".
 std::string DirName(std::string_view path);
 

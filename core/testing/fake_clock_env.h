@@ -8,35 +8,25 @@
 #define KVFABRIC_CORE_TESTING_FAKE_CLOCK_ENV_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
-#include <memory>
-#include <string>
-#include <vector>
 
 #include "core/env.h"
 
 namespace kvfabric {
 
-class FakeClockEnv final : public Env {
+class FakeClockEnv final : public EnvWrapper {
  public:
-  void Advance(std::uint64_t us) { now_us_ += us; }
+  FakeClockEnv() : EnvWrapper(Env::Default()) {}
 
-  StatusOr<std::unique_ptr<RandomRWFile>> NewRandomRWFile(const std::string& path,
-                                                          const FileOptions& options) override;
-  bool FileExists(const std::string& path) override;
-  StatusOr<std::vector<std::string>> GetChildren(const std::string& dir) override;
-  Status CreateDirIfMissing(const std::string& dir) override;
-  Status DeleteFile(const std::string& path) override;
-  Status DeleteDir(const std::string& dir) override;
-  Status RenameFile(const std::string& src, const std::string& target) override;
-  StatusOr<uint64_t> GetFileSize(const std::string& path) override;
-  Status SyncDir(const std::string& dir) override;
+  void Advance(std::uint64_t us) { now_us_ += us; }
+  void Advance(std::chrono::microseconds d) { Advance(static_cast<std::uint64_t>(d.count())); }
+
   uint64_t NowMicros() override { return now_us_; }
   uint64_t WallMicros() override { return 1'700'000'000'000'000 + now_us_; }
   void SleepForMicros(uint64_t micros) override { now_us_ += micros; }
 
  private:
-  Env* const base_ = Env::Default();
   std::atomic<std::uint64_t> now_us_{1'000'000};
 };
 

@@ -49,32 +49,17 @@ TestBlock MakeBlock(std::mt19937_64& rng, uint32_t layers) {
 
 // Forwards to a base Env; while `fail_syncs` is set, Sync() on files fails
 // without reaching the base (so writes stay unsynced there).
-class SyncFailingEnv final : public Env {
+class SyncFailingEnv final : public EnvWrapper {
  public:
-  explicit SyncFailingEnv(Env* base) : base_(base) {}
+  explicit SyncFailingEnv(Env* base) : EnvWrapper(base) {}
   std::atomic<bool> fail_syncs{false};
 
-  size_t DirectIoAlignment() const override { return base_->DirectIoAlignment(); }
   StatusOr<std::unique_ptr<RandomRWFile>> NewRandomRWFile(const std::string& path,
                                                           const FileOptions& options) override {
-    KVF_ASSIGN_OR_RETURN(std::unique_ptr<RandomRWFile> file, base_->NewRandomRWFile(path, options));
+    KVF_ASSIGN_OR_RETURN(std::unique_ptr<RandomRWFile> file,
+                         target()->NewRandomRWFile(path, options));
     return std::unique_ptr<RandomRWFile>(std::make_unique<File>(this, std::move(file)));
   }
-  bool FileExists(const std::string& p) override { return base_->FileExists(p); }
-  StatusOr<std::vector<std::string>> GetChildren(const std::string& d) override {
-    return base_->GetChildren(d);
-  }
-  Status CreateDirIfMissing(const std::string& d) override { return base_->CreateDirIfMissing(d); }
-  Status DeleteFile(const std::string& p) override { return base_->DeleteFile(p); }
-  Status DeleteDir(const std::string& d) override { return base_->DeleteDir(d); }
-  Status RenameFile(const std::string& s, const std::string& t) override {
-    return base_->RenameFile(s, t);
-  }
-  StatusOr<uint64_t> GetFileSize(const std::string& p) override { return base_->GetFileSize(p); }
-  Status SyncDir(const std::string& d) override { return base_->SyncDir(d); }
-  uint64_t NowMicros() override { return base_->NowMicros(); }
-  uint64_t WallMicros() override { return base_->WallMicros(); }
-  void SleepForMicros(uint64_t m) override { base_->SleepForMicros(m); }
 
  private:
   class File final : public RandomRWFile {
@@ -94,7 +79,6 @@ class SyncFailingEnv final : public Env {
     SyncFailingEnv* env_;
     std::unique_ptr<RandomRWFile> f_;
   };
-  Env* base_;
 };
 
 class NvmeTierTest : public ::testing::Test {

@@ -2,51 +2,19 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/testing/fake_clock_env.h"
 #include "core/testing/test_seed.h"
 
 namespace kvfabric::placement {
 namespace {
 
 using namespace std::chrono_literals;
-
-// Forwards to Env::Default() except for the monotonic clock, which only moves
-// when the test advances it.
-class FakeClockEnv final : public Env {
- public:
-  void Advance(std::chrono::microseconds d) { now_us_ += static_cast<uint64_t>(d.count()); }
-
-  size_t DirectIoAlignment() const override { return base_->DirectIoAlignment(); }
-  StatusOr<std::unique_ptr<RandomRWFile>> NewRandomRWFile(const std::string& path,
-                                                          const FileOptions& options) override {
-    return base_->NewRandomRWFile(path, options);
-  }
-  bool FileExists(const std::string& p) override { return base_->FileExists(p); }
-  StatusOr<std::vector<std::string>> GetChildren(const std::string& d) override {
-    return base_->GetChildren(d);
-  }
-  Status CreateDirIfMissing(const std::string& d) override { return base_->CreateDirIfMissing(d); }
-  Status DeleteFile(const std::string& p) override { return base_->DeleteFile(p); }
-  Status DeleteDir(const std::string& d) override { return base_->DeleteDir(d); }
-  Status RenameFile(const std::string& s, const std::string& t) override {
-    return base_->RenameFile(s, t);
-  }
-  StatusOr<uint64_t> GetFileSize(const std::string& p) override { return base_->GetFileSize(p); }
-  Status SyncDir(const std::string& d) override { return base_->SyncDir(d); }
-  uint64_t NowMicros() override { return now_us_; }
-  uint64_t WallMicros() override { return base_->WallMicros(); }
-  void SleepForMicros(uint64_t m) override { now_us_ += m; }
-
- private:
-  Env* const base_ = Env::Default();
-  std::atomic<uint64_t> now_us_{1'000'000};
-};
 
 MemberRecord Record(const std::string& host_id, uint64_t incarnation = 7) {
   MemberRecord r;
