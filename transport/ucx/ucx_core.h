@@ -171,10 +171,6 @@ struct BatchOp {
 // held stable by the caller until the copy is done).
 CopyRange MappedRange(const PreparedTransfer& t);
 
-// Whether a batch of `op`'s total size streams its mapped copies
-// (UcxTransportOptions::streaming_copy_min_bytes).
-bool StreamsCopies(const UcxTransportOptions& options, const BatchOp& op);
-
 // The requester's record of one owner-placed operation awaiting its reply.
 struct AwaitingRma {
   std::shared_ptr<BatchOp> op;
@@ -261,11 +257,9 @@ class UcxCore {
   std::string listen_address() const;
   UcxTestCounters counters() const;
   // Any thread: copies `ranges` (through mappings the caller holds stable),
-  // split across the copy pool when there is one (options().copy_threads),
-  // with streaming stores when `streaming`.
-  void CopyRanges(std::span<const CopyRange> ranges, bool streaming) {
-    copy_pool_.Copy(ranges, streaming);
-  }
+  // split across the copy pool (options().copy_threads), with streaming
+  // stores when they add up to options().streaming_copy_min_bytes.
+  void CopyRanges(std::span<const CopyRange> ranges);
   // Any thread: counts entries UcxEndpoint::Submit copied inline.
   void CountInline(std::uint64_t n) {
     inline_transfers_.fetch_add(n, std::memory_order_relaxed);

@@ -117,10 +117,10 @@ CopyRange MappedRange(const PreparedTransfer& t) {
   return {remote, t.local, t.length};
 }
 
-bool StreamsCopies(const UcxTransportOptions& options, const BatchOp& op) {
+void UcxCore::CopyRanges(std::span<const CopyRange> ranges) {
   std::uint64_t total = 0;
-  for (const PreparedTransfer& t : op.entries) total += t.length;
-  return total >= options.streaming_copy_min_bytes;
+  for (const CopyRange& r : ranges) total += r.bytes;
+  copy_pool_.Copy(ranges, total >= options_.streaming_copy_min_bytes);
 }
 
 void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
@@ -157,14 +157,14 @@ void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
   // across the copy pool), and completed in the loop below. Reading
   // `mapped` without map_mu is safe here: only this thread changes it
   // (RkeyHolder::Reset), and it is blocked in the copy meanwhile.
+  // (`mapped` is set only while the key is alive: RkeyHolder.)
   std::vector<CopyRange> mapped;
   for (const PreparedTransfer& t : op->entries) {
-    if (t.op != TransferOp::kSend && t.length > 0 && t.rkey != nullptr &&
-        t.rkey->rkey != nullptr && t.rkey->one_sided && t.rkey->mapped != nullptr) {
+    if (t.op != TransferOp::kSend && t.length > 0 && t.rkey->mapped != nullptr) {
       mapped.push_back(MappedRange(t));
     }
   }
-  if (!mapped.empty()) CopyRanges(mapped, StreamsCopies(options_, *op));
+  if (!mapped.empty()) CopyRanges(mapped);
   std::vector<std::size_t> writes;  // one-sided puts, completed by one flush
   for (std::size_t i = 0; i < n; ++i) {
     PreparedTransfer& t = op->entries[i];

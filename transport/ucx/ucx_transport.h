@@ -190,8 +190,8 @@ struct UcxTransportOptions {
   // 0 disables.
   std::uint64_t inline_copy_max_bytes = std::uint64_t{16} << 20;
 
-  // Copies through a mapping (inline or on the progress thread) of a batch
-  // of at least this many bytes use streaming stores (core/stream_copy.h):
+  // When a batch copies at least this many bytes through mappings (inline
+  // or on the progress thread), it uses streaming stores (core/stream_copy.h):
   // such a batch does not stay in the caches anyway, and streaming it
   // measured 1.4-1.8x memcpy's speed here (8-11 -> 11-18 GB/s); smaller
   // batches use memcpy, which wins when the bytes are cached and read again
