@@ -105,11 +105,7 @@ void CopyPool::Copy(std::span<const CopyRange> ranges, bool streaming) {
       });
     }
   }
-  if (shares.size() > 2) {
-    cv_.notify_all();
-  } else if (shares.size() == 2) {
-    cv_.notify_one();
-  }
+  cv_.notify_all();
   CopyAll(shares[0], streaming);
   std::unique_lock<std::mutex> lock(done_mu);
   done_cv.wait(lock, [&] { return left == 0; });
