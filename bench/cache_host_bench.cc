@@ -6,6 +6,11 @@
 //
 //   cache_host_bench --daemon build/ci/server/cache_host/kvfabric-cached
 //                    [--total-mib 1024] [--batch-mib 32] [--depth 1] [--copy-threads 1]
+//                    [--paths all|shm|tcp] [--baselines 1|0] [--block-kib 256|2048]
+//                    [--conns 1|4]
+//
+// The last four select cases (default: all); without baselines no ratios
+// are printed.
 //
 // A kvfabric "op" is one batch: Lease (or Reserve) of batch-mib of blocks over
 // gRPC, one data-plane transfer of all of them, Release (or Commit); each
@@ -55,6 +60,18 @@ struct Args {
   int depth = 1;
   // The daemon's --copy-threads.
   int copy_threads = 1;
+  // Which kvfabric paths to run ("shm", "tcp" or "all"), and whether to run
+  // the Redis and memcached baselines (without them no ratios are printed).
+  std::string paths = "all";
+  bool baselines = true;
+  // Only this block size (KiB) / connection count; 0 runs both of each.
+  std::uint64_t only_block_kib = 0;
+  int only_conns = 0;
+  // Whether the case (block bytes, connections; 0: any) is selected.
+  bool Runs(std::uint64_t block, int conns) const {
+    return (only_block_kib == 0 || only_block_kib << 10 == block) &&
+           (only_conns == 0 || conns == 0 || only_conns == conns);
+  }
 };
 
 struct Result {
@@ -327,6 +344,14 @@ int Main(int argc, char** argv) {
     else if (k == "--batch-mib") a.batch_mib = std::stoull(argv[i + 1]);
     else if (k == "--depth") a.depth = std::max(1, std::stoi(argv[i + 1]));
     else if (k == "--copy-threads") a.copy_threads = std::max(0, std::stoi(argv[i + 1]));
+    else if (k == "--paths") a.paths = argv[i + 1];
+    else if (k == "--baselines") a.baselines = std::string(argv[i + 1]) != "0";
+    else if (k == "--block-kib") a.only_block_kib = std::stoull(argv[i + 1]);
+    else if (k == "--conns") a.only_conns = std::stoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
+      return 2;
+    }
   }
   const std::uint64_t total = a.total_mib << 20;
   const std::uint64_t sizes[] = {256 << 10, 2 << 20};
@@ -336,6 +361,7 @@ int Main(int argc, char** argv) {
 
   // Baselines first, on the same value sizes and total bytes.
   for (auto kind : {bench::BaselineKind::kMemcached, bench::BaselineKind::kRedis}) {
+    if (!a.baselines) break;
     bench::BaselineServerOptions so;
     // Room for the values twice over plus memcached's per-item overhead, so
     // nothing is evicted between the put and the get.
@@ -348,6 +374,7 @@ int Main(int argc, char** argv) {
     }
     for (std::uint64_t block : sizes) {
       for (int conns : conn_counts) {
+        if (!a.Runs(block, conns)) continue;
         // Warm-up put (fresh values fault in pages), then the timed overwrite.
         (void)bench::RunBaseline(kind, bench::BaselineOp::kPut, (*server)->port(), block, total,
                                  conns);
@@ -372,21 +399,24 @@ int Main(int argc, char** argv) {
   const std::string dir = mkdtemp(tmpl);
   for (const char* tls : {"sm,self,tcp", "tcp"}) {
     const char* path = std::string(tls) == "tcp" ? "tcp" : "shm";
+    if (a.paths != "all" && a.paths != path) continue;
     for (std::uint64_t block : sizes) {
+      if (!a.Runs(block, 0)) continue;
       Daemon d(a, tls, dir);
       for (int conns : conn_counts) {
+        if (!a.Runs(block, conns)) continue;
         std::vector<std::unique_ptr<Conn>> cs;
         for (int i = 0; i < conns; ++i) {
           cs.push_back(Connect(d, tls, (a.batch_mib << 20) * static_cast<std::uint64_t>(a.depth)));
         }
         const std::string ns = "bench-" + std::to_string(conns);
-        Result put = RunKvf(cs, ns, true, block, total, a.batch_mib << 20, a.depth);
-        Result get = RunKvf(cs, ns, false, block, total, a.batch_mib << 20, a.depth);
         auto base = [&](bool g) {
           auto it = memcached.find({block, conns, g});
           return it == memcached.end() ? 0.0 : it->second;
         };
+        Result put = RunKvf(cs, ns, true, block, total, a.batch_mib << 20, a.depth);
         Print("kvfabric", path, "PUT", block, conns, put, base(false));
+        Result get = RunKvf(cs, ns, false, block, total, a.batch_mib << 20, a.depth);
         Print("kvfabric", path, "GET", block, conns, get, base(true));
       }
     }
