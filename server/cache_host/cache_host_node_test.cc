@@ -15,6 +15,7 @@
 #include "core/crc32c.h"
 #include "core/env.h"
 #include "core/testing/test_seed.h"
+#include "server/cache_host/data_plane.h"
 #include "transport/loopback_transport.h"
 
 namespace kvfabric::cache_host {
@@ -202,6 +203,104 @@ TEST_F(CacheHostNodeTest, PutThenGetRoundTripsEveryByte) {
   EXPECT_EQ(s.table.commits, 4u);
   EXPECT_EQ(s.table.hits, 4u);
   EXPECT_EQ(s.grants_active, 0u);
+}
+
+// Several blocks reserved together and moved in one request: their pool
+// pages are adjacent, so the data plane joins their ranges into few transport
+// entries (JoinAdjacentRanges). Every byte must still land at its own offset,
+// whether the client's staging for the blocks is contiguous (ranges join) or
+// has gaps (they do not), and whatever order the client lists them in.
+TEST_F(CacheHostNodeTest, MultiBlockTransfersRoundTripJoinedOrNot) {
+  StartNode(Options(8 << 20, false));
+  const BlockMeta meta = Meta(1);  // 64 KiB: several blocks per 256 KiB page run
+  constexpr int kBlocks = 6;
+  for (std::uint64_t gap : {std::uint64_t{0}, std::uint64_t{4096}}) {
+    SCOPED_TRACE("staging gap " + std::to_string(gap));
+    const int base = gap == 0 ? 0 : 100;
+    std::vector<ReserveEntry> es;
+    for (int i = 0; i < kBlocks; ++i) es.push_back({Key(base + i), meta});
+    auto r = node_->Reserve(Namespace{"a"}, es, 0);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    std::vector<wire::TransferRange> ranges;
+    std::vector<CommitEntry> commits;
+    for (int i = 0; i < kBlocks; ++i) {
+      ASSERT_TRUE(r->results[i].status.ok()) << r->results[i].status.ToString();
+      const std::uint64_t at = i * (meta.bytes + gap);
+      Fill(at, meta.bytes, base + i);
+      for (const auto& x : Ranges(r->results[i].extents, at)) ranges.push_back(x);
+      commits.push_back({Key(base + i), crc32c::Value(Staging(at, meta.bytes))});
+    }
+    if (gap == 0) {
+      EXPECT_LT(JoinAdjacentRanges(ranges, kMaxJoinedRangeBytes).size(), ranges.size());
+    } else {
+      EXPECT_EQ(JoinAdjacentRanges(ranges, kMaxJoinedRangeBytes).size(), ranges.size());
+    }
+    ASSERT_TRUE(dp_->Transfer(conn_, DataOp::kPut, r->grant.lease_id, r->grant.token, region_,
+                              ranges, Clock::now() + std::chrono::seconds(10))
+                    .ok());
+    auto c = node_->Commit(Namespace{"a"}, r->grant.lease_id, commits, true);
+    ASSERT_TRUE(c.ok());
+    for (const Status& st : *c) ASSERT_TRUE(st.ok()) << st.ToString();
+
+    // One GET of all blocks, in reverse order, into the second half of staging.
+    std::vector<BlockKey> keys;
+    for (int i = kBlocks - 1; i >= 0; --i) keys.push_back(Key(base + i));
+    auto l = node_->Lease(Namespace{"a"}, keys, {});
+    ASSERT_TRUE(l.ok());
+    std::vector<wire::TransferRange> get;
+    const std::uint64_t out = 4 << 20;
+    for (int k = 0; k < kBlocks; ++k) {
+      ASSERT_TRUE(l->results[k].status.ok());
+      for (const auto& x : Ranges(l->results[k].extents, out + k * (meta.bytes + gap))) {
+        get.push_back(x);
+      }
+    }
+    ASSERT_TRUE(dp_->Transfer(conn_, DataOp::kGet, l->grant.lease_id, l->grant.token, region_, get,
+                              Clock::now() + std::chrono::seconds(10))
+                    .ok());
+    for (int k = 0; k < kBlocks; ++k) {
+      const int i = kBlocks - 1 - k;
+      EXPECT_EQ(crc32c::Value(Staging(out + k * (meta.bytes + gap), meta.bytes)),
+                commits[i].crc32c)
+          << "block " << i;
+    }
+    ReleaseEntry rel{l->grant.lease_id, {}};
+    ASSERT_TRUE(node_->Release(Namespace{"a"}, std::span<const ReleaseEntry>(&rel, 1))[0].ok());
+  }
+}
+
+TEST(JoinAdjacentRangesTest, JoinsOnlyWhatContinuesInBothSpacesUpToTheCap) {
+  using R = wire::TransferRange;
+  auto eq = [](const std::vector<R>& a, const std::vector<R>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      if (a[i].pool_offset != b[i].pool_offset || a[i].length != b[i].length ||
+          a[i].region_offset != b[i].region_offset) {
+        return false;
+      }
+    }
+    return true;
+  };
+  EXPECT_TRUE(JoinAdjacentRanges({}, 100).empty());
+  // Adjacent in both: joined.
+  EXPECT_TRUE(eq(JoinAdjacentRanges(std::vector<R>{{0, 10, 50}, {10, 10, 60}, {20, 5, 70}}, 100),
+                 {{0, 25, 50}}));
+  // Adjacent in the pool only, or in the region only: kept apart.
+  EXPECT_TRUE(eq(JoinAdjacentRanges(std::vector<R>{{0, 10, 50}, {10, 10, 61}}, 100),
+                 {{0, 10, 50}, {10, 10, 61}}));
+  EXPECT_TRUE(eq(JoinAdjacentRanges(std::vector<R>{{0, 10, 50}, {11, 10, 60}}, 100),
+                 {{0, 10, 50}, {11, 10, 60}}));
+  // Backwards (the next range ends where the previous begins): kept apart.
+  EXPECT_TRUE(eq(JoinAdjacentRanges(std::vector<R>{{10, 10, 60}, {0, 10, 50}}, 100),
+                 {{10, 10, 60}, {0, 10, 50}}));
+  // The cap: joins up to it, then starts a new range; an oversized range stays whole.
+  EXPECT_TRUE(eq(JoinAdjacentRanges(std::vector<R>{{0, 10, 0}, {10, 10, 10}, {20, 10, 20}}, 20),
+                 {{0, 20, 0}, {20, 10, 20}}));
+  EXPECT_TRUE(eq(JoinAdjacentRanges(std::vector<R>{{0, 30, 0}, {30, 10, 30}}, 20),
+                 {{0, 30, 0}, {30, 10, 30}}));
+  // Sums that would wrap never join.
+  const std::uint64_t top = ~std::uint64_t{0} - 4;
+  EXPECT_EQ(JoinAdjacentRanges(std::vector<R>{{top, 10, 0}, {5, 10, 10}}, 100).size(), 2u);
 }
 
 TEST_F(CacheHostNodeTest, NamespacesDoNotSeeEachOther) {

@@ -41,6 +41,29 @@ std::uint64_t NowMicros() {
 
 }  // namespace
 
+std::vector<wire::TransferRange> JoinAdjacentRanges(std::span<const wire::TransferRange> ranges,
+                                                    std::uint64_t max_bytes) {
+  std::vector<wire::TransferRange> out;
+  out.reserve(ranges.size());
+  for (const wire::TransferRange& r : ranges) {
+    if (!out.empty()) {
+      wire::TransferRange& last = out.back();
+      // Sizes were checked against the region and the pool before this
+      // runs, but the sums are guarded anyway: a wrap never joins.
+      const bool continues = last.pool_offset + last.length >= last.pool_offset &&
+                             last.pool_offset + last.length == r.pool_offset &&
+                             last.region_offset + last.length >= last.region_offset &&
+                             last.region_offset + last.length == r.region_offset;
+      if (continues && r.length <= max_bytes && last.length <= max_bytes - r.length) {
+        last.length += r.length;
+        continue;
+      }
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
 struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
   CacheHostNode* node = nullptr;
   transport::Transport* transport = nullptr;
@@ -191,6 +214,10 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
         return;
       }
       ranges.push_back({r.pool_offset, r.length});
+    }
+    // The lease checks every range on its own (BeginTransfer, below); the
+    // transport moves the joined ones.
+    for (const wire::TransferRange& r : JoinAdjacentRanges(m.ranges, kMaxJoinedRangeBytes)) {
       transport::Transfer t;
       t.op = write ? TransferOp::kRead : TransferOp::kWrite;
       t.local = node->pool_region();
