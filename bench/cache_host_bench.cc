@@ -6,6 +6,7 @@
 //
 //   cache_host_bench --daemon build/ci/server/cache_host/kvfabric-cached
 //                    [--total-mib 1024] [--batch-mib 32] [--depth 1] [--copy-threads 1]
+//                    [--data-workers 2]
 //                    [--paths all|shm|tcp] [--baselines 1|0] [--block-kib 256|2048]
 //                    [--conns 1|4]
 //
@@ -60,6 +61,8 @@ struct Args {
   int depth = 1;
   // The daemon's --copy-threads.
   int copy_threads = 1;
+  // The daemon's --data-workers: one per core of this 2-core machine.
+  int data_workers = 2;
   // Which kvfabric paths to run ("shm", "tcp" or "all"), and whether to run
   // the Redis and memcached baselines (without them no ratios are printed).
   std::string paths = "all";
@@ -97,6 +100,7 @@ class Daemon {
                                      "--host-low-watermark=1.0",
                                      "--eviction-policy=lru",
                                      "--copy-threads=" + std::to_string(a.copy_threads),
+                                     "--data-workers=" + std::to_string(a.data_workers),
                                      "--ready-file=" + ready,
                                      "--log-level=warn"};
     std::vector<char*> c;
@@ -344,6 +348,7 @@ int Main(int argc, char** argv) {
     else if (k == "--batch-mib") a.batch_mib = std::stoull(argv[i + 1]);
     else if (k == "--depth") a.depth = std::max(1, std::stoi(argv[i + 1]));
     else if (k == "--copy-threads") a.copy_threads = std::max(0, std::stoi(argv[i + 1]));
+    else if (k == "--data-workers") a.data_workers = std::max(1, std::stoi(argv[i + 1]));
     else if (k == "--paths") a.paths = argv[i + 1];
     else if (k == "--baselines") a.baselines = std::string(argv[i + 1]) != "0";
     else if (k == "--block-kib") a.only_block_kib = std::stoull(argv[i + 1]);

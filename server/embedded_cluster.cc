@@ -164,6 +164,7 @@ Status EmbeddedCluster::StartDaemon(const EmbeddedDaemonOptions& options, Daemon
   ucx::UcxTransportOptions topts;
   topts.tls = options.ucx_tls;
   topts.copy_threads = options.copy_threads;
+  topts.workers = options.data_workers;
   auto transport = ucx::CreateUcxTransport(topts);
   if (!transport.ok()) {
     return transport.status().WithContext("UCX transport (ucx_tls \"" + options.ucx_tls + "\")");

@@ -148,6 +148,64 @@ TEST_F(CacheHostDaemonTest, PutsAndGets2GiBThroughUcxWithChecksums) {
   EXPECT_EQ(daemon_->WaitExit(std::chrono::seconds(30)), 0);
 }
 
+// A daemon with three data-plane workers (--data-workers) and four client
+// connections at once, over shared memory and over TCP only: each client's
+// connection lands on a worker in turn, and every byte each one puts comes
+// back to it exactly while the others run.
+TEST_F(CacheHostDaemonTest, DataWorkersServeConcurrentClientsExactly) {
+  StartDaemon({"--host-pool-bytes=544MiB", "--host-page-bytes=2MiB",
+               "--host-high-watermark=1.0", "--host-low-watermark=1.0", "--eviction-policy=lru",
+               "--data-workers=3"});
+  constexpr int kClients = 4;
+  constexpr int kBlocks = 32;  // 64 MiB per client
+  for (const char* tls : {"sm,self,tcp", "tcp"}) {
+    SCOPED_TRACE(tls);
+    std::vector<std::unique_ptr<testing::CacheHostTestClient>> clients;
+    for (int c = 0; c < kClients; ++c) {
+      // Each client its own seed, so its own keys and payloads.
+      auto client = testing::CacheHostTestClient::Create(
+          seed_ + 1000 * (c + 1) + (std::string(tls) == "tcp" ? 7 : 0), tls);
+      ASSERT_TRUE(client.ok()) << client.status().ToString();
+      ASSERT_TRUE((*client)->Attach(daemon_->grpc(), daemon_->transport()).ok());
+      clients.push_back(std::move(*client));
+    }
+    std::vector<Status> results(kClients);
+    std::vector<std::thread> threads;
+    for (int c = 0; c < kClients; ++c) {
+      threads.emplace_back([&, c] {
+        Status s;
+        for (int i = 0; s.ok() && i < kBlocks; i += 16) s = clients[c]->PutBatch(i, 16);
+        for (int i = 0; s.ok() && i < kBlocks; i += 16) {
+          std::vector<int> ids;
+          for (int k = 15; k >= 0; --k) ids.push_back(i + k);
+          s = clients[c]->GetBatch(ids);
+        }
+        results[c] = s;
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int c = 0; c < kClients; ++c) {
+      EXPECT_TRUE(results[c].ok()) << "client " << c << ": " << results[c].ToString();
+    }
+    // Free the pool for the next transport list.
+    for (int c = 0; c < kClients; ++c) {
+      v1::DeleteRequest req;
+      for (int i = 0; i < kBlocks; ++i) req.add_keys(clients[c]->Key(i));
+      v1::DeleteResponse resp;
+      grpc::ClientContext ctx;
+      ASSERT_TRUE(clients[c]->stub()->Delete(&ctx, req, &resp).ok());
+    }
+  }
+  v1::StatsRequest sreq;
+  v1::StatsResponse stats;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub()->Stats(&ctx, sreq, &stats).ok());
+  EXPECT_EQ(stats.commits_total(), static_cast<std::uint64_t>(2 * kClients * kBlocks));
+  EXPECT_EQ(stats.crc_failures_total(), 0u);
+  daemon_->Kill(SIGTERM);
+  EXPECT_EQ(daemon_->WaitExit(std::chrono::seconds(30)), 0);
+}
+
 TEST_F(CacheHostDaemonTest, SigkillDuringWritesThenRestartRecoversNvmeBlocks) {
   const std::vector<std::string> args = {
       "--host-pool-bytes=64MiB", "--host-page-bytes=2MiB", "--nvme-dir=" + dir_ + "/nvme",

@@ -58,7 +58,10 @@
 //   TransferBatch may be called from any thread. Handlers (AcceptHandler,
 //   MessageHandler, IncomingMessage callbacks) run on a transport progress
 //   thread: they must not block, must not call TransferBatch::Wait, and may
-//   call Submit (which only queues work). Entries complete, and
+//   call Submit (which only queues work). A transport may have several
+//   progress threads (UCX with workers > 1): handlers for different
+//   endpoints may then run at once, so what they share needs a lock; those
+//   for one endpoint run on one thread, in order. Entries complete, and
 //   TransferBatch::OnDone callbacks run, on whichever transport thread
 //   finished the work (possibly the peer-facing one) or on the thread that
 //   cancelled or closed. Destroying an Endpoint waits for a handler running

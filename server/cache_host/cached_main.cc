@@ -45,6 +45,7 @@ struct Flags {
   std::string ready_file;
   std::string ucx_tls = "sm,self,tcp";
   int copy_threads = 1;
+  int data_workers = 1;
   std::string lock_memory = "required";
   std::string pool_memory = "transport";
   std::string eviction_policy = "cost-aware";
@@ -157,6 +158,11 @@ int Run(int argc, char** argv) {
                  "threads that help the data plane's progress thread copy large shared-memory "
                  "batches (0: it copies alone; default 1; more on nodes with many cores)")
       ->check(CLI::Range(0, 64));
+  app.add_option("--data-workers", f.data_workers,
+                 "UCX workers (each a progress thread) serving the data plane; client "
+                 "connections are spread over them (default 1; one per core the data path may "
+                 "use on nodes serving several clients, above all over TCP)")
+      ->check(CLI::Range(1, ucx::kMaxUcxWorkers));
   app.add_option("--metrics-address", f.metrics_address,
                  "Prometheus /metrics listen address HOST:PORT, or \"off\"");
   app.add_option("--ready-file", f.ready_file,
@@ -223,6 +229,7 @@ int Run(int argc, char** argv) {
   ucx::UcxTransportOptions topts;
   topts.tls = f.ucx_tls;
   topts.copy_threads = f.copy_threads;
+  topts.workers = f.data_workers;
   auto transport = ucx::CreateUcxTransport(topts);
   if (!transport.ok()) {
     spdlog::error("kvfabric-cached: UCX transport: {}", transport.status().ToString());

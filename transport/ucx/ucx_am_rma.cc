@@ -1,6 +1,7 @@
 // UcxCore, continued: owner-placed kRead/kWrite (transport/ucx/ucx_am_rma.h)
-// and the grants they are checked against. Progress thread, except
-// GrantRange and RevokeRegion (any thread).
+// and the grants they are checked against (shared by the transport's
+// workers: CoreGroup). Progress thread, except GrantRange and RevokeRegion
+// (any thread).
 #include <cstring>
 #include <random>
 #include <utility>
@@ -15,6 +16,7 @@ using transport::TransferOp;
 namespace {
 
 void BeginRegionOp(const std::shared_ptr<OwnedRegion>& region, const std::shared_ptr<EpState>& s) {
+  std::lock_guard<std::mutex> lock(region->mu);
   ++region->active;
   region->active_eps.push_back(s);
 }
@@ -26,30 +28,30 @@ void BeginRegionOp(const std::shared_ptr<OwnedRegion>& region, const std::shared
 
 std::uint64_t UcxCore::GrantRange(const std::shared_ptr<OwnedRegion>& region, std::uint64_t offset,
                                   std::uint64_t length) {
-  std::lock_guard<std::mutex> lock(grants_mu_);
+  std::lock_guard<std::mutex> lock(group_->grants_mu);
   auto [it, inserted] = region->grant_ids.try_emplace({offset, length}, 0);
   if (!inserted) return it->second;
   // A grant id is a capability: random, so a peer cannot name a range that
   // was exported to someone else by guessing.
   std::random_device rd;
   std::uint64_t id = 0;
-  while (id == 0 || grants_.count(id) != 0) {
+  while (id == 0 || group_->grants.count(id) != 0) {
     id = (std::uint64_t{rd()} << 32) | rd();
   }
   it->second = id;
-  grants_[id] = Grant{region, offset, length};
+  group_->grants[id] = Grant{region, offset, length};
   return id;
 }
 
 StatusCode UcxCore::ResolveGrant(std::uint64_t id, std::uint64_t offset, std::uint64_t length,
                                  std::shared_ptr<OwnedRegion>* region, std::byte** at) {
-  std::lock_guard<std::mutex> lock(grants_mu_);
-  auto it = grants_.find(id);
+  std::lock_guard<std::mutex> lock(group_->grants_mu);
+  auto it = group_->grants.find(id);
   // Never granted, or revoked because the owner destroyed the region: either
   // way the memory is not available from this owner any more. Unavailable, as
   // the loopback backend answers, so a client falls back as for a lost peer
   // (a region destroyed under in-flight reads must not look like a bad key).
-  if (it == grants_.end()) return StatusCode::kUnavailable;
+  if (it == group_->grants.end()) return StatusCode::kUnavailable;
   const Grant& g = it->second;
   // The owner's own bounds check: the requester's is not trusted.
   if (offset > g.length || length > g.length - offset) return StatusCode::kInvalidArgument;
@@ -61,51 +63,64 @@ StatusCode UcxCore::ResolveGrant(std::uint64_t id, std::uint64_t offset, std::ui
 void UcxCore::RevokeRegion(const std::shared_ptr<OwnedRegion>& region,
                            std::chrono::milliseconds grace) {
   {
-    std::lock_guard<std::mutex> lock(grants_mu_);
-    for (const auto& [range, id] : region->grant_ids) grants_.erase(id);
+    std::lock_guard<std::mutex> lock(group_->grants_mu);
+    for (const auto& [range, id] : region->grant_ids) group_->grants.erase(id);
     region->grant_ids.clear();
   }
-  // No new operation can start; wait for those running.
+  // No new operation can start; wait for those running (on any worker).
   auto drained = std::make_shared<Waiter>();
-  const bool on_progress_thread = OnProgressThread();
+  {
+    std::lock_guard<std::mutex> lock(region->mu);
+    if (region->active == 0) return;
+    region->drained = drained;
+  }
+  // Force-closes the endpoints still using the region, each on its own
+  // worker: at once where that is this thread, else through its queue (a
+  // worker already shut down has finished its operations on the region).
   auto close_users = [this, region] {
-    std::vector<std::shared_ptr<EpState>> eps = region->active_eps;
+    std::vector<std::shared_ptr<EpState>> eps;
+    {
+      std::lock_guard<std::mutex> lock(region->mu);
+      eps = region->active_eps;
+    }
+    const Status why = Status::Unavailable("a local region its peer was using was destroyed");
     for (const auto& s : eps) {
-      CloseEp(*s, /*force=*/true, /*by_user=*/true,
-              Status::Unavailable("a local region its peer was using was destroyed"), nullptr);
+      if (s->core->OnProgressThread()) {
+        s->core->CloseEp(*s, /*force=*/true, /*by_user=*/true, why, nullptr);
+      } else if (std::shared_ptr<UcxCore> core = group_->Find(s->core)) {
+        core->Post([c = core.get(), s, why] {
+          c->CloseEp(*s, /*force=*/true, /*by_user=*/true, why, nullptr);
+        });
+      }
     }
   };
-  const bool ran = RunSync([&] {
-    if (region->active == 0) {
-      drained->Set(Status::OK());
-    } else if (on_progress_thread) {
-      close_users();  // cannot wait here: purge them
-    } else {
-      region->drained = drained;
-    }
-  });
-  if (!ran || on_progress_thread) return;  // shut down: UCX touches nothing any more
+  if (group_->OnAnyProgressThread()) {
+    close_users();  // cannot wait on a progress thread: purge them
+    return;
+  }
   Status ignored;
   if (drained->WaitUntil(transport::Clock::now() + grace, &ignored)) return;
-  RunSync(close_users);
+  close_users();
   // The force close purges their requests; bounded in case UCX does not.
   drained->WaitUntil(transport::Clock::now() + std::chrono::seconds(30), &ignored);
 }
 
 void UcxCore::EndRegionOp(const std::shared_ptr<OwnedRegion>& region,
                           const std::shared_ptr<EpState>& s) {
-  --region->active;
-  auto& eps = region->active_eps;
-  for (auto it = eps.begin(); it != eps.end(); ++it) {
-    if (*it == s) {
-      eps.erase(it);
-      break;
+  std::shared_ptr<Waiter> drained;
+  {
+    std::lock_guard<std::mutex> lock(region->mu);
+    --region->active;
+    auto& eps = region->active_eps;
+    for (auto it = eps.begin(); it != eps.end(); ++it) {
+      if (*it == s) {
+        eps.erase(it);
+        break;
+      }
     }
+    if (region->active == 0) drained.swap(region->drained);
   }
-  if (region->active == 0 && region->drained) {
-    region->drained->Set(Status::OK());
-    region->drained.reset();
-  }
+  if (drained) drained->Set(Status::OK());
 }
 
 // ---------------------------------------------------------------------------

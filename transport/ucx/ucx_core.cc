@@ -87,14 +87,21 @@ bool Waiter::WaitUntil(transport::Deadline deadline, Status* out) {
 
 static bool NamesRdma(const std::string& tls);
 
-UcxCore::UcxCore(const UcxTransportOptions& options)
+UcxCore::UcxCore(const UcxTransportOptions& options, std::shared_ptr<CoreGroup> group)
     : options_(options),
+      group_(std::move(group)),
       rdma_configured_(NamesRdma(options.tls)),
       copy_pool_(std::max(0, options.copy_threads)) {}
 
-StatusOr<std::shared_ptr<UcxCore>> UcxCore::Create(const UcxTransportOptions& options) {
-  std::shared_ptr<UcxCore> core(new UcxCore(options));
-  KVF_RETURN_IF_ERROR(core->InitContext());
+StatusOr<std::shared_ptr<UcxCore>> UcxCore::Create(const UcxTransportOptions& options,
+                                                   std::shared_ptr<CoreGroup> group,
+                                                   std::shared_ptr<UcpContext> context) {
+  std::shared_ptr<UcxCore> core(new UcxCore(options, std::move(group)));
+  if (context) {
+    core->context_ = std::move(context);
+  } else {
+    KVF_RETURN_IF_ERROR(core->InitContext());
+  }
   Waiter started;
   core->thread_ = std::thread([c = core.get(), &started] { c->Loop(&started); });
   Status st;
@@ -407,7 +414,7 @@ void UcxCore::OnEpError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
   });
 }
 
-Status UcxCore::Listen(const std::string& address, transport::AcceptHandler on_accept) {
+Status UcxCore::Listen(const std::string& address) {
   if (listener_) return Status::FailedPrecondition("already listening on " + listen_address());
   sockaddr_storage sa;
   socklen_t len = 0;
@@ -425,7 +432,6 @@ Status UcxCore::Listen(const std::string& address, transport::AcceptHandler on_a
   ucp_listener_attr_t attr = {};
   attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
   KVF_RETURN_IF_ERROR(StatusFromUcs(ucp_listener_query(listener, &attr), "ucp_listener_query"));
-  accept_handler_ = std::move(on_accept);
   std::lock_guard<std::mutex> lock(mu_);
   listen_address_ = FormatAddress(attr.sockaddr);
   return Status::OK();
@@ -446,7 +452,36 @@ void UcxCore::OnConnRequest(ucp_conn_request_h request) {
   attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
   if (ucp_conn_request_query(request, &attr) == UCS_OK) peer = FormatAddress(attr.client_address);
   if (!accept_handler_ || !endpoint_factory_) {
-    (void)ucp_listener_reject(listener_.get(), request);
+    Reject(request);
+    return;
+  }
+  // UCX lets a connection request be accepted on any worker of the context
+  // (ucp_listener_conn_handler_t): the next core in turn creates the
+  // endpoint on its own worker and thread.
+  std::shared_ptr<UcxCore> self = group_->Find(this);
+  std::shared_ptr<UcxCore> target = group_->NextForAccept();
+  if (!target || target.get() == this) {
+    Accept(request, peer, self);
+    return;
+  }
+  if (!target->Post([t = target.get(), request, peer, self] { t->Accept(request, peer, self); })) {
+    Reject(request);  // that worker is shutting down
+  }
+}
+
+void UcxCore::Reject(ucp_conn_request_h request) {
+  if (listener_) (void)ucp_listener_reject(listener_.get(), request);
+}
+
+void UcxCore::Accept(ucp_conn_request_h request, const std::string& peer,
+                     const std::shared_ptr<UcxCore>& listener) {
+  if (!accept_handler_ || !endpoint_factory_) {
+    // Torn down meanwhile: the listener's core refuses it.
+    if (listener && listener.get() != this) {
+      listener->Post([l = listener.get(), request] { l->Reject(request); });
+    } else {
+      Reject(request);
+    }
     return;
   }
   auto s = std::make_shared<EpState>(this, peer);
@@ -627,6 +662,27 @@ void UcxCore::DestroyRkey(const std::shared_ptr<RkeyHolder>& holder) {
   if (auto s = holder->ep.lock()) {
     s->rkeys.erase(std::remove(s->rkeys.begin(), s->rkeys.end(), holder), s->rkeys.end());
   }
+}
+
+std::shared_ptr<UcxCore> CoreGroup::NextForAccept() {
+  if (cores.empty()) return nullptr;
+  return cores[next_accept.fetch_add(1, std::memory_order_relaxed) % cores.size()].lock();
+}
+
+std::shared_ptr<UcxCore> CoreGroup::Find(const UcxCore* raw) const {
+  for (const auto& weak : cores) {
+    std::shared_ptr<UcxCore> core = weak.lock();
+    if (core.get() == raw) return core;
+  }
+  return nullptr;
+}
+
+bool CoreGroup::OnAnyProgressThread() const {
+  for (const auto& weak : cores) {
+    std::shared_ptr<UcxCore> core = weak.lock();
+    if (core && core->OnProgressThread()) return true;
+  }
+  return false;
 }
 
 UcxTestCounters UcxCore::counters() const {

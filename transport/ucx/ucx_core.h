@@ -2,11 +2,15 @@
 // progress thread with its worker, and the state it keeps per endpoint and
 // per batch. Not a public interface; only ucx_transport.cc uses it.
 //
-// UcxCore is shared (std::shared_ptr) by the Transport object, every
-// Endpoint and every RemoteRegion, so those may outlive the Transport; the
-// Transport's destructor calls Shutdown(), after which the worker is gone and
-// every operation reports Unavailable. Methods marked "progress thread" may
-// only run there (inside a task given to Post/RunSync, or a UCX callback).
+// A UcxCore is one UCP worker with its progress thread. A transport has
+// UcxTransportOptions::workers of them; they share one UCP context and one
+// CoreGroup (the grants, and the list of cores). Each core is shared
+// (std::shared_ptr) by the Transport object and by the Endpoints and
+// RemoteRegions made on it, so those may outlive the Transport; the
+// Transport's destructor calls Shutdown() on every core, after which its
+// worker is gone and every operation reports Unavailable. Methods marked
+// "progress thread" may only run on the core's own progress thread (inside a
+// task given to Post/RunSync, or a UCX callback).
 #ifndef KVFABRIC_TRANSPORT_UCX_UCX_CORE_H_
 #define KVFABRIC_TRANSPORT_UCX_UCX_CORE_H_
 
@@ -88,12 +92,14 @@ struct RkeyHolder {
 struct OwnedRegion {
   std::byte* base = nullptr;  // immutable
   std::uint64_t size = 0;     // immutable
-  // Progress thread only: peers' operations placing into or sending from the
-  // region, and who waits for them to drain once the region is going away.
-  int active = 0;
-  std::vector<std::shared_ptr<EpState>> active_eps;
-  std::shared_ptr<Waiter> drained;
-  // Guarded by UcxCore::grants_mu_: the grant id of each exported
+  // Peers' operations placing into or sending from the region (on any of
+  // the transport's workers), and who waits for them to drain once the
+  // region is going away.
+  std::mutex mu;
+  int active = 0;                                     // guarded by mu
+  std::vector<std::shared_ptr<EpState>> active_eps;  // guarded by mu
+  std::shared_ptr<Waiter> drained;                    // guarded by mu
+  // Guarded by CoreGroup::grants_mu: the grant id of each exported
   // (offset, length), so re-exporting a range reuses its grant.
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::uint64_t> grant_ids;
 };
@@ -103,6 +109,28 @@ struct Grant {
   std::shared_ptr<OwnedRegion> region;
   std::uint64_t offset = 0;  // within the region
   std::uint64_t length = 0;
+};
+
+// What the workers of one transport share: the grants (an owner-placed
+// request arriving on any worker may name any region's grant) and the cores
+// themselves (the listener hands connection requests to the next worker; a
+// revoked region closes its users' endpoints on their own workers).
+struct CoreGroup {
+  std::mutex grants_mu;
+  std::unordered_map<std::uint64_t, Grant> grants;  // guarded by grants_mu
+
+  // Every worker's core in order, set by CreateUcxTransport before the
+  // transport is handed out and read-only afterwards. Weak: cores own the
+  // group.
+  std::vector<std::weak_ptr<UcxCore>> cores;
+  std::atomic<std::size_t> next_accept{0};
+
+  // The next core in turn for an accepted connection; null if it is gone.
+  std::shared_ptr<UcxCore> NextForAccept();
+  // The core `raw` as a shared_ptr; null if gone or not in the group.
+  std::shared_ptr<UcxCore> Find(const UcxCore* raw) const;
+  // Whether the calling thread is one of the group's progress threads.
+  bool OnAnyProgressThread() const;
 };
 
 // One connection. Created and closed on the progress thread.
@@ -195,8 +223,12 @@ using EndpointFactory =
 
 class UcxCore {
  public:
-  // Creates the context and worker and starts the progress thread.
-  static StatusOr<std::shared_ptr<UcxCore>> Create(const UcxTransportOptions& options);
+  // Creates the worker on `context` (or, if null, a new context from
+  // `options`) and starts the progress thread. `group` is shared with the
+  // transport's other cores.
+  static StatusOr<std::shared_ptr<UcxCore>> Create(const UcxTransportOptions& options,
+                                                   std::shared_ptr<CoreGroup> group,
+                                                   std::shared_ptr<UcpContext> context);
   ~UcxCore();
 
   UcxCore(const UcxCore&) = delete;
@@ -226,7 +258,11 @@ class UcxCore {
   // as `s`'s owner, so every message on `s` can be answered.
   std::unique_ptr<transport::Endpoint> MakeEndpoint(const std::shared_ptr<EpState>& s);
   void set_message_handler(transport::MessageHandler h) { message_handler_ = std::move(h); }
-  Status Listen(const std::string& address, transport::AcceptHandler on_accept);
+  // Every core of a listening transport has the accept handler: accepted
+  // connections are spread over them.
+  void set_accept_handler(transport::AcceptHandler h) { accept_handler_ = std::move(h); }
+  // Listens with the accept handler already set (set_accept_handler).
+  Status Listen(const std::string& address);
   // Creates a client endpoint and starts a flush whose outcome goes to `waiter`.
   StatusOr<std::shared_ptr<EpState>> Connect(const std::string& address,
                                              std::shared_ptr<Waiter> waiter);
@@ -270,7 +306,7 @@ class UcxCore {
   struct Req;
   class Incoming;
 
-  explicit UcxCore(const UcxTransportOptions& options);
+  UcxCore(const UcxTransportOptions& options, std::shared_ptr<CoreGroup> group);
   // Caller thread: the context. Progress thread: the worker (UCX 1.13
   // asserts that a single-threaded worker is used by the thread that made it).
   Status InitContext();
@@ -287,7 +323,14 @@ class UcxCore {
   void FlushEp(const std::shared_ptr<EpState>& s, std::function<void(Status)> done);
   // Flushes a new endpoint, then marks it ready; `done` (if set) gets the outcome.
   void StartReadyFlush(const std::shared_ptr<EpState>& s, std::function<void(Status)> done);
+  // Listener core: picks the core that accepts `request` (CoreGroup).
   void OnConnRequest(ucp_conn_request_h request);
+  // The accepting core: creates the endpoint on its own worker. `listener`
+  // is the core whose listener got the request (to reject it there).
+  void Accept(ucp_conn_request_h request, const std::string& peer,
+              const std::shared_ptr<UcxCore>& listener);
+  // Listener core: refuses `request`.
+  void Reject(ucp_conn_request_h request);
   ucs_status_t OnAm(const void* header, std::size_t header_length, void* data, std::size_t length,
                     const ucp_am_recv_param_t* param);
   // The endpoint a message came from, or null.
@@ -342,6 +385,7 @@ class UcxCore {
                                       const ucp_am_recv_param_t* param);
 
   const UcxTransportOptions options_;
+  const std::shared_ptr<CoreGroup> group_;
   const bool rdma_configured_;  // options_.tls names an RDMA transport
   CopyPool copy_pool_;          // options_.copy_threads helpers (0: copies alone)
   std::size_t max_header_bytes_ = transport::kMaxMessageHeaderBytes;
@@ -373,11 +417,6 @@ class UcxCore {
   // Owner-placed operations awaiting their reply, by request id.
   std::unordered_map<std::uint64_t, AwaitingRma> awaiting_;
   std::uint64_t next_rma_id_ = 1;
-
-  // Grants (owner side), any thread under grants_mu_.
-  mutable std::mutex grants_mu_;
-  std::unordered_map<std::uint64_t, Grant> grants_;  // guarded by grants_mu_
-  std::uint64_t next_grant_id_ = 1;                  // guarded by grants_mu_
 
   // Test counters, relaxed: monotonic tallies read only by tests.
   std::atomic<std::uint64_t> eager_messages_{0};

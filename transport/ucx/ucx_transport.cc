@@ -350,17 +350,31 @@ class UcxEndpoint final : public Endpoint {
 
 class UcxTransport final : public transport::Transport {
  public:
-  UcxTransport(std::shared_ptr<UcxCore> core) : core_(std::move(core)) {
-    std::weak_ptr<UcxCore> weak = core_;
-    core_->RunSync([&] {
-      core_->set_endpoint_factory([weak](std::shared_ptr<EpState> s) {
-        return std::unique_ptr<Endpoint>(std::make_unique<UcxEndpoint>(weak.lock(), std::move(s)));
+  // cores[0] made the context and owns the listener; memory is mapped and
+  // exported through it (the context and grants are shared by all).
+  explicit UcxTransport(std::vector<std::shared_ptr<UcxCore>> cores)
+      : cores_(std::move(cores)), core_(cores_.front()) {
+    for (const auto& core : cores_) {
+      std::weak_ptr<UcxCore> weak = core;
+      core->RunSync([&] {
+        core->set_endpoint_factory([weak](std::shared_ptr<EpState> s) {
+          return std::unique_ptr<Endpoint>(
+              std::make_unique<UcxEndpoint>(weak.lock(), std::move(s)));
+        });
       });
-    });
+    }
   }
-  ~UcxTransport() override { core_->Shutdown(); }
+  // The listener's core last: until then it hands new connections to
+  // workers that refuse them once shut down (it then rejects them).
+  ~UcxTransport() override {
+    for (auto it = cores_.rbegin(); it != cores_.rend(); ++it) (*it)->Shutdown();
+  }
 
-  std::string name() const override { return "ucx(tls=" + core_->options().tls + ")"; }
+  std::string name() const override {
+    const int workers = static_cast<int>(cores_.size());
+    return "ucx(tls=" + core_->options().tls +
+           (workers > 1 ? ", " + std::to_string(workers) + " workers" : std::string()) + ")";
+  }
 
   StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(std::span<std::byte> bytes,
                                                          MemoryKind kind) override {
@@ -399,12 +413,19 @@ class UcxTransport final : public transport::Transport {
   }
 
   void SetMessageHandler(transport::MessageHandler handler) override {
-    core_->RunSync([&] { core_->set_message_handler(std::move(handler)); });
+    for (const auto& core : cores_) {
+      core->RunSync([&] { core->set_message_handler(handler); });
+    }
   }
 
   Status Listen(const std::string& address, transport::AcceptHandler on_accept) override {
     Status st = Status::Unavailable("the UCX transport was destroyed");
-    core_->RunSync([&] { st = core_->Listen(address, std::move(on_accept)); });
+    // Every worker may accept (the listener hands requests around), so
+    // every one has the handler before the listener exists.
+    for (const auto& core : cores_) {
+      core->RunSync([&] { core->set_accept_handler(on_accept); });
+    }
+    core_->RunSync([&] { st = core_->Listen(address); });
     return st;
   }
 
@@ -420,11 +441,14 @@ class UcxTransport final : public transport::Transport {
     StatusOr<std::shared_ptr<EpState>> state =
         Status::Unavailable("the UCX transport was destroyed");
     std::unique_ptr<Endpoint> endpoint;
-    core_->RunSync([&] {
-      state = core_->Connect(address, waiter);
+    // Connections take the workers in turn.
+    const std::shared_ptr<UcxCore>& core =
+        cores_[next_connect_.fetch_add(1, std::memory_order_relaxed) % cores_.size()];
+    core->RunSync([&] {
+      state = core->Connect(address, waiter);
       // The Endpoint exists as soon as the UCX endpoint does, so a message
       // arriving before Connect returns can be answered.
-      if (state.ok()) endpoint = core_->MakeEndpoint(*state);
+      if (state.ok()) endpoint = core->MakeEndpoint(*state);
     });
     if (!state.ok()) return state.status();
     Status connected;
@@ -436,7 +460,18 @@ class UcxTransport final : public transport::Transport {
     return endpoint;
   }
 
-  UcxTestCounters counters() const { return core_->counters(); }
+  UcxTestCounters counters() const {
+    UcxTestCounters sum;
+    for (const auto& core : cores_) {
+      const UcxTestCounters c = core->counters();
+      sum.eager_messages += c.eager_messages;
+      sum.rendezvous_messages += c.rendezvous_messages;
+      sum.one_sided_transfers += c.one_sided_transfers;
+      sum.owner_placed_transfers += c.owner_placed_transfers;
+      sum.inline_transfers += c.inline_transfers;
+    }
+    return sum;
+  }
 
  private:
   static Status CheckKind(MemoryKind kind) {
@@ -453,7 +488,9 @@ class UcxTransport final : public transport::Transport {
     return std::make_unique<UcpMemHandle>(std::move(context), memh);
   }
 
-  const std::shared_ptr<UcxCore> core_;
+  const std::vector<std::shared_ptr<UcxCore>> cores_;
+  const std::shared_ptr<UcxCore> core_;  // cores_[0]
+  std::atomic<std::size_t> next_connect_{0};
 };
 
 }  // namespace
@@ -465,8 +502,24 @@ StatusOr<std::unique_ptr<transport::Transport>> CreateUcxTransport(
                                    "\" lacks tcp: listener (sockaddr) connections are wired up "
                                    "over tcp; add it, e.g. \"sm,self,tcp\"");
   }
-  KVF_ASSIGN_OR_RETURN(std::shared_ptr<UcxCore> core, UcxCore::Create(options));
-  return std::unique_ptr<transport::Transport>(std::make_unique<UcxTransport>(std::move(core)));
+  if (options.workers < 1 || options.workers > kMaxUcxWorkers) {
+    return Status::InvalidArgument("UcxTransportOptions.workers is " +
+                                   std::to_string(options.workers) + "; it must be 1.." +
+                                   std::to_string(kMaxUcxWorkers));
+  }
+  auto group = std::make_shared<internal::CoreGroup>();
+  std::vector<std::shared_ptr<UcxCore>> cores;
+  for (int i = 0; i < options.workers; ++i) {
+    // The first core makes the context; the others share it.
+    auto core = UcxCore::Create(options, group, cores.empty() ? nullptr : cores[0]->context());
+    if (!core.ok()) {
+      for (auto it = cores.rbegin(); it != cores.rend(); ++it) (*it)->Shutdown();
+      return core.status();
+    }
+    cores.push_back(std::move(*core));
+  }
+  for (const auto& core : cores) group->cores.push_back(core);
+  return std::unique_ptr<transport::Transport>(std::make_unique<UcxTransport>(std::move(cores)));
 }
 
 UcxTestCounters TEST_GetCounters(const transport::Transport& t) {

@@ -1,8 +1,10 @@
 // The UCX backend of transport::Transport (transport/transport.h).
 //
 // What it is
-//   One UCP context and one UCP worker, driven by one progress thread that
-//   the transport owns. The worker is created UCS_THREAD_MODE_SINGLE with
+//   One UCP context and `workers` UCP workers (default one), each driven by
+//   one progress thread that the transport owns; endpoints are spread over
+//   the workers (UcxTransportOptions::workers), and what follows holds per
+//   worker. The worker is created UCS_THREAD_MODE_SINGLE with
 //   UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP; only the progress
 //   thread touches the worker, its endpoints, its listener and the remote
 //   keys unpacked on it. Other threads hand work over through a
@@ -113,7 +115,8 @@
 //
 // Threads
 //   As transport.h says: every method may be called from any thread;
-//   handlers run on the progress thread. REQUIRES: the transport is not
+//   handlers run on the progress thread of the endpoint's worker (with
+//   several workers, at once for endpoints on different ones). REQUIRES: the transport is not
 //   destroyed from one of its own handlers, and a handler does not destroy a
 //   TransferBatch that is still in flight (that waits). A MemoryRegion
 //   destroyed on a progress thread cannot wait for peers using it: it
@@ -208,6 +211,20 @@ struct UcxTransportOptions {
   // --copy-threads.
   int copy_threads = 0;
 
+  // UCP workers, each with its own progress thread. Default 1, at most
+  // kMaxUcxWorkers. The workers share one UCP context (memory is mapped and
+  // exported once, and any endpoint may use any region) and split the
+  // endpoints: the listener, on the first worker, hands each accepted
+  // connection to the next worker in turn (UCX lets a connection request be
+  // accepted on any worker of the context), and Connect takes them in turn.
+  // Why: a worker's thread moves every byte of its endpoints, and over TCP
+  // that send path (the copy into the socket) fills one core at ~4.5 GB/s
+  // here. A server with several clients gives the data path one worker per
+  // core it can spare (kvfabric-cached --data-workers). With more than one,
+  // handlers run on several threads at once. Copy helpers (copy_threads) are
+  // per worker.
+  int workers = 1;
+
   // Extra UCX configuration keys (UCX's names without the UCX_ prefix, e.g.
   // {"TCP_TX_SEG_SIZE", "64K"}), applied with ucp_config_modify after every
   // key above, so they override them. Default empty. For tuning and
@@ -220,12 +237,15 @@ struct UcxTransportOptions {
   std::chrono::milliseconds shutdown_drain_timeout{2000};
 };
 
+inline constexpr int kMaxUcxWorkers = 64;
+
 // Creates a UCX transport: reads UCX's defaults, then sets TLS and
 // NET_DEVICES from `options`, MM_ERROR_HANDLING=y and CMA's
 // MEMORY_INVALIDATE=y (without them UCP_ERR_HANDLING_MODE_PEER silently
 // drops the shared-memory lanes) and PROTO_ENABLE=n (the 1.13 protocol v2
 // shares the accept-then-send hang), and starts the progress thread.
-// InvalidArgument for a TLS list without tcp; the UCX error (StatusFromUcs)
+// InvalidArgument for a TLS list without tcp or workers outside
+// 1..kMaxUcxWorkers; the UCX error (StatusFromUcs)
 // when the context or worker cannot be created.
 StatusOr<std::unique_ptr<transport::Transport>> CreateUcxTransport(
     const UcxTransportOptions& options);

@@ -8,7 +8,9 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +37,16 @@ using transport::Transport;
 constexpr std::uint64_t kMiB = 1 << 20;
 
 Clock::time_point In(int seconds) { return Clock::now() + std::chrono::seconds(seconds); }
+
+// A test parameter: a UCX transport list, optionally followed by "/N" for N
+// workers on both sides ("tcp/3").
+UcxTransportOptions OptionsFor(const std::string& param) {
+  UcxTransportOptions options;
+  const std::size_t slash = param.find('/');
+  options.tls = param.substr(0, slash);
+  if (slash != std::string::npos) options.workers = std::stoi(param.substr(slash + 1));
+  return options;
+}
 
 void Fill(std::span<std::byte> bytes, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -86,11 +98,7 @@ class UcxTransportTest : public ::testing::TestWithParam<std::string> {
   }
 
  protected:
-  virtual UcxTransportOptions MakeOptions() const {
-    UcxTransportOptions options;
-    options.tls = GetParam();
-    return options;
-  }
+  virtual UcxTransportOptions MakeOptions() const { return OptionsFor(GetParam()); }
 
   void SetUp() override {
     const UcxTransportOptions options = MakeOptions();
@@ -554,17 +562,184 @@ TEST_P(UcxTransportTest, UsesOneSidedRmaOnlyForUcxAllocatedSharedMemory) {
                                   Write(client_region.get(), 0, to_allocated.get(), 0, kMiB)})
           .ok());
   after = TEST_GetCounters(*client_);
-  const bool shared_memory = GetParam() != "tcp";
+  const bool shared_memory = OptionsFor(GetParam()).tls != "tcp";
   EXPECT_EQ(after.one_sided_transfers - before.one_sided_transfers, shared_memory ? 2u : 0u);
   EXPECT_EQ(after.owner_placed_transfers - before.owner_placed_transfers, shared_memory ? 0u : 2u);
   EXPECT_TRUE(Same((*allocated)->bytes(), client_buf));
 }
 
-INSTANTIATE_TEST_SUITE_P(Tls, UcxTransportTest, ::testing::Values("tcp", "sm,self,tcp"),
+// Every test again with three workers on each side: the test's one
+// connection lands on the server's first worker in turn, the client's too,
+// and memory and grants are shared across workers.
+INSTANTIATE_TEST_SUITE_P(Tls, UcxTransportTest,
+                         ::testing::Values("tcp", "sm,self,tcp", "tcp/3", "sm,self,tcp/3"),
+                         [](const auto& info) {
+                           const UcxTransportOptions o = OptionsFor(info.param);
+                           return std::string(o.tls == "tcp" ? "Tcp" : "SharedMemory") +
+                                  (o.workers > 1 ? std::to_string(o.workers) + "Workers" : "");
+                         });
+
+// A server with three workers and four clients: connections are spread
+// over the workers (messages from different clients are handled on
+// different threads), every client's transfers land exactly both ways, on
+// the server's own regions and on the clients', and a region the server
+// destroys while clients use it is refused to every one of them.
+class UcxWorkersTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(UcxWorkersTest, SpreadsConnectionsAndSharesRegionsAcrossWorkers) {
+  const std::uint64_t seed = TestSeed("SpreadsConnectionsAndSharesRegionsAcrossWorkers");
+  UcxTransportOptions server_options = OptionsFor(GetParam());
+  server_options.workers = 3;
+  auto server = CreateUcxTransport(server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::unique_ptr<Endpoint>> accepted;
+  std::map<Endpoint*, std::thread::id> handled_on;
+  std::map<int, Endpoint*> endpoint_of;  // client index (the hello's header) -> server side
+  (*server)->SetMessageHandler([&](IncomingMessage& m) {
+    std::lock_guard<std::mutex> lock(mu);
+    handled_on[m.endpoint()] = std::this_thread::get_id();
+    endpoint_of[static_cast<int>(m.header()[0])] = m.endpoint();
+    cv.notify_all();
+  });
+  ASSERT_TRUE((*server)
+                  ->Listen("127.0.0.1:0",
+                           [&](std::unique_ptr<Endpoint> ep) {
+                             std::lock_guard<std::mutex> lock(mu);
+                             accepted.push_back(std::move(ep));
+                             cv.notify_all();
+                           })
+                  .ok());
+  constexpr int kClients = 4;
+  std::vector<std::byte> server_buf(kClients * kMiB);
+  Fill(server_buf, seed);
+  auto server_region = (*server)->RegisterMemory(server_buf, MemoryKind::kHost);
+  ASSERT_TRUE(server_region.ok());
+  auto exported = (*server_region)->Export(0, server_buf.size());
+  ASSERT_TRUE(exported.ok());
+
+  struct Client {
+    std::unique_ptr<Transport> t;
+    std::unique_ptr<Endpoint> ep;
+    std::unique_ptr<MemoryRegion> region;
+    std::unique_ptr<RemoteRegion> server_side;
+  };
+  std::vector<Client> clients(kClients);
+  for (int i = 0; i < kClients; ++i) {
+    auto t = CreateUcxTransport(OptionsFor(GetParam()));
+    ASSERT_TRUE(t.ok()) << t.status();
+    clients[i].t = std::move(*t);
+    auto ep = clients[i].t->Connect((*server)->listen_address(), PeerFailureMode::kFailInFlight,
+                                    In(10));
+    ASSERT_TRUE(ep.ok()) << ep.status();
+    clients[i].ep = std::move(*ep);
+    auto region = clients[i].t->AllocateMemory(2 * kMiB, MemoryKind::kHost);
+    ASSERT_TRUE(region.ok());
+    clients[i].region = std::move(*region);
+    Fill(clients[i].region->bytes(), seed + 1 + i);
+    auto remote = clients[i].ep->ImportRegion(*exported);
+    ASSERT_TRUE(remote.ok()) << remote.status();
+    clients[i].server_side = std::move(*remote);
+    // A header-only message naming the client, to learn which server
+    // endpoint and thread handle it.
+    Transfer hello;
+    hello.op = TransferOp::kSend;
+    const std::byte h[1] = {static_cast<std::byte>(i)};
+    hello.header = h;
+    ASSERT_TRUE(SubmitAndWait(*clients[i].ep, {hello}).ok());
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_until(lock, In(10), [&] {
+      return accepted.size() == kClients && handled_on.size() == kClients;
+    }));
+    std::set<std::thread::id> threads;
+    for (const auto& [ep, id] : handled_on) threads.insert(id);
+    EXPECT_EQ(threads.size(), 3u) << "four connections over three workers";
+  }
+  // Concurrently: each client writes its first MiB into its own MiB of the
+  // server's region and reads it back into its second MiB.
+  std::vector<std::thread> runs;
+  std::vector<Status> results(kClients);
+  for (int i = 0; i < kClients; ++i) {
+    runs.emplace_back([&, i] {
+      Client& c = clients[i];
+      Status st = SubmitAndWait(
+          *c.ep, {Write(c.region.get(), 0, c.server_side.get(), i * kMiB, kMiB)});
+      if (st.ok()) {
+        st = SubmitAndWait(*c.ep, {Read(c.region.get(), kMiB, c.server_side.get(), i * kMiB,
+                                        kMiB)});
+      }
+      results[i] = st;
+    });
+  }
+  for (auto& r : runs) r.join();
+  for (int i = 0; i < kClients; ++i) {
+    ASSERT_TRUE(results[i].ok()) << "client " << i << ": " << results[i];
+    EXPECT_TRUE(Same(std::span(server_buf).subspan(i * kMiB, kMiB),
+                     clients[i].region->bytes().subspan(0, kMiB)));
+    EXPECT_TRUE(Same(clients[i].region->bytes().subspan(kMiB, kMiB),
+                     clients[i].region->bytes().subspan(0, kMiB)));
+  }
+  // The server pushes into each client's region over that client's
+  // endpoint, from its worker.
+  std::vector<std::byte> src(kClients * 4096);
+  Fill(src, seed + 100);
+  auto src_region = (*server)->RegisterMemory(src, MemoryKind::kHost);
+  ASSERT_TRUE(src_region.ok());
+  for (int i = 0; i < kClients; ++i) {
+    Endpoint* ep = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ep = endpoint_of.at(i);
+    }
+    auto ex = clients[i].region->Export(0, 2 * kMiB);
+    ASSERT_TRUE(ex.ok());
+    auto remote = ep->ImportRegion(*ex);
+    ASSERT_TRUE(remote.ok()) << remote.status();
+    ASSERT_TRUE(
+        SubmitAndWait(*ep, {Write(src_region->get(), i * 4096, remote->get(), kMiB + 5, 4096)})
+            .ok());
+    EXPECT_TRUE(Same(std::span(src).subspan(i * 4096, 4096),
+                     clients[i].region->bytes().subspan(kMiB + 5, 4096)))
+        << "client " << i;
+  }
+  src_region->reset();
+  // The server destroys its region: every client is refused afterwards.
+  server_region->reset();
+  for (int i = 0; i < kClients; ++i) {
+    const Status st = SubmitAndWait(
+        *clients[i].ep, {Read(clients[i].region.get(), 0, clients[i].server_side.get(), 0, 4096)});
+    EXPECT_FALSE(st.ok()) << "client " << i;
+  }
+  for (auto& c : clients) {
+    c.server_side.reset();
+    c.ep.reset();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    accepted.clear();
+  }
+  server->reset();
+}
+
+INSTANTIATE_TEST_SUITE_P(Tls, UcxWorkersTest, ::testing::Values("tcp", "sm,self,tcp"),
                          [](const auto& info) {
                            return info.param == "tcp" ? std::string("Tcp")
                                                       : std::string("SharedMemory");
                          });
+
+TEST(UcxTransportOptionsTest, RefusesWorkerCountsOutOfRange) {
+  for (int workers : {0, -1, kMaxUcxWorkers + 1}) {
+    UcxTransportOptions options;
+    options.workers = workers;
+    auto t = CreateUcxTransport(options);
+    ASSERT_FALSE(t.ok());
+    EXPECT_TRUE(t.status().IsInvalidArgument()) << t.status();
+    EXPECT_NE(t.status().message().find("workers"), std::string::npos) << t.status();
+  }
+}
 
 // Shared memory with a small inline limit, and a region UCX allocated on
 // the server side, so that both sides of the limit can be exercised.
