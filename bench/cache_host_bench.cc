@@ -218,7 +218,10 @@ bool Batch(Conn& c, const std::string& ns, bool put, int conn, std::uint64_t fir
     }
     v1::ReserveResponse resp;
     grpc::ClientContext ctx;
-    if (!c.stub->Reserve(&ctx, req, &resp).ok()) return false;
+    if (auto st = c.stub->Reserve(&ctx, req, &resp); !st.ok()) {
+      std::fprintf(stderr, "Reserve: %s\n", st.error_message().c_str());
+      return false;
+    }
     for (int k = 0; k < n; ++k) {
       const auto& r = resp.results(k);
       if (r.status().code() != 0) {
@@ -239,10 +242,16 @@ bool Batch(Conn& c, const std::string& ns, bool put, int conn, std::uint64_t fir
     for (int k = 0; k < n; ++k) req.add_keys(Key(conn, first + k));
     v1::LeaseResponse resp;
     grpc::ClientContext ctx;
-    if (!c.stub->Lease(&ctx, req, &resp).ok()) return false;
+    if (auto st = c.stub->Lease(&ctx, req, &resp); !st.ok()) {
+      std::fprintf(stderr, "Lease: %s\n", st.error_message().c_str());
+      return false;
+    }
     for (int k = 0; k < n; ++k) {
       const auto& r = resp.results(k);
-      if (r.status().code() != 0) return false;
+      if (r.status().code() != 0) {
+        std::fprintf(stderr, "lease: %s\n", r.status().message().c_str());
+        return false;
+      }
       std::uint64_t pos = slot + k * block;
       for (const auto& x : r.extents()) {
         ranges.push_back({x.offset_bytes(), x.length_bytes(), pos});
@@ -252,10 +261,10 @@ bool Batch(Conn& c, const std::string& ns, bool put, int conn, std::uint64_t fir
     lease = resp.lease_id();
     token = Token(resp.grant().access_token());
   }
-  if (!c.data
-           ->Transfer(c.dc, put ? client::DataOp::kPut : client::DataOp::kGet, lease, token, 1,
-                      ranges, Clock::now() + std::chrono::seconds(60))
-           .ok()) {
+  if (Status st = c.data->Transfer(c.dc, put ? client::DataOp::kPut : client::DataOp::kGet, lease,
+                                   token, 1, ranges, Clock::now() + std::chrono::seconds(60));
+      !st.ok()) {
+    std::fprintf(stderr, "transfer: %s\n", st.ToString().c_str());
     return false;
   }
   if (put) {
@@ -269,9 +278,15 @@ bool Batch(Conn& c, const std::string& ns, bool put, int conn, std::uint64_t fir
     }
     v1::CommitResponse resp;
     grpc::ClientContext ctx;
-    if (!c.stub->Commit(&ctx, req, &resp).ok()) return false;
+    if (auto st = c.stub->Commit(&ctx, req, &resp); !st.ok()) {
+      std::fprintf(stderr, "Commit: %s\n", st.error_message().c_str());
+      return false;
+    }
     for (const auto& r : resp.results()) {
-      if (r.status().code() != 0) return false;
+      if (r.status().code() != 0) {
+        std::fprintf(stderr, "commit: %s\n", r.status().message().c_str());
+        return false;
+      }
     }
   } else {
     v1::ReleaseRequest req;
@@ -407,21 +422,23 @@ int Main(int argc, char** argv) {
     if (a.paths != "all" && a.paths != path) continue;
     for (std::uint64_t block : sizes) {
       if (!a.Runs(block, 0)) continue;
+      // A batch holds at least one block.
+      const std::uint64_t batch_bytes = std::max<std::uint64_t>(a.batch_mib << 20, block);
       Daemon d(a, tls, dir);
       for (int conns : conn_counts) {
         if (!a.Runs(block, conns)) continue;
         std::vector<std::unique_ptr<Conn>> cs;
         for (int i = 0; i < conns; ++i) {
-          cs.push_back(Connect(d, tls, (a.batch_mib << 20) * static_cast<std::uint64_t>(a.depth)));
+          cs.push_back(Connect(d, tls, batch_bytes * static_cast<std::uint64_t>(a.depth)));
         }
         const std::string ns = "bench-" + std::to_string(conns);
         auto base = [&](bool g) {
           auto it = memcached.find({block, conns, g});
           return it == memcached.end() ? 0.0 : it->second;
         };
-        Result put = RunKvf(cs, ns, true, block, total, a.batch_mib << 20, a.depth);
+        Result put = RunKvf(cs, ns, true, block, total, batch_bytes, a.depth);
         Print("kvfabric", path, "PUT", block, conns, put, base(false));
-        Result get = RunKvf(cs, ns, false, block, total, a.batch_mib << 20, a.depth);
+        Result get = RunKvf(cs, ns, false, block, total, batch_bytes, a.depth);
         Print("kvfabric", path, "GET", block, conns, get, base(true));
       }
     }
