@@ -724,6 +724,100 @@ TEST_P(UcxWorkersTest, SpreadsConnectionsAndSharesRegionsAcrossWorkers) {
   server->reset();
 }
 
+// A region of the server (caller memory, so every operation on it is placed
+// by its owner: the server's workers) is destroyed while clients on three
+// different workers keep writing into it and reading from it: the
+// destruction waits for or cuts off what is in flight on every worker, and
+// returns; entries complete OK or fail cleanly; nothing touches the freed
+// memory (run under ASan); later operations are refused.
+TEST_P(UcxWorkersTest, RegionDestroyedUnderLoadOnEveryWorker) {
+  UcxTransportOptions server_options = OptionsFor(GetParam());
+  server_options.workers = 3;
+  auto server = CreateUcxTransport(server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::mutex mu;
+  std::vector<std::unique_ptr<Endpoint>> accepted;
+  ASSERT_TRUE((*server)
+                  ->Listen("127.0.0.1:0",
+                           [&](std::unique_ptr<Endpoint> ep) {
+                             std::lock_guard<std::mutex> lock(mu);
+                             accepted.push_back(std::move(ep));
+                           })
+                  .ok());
+  constexpr int kClients = 3;
+  auto server_buf = std::make_unique<std::vector<std::byte>>(4 * kMiB);
+  auto server_region = (*server)->RegisterMemory(*server_buf, MemoryKind::kHost);
+  ASSERT_TRUE(server_region.ok());
+  auto exported = (*server_region)->Export(0, server_buf->size());
+  ASSERT_TRUE(exported.ok());
+  struct Client {
+    std::unique_ptr<Transport> t;
+    std::unique_ptr<Endpoint> ep;
+    std::unique_ptr<MemoryRegion> region;
+    std::unique_ptr<RemoteRegion> server_side;
+  };
+  std::vector<Client> clients(kClients);
+  for (int i = 0; i < kClients; ++i) {
+    auto t = CreateUcxTransport(OptionsFor(GetParam()));
+    ASSERT_TRUE(t.ok()) << t.status();
+    clients[i].t = std::move(*t);
+    auto ep = clients[i].t->Connect((*server)->listen_address(), PeerFailureMode::kFailInFlight,
+                                    In(10));
+    ASSERT_TRUE(ep.ok()) << ep.status();
+    clients[i].ep = std::move(*ep);
+    auto region = clients[i].t->AllocateMemory(kMiB, MemoryKind::kHost);
+    ASSERT_TRUE(region.ok());
+    clients[i].region = std::move(*region);
+    auto remote = clients[i].ep->ImportRegion(*exported);
+    ASSERT_TRUE(remote.ok()) << remote.status();
+    clients[i].server_side = std::move(*remote);
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, refused{0};
+  std::vector<std::thread> load;
+  for (int i = 0; i < kClients; ++i) {
+    load.emplace_back([&, i] {
+      Client& c = clients[i];
+      for (int n = 0; !stop.load(); ++n) {
+        const std::uint64_t at = static_cast<std::uint64_t>(i) * kMiB;
+        Transfer t = n % 2 == 0 ? Write(c.region.get(), 0, c.server_side.get(), at, kMiB)
+                                : Read(c.region.get(), 0, c.server_side.get(), at, kMiB);
+        auto batch = c.ep->Submit(std::vector<Transfer>{t});
+        if (!batch.ok()) {
+          ++refused;
+          continue;
+        }
+        ASSERT_TRUE((*batch)->Wait(In(30)).ok()) << "client " << i;
+        const Status st = (*batch)->FirstError();
+        if (st.ok()) {
+          ++ok;
+        } else {
+          EXPECT_TRUE(st.IsUnavailable() || st.code() == StatusCode::kCancelled) << st;
+          ++refused;
+        }
+      }
+    });
+  }
+  while (ok.load() < 30) std::this_thread::yield();
+  const auto before = Clock::now();
+  server_region->reset();  // waits for, or cuts off, every worker's operations
+  server_buf.reset();      // freed: ASan reports any later touch
+  EXPECT_LT(Clock::now() - before, std::chrono::seconds(20));
+  while (refused.load() < 3 * kClients) std::this_thread::yield();
+  stop = true;
+  for (auto& t : load) t.join();
+  EXPECT_GE(ok.load(), 30);
+  for (auto& c : clients) {
+    c.server_side.reset();
+    c.ep.reset();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    accepted.clear();
+  }
+  server->reset();
+}
+
 INSTANTIATE_TEST_SUITE_P(Tls, UcxWorkersTest, ::testing::Values("tcp", "sm,self,tcp"),
                          [](const auto& info) {
                            return info.param == "tcp" ? std::string("Tcp")
