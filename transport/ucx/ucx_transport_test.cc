@@ -584,7 +584,38 @@ INSTANTIATE_TEST_SUITE_P(Tls, UcxTransportTest,
 // different threads), every client's transfers land exactly both ways, on
 // the server's own regions and on the clients', and a region the server
 // destroys while clients use it is refused to every one of them.
-class UcxWorkersTest : public ::testing::TestWithParam<std::string> {};
+class UcxWorkersTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  struct Client {
+    std::unique_ptr<Transport> t;
+    std::unique_ptr<Endpoint> ep;
+    std::unique_ptr<MemoryRegion> region;        // UCX-allocated, region_bytes
+    std::unique_ptr<RemoteRegion> server_side;  // `exported`, imported on ep
+  };
+
+  // Appends `n` clients, each with its own transport (this test's
+  // parameter), connected to `address`, with a region of `region_bytes` and
+  // the server's `exported` range imported.
+  void ConnectClients(int n, const std::string& address, const std::string& exported,
+                      std::uint64_t region_bytes, std::vector<Client>* out) {
+    for (int i = 0; i < n; ++i) {
+      Client c;
+      auto t = CreateUcxTransport(OptionsFor(GetParam()));
+      ASSERT_TRUE(t.ok()) << t.status();
+      c.t = std::move(*t);
+      auto ep = c.t->Connect(address, PeerFailureMode::kFailInFlight, In(10));
+      ASSERT_TRUE(ep.ok()) << ep.status();
+      c.ep = std::move(*ep);
+      auto region = c.t->AllocateMemory(region_bytes, MemoryKind::kHost);
+      ASSERT_TRUE(region.ok());
+      c.region = std::move(*region);
+      auto remote = c.ep->ImportRegion(exported);
+      ASSERT_TRUE(remote.ok()) << remote.status();
+      c.server_side = std::move(*remote);
+      out->push_back(std::move(c));
+    }
+  }
+};
 
 TEST_P(UcxWorkersTest, SpreadsConnectionsAndSharesRegionsAcrossWorkers) {
   const std::uint64_t seed = TestSeed("SpreadsConnectionsAndSharesRegionsAcrossWorkers");
@@ -619,28 +650,11 @@ TEST_P(UcxWorkersTest, SpreadsConnectionsAndSharesRegionsAcrossWorkers) {
   auto exported = (*server_region)->Export(0, server_buf.size());
   ASSERT_TRUE(exported.ok());
 
-  struct Client {
-    std::unique_ptr<Transport> t;
-    std::unique_ptr<Endpoint> ep;
-    std::unique_ptr<MemoryRegion> region;
-    std::unique_ptr<RemoteRegion> server_side;
-  };
-  std::vector<Client> clients(kClients);
+  std::vector<Client> clients;
+  ConnectClients(kClients, (*server)->listen_address(), *exported, 2 * kMiB, &clients);
+  if (HasFatalFailure()) return;
   for (int i = 0; i < kClients; ++i) {
-    auto t = CreateUcxTransport(OptionsFor(GetParam()));
-    ASSERT_TRUE(t.ok()) << t.status();
-    clients[i].t = std::move(*t);
-    auto ep = clients[i].t->Connect((*server)->listen_address(), PeerFailureMode::kFailInFlight,
-                                    In(10));
-    ASSERT_TRUE(ep.ok()) << ep.status();
-    clients[i].ep = std::move(*ep);
-    auto region = clients[i].t->AllocateMemory(2 * kMiB, MemoryKind::kHost);
-    ASSERT_TRUE(region.ok());
-    clients[i].region = std::move(*region);
     Fill(clients[i].region->bytes(), seed + 1 + i);
-    auto remote = clients[i].ep->ImportRegion(*exported);
-    ASSERT_TRUE(remote.ok()) << remote.status();
-    clients[i].server_side = std::move(*remote);
     // A header-only message naming the client, to learn which server
     // endpoint and thread handle it.
     Transfer hello;
@@ -750,28 +764,9 @@ TEST_P(UcxWorkersTest, RegionDestroyedUnderLoadOnEveryWorker) {
   ASSERT_TRUE(server_region.ok());
   auto exported = (*server_region)->Export(0, server_buf->size());
   ASSERT_TRUE(exported.ok());
-  struct Client {
-    std::unique_ptr<Transport> t;
-    std::unique_ptr<Endpoint> ep;
-    std::unique_ptr<MemoryRegion> region;
-    std::unique_ptr<RemoteRegion> server_side;
-  };
-  std::vector<Client> clients(kClients);
-  for (int i = 0; i < kClients; ++i) {
-    auto t = CreateUcxTransport(OptionsFor(GetParam()));
-    ASSERT_TRUE(t.ok()) << t.status();
-    clients[i].t = std::move(*t);
-    auto ep = clients[i].t->Connect((*server)->listen_address(), PeerFailureMode::kFailInFlight,
-                                    In(10));
-    ASSERT_TRUE(ep.ok()) << ep.status();
-    clients[i].ep = std::move(*ep);
-    auto region = clients[i].t->AllocateMemory(kMiB, MemoryKind::kHost);
-    ASSERT_TRUE(region.ok());
-    clients[i].region = std::move(*region);
-    auto remote = clients[i].ep->ImportRegion(*exported);
-    ASSERT_TRUE(remote.ok()) << remote.status();
-    clients[i].server_side = std::move(*remote);
-  }
+  std::vector<Client> clients;
+  ConnectClients(kClients, (*server)->listen_address(), *exported, kMiB, &clients);
+  if (HasFatalFailure()) return;
   std::atomic<bool> stop{false};
   std::atomic<int> ok{0}, refused{0};
   std::vector<std::thread> load;
