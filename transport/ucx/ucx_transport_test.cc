@@ -38,6 +38,26 @@ constexpr std::uint64_t kMiB = 1 << 20;
 
 Clock::time_point In(int seconds) { return Clock::now() + std::chrono::seconds(seconds); }
 
+// Waits for a batch submitted while its endpoint or a region it names may be
+// going away, and counts it: completed OK, or failed cleanly (Unavailable,
+// Cancelled).
+void CountRacingBatch(StatusOr<std::unique_ptr<TransferBatch>> batch, std::atomic<int>* ok,
+                      std::atomic<int>* failed) {
+  if (!batch.ok()) {
+    EXPECT_TRUE(batch.status().IsUnavailable()) << batch.status();
+    ++*failed;
+    return;
+  }
+  ASSERT_TRUE((*batch)->Wait(Clock::now() + std::chrono::seconds(30)).ok());
+  const Status st = (*batch)->FirstError();
+  if (st.ok()) {
+    ++*ok;
+  } else {
+    EXPECT_TRUE(st.IsUnavailable() || st.code() == StatusCode::kCancelled) << st;
+    ++*failed;
+  }
+}
+
 // A test parameter: a UCX transport list, optionally followed by "/N" for N
 // workers on both sides ("tcp/3").
 UcxTransportOptions OptionsFor(const std::string& param) {
@@ -615,6 +635,22 @@ class UcxWorkersTest : public ::testing::TestWithParam<std::string> {
       out->push_back(std::move(c));
     }
   }
+
+  // Closes the clients' endpoints, then the server's, then the server
+  // (whose handlers use `mu` and `accepted`).
+  static void CloseAll(std::vector<Client>& clients, std::mutex& mu,
+                       std::vector<std::unique_ptr<Endpoint>>& accepted,
+                       std::unique_ptr<Transport>& server) {
+    for (auto& c : clients) {
+      c.server_side.reset();
+      c.ep.reset();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      accepted.clear();
+    }
+    server.reset();
+  }
 };
 
 TEST_P(UcxWorkersTest, SpreadsConnectionsAndSharesRegionsAcrossWorkers) {
@@ -727,15 +763,7 @@ TEST_P(UcxWorkersTest, SpreadsConnectionsAndSharesRegionsAcrossWorkers) {
         *clients[i].ep, {Read(clients[i].region.get(), 0, clients[i].server_side.get(), 0, 4096)});
     EXPECT_FALSE(st.ok()) << "client " << i;
   }
-  for (auto& c : clients) {
-    c.server_side.reset();
-    c.ep.reset();
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    accepted.clear();
-  }
-  server->reset();
+  CloseAll(clients, mu, accepted, *server);
 }
 
 // A region of the server (caller memory, so every operation on it is placed
@@ -777,19 +805,7 @@ TEST_P(UcxWorkersTest, RegionDestroyedUnderLoadOnEveryWorker) {
         const std::uint64_t at = static_cast<std::uint64_t>(i) * kMiB;
         Transfer t = n % 2 == 0 ? Write(c.region.get(), 0, c.server_side.get(), at, kMiB)
                                 : Read(c.region.get(), 0, c.server_side.get(), at, kMiB);
-        auto batch = c.ep->Submit(std::vector<Transfer>{t});
-        if (!batch.ok()) {
-          ++refused;
-          continue;
-        }
-        ASSERT_TRUE((*batch)->Wait(In(30)).ok()) << "client " << i;
-        const Status st = (*batch)->FirstError();
-        if (st.ok()) {
-          ++ok;
-        } else {
-          EXPECT_TRUE(st.IsUnavailable() || st.code() == StatusCode::kCancelled) << st;
-          ++refused;
-        }
+        CountRacingBatch(c.ep->Submit(std::vector<Transfer>{t}), &ok, &refused);
       }
     });
   }
@@ -802,15 +818,7 @@ TEST_P(UcxWorkersTest, RegionDestroyedUnderLoadOnEveryWorker) {
   stop = true;
   for (auto& t : load) t.join();
   EXPECT_GE(ok.load(), 30);
-  for (auto& c : clients) {
-    c.server_side.reset();
-    c.ep.reset();
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    accepted.clear();
-  }
-  server->reset();
+  CloseAll(clients, mu, accepted, *server);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tls, UcxWorkersTest, ::testing::Values("tcp", "sm,self,tcp"),
@@ -923,21 +931,9 @@ TEST_P(UcxInlineCopyTest, CopiesRacingACloseFinishOrFailCleanly) {
   std::atomic<int> ok{0}, failed{0};
   std::thread reader([&] {
     while (!stop.load()) {
-      auto batch = client_ep_->Submit(
-          std::vector<Transfer>{Read(local_.get(), 0, remote_.get(), 0, kLimit)});
-      if (!batch.ok()) {
-        EXPECT_TRUE(batch.status().IsUnavailable()) << batch.status();
-        ++failed;
-        continue;
-      }
-      ASSERT_TRUE((*batch)->Wait(In(10)).ok());
-      const Status st = (*batch)->FirstError();
-      if (st.ok()) {
-        ++ok;
-      } else {
-        EXPECT_TRUE(st.IsUnavailable() || st.code() == StatusCode::kCancelled) << st;
-        ++failed;
-      }
+      CountRacingBatch(client_ep_->Submit(std::vector<Transfer>{
+                           Read(local_.get(), 0, remote_.get(), 0, kLimit)}),
+                       &ok, &failed);
     }
   });
   while (ok.load() < 20) std::this_thread::yield();
