@@ -1,0 +1,158 @@
+// Copies through the shared-memory mapping: inline copies on the caller's
+// thread (inline_copy_max_bytes) and copies split across helper threads
+// (copy_threads).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "core/testing/test_seed.h"
+#include "transport/ucx/ucx_test_fixture.h"
+
+namespace kvfabric::ucx::ucx_test {
+namespace {
+
+// Shared memory with a small inline limit, and a region UCX allocated on
+// the server side, so that both sides of the limit can be exercised.
+class UcxInlineCopyTest : public UcxTransportTest {
+ protected:
+  static constexpr std::uint64_t kLimit = kMiB;
+
+  UcxTransportOptions MakeOptions() const override {
+    UcxTransportOptions options = UcxTransportTest::MakeOptions();
+    options.inline_copy_max_bytes = kLimit;
+    return options;
+  }
+
+  void SetUp() override {
+    UcxTransportTest::SetUp();
+    if (HasFatalFailure()) return;
+    auto owned = server_->AllocateMemory(4 * kMiB, MemoryKind::kHost);
+    ASSERT_TRUE(owned.ok()) << owned.status();
+    owned_ = std::move(*owned);
+    Fill(owned_->bytes(), 7);
+    auto local = client_->AllocateMemory(4 * kMiB, MemoryKind::kHost);
+    ASSERT_TRUE(local.ok()) << local.status();
+    local_ = std::move(*local);
+    remote_ = Share(*owned_, *client_ep_);
+    ASSERT_NE(remote_, nullptr);
+  }
+
+  void TearDown() override {
+    remote_.reset();
+    local_.reset();
+    owned_.reset();
+    UcxTransportTest::TearDown();
+  }
+
+  std::unique_ptr<MemoryRegion> owned_, local_;
+  std::unique_ptr<RemoteRegion> remote_;
+};
+
+TEST_P(UcxInlineCopyTest, SmallBatchIsCopiedBeforeSubmitReturns) {
+  const auto before = TEST_GetCounters(*client_);
+  std::vector<Transfer> ts = {Read(local_.get(), 0, remote_.get(), kMiB / 2, kMiB / 2),
+                              Write(local_.get(), 0, remote_.get(), 3 * kMiB, kMiB / 2)};
+  auto batch = client_ep_->Submit(ts);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_TRUE((*batch)->Done());  // no hand-off to the progress thread
+  ASSERT_TRUE((*batch)->FirstError().ok()) << (*batch)->FirstError();
+  EXPECT_EQ((*batch)->TotalBytes(), kMiB);
+  const auto after = TEST_GetCounters(*client_);
+  EXPECT_EQ(after.inline_transfers - before.inline_transfers, 2u);
+  EXPECT_EQ(after.one_sided_transfers - before.one_sided_transfers, 2u);
+  EXPECT_TRUE(Same(local_->bytes().subspan(0, kMiB / 2), owned_->bytes().subspan(kMiB / 2, kMiB / 2)));
+  EXPECT_TRUE(Same(owned_->bytes().subspan(3 * kMiB, kMiB / 2),
+                   owned_->bytes().subspan(kMiB / 2, kMiB / 2)));
+}
+
+TEST_P(UcxInlineCopyTest, BatchOverTheLimitGoesThroughTheProgressThread) {
+  const auto before = TEST_GetCounters(*client_);
+  ASSERT_TRUE(
+      SubmitAndWait(*client_ep_, {Read(local_.get(), 0, remote_.get(), 0, kLimit),
+                                  Read(local_.get(), kLimit, remote_.get(), kLimit, 4096)})
+          .ok());
+  const auto after = TEST_GetCounters(*client_);
+  EXPECT_EQ(after.inline_transfers, before.inline_transfers);
+  EXPECT_EQ(after.one_sided_transfers - before.one_sided_transfers, 2u);
+  EXPECT_TRUE(Same(local_->bytes().subspan(0, kLimit + 4096),
+                   owned_->bytes().subspan(0, kLimit + 4096)));
+}
+
+TEST_P(UcxInlineCopyTest, BatchWithAnOwnerPlacedEntryIsNotCopiedInline) {
+  std::vector<std::byte> user(4096);
+  auto user_region = server_->RegisterMemory(user, MemoryKind::kHost);
+  ASSERT_TRUE(user_region.ok()) << user_region.status();
+  auto exported = (*user_region)->Export(0, user.size());
+  ASSERT_TRUE(exported.ok());
+  auto to_user = client_ep_->ImportRegion(*exported);
+  ASSERT_TRUE(to_user.ok()) << to_user.status();
+  const auto before = TEST_GetCounters(*client_);
+  ASSERT_TRUE(SubmitAndWait(*client_ep_, {Read(local_.get(), 0, remote_.get(), 0, 4096),
+                                          Write(local_.get(), 0, to_user->get(), 0, 4096)})
+                  .ok());
+  const auto after = TEST_GetCounters(*client_);
+  EXPECT_EQ(after.inline_transfers, before.inline_transfers);
+  EXPECT_EQ(after.owner_placed_transfers - before.owner_placed_transfers, 1u);
+  EXPECT_TRUE(Same(std::span(user), owned_->bytes().subspan(0, 4096)));
+}
+
+// The mapping an inline copy uses is released by the progress thread when
+// the endpoint closes; copies racing the close either finish or fail
+// cleanly, never touch an unmapped page (run under ASan).
+TEST_P(UcxInlineCopyTest, CopiesRacingACloseFinishOrFailCleanly) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, failed{0};
+  std::thread reader([&] {
+    while (!stop.load()) {
+      CountRacingBatch(client_ep_->Submit(std::vector<Transfer>{
+                           Read(local_.get(), 0, remote_.get(), 0, kLimit)}),
+                       &ok, &failed);
+    }
+  });
+  while (ok.load() < 20) std::this_thread::yield();
+  EXPECT_TRUE(client_ep_->Close(CloseMode::kForce, In(10)).ok());
+  while (failed.load() < 5) std::this_thread::yield();
+  stop = true;
+  reader.join();
+  EXPECT_GE(ok.load(), 20);
+}
+
+INSTANTIATE_TEST_SUITE_P(SharedMemory, UcxInlineCopyTest, ::testing::Values("sm,self,tcp"));
+
+// The same transports with two copy helpers (copy_threads): batches split
+// across the helpers land byte for byte, on the progress thread (above the
+// inline limit) and inline, at odd offsets and lengths.
+class UcxCopyHelpersTest : public UcxInlineCopyTest {
+ protected:
+  UcxTransportOptions MakeOptions() const override {
+    UcxTransportOptions options = UcxInlineCopyTest::MakeOptions();
+    options.copy_threads = 2;
+    options.streaming_copy_min_bytes = kMiB;  // streamed too
+    return options;
+  }
+};
+
+TEST_P(UcxCopyHelpersTest, SplitBatchesLandExactly) {
+  const std::uint64_t a = kMiB + 12345, b = 2 * kMiB - 777;
+  ASSERT_TRUE(SubmitAndWait(*client_ep_, {Read(local_.get(), 3, remote_.get(), 5, a),
+                                          Read(local_.get(), a + 3, remote_.get(), a + 9, b)})
+                  .ok());
+  EXPECT_TRUE(Same(local_->bytes().subspan(3, a), owned_->bytes().subspan(5, a)));
+  EXPECT_TRUE(Same(local_->bytes().subspan(a + 3, b), owned_->bytes().subspan(a + 9, b)));
+  // Inline (at most kLimit), written back to the far end of the region.
+  const auto before = TEST_GetCounters(*client_);
+  ASSERT_TRUE(SubmitAndWait(*client_ep_, {Write(local_.get(), 3, remote_.get(), 3 * kMiB + 1,
+                                                kLimit - 1)})
+                  .ok());
+  EXPECT_EQ(TEST_GetCounters(*client_).inline_transfers - before.inline_transfers, 1u);
+  EXPECT_TRUE(Same(owned_->bytes().subspan(3 * kMiB + 1, kLimit - 1),
+                   local_->bytes().subspan(3, kLimit - 1)));
+}
+
+INSTANTIATE_TEST_SUITE_P(SharedMemory, UcxCopyHelpersTest, ::testing::Values("sm,self,tcp"));
+
+}  // namespace
+}  // namespace kvfabric::ucx::ucx_test
