@@ -48,8 +48,8 @@ std::vector<wire::TransferRange> JoinAdjacentRanges(std::span<const wire::Transf
   for (const wire::TransferRange& r : ranges) {
     if (!out.empty()) {
       wire::TransferRange& last = out.back();
-      // Sizes were checked against the region and the pool before this
-      // runs, but the sums are guarded anyway: a wrap never joins.
+      // Offsets come from the network (the pool's are checked by the lease
+      // only afterwards, range by range): a sum that wraps never joins.
       const bool continues = last.pool_offset + last.length >= last.pool_offset &&
                              last.pool_offset + last.length == r.pool_offset &&
                              last.region_offset + last.length >= last.region_offset &&

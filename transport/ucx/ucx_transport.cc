@@ -353,7 +353,7 @@ class UcxTransport final : public transport::Transport {
   // cores[0] made the context and owns the listener; memory is mapped and
   // exported through it (the context and grants are shared by all).
   explicit UcxTransport(std::vector<std::shared_ptr<UcxCore>> cores)
-      : cores_(std::move(cores)), core_(cores_.front()) {
+      : cores_(std::move(cores)) {
     for (const auto& core : cores_) {
       std::weak_ptr<UcxCore> weak = core;
       core->RunSync([&] {
@@ -372,7 +372,7 @@ class UcxTransport final : public transport::Transport {
 
   std::string name() const override {
     const int workers = static_cast<int>(cores_.size());
-    return "ucx(tls=" + core_->options().tls +
+    return "ucx(tls=" + first()->options().tls +
            (workers > 1 ? ", " + std::to_string(workers) + " workers" : std::string()) + ")";
   }
 
@@ -386,7 +386,7 @@ class UcxTransport final : public transport::Transport {
     p.length = bytes.size();
     KVF_ASSIGN_OR_RETURN(auto memh, Map(p));
     return std::unique_ptr<MemoryRegion>(
-        std::make_unique<UcxMemoryRegion>(core_, bytes, std::move(memh)));
+        std::make_unique<UcxMemoryRegion>(first(), bytes, std::move(memh)));
   }
 
   StatusOr<std::unique_ptr<MemoryRegion>> AllocateMemory(std::uint64_t size,
@@ -409,7 +409,7 @@ class UcxTransport final : public transport::Transport {
     }
     std::span<std::byte> bytes(static_cast<std::byte*>(attr.address), size);
     return std::unique_ptr<MemoryRegion>(
-        std::make_unique<UcxMemoryRegion>(core_, bytes, std::move(memh)));
+        std::make_unique<UcxMemoryRegion>(first(), bytes, std::move(memh)));
   }
 
   void SetMessageHandler(transport::MessageHandler handler) override {
@@ -425,11 +425,11 @@ class UcxTransport final : public transport::Transport {
     for (const auto& core : cores_) {
       core->RunSync([&] { core->set_accept_handler(on_accept); });
     }
-    core_->RunSync([&] { st = core_->Listen(address); });
+    first()->RunSync([&] { st = first()->Listen(address); });
     return st;
   }
 
-  std::string listen_address() const override { return core_->listen_address(); }
+  std::string listen_address() const override { return first()->listen_address(); }
 
   StatusOr<std::unique_ptr<Endpoint>> Connect(const std::string& address,
                                               transport::PeerFailureMode mode,
@@ -462,14 +462,7 @@ class UcxTransport final : public transport::Transport {
 
   UcxTestCounters counters() const {
     UcxTestCounters sum;
-    for (const auto& core : cores_) {
-      const UcxTestCounters c = core->counters();
-      sum.eager_messages += c.eager_messages;
-      sum.rendezvous_messages += c.rendezvous_messages;
-      sum.one_sided_transfers += c.one_sided_transfers;
-      sum.owner_placed_transfers += c.owner_placed_transfers;
-      sum.inline_transfers += c.inline_transfers;
-    }
+    for (const auto& core : cores_) sum += core->counters();
     return sum;
   }
 
@@ -481,15 +474,17 @@ class UcxTransport final : public transport::Transport {
   }
 
   StatusOr<std::unique_ptr<UcpMemHandle>> Map(const ucp_mem_map_params_t& p) {
-    std::shared_ptr<UcpContext> context = core_->context();
+    std::shared_ptr<UcpContext> context = first()->context();
     if (!context) return Status::Unavailable("the UCX transport was destroyed");
     ucp_mem_h memh = nullptr;
     KVF_RETURN_IF_ERROR(StatusFromUcs(ucp_mem_map(context->get(), &p, &memh), "ucp_mem_map"));
     return std::make_unique<UcpMemHandle>(std::move(context), memh);
   }
 
-  const std::vector<std::shared_ptr<UcxCore>> cores_;
-  const std::shared_ptr<UcxCore> core_;  // cores_[0]
+  // The first core: it made the context, maps and exports memory, listens.
+  const std::shared_ptr<UcxCore>& first() const { return cores_.front(); }
+
+  const std::vector<std::shared_ptr<UcxCore>> cores_;  // never empty
   std::atomic<std::size_t> next_connect_{0};
 };
 

@@ -263,6 +263,15 @@ struct UcxTestCounters {
   // shared-memory mapping (inline_copy_max_bytes); also in
   // one_sided_transfers.
   std::uint64_t inline_transfers = 0;
+
+  UcxTestCounters& operator+=(const UcxTestCounters& o) {
+    eager_messages += o.eager_messages;
+    rendezvous_messages += o.rendezvous_messages;
+    one_sided_transfers += o.one_sided_transfers;
+    owner_placed_transfers += o.owner_placed_transfers;
+    inline_transfers += o.inline_transfers;
+    return *this;
+  }
 };
 // REQUIRES: `t` was made by CreateUcxTransport.
 UcxTestCounters TEST_GetCounters(const transport::Transport& t);
