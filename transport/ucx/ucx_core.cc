@@ -9,6 +9,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/socket_address.h"
 #include "transport/ucx/ucx_status.h"
 
 namespace kvfabric::ucx::internal {
@@ -18,54 +19,6 @@ using transport::Endpoint;
 using transport::IncomingMessage;
 using transport::MemoryRegion;
 using transport::TransferOp;
-
-namespace {
-
-// "ip:port" or "[ipv6]:port" -> sockaddr.
-Status ParseAddress(const std::string& address, sockaddr_storage* out, socklen_t* len) {
-  const std::size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
-    return Status::InvalidArgument("address \"" + address + "\" is not \"host:port\"");
-  }
-  std::string host = address.substr(0, colon);
-  const std::string port = address.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  addrinfo hints = {};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
-  if (rc != 0 || res == nullptr) {
-    return Status::InvalidArgument("cannot resolve \"" + address + "\": " + gai_strerror(rc));
-  }
-  std::memcpy(out, res->ai_addr, res->ai_addrlen);
-  *len = res->ai_addrlen;
-  freeaddrinfo(res);
-  return Status::OK();
-}
-
-std::string FormatAddress(const sockaddr_storage& sa) {
-  char host[INET6_ADDRSTRLEN] = {};
-  unsigned port = 0;
-  if (sa.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&sa);
-    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-    port = ntohs(in->sin_port);
-    return std::string(host) + ":" + std::to_string(port);
-  }
-  if (sa.ss_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&sa);
-    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-    port = ntohs(in6->sin6_port);
-    return "[" + std::string(host) + "]:" + std::to_string(port);
-  }
-  return "unknown";
-}
-
-}  // namespace
 
 void Waiter::Set(Status s) {
   std::lock_guard<std::mutex> lock(mu);
@@ -418,7 +371,7 @@ Status UcxCore::Listen(const std::string& address) {
   if (listener_) return Status::FailedPrecondition("already listening on " + listen_address());
   sockaddr_storage sa;
   socklen_t len = 0;
-  KVF_RETURN_IF_ERROR(ParseAddress(address, &sa, &len));
+  KVF_RETURN_IF_ERROR(ParseSocketAddress(address, &sa, &len));
   ucp_listener_params_t p = {};
   p.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
   p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&sa);
@@ -433,7 +386,7 @@ Status UcxCore::Listen(const std::string& address) {
   attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
   KVF_RETURN_IF_ERROR(StatusFromUcs(ucp_listener_query(listener, &attr), "ucp_listener_query"));
   std::lock_guard<std::mutex> lock(mu_);
-  listen_address_ = FormatAddress(attr.sockaddr);
+  listen_address_ = FormatSocketAddress(attr.sockaddr);
   return Status::OK();
 }
 
@@ -450,7 +403,7 @@ void UcxCore::OnConnRequest(ucp_conn_request_h request) {
   std::string peer = "unknown";
   ucp_conn_request_attr_t attr = {};
   attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-  if (ucp_conn_request_query(request, &attr) == UCS_OK) peer = FormatAddress(attr.client_address);
+  if (ucp_conn_request_query(request, &attr) == UCS_OK) peer = FormatSocketAddress(attr.client_address);
   if (!accept_handler_ || !endpoint_factory_) {
     Reject(request);
     return;
@@ -540,7 +493,7 @@ StatusOr<std::shared_ptr<EpState>> UcxCore::Connect(const std::string& address,
                                                     std::shared_ptr<Waiter> waiter) {
   sockaddr_storage sa;
   socklen_t len = 0;
-  KVF_RETURN_IF_ERROR(ParseAddress(address, &sa, &len));
+  KVF_RETURN_IF_ERROR(ParseSocketAddress(address, &sa, &len));
   auto s = std::make_shared<EpState>(this, address);
   ucp_ep_params_t p = {};
   p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |

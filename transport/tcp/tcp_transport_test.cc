@@ -1,0 +1,309 @@
+// The kernel-TCP transport: the conformance suite with 1 and 3 workers, and
+// what only this backend promises (hostile peers, revocation under load).
+#include "transport/tcp/tcp_transport.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/socket_address.h"
+#include "transport/tcp/tcp_wire.h"
+#include "transport/testing/transport_conformance.h"
+
+namespace kvfabric::tcp {
+namespace {
+
+using transport::conformance::ConformanceParamName;
+using transport::conformance::TransportConformanceParam;
+using transport::conformance::TransportConformanceTest;
+using transport::conformance::TransportPair;
+
+TransportPair MakeTcpPair(int workers) {
+  TcpTransportOptions options;
+  options.workers = workers;
+  TransportPair pair;
+  StatusOr<std::unique_ptr<TcpTransport>> server = CreateTcpTransport(options);
+  StatusOr<std::unique_ptr<TcpTransport>> client = CreateTcpTransport(options);
+  EXPECT_TRUE(server.ok()) << server.status();
+  EXPECT_TRUE(client.ok()) << client.status();
+  if (!server.ok() || !client.ok()) return pair;
+  TcpTransport* raw = server->get();
+  pair.server = std::move(server).value();
+  pair.client = std::move(client).value();
+  pair.listen_address = "127.0.0.1:0";
+  pair.stall_server = [raw](bool stalled) { raw->TEST_StallPeerWork(stalled); };
+  return pair;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tcp, TransportConformanceTest,
+    ::testing::Values(TransportConformanceParam{"one_worker", [] { return MakeTcpPair(1); }},
+                      TransportConformanceParam{"three_workers", [] { return MakeTcpPair(3); }}),
+    ConformanceParamName);
+
+using transport::Clock;
+using transport::Endpoint;
+using transport::MemoryKind;
+using transport::MemoryRegion;
+using transport::RemoteRegion;
+using transport::Transfer;
+using transport::TransferBatch;
+using transport::TransferOp;
+
+transport::Deadline Soon() { return Clock::now() + std::chrono::seconds(5); }
+
+std::unique_ptr<TcpTransport> NewTransport(int workers = 1) {
+  TcpTransportOptions o;
+  o.workers = workers;
+  StatusOr<std::unique_ptr<TcpTransport>> t = CreateTcpTransport(o);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? std::move(t).value() : nullptr;
+}
+
+// A server transport whose accepted endpoints the test can see.
+struct Server {
+  std::unique_ptr<TcpTransport> t = NewTransport();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::unique_ptr<Endpoint>> accepted;
+
+  Server() {
+    EXPECT_TRUE(t->Listen("127.0.0.1:0",
+                          [this](std::unique_ptr<Endpoint> ep) {
+                            std::lock_guard<std::mutex> lock(mu);
+                            accepted.push_back(std::move(ep));
+                            cv.notify_all();
+                          })
+                    .ok());
+  }
+  Endpoint* WaitAccepted(std::size_t n) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_until(lock, Soon(), [&] { return accepted.size() >= n; })) return nullptr;
+    return accepted[n - 1].get();
+  }
+};
+
+// A plain socket speaking the wire format by hand: what a hostile or broken
+// peer can send.
+class RawPeer {
+ public:
+  explicit RawPeer(const std::string& address) {
+    sockaddr_storage sa{};
+    socklen_t len = 0;
+    EXPECT_TRUE(ParseSocketAddress(address, &sa, &len).ok());
+    fd_ = ::socket(sa.ss_family, SOCK_STREAM, 0);
+    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&sa), len), 0);
+    timeval tv{5, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
+  ~RawPeer() { ::close(fd_); }
+  void Send(std::span<const std::byte> bytes) {
+    ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+  void SendFrame(const wire::FrameHeader& h) {
+    std::array<std::byte, wire::kFrameHeaderBytes> b{};
+    wire::EncodeFrameHeader(h, b);
+    Send(b);
+  }
+  // Reads exactly n bytes (empty on EOF or timeout).
+  std::vector<std::byte> Read(std::size_t n) {
+    std::vector<std::byte> out(n);
+    std::size_t got = 0;
+    while (got < n) {
+      const ssize_t k = ::recv(fd_, out.data() + got, n - got, 0);
+      if (k <= 0) return {};
+      got += static_cast<std::size_t>(k);
+    }
+    return out;
+  }
+  void Handshake() {
+    ASSERT_EQ(Read(wire::kHelloBytes).size(), wire::kHelloBytes);
+    Send(wire::EncodeHello(42));
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+TEST(TcpTransportTest, OptionsRefuseWhatCannotWorkNamingTheField) {
+  for (int workers : {0, -1, kMaxTcpWorkers + 1}) {
+    TcpTransportOptions o;
+    o.workers = workers;
+    const Status s = o.Validate();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("workers"), std::string::npos) << s;
+  }
+  for (int bytes : {1, 4095, (64 << 20) + 1}) {
+    TcpTransportOptions o;
+    o.socket_buffer_bytes = bytes;
+    EXPECT_NE(o.Validate().message().find("socket buffer"), std::string::npos);
+  }
+  TcpTransportOptions autotuned;
+  autotuned.socket_buffer_bytes = 0;
+  EXPECT_TRUE(autotuned.Validate().ok());
+  auto t = NewTransport(3);
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->name(), "tcp(kernel sockets, 3 workers)");
+}
+
+TEST(TcpTransportTest, AGuessedGrantReadsNothingAndABrokenFrameFailsOnlyItsConnection) {
+  Server server;
+  std::unique_ptr<MemoryRegion> secret = *server.t->AllocateMemory(4096, MemoryKind::kHost);
+  std::memset(secret->bytes().data(), 0x77, 4096);
+  ASSERT_TRUE(secret->Export(0, 4096).ok());  // a grant exists; the raw peer does not know it
+
+  RawPeer raw(server.t->listen_address());
+  raw.Handshake();
+  Endpoint* raw_ep = server.WaitAccepted(1);
+  ASSERT_NE(raw_ep, nullptr);
+  for (std::uint64_t grant : {std::uint64_t{1}, std::uint64_t{0xdeadbeef}, ~std::uint64_t{0}}) {
+    raw.SendFrame({wire::FrameType::kRead, 0, 0, 9, grant, 0, 4096});
+    std::vector<std::byte> reply = raw.Read(wire::kFrameHeaderBytes);
+    ASSERT_EQ(reply.size(), wire::kFrameHeaderBytes);
+    StatusOr<wire::FrameHeader> h = wire::DecodeFrameHeader(
+        std::span<const std::byte, wire::kFrameHeaderBytes>(reply.data(), reply.size()));
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ(h->type, wire::FrameType::kReadData);
+    EXPECT_EQ(h->status, static_cast<std::uint8_t>(StatusCode::kUnavailable));
+    EXPECT_EQ(h->length, 0u) << "bytes of an ungranted range were sent";
+  }
+  // A header whose length is over the limit: the connection fails, naming it.
+  std::array<std::byte, wire::kFrameHeaderBytes> evil{};
+  wire::EncodeFrameHeader({wire::FrameType::kSend, 0, 0, 0, 0, 0, 0}, evil);
+  evil[39] = std::byte{0x7f};
+  raw.Send(evil);
+  for (int i = 0; i < 500 && raw_ep->health().ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(raw_ep->health().code(), StatusCode::kUnavailable);
+  EXPECT_NE(raw_ep->health().message().find("protocol error"), std::string::npos)
+      << raw_ep->health();
+  EXPECT_TRUE(raw.Read(1).empty()) << "the broken connection stays open";
+
+  // The transport goes on serving a well-behaved peer, bytes intact.
+  auto client = NewTransport();
+  StatusOr<std::unique_ptr<Endpoint>> ep =
+      client->Connect(server.t->listen_address(), transport::PeerFailureMode::kFailInFlight,
+                      Soon());
+  ASSERT_TRUE(ep.ok()) << ep.status();
+  std::unique_ptr<RemoteRegion> remote = *(*ep)->ImportRegion(*secret->Export(0, 4096));
+  std::unique_ptr<MemoryRegion> local = *client->AllocateMemory(4096, MemoryKind::kHost);
+  std::vector<Transfer> read = {{.op = TransferOp::kRead,
+                                 .local = local.get(),
+                                 .length = 4096,
+                                 .remote = remote.get(),
+                                 .header = {}}};
+  std::unique_ptr<TransferBatch> b = *(*ep)->Submit(read);
+  ASSERT_TRUE(b->Wait(Soon()).ok());
+  ASSERT_TRUE(b->FirstError().ok()) << b->FirstError();
+  EXPECT_EQ(local->bytes()[4095], std::byte{0x77});
+}
+
+TEST(TcpTransportTest, ConnectRefusesAPeerThatIsNotAKvfabricTransport) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof(sa);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  std::thread http([fd] {
+    const int c = ::accept(fd, nullptr, nullptr);
+    const char reply[] = "HTTP/1.1 400 Bad Request\r\n\r\n";
+    (void)!::send(c, reply, sizeof(reply) - 1, MSG_NOSIGNAL);
+    char sink[64];
+    (void)!::recv(c, sink, sizeof(sink), 0);
+    ::close(c);
+  });
+  auto t = NewTransport();
+  StatusOr<std::unique_ptr<Endpoint>> ep =
+      t->Connect("127.0.0.1:" + std::to_string(ntohs(sa.sin_port)),
+                 transport::PeerFailureMode::kFailInFlight, Soon());
+  EXPECT_EQ(ep.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(ep.status().message().find("not a kvfabric TCP transport"), std::string::npos)
+      << ep.status();
+  http.join();
+  ::close(fd);
+  // Nothing listens on a closed port: refused, not hung.
+  StatusOr<std::unique_ptr<Endpoint>> refused =
+      t->Connect("127.0.0.1:" + std::to_string(ntohs(sa.sin_port)),
+                 transport::PeerFailureMode::kFailInFlight, Soon());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable) << refused.status();
+}
+
+TEST(TcpTransportTest, AnExportImportsOnlyOnAnEndpointToItsOwner) {
+  Server a, b;
+  auto client = NewTransport();
+  StatusOr<std::unique_ptr<Endpoint>> to_a = client->Connect(
+      a.t->listen_address(), transport::PeerFailureMode::kFailInFlight, Soon());
+  ASSERT_TRUE(to_a.ok()) << to_a.status();
+  std::unique_ptr<MemoryRegion> in_b = *b.t->AllocateMemory(4096, MemoryKind::kHost);
+  StatusOr<std::unique_ptr<RemoteRegion>> wrong = (*to_a)->ImportRegion(*in_b->Export(0, 4096));
+  EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.status().message().find("another transport"), std::string::npos);
+}
+
+TEST(TcpTransportTest, RegionDestroyedUnderConcurrentReadsAndWritesIsNeverTouchedAfter) {
+  Server server;
+  constexpr std::uint64_t kBlock = 1 << 20;
+  constexpr int kClients = 3;
+  std::unique_ptr<MemoryRegion> region =
+      *server.t->AllocateMemory(kClients * kBlock, MemoryKind::kHost);
+  const std::string exported = *region->Export(0, kClients * kBlock);
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok_entries{0}, failed_entries{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      auto t = NewTransport();
+      StatusOr<std::unique_ptr<Endpoint>> ep = t->Connect(
+          server.t->listen_address(), transport::PeerFailureMode::kFailInFlight, Soon());
+      ASSERT_TRUE(ep.ok()) << ep.status();
+      std::unique_ptr<RemoteRegion> remote = *(*ep)->ImportRegion(exported);
+      std::unique_ptr<MemoryRegion> local = *t->AllocateMemory(kBlock, MemoryKind::kHost);
+      while (!stop.load()) {
+        std::vector<Transfer> batch;
+        for (TransferOp op : {TransferOp::kWrite, TransferOp::kRead}) {
+          batch.push_back({.op = op,
+                           .local = local.get(),
+                           .length = kBlock,
+                           .remote = remote.get(),
+                           .remote_offset = c * kBlock,
+                           .header = {}});
+        }
+        StatusOr<std::unique_ptr<TransferBatch>> b = (*ep)->Submit(batch);
+        if (!b.ok()) break;
+        ASSERT_TRUE((*b)->Wait(Soon()).ok()) << "an entry hung";
+        for (const auto& r : (*b)->results()) {
+          if (r.status.ok()) {
+            ok_entries.fetch_add(1);
+          } else {
+            EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status;
+            failed_entries.fetch_add(1);
+          }
+        }
+        if (!(*ep)->health().ok()) break;
+      }
+    });
+  }
+  while (ok_entries.load() < 3 * kClients) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  region.reset();  // revokes the grant; connections moving its bytes fail first
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  stop.store(true);
+  for (auto& t : clients) t.join();
+  EXPECT_GE(failed_entries.load(), 1) << "no entry saw the region go";
+}
+
+}  // namespace
+}  // namespace kvfabric::tcp
