@@ -1,14 +1,15 @@
 // cache_host_bench: PUT and GET of 256 KiB and 2 MiB blocks through a real
-// kvfabric-cached on loopback (gRPC control + UCX owner-driven data), with 1
-// and 4 client connections, over shared memory and over TCP; and, in the same
+// kvfabric-cached on loopback (gRPC control + owner-driven data), with 1 and
+// 4 client connections, over UCX shared memory ("shm"), UCX TCP ("tcp") and
+// the kernel-socket transport ("ktcp", --data-transport=tcp); and, in the same
 // run, Redis (SET/GET) and memcached (-I 8m) on the same value sizes.
 // Prints GB/s, p50/p99 per batch and the ratio against memcached's GET.
 //
 //   cache_host_bench --daemon build/ci/server/cache_host/kvfabric-cached
 //                    [--total-mib 1024] [--batch-mib 32] [--depth 1] [--copy-threads 1]
 //                    [--data-workers 2]
-//                    [--paths all|shm|tcp] [--baselines 1|0] [--block-kib 256|2048]
-//                    [--conns 1|4]
+//                    [--paths all|shm|tcp|ktcp] [--baselines 1|0] [--block-kib 256|2048]
+//                    [--conns 1|4] [--ktcp-socket-buffer-kib 0]
 //
 // The last four select cases (default: all); without baselines no ratios
 // are printed.
@@ -42,6 +43,7 @@
 #include "client/data_plane_client.h"
 #include "core/crc32c.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
+#include "transport/tcp/tcp_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
 extern char** environ;
@@ -63,13 +65,15 @@ struct Args {
   int copy_threads = 1;
   // The daemon's --data-workers: one per core of this 2-core machine.
   int data_workers = 2;
-  // Which kvfabric paths to run ("shm", "tcp" or "all"), and whether to run
+  // Which kvfabric paths to run ("shm", "tcp", "ktcp" or "all"), and whether to run
   // the Redis and memcached baselines (without them no ratios are printed).
   std::string paths = "all";
   bool baselines = true;
   // Only this block size (KiB) / connection count; 0 runs both of each.
   std::uint64_t only_block_kib = 0;
   int only_conns = 0;
+  // SO_SNDBUF/SO_RCVBUF of the "ktcp" path, daemon and clients (0: autotuned).
+  int ktcp_socket_buffer_kib = 0;
   // Whether the case (block bytes, connections; 0: any) is selected.
   bool Runs(std::uint64_t block, int conns) const {
     return (only_block_kib == 0 || only_block_kib << 10 == block) &&
@@ -81,9 +85,12 @@ struct Result {
   double gbps = 0, p50_us = 0, p99_us = 0;
 };
 
+// The UCX transport list of a path (unused by "ktcp").
+std::string UcxTls(const std::string& path) { return path == "shm" ? "sm,self,tcp" : "tcp"; }
+
 class Daemon {
  public:
-  Daemon(const Args& a, const std::string& tls, const std::string& dir) {
+  Daemon(const Args& a, const std::string& path, const std::string& dir) {
     const std::string ready = dir + "/ready";
     std::filesystem::remove(ready);
     std::vector<std::string> argv = {a.daemon,
@@ -92,7 +99,11 @@ class Daemon {
                                      "--transport-address=127.0.0.1:0",
                                      "--metrics-address=off",
                                      "--lock-memory=off",
-                                     "--ucx-tls=" + tls,
+                                     "--data-transport=" +
+                                         std::string(path == "ktcp" ? "tcp" : "ucx"),
+                                     "--ucx-tls=" + UcxTls(path),
+                                     "--tcp-socket-buffer-bytes=" +
+                                         std::to_string(a.ktcp_socket_buffer_kib) + "KiB",
                                      "--host-pool-bytes=" + std::to_string(2 * a.total_mib + 64) +
                                          "MiB",
                                      "--host-page-bytes=256KiB",
@@ -145,11 +156,18 @@ struct Conn {
   std::unique_ptr<v1::CacheHost::Stub> stub;
 };
 
-std::unique_ptr<Conn> Connect(Daemon& d, const std::string& tls, std::uint64_t staging_bytes) {
+std::unique_ptr<Conn> Connect(const Args& a, Daemon& d, const std::string& path,
+                              std::uint64_t staging_bytes) {
   auto c = std::make_unique<Conn>();
-  ucx::UcxTransportOptions o;
-  o.tls = tls;
-  c->t = std::move(*ucx::CreateUcxTransport(o));
+  if (path == "ktcp") {
+    tcp::TcpTransportOptions o;
+    o.socket_buffer_bytes = a.ktcp_socket_buffer_kib << 10;
+    c->t = std::move(*tcp::CreateTcpTransport(o));
+  } else {
+    ucx::UcxTransportOptions o;
+    o.tls = UcxTls(path);
+    c->t = std::move(*ucx::CreateUcxTransport(o));
+  }
   c->staging = std::move(*c->t->AllocateMemory(staging_bytes, transport::MemoryKind::kHost));
   std::memset(c->staging->bytes().data(), 0x5a, c->staging->bytes().size());
   c->data = std::move(*client::DataPlaneClient::Create(c->t.get()));
@@ -368,6 +386,7 @@ int Main(int argc, char** argv) {
     else if (k == "--baselines") a.baselines = std::string(argv[i + 1]) != "0";
     else if (k == "--block-kib") a.only_block_kib = std::stoull(argv[i + 1]);
     else if (k == "--conns") a.only_conns = std::stoi(argv[i + 1]);
+    else if (k == "--ktcp-socket-buffer-kib") a.ktcp_socket_buffer_kib = std::stoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -417,19 +436,18 @@ int Main(int argc, char** argv) {
 
   char tmpl[] = "/tmp/kvf_bench_XXXXXX";
   const std::string dir = mkdtemp(tmpl);
-  for (const char* tls : {"sm,self,tcp", "tcp"}) {
-    const char* path = std::string(tls) == "tcp" ? "tcp" : "shm";
+  for (const std::string path : {"shm", "tcp", "ktcp"}) {
     if (a.paths != "all" && a.paths != path) continue;
     for (std::uint64_t block : sizes) {
       if (!a.Runs(block, 0)) continue;
       // A batch holds at least one block.
       const std::uint64_t batch_bytes = std::max<std::uint64_t>(a.batch_mib << 20, block);
-      Daemon d(a, tls, dir);
+      Daemon d(a, path, dir);
       for (int conns : conn_counts) {
         if (!a.Runs(block, conns)) continue;
         std::vector<std::unique_ptr<Conn>> cs;
         for (int i = 0; i < conns; ++i) {
-          cs.push_back(Connect(d, tls, batch_bytes * static_cast<std::uint64_t>(a.depth)));
+          cs.push_back(Connect(a, d, path, batch_bytes * static_cast<std::uint64_t>(a.depth)));
         }
         const std::string ns = "bench-" + std::to_string(conns);
         auto base = [&](bool g) {
@@ -437,9 +455,9 @@ int Main(int argc, char** argv) {
           return it == memcached.end() ? 0.0 : it->second;
         };
         Result put = RunKvf(cs, ns, true, block, total, batch_bytes, a.depth);
-        Print("kvfabric", path, "PUT", block, conns, put, base(false));
+        Print("kvfabric", path.c_str(), "PUT", block, conns, put, base(false));
         Result get = RunKvf(cs, ns, false, block, total, batch_bytes, a.depth);
-        Print("kvfabric", path, "GET", block, conns, get, base(true));
+        Print("kvfabric", path.c_str(), "GET", block, conns, get, base(true));
       }
     }
   }

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -96,6 +97,12 @@ class CacheHostDaemonTest : public ::testing::Test {
                                     "--metrics-address=127.0.0.1:0", "--lock-memory=off",
                                     "--log-level=warn"};
     all.insert(all.end(), args.begin(), args.end());
+    if (std::find(args.begin(), args.end(), "--data-transport=tcp") != args.end()) {
+      // The daemon speaks the kernel-socket transport: so must the client.
+      auto c = testing::CacheHostTestClient::Create(seed_, testing::kKernelTcp);
+      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      client_ = std::move(*c);
+    }
     auto d = testing::ServerProcess::Start(
         testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), "cached", dir_, all);
     ASSERT_TRUE(d.ok()) << d.status().ToString();
@@ -103,6 +110,9 @@ class CacheHostDaemonTest : public ::testing::Test {
     Status s = client_->Attach(daemon_->grpc(), daemon_->transport());
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
+
+  void PutAndGetFromConcurrentClients(const std::string& transport, std::uint64_t seed);
+  void ExpectCommitsAndNoCrcFailures(std::uint64_t commits);
 
   Status PutBatch(int first, int n) { return client_->PutBatch(first, n); }
   Status GetBatch(const std::vector<int>& ids) { return client_->GetBatch(ids); }
@@ -148,60 +158,87 @@ TEST_F(CacheHostDaemonTest, PutsAndGets2GiBThroughUcxWithChecksums) {
   EXPECT_EQ(daemon_->WaitExit(std::chrono::seconds(30)), 0);
 }
 
-// A daemon with three data-plane workers (--data-workers) and four client
-// connections at once, over shared memory and over TCP only: each client's
-// connection lands on a worker in turn, and every byte each one puts comes
-// back to it exactly while the others run.
-TEST_F(CacheHostDaemonTest, DataWorkersServeConcurrentClientsExactly) {
-  StartDaemon({"--host-pool-bytes=544MiB", "--host-page-bytes=2MiB",
-               "--host-high-watermark=1.0", "--host-low-watermark=1.0", "--eviction-policy=lru",
-               "--data-workers=3"});
+// Four clients over `transport` at once, each putting 32 blocks (64 MiB) and
+// getting them back in reverse order within each batch of 16: every byte
+// each one puts comes back to it exactly while the others run. Deletes the
+// blocks afterwards so the pool serves the next call.
+void CacheHostDaemonTest::PutAndGetFromConcurrentClients(const std::string& transport,
+                                                        std::uint64_t seed) {
+  SCOPED_TRACE(transport);
   constexpr int kClients = 4;
-  constexpr int kBlocks = 32;  // 64 MiB per client
-  for (const char* tls : {"sm,self,tcp", "tcp"}) {
-    SCOPED_TRACE(tls);
-    std::vector<std::unique_ptr<testing::CacheHostTestClient>> clients;
-    for (int c = 0; c < kClients; ++c) {
-      // Each client its own seed, so its own keys and payloads.
-      auto client = testing::CacheHostTestClient::Create(
-          seed_ + 1000 * (c + 1) + (std::string(tls) == "tcp" ? 7 : 0), tls);
-      ASSERT_TRUE(client.ok()) << client.status().ToString();
-      ASSERT_TRUE((*client)->Attach(daemon_->grpc(), daemon_->transport()).ok());
-      clients.push_back(std::move(*client));
-    }
-    std::vector<Status> results(kClients);
-    std::vector<std::thread> threads;
-    for (int c = 0; c < kClients; ++c) {
-      threads.emplace_back([&, c] {
-        Status s;
-        for (int i = 0; s.ok() && i < kBlocks; i += 16) s = clients[c]->PutBatch(i, 16);
-        for (int i = 0; s.ok() && i < kBlocks; i += 16) {
-          std::vector<int> ids;
-          for (int k = 15; k >= 0; --k) ids.push_back(i + k);
-          s = clients[c]->GetBatch(ids);
-        }
-        results[c] = s;
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (int c = 0; c < kClients; ++c) {
-      EXPECT_TRUE(results[c].ok()) << "client " << c << ": " << results[c].ToString();
-    }
-    // Free the pool for the next transport list.
-    for (int c = 0; c < kClients; ++c) {
-      v1::DeleteRequest req;
-      for (int i = 0; i < kBlocks; ++i) req.add_keys(clients[c]->Key(i));
-      v1::DeleteResponse resp;
-      grpc::ClientContext ctx;
-      ASSERT_TRUE(clients[c]->stub()->Delete(&ctx, req, &resp).ok());
-    }
+  constexpr int kBlocks = 32;
+  std::vector<std::unique_ptr<testing::CacheHostTestClient>> clients;
+  for (int c = 0; c < kClients; ++c) {
+    // Each client its own seed, so its own keys and payloads.
+    auto client = testing::CacheHostTestClient::Create(seed + 1000 * (c + 1), transport);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    ASSERT_TRUE((*client)->Attach(daemon_->grpc(), daemon_->transport()).ok());
+    clients.push_back(std::move(*client));
   }
+  std::vector<Status> results(kClients);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      Status s;
+      for (int i = 0; s.ok() && i < kBlocks; i += 16) s = clients[c]->PutBatch(i, 16);
+      for (int i = 0; s.ok() && i < kBlocks; i += 16) {
+        std::vector<int> ids;
+        for (int k = 15; k >= 0; --k) ids.push_back(i + k);
+        s = clients[c]->GetBatch(ids);
+      }
+      results[c] = s;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int c = 0; c < kClients; ++c) {
+    EXPECT_TRUE(results[c].ok()) << "client " << c << ": " << results[c].ToString();
+  }
+  for (int c = 0; c < kClients; ++c) {
+    v1::DeleteRequest req;
+    for (int i = 0; i < kBlocks; ++i) req.add_keys(clients[c]->Key(i));
+    v1::DeleteResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(clients[c]->stub()->Delete(&ctx, req, &resp).ok());
+  }
+}
+
+void CacheHostDaemonTest::ExpectCommitsAndNoCrcFailures(std::uint64_t commits) {
   v1::StatsRequest sreq;
   v1::StatsResponse stats;
   grpc::ClientContext ctx;
   ASSERT_TRUE(stub()->Stats(&ctx, sreq, &stats).ok());
-  EXPECT_EQ(stats.commits_total(), static_cast<std::uint64_t>(2 * kClients * kBlocks));
+  EXPECT_EQ(stats.commits_total(), commits);
   EXPECT_EQ(stats.crc_failures_total(), 0u);
+}
+
+// A daemon with three data-plane workers (--data-workers) and four client
+// connections at once, over shared memory and over TCP only: each client's
+// connection lands on a worker in turn.
+TEST_F(CacheHostDaemonTest, DataWorkersServeConcurrentClientsExactly) {
+  StartDaemon({"--host-pool-bytes=544MiB", "--host-page-bytes=2MiB",
+               "--host-high-watermark=1.0", "--host-low-watermark=1.0", "--eviction-policy=lru",
+               "--data-workers=3"});
+  PutAndGetFromConcurrentClients("sm,self,tcp", seed_);
+  PutAndGetFromConcurrentClients("tcp", seed_ + 7);
+  ExpectCommitsAndNoCrcFailures(2 * 4 * 32);
+  daemon_->Kill(SIGTERM);
+  EXPECT_EQ(daemon_->WaitExit(std::chrono::seconds(30)), 0);
+}
+
+// The same over the kernel-socket transport (--data-transport=tcp) with two
+// workers; a UCX client is refused with an error, not left hanging.
+TEST_F(CacheHostDaemonTest, KernelTcpDataTransportServesConcurrentClientsExactly) {
+  StartDaemon({"--host-pool-bytes=544MiB", "--host-page-bytes=2MiB",
+               "--host-high-watermark=1.0", "--host-low-watermark=1.0", "--eviction-policy=lru",
+               "--data-transport=tcp", "--data-workers=2"});
+  PutAndGetFromConcurrentClients(testing::kKernelTcp, seed_);
+  ExpectCommitsAndNoCrcFailures(4 * 32);
+
+  auto ucx_client = testing::CacheHostTestClient::Create(seed_ + 99, "tcp");
+  ASSERT_TRUE(ucx_client.ok()) << ucx_client.status().ToString();
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE((*ucx_client)->Attach(daemon_->grpc(), daemon_->transport()).ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
   daemon_->Kill(SIGTERM);
   EXPECT_EQ(daemon_->WaitExit(std::chrono::seconds(30)), 0);
 }

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/crc32c.h"
+#include "transport/tcp/tcp_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace kvfabric::testing {
@@ -17,13 +18,17 @@ constexpr std::uint32_t kRegionId = 1;
 
 }  // namespace
 
-StatusOr<std::unique_ptr<CacheHostTestClient>> CacheHostTestClient::Create(std::uint64_t seed,
-                                                                           const std::string& tls) {
+StatusOr<std::unique_ptr<CacheHostTestClient>> CacheHostTestClient::Create(
+    std::uint64_t seed, const std::string& transport) {
   std::unique_ptr<CacheHostTestClient> c(new CacheHostTestClient);
   c->seed_ = seed;
-  ucx::UcxTransportOptions o;
-  o.tls = tls;
-  KVF_ASSIGN_OR_RETURN(c->transport_, ucx::CreateUcxTransport(o));
+  if (transport == kKernelTcp) {
+    KVF_ASSIGN_OR_RETURN(c->transport_, tcp::CreateTcpTransport(tcp::TcpTransportOptions{}));
+  } else {
+    ucx::UcxTransportOptions o;
+    o.tls = transport;
+    KVF_ASSIGN_OR_RETURN(c->transport_, ucx::CreateUcxTransport(o));
+  }
   KVF_ASSIGN_OR_RETURN(c->staging_,
                        c->transport_->AllocateMemory(64 << 20, transport::MemoryKind::kHost));
   KVF_ASSIGN_OR_RETURN(c->data_, client::DataPlaneClient::Create(c->transport_.get()));

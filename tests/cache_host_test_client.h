@@ -28,12 +28,15 @@
 namespace kvfabric::testing {
 
 inline constexpr std::uint64_t kTestBlockBytes = 2 << 20;
+inline constexpr char kKernelTcp[] = "kernel-tcp";
 
 class CacheHostTestClient {
  public:
-  // A UCX transport over `tls` and a 64 MiB staging region.
+  // A data-plane transport and a 64 MiB staging region. `transport` is a UCX
+  // transport list ("sm,self,tcp", "tcp"), or kKernelTcp for the kernel-socket
+  // transport (a daemon started with --data-transport=tcp).
   static StatusOr<std::unique_ptr<CacheHostTestClient>> Create(std::uint64_t seed,
-                                                               const std::string& tls);
+                                                               const std::string& transport);
   ~CacheHostTestClient();
 
   // Connects to a daemon (gRPC address, transport address) and exports the

@@ -33,6 +33,7 @@
 #include "server/cache_host_service.h"
 #include "server/health_reporter.h"
 #include "spdlog/spdlog.h"
+#include "transport/tcp/tcp_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace kvfabric {
@@ -43,7 +44,9 @@ struct Flags {
   std::string grpc_address = "127.0.0.1:7440";
   std::string metrics_address = "127.0.0.1:0";
   std::string ready_file;
+  std::string data_transport = "ucx";
   std::string ucx_tls = "sm,self,tcp";
+  std::uint64_t tcp_socket_buffer_bytes = 0;
   int copy_threads = 1;
   int data_workers = 1;
   std::string lock_memory = "required";
@@ -141,6 +144,30 @@ StatusOr<cache_host::CacheHostOptions> BuildOptions(Flags& f,
   return o;
 }
 
+// --data-transport: UCX, or kernel TCP sockets for TCP-only clients.
+StatusOr<std::unique_ptr<transport::Transport>> MakeTransport(const Flags& f) {
+  if (f.data_transport == "tcp") {
+    if (f.tcp_socket_buffer_bytes > (64u << 20)) {
+      return Status::InvalidArgument("--tcp-socket-buffer-bytes=" +
+                                     std::to_string(f.tcp_socket_buffer_bytes) +
+                                     ": at most 64MiB (0: kernel autotuning)");
+    }
+    tcp::TcpTransportOptions t;
+    t.workers = f.data_workers;
+    t.socket_buffer_bytes = static_cast<int>(f.tcp_socket_buffer_bytes);
+    StatusOr<std::unique_ptr<tcp::TcpTransport>> created = tcp::CreateTcpTransport(t);
+    if (!created.ok()) return created.status().WithContext("--data-transport=tcp");
+    return std::unique_ptr<transport::Transport>(std::move(created).value());
+  }
+  ucx::UcxTransportOptions u;
+  u.tls = f.ucx_tls;
+  u.copy_threads = f.copy_threads;
+  u.workers = f.data_workers;
+  StatusOr<std::unique_ptr<transport::Transport>> created = ucx::CreateUcxTransport(u);
+  if (!created.ok()) return created.status().WithContext("UCX transport (--ucx-tls)");
+  return created;
+}
+
 int Run(int argc, char** argv) {
   CLI::App app{"kvfabric-cached: the kvfabric cache-host daemon", "kvfabric-cached"};
   AddYamlConfigOption(&app);
@@ -151,15 +178,22 @@ int Run(int argc, char** argv) {
   app.add_option("--host-id", o.host_id, "name of this daemon (default: the hostname)");
   app.add_option("--grpc-address", f.grpc_address, "gRPC listen address (HOST:PORT; :0 picks)");
   app.add_option("--transport-address", o.transport_address,
-                 "UCX listen address for the data plane (HOST:PORT; :0 picks)");
+                 "data-plane listen address (HOST:PORT; :0 picks)");
+  app.add_option("--data-transport", f.data_transport,
+                 "ucx (RDMA, shared memory, TCP; the default) | tcp (kernel sockets: for "
+                 "TCP-only clients, one copy per side; clients must use the same)")
+      ->check(CLI::IsMember({"ucx", "tcp"}));
   app.add_option("--ucx-tls", f.ucx_tls,
                  "UCX transports: sm,self,tcp here; rc,ud,sm,self,tcp on RDMA; must include tcp");
+  AddBytesOption(app, "--tcp-socket-buffer-bytes", &f.tcp_socket_buffer_bytes,
+                 "SO_SNDBUF/SO_RCVBUF per connection with --data-transport=tcp (0: kernel "
+                 "autotuning, the default)");
   app.add_option("--copy-threads", f.copy_threads,
-                 "threads that help the data plane's progress thread copy large shared-memory "
+                 "threads that help the UCX progress thread copy large shared-memory "
                  "batches (0: it copies alone; default 1; more on nodes with many cores)")
       ->check(CLI::Range(0, 64));
   app.add_option("--data-workers", f.data_workers,
-                 "UCX workers (each a progress thread) serving the data plane; client "
+                 "data-plane workers (each a progress thread) serving the data plane; client "
                  "connections are spread over them (default 1; one per core the data path may "
                  "use on nodes serving several clients, above all over TCP)")
       ->check(CLI::Range(1, ucx::kMaxUcxWorkers));
@@ -226,13 +260,9 @@ int Run(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  ucx::UcxTransportOptions topts;
-  topts.tls = f.ucx_tls;
-  topts.copy_threads = f.copy_threads;
-  topts.workers = f.data_workers;
-  auto transport = ucx::CreateUcxTransport(topts);
+  StatusOr<std::unique_ptr<transport::Transport>> transport = MakeTransport(f);
   if (!transport.ok()) {
-    spdlog::error("kvfabric-cached: UCX transport: {}", transport.status().ToString());
+    spdlog::error("kvfabric-cached: {}", transport.status().ToString());
     return 1;
   }
   auto node = cache_host::CacheHostNode::Create(std::move(*options), transport->get(),

@@ -287,6 +287,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
   enum class Phase { kHello, kHeader, kPayload };
   enum class Sink { kDiscard, kMessage, kWrite, kReadData };
 
+  // Reads and handles frames; true when it stopped for fairness (a byte or
+  // frame budget) rather than for want of bytes.
+  bool ReadSome();
   bool Fill();
   bool DispatchHeader(const FrameHeader& h, std::span<const std::byte> message_header);
   void PayloadDone();
@@ -839,6 +842,7 @@ void Conn::Finish(std::vector<Outcome>& outcomes) {
 void Conn::Pump() {
   std::vector<Outcome> done;
   Status failure;
+  bool blocked = false;  // the socket is full: EPOLLOUT resumes
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
@@ -866,7 +870,8 @@ void Conn::Pump() {
             interest_ |= EPOLLOUT;
             worker_->SetInterest(this, fd_, interest_);
           }
-          return;
+          blocked = true;  // frames finished before this one still complete below
+          break;
         }
         failure = StatusFromErrno(errno, "send to " + peer_);
         break;
@@ -880,7 +885,7 @@ void Conn::Pump() {
       }
       txq_.pop_front();
     }
-    if (failure.ok()) {
+    if (failure.ok() && !blocked) {
       tx_scheduled_ = false;
       if (want_write_) {
         want_write_ = false;
@@ -960,10 +965,29 @@ void Conn::ProtocolError(const Status& why) {
 }
 
 void Conn::OnReadable() {
+  if (ReadSome()) {
+    // Stopped for fairness with frames maybe already buffered here: epoll
+    // would not report them again, so come back after the others' turn.
+    std::weak_ptr<Conn> w = weak_from_this();
+    worker_->Post([w] {
+      if (auto c = w.lock()) c->OnReadable();
+    });
+  }
+  // Replies queued while reading (READ_DATA, WRITE_ACK) go out now, however
+  // reading stopped: nothing else would send them.
+  bool pump = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pump = !closed_ && !txq_.empty() && !want_write_;
+  }
+  if (pump) Pump();
+}
+
+bool Conn::ReadSome() {
   std::uint64_t budget = 16 << 20;  // bytes per call: other connections get a turn
   int frames = 0;
   while (!Closed()) {
-    if (hello_done_ && worker_->core()->stalled.load()) break;
+    if (hello_done_ && worker_->core()->stalled.load()) return false;
     if (phase_ == Phase::kPayload) {
       const std::uint64_t buffered = std::min<std::uint64_t>(rend_ - rstart_, remaining_);
       if (buffered > 0) {
@@ -986,29 +1010,29 @@ void Conn::OnReadable() {
           } else {
             budget -= static_cast<std::uint64_t>(k);
           }
-          if (budget == 0 && remaining_ > 0) return;
+          if (budget == 0 && remaining_ > 0) return true;
           continue;
         }
         if (k == 0) {
           const Status s = Status::Unavailable("peer " + peer_ + " closed the connection");
           Fail(s, s);
-          return;
+          return false;
         }
         if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
         const Status s =
             Status::Unavailable(StatusFromErrno(errno, "receive from " + peer_).message());
         Fail(s, s);
-        return;
+        return false;
       }
       PayloadDone();
       phase_ = Phase::kHeader;
-      if (budget == 0 || ++frames >= 64) break;
+      if (budget == 0 || ++frames >= 64) return true;
       continue;
     }
     if (phase_ == Phase::kHello) {
       if (rend_ - rstart_ < wire::kHelloBytes) {
-        if (!Fill()) return;
+        if (!Fill()) return false;
         continue;
       }
       StatusOr<std::uint64_t> instance =
@@ -1016,7 +1040,7 @@ void Conn::OnReadable() {
       rstart_ += wire::kHelloBytes;
       if (!instance.ok()) {
         ProtocolError(instance.status());
-        return;
+        return false;
       }
       peer_instance_ = *instance;
       hello_done_ = true;
@@ -1031,7 +1055,7 @@ void Conn::OnReadable() {
     }
     // A frame header, and a message header after it.
     if (rend_ - rstart_ < wire::kFrameHeaderBytes) {
-      if (!Fill()) break;
+      if (!Fill()) return false;
       continue;
     }
     StatusOr<FrameHeader> h = wire::DecodeFrameHeader(
@@ -1039,25 +1063,20 @@ void Conn::OnReadable() {
                                                             wire::kFrameHeaderBytes));
     if (!h.ok()) {
       ProtocolError(h.status());
-      return;
+      return false;
     }
     const std::size_t whole = wire::kFrameHeaderBytes + h->message_header_bytes;
     if (rend_ - rstart_ < whole) {
-      if (!Fill()) break;
+      if (!Fill()) return false;
       continue;
     }
     const std::span<const std::byte> message_header(rbuf_.data() + rstart_ + wire::kFrameHeaderBytes,
                                                     h->message_header_bytes);
-    if (!DispatchHeader(*h, message_header)) return;
+    if (!DispatchHeader(*h, message_header)) return false;
     rstart_ += whole;
-    if (phase_ == Phase::kHeader && ++frames >= 64) break;
+    if (phase_ == Phase::kHeader && ++frames >= 64) return true;
   }
-  bool pump = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    pump = !closed_ && !txq_.empty() && !want_write_;
-  }
-  if (pump) Pump();
+  return false;
 }
 
 class TcpIncomingMessage final : public IncomingMessage {

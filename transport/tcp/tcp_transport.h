@@ -63,11 +63,13 @@ struct TcpTransportOptions {
   // Progress threads (1..kMaxTcpWorkers). A daemon serving several clients
   // gives each core one (kvfabric-cached --data-workers).
   int workers = 1;
-  // SO_SNDBUF and SO_RCVBUF of every connection, in bytes; 0 leaves the
-  // kernel's autotuning. Small buffers keep the bytes between the sender's
-  // copy and the receiver's copy in cache: 128 KiB moved 5.5 GB/s over four
-  // loopback streams here against 4.2-4.9 GB/s autotuned (docs/benchmarks.md).
-  int socket_buffer_bytes = 128 << 10;
+  // SO_SNDBUF and SO_RCVBUF of every connection, in bytes (4 KiB..64 MiB);
+  // 0 (the default) leaves the kernel's autotuning. Small buffers keep bytes
+  // in cache between the two copies but make sender and receiver take turns:
+  // through the daemon, autotuned buffers moved 256 KiB blocks at 2.8-3.8
+  // GB/s over one connection against 1.6-2.4 GB/s with 128 KiB
+  // (docs/benchmarks.md).
+  int socket_buffer_bytes = 0;
 
   // InvalidArgument naming the field when out of range.
   Status Validate() const;

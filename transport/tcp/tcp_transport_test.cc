@@ -254,6 +254,37 @@ TEST(TcpTransportTest, AnExportImportsOnlyOnAnEndpointToItsOwner) {
   EXPECT_NE(wrong.status().message().find("another transport"), std::string::npos);
 }
 
+TEST(TcpTransportTest, EntriesWrittenBeforeAFullSocketStillComplete) {
+  // One batch: a message, then a write far larger than the socket buffers.
+  // The message leaves in the same pass that finds the socket full; its
+  // completion must not be lost with that pass.
+  Server server;
+  constexpr std::uint64_t kBig = 8 << 20;
+  std::unique_ptr<MemoryRegion> target = *server.t->AllocateMemory(kBig, MemoryKind::kHost);
+  auto client = NewTransport();
+  StatusOr<std::unique_ptr<Endpoint>> ep = client->Connect(
+      server.t->listen_address(), transport::PeerFailureMode::kFailInFlight, Soon());
+  ASSERT_TRUE(ep.ok()) << ep.status();
+  std::unique_ptr<RemoteRegion> remote = *(*ep)->ImportRegion(*target->Export(0, kBig));
+  std::unique_ptr<MemoryRegion> source = *client->AllocateMemory(kBig, MemoryKind::kHost);
+  std::memset(source->bytes().data(), 0x3c, kBig);
+  const std::byte header[8] = {};
+  for (int round = 0; round < 8; ++round) {
+    std::vector<Transfer> batch = {
+        {.op = TransferOp::kSend, .header = header},
+        {.op = TransferOp::kWrite,
+         .local = source.get(),
+         .length = kBig,
+         .remote = remote.get(),
+         .header = {}},
+    };
+    std::unique_ptr<TransferBatch> b = *(*ep)->Submit(batch);
+    ASSERT_TRUE(b->Wait(Soon()).ok()) << "round " << round << ": an entry never completed";
+    ASSERT_TRUE(b->FirstError().ok()) << b->FirstError();
+  }
+  EXPECT_EQ(target->bytes()[kBig - 1], std::byte{0x3c});
+}
+
 TEST(TcpTransportTest, RegionDestroyedUnderConcurrentReadsAndWritesIsNeverTouchedAfter) {
   Server server;
   constexpr std::uint64_t kBlock = 1 << 20;
