@@ -3,7 +3,10 @@
 // 4 client connections, over UCX shared memory ("shm"), UCX TCP ("tcp") and
 // the kernel-socket transport ("ktcp", --data-transport=tcp); and, in the same
 // run, Redis (SET/GET) and memcached (-I 8m) on the same value sizes.
-// Prints GB/s, p50/p99 per batch and the ratio against memcached's GET.
+// Prints GB/s, p50/p99 per batch and the ratio against memcached's GET, and
+// against memcached's GET into a ring as large as a kvfabric connection's
+// staging (the "ring" rows: values land in distinct, mostly cold memory as
+// kvfabric's blocks do, not in one buffer that stays in cache).
 //
 //   cache_host_bench --daemon build/ci/server/cache_host/kvfabric-cached
 //                    [--total-mib 1024] [--batch-mib 32] [--depth 1] [--copy-threads 1]
@@ -11,8 +14,8 @@
 //                    [--paths all|shm|tcp|ktcp] [--baselines 1|0] [--block-kib 256|2048]
 //                    [--conns 1|4] [--ktcp-socket-buffer-kib 0]
 //
-// The last four select cases (default: all); without baselines no ratios
-// are printed.
+// --paths, --baselines, --block-kib and --conns select cases (default: all);
+// without baselines no ratios are printed.
 //
 // A kvfabric "op" is one batch: Lease (or Reserve) of batch-mib of blocks over
 // gRPC, one data-plane transfer of all of them, Release (or Commit); each
@@ -362,12 +365,16 @@ Result RunKvf(std::vector<std::unique_ptr<Conn>>& conns, const std::string& ns, 
   return r;
 }
 
+// `memcached_gbps`: memcached's same op, size and connections (0: not run).
+// `ring_gbps`: memcached's GET into a staging-sized ring per connection
+// (0: not run, or not a GET).
 void Print(const char* system, const char* path, const char* op, std::uint64_t block, int conns,
-           const Result& r, double memcached_gbps) {
+           const Result& r, double memcached_gbps, double ring_gbps = 0) {
   std::printf("%-10s %-6s %-4s %5llu KiB %d conn  %6.2f GB/s  p50 %8.0f us  p99 %8.0f us",
               system, path, op, static_cast<unsigned long long>(block >> 10), conns, r.gbps,
               r.p50_us, r.p99_us);
   if (memcached_gbps > 0) std::printf("  %.2fx memcached %s", r.gbps / memcached_gbps, op);
+  if (ring_gbps > 0) std::printf("  %.2fx memcached GET into a ring", r.gbps / ring_gbps);
   std::printf("\n");
   std::fflush(stdout);
 }
@@ -397,6 +404,15 @@ int Main(int argc, char** argv) {
   const int conn_counts[] = {1, 4};
   // memcached's GB/s by (value size, connections, is-get): the ratios' baseline.
   std::map<std::tuple<std::uint64_t, int, bool>, double> memcached;
+  // memcached's GET GB/s by (value size, connections) when every value lands
+  // in the next slot of a ring as large as a kvfabric connection's staging,
+  // instead of in one buffer that stays in cache: the same destinations
+  // kvfabric's GETs write, a second baseline printed next to the first.
+  std::map<std::pair<std::uint64_t, int>, double> memcached_ring;
+  auto staging_bytes = [&](std::uint64_t block) {
+    // A batch holds at least one block; a connection stages `depth` batches.
+    return std::max<std::uint64_t>(a.batch_mib << 20, block) * static_cast<std::uint64_t>(a.depth);
+  };
 
   // Baselines first, on the same value sizes and total bytes.
   for (auto kind : {bench::BaselineKind::kMemcached, bench::BaselineKind::kRedis}) {
@@ -430,6 +446,16 @@ int Main(int argc, char** argv) {
                 block, conns, Result{r->gbps, r->p50_us, r->p99_us},
                 memcached.count({block, conns, get}) ? memcached[{block, conns, get}] : 0);
         }
+        if (kind != bench::BaselineKind::kMemcached) continue;
+        auto ring = bench::RunBaseline(kind, bench::BaselineOp::kGet, (*server)->port(), block,
+                                       total, conns, staging_bytes(block));
+        if (!ring.ok()) {
+          std::printf("memcached GET into a ring failed: %s\n", ring.status().ToString().c_str());
+          continue;
+        }
+        memcached_ring[{block, conns}] = ring->gbps;
+        Print("memcached", "ring", "GET", block, conns, Result{ring->gbps, ring->p50_us, ring->p99_us},
+              memcached[{block, conns, true}], ring->gbps);
       }
     }
   }
@@ -440,8 +466,7 @@ int Main(int argc, char** argv) {
     if (a.paths != "all" && a.paths != path) continue;
     for (std::uint64_t block : sizes) {
       if (!a.Runs(block, 0)) continue;
-      // A batch holds at least one block.
-      const std::uint64_t batch_bytes = std::max<std::uint64_t>(a.batch_mib << 20, block);
+      const std::uint64_t batch_bytes = staging_bytes(block) / static_cast<std::uint64_t>(a.depth);
       Daemon d(a, path, dir);
       for (int conns : conn_counts) {
         if (!a.Runs(block, conns)) continue;
@@ -457,7 +482,9 @@ int Main(int argc, char** argv) {
         Result put = RunKvf(cs, ns, true, block, total, batch_bytes, a.depth);
         Print("kvfabric", path.c_str(), "PUT", block, conns, put, base(false));
         Result get = RunKvf(cs, ns, false, block, total, batch_bytes, a.depth);
-        Print("kvfabric", path.c_str(), "GET", block, conns, get, base(true));
+        auto ring = memcached_ring.find({block, conns});
+        Print("kvfabric", path.c_str(), "GET", block, conns, get, base(true),
+              ring == memcached_ring.end() ? 0.0 : ring->second);
       }
     }
   }

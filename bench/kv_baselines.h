@@ -298,7 +298,12 @@ struct BaselineResult {
 //   get: GET of every key into a per-thread buffer of value_bytes, checking
 //        the length and StampedEndsMatch: DataLoss if either is wrong,
 //        NotFound (with the key) if a key is absent (run a put first, or the
-//        server evicted: raise memcached_memory_mib).
+//        server evicted: raise memcached_memory_mib). With get_ring_bytes >
+//        value_bytes each thread instead receives value after value into the
+//        next slot of its own ring of that many bytes, wrapping around: the
+//        values land in distinct, mostly cold memory, as kvfabric's blocks
+//        land in a client's staging region, rather than in one buffer that
+//        stays in cache.
 // Latency is per request, send to last byte of the reply; p50/p99 are nearest
 // rank over all operations. The first error of any thread stops the others
 // at their next operation and is returned.
@@ -306,7 +311,7 @@ struct BaselineResult {
 // kMaxBaselineValueBytes, connections >= 1.
 StatusOr<BaselineResult> RunBaseline(BaselineKind kind, BaselineOp op, std::uint16_t port,
                                      std::uint64_t value_bytes, std::uint64_t total_bytes,
-                                     int connections);
+                                     int connections, std::uint64_t get_ring_bytes = 0);
 
 }  // namespace kvfabric::bench
 

@@ -153,6 +153,13 @@ TEST_P(KvBaselinesTest, RunBaselinePutsThenGetsEveryKey) {
   ASSERT_TRUE(get.ok()) << get.status();
   EXPECT_EQ(get->ops, kTotal / kValue);
   EXPECT_LE(get->p50_us, get->p99_us);
+
+  // Into a ring of three and a half values per thread: every value is still
+  // checked where it landed, and the ring wraps around.
+  auto ring = RunBaseline(GetParam(), BaselineOp::kGet, server_->port(), kValue, kTotal, 2,
+                          7 * kValue / 2);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  EXPECT_EQ(ring->ops, kTotal / kValue);
 }
 
 TEST_P(KvBaselinesTest, RunBaselineGetDetectsWrongValue) {

@@ -205,6 +205,7 @@ Status ToClientOptions(const kvf_options& o, ClientOptions* out) {
   options.model.tp_size = o.tp_size;
   KVF_RETURN_IF_ERROR(options.model.Validate().WithContext("options"));
   if (o.ucx_tls != nullptr) options.ucx_tls = o.ucx_tls;
+  if (o.data_transport != nullptr) options.data_transport = o.data_transport;
   options.arena.page_bytes = o.device_page_bytes;
   options.num_q_heads = o.num_q_heads;
   options.tile_tokens = o.tile_tokens;
@@ -276,6 +277,7 @@ void kvf_options_init(kvf_options* options) {
   options->tile_tokens = 256;
   options->staging_bytes = std::uint64_t{64} << 20;
   options->ucx_tls = "sm,self,tcp";
+  options->data_transport = "ucx";
   options->rpc_timeout_ms = 5000;
   options->transfer_timeout_ms = 30000;
 }

@@ -40,6 +40,7 @@ int kvf_c_header_check(void) {
   if (options.ucx_tls == NULL || strcmp(options.ucx_tls, "sm,self,tcp") != 0) return 7;
   if (options.recompute != NULL || options.recompute_user != NULL) return 8;
   if (sizeof(key) != KVF_BLOCK_KEY_BYTES) return 9;
+  if (options.data_transport == NULL || strcmp(options.data_transport, "ucx") != 0) return 13;
 
   options.recompute = fn;
   (void)metrics;

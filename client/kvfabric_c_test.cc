@@ -90,6 +90,8 @@ TEST(KvfabricCTest, OptionsInitFillsTheDocumentedDefaults) {
   EXPECT_EQ(o.staging_bytes, std::uint64_t{64} << 20);
   ASSERT_NE(o.ucx_tls, nullptr);
   EXPECT_STREQ(o.ucx_tls, "sm,self,tcp");
+  ASSERT_NE(o.data_transport, nullptr);
+  EXPECT_STREQ(o.data_transport, "ucx");
   EXPECT_EQ(o.rpc_timeout_ms, 5000u);
   EXPECT_EQ(o.transfer_timeout_ms, 30000u);
   EXPECT_EQ(o.recompute, nullptr);
@@ -135,6 +137,12 @@ TEST(KvfabricCTest, OpenRefusesOptionsNotFilledByOptionsInit) {
   ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, "options->struct_size is 0");
   o.struct_size = sizeof(kvf_options) - 8;  // an older, smaller kvf_options
   ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, "kvf_options_init");
+}
+
+TEST(KvfabricCTest, OpenRefusesAnUnknownDataTransportNamingIt) {
+  kvf_options o = ValidOptions();
+  o.data_transport = "rdma";
+  ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, "data_transport=\"rdma\"");
 }
 
 TEST(KvfabricCTest, OpenRefusesMissingPlacementAddress) {

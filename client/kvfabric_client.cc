@@ -12,7 +12,7 @@
 #include "client/client_impl.h"
 #include "proto/grpc_status.h"
 #include "proto/model_proto.h"
-#include "transport/ucx/ucx_transport.h"
+#include "transport/data_transport.h"
 
 namespace kvfabric::client {
 namespace {
@@ -60,6 +60,8 @@ Status Client::Impl::Init() {
     return Status::InvalidArgument("client: no recompute function (the engine's prefill)");
   }
   KVF_RETURN_IF_ERROR(o_.model.Validate().WithContext("client: model"));
+  KVF_RETURN_IF_ERROR(
+      transport::ValidateDataTransportKind(o_.data_transport, "client: data_transport"));
   if (o_.num_q_heads == 0 || o_.num_q_heads % o_.model.kv_heads != 0) {
     return Status::InvalidArgument("client: num_q_heads (--num-q-heads) " +
                                    std::to_string(o_.num_q_heads) +
@@ -141,11 +143,12 @@ Status Client::Impl::Init() {
     }
   }
 
-  // The data plane: one UCX transport, one staging region exported to each
+  // The data plane: one transport, one staging region exported to each
   // daemon on first use.
-  ucx::UcxTransportOptions topts;
-  topts.tls = o_.ucx_tls;
-  KVF_ASSIGN_OR_RETURN(transport_, ucx::CreateUcxTransport(topts));
+  transport::DataTransportOptions topts;
+  topts.kind = o_.data_transport;
+  topts.ucx_tls = o_.ucx_tls;
+  KVF_ASSIGN_OR_RETURN(transport_, transport::CreateDataTransport(topts));
   KVF_ASSIGN_OR_RETURN(staging_,
                        transport_->AllocateMemory(o_.staging_bytes, transport::MemoryKind::kHost));
   KVF_ASSIGN_OR_RETURN(data_, DataPlaneClient::Create(transport_.get()));

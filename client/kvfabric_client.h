@@ -103,6 +103,10 @@ struct ClientOptions {
   ModelFingerprint model;
   // This machine's name, compared with the daemons' (default: hostname).
   std::string client_node;
+  // The data-plane transport (--data-transport): "ucx" (default) or "tcp",
+  // kernel sockets, for daemons started with --data-transport=tcp. Every
+  // daemon this client reaches must use the same.
+  std::string data_transport = "ucx";
   // UCX transports for the data plane (--ucx-tls). Must include tcp.
   std::string ucx_tls = "sm,self,tcp";
   // The device attention runs on; borrowed. Required.

@@ -20,7 +20,7 @@
 #include "server/placement_convert.h"
 #include "server/placement_service.h"
 #include "spdlog/spdlog.h"
-#include "transport/ucx/ucx_transport.h"
+#include "transport/data_transport.h"
 
 namespace kvfabric::server {
 namespace {
@@ -161,15 +161,12 @@ Status EmbeddedCluster::StartDaemon(const EmbeddedDaemonOptions& options, Daemon
   d->info.host_id = options.host_id;
   d->node_name = options.node_name.empty() ? Hostname() : options.node_name;
   KVF_ASSIGN_OR_RETURN(cache_host::CacheHostOptions node_options, NodeOptions(options));
-  ucx::UcxTransportOptions topts;
-  topts.tls = options.ucx_tls;
+  transport::DataTransportOptions topts;
+  topts.kind = options.data_transport;
+  topts.ucx_tls = options.ucx_tls;
   topts.copy_threads = options.copy_threads;
   topts.workers = options.data_workers;
-  auto transport = ucx::CreateUcxTransport(topts);
-  if (!transport.ok()) {
-    return transport.status().WithContext("UCX transport (ucx_tls \"" + options.ucx_tls + "\")");
-  }
-  d->transport = std::move(*transport);
+  KVF_ASSIGN_OR_RETURN(d->transport, transport::CreateDataTransport(topts));
   KVF_ASSIGN_OR_RETURN(
       d->node, cache_host::CacheHostNode::Create(std::move(node_options), d->transport.get(), env));
   d->metrics =

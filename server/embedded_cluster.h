@@ -68,6 +68,9 @@ struct EmbeddedDaemonOptions {
   // Machine name clients compare with theirs to pick local paths. Empty:
   // this machine's hostname (as kvfabric-cached).
   std::string node_name;
+  // The data-plane transport (--data-transport): "ucx" or "tcp" (kernel
+  // sockets); clients of the cluster must use the same.
+  std::string data_transport = "ucx";
   // UCX transport list (--ucx-tls); must include tcp.
   std::string ucx_tls = "sm,self,tcp";
   // Copy helpers of each daemon's transport (UcxTransportOptions::copy_threads).

@@ -47,7 +47,9 @@ kvf_status Prefill(void* user, const kvf_recompute_request* r, uint8_t* out, uin
   return KVF_OK;
 }
 
-class CApiClusterTest : public ::testing::Test {
+// Parameter: the data-plane transport of the daemons and the client ("ucx"
+// or "tcp", kernel sockets), end to end through the C API.
+class CApiClusterTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
     engine_.seed = TestSeed(::testing::UnitTest::GetInstance()->current_test_info()->name());
@@ -63,6 +65,7 @@ class CApiClusterTest : public ::testing::Test {
       d.host_pool_bytes = 16 << 20;
       d.host_page_bytes = 8 << 10;
       d.metrics = false;
+      d.data_transport = GetParam();
       co.daemons.push_back(d);
     }
     co.placement_metrics = false;
@@ -86,6 +89,7 @@ class CApiClusterTest : public ::testing::Test {
     o.staging_bytes = 1 << 20;
     o.recompute = &Prefill;
     o.recompute_user = &engine_;
+    o.data_transport = GetParam();
     ASSERT_EQ(kvf_client_open(&o, &client_), KVF_OK) << kvf_last_error();
   }
 
@@ -115,7 +119,7 @@ class CApiClusterTest : public ::testing::Test {
   kvf_client* client_ = nullptr;
 };
 
-TEST_F(CApiClusterTest, SavedPromptIsFetchedBackExactly) {
+TEST_P(CApiClusterTest, SavedPromptIsFetchedBackExactly) {
   std::mt19937_64 rng(engine_.seed);
   std::vector<std::uint32_t> tokens(kTokens);
   for (std::uint32_t& t : tokens) t = static_cast<std::uint32_t>(rng() % 50000);
@@ -201,7 +205,7 @@ TEST_F(CApiClusterTest, SavedPromptIsFetchedBackExactly) {
   EXPECT_EQ(kvf_finish(client_, idle, nullptr), KVF_OK);
 }
 
-TEST_F(CApiClusterTest, AFailingPrefillFailsTheLoadItDoesNotHang) {
+TEST_P(CApiClusterTest, AFailingPrefillFailsTheLoadItDoesNotHang) {
   std::vector<std::uint32_t> tokens(kTokens, 7);
   std::vector<kvf_block_key> keys(kTokens / 16);
   size_t n = 0;
@@ -215,6 +219,11 @@ TEST_F(CApiClusterTest, AFailingPrefillFailsTheLoadItDoesNotHang) {
   kvf_match_free(match);
   EXPECT_EQ(kvf_finish(client_, ctx, nullptr), KVF_OK);
 }
+
+INSTANTIATE_TEST_SUITE_P(DataTransports, CApiClusterTest, ::testing::Values("ucx", "tcp"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
 
 }  // namespace
 }  // namespace kvfabric

@@ -33,7 +33,7 @@
 #include "server/cache_host_service.h"
 #include "server/health_reporter.h"
 #include "spdlog/spdlog.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/data_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace kvfabric {
@@ -144,30 +144,6 @@ StatusOr<cache_host::CacheHostOptions> BuildOptions(Flags& f,
   return o;
 }
 
-// --data-transport: UCX, or kernel TCP sockets for TCP-only clients.
-StatusOr<std::unique_ptr<transport::Transport>> MakeTransport(const Flags& f) {
-  if (f.data_transport == "tcp") {
-    if (f.tcp_socket_buffer_bytes > (64u << 20)) {
-      return Status::InvalidArgument("--tcp-socket-buffer-bytes=" +
-                                     std::to_string(f.tcp_socket_buffer_bytes) +
-                                     ": at most 64MiB (0: kernel autotuning)");
-    }
-    tcp::TcpTransportOptions t;
-    t.workers = f.data_workers;
-    t.socket_buffer_bytes = static_cast<int>(f.tcp_socket_buffer_bytes);
-    StatusOr<std::unique_ptr<tcp::TcpTransport>> created = tcp::CreateTcpTransport(t);
-    if (!created.ok()) return created.status().WithContext("--data-transport=tcp");
-    return std::unique_ptr<transport::Transport>(std::move(created).value());
-  }
-  ucx::UcxTransportOptions u;
-  u.tls = f.ucx_tls;
-  u.copy_threads = f.copy_threads;
-  u.workers = f.data_workers;
-  StatusOr<std::unique_ptr<transport::Transport>> created = ucx::CreateUcxTransport(u);
-  if (!created.ok()) return created.status().WithContext("UCX transport (--ucx-tls)");
-  return created;
-}
-
 int Run(int argc, char** argv) {
   CLI::App app{"kvfabric-cached: the kvfabric cache-host daemon", "kvfabric-cached"};
   AddYamlConfigOption(&app);
@@ -260,7 +236,19 @@ int Run(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  StatusOr<std::unique_ptr<transport::Transport>> transport = MakeTransport(f);
+  if (f.tcp_socket_buffer_bytes > (64u << 20)) {
+    spdlog::error("kvfabric-cached: --tcp-socket-buffer-bytes={}: at most 64MiB (0: kernel "
+                  "autotuning)", f.tcp_socket_buffer_bytes);
+    return 2;
+  }
+  transport::DataTransportOptions topts;
+  topts.kind = f.data_transport;
+  topts.ucx_tls = f.ucx_tls;
+  topts.copy_threads = f.copy_threads;
+  topts.workers = f.data_workers;
+  topts.tcp_socket_buffer_bytes = static_cast<int>(f.tcp_socket_buffer_bytes);
+  StatusOr<std::unique_ptr<transport::Transport>> transport =
+      transport::CreateDataTransport(topts);
   if (!transport.ok()) {
     spdlog::error("kvfabric-cached: {}", transport.status().ToString());
     return 1;

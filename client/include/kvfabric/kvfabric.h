@@ -210,6 +210,11 @@ typedef struct kvf_options {
    * [--client-history-cache-bytes]: no fresh memory to fault in or pin on
    * the next request. Idle buffers only. Default 0: freed at kvf_finish. */
   uint64_t history_cache_bytes;
+
+  /* The data-plane transport [--data-transport]: "ucx" (default; NULL means
+   * the same) or "tcp", kernel sockets, for daemons started with
+   * --data-transport=tcp. Every daemon reached must use the same. */
+  const char* data_transport;
 } kvf_options;
 
 /* Fills *options with the defaults above (required fields zero or NULL) and

@@ -1,0 +1,36 @@
+#include "transport/data_transport.h"
+
+#include "transport/tcp/tcp_transport.h"
+#include "transport/ucx/ucx_transport.h"
+
+namespace kvfabric::transport {
+
+Status ValidateDataTransportKind(const std::string& kind, const std::string& setting) {
+  if (kind == "ucx" || kind == "tcp") return Status::OK();
+  return Status::InvalidArgument(setting + "=\"" + kind +
+                                 "\": must be ucx (RDMA, shared memory, TCP) or tcp (kernel "
+                                 "sockets; the daemon and its clients must agree)");
+}
+
+StatusOr<std::unique_ptr<Transport>> CreateDataTransport(const DataTransportOptions& options) {
+  KVF_RETURN_IF_ERROR(ValidateDataTransportKind(options.kind, "data transport"));
+  if (options.kind == "tcp") {
+    tcp::TcpTransportOptions t;
+    t.workers = options.workers;
+    t.socket_buffer_bytes = options.tcp_socket_buffer_bytes;
+    StatusOr<std::unique_ptr<tcp::TcpTransport>> created = tcp::CreateTcpTransport(t);
+    if (!created.ok()) return created.status().WithContext("kernel TCP data transport");
+    return std::unique_ptr<Transport>(std::move(created).value());
+  }
+  ucx::UcxTransportOptions u;
+  u.tls = options.ucx_tls;
+  u.copy_threads = options.copy_threads;
+  u.workers = options.workers;
+  StatusOr<std::unique_ptr<Transport>> created = ucx::CreateUcxTransport(u);
+  if (!created.ok()) {
+    return created.status().WithContext("UCX data transport (tls \"" + options.ucx_tls + "\")");
+  }
+  return created;
+}
+
+}  // namespace kvfabric::transport

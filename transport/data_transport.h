@@ -1,0 +1,40 @@
+// The data-plane transport a process creates from its flags: UCX (RDMA,
+// shared memory, TCP) or the kernel-socket TCP transport. One place that
+// turns kvfabric-cached's, the embedded cluster's and libkvfabric's
+// settings into a Transport, so all three accept the same names and give
+// the same errors. Both ends of a data-plane connection must use the same
+// kind: a daemon started with --data-transport=tcp serves kernel-TCP
+// clients only.
+#ifndef KVFABRIC_TRANSPORT_DATA_TRANSPORT_H_
+#define KVFABRIC_TRANSPORT_DATA_TRANSPORT_H_
+
+#include <memory>
+#include <string>
+
+#include "core/statusor.h"
+#include "transport/transport.h"
+
+namespace kvfabric::transport {
+
+struct DataTransportOptions {
+  // "ucx" (the default) or "tcp" (transport/tcp/tcp_transport.h).
+  std::string kind = "ucx";
+  // UCX only: the transport list (must include tcp) and copy helpers.
+  std::string ucx_tls = "sm,self,tcp";
+  int copy_threads = 1;
+  // Progress threads serving connections (both kinds).
+  int workers = 1;
+  // tcp only: SO_SNDBUF/SO_RCVBUF in bytes; 0 leaves kernel autotuning.
+  int tcp_socket_buffer_bytes = 0;
+};
+
+// InvalidArgument naming `setting` unless kind is "ucx" or "tcp".
+Status ValidateDataTransportKind(const std::string& kind, const std::string& setting);
+
+// The transport, or the backend's error with the kind (and UCX list) in its
+// context.
+StatusOr<std::unique_ptr<Transport>> CreateDataTransport(const DataTransportOptions& options);
+
+}  // namespace kvfabric::transport
+
+#endif  // KVFABRIC_TRANSPORT_DATA_TRANSPORT_H_
