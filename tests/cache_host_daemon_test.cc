@@ -221,6 +221,15 @@ TEST_F(CacheHostDaemonTest, DataWorkersServeConcurrentClientsExactly) {
   PutAndGetFromConcurrentClients("sm,self,tcp", seed_);
   PutAndGetFromConcurrentClients("tcp", seed_ + 7);
   ExpectCommitsAndNoCrcFailures(2 * 4 * 32);
+
+  // A kernel-TCP client of this UCX daemon is refused, not left hanging.
+  auto tcp_client = testing::CacheHostTestClient::Create(seed_ + 99, testing::kKernelTcp);
+  ASSERT_TRUE(tcp_client.ok()) << tcp_client.status().ToString();
+  const auto start = std::chrono::steady_clock::now();
+  const Status refused = (*tcp_client)->Attach(daemon_->grpc(), daemon_->transport());
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused.ToString();
+  EXPECT_NE(refused.ToString().find("same data transport"), std::string::npos) << refused;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(8));
   daemon_->Kill(SIGTERM);
   EXPECT_EQ(daemon_->WaitExit(std::chrono::seconds(30)), 0);
 }

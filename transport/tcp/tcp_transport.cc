@@ -195,7 +195,7 @@ class Core {
 
 class Worker : public std::enable_shared_from_this<Worker> {
  public:
-  Worker(Core* core, int index) : core_(core), index_(index) {}
+  explicit Worker(Core* core) : core_(core) {}
   ~Worker();
 
   Status Start();
@@ -216,14 +216,12 @@ class Worker : public std::enable_shared_from_this<Worker> {
   void FailConnsPinning(const RegionState* region);
   void RefreshInterest();
   Core* core() const { return core_; }
-  int index() const { return index_; }
 
  private:
   void Loop();
   void AcceptAll();
 
   Core* const core_;
-  const int index_;
   int epfd_ = -1;
   int wakefd_ = -1;
   int listen_fd_ = -1;  // worker thread only
@@ -245,7 +243,6 @@ class Conn : public std::enable_shared_from_this<Conn> {
       : fd_(fd),
         worker_(std::move(worker)),
         peer_(std::move(peer)),
-        accepted_(accepted),
         peer_instance_(peer_instance),
         hello_done_(!accepted),
         rbuf_(64 << 10) {}
@@ -304,7 +301,6 @@ class Conn : public std::enable_shared_from_this<Conn> {
   const int fd_;
   const std::shared_ptr<Worker> worker_;
   const std::string peer_;
-  const bool accepted_;
   std::uint64_t peer_instance_;  // set before the endpoint exists
 
   mutable std::mutex mu_;
@@ -330,7 +326,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   Phase phase_ = Phase::kHeader;
   Sink sink_ = Sink::kDiscard;
   std::byte* dest_ = nullptr;
-  std::uint64_t remaining_ = 0, received_ = 0, rx_length_ = 0;
+  std::uint64_t remaining_ = 0, received_ = 0;
   std::uint64_t rx_id_ = 0;
   StatusCode rx_code_ = StatusCode::kOk;
   PinRef rx_pin_;
@@ -397,7 +393,7 @@ Core::~Core() { Shutdown(); }
 
 Status Core::Start() {
   for (int i = 0; i < options_.workers; ++i) {
-    auto w = std::make_shared<Worker>(this, i);
+    auto w = std::make_shared<Worker>(this);
     KVF_RETURN_IF_ERROR(w->Start());
     workers.push_back(std::move(w));
   }
@@ -1125,7 +1121,6 @@ bool Conn::DispatchHeader(const FrameHeader& h, std::span<const std::byte> messa
   dest_ = nullptr;
   received_ = 0;
   remaining_ = h.length;
-  rx_length_ = h.length;
   rx_id_ = h.id;
   rx_code_ = StatusCode::kOk;
   switch (h.type) {
@@ -1509,6 +1504,9 @@ std::string TcpTransport::listen_address() const {
 
 namespace {
 
+// How long Connect waits for the peer's hello once connected.
+constexpr std::chrono::seconds kHelloTimeout{3};
+
 // Waits for `events` on `fd` until `deadline`.
 Status WaitFd(int fd, short events, Deadline deadline, const std::string& what) {
   for (;;) {
@@ -1563,6 +1561,9 @@ StatusOr<std::unique_ptr<Endpoint>> TcpTransport::Connect(const std::string& add
       return fail(Status::Unavailable(StatusFromErrno(errno, what).message()));
     }
   }
+  // A kvfabric TCP peer sends its hello as soon as it accepts; a listener
+  // that accepts and stays silent (a UCX data plane) is not one.
+  const Deadline hello_deadline = std::min(deadline, transport::Clock::now() + kHelloTimeout);
   std::array<std::byte, wire::kHelloBytes> peer_hello{};
   std::size_t got = 0;
   while (got < peer_hello.size()) {
@@ -1572,7 +1573,14 @@ StatusOr<std::unique_ptr<Endpoint>> TcpTransport::Connect(const std::string& add
     } else if (k == 0) {
       return fail(Status::Unavailable(what + ": the peer closed before its hello"));
     } else if (errno == EAGAIN || errno == EINTR) {
-      Status s = WaitFd(fd, POLLIN, deadline, what + " (waiting for the peer's hello)");
+      Status s = WaitFd(fd, POLLIN, hello_deadline, what + " (waiting for the peer's hello)");
+      if (s.code() == StatusCode::kDeadlineExceeded && hello_deadline < deadline) {
+        return fail(Status::Unavailable(
+            what + ": the peer accepted but sent no kvfabric TCP hello within " +
+            std::to_string(kHelloTimeout.count()) +
+            " s; is it a UCX data plane? Both ends must use the same data transport "
+            "(--data-transport)"));
+      }
       if (!s.ok()) return fail(s);
     } else {
       return fail(Status::Unavailable(StatusFromErrno(errno, what).message()));

@@ -97,7 +97,8 @@ class TcpTransport final : public transport::Transport {
   std::string listen_address() const override;
   // Connects and exchanges hellos before `deadline` (DeadlineExceeded
   // otherwise); Unavailable when refused or when the peer is not a kvfabric
-  // TCP transport.
+  // TCP transport: a wrong hello, or none within 3 s of connecting (a UCX
+  // listener accepts and stays silent).
   StatusOr<std::unique_ptr<transport::Endpoint>> Connect(const std::string& address,
                                                          transport::PeerFailureMode mode,
                                                          transport::Deadline deadline) override;
