@@ -85,6 +85,11 @@ struct Server {
                           })
                     .ok());
   }
+  // The transport goes first: its accept handler may still be running
+  // (a client's Connect returns once the hellos are exchanged, before the
+  // server hands over its endpoint), and stopping joins its threads.
+  ~Server() { t.reset(); }
+
   Endpoint* WaitAccepted(std::size_t n) {
     std::unique_lock<std::mutex> lock(mu);
     if (!cv.wait_until(lock, Soon(), [&] { return accepted.size() >= n; })) return nullptr;
