@@ -50,6 +50,16 @@ namespace internal {
 class Conn;
 class Worker;
 
+// Replies (READ_DATA, WRITE_ACK) a connection may have queued before its
+// worker stops reading from it: every READ or WRITE a peer sends queues one,
+// so a peer that sends requests and never reads the replies would otherwise
+// grow the queue (and the pins READ_DATA frames hold) without bound.
+// Reading resumes once they are down to half. Only replies count: a side
+// that sends many requests of its own keeps reading, so the two ends cannot
+// wait on each other as long as requests go one way, as in kvfabric's data
+// plane (the daemon reads and writes, the client answers).
+constexpr std::size_t kMaxQueuedReplies = 4096;
+
 // Registered memory and the pins that keep it from being revoked while a
 // worker moves its bytes for a peer (or into it for an accepted message).
 struct RegionState {
@@ -124,6 +134,7 @@ struct TxFrame {
   std::uint64_t sent = 0;  // bytes of head + payload written
   FrameType type = FrameType::kSend;
   bool has_entry = false;  // SEND, WRITE, READ of a local batch
+  bool is_reply = false;   // READ_DATA, WRITE_ACK: counted in replies_queued_
   EntryRef entry;
   PinRef pin;  // READ_DATA: the source region
 };
@@ -209,6 +220,9 @@ class Worker : public std::enable_shared_from_this<Worker> {
 
   // Worker thread only.
   void Adopt(std::shared_ptr<Conn> conn);
+  // Adopt, for an accepted connection: it must say hello within the
+  // transport's handshake_timeout.
+  void AdoptAccepted(std::shared_ptr<Conn> conn);
   void Forget(Conn* conn);
   void SetInterest(Conn* conn, int fd, std::uint32_t events);
   void WatchListener(int fd);
@@ -232,6 +246,13 @@ class Worker : public std::enable_shared_from_this<Worker> {
   bool stopping_ = false;                     // guarded by mu_
   bool stopped_ = false;                      // guarded by mu_
   std::unordered_map<Conn*, std::shared_ptr<Conn>> conns_;  // worker thread only
+  // Accepted connections still owing their hello, oldest first, with the
+  // time by which it must come (worker thread only).
+  std::deque<std::pair<std::chrono::steady_clock::time_point, std::weak_ptr<Conn>>> handshakes_;
+  // A spare descriptor, given up to accept and shed a connection when the
+  // process is out of descriptors (else the listener stays readable and the
+  // loop spins). Worker with the listener only.
+  int spare_fd_ = -1;
 };
 
 class TcpRegion;
@@ -278,6 +299,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void Fail(const Status& entries, const Status& health);
   bool Pins(const RegionState* region);
   void RefreshInterest();
+  // Fails an accepted connection whose hello has not come (worker thread).
+  void HandshakeExpired();
+  bool hello_done() const { return hello_done_; }
   int fd() const { return fd_; }
 
  private:
@@ -314,12 +338,14 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::uint64_t next_id_ = 1;       // guarded by mu_
   std::uint64_t next_tag_ = 1;      // guarded by mu_
   std::deque<std::unique_ptr<TxFrame>> txq_;                // guarded by mu_
+  std::size_t replies_queued_ = 0;                          // guarded by mu_
   std::unordered_map<std::uint64_t, PendingRead> reads_;    // guarded by mu_
   std::unordered_map<std::uint64_t, PendingWrite> writes_;  // guarded by mu_
   std::set<std::uint64_t> outstanding_;                     // guarded by mu_
 
   // Receive state: worker thread only.
   bool hello_done_;
+  bool read_paused_ = false;  // too many replies queued (kMaxQueuedReplies)
   std::uint32_t interest_ = 0;
   std::vector<std::byte> rbuf_;
   std::size_t rstart_ = 0, rend_ = 0;
@@ -479,6 +505,7 @@ void Core::ApplySocketOptions(int fd) const {
 // --- worker --------------------------------------------------------------
 
 Worker::~Worker() {
+  if (spare_fd_ >= 0) ::close(spare_fd_);
   if (OnThread()) {
     thread_.detach();  // the last reference went away on this thread
   } else {
@@ -568,6 +595,12 @@ void Worker::Adopt(std::shared_ptr<Conn> conn) {
   raw->RefreshInterest();
 }
 
+void Worker::AdoptAccepted(std::shared_ptr<Conn> conn) {
+  handshakes_.emplace_back(std::chrono::steady_clock::now() + core_->options().handshake_timeout,
+                           conn);
+  Adopt(std::move(conn));
+}
+
 void Worker::Forget(Conn* conn) {
   (void)::epoll_ctl(epfd_, EPOLL_CTL_DEL, conn->fd(), nullptr);
   conns_.erase(conn);
@@ -582,6 +615,7 @@ void Worker::SetInterest(Conn* conn, int fd, std::uint32_t events) {
 
 void Worker::WatchListener(int fd) {
   listen_fd_ = fd;
+  if (spare_fd_ < 0) spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.ptr = &listen_fd_;
@@ -620,12 +654,21 @@ void Worker::AcceptAll() {
     socklen_t len = sizeof(sa);
     const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&sa), &len,
                              SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE) && spare_fd_ >= 0) {
+      // Out of descriptors: shed the connection (its peer sees it closed)
+      // rather than leave it pending and the listener readable forever.
+      ::close(spare_fd_);
+      const int shed = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (shed >= 0) ::close(shed);
+      spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      continue;
+    }
     if (fd < 0) return;  // EAGAIN, or a connection that went away meanwhile
     core_->ApplySocketOptions(fd);
     std::shared_ptr<Worker> w = core_->NextWorker();
     auto conn = std::make_shared<Conn>(fd, w, FormatSocketAddress(sa), /*accepted=*/true, 0);
     auto start = [conn] {
-      conn->worker()->Adopt(conn);
+      conn->worker()->AdoptAccepted(conn);
       conn->Started(/*send_hello=*/true);
     };
     if (w.get() == this) {
@@ -639,7 +682,25 @@ void Worker::AcceptAll() {
 void Worker::Loop() {
   epoll_event events[64];
   for (;;) {
-    const int n = ::epoll_wait(epfd_, events, 64, -1);
+    // Hellos that did not come in time fail their connections; the wait
+    // ends by the next such deadline.
+    int timeout_ms = -1;
+    const auto now = std::chrono::steady_clock::now();
+    while (!handshakes_.empty()) {
+      auto& [deadline, weak] = handshakes_.front();
+      std::shared_ptr<Conn> c = weak.lock();
+      if (c == nullptr || c->hello_done()) {
+        handshakes_.pop_front();
+      } else if (deadline <= now) {
+        handshakes_.pop_front();
+        c->HandshakeExpired();
+      } else {
+        timeout_ms = static_cast<int>(
+            std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count());
+        break;
+      }
+    }
+    const int n = ::epoll_wait(epfd_, events, 64, timeout_ms);
     if (n < 0 && errno != EINTR) break;
     for (int i = 0; i < n; ++i) {
       void* tag = events[i].data.ptr;
@@ -839,6 +900,7 @@ void Conn::Pump() {
   std::vector<Outcome> done;
   Status failure;
   bool blocked = false;  // the socket is full: EPOLLOUT resumes
+  bool resume = false;   // reading was paused and the queue has drained
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
@@ -879,8 +941,10 @@ void Conn::Pump() {
       } else if (f.has_entry && f.type == FrameType::kWrite) {
         writes_[f.entry.id] = PendingWrite{f.entry, f.payload_len};
       }
+      if (f.is_reply) --replies_queued_;
       txq_.pop_front();
     }
+    if (read_paused_ && replies_queued_ <= kMaxQueuedReplies / 2) resume = true;
     if (failure.ok() && !blocked) {
       tx_scheduled_ = false;
       if (want_write_) {
@@ -891,12 +955,27 @@ void Conn::Pump() {
     }
   }
   Finish(done);
-  if (!failure.ok()) Fail(Status::Unavailable(failure.message()), Status::Unavailable(failure.message()));
+  if (!failure.ok()) {
+    Fail(Status::Unavailable(failure.message()), Status::Unavailable(failure.message()));
+    return;
+  }
+  if (resume) {
+    read_paused_ = false;
+    RefreshInterest();
+    std::weak_ptr<Conn> w = weak_from_this();
+    worker_->Post([w] {
+      if (auto c = w.lock()) c->OnReadable();
+    });
+  }
 }
 
 void Conn::Enqueue(std::unique_ptr<TxFrame> frame) {
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) return;
+  if (frame->type == FrameType::kReadData || frame->type == FrameType::kWriteAck) {
+    frame->is_reply = true;
+    ++replies_queued_;
+  }
   txq_.push_back(std::move(frame));
   tx_scheduled_ = true;
 }
@@ -905,7 +984,7 @@ void Conn::Enqueue(std::unique_ptr<TxFrame> frame) {
 
 void Conn::RefreshInterest() {
   std::uint32_t want = EPOLLRDHUP;
-  if (!hello_done_ || !worker_->core()->stalled.load()) want |= EPOLLIN;
+  if (!hello_done_ || (!worker_->core()->stalled.load() && !read_paused_)) want |= EPOLLIN;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
@@ -916,12 +995,18 @@ void Conn::RefreshInterest() {
   worker_->SetInterest(this, fd_, want);
 }
 
+void Conn::HandshakeExpired() {
+  if (hello_done_) return;
+  const Status s = Status::Unavailable("peer " + peer_ + " sent no kvfabric TCP hello in time");
+  Fail(s, s);
+}
+
 void Conn::Started(bool send_hello) {
   if (send_hello) {
     auto f = std::make_unique<TxFrame>();
     const auto hello = wire::EncodeHello(worker_->core()->instance());
     f->head.assign(hello.begin(), hello.end());
-    f->type = FrameType::kWriteAck;  // carries no entry
+    f->type = FrameType::kSend;  // raw hello bytes: no entry, not a reply
     Enqueue(std::move(f));
     Pump();
   }
@@ -984,6 +1069,17 @@ bool Conn::ReadSome() {
   int frames = 0;
   while (!Closed()) {
     if (hello_done_ && worker_->core()->stalled.load()) return false;
+    if (read_paused_) return false;
+    if (phase_ == Phase::kHeader) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (replies_queued_ >= kMaxQueuedReplies) read_paused_ = true;
+    }
+    if (read_paused_) {
+      // The peer is not reading our replies: stop reading its requests
+      // until the queue drains (Pump resumes us).
+      RefreshInterest();
+      return false;
+    }
     if (phase_ == Phase::kPayload) {
       const std::uint64_t buffered = std::min<std::uint64_t>(rend_ - rstart_, remaining_);
       if (buffered > 0) {
@@ -1356,6 +1452,7 @@ void Conn::Fail(const Status& entries, const Status& health) {
     closed_ = true;
     health_ = health;
     frames.swap(txq_);
+    replies_queued_ = 0;
     for (auto& f : frames) {
       if (f->has_entry && f->type != FrameType::kRead) {
         done.push_back({f->entry.batch, f->entry.index, f->entry.id, entries, 0});
@@ -1427,6 +1524,11 @@ Status TcpTransportOptions::Validate() const {
   if (workers < 1 || workers > kMaxTcpWorkers) {
     return Status::InvalidArgument("TCP transport workers = " + std::to_string(workers) +
                                    ": must be 1.." + std::to_string(kMaxTcpWorkers));
+  }
+  if (handshake_timeout < std::chrono::milliseconds(1) || handshake_timeout > std::chrono::hours(1)) {
+    return Status::InvalidArgument("TCP handshake timeout of " +
+                                   std::to_string(handshake_timeout.count()) +
+                                   " ms: must be 1 ms..1 h");
   }
   if (socket_buffer_bytes != 0 && (socket_buffer_bytes < 4096 || socket_buffer_bytes > (64 << 20))) {
     return Status::InvalidArgument("TCP socket buffer of " + std::to_string(socket_buffer_bytes) +

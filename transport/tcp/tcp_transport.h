@@ -25,6 +25,11 @@
 //              a status and the bytes
 // Every size read from the socket is checked before it is used; a frame that
 // breaks the protocol fails the connection (Unavailable, naming the fault).
+// What a peer can make a receiver hold is bounded: 64 KiB of receive
+// buffer, and at most 4,096 queued frames per connection, beyond which the
+// worker stops reading that peer's requests until it reads the replies. An
+// accepted connection that does not say hello within handshake_timeout is
+// closed; out of descriptors, new connections are accepted and shed.
 //
 // Security. As over UCX's emulated paths, the owner places every kRead and
 // kWrite: an export names a grant, a random 64-bit capability the owner
@@ -42,6 +47,7 @@
 #ifndef KVFABRIC_TRANSPORT_TCP_TCP_TRANSPORT_H_
 #define KVFABRIC_TRANSPORT_TCP_TCP_TRANSPORT_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -70,6 +76,9 @@ struct TcpTransportOptions {
   // GB/s over one connection against 1.6-2.4 GB/s with 128 KiB
   // (docs/benchmarks.md).
   int socket_buffer_bytes = 0;
+  // An accepted connection must send its hello within this time, or it is
+  // closed: idle sockets from strangers do not pile up (1 ms..1 h).
+  std::chrono::milliseconds handshake_timeout{10'000};
 
   // InvalidArgument naming the field when out of range.
   Status Validate() const;

@@ -61,8 +61,7 @@ using transport::TransferOp;
 
 transport::Deadline Soon() { return Clock::now() + std::chrono::seconds(5); }
 
-std::unique_ptr<TcpTransport> NewTransport(int workers = 1) {
-  TcpTransportOptions o;
+std::unique_ptr<TcpTransport> NewTransport(int workers = 1, TcpTransportOptions o = {}) {
   o.workers = workers;
   StatusOr<std::unique_ptr<TcpTransport>> t = CreateTcpTransport(o);
   EXPECT_TRUE(t.ok()) << t.status();
@@ -71,12 +70,12 @@ std::unique_ptr<TcpTransport> NewTransport(int workers = 1) {
 
 // A server transport whose accepted endpoints the test can see.
 struct Server {
-  std::unique_ptr<TcpTransport> t = NewTransport();
+  std::unique_ptr<TcpTransport> t;
   std::mutex mu;
   std::condition_variable cv;
   std::vector<std::unique_ptr<Endpoint>> accepted;
 
-  Server() {
+  explicit Server(TcpTransportOptions o = {}) : t(NewTransport(1, o)) {
     EXPECT_TRUE(t->Listen("127.0.0.1:0",
                           [this](std::unique_ptr<Endpoint> ep) {
                             std::lock_guard<std::mutex> lock(mu);
@@ -111,6 +110,7 @@ class RawPeer {
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   }
   ~RawPeer() { ::close(fd_); }
+  int fd() const { return fd_; }
   void Send(std::span<const std::byte> bytes) {
     ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(bytes.size()));
@@ -212,6 +212,76 @@ TEST(TcpTransportTest, AGuessedGrantReadsNothingAndABrokenFrameFailsOnlyItsConne
   ASSERT_TRUE(b->Wait(Soon()).ok());
   ASSERT_TRUE(b->FirstError().ok()) << b->FirstError();
   EXPECT_EQ(local->bytes()[4095], std::byte{0x77});
+}
+
+TEST(TcpTransportTest, APeerThatNeverReadsRepliesIsNoLongerReadFrom) {
+  // Requests a peer sends without reading the replies queue replies; past
+  // 4,096 of them the server stops reading that peer, so its sends block
+  // (here: fail with EAGAIN) instead of the server's memory growing.
+  TcpTransportOptions small;
+  small.socket_buffer_bytes = 64 << 10;
+  Server server(small);
+  std::unique_ptr<MemoryRegion> region = *server.t->AllocateMemory(4096, MemoryKind::kHost);
+  RawPeer raw(server.t->listen_address());
+  raw.Handshake();
+  ASSERT_NE(server.WaitAccepted(1), nullptr);
+  // The grant is unknown: each READ is answered by a 40-byte refusal.
+  std::array<std::byte, wire::kFrameHeaderBytes> read{};
+  wire::EncodeFrameHeader({wire::FrameType::kRead, 0, 0, 1, 12345, 0, 4096}, read);
+  const int rcv = 16 << 10;
+  ::setsockopt(raw.fd(), SOL_SOCKET, SO_RCVBUF, &rcv, sizeof(rcv));
+  ::setsockopt(raw.fd(), SOL_SOCKET, SO_SNDBUF, &rcv, sizeof(rcv));
+  // A stream of requests, sent as far as the socket takes them.
+  constexpr std::size_t kCap = 500'000;  // 20 MB of requests
+  std::vector<std::byte> stream(kCap * read.size());
+  for (std::size_t i = 0; i < kCap; ++i) {
+    std::memcpy(stream.data() + i * read.size(), read.data(), read.size());
+  }
+  std::size_t sent_bytes = 0;
+  bool stopped = false;  // the server took nothing more for 300 ms
+  const auto give_up = Clock::now() + std::chrono::seconds(20);
+  while (sent_bytes < stream.size() && Clock::now() < give_up) {
+    const ssize_t k = ::send(raw.fd(), stream.data() + sent_bytes, stream.size() - sent_bytes,
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k > 0) {
+      sent_bytes += static_cast<std::size_t>(k);
+      continue;
+    }
+    ASSERT_TRUE(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) << std::strerror(errno);
+    // Full. Give the server time to read what it still would, then check
+    // that it has stopped: nothing more goes in.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const ssize_t again = ::send(raw.fd(), stream.data() + sent_bytes,
+                                 stream.size() - sent_bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (again <= 0) {
+      stopped = true;
+      break;
+    }
+    sent_bytes += static_cast<std::size_t>(again);
+  }
+  const std::size_t sent = sent_bytes / read.size();
+  std::printf("requests sent before the server stopped reading: %zu\n", sent);
+  EXPECT_TRUE(stopped) << "the server kept reading requests whose replies nobody reads";
+  EXPECT_LT(sent, std::size_t{50'000});
+  // Reading the replies lets it go on: the first replies are refusals.
+  std::vector<std::byte> reply = raw.Read(wire::kFrameHeaderBytes);
+  ASSERT_EQ(reply.size(), wire::kFrameHeaderBytes);
+  EXPECT_EQ(std::to_integer<int>(reply[0]), static_cast<int>(wire::FrameType::kReadData));
+}
+
+TEST(TcpTransportTest, AnAcceptedPeerThatNeverSaysHelloIsClosed) {
+  TcpTransportOptions quick;
+  quick.handshake_timeout = std::chrono::milliseconds(200);
+  Server server(quick);
+  RawPeer silent(server.t->listen_address());
+  // The server's own hello comes first; then, with none from us, the close.
+  ASSERT_EQ(silent.Read(wire::kHelloBytes).size(), wire::kHelloBytes);
+  const auto start = Clock::now();
+  EXPECT_TRUE(silent.Read(1).empty());
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(4));
+  TcpTransportOptions bad;
+  bad.handshake_timeout = std::chrono::milliseconds(0);
+  EXPECT_NE(bad.Validate().message().find("handshake timeout"), std::string::npos);
 }
 
 TEST(TcpTransportTest, ConnectRefusesAPeerThatIsNotAKvfabricTransport) {
