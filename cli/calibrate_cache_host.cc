@@ -1,5 +1,5 @@
 // The cache-host probe of `kvfabric calibrate`: Reserve + kPut + Commit and Lease + kGet of
-// probe blocks against a cache-host daemon, timed (UCX builds only).
+// probe blocks against a cache-host daemon over its data transport, timed (UCX builds only).
 #ifdef KVF_HAVE_UCX
 #include <grpcpp/grpcpp.h>
 
@@ -21,7 +21,7 @@
 #include "core/units.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
 #include "proto/grpc_status.h"
-#include "transport/ucx/ucx_transport.h"
+#include "transport/data_transport.h"
 
 namespace kvfabric::cli::calibrate_internal {
 namespace {
@@ -43,9 +43,12 @@ Status FromEntry(const v1::EntryStatus& e, const std::string& what) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<ClientFabric>> ClientFabric::Create(std::uint64_t staging_bytes) {
+StatusOr<std::unique_ptr<ClientFabric>> ClientFabric::Create(std::uint64_t staging_bytes,
+                                                             const std::string& data_transport) {
   auto f = std::make_unique<ClientFabric>();
-  KVF_ASSIGN_OR_RETURN(f->transport, ucx::CreateUcxTransport(ucx::UcxTransportOptions{}));
+  transport::DataTransportOptions t;
+  t.kind = data_transport;
+  KVF_ASSIGN_OR_RETURN(f->transport, transport::CreateDataTransport(t));
   KVF_ASSIGN_OR_RETURN(f->staging,
                        f->transport->AllocateMemory(staging_bytes, transport::MemoryKind::kHost));
   std::uint64_t x = 0x9e3779b97f4a7c15ull;

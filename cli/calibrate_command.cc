@@ -186,6 +186,8 @@ CLI::App* AddCalibrateSubcommand(CLI::App& app, CalibrateArgs* args) {
       ->default_val(args->repeats);
   AddBytesOption(*sub, "--cache-scrub-bytes", &args->cache_scrub_bytes,
                  "bytes read before each timed memcpy to make it cold; 0 = warm copies");
+  sub->add_option("--data-transport", args->data_transport,
+                  "the daemons' data transport: ucx (default) | tcp (kernel sockets)");
   sub->add_flag("--json", args->json, "machine-readable output");
   return sub;
 }
@@ -200,6 +202,10 @@ StatusOr<std::vector<std::uint64_t>> ValidateCalibrateArgs(const CalibrateArgs& 
     if (!seen.insert(host).second) {
       return Status::InvalidArgument("--cache-host " + host + ": given twice");
     }
+  }
+  if (args.data_transport != "ucx" && args.data_transport != "tcp") {
+    return Status::InvalidArgument("--data-transport=\"" + args.data_transport +
+                                   "\": must be ucx or tcp, as the daemons were started with");
   }
   if (args.rpc_timeout_ms <= 0) {
     return Status::InvalidArgument("rpc_timeout_ms " + std::to_string(args.rpc_timeout_ms) +
@@ -282,7 +288,7 @@ StatusOr<CalibrationReport> RunCalibrate(const CalibrateArgs& args,
 
 #ifdef KVF_HAVE_UCX
   if (!sessions.empty()) {
-    KVF_ASSIGN_OR_RETURN(std::unique_ptr<ClientFabric> fabric, ClientFabric::Create(sizes.back()));
+    KVF_ASSIGN_OR_RETURN(std::unique_ptr<ClientFabric> fabric, ClientFabric::Create(sizes.back(), args.data_transport));
     for (std::unique_ptr<CacheHostSession>& session : sessions) {
       calibrator.Progress("cache host " + session->host_id() + ": putting the read probes");
       KVF_RETURN_IF_ERROR(session->PrepareGets(fabric.get(), sizes));

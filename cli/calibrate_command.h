@@ -68,6 +68,9 @@ struct CalibrateArgs {
   int rpc_timeout_ms = 10000;
   // Recorded in the file as "machine"; empty means this host's name.
   std::string machine;
+  // --data-transport: what the daemons' data planes speak, "ucx" (default) or
+  // "tcp" (kvfabric-cached --data-transport=tcp).
+  std::string data_transport = "ucx";
 };
 
 // Adds the `calibrate` subcommand and its flags to `app`, parsing into `*args`.

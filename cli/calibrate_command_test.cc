@@ -56,7 +56,8 @@ TEST(CalibrateArgsTest, ParsesEveryFlag) {
   CalibrateArgs a;
   EXPECT_EQ(Parse({"calibrate", "--out", "/tmp/c.json", "--cache-host", "h1:7440", "--cache-host",
                    "h2:7440", "--nvme-dir", "/nvme", "--min-bytes", "4KiB", "--max-bytes", "16MiB",
-                   "--repeats", "7", "--json", "--cache-scrub-bytes", "0"},
+                   "--repeats", "7", "--json", "--cache-scrub-bytes", "0", "--data-transport",
+                   "tcp"},
                   &a),
             "");
   EXPECT_EQ(a.out_path, "/tmp/c.json");
@@ -67,6 +68,12 @@ TEST(CalibrateArgsTest, ParsesEveryFlag) {
   EXPECT_EQ(a.repeats, 7);
   EXPECT_TRUE(a.json);
   EXPECT_EQ(a.cache_scrub_bytes, 0u);
+  EXPECT_EQ(a.data_transport, "tcp");
+  EXPECT_TRUE(ValidateCalibrateArgs(a).ok());
+  a.data_transport = "rdma";
+  const Status bad = ValidateCalibrateArgs(a).status();
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("--data-transport=\"rdma\""), std::string::npos) << bad;
 }
 
 TEST(CalibrateArgsTest, DefaultsAre64KiBTo256MiBWithFiveRepeats) {
@@ -77,6 +84,7 @@ TEST(CalibrateArgsTest, DefaultsAre64KiBTo256MiBWithFiveRepeats) {
   EXPECT_EQ(a.repeats, 5);
   EXPECT_FALSE(a.json);
   EXPECT_TRUE(a.cache_hosts.empty());
+  EXPECT_EQ(a.data_transport, "ucx");
   auto sizes = ValidateCalibrateArgs(a);
   ASSERT_TRUE(sizes.ok()) << sizes.status();
   EXPECT_EQ(sizes->size(), 7u);

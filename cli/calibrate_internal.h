@@ -39,15 +39,17 @@ inline double MicrosSince(SteadyClock::time_point start) {
 // The largest probe block; a daemon's smaller max_block_bytes lowers it.
 constexpr std::uint64_t kMaxProbeBlockBytes = std::uint64_t{64} << 20;
 
-// The client side shared by every cache host: one UCX transport, one staging region of
-// max_bytes exported to each daemon, one data-plane client.
+// The client side shared by every cache host: one data-plane transport (UCX or kernel TCP,
+// as the daemons speak), one staging region of max_bytes exported to each daemon, one
+// data-plane client.
 struct ClientFabric {
   // Declared in the order of creation, so that each is destroyed before what it borrows.
   std::unique_ptr<transport::Transport> transport;
   std::unique_ptr<transport::MemoryRegion> staging;
   std::unique_ptr<client::DataPlaneClient> data;
 
-  static StatusOr<std::unique_ptr<ClientFabric>> Create(std::uint64_t staging_bytes);
+  static StatusOr<std::unique_ptr<ClientFabric>> Create(std::uint64_t staging_bytes,
+                                                        const std::string& data_transport);
 };
 
 // One daemon under measurement: its control stub, its limits, and the probe blocks it holds.

@@ -145,6 +145,7 @@ Status Demo::StartCluster() {
     d.nvme_segment_bytes = std::uint64_t{64} << 20;
     d.model = model_;
     d.history_tokens = a_.max_history_tokens;
+    d.data_transport = a_.data_transport;
     co.daemons.push_back(std::move(d));
   }
   co.membership_ttl = std::chrono::seconds(10);
@@ -164,6 +165,7 @@ Status Demo::StartCluster() {
     ca.repeats = 3;
     ca.cache_scrub_bytes = std::uint64_t{16} << 20;
     ca.nvme_dir = dir_;  // the NVMe tiers live under it
+    ca.data_transport = a_.data_transport;
     CalibrateContext cc;
     const auto start = Clock::now();
     std::printf("calibrating the bus cost model (probes of %s to %s)...\n",
@@ -198,6 +200,7 @@ Status Demo::OpenClient() {
   o.model = model_;
   o.device = device_.get();
   o.num_q_heads = a_.num_q_heads;
+  o.data_transport = a_.data_transport;
   o.tile_tokens = a_.tile_tokens;
   o.staging_bytes = std::max<std::uint64_t>(std::uint64_t{64} << 20, 4 * block_bytes_);
   // Keep the largest history for the next turns (no fresh pages to fault in).
@@ -501,6 +504,9 @@ CLI::App* AddDemoSubcommand(CLI::App& app, DemoArgs* a) {
   AddBytesOption(*d, "--device-arena-bytes", &a->device_arena_bytes,
                  "the client's device arena (16 MiB)");
   d->add_option("--tile-tokens", a->tile_tokens, "tokens per attention tile (default 256)");
+  d->add_option("--data-transport", a->data_transport,
+                "data plane of the daemons and the client: ucx (default) | tcp (kernel sockets)")
+      ->check(CLI::IsMember({"ucx", "tcp"}));
   AddBytesOption(*d, "--calibrate-max-bytes", &a->calibrate_max_bytes,
                  "largest calibration probe (16 MiB)");
   d->add_flag("!--no-calibrate", a->calibrate, "skip calibration (placeholder bus figures)");

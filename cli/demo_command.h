@@ -58,6 +58,8 @@ struct DemoArgs {
   // Cluster: per daemon.
   std::uint64_t host_pool_bytes = std::uint64_t{1} << 30;
   std::uint64_t nvme_capacity_bytes = std::uint64_t{4} << 30;
+  // Data plane of the daemons and the client: "ucx" or "tcp" (kernel sockets).
+  std::string data_transport = "ucx";
   // Client.
   std::uint64_t device_arena_bytes = std::uint64_t{16} << 20;
   std::uint32_t tile_tokens = 256;

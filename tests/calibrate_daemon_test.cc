@@ -1,4 +1,5 @@
-// `kvfabric calibrate` against a real kvfabric-cached on loopback: the fetch
+// `kvfabric calibrate` against a real kvfabric-cached on loopback, over each
+// data transport (UCX, and kernel TCP with --data-transport=tcp): the fetch
 // paths to and from the daemon are measured, fitted and written under the
 // daemon's host id, and every probe block is deleted again.
 //
@@ -8,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <string>
 
 #include "cli/calibrate_command.h"
 #include "core/bus_calibration.h"
@@ -17,7 +19,9 @@
 namespace kvfabric {
 namespace {
 
-TEST(CalibrateDaemonTest, MeasuresBothDirectionsOfADaemonAndWritesAFileServicesLoad) {
+class CalibrateDaemonTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CalibrateDaemonTest, MeasuresBothDirectionsOfADaemonAndWritesAFileServicesLoad) {
   char tmpl[] = "/tmp/kvf_calibrate_test_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
@@ -25,7 +29,8 @@ TEST(CalibrateDaemonTest, MeasuresBothDirectionsOfADaemonAndWritesAFileServicesL
       testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), "cached", dir,
       {"--host-id=calib-host", "--grpc-address=127.0.0.1:0", "--transport-address=127.0.0.1:0",
        "--metrics-address=off", "--lock-memory=off", "--log-level=warn",
-       "--host-pool-bytes=384MiB", "--host-page-bytes=1MiB"});
+       "--host-pool-bytes=384MiB", "--host-page-bytes=1MiB",
+       std::string("--data-transport=") + GetParam()});
   ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
 
   cli::CalibrateArgs args;
@@ -37,6 +42,7 @@ TEST(CalibrateDaemonTest, MeasuresBothDirectionsOfADaemonAndWritesAFileServicesL
   args.max_bytes = 64 << 20;
   args.repeats = 3;
   args.cache_scrub_bytes = 0;
+  args.data_transport = GetParam();
   cli::CalibrateContext ctx;
   ctx.env = Env::Default();
   ctx.no_device_reason = "no GPU in this test";
@@ -59,6 +65,11 @@ TEST(CalibrateDaemonTest, MeasuresBothDirectionsOfADaemonAndWritesAFileServicesL
   EXPECT_TRUE(put) << text;
   std::filesystem::remove_all(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(DataTransports, CalibrateDaemonTest, ::testing::Values("ucx", "tcp"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
 
 }  // namespace
 }  // namespace kvfabric
