@@ -46,8 +46,7 @@
 #include "client/data_plane_client.h"
 #include "core/crc32c.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
-#include "transport/tcp/tcp_transport.h"
-#include "transport/ucx/ucx_transport.h"
+#include "transport/data_transport.h"
 
 extern char** environ;
 
@@ -162,15 +161,11 @@ struct Conn {
 std::unique_ptr<Conn> Connect(const Args& a, Daemon& d, const std::string& path,
                               std::uint64_t staging_bytes) {
   auto c = std::make_unique<Conn>();
-  if (path == "ktcp") {
-    tcp::TcpTransportOptions o;
-    o.socket_buffer_bytes = a.ktcp_socket_buffer_kib << 10;
-    c->t = std::move(*tcp::CreateTcpTransport(o));
-  } else {
-    ucx::UcxTransportOptions o;
-    o.tls = UcxTls(path);
-    c->t = std::move(*ucx::CreateUcxTransport(o));
-  }
+  transport::DataTransportOptions o;
+  o.kind = path == "ktcp" ? "tcp" : "ucx";
+  o.ucx_tls = UcxTls(path);
+  o.tcp_socket_buffer_bytes = a.ktcp_socket_buffer_kib << 10;
+  c->t = std::move(*transport::CreateDataTransport(o));
   c->staging = std::move(*c->t->AllocateMemory(staging_bytes, transport::MemoryKind::kHost));
   std::memset(c->staging->bytes().data(), 0x5a, c->staging->bytes().size());
   c->data = std::move(*client::DataPlaneClient::Create(c->t.get()));
@@ -409,10 +404,14 @@ int Main(int argc, char** argv) {
   // instead of in one buffer that stays in cache: the same destinations
   // kvfabric's GETs write, a second baseline printed next to the first.
   std::map<std::pair<std::uint64_t, int>, double> memcached_ring;
-  auto staging_bytes = [&](std::uint64_t block) {
-    // A batch holds at least one block; a connection stages `depth` batches.
-    return std::max<std::uint64_t>(a.batch_mib << 20, block) * static_cast<std::uint64_t>(a.depth);
+  // A batch holds at least one block; a connection stages `depth` batches.
+  auto batch_bytes_of = [&](std::uint64_t block) {
+    return std::max<std::uint64_t>(a.batch_mib << 20, block);
   };
+  auto staging_bytes = [&](std::uint64_t block) {
+    return batch_bytes_of(block) * static_cast<std::uint64_t>(a.depth);
+  };
+
 
   // Baselines first, on the same value sizes and total bytes.
   for (auto kind : {bench::BaselineKind::kMemcached, bench::BaselineKind::kRedis}) {
@@ -466,13 +465,13 @@ int Main(int argc, char** argv) {
     if (a.paths != "all" && a.paths != path) continue;
     for (std::uint64_t block : sizes) {
       if (!a.Runs(block, 0)) continue;
-      const std::uint64_t batch_bytes = staging_bytes(block) / static_cast<std::uint64_t>(a.depth);
+      const std::uint64_t batch_bytes = batch_bytes_of(block);
       Daemon d(a, path, dir);
       for (int conns : conn_counts) {
         if (!a.Runs(block, conns)) continue;
         std::vector<std::unique_ptr<Conn>> cs;
         for (int i = 0; i < conns; ++i) {
-          cs.push_back(Connect(a, d, path, batch_bytes * static_cast<std::uint64_t>(a.depth)));
+          cs.push_back(Connect(a, d, path, staging_bytes(block)));
         }
         const std::string ns = "bench-" + std::to_string(conns);
         auto base = [&](bool g) {

@@ -7,8 +7,7 @@
 #include <cstring>
 
 #include "core/crc32c.h"
-#include "transport/tcp/tcp_transport.h"
-#include "transport/ucx/ucx_transport.h"
+#include "transport/data_transport.h"
 
 namespace kvfabric::testing {
 namespace {
@@ -19,16 +18,13 @@ constexpr std::uint32_t kRegionId = 1;
 }  // namespace
 
 StatusOr<std::unique_ptr<CacheHostTestClient>> CacheHostTestClient::Create(
-    std::uint64_t seed, const std::string& transport) {
+    std::uint64_t seed, const std::string& data_transport) {
   std::unique_ptr<CacheHostTestClient> c(new CacheHostTestClient);
   c->seed_ = seed;
-  if (transport == kKernelTcp) {
-    KVF_ASSIGN_OR_RETURN(c->transport_, tcp::CreateTcpTransport(tcp::TcpTransportOptions{}));
-  } else {
-    ucx::UcxTransportOptions o;
-    o.tls = transport;
-    KVF_ASSIGN_OR_RETURN(c->transport_, ucx::CreateUcxTransport(o));
-  }
+  transport::DataTransportOptions o;
+  o.kind = data_transport == kKernelTcp ? "tcp" : "ucx";
+  o.ucx_tls = data_transport;
+  KVF_ASSIGN_OR_RETURN(c->transport_, transport::CreateDataTransport(o));
   KVF_ASSIGN_OR_RETURN(c->staging_,
                        c->transport_->AllocateMemory(64 << 20, transport::MemoryKind::kHost));
   KVF_ASSIGN_OR_RETURN(c->data_, client::DataPlaneClient::Create(c->transport_.get()));

@@ -32,11 +32,11 @@ inline constexpr char kKernelTcp[] = "kernel-tcp";
 
 class CacheHostTestClient {
  public:
-  // A data-plane transport and a 64 MiB staging region. `transport` is a UCX
+  // A data-plane transport and a 64 MiB staging region. `data_transport` is a UCX
   // transport list ("sm,self,tcp", "tcp"), or kKernelTcp for the kernel-socket
   // transport (a daemon started with --data-transport=tcp).
   static StatusOr<std::unique_ptr<CacheHostTestClient>> Create(std::uint64_t seed,
-                                                               const std::string& transport);
+                                                               const std::string& data_transport);
   ~CacheHostTestClient();
 
   // Connects to a daemon (gRPC address, transport address) and exports the
