@@ -15,6 +15,8 @@ class DaemonConnection {
 struct DataPlaneClient::Pending {
   bool done = false;
   Status status;
+  bool fetch_reply = false;  // the reply was a kFetchReply
+  std::vector<wire::FetchKeyResult> fetch_results;
   std::unique_ptr<transport::TransferBatch> send;  // the request's kSend
 };
 
@@ -56,12 +58,16 @@ DataPlaneClient::~DataPlaneClient() {
 
 void DataPlaneClient::OnMessage(transport::IncomingMessage& msg) {
   auto m = wire::DecodeTransferMessage(msg.header());
-  if (!m.ok() || m->op != wire::TransferOpCode::kReply) return;
+  if (!m.ok()) return;
+  const bool fetch_reply = m->op == wire::TransferOpCode::kFetchReply;
+  if (m->op != wire::TransferOpCode::kReply && !fetch_reply) return;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = pending_.find(m->request_id);
   if (it == pending_.end()) return;  // abandoned (deadline) or unknown
   it->second->done = true;
   it->second->status = m->status;
+  it->second->fetch_reply = fetch_reply;
+  it->second->fetch_results = std::move(m->fetch_results);
   cv_.notify_all();
 }
 
@@ -135,7 +141,8 @@ StatusOr<std::uint64_t> DataPlaneClient::Send(DaemonConnection* conn,
 }
 
 Status DataPlaneClient::Wait(DaemonConnection* conn, std::uint64_t request_id,
-                             transport::Deadline deadline) {
+                             transport::Deadline deadline,
+                             std::vector<wire::FetchKeyResult>* fetch_results) {
   std::shared_ptr<Pending> p;
   std::unique_lock<std::mutex> lock(mu_);
   auto it = pending_.find(request_id);
@@ -157,6 +164,12 @@ Status DataPlaneClient::Wait(DaemonConnection* conn, std::uint64_t request_id,
     }
   }
   Status out = p->status;
+  if (out.ok() && p->done && (fetch_results != nullptr) != p->fetch_reply) {
+    out = Status::Internal(std::string("the cache host answered a ") +
+                           (p->fetch_reply ? "fetch" : "transfer") + " request with a " +
+                           (p->fetch_reply ? "fetch reply" : "transfer reply"));
+  }
+  if (fetch_results != nullptr) *fetch_results = std::move(p->fetch_results);
   pending_.erase(request_id);
   std::unique_ptr<transport::TransferBatch> send = std::move(p->send);
   lock.unlock();
@@ -213,6 +226,59 @@ Status DataPlaneClient::Transfer(DaemonConnection* conn, DataOp op, std::uint64_
     if (first.ok() && !s.ok()) first = s;
   }
   return first;
+}
+
+StatusOr<std::vector<wire::FetchKeyResult>> DataPlaneClient::Fetch(DaemonConnection* conn,
+                                                                   const FetchRequest& request,
+                                                                   transport::Deadline deadline) {
+  const std::size_t n = request.keys.size();
+  if (n == 0) return std::vector<wire::FetchKeyResult>{};
+  wire::TransferMessage m;
+  m.op = wire::TransferOpCode::kFetch;
+  m.region_id = request.region_id;
+  m.fetch_slot_bytes = request.slot_bytes;
+  m.fetch_namespace = request.ns;
+  m.fetch_fingerprint = request.expected_fingerprint;
+  // Each message's slots follow the previous message's; the encoder refuses
+  // slots that wrap.
+  std::vector<std::pair<std::uint64_t, std::size_t>> sent;  // request id, first key
+  Status first;
+  for (std::size_t i = 0; i < n; i += wire::kMaxFetchKeys) {
+    const std::size_t k = std::min<std::size_t>(wire::kMaxFetchKeys, n - i);
+    if (i != 0 && request.slot_bytes > (~std::uint64_t{0} - request.region_offset) / i) {
+      first = Status::InvalidArgument("fetch of " + std::to_string(n) + " slots of " +
+                                      std::to_string(request.slot_bytes) + " bytes wraps");
+      break;
+    }
+    m.fetch_region_offset = request.region_offset + i * request.slot_bytes;
+    m.fetch_keys.assign(request.keys.begin() + static_cast<std::ptrdiff_t>(i),
+                        request.keys.begin() + static_cast<std::ptrdiff_t>(i + k));
+    auto id = Send(conn, m);
+    if (!id.ok()) {
+      first = id.status();
+      break;
+    }
+    sent.emplace_back(*id, i);
+  }
+  std::vector<wire::FetchKeyResult> out(n);
+  for (std::size_t s = 0; s < sent.size(); ++s) {
+    const std::size_t begin = sent[s].second;
+    const std::size_t k = std::min<std::size_t>(wire::kMaxFetchKeys, n - begin);
+    std::vector<wire::FetchKeyResult> got;
+    Status st = Wait(conn, sent[s].first, deadline, &got);
+    // Every count from the network is checked: one result per key asked.
+    if (st.ok() && got.size() != k) {
+      st = Status::DataLoss("the cache host answered " + std::to_string(got.size()) +
+                            " results for " + std::to_string(k) + " keys");
+    }
+    if (!st.ok()) {
+      if (first.ok()) first = st;
+      continue;
+    }
+    std::copy(got.begin(), got.end(), out.begin() + static_cast<std::ptrdiff_t>(begin));
+  }
+  if (!first.ok()) return first;
+  return out;
 }
 
 }  // namespace kvfabric::client

@@ -5,7 +5,8 @@
 // its own transport) to each daemon it talks to, then asks the daemon to move
 // bytes between those regions and the extents a gRPC Reserve or Lease granted:
 // kPut pulls from the client's region into reserved pages, kGet pushes leased
-// pages into the client's region. A request completes when the daemon's reply
+// pages into the client's region. Fetch does a whole read by key (lease, kGet,
+// release) in one data-plane round trip for blocks in the daemon's host pool. A request completes when the daemon's reply
 // arrives, i.e. after every byte moved (or failed); the region's bytes named
 // by a request belong to the transport until then.
 //
@@ -27,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -74,6 +76,26 @@ class DataPlaneClient {
                   const std::array<std::uint8_t, 16>& token, std::uint32_t region_id,
                   std::span<const wire::TransferRange> ranges, transport::Deadline deadline);
 
+  // What to fetch by key (wire kFetch): each of `keys` is leased on the
+  // daemon (host pool only), pushed into region `region_id` at
+  // region_offset + i x slot_bytes, and released, in one round trip.
+  struct FetchRequest {
+    std::string ns;
+    std::optional<std::array<std::uint8_t, wire::kFetchDigestBytes>> expected_fingerprint;
+    std::span<const wire::FetchKey> keys;
+    std::uint32_t region_id = 0;
+    std::uint64_t region_offset = 0;
+    std::uint64_t slot_bytes = 0;
+  };
+  // Sends `request` as kFetch messages of at most wire::kMaxFetchKeys keys, all
+  // in flight at once, and waits for every reply. Returns one result per key
+  // (OK: its bytes are in its slot; Unavailable: not in the daemon's host pool
+  // now, lease it through gRPC), or the first request-wide error (then no
+  // slot's bytes can be trusted).
+  StatusOr<std::vector<wire::FetchKeyResult>> Fetch(DaemonConnection* conn,
+                                                    const FetchRequest& request,
+                                                    transport::Deadline deadline);
+
   // Drops the connection to `address` (e.g. after the daemon restarted).
   void Disconnect(const std::string& address);
 
@@ -82,7 +104,10 @@ class DataPlaneClient {
  private:
   explicit DataPlaneClient(transport::Transport* transport);
   StatusOr<std::uint64_t> Send(DaemonConnection* conn, const wire::TransferMessage& message);
-  Status Wait(DaemonConnection* conn, std::uint64_t request_id, transport::Deadline deadline);
+  // Waits for the reply to `request_id`; a kFetchReply's results go to
+  // *fetch_results when it is given.
+  Status Wait(DaemonConnection* conn, std::uint64_t request_id, transport::Deadline deadline,
+              std::vector<wire::FetchKeyResult>* fetch_results = nullptr);
   void OnMessage(transport::IncomingMessage& msg);
 
   transport::Transport* const transport_;

@@ -42,6 +42,17 @@ class Reader {
   std::size_t pos_ = 0;
 };
 
+// Whether `count` slots of `slot` bytes from `offset` are non-empty and end
+// at or before 2^64 - 1 (no wrap).
+bool SlotsFit(std::uint64_t offset, std::uint64_t slot, std::uint64_t count) {
+  return slot != 0 && count != 0 && slot <= (~std::uint64_t{0} - offset) / count;
+}
+
+std::string SlotsError(std::uint64_t offset, std::uint64_t slot, std::uint64_t count) {
+  return "fetch request: " + std::to_string(count) + " slots of " + std::to_string(slot) +
+         " bytes from offset " + std::to_string(offset) + " are empty or wrap";
+}
+
 bool ValidStatusCode(std::int64_t code) { return code >= 0 && code <= static_cast<std::int64_t>(StatusCode::kDataLoss); }
 
 }  // namespace
@@ -73,6 +84,32 @@ StatusOr<std::string> EncodeTransferMessage(const TransferMessage& m) {
       break;
     case TransferOpCode::kReply:
       break;
+    case TransferOpCode::kFetch: {
+      const std::size_t n = m.fetch_keys.size();
+      if (n == 0 || n > kMaxFetchKeys) {
+        return Status::InvalidArgument("fetch request with " + std::to_string(n) +
+                                       " keys: must be 1.." + std::to_string(kMaxFetchKeys));
+      }
+      if (m.fetch_namespace.size() > kMaxFetchNamespaceBytes) {
+        return Status::InvalidArgument("fetch request: namespace of " +
+                                       std::to_string(m.fetch_namespace.size()) +
+                                       " bytes, at most " +
+                                       std::to_string(kMaxFetchNamespaceBytes));
+      }
+      if (!SlotsFit(m.fetch_region_offset, m.fetch_slot_bytes, n)) {
+        return Status::InvalidArgument(SlotsError(m.fetch_region_offset, m.fetch_slot_bytes, n));
+      }
+      count = static_cast<std::uint32_t>(n);
+      break;
+    }
+    case TransferOpCode::kFetchReply:
+      if (m.fetch_results.size() > kMaxFetchKeys) {
+        return Status::InvalidArgument("fetch reply with " +
+                                       std::to_string(m.fetch_results.size()) +
+                                       " results: at most " + std::to_string(kMaxFetchKeys));
+      }
+      count = static_cast<std::uint32_t>(m.fetch_results.size());
+      break;
     default:
       return Status::InvalidArgument("unknown transfer op " +
                                      std::to_string(static_cast<int>(m.op)));
@@ -84,10 +121,12 @@ StatusOr<std::string> EncodeTransferMessage(const TransferMessage& m) {
   Put8(&out, static_cast<std::uint8_t>(m.op));
   Put16(&out, 0);
   Put64(&out, m.request_id);
-  const bool reply_or_import = m.op == TransferOpCode::kReply || m.op == TransferOpCode::kImportRegion;
-  Put64(&out, reply_or_import ? 0 : m.lease_id);
-  for (std::uint8_t b : m.token) Put8(&out, reply_or_import ? 0 : b);
-  Put32(&out, m.op == TransferOpCode::kReply ? 0 : m.region_id);
+  // Only kPut and kGet present a grant; replies name no region.
+  const bool granted = m.op == TransferOpCode::kPut || m.op == TransferOpCode::kGet;
+  const bool reply = m.op == TransferOpCode::kReply || m.op == TransferOpCode::kFetchReply;
+  Put64(&out, granted ? m.lease_id : 0);
+  for (std::uint8_t b : m.token) Put8(&out, granted ? b : 0);
+  Put32(&out, reply ? 0 : m.region_id);
   Put32(&out, count);
   switch (m.op) {
     case TransferOpCode::kPut:
@@ -109,6 +148,34 @@ StatusOr<std::string> EncodeTransferMessage(const TransferMessage& m) {
       std::string_view msg = m.status.message();
       if (msg.size() > kMaxReplyMessageBytes) msg = msg.substr(0, kMaxReplyMessageBytes);
       Put16(&out, static_cast<std::uint16_t>(msg.size()));
+      out += msg;
+      break;
+    }
+    case TransferOpCode::kFetch:
+      Put64(&out, m.fetch_region_offset);
+      Put64(&out, m.fetch_slot_bytes);
+      Put16(&out, static_cast<std::uint16_t>(m.fetch_namespace.size()));
+      Put8(&out, m.fetch_fingerprint.has_value() ? 1 : 0);
+      Put8(&out, 0);
+      if (m.fetch_fingerprint.has_value()) {
+        for (std::uint8_t b : *m.fetch_fingerprint) Put8(&out, b);
+      }
+      out += m.fetch_namespace;
+      for (const FetchKey& k : m.fetch_keys) {
+        for (std::uint8_t b : k) Put8(&out, b);
+      }
+      break;
+    case TransferOpCode::kFetchReply: {
+      Put32(&out, static_cast<std::uint32_t>(static_cast<std::int32_t>(m.status.code())));
+      Put64(&out, m.bytes_moved);
+      std::string_view msg = m.status.message();
+      if (msg.size() > kMaxFetchReplyMessageBytes) msg = msg.substr(0, kMaxFetchReplyMessageBytes);
+      Put16(&out, static_cast<std::uint16_t>(msg.size()));
+      for (const FetchKeyResult& r : m.fetch_results) {
+        Put32(&out, static_cast<std::uint32_t>(static_cast<std::int32_t>(r.code)));
+        Put32(&out, r.crc32c);
+        Put64(&out, r.payload_bytes);
+      }
       out += msg;
       break;
     }
@@ -140,7 +207,7 @@ StatusOr<TransferMessage> DecodeTransferMessage(std::span<const std::byte> bytes
                                    ", this build reads " + std::to_string(kTransferVersion));
   }
   if (reserved != 0) return Status::InvalidArgument("transfer message: reserved bits set");
-  if (op < 1 || op > 4) {
+  if (op < 1 || op > 6) {
     return Status::InvalidArgument("transfer message: unknown op " + std::to_string(op));
   }
   m.op = static_cast<TransferOpCode>(op);
@@ -193,6 +260,70 @@ StatusOr<TransferMessage> DecodeTransferMessage(std::span<const std::byte> bytes
         return Status::InvalidArgument("transfer reply: code " + std::to_string(scode) +
                                        " or message length " + std::to_string(len) +
                                        " out of range");
+      }
+      std::string msg(len, '\0');
+      r.Bytes(len, msg.data());
+      m.status = scode == 0 ? Status::OK() : Status(static_cast<StatusCode>(scode), msg);
+      break;
+    }
+    case TransferOpCode::kFetch: {
+      std::uint64_t ns_len = 0, flags = 0, reserved2 = 0;
+      if (m.lease_id != 0 || m.token != std::array<std::uint8_t, 16>{} ||
+          !r.Read(8, &m.fetch_region_offset) || !r.Read(8, &m.fetch_slot_bytes) ||
+          !r.Read(2, &ns_len) || !r.Read(1, &flags) || !r.Read(1, &reserved2)) {
+        return Status::InvalidArgument("fetch request: malformed header");
+      }
+      if ((flags & ~std::uint64_t{1}) != 0 || reserved2 != 0) {
+        return Status::InvalidArgument("fetch request: reserved bits set");
+      }
+      const std::size_t digest = (flags & 1) != 0 ? kFetchDigestBytes : 0;
+      if (count == 0 || count > kMaxFetchKeys || ns_len > kMaxFetchNamespaceBytes ||
+          r.left() != digest + ns_len + count * kFetchKeyBytes) {
+        return Status::InvalidArgument(
+            "fetch request: " + std::to_string(count) + " keys and a namespace of " +
+            std::to_string(ns_len) + " bytes in " + std::to_string(r.left()) + " bytes (1.." +
+            std::to_string(kMaxFetchKeys) + " keys of 32 bytes, a namespace of at most " +
+            std::to_string(kMaxFetchNamespaceBytes) + ")");
+      }
+      if (!SlotsFit(m.fetch_region_offset, m.fetch_slot_bytes, count)) {
+        return Status::InvalidArgument(SlotsError(m.fetch_region_offset, m.fetch_slot_bytes, count));
+      }
+      if (digest != 0) {
+        m.fetch_fingerprint.emplace();
+        r.Bytes(digest, m.fetch_fingerprint->data());
+      }
+      m.fetch_namespace.resize(ns_len);
+      r.Bytes(ns_len, m.fetch_namespace.data());
+      m.fetch_keys.resize(count);
+      for (FetchKey& k : m.fetch_keys) r.Bytes(kFetchKeyBytes, k.data());
+      break;
+    }
+    case TransferOpCode::kFetchReply: {
+      std::uint64_t code = 0, len = 0;
+      if (region != 0 || m.lease_id != 0 || m.token != std::array<std::uint8_t, 16>{} ||
+          !r.Read(4, &code) || !r.Read(8, &m.bytes_moved) || !r.Read(2, &len)) {
+        return Status::InvalidArgument("fetch reply: malformed header");
+      }
+      const auto scode = static_cast<std::int32_t>(static_cast<std::uint32_t>(code));
+      if (!ValidStatusCode(scode) || count > kMaxFetchKeys ||
+          len > kMaxFetchReplyMessageBytes || r.left() != count * kFetchResultBytes + len) {
+        return Status::InvalidArgument("fetch reply: code " + std::to_string(scode) + ", " +
+                                       std::to_string(count) + " results or message length " +
+                                       std::to_string(len) + " out of range");
+      }
+      m.fetch_results.resize(count);
+      for (FetchKeyResult& x : m.fetch_results) {
+        std::uint64_t kcode = 0, crc = 0;
+        r.Read(4, &kcode);
+        r.Read(4, &crc);
+        r.Read(8, &x.payload_bytes);
+        const auto k = static_cast<std::int32_t>(static_cast<std::uint32_t>(kcode));
+        if (!ValidStatusCode(k)) {
+          return Status::InvalidArgument("fetch reply: result code " + std::to_string(k) +
+                                         " out of range");
+        }
+        x.code = static_cast<StatusCode>(k);
+        x.crc32c = static_cast<std::uint32_t>(crc);
       }
       std::string msg(len, '\0');
       r.Bytes(len, msg.data());

@@ -14,6 +14,13 @@
 //                                    (daemon: kWrite entries)
 //   daemon -> client  kReply         the outcome of one request, by request id,
 //                                    sent after every byte moved (or failed).
+//   client -> daemon  kFetch         "lease these keys, push them into my
+//                                    region, release them": a Lease, a kGet and
+//                                    a Release in one round trip, for blocks in
+//                                    the daemon's host pool (no NVMe I/O on the
+//                                    data path; others answer Unavailable and
+//                                    go through gRPC Lease, which stages them).
+//   daemon -> client  kFetchReply    a kFetch's outcome and one result per key.
 //
 // Layout (little-endian), common header of 48 bytes:
 //   0  u32 magic "KVFT"     4 u8 version (1)   5 u8 op   6 u16 reserved (0)
@@ -25,6 +32,17 @@
 //   export; lease_id and token are zero; total_bytes <= kMaxExportBytes.
 // kReply: i32 code (StatusCode), u64 bytes_moved, u16 message length, message
 //   (at most kMaxReplyMessageBytes); region_id and count are zero.
+// kFetch: lease_id and token zero; `count` keys, 1 <= count <= kMaxFetchKeys:
+//   u64 region_offset, u64 slot_bytes (>= 1; key i lands at region_offset +
+//   i x slot_bytes and must fit in slot_bytes; the slots must not wrap u64),
+//   u16 namespace length (<= kMaxFetchNamespaceBytes), u8 flags (bit 0: a
+//   32-byte expected fingerprint digest follows; other bits 0), u8 reserved
+//   (0), [digest], namespace bytes, then `count` keys of 32 bytes.
+// kFetchReply: lease_id, token and region_id zero; `count` results (0 when the
+//   whole request failed, else exactly the request's key count): i32 code,
+//   u64 bytes_moved, u16 message length (<= kMaxFetchReplyMessageBytes), then
+//   `count` results of 16 bytes (i32 code, u32 crc32c, u64 payload_bytes),
+//   then the message.
 // Decoding is exact: every size and count is checked, trailing bytes are an
 // error, and nothing is allocated beyond what the message's own size bounds.
 // Pure functions; thread-safe.
@@ -34,6 +52,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -48,6 +67,8 @@ enum class TransferOpCode : std::uint8_t {
   kPut = 2,
   kGet = 3,
   kReply = 4,
+  kFetch = 5,
+  kFetchReply = 6,
 };
 
 inline constexpr std::uint32_t kTransferMagic = 0x5446564bu;  // "KVFT" little-endian
@@ -62,6 +83,27 @@ inline constexpr std::uint32_t kMaxExportBytes = 4096;
 inline constexpr std::uint32_t kMaxImportChunkBytes = 968;
 inline constexpr std::uint32_t kMaxReplyMessageBytes = 900;
 inline constexpr std::size_t kMaxTransferMessageBytes = 1024;
+// kFetch: 48 + 20 + 32 (digest) + 256 (namespace) + 16 x 32 (keys) = 868.
+inline constexpr std::uint32_t kMaxFetchKeys = 16;
+inline constexpr std::size_t kFetchKeyBytes = 32;
+inline constexpr std::size_t kFetchDigestBytes = 32;
+inline constexpr std::size_t kMaxFetchNamespaceBytes = 256;
+// kFetchReply: 48 + 14 + 16 x 16 (results) + 512 = 830.
+inline constexpr std::uint32_t kMaxFetchReplyMessageBytes = 512;
+inline constexpr std::size_t kFetchResultBytes = 16;
+
+using FetchKey = std::array<std::uint8_t, kFetchKeyBytes>;
+
+// One key's outcome in a kFetchReply. OK: payload_bytes bytes were placed at
+// the key's slot, and crc32c is the CRC the block was committed with.
+// NotFound, FailedPrecondition (another model fingerprint), Unavailable (not
+// in the host pool now: lease it through the control plane), ResourceExhausted
+// (larger than the slot), or the lease's own error.
+struct FetchKeyResult {
+  StatusCode code = StatusCode::kOk;
+  std::uint32_t crc32c = 0;
+  std::uint64_t payload_bytes = 0;
+};
 
 struct TransferRange {
   std::uint64_t pool_offset = 0;
@@ -81,14 +123,23 @@ struct TransferMessage {
   std::uint32_t import_total_bytes = 0;
   std::uint32_t import_chunk_offset = 0;
   std::string import_chunk;
-  // kReply.
+  // kReply and kFetchReply.
   Status status;
   std::uint64_t bytes_moved = 0;
+  // kFetch.
+  std::uint64_t fetch_region_offset = 0;
+  std::uint64_t fetch_slot_bytes = 0;
+  std::string fetch_namespace;
+  std::optional<std::array<std::uint8_t, kFetchDigestBytes>> fetch_fingerprint;
+  std::vector<FetchKey> fetch_keys;
+  // kFetchReply.
+  std::vector<FetchKeyResult> fetch_results;
 };
 
 // InvalidArgument for a message that breaks the layout's bounds (too many
-// ranges, an empty or oversized chunk, a chunk past total_bytes, ...). A reply
-// message longer than kMaxReplyMessageBytes is truncated, not refused.
+// ranges or keys, an empty or oversized chunk, a chunk past total_bytes, slots
+// that wrap, ...). A reply message longer than its limit is truncated, not
+// refused.
 StatusOr<std::string> EncodeTransferMessage(const TransferMessage& message);
 
 // InvalidArgument naming the first check that failed.

@@ -126,5 +126,158 @@ TEST(TransferWireTest, RandomBytesNeverCrashTheDecoder) {
   EXPECT_LT(decoded, 20000);
 }
 
+TransferMessage FetchOf(std::size_t keys, std::size_t ns_bytes, bool digest) {
+  TransferMessage m;
+  m.op = TransferOpCode::kFetch;
+  m.request_id = 11;
+  m.region_id = 2;
+  m.fetch_region_offset = 4096;
+  m.fetch_slot_bytes = 256 << 10;
+  m.fetch_namespace = std::string(ns_bytes, 'n');
+  if (digest) {
+    m.fetch_fingerprint.emplace();
+    m.fetch_fingerprint->fill(0xd1);
+  }
+  for (std::size_t i = 0; i < keys; ++i) {
+    FetchKey k{};
+    k[0] = static_cast<std::uint8_t>(i);
+    k[31] = 0xee;
+    m.fetch_keys.push_back(k);
+  }
+  return m;
+}
+
+TEST(TransferWireTest, FetchAndItsReplyRoundTrip) {
+  for (bool digest : {false, true}) {
+    const TransferMessage m = FetchOf(3, 5, digest);
+    auto enc = EncodeTransferMessage(m);
+    ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+    EXPECT_EQ(enc->size(), kTransferHeaderBytes + 20 + (digest ? 32 : 0) + 5 + 3 * 32);
+    auto dec = DecodeTransferMessage(AsBytes(*enc));
+    ASSERT_TRUE(dec.ok()) << dec.status().ToString();
+    EXPECT_EQ(dec->op, TransferOpCode::kFetch);
+    EXPECT_EQ(dec->request_id, 11u);
+    EXPECT_EQ(dec->region_id, 2u);
+    EXPECT_EQ(dec->fetch_region_offset, 4096u);
+    EXPECT_EQ(dec->fetch_slot_bytes, 256u << 10);
+    EXPECT_EQ(dec->fetch_namespace, "nnnnn");
+    EXPECT_EQ(dec->fetch_fingerprint, m.fetch_fingerprint);
+    EXPECT_EQ(dec->fetch_keys, m.fetch_keys);
+  }
+  TransferMessage reply;
+  reply.op = TransferOpCode::kFetchReply;
+  reply.request_id = 11;
+  reply.status = Status::DataLoss("transfer 0: peer failed");
+  reply.bytes_moved = 512 << 10;
+  reply.fetch_results = {{StatusCode::kOk, 0xdeadbeef, 256 << 10},
+                         {StatusCode::kNotFound, 0, 0},
+                         {StatusCode::kUnavailable, 7, 1 << 20}};
+  auto enc = EncodeTransferMessage(reply);
+  ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+  auto dec = DecodeTransferMessage(AsBytes(*enc));
+  ASSERT_TRUE(dec.ok()) << dec.status().ToString();
+  EXPECT_EQ(dec->status.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(dec->status.message(), "transfer 0: peer failed");
+  EXPECT_EQ(dec->bytes_moved, 512u << 10);
+  ASSERT_EQ(dec->fetch_results.size(), 3u);
+  EXPECT_EQ(dec->fetch_results[0].code, StatusCode::kOk);
+  EXPECT_EQ(dec->fetch_results[0].crc32c, 0xdeadbeefu);
+  EXPECT_EQ(dec->fetch_results[0].payload_bytes, 256u << 10);
+  EXPECT_EQ(dec->fetch_results[1].code, StatusCode::kNotFound);
+  EXPECT_EQ(dec->fetch_results[2].code, StatusCode::kUnavailable);
+  EXPECT_EQ(dec->fetch_results[2].payload_bytes, 1u << 20);
+  // A long message is cut to the limit, not refused.
+  reply.status = Status::Internal(std::string(2000, 'm'));
+  reply.fetch_results.resize(kMaxFetchKeys);
+  enc = EncodeTransferMessage(reply);
+  ASSERT_TRUE(enc.ok());
+  EXPECT_LE(enc->size(), kMaxTransferMessageBytes);
+  dec = DecodeTransferMessage(AsBytes(*enc));
+  ASSERT_TRUE(dec.ok()) << dec.status().ToString();
+  EXPECT_EQ(dec->status.message().size(), kMaxFetchReplyMessageBytes);
+}
+
+TEST(TransferWireTest, LargestFetchFitsTheTransportHeaderLimit) {
+  auto enc = EncodeTransferMessage(FetchOf(kMaxFetchKeys, kMaxFetchNamespaceBytes, true));
+  ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+  EXPECT_LE(enc->size(), kMaxTransferMessageBytes);
+  EXPECT_TRUE(EncodeTransferMessage(FetchOf(kMaxFetchKeys + 1, 0, false))
+                  .status()
+                  .IsInvalidArgument());
+  EXPECT_TRUE(EncodeTransferMessage(FetchOf(0, 0, false)).status().IsInvalidArgument());
+  EXPECT_TRUE(EncodeTransferMessage(FetchOf(1, kMaxFetchNamespaceBytes + 1, false))
+                  .status()
+                  .IsInvalidArgument());
+}
+
+TEST(TransferWireTest, RefusesMalformedFetches) {
+  const std::string good = *EncodeTransferMessage(FetchOf(2, 3, true));
+  for (std::size_t n = 0; n < good.size(); ++n) {
+    EXPECT_FALSE(DecodeTransferMessage(AsBytes(good.substr(0, n))).ok()) << n;
+  }
+  EXPECT_FALSE(DecodeTransferMessage(AsBytes(good + "x")).ok());
+  // Byte offsets after the 48-byte header: 48 region_offset, 56 slot_bytes,
+  // 64 namespace length, 66 flags, 67 reserved.
+  std::string bad = good;
+  bad[16] = 1;  // a lease id: kFetch presents no grant
+  EXPECT_FALSE(DecodeTransferMessage(AsBytes(bad)).ok());
+  bad = good;
+  bad[66] = 3;  // an unknown flag
+  EXPECT_FALSE(DecodeTransferMessage(AsBytes(bad)).ok());
+  bad = good;
+  bad[67] = 1;  // reserved
+  EXPECT_FALSE(DecodeTransferMessage(AsBytes(bad)).ok());
+  bad = good;
+  bad[44] = 17;  // more keys than the limit
+  EXPECT_FALSE(DecodeTransferMessage(AsBytes(bad)).ok());
+  bad = good;
+  for (int i = 56; i < 64; ++i) bad[i] = 0;  // empty slots
+  EXPECT_FALSE(DecodeTransferMessage(AsBytes(bad)).ok());
+  bad = good;
+  for (int i = 48; i < 56; ++i) bad[i] = static_cast<char>(0xff);  // slots that wrap
+  EXPECT_FALSE(DecodeTransferMessage(AsBytes(bad)).ok());
+  TransferMessage wraps = FetchOf(2, 0, false);
+  wraps.fetch_region_offset = ~std::uint64_t{0} - 100;
+  wraps.fetch_slot_bytes = 64;
+  EXPECT_TRUE(EncodeTransferMessage(wraps).status().IsInvalidArgument());
+
+  TransferMessage reply;
+  reply.op = TransferOpCode::kFetchReply;
+  reply.fetch_results = {{StatusCode::kOk, 1, 2}};
+  const std::string good_reply = *EncodeTransferMessage(reply);
+  for (std::size_t n = 0; n < good_reply.size(); ++n) {
+    EXPECT_FALSE(DecodeTransferMessage(AsBytes(good_reply.substr(0, n))).ok()) << n;
+  }
+  bad = good_reply;
+  bad[62] = 99;  // a result code that is no StatusCode
+  EXPECT_FALSE(DecodeTransferMessage(AsBytes(bad)).ok());
+  bad = good_reply;
+  bad[40] = 1;  // a region id in a reply
+  EXPECT_FALSE(DecodeTransferMessage(AsBytes(bad)).ok());
+}
+
+TEST(TransferWireTest, RandomBytesNeverCrashTheFetchDecoder) {
+  const std::uint64_t seed = TestSeed("TransferWireTest.RandomBytesNeverCrashTheFetchDecoder");
+  std::mt19937_64 rng(seed);
+  TransferMessage reply;
+  reply.op = TransferOpCode::kFetchReply;
+  reply.status = Status::NotFound("gone");
+  reply.fetch_results = {{StatusCode::kOk, 1, 2}, {StatusCode::kNotFound, 0, 0}};
+  const std::string goods[] = {*EncodeTransferMessage(FetchOf(4, 7, true)),
+                               *EncodeTransferMessage(reply)};
+  for (const std::string& good : goods) {
+    for (int i = 0; i < 20000; ++i) {
+      std::string s = good;
+      const int flips = 1 + static_cast<int>(rng() % 4);
+      for (int f = 0; f < flips; ++f) s[rng() % s.size()] = static_cast<char>(rng());
+      auto dec = DecodeTransferMessage(AsBytes(s));
+      if (dec.ok() && dec->op == TransferOpCode::kFetch) {
+        EXPECT_LE(dec->fetch_keys.size(), kMaxFetchKeys);
+        EXPECT_NE(dec->fetch_slot_bytes, 0u);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvfabric::wire

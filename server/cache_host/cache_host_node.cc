@@ -360,6 +360,12 @@ StatusOr<LeaseBatch> CacheHostNode::Lease(const Namespace& ns, std::span<const B
                                 " is being staged from NVMe by another lease; retry");
         break;
       case LeaseOutcome::kNvmeOnly:
+        if (options.host_only) {
+          s = Status::Unavailable("block " + b.key.ToHex() +
+                                  " rests on NVMe only; lease it through the control plane, "
+                                  "which stages it");
+          break;
+        }
         s = (nvme_ && ns_id.has_value()) ? Stage(*ns_id, b.key)
                                          : Status::Internal("NVMe block without an NVMe tier");
         if (s.ok()) {

@@ -182,6 +182,10 @@ struct LeaseRequestOptions {
   std::uint64_t ttl_us = 0;  // 0: default_ttl_us
   bool prefix_only = false;
   std::optional<FingerprintDigest> expected_fingerprint;
+  // Lease only blocks already in the host pool: one resting on NVMe answers
+  // Unavailable instead of being staged, so the call does no I/O (the data
+  // plane's kFetch, which runs on the transport's progress thread).
+  bool host_only = false;
 };
 
 struct LeaseEntryResult {

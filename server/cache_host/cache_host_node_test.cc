@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -172,6 +173,33 @@ class CacheHostNodeTest : public ::testing::Test {
     }
     ReleaseEntry rel{l->grant.lease_id, {}};
     return node_->Release(Namespace{ns}, std::span<const ReleaseEntry>(&rel, 1))[0];
+  }
+
+  // Fetches `keys` by key (one data-plane round trip per 16 keys) into
+  // staging slots of `slot` bytes from `offset`.
+  StatusOr<std::vector<wire::FetchKeyResult>> Fetch(
+      const std::string& ns, const std::vector<BlockKey>& keys, std::uint64_t offset,
+      std::uint64_t slot, std::optional<FingerprintDigest> fingerprint = std::nullopt) {
+    std::vector<wire::FetchKey> raw;
+    for (const BlockKey& k : keys) raw.push_back(k.bytes());
+    client::DataPlaneClient::FetchRequest req;
+    req.ns = ns;
+    req.expected_fingerprint = fingerprint;
+    req.keys = raw;
+    req.region_id = region_;
+    req.region_offset = offset;
+    req.slot_bytes = slot;
+    return dp_->Fetch(conn_, req, Clock::now() + std::chrono::seconds(10));
+  }
+
+  // Whether staging [offset, +bytes) holds what Put wrote with `salt`.
+  bool Holds(std::uint64_t offset, std::uint64_t bytes, std::uint64_t salt) {
+    std::mt19937_64 g(seed_ ^ salt);
+    auto got = Staging(offset, bytes);
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      if (got[i] != static_cast<std::byte>(g())) return false;
+    }
+    return true;
   }
 
   std::uint64_t seed_ = 0;
@@ -595,6 +623,126 @@ TEST_F(CacheHostNodeTest, CorruptNvmeBlockIsNeverServed) {
   }
   EXPECT_GE(missing, 1);
   EXPECT_GT(served, 0);
+}
+
+// kFetch: lease, push and release by key in one data-plane round trip. 20
+// keys take two requests (16 keys each at most); every block lands in its own
+// slot, a key the daemon lacks answers NotFound without disturbing the
+// others, and no grant outlives the request.
+TEST_F(CacheHostNodeTest, FetchByKeyLandsEveryBlockInItsSlotAndKeepsNoGrant) {
+  StartNode(Options(8 << 20, false));
+  const BlockMeta meta = Meta(1);  // 64 KiB
+  std::vector<BlockKey> keys;
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(Put("a", Key(i), meta, 0, 100 + i).ok()) << i;
+    keys.push_back(Key(i));
+  }
+  keys.insert(keys.begin() + 7, Key(999));  // never stored
+  const std::uint64_t slot = meta.bytes + 4096;  // slots larger than the blocks
+  auto got = Fetch("a", keys, 1 << 20, slot);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(got->size(), keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const wire::FetchKeyResult& r = (*got)[i];
+    if (i == 7) {
+      EXPECT_EQ(r.code, StatusCode::kNotFound);
+      continue;
+    }
+    const int block = static_cast<int>(i < 7 ? i : i - 1);
+    ASSERT_EQ(r.code, StatusCode::kOk) << i;
+    EXPECT_EQ(r.payload_bytes, meta.bytes);
+    const std::uint64_t at = (1 << 20) + i * slot;
+    EXPECT_TRUE(Holds(at, meta.bytes, 100 + block)) << "block " << block;
+    EXPECT_EQ(r.crc32c, crc32c::Value(Staging(at, meta.bytes))) << block;
+  }
+  CacheHostSnapshot s = node_->Snapshot();
+  EXPECT_EQ(s.table.hits, 20u);
+  EXPECT_EQ(s.table.misses, 1u);
+  EXPECT_EQ(s.grants_active, 0u);
+  EXPECT_EQ(s.table.active_leases, 0u);
+  // The pages are free to go: deleting every block succeeds.
+  keys.erase(keys.begin() + 7);
+  for (const Status& d : node_->Delete(Namespace{"a"}, keys)) EXPECT_TRUE(d.ok()) << d.ToString();
+}
+
+TEST_F(CacheHostNodeTest, FetchChecksNamespaceFingerprintAndSlots) {
+  StartNode(Options(8 << 20, false));
+  const BlockMeta meta = Meta(2);  // 128 KiB
+  ASSERT_TRUE(Put("a", Key(1), meta, 0, 1).ok());
+  const std::vector<BlockKey> one = {Key(1)};
+  // Another namespace does not see the block.
+  auto got = Fetch("b", one, 0, meta.bytes);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ((*got)[0].code, StatusCode::kNotFound);
+  // Another model's fingerprint is refused; the right one is served.
+  FingerprintDigest other;
+  other.fill(9);
+  got = Fetch("a", one, 0, meta.bytes, other);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ((*got)[0].code, StatusCode::kFailedPrecondition);
+  got = Fetch("a", one, 0, meta.bytes, meta.fingerprint);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ((*got)[0].code, StatusCode::kOk);
+  // A slot smaller than the block moves nothing into it.
+  std::memset(Staging(0, meta.bytes).data(), 0, meta.bytes);
+  got = Fetch("a", one, 0, meta.bytes - 1);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ((*got)[0].code, StatusCode::kResourceExhausted);
+  EXPECT_EQ((*got)[0].payload_bytes, meta.bytes);
+  EXPECT_EQ(Staging(0, 1)[0], std::byte{0});
+  // Slots past the end of the region: the whole request is refused.
+  got = Fetch("a", one, staging_->bytes().size() - meta.bytes + 1, meta.bytes);
+  EXPECT_TRUE(got.status().IsInvalidArgument()) << got.status().ToString();
+  // A region that was never imported.
+  std::vector<wire::FetchKey> raw = {Key(1).bytes()};
+  client::DataPlaneClient::FetchRequest req;
+  req.ns = "a";
+  req.keys = raw;
+  req.region_id = region_ + 50;
+  req.slot_bytes = meta.bytes;
+  EXPECT_TRUE(dp_->Fetch(conn_, req, Clock::now() + std::chrono::seconds(10)).status().IsNotFound());
+  // A draining daemon refuses the whole request.
+  node_->Drain(false);
+  EXPECT_TRUE(Fetch("a", one, 0, meta.bytes).status().IsUnavailable());
+  node_->Drain(true);
+  EXPECT_TRUE(Fetch("a", one, 0, meta.bytes).ok());
+  EXPECT_EQ(node_->Snapshot().grants_active, 0u);
+}
+
+// kFetch never does I/O on the data path: a block resting on NVMe only
+// answers Unavailable, and a control-plane Lease stages it as before.
+TEST_F(CacheHostNodeTest, FetchLeavesNvmeOnlyBlocksToTheControlPlane) {
+  StartNode(Options(1 << 20, true));  // 16 pages of 64 KiB
+  constexpr int kBlocks = 12;         // 4 pages each: three pools' worth
+  std::vector<BlockKey> keys;
+  for (int i = 0; i < kBlocks; ++i) {
+    ASSERT_TRUE(Put("t", Key(i), Meta(4, 16 * i), 0, i).ok()) << i;
+    keys.push_back(Key(i));
+  }
+  ASSERT_GT(node_->Snapshot().table.demotions_completed, 0u);
+  const std::uint64_t staging_reads = node_->Snapshot().staging_reads;
+  int host = 0, nvme_only = 0;
+  for (int i = 0; i < kBlocks; ++i) {
+    const std::vector<BlockKey> one = {Key(i)};
+    auto got = Fetch("t", one, 0, Meta(4).bytes);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    if ((*got)[0].code == StatusCode::kOk) {
+      ++host;
+      EXPECT_TRUE(Holds(0, Meta(4).bytes, i)) << i;
+      continue;
+    }
+    // Refused only as Unavailable, and only because it rests on NVMe alone
+    // (nothing but the Get below stages a block back).
+    EXPECT_EQ((*got)[0].code, StatusCode::kUnavailable) << i;
+    EXPECT_EQ(node_->Lookup(Namespace{"t"}, one)[0].tier, BlockTier::kNvme) << i;
+    ++nvme_only;
+    ASSERT_TRUE(Get("t", Key(i), 0).ok()) << i;  // the control plane stages it
+    EXPECT_TRUE(Holds(0, Meta(4).bytes, i)) << i;
+  }
+  EXPECT_GT(nvme_only, 0);
+  EXPECT_GT(host, 0);
+  // Staging reads came from the control-plane Leases only.
+  EXPECT_GE(node_->Snapshot().staging_reads - staging_reads, static_cast<std::uint64_t>(nvme_only));
 }
 
 }  // namespace

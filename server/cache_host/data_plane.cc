@@ -1,6 +1,7 @@
 #include "server/cache_host/data_plane.h"
 
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -95,6 +96,11 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
     m.request_id = request_id;
     m.status = status;
     m.bytes_moved = bytes;
+    SendToPeer(ep, m);
+  }
+
+  // Sends a reply message; a peer that is gone gets nothing (nobody waits).
+  void SendToPeer(Endpoint* ep, const wire::TransferMessage& m) {
     auto encoded = wire::EncodeTransferMessage(m);
     if (!encoded.ok()) return;  // cannot happen for a reply
     transport::Transfer t;
@@ -130,7 +136,11 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
       case wire::TransferOpCode::kGet:
         Move(ep, std::move(m));
         return;
+      case wire::TransferOpCode::kFetch:
+        Fetch(ep, m);
+        return;
       case wire::TransferOpCode::kReply:
+      case wire::TransferOpCode::kFetchReply:
         return;  // a daemon asks nothing of its clients
     }
   }
@@ -182,20 +192,44 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
     return Status::OK();
   }
 
+  // The region `region_id` imported on `ep`, or nullptr. *alive is false when
+  // the endpoint is gone (nobody to answer).
+  const transport::RemoteRegion* FindRegion(Endpoint* ep, std::uint32_t region_id, bool* alive) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto pit = closed ? peers.end() : peers.find(ep);
+    *alive = pit != peers.end();
+    if (!*alive) return nullptr;
+    auto rit = pit->second.regions.find(region_id);
+    return rit == pit->second.regions.end() ? nullptr : rit->second.get();
+  }
+
+  // The transport entries of `ranges` between the pool and `remote`, joined
+  // where they continue each other: kRead (into the pool) for a put, kWrite
+  // (into the client's region) for a get.
+  std::vector<Transfer> Entries(std::span<const wire::TransferRange> ranges,
+                                const transport::RemoteRegion* remote, bool write) {
+    std::vector<Transfer> entries;
+    for (const wire::TransferRange& r : JoinAdjacentRanges(ranges, kMaxJoinedRangeBytes)) {
+      Transfer t;
+      t.op = write ? TransferOp::kRead : TransferOp::kWrite;
+      t.local = node->pool_region();
+      t.local_offset = r.pool_offset;
+      t.length = r.length;
+      t.remote = remote;
+      t.remote_offset = r.region_offset;
+      entries.push_back(t);
+    }
+    return entries;
+  }
+
   void Move(Endpoint* ep, wire::TransferMessage m) {
     const bool write = m.op == wire::TransferOpCode::kPut;
     std::vector<transport::Transfer> entries;
-    entries.reserve(m.ranges.size());
     std::vector<ByteExtent> ranges;
     ranges.reserve(m.ranges.size());
-    const transport::RemoteRegion* remote = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      auto pit = closed ? peers.end() : peers.find(ep);
-      if (pit == peers.end()) return;
-      auto rit = pit->second.regions.find(m.region_id);
-      if (rit != pit->second.regions.end()) remote = rit->second.get();
-    }
+    bool alive = false;
+    const transport::RemoteRegion* remote = FindRegion(ep, m.region_id, &alive);
+    if (!alive) return;
     if (remote == nullptr) {
       Reply(ep, m.request_id,
             Status::NotFound("region " + std::to_string(m.region_id) +
@@ -217,41 +251,51 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
     }
     // The lease checks every range on its own (BeginTransfer, below); the
     // transport moves the joined ones.
-    for (const wire::TransferRange& r : JoinAdjacentRanges(m.ranges, kMaxJoinedRangeBytes)) {
-      transport::Transfer t;
-      t.op = write ? TransferOp::kRead : TransferOp::kWrite;
-      t.local = node->pool_region();
-      t.local_offset = r.pool_offset;
-      t.length = r.length;
-      t.remote = remote;
-      t.remote_offset = r.region_offset;
-      entries.push_back(t);
-    }
+    entries = Entries(m.ranges, remote, write);
     auto ticket = node->BeginTransfer(m.lease_id, m.token, write, ranges);
     if (!ticket.ok()) {
       Reply(ep, m.request_id, ticket.status(), 0);
       return;
     }
+    Launch(ep, entries, std::move(*ticket), write,
+           [self = shared_from_this(), ep, request = m.request_id](const Status& status,
+                                                                    std::uint64_t bytes, bool peer) {
+             if (peer) self->Reply(ep, request, status, bytes);
+           });
+  }
+
+  // What a launched batch calls once: its status, the bytes moved, and whether
+  // the endpoint is still there to answer.
+  using Finish = std::function<void(const Status&, std::uint64_t bytes, bool peer)>;
+
+  // Submits `entries` (bracketed in the lease table by `ticket`) on `ep`. Once
+  // every entry completed, or nothing could be submitted, closes the brackets
+  // and calls `finish` (on the transport's thread, or on this one).
+  void Launch(Endpoint* ep, const std::vector<Transfer>& entries, TransferTicket ticket,
+              bool write, Finish finish) {
     std::uint64_t id = 0;
     {
       std::lock_guard<std::mutex> lock(mu);
       auto pit = closed ? peers.end() : peers.find(ep);
-      if (pit == peers.end()) {
-        node->EndTransfer(*ticket);
-        return;
+      if (pit != peers.end()) {
+        ++pit->second.in_flight;  // keeps the region and endpoint alive
+        id = next_batch++;
+        // The slot exists before Submit, so Close waits for this batch's
+        // callback (which uses the endpoint) before destroying endpoints.
+        in_flight.emplace(id, nullptr);
       }
-      ++pit->second.in_flight;  // keeps the region and endpoint alive
-      id = next_batch++;
-      // The slot exists before Submit, so Close waits for this batch's
-      // callback (which uses the endpoint) before destroying endpoints.
-      in_flight.emplace(id, nullptr);
+    }
+    if (id == 0) {
+      node->EndTransfer(ticket);
+      finish(Status::Unavailable("connection closed"), 0, false);
+      return;
     }
     const std::uint64_t started = NowMicros();
     auto batch = ep->Submit(entries);
     if (!batch.ok()) {
-      node->EndTransfer(*ticket);
+      node->EndTransfer(ticket);
+      finish(batch.status(), 0, true);
       Done(ep, 0);
-      Reply(ep, m.request_id, batch.status(), 0);
       std::lock_guard<std::mutex> lock(mu);
       in_flight.erase(id);
       return;
@@ -262,13 +306,13 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
       in_flight[id] = std::move(*batch);
     }
     auto self = shared_from_this();
-    raw->OnDone([self, raw, ep, id, ticket = std::move(*ticket), request = m.request_id, write,
-                 started]() {
+    raw->OnDone([self, raw, ep, id, ticket = std::move(ticket), write, started,
+                 finish = std::move(finish)]() {
       const Status status = raw->FirstError();
       const std::uint64_t bytes = raw->TotalBytes();
       self->node->EndTransfer(ticket);
       self->node->ObserveTransfer(write, bytes, NowMicros() - started, status);
-      self->Reply(ep, request, status, bytes);
+      finish(status, bytes, true);
       std::lock_guard<std::mutex> lock(self->mu);
       auto it = self->in_flight.find(id);
       if (it != self->in_flight.end()) {
@@ -278,6 +322,108 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
       auto pit = self->peers.find(ep);
       if (pit != self->peers.end()) --pit->second.in_flight;
     });
+  }
+
+  void FetchReply(Endpoint* ep, std::uint64_t request_id, const Status& status,
+                  std::vector<wire::FetchKeyResult> results, std::uint64_t bytes) {
+    wire::TransferMessage m;
+    m.op = wire::TransferOpCode::kFetchReply;
+    m.request_id = request_id;
+    m.status = status;
+    m.bytes_moved = bytes;
+    if (status.ok()) m.fetch_results = std::move(results);
+    SendToPeer(ep, m);
+  }
+
+  // kFetch: lease the keys (host pool only: no I/O on this thread), push each
+  // into its slot of the client's region, release, answer. The grant is the
+  // same a gRPC Lease makes (quotas, fingerprint check, hit counts, lease-table
+  // brackets); it lives only for this request and is released before the
+  // reply, or by its TTL if the daemon stops first.
+  void Fetch(Endpoint* ep, const wire::TransferMessage& m) {
+    bool alive = false;
+    const transport::RemoteRegion* remote = FindRegion(ep, m.region_id, &alive);
+    if (!alive) return;
+    auto fail = [&](const Status& s) { FetchReply(ep, m.request_id, s, {}, 0); };
+    if (remote == nullptr) {
+      fail(Status::NotFound("region " + std::to_string(m.region_id) +
+                            " is not imported on this connection"));
+      return;
+    }
+    // The decoder checked that the slots neither are empty nor wrap.
+    const std::uint64_t n = m.fetch_keys.size();
+    const std::uint64_t length = remote->length();
+    if (m.fetch_region_offset > length ||
+        m.fetch_slot_bytes > (length - m.fetch_region_offset) / n) {
+      fail(Status::InvalidArgument(
+          std::to_string(n) + " slots of " + std::to_string(m.fetch_slot_bytes) +
+          " bytes from offset " + std::to_string(m.fetch_region_offset) + " run past region " +
+          std::to_string(m.region_id) + " of " + std::to_string(length) + " bytes"));
+      return;
+    }
+    const Namespace ns{m.fetch_namespace};
+    if (Status s = ns.Validate(); !s.ok()) {
+      fail(s);
+      return;
+    }
+    std::vector<BlockKey> keys;
+    keys.reserve(n);
+    for (const wire::FetchKey& k : m.fetch_keys) keys.emplace_back(k);
+    LeaseRequestOptions options;
+    options.host_only = true;
+    options.expected_fingerprint = m.fetch_fingerprint;
+    auto leased = node->Lease(ns, keys, options);
+    if (!leased.ok()) {
+      fail(leased.status());
+      return;
+    }
+    std::vector<wire::FetchKeyResult> results(n);
+    std::vector<wire::TransferRange> ranges;
+    std::vector<ByteExtent> extents;
+    for (std::size_t i = 0; i < n; ++i) {
+      const LeaseEntryResult& r = leased->results[i];
+      wire::FetchKeyResult& out = results[i];
+      out.code = r.status.code();
+      out.crc32c = r.crc32c;
+      out.payload_bytes = r.meta.bytes;
+      if (!r.status.ok()) continue;
+      std::uint64_t bytes = 0;
+      for (const ByteExtent& x : r.extents) bytes += x.length;
+      if (bytes > m.fetch_slot_bytes) {
+        out.code = StatusCode::kResourceExhausted;  // its pages are released with the grant
+        continue;
+      }
+      std::uint64_t pos = m.fetch_region_offset + i * m.fetch_slot_bytes;
+      for (const ByteExtent& x : r.extents) {
+        ranges.push_back({x.offset, x.length, pos});
+        extents.push_back(x);
+        pos += x.length;
+      }
+    }
+    const std::uint64_t lease_id = leased->grant.lease_id;
+    auto release = [node = node, ns, lease_id] {
+      if (lease_id == 0) return;
+      ReleaseEntry e{lease_id, {}};
+      node->Release(ns, std::span<const ReleaseEntry>(&e, 1));
+    };
+    if (ranges.empty()) {
+      release();
+      FetchReply(ep, m.request_id, Status::OK(), std::move(results), 0);
+      return;
+    }
+    auto ticket = node->BeginTransfer(lease_id, leased->grant.token, /*write=*/false, extents);
+    if (!ticket.ok()) {
+      release();
+      fail(ticket.status());
+      return;
+    }
+    Launch(ep, Entries(ranges, remote, /*write=*/false), std::move(*ticket), /*write=*/false,
+           [self = shared_from_this(), ep, release, request = m.request_id,
+            results = std::move(results)](const Status& status, std::uint64_t bytes,
+                                          bool peer) mutable {
+             release();
+             if (peer) self->FetchReply(ep, request, status, std::move(results), bytes);
+           });
   }
 
   void Done(Endpoint* ep, std::uint64_t) {

@@ -7,6 +7,11 @@
 //                  (Endpoint::ImportRegion; every size checked by the transport)
 //   kPut           kRead entries: client region -> reserved pool pages
 //   kGet           kWrite entries: leased pool pages -> client region
+//   kFetch         Lease (host pool only: CacheHostNode::Lease with
+//                  host_only, no I/O), kWrite entries into the client's
+//                  slots, Release, then kFetchReply with one result per key:
+//                  one round trip instead of three (Lease and Release over
+//                  gRPC around a kGet)
 //
 // (one entry per run of ranges adjacent both in the pool and in the client's
 // region, up to kMaxJoinedRangeBytes: JoinAdjacentRanges)
