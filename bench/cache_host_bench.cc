@@ -12,14 +12,16 @@
 //                    [--total-mib 1024] [--batch-mib 32] [--depth 1] [--copy-threads 1]
 //                    [--data-workers 2]
 //                    [--paths all|shm|tcp|ktcp] [--baselines 1|0] [--block-kib 256|2048]
-//                    [--conns 1|4] [--ktcp-socket-buffer-kib 0]
+//                    [--conns 1|4] [--ktcp-socket-buffer-kib 0] [--get fetch|lease]
 //
 // --paths, --baselines, --block-kib and --conns select cases (default: all);
 // without baselines no ratios are printed.
 //
-// A kvfabric "op" is one batch: Lease (or Reserve) of batch-mib of blocks over
-// gRPC, one data-plane transfer of all of them, Release (or Commit); each
-// connection keeps `depth` batches in flight. Redis and memcached ops are
+// A kvfabric "op" is one batch of batch-mib of blocks. PUT: Reserve over gRPC,
+// one data-plane transfer, Commit. GET (--get fetch, the default, as
+// libkvfabric fetches): one data-plane kFetch by key, which leases, pushes and
+// releases on the daemon; --get lease: Lease over gRPC, one data-plane kGet,
+// Release. Each connection keeps `depth` batches in flight. Redis and memcached ops are
 // single-key SET/GET (they have no batch-with-lease shape); GB/s compares like
 // with like, latency does not. PUT rows are compared with memcached's PUT,
 // GET rows with its GET, at the same value size and connection count.
@@ -76,6 +78,8 @@ struct Args {
   int only_conns = 0;
   // SO_SNDBUF/SO_RCVBUF of the "ktcp" path, daemon and clients (0: autotuned).
   int ktcp_socket_buffer_kib = 0;
+  // How a GET batch runs: "fetch" (kFetch) or "lease" (Lease, kGet, Release).
+  std::string get = "fetch";
   // Whether the case (block bytes, connections; 0: any) is selected.
   bool Runs(std::uint64_t block, int conns) const {
     return (only_block_kib == 0 || only_block_kib << 10 == block) &&
@@ -211,11 +215,11 @@ std::array<std::uint8_t, 16> Token(const std::string& s) {
   return t;
 }
 
-// One batch: PUT (reserve, put, commit) or GET (lease, get, release) of
-// `n` blocks starting at `first`. Returns false on any error.
-bool Batch(Conn& c, const std::string& ns, bool put, int conn, std::uint64_t first, int n,
-           std::uint64_t block, std::uint32_t layers, std::uint64_t slot,
-           std::vector<std::uint32_t>* crcs) {
+// One batch: PUT (reserve, put, commit) or GET (kFetch; or lease, get,
+// release) of `n` blocks starting at `first`. Returns false on any error.
+bool Batch(Conn& c, const std::string& ns, bool put, const std::string& get_mode, int conn,
+           std::uint64_t first, int n, std::uint64_t block, std::uint32_t layers,
+           std::uint64_t slot, std::vector<std::uint32_t>* crcs) {
   std::vector<wire::TransferRange> ranges;
   std::uint64_t lease = 0;
   std::array<std::uint8_t, 16> token{};
@@ -252,6 +256,28 @@ bool Batch(Conn& c, const std::string& ns, bool put, int conn, std::uint64_t fir
     }
     lease = resp.lease_id();
     token = Token(resp.grant().access_token());
+  } else if (get_mode == "fetch") {
+    std::vector<wire::FetchKey> keys(static_cast<std::size_t>(n));
+    for (int k = 0; k < n; ++k) std::memcpy(keys[k].data(), Key(conn, first + k).data(), 32);
+    client::DataPlaneClient::FetchRequest req;
+    req.ns = ns;
+    req.keys = keys;
+    req.region_id = 1;
+    req.region_offset = slot;
+    req.slot_bytes = block;
+    auto got = c.data->Fetch(c.dc, req, Clock::now() + std::chrono::seconds(60));
+    if (!got.ok()) {
+      std::fprintf(stderr, "fetch: %s\n", got.status().ToString().c_str());
+      return false;
+    }
+    for (const wire::FetchKeyResult& r : *got) {
+      if (r.code != StatusCode::kOk || r.payload_bytes != block) {
+        std::fprintf(stderr, "fetch: code %d, %llu bytes\n", static_cast<int>(r.code),
+                     static_cast<unsigned long long>(r.payload_bytes));
+        return false;
+      }
+    }
+    return true;
   } else {
     v1::LeaseRequest req;
     req.set_namespace_(ns);
@@ -316,7 +342,8 @@ bool Batch(Conn& c, const std::string& ns, bool put, int conn, std::uint64_t fir
 }
 
 Result RunKvf(std::vector<std::unique_ptr<Conn>>& conns, const std::string& ns, bool put,
-              std::uint64_t block, std::uint64_t total, std::uint64_t batch_bytes, int depth) {
+              const std::string& get_mode, std::uint64_t block, std::uint64_t total,
+              std::uint64_t batch_bytes, int depth) {
   const std::uint32_t layers = static_cast<std::uint32_t>(block / (64 << 10));
   const int per_batch = static_cast<int>(std::max<std::uint64_t>(1, batch_bytes / block));
   const std::size_t workers = conns.size() * static_cast<std::size_t>(depth);
@@ -337,7 +364,8 @@ Result RunKvf(std::vector<std::unique_ptr<Conn>>& conns, const std::string& ns, 
       for (std::uint64_t i = 0; i < blocks_per_worker && !failed; i += per_batch) {
         const int n = static_cast<int>(std::min<std::uint64_t>(per_batch, blocks_per_worker - i));
         const auto t0 = Clock::now();
-        if (!Batch(c, ns, put, static_cast<int>(wi), i, n, block, layers, slot, &crcs)) {
+        if (!Batch(c, ns, put, get_mode, static_cast<int>(wi), i, n, block, layers, slot,
+                   &crcs)) {
           failed = true;
         }
         lat[wi].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
@@ -389,10 +417,15 @@ int Main(int argc, char** argv) {
     else if (k == "--block-kib") a.only_block_kib = std::stoull(argv[i + 1]);
     else if (k == "--conns") a.only_conns = std::stoi(argv[i + 1]);
     else if (k == "--ktcp-socket-buffer-kib") a.ktcp_socket_buffer_kib = std::stoi(argv[i + 1]);
+    else if (k == "--get") a.get = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
     }
+  }
+  if (a.get != "fetch" && a.get != "lease") {
+    std::fprintf(stderr, "--get %s: must be fetch or lease\n", a.get.c_str());
+    return 2;
   }
   const std::uint64_t total = a.total_mib << 20;
   const std::uint64_t sizes[] = {256 << 10, 2 << 20};
@@ -459,6 +492,9 @@ int Main(int argc, char** argv) {
     }
   }
 
+  std::printf("kvfabric GET = %s\n", a.get == "fetch"
+                                         ? "kFetch by key (one data-plane round trip)"
+                                         : "gRPC Lease + data-plane kGet + gRPC Release");
   char tmpl[] = "/tmp/kvf_bench_XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   for (const std::string path : {"shm", "tcp", "ktcp"}) {
@@ -478,9 +514,9 @@ int Main(int argc, char** argv) {
           auto it = memcached.find({block, conns, g});
           return it == memcached.end() ? 0.0 : it->second;
         };
-        Result put = RunKvf(cs, ns, true, block, total, batch_bytes, a.depth);
+        Result put = RunKvf(cs, ns, true, a.get, block, total, batch_bytes, a.depth);
         Print("kvfabric", path.c_str(), "PUT", block, conns, put, base(false));
-        Result get = RunKvf(cs, ns, false, block, total, batch_bytes, a.depth);
+        Result get = RunKvf(cs, ns, false, a.get, block, total, batch_bytes, a.depth);
         auto ring = memcached_ring.find({block, conns});
         Print("kvfabric", path.c_str(), "GET", block, conns, get, base(true),
               ring == memcached_ring.end() ? 0.0 : ring->second);

@@ -73,6 +73,13 @@ struct Daemon {
   DaemonConnection* conn = nullptr;  // owned by the DataPlaneClient
 };
 
+// What one fetch request landed in the history.
+struct FetchTally {
+  std::uint64_t bytes = 0, host_tier = 0, nvme_tier = 0;
+  std::uint32_t crc_failures = 0;
+  std::vector<std::uint32_t> landed;  // block indices
+};
+
 struct SaveJob {
   std::shared_ptr<Context> context;
   std::uint32_t block = 0;
@@ -128,8 +135,28 @@ class Client::Impl {
   // Fetches `blocks` of `c` from `host` into its history; the blocks that
   // arrived intact are removed from *blocks. The first error, if any.
   Status FetchFrom(Context& c, const MatchResult::Host& host, std::vector<std::uint32_t>* blocks);
+  // One batch (at most blocks_per_batch_ blocks, into the fetch half of
+  // staging; holds fetch_mu_): FetchByKey, then LeaseAndGet for what the
+  // daemon holds on NVMe only. (*arrived)[k]: batch[k] landed intact.
   Status FetchBatch(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
                     std::vector<bool>* arrived);
+  // One data-plane kFetch (lease, push, release on the daemon). Positions
+  // in `batch` the daemon answered Unavailable (not in its host pool) go to
+  // *on_nvme.
+  Status FetchByKey(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
+                    std::vector<bool>* arrived, std::vector<std::size_t>* on_nvme);
+  // gRPC Lease (which stages NVMe blocks), data-plane kGet, gRPC Release.
+  Status LeaseAndGet(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
+                     std::vector<bool>* arrived);
+  // Checks block `block`'s bytes `got` against the CRC it was committed with
+  // and copies them into the history; false, counted in *tally and set as
+  // *first (if still OK) on a mismatch.
+  bool Land(Context& c, std::uint32_t block, std::span<const std::byte> got, std::uint32_t crc,
+            bool from_nvme, FetchTally* tally, Status* first);
+  // Adds one fetch request to the context's report, its transfer
+  // observations (`moved` bytes in `us`) and the client's metrics.
+  void RecordFetch(Context& c, const Daemon& d, const FetchTally& tally, std::uint64_t moved,
+                   double us);
   // Recomputes chain blocks [first, first + count) of `c` (clipped to its
   // tokens) through options.recompute.
   Status Recompute(Context& c, std::uint32_t first, std::uint32_t count);

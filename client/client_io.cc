@@ -284,6 +284,127 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
 Status Client::Impl::FetchBatch(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
                                 std::vector<bool>* arrived) {
   std::lock_guard<std::mutex> fetch_lock(fetch_mu_);
+  std::vector<std::size_t> on_nvme;
+  Status first = FetchByKey(c, d, batch, arrived, &on_nvme);
+  if (on_nvme.empty() || HostDown(first)) return first;
+  // What the daemon holds on NVMe only: its control-plane Lease stages it.
+  std::vector<std::uint32_t> rest;
+  for (std::size_t k : on_nvme) rest.push_back(batch[k]);
+  std::vector<bool> rest_arrived(rest.size(), false);
+  Status s = LeaseAndGet(c, d, rest, &rest_arrived);
+  for (std::size_t i = 0; i < rest.size(); ++i) {
+    if (rest_arrived[i]) (*arrived)[on_nvme[i]] = true;
+  }
+  return first.ok() ? s : first;
+}
+
+Status Client::Impl::FetchByKey(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
+                                std::vector<bool>* arrived, std::vector<std::size_t>* on_nvme) {
+  std::vector<wire::FetchKey> keys;
+  keys.reserve(batch.size());
+  for (std::uint32_t b : batch) keys.push_back(c.match.chain[b].bytes());
+  DataPlaneClient::FetchRequest req;
+  req.ns = o_.namespace_name;
+  req.expected_fingerprint.emplace();
+  std::memcpy(req.expected_fingerprint->data(), fingerprint_digest_.data(),
+              req.expected_fingerprint->size());
+  req.keys = keys;
+  req.region_id = kStagingRegionId;
+  req.region_offset = 0;  // the fetch half of staging
+  req.slot_bytes = block_bytes_;
+  const auto start = Clock::now();
+  auto got = data_->Fetch(d.conn, req, Clock::now() + o_.transfer_timeout);
+  const double us = MicrosSince(start);
+  if (!got.ok()) return got.status().WithContext("data-plane fetch");
+  Status first;
+  FetchTally tally;
+  std::uint64_t moved = 0;
+  std::span<std::byte> staging = staging_->bytes();
+  for (std::size_t k = 0; k < batch.size(); ++k) {
+    const wire::FetchKeyResult& r = (*got)[k];
+    const std::string what = "block " + std::to_string(batch[k]);
+    Status s;
+    switch (r.code) {
+      case StatusCode::kOk:
+        // Every size from the network is checked before the bytes are used.
+        if (r.payload_bytes != block_bytes_) {
+          s = Status::DataLoss(what + ": daemon placed " + std::to_string(r.payload_bytes) +
+                               " bytes; blocks of this model are " + std::to_string(block_bytes_));
+          break;
+        }
+        moved += block_bytes_;
+        if (Land(c, batch[k], staging.subspan(k * block_bytes_, block_bytes_), r.crc32c,
+                 /*from_nvme=*/false, &tally, &first)) {
+          (*arrived)[k] = true;
+        }
+        break;
+      case StatusCode::kUnavailable:
+        on_nvme->push_back(k);  // not in the host pool now
+        break;
+      case StatusCode::kNotFound: {
+        v1::StaleEntry e;
+        e.set_host_id(d.host_id);
+        e.set_key(KeyBytes(c.match.chain[batch[k]]));
+        std::lock_guard<std::mutex> l(c.mu);
+        c.stale.push_back(std::move(e));
+        s = Status::NotFound(what + ": not cached on " + d.host_id);
+        break;
+      }
+      default:
+        s = Status(r.code, what + ": the cache host refused to fetch it");
+        break;
+    }
+    if (first.ok() && !s.ok()) first = s;
+  }
+  RecordFetch(c, d, tally, moved, us);
+  return first;
+}
+
+bool Client::Impl::Land(Context& c, std::uint32_t block, std::span<const std::byte> got,
+                        std::uint32_t crc, bool from_nvme, FetchTally* tally, Status* first) {
+  if (crc32c::Value(got) != crc) {
+    ++tally->crc_failures;
+    if (first->ok()) {
+      *first = Status::DataLoss("block " + std::to_string(block) +
+                                ": bytes received do not match the committed CRC32C");
+    }
+    return false;
+  }
+  // The history is large and read later (by Attend), not now: streaming
+  // stores skip reading its cold lines before overwriting them.
+  StreamingCopy(c.history->bytes().data() + std::uint64_t{block} * block_bytes_, got.data(),
+                block_bytes_);
+  tally->landed.push_back(block);
+  tally->bytes += block_bytes_;
+  (from_nvme ? tally->nvme_tier : tally->host_tier) += block_bytes_;
+  return true;
+}
+
+void Client::Impl::RecordFetch(Context& c, const Daemon& d, const FetchTally& tally,
+                               std::uint64_t moved, double us) {
+  if (moved == 0 && tally.crc_failures == 0) return;
+  {
+    std::lock_guard<std::mutex> l(c.mu);
+    if (moved > 0) {
+      c.transfers.push_back(
+          Observation(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST, d.host_id, moved, us));
+    }
+    c.report.blocks_fetched += static_cast<std::uint32_t>(tally.bytes / block_bytes_);
+    c.report.bytes_fetched += tally.bytes;
+    c.report.fetch_from_host_tier_bytes += tally.host_tier;
+    c.report.fetch_from_nvme_tier_bytes += tally.nvme_tier;
+    const double now_us = MicrosSince(c.load_start);
+    for (std::uint32_t b : tally.landed) c.landed_us[b] = now_us;
+  }
+  std::lock_guard<std::mutex> l(metrics_mu_);
+  m_.blocks_fetched += tally.bytes / block_bytes_;
+  m_.bytes_fetched += tally.bytes;
+  m_.fetch_us += static_cast<std::uint64_t>(us);
+  m_.crc_failures += tally.crc_failures;
+}
+
+Status Client::Impl::LeaseAndGet(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
+                                 std::vector<bool>* arrived) {
   v1::LeaseRequest req;
   req.set_namespace_(o_.namespace_name);
   for (std::uint32_t b : batch) req.add_keys(KeyBytes(c.match.chain[b]));
@@ -368,48 +489,18 @@ Status Client::Impl::FetchBatch(Context& c, Daemon& d, std::span<const std::uint
     release();
     return s.WithContext("data-plane get");
   }
-  std::uint64_t bytes = 0, host_tier = 0, nvme_tier = 0;
-  std::uint32_t crc_failures = 0;
-  std::vector<std::uint32_t> landed;
+  FetchTally tally;
   std::span<std::byte> staging = staging_->bytes();
   for (std::size_t i = 0; i < leased.size(); ++i) {
     const std::size_t k = leased[i];
     const v1::LeaseResult& r = resp.results(static_cast<int>(k));
-    std::span<const std::byte> got = staging.subspan(i * block_bytes_, block_bytes_);
-    if (crc32c::Value(got) != r.block().crc32c()) {
-      ++crc_failures;
-      if (first.ok()) {
-        first = Status::DataLoss("block " + std::to_string(batch[k]) +
-                                 ": bytes received do not match the committed CRC32C");
-      }
-      continue;
+    if (Land(c, batch[k], staging.subspan(i * block_bytes_, block_bytes_), r.block().crc32c(),
+             r.tier() == v1::TIER_NVME, &tally, &first)) {
+      (*arrived)[k] = true;
     }
-    // The history is large and read later (by Attend), not now: streaming
-    // stores skip reading its cold lines before overwriting them.
-    StreamingCopy(c.history->bytes().data() + std::uint64_t{batch[k]} * block_bytes_, got.data(),
-                  block_bytes_);
-    (*arrived)[k] = true;
-    landed.push_back(batch[k]);
-    bytes += block_bytes_;
-    (r.tier() == v1::TIER_NVME ? nvme_tier : host_tier) += block_bytes_;
   }
   release();
-  {
-    std::lock_guard<std::mutex> l(c.mu);
-    c.transfers.push_back(Observation(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST, d.host_id,
-                                      leased.size() * block_bytes_, us));
-    c.report.blocks_fetched += static_cast<std::uint32_t>(bytes / block_bytes_);
-    c.report.bytes_fetched += bytes;
-    c.report.fetch_from_host_tier_bytes += host_tier;
-    c.report.fetch_from_nvme_tier_bytes += nvme_tier;
-    const double now_us = MicrosSince(c.load_start);
-    for (std::uint32_t b : landed) c.landed_us[b] = now_us;
-  }
-  std::lock_guard<std::mutex> l(metrics_mu_);
-  m_.blocks_fetched += bytes / block_bytes_;
-  m_.bytes_fetched += bytes;
-  m_.fetch_us += static_cast<std::uint64_t>(us);
-  m_.crc_failures += crc_failures;
+  RecordFetch(c, d, tally, leased.size() * block_bytes_, us);
   return first;
 }
 

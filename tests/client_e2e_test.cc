@@ -12,6 +12,9 @@
 //   3. One daemon is SIGKILLed (placement still lists it: its membership TTL
 //      is long); the same request completes: the dead daemon's blocks are
 //      recomputed, the fallback is counted, and the result is still exact.
+//
+// A second case gives the daemons small host pools over NVMe tiers, so a load
+// takes both fetch paths (kFetch for host-resident blocks, Lease for NVMe).
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -72,13 +75,15 @@ class ClientEndToEndTest : public ::testing::Test {
     for (int i = 0; i < 2; ++i) {
       // 32 MiB of 32 KiB blocks per daemon: the 16K-token history (32 MiB)
       // fits across both.
+      std::vector<std::string> flags = {
+          "--host-id=cache-" + std::to_string(i), "--grpc-address=127.0.0.1:0",
+          "--transport-address=127.0.0.1:0", "--metrics-address=off", "--lock-memory=off",
+          "--log-level=warn", "--host-page-bytes=32KiB",
+          "--placement-address=" + placement_->grpc(), "--membership-ttl=120s"};
+      for (std::string& f : PoolFlags(i)) flags.push_back(std::move(f));
       auto d = testing::ServerProcess::Start(
           testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), "cache-" + std::to_string(i),
-          dir_,
-          {"--host-id=cache-" + std::to_string(i), "--grpc-address=127.0.0.1:0",
-           "--transport-address=127.0.0.1:0", "--metrics-address=off", "--lock-memory=off",
-           "--log-level=warn", "--host-pool-bytes=48MiB", "--host-page-bytes=32KiB",
-           "--placement-address=" + placement_->grpc(), "--membership-ttl=120s"});
+          dir_, flags);
       ASSERT_TRUE(d.ok()) << d.status().ToString();
       daemons_.push_back(std::move(*d));
     }
@@ -94,6 +99,9 @@ class ClientEndToEndTest : public ::testing::Test {
     }
     OpenClient();
   }
+
+  // Daemon i's pool (and tier) flags.
+  virtual std::vector<std::string> PoolFlags(int) { return {"--host-pool-bytes=48MiB"}; }
 
   void TearDown() override {
     client_.reset();
@@ -204,6 +212,37 @@ class ClientEndToEndTest : public ::testing::Test {
     return report.ok() ? *report : ContextReport{};
   }
 
+  // A chain of kTokens random token ids (seeded, so keys differ per seed).
+  void MakeChain() {
+    std::mt19937_64 rng(seed_);
+    std::vector<std::uint32_t> tokens(kTokens);
+    for (std::uint32_t& t : tokens) t = static_cast<std::uint32_t>(rng() % 128000);
+    auto keys = client_->KeyTokens(tokens);
+    ASSERT_TRUE(keys.ok()) << keys.status().ToString();
+    chain_ = *keys;
+    ASSERT_EQ(chain_.size(), kTokens / 16);
+  }
+
+  // Nothing cached yet: prefill, save every layer, write back.
+  void PrefillAndSave() {
+    auto match = client_->Match(chain_, 0);
+    ASSERT_TRUE(match.ok()) << match.status().ToString();
+    EXPECT_EQ(match->cached_prefix_blocks, 0u);
+    EXPECT_EQ(match->kind, "recompute_all");
+    auto ctx = client_->NewContext(kTokens);
+    ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+    ASSERT_TRUE(client_->Load(*match, *ctx).ok());
+    for (std::uint32_t l = 0; l < model_.layer_count; ++l) {
+      ASSERT_TRUE(client_->WaitLayer(*ctx, l).ok());
+      ASSERT_TRUE(client_->Save(*ctx, l, 0, chain_).ok());
+    }
+    auto report = client_->Finish(*ctx);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->blocks_recomputed, chain_.size());
+    EXPECT_EQ(report->blocks_saved, chain_.size());
+    EXPECT_EQ(report->save_failures, 0u);
+  }
+
   static std::uint32_t PlannedRecompute(const ContextReport& r) {
     std::uint32_t n = 0;
     for (const client::RunOutcome& run : r.runs) n += run.fetch ? 0 : run.block_count;
@@ -222,35 +261,11 @@ class ClientEndToEndTest : public ::testing::Test {
 };
 
 TEST_F(ClientEndToEndTest, SavedHistoryLoadsExactlyAndSurvivesADaemonThroughRecompute) {
-  // The request's tokens: random ids (seeded), so keys differ per seed.
-  std::mt19937_64 rng(seed_);
-  std::vector<std::uint32_t> tokens(kTokens);
-  for (std::uint32_t& t : tokens) t = static_cast<std::uint32_t>(rng() % 128000);
-  auto keys = client_->KeyTokens(tokens);
-  ASSERT_TRUE(keys.ok()) << keys.status().ToString();
-  chain_ = *keys;
-  ASSERT_EQ(chain_.size(), kTokens / 16);
+  ASSERT_NO_FATAL_FAILURE(MakeChain());
   std::printf("%s\n", client_->DescribeArena().c_str());
 
   // 1. Nothing cached: prefill, save every layer, write back.
-  {
-    auto match = client_->Match(chain_, 0);
-    ASSERT_TRUE(match.ok()) << match.status().ToString();
-    EXPECT_EQ(match->cached_prefix_blocks, 0u);
-    EXPECT_EQ(match->kind, "recompute_all");
-    auto ctx = client_->NewContext(kTokens);
-    ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
-    ASSERT_TRUE(client_->Load(*match, *ctx).ok());
-    for (std::uint32_t l = 0; l < model_.layer_count; ++l) {
-      ASSERT_TRUE(client_->WaitLayer(*ctx, l).ok());
-      ASSERT_TRUE(client_->Save(*ctx, l, 0, chain_).ok());
-    }
-    auto report = client_->Finish(*ctx);
-    ASSERT_TRUE(report.ok()) << report.status().ToString();
-    EXPECT_EQ(report->blocks_recomputed, chain_.size());
-    EXPECT_EQ(report->blocks_saved, chain_.size());
-    EXPECT_EQ(report->save_failures, 0u);
-  }
+  ASSERT_NO_FATAL_FAILURE(PrefillAndSave());
 
   // 2. Cached: fetched through the 4-page arena, exact.
   // (The plan may still recompute a few front blocks while it fetches: a split.)
@@ -280,6 +295,32 @@ TEST_F(ClientEndToEndTest, SavedHistoryLoadsExactlyAndSurvivesADaemonThroughReco
   // byte-for-byte checks above ran on reused memory).
   EXPECT_EQ(m.histories_allocated, 1u);
   EXPECT_EQ(m.histories_reused, 2u);
+}
+
+// Daemons whose host pools hold only part of what they are sent: the rest
+// is demoted to NVMe. A load fetches the host-resident blocks by key over the
+// data plane (kFetch) and the NVMe-only ones through the control plane's
+// Lease, which stages them; the history is exact either way.
+class ClientEndToEndNvmeTest : public ClientEndToEndTest {
+ protected:
+  std::vector<std::string> PoolFlags(int i) override {
+    return {"--host-pool-bytes=8MiB", "--nvme-dir=" + dir_ + "/nvme-" + std::to_string(i),
+            "--nvme-capacity-bytes=64MiB", "--nvme-segment-bytes=32MiB",
+            "--nvme-io-engine=threads", "--eviction-policy=lru"};
+  }
+};
+
+TEST_F(ClientEndToEndNvmeTest, LoadsHostAndNvmeBlocksExactly) {
+  ASSERT_NO_FATAL_FAILURE(MakeChain());
+  ASSERT_NO_FATAL_FAILURE(PrefillAndSave());
+  const ContextReport r = LoadAndCheck("host and NVMe");
+  std::printf("fetched %u blocks: %llu bytes from host pools, %llu from NVMe\n", r.blocks_fetched,
+              static_cast<unsigned long long>(r.fetch_from_host_tier_bytes),
+              static_cast<unsigned long long>(r.fetch_from_nvme_tier_bytes));
+  EXPECT_GT(r.fetch_from_host_tier_bytes, 0u);
+  EXPECT_GT(r.fetch_from_nvme_tier_bytes, 0u);
+  EXPECT_EQ(r.fetch_from_host_tier_bytes + r.fetch_from_nvme_tier_bytes, r.bytes_fetched);
+  EXPECT_EQ(client_->metrics().crc_failures, 0u);
 }
 
 }  // namespace
