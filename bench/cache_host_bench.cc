@@ -9,21 +9,22 @@
 // kvfabric's blocks do, not in one buffer that stays in cache).
 //
 //   cache_host_bench --daemon build/ci/server/cache_host/kvfabric-cached
-//                    [--total-mib 1024] [--batch-mib 32] [--depth 1] [--copy-threads 1]
-//                    [--data-workers 2]
+//                    [--total-mib 1024] [--batch-blocks 16] [--batch-mib 0] [--depth 1]
+//                    [--copy-threads 1] [--data-workers 2]
 //                    [--paths all|shm|tcp|ktcp] [--baselines 1|0] [--block-kib 256|2048]
-//                    [--conns 1|4] [--ktcp-socket-buffer-kib 0] [--get fetch|lease]
+//                    [--conns 1|4] [--ktcp-socket-buffer-kib 256] [--get fetch|lease]
 //
 // --paths, --baselines, --block-kib and --conns select cases (default: all);
 // without baselines no ratios are printed.
 //
-// A kvfabric "op" is one batch of batch-mib of blocks. PUT: Reserve over gRPC,
-// one data-plane transfer, Commit. GET (--get fetch, the default, as
-// libkvfabric fetches): one data-plane kFetch by key, which leases, pushes and
-// releases on the daemon; --get lease: Lease over gRPC, one data-plane kGet,
-// Release. Each connection keeps `depth` batches in flight. Redis and memcached ops are
-// single-key SET/GET (they have no batch-with-lease shape); GB/s compares like
-// with like, latency does not. PUT rows are compared with memcached's PUT,
+// A kvfabric "op" is one batch of blocks: batch-blocks of them (16, the most
+// libkvfabric fetches or saves at once), or batch-mib worth when given. PUT:
+// Reserve over gRPC, one data-plane transfer, Commit. GET (--get fetch, the
+// default, as libkvfabric fetches): one data-plane kFetch by key, which
+// leases, pushes and releases on the daemon; --get lease: Lease over gRPC, one
+// data-plane kGet, Release. Each connection keeps `depth` batches in flight.
+// Redis and memcached ops are single-key SET/GET (they have no batch-with-
+// lease shape); GB/s compares like with like, latency does not. PUT rows are compared with memcached's PUT,
 // GET rows with its GET, at the same value size and connection count.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
@@ -60,7 +61,9 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   std::string daemon = "kvfabric-cached";
   std::uint64_t total_mib = 1024;
-  std::uint64_t batch_mib = 32;
+  // Blocks per batch, unless batch_mib (> 0) sets the batch's bytes.
+  std::uint64_t batch_blocks = 16;
+  std::uint64_t batch_mib = 0;
   // Batches in flight per connection (each its own thread and staging slot):
   // while one batch's bytes move, the next one's lease RPC runs, as a client
   // library pipelines.
@@ -76,8 +79,15 @@ struct Args {
   // Only this block size (KiB) / connection count; 0 runs both of each.
   std::uint64_t only_block_kib = 0;
   int only_conns = 0;
-  // SO_SNDBUF/SO_RCVBUF of the "ktcp" path, daemon and clients (0: autotuned).
-  int ktcp_socket_buffer_kib = 0;
+  // SO_SNDBUF/SO_RCVBUF of the "ktcp" path, daemon and clients (0: kernel
+  // autotuning). On loopback both copies run on this machine's cores and
+  // share its caches: autotuned buffers grow to several MiB per connection,
+  // so the receiver copies out data that left the cache after the sender
+  // wrote it; 256 KiB keeps a connection's bytes in flight cache-sized
+  // (four connections: 4.2-5.3 GB/s autotuned, 5.4-6.3 with 256 KiB;
+  // docs/benchmarks.md). memcached bounds its in-flight bytes by answering
+  // one value per request.
+  int ktcp_socket_buffer_kib = 256;
   // How a GET batch runs: "fetch" (kFetch) or "lease" (Lease, kGet, Release).
   std::string get = "fetch";
   // Whether the case (block bytes, connections; 0: any) is selected.
@@ -356,9 +366,10 @@ Result RunKvf(std::vector<std::unique_ptr<Conn>>& conns, const std::string& ns, 
     threads.emplace_back([&, wi] {
       Conn& c = *conns[wi / static_cast<std::size_t>(depth)];
       const std::uint64_t slot = (wi % static_cast<std::size_t>(depth)) * batch_bytes;
-      // The staging bytes are fixed; their CRC is computed once per slot.
-      std::vector<std::uint32_t> crcs(per_batch);
-      for (int k = 0; k < per_batch; ++k) {
+      // The staging bytes are fixed; their CRC is computed once per slot
+      // (puts only: a get's bytes are the ones put before).
+      std::vector<std::uint32_t> crcs(put ? per_batch : 0);
+      for (std::size_t k = 0; k < crcs.size(); ++k) {
         crcs[k] = crc32c::Value(c.staging->bytes().subspan(slot + k * block, block));
       }
       for (std::uint64_t i = 0; i < blocks_per_worker && !failed; i += per_batch) {
@@ -409,6 +420,7 @@ int Main(int argc, char** argv) {
     if (k == "--daemon") a.daemon = argv[i + 1];
     else if (k == "--total-mib") a.total_mib = std::stoull(argv[i + 1]);
     else if (k == "--batch-mib") a.batch_mib = std::stoull(argv[i + 1]);
+    else if (k == "--batch-blocks") a.batch_blocks = std::max<std::uint64_t>(1, std::stoull(argv[i + 1]));
     else if (k == "--depth") a.depth = std::max(1, std::stoi(argv[i + 1]));
     else if (k == "--copy-threads") a.copy_threads = std::max(0, std::stoi(argv[i + 1]));
     else if (k == "--data-workers") a.data_workers = std::max(1, std::stoi(argv[i + 1]));
@@ -439,6 +451,7 @@ int Main(int argc, char** argv) {
   std::map<std::pair<std::uint64_t, int>, double> memcached_ring;
   // A batch holds at least one block; a connection stages `depth` batches.
   auto batch_bytes_of = [&](std::uint64_t block) {
+    if (a.batch_mib == 0) return a.batch_blocks * block;
     return std::max<std::uint64_t>(a.batch_mib << 20, block);
   };
   auto staging_bytes = [&](std::uint64_t block) {
@@ -492,6 +505,10 @@ int Main(int argc, char** argv) {
     }
   }
 
+  std::printf("ktcp socket buffers: %s\n",
+              a.ktcp_socket_buffer_kib == 0
+                  ? "kernel autotuning"
+                  : (std::to_string(a.ktcp_socket_buffer_kib) + " KiB").c_str());
   std::printf("kvfabric GET = %s\n", a.get == "fetch"
                                          ? "kFetch by key (one data-plane round trip)"
                                          : "gRPC Lease + data-plane kGet + gRPC Release");
