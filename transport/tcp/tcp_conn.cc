@@ -315,22 +315,25 @@ bool Conn::Fill() {
     rend_ -= rstart_;
     rstart_ = 0;
   }
+  const std::size_t k = Receive(rbuf_.data() + rend_, rbuf_.size() - rend_);
+  rend_ += k;
+  return k > 0;
+}
+
+std::size_t Conn::Receive(std::byte* to, std::uint64_t want) {
   for (;;) {
-    const ssize_t k = ::recv(fd_, rbuf_.data() + rend_, rbuf_.size() - rend_, MSG_DONTWAIT);
-    if (k > 0) {
-      rend_ += static_cast<std::size_t>(k);
-      return true;
-    }
+    const ssize_t k = ::recv(fd_, to, want, MSG_DONTWAIT);
+    if (k > 0) return static_cast<std::size_t>(k);
     if (k == 0) {
       const Status s = Status::Unavailable("peer " + peer_ + " closed the connection");
       Fail(s, s);
-      return false;
+      return 0;
     }
     if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
     const Status s = Status::Unavailable(StatusFromErrno(errno, "receive from " + peer_).message());
     Fail(s, s);
-    return false;
+    return 0;
   }
 }
 
@@ -388,29 +391,12 @@ bool Conn::ReadSome() {
         const std::uint64_t want =
             dest_ != nullptr ? remaining_ : std::min<std::uint64_t>(remaining_, rbuf_.size());
         rstart_ = rend_ = 0;
-        const ssize_t k = ::recv(fd_, to, want, MSG_DONTWAIT);
-        if (k > 0) {
-          received_ += static_cast<std::uint64_t>(k);
-          remaining_ -= static_cast<std::uint64_t>(k);
-          if (static_cast<std::uint64_t>(k) >= budget) {
-            budget = 0;
-          } else {
-            budget -= static_cast<std::uint64_t>(k);
-          }
-          if (budget == 0 && remaining_ > 0) return true;
-          continue;
-        }
-        if (k == 0) {
-          const Status s = Status::Unavailable("peer " + peer_ + " closed the connection");
-          Fail(s, s);
-          return false;
-        }
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
-        const Status s =
-            Status::Unavailable(StatusFromErrno(errno, "receive from " + peer_).message());
-        Fail(s, s);
-        return false;
+        const std::uint64_t k = Receive(to, want);
+        if (k == 0) return false;  // nothing buffered now, or the connection failed
+        received_ += k;
+        remaining_ -= k;
+        budget = k >= budget ? 0 : budget - k;
+        if (budget == 0 && remaining_ > 0) return true;
       }
       PayloadDone();
       phase_ = Phase::kHeader;

@@ -302,6 +302,10 @@ class Conn : public std::enable_shared_from_this<Conn> {
   // frame budget) rather than for want of bytes.
   bool ReadSome();
   bool Fill();
+  // One non-blocking recv into `to` (EINTR retried): the bytes received, or
+  // 0 when none are buffered now or the connection failed (EOF or error:
+  // Fail has run).
+  std::size_t Receive(std::byte* to, std::uint64_t want);
   bool DispatchHeader(const FrameHeader& h, std::span<const std::byte> message_header);
   void PayloadDone();
   void Enqueue(std::unique_ptr<TxFrame> frame);  // worker thread, replies
