@@ -12,7 +12,7 @@
 //                    [--total-mib 1024] [--batch-blocks 16] [--batch-mib 0] [--depth 1]
 //                    [--copy-threads 1] [--data-workers 2]
 //                    [--paths all|shm|tcp|ktcp] [--baselines 1|0] [--block-kib 256|2048]
-//                    [--conns 1|4] [--ktcp-socket-buffer-kib 256] [--get fetch|lease]
+//                    [--conns 1|4] [--ktcp-send-buffer auto|kernel|256KiB] [--get fetch|lease]
 //
 // --paths, --baselines, --block-kib and --conns select cases (default: all);
 // without baselines no ratios are printed.
@@ -50,6 +50,7 @@
 #include "core/crc32c.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
 #include "transport/data_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 extern char** environ;
 
@@ -79,15 +80,13 @@ struct Args {
   // Only this block size (KiB) / connection count; 0 runs both of each.
   std::uint64_t only_block_kib = 0;
   int only_conns = 0;
-  // SO_SNDBUF/SO_RCVBUF of the "ktcp" path, daemon and clients (0: kernel
-  // autotuning). On loopback both copies run on this machine's cores and
-  // share its caches: autotuned buffers grow to several MiB per connection,
-  // so the receiver copies out data that left the cache after the sender
-  // wrote it; 256 KiB keeps a connection's bytes in flight cache-sized
-  // (four connections: 4.2-5.3 GB/s autotuned, 5.4-6.3 with 256 KiB;
-  // docs/benchmarks.md). memcached bounds its in-flight bytes by answering
-  // one value per request.
-  int ktcp_socket_buffer_kib = 256;
+  // The "ktcp" path's send buffers, daemon and clients
+  // (TcpTransportOptions::send_buffer_bytes): auto (256 KiB on this host,
+  // which loopback is), kernel (autotuning) or a size. On loopback both
+  // copies share the caches; autotuned buffers let several MiB per
+  // connection go cold between them (docs/benchmarks.md). memcached bounds
+  // its in-flight bytes by answering one value per request.
+  std::string ktcp_send_buffer = "auto";
   // How a GET batch runs: "fetch" (kFetch) or "lease" (Lease, kGet, Release).
   std::string get = "fetch";
   // Whether the case (block bytes, connections; 0: any) is selected.
@@ -118,8 +117,7 @@ class Daemon {
                                      "--data-transport=" +
                                          std::string(path == "ktcp" ? "tcp" : "ucx"),
                                      "--ucx-tls=" + UcxTls(path),
-                                     "--tcp-socket-buffer-bytes=" +
-                                         std::to_string(a.ktcp_socket_buffer_kib) + "KiB",
+                                     "--tcp-send-buffer=" + a.ktcp_send_buffer,
                                      "--host-pool-bytes=" + std::to_string(2 * a.total_mib + 64) +
                                          "MiB",
                                      "--host-page-bytes=256KiB",
@@ -178,7 +176,7 @@ std::unique_ptr<Conn> Connect(const Args& a, Daemon& d, const std::string& path,
   transport::DataTransportOptions o;
   o.kind = path == "ktcp" ? "tcp" : "ucx";
   o.ucx_tls = UcxTls(path);
-  o.tcp_socket_buffer_bytes = a.ktcp_socket_buffer_kib << 10;
+  o.tcp_send_buffer_bytes = *tcp::ParseSendBuffer(a.ktcp_send_buffer, "--ktcp-send-buffer");
   c->t = std::move(*transport::CreateDataTransport(o));
   c->staging = std::move(*c->t->AllocateMemory(staging_bytes, transport::MemoryKind::kHost));
   std::memset(c->staging->bytes().data(), 0x5a, c->staging->bytes().size());
@@ -428,12 +426,16 @@ int Main(int argc, char** argv) {
     else if (k == "--baselines") a.baselines = std::string(argv[i + 1]) != "0";
     else if (k == "--block-kib") a.only_block_kib = std::stoull(argv[i + 1]);
     else if (k == "--conns") a.only_conns = std::stoi(argv[i + 1]);
-    else if (k == "--ktcp-socket-buffer-kib") a.ktcp_socket_buffer_kib = std::stoi(argv[i + 1]);
+    else if (k == "--ktcp-send-buffer") a.ktcp_send_buffer = argv[i + 1];
     else if (k == "--get") a.get = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
     }
+  }
+  if (auto sb = tcp::ParseSendBuffer(a.ktcp_send_buffer, "--ktcp-send-buffer"); !sb.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(sb.status().message()).c_str());
+    return 2;
   }
   if (a.get != "fetch" && a.get != "lease") {
     std::fprintf(stderr, "--get %s: must be fetch or lease\n", a.get.c_str());
@@ -505,10 +507,8 @@ int Main(int argc, char** argv) {
     }
   }
 
-  std::printf("ktcp socket buffers: %s\n",
-              a.ktcp_socket_buffer_kib == 0
-                  ? "kernel autotuning"
-                  : (std::to_string(a.ktcp_socket_buffer_kib) + " KiB").c_str());
+  std::printf("ktcp send buffers: %s (receive buffers: kernel autotuning)\n",
+              a.ktcp_send_buffer.c_str());
   std::printf("kvfabric GET = %s\n", a.get == "fetch"
                                          ? "kFetch by key (one data-plane round trip)"
                                          : "gRPC Lease + data-plane kGet + gRPC Release");

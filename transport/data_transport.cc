@@ -17,7 +17,8 @@ StatusOr<std::unique_ptr<Transport>> CreateDataTransport(const DataTransportOpti
   if (options.kind == "tcp") {
     tcp::TcpTransportOptions t;
     t.workers = options.workers;
-    t.socket_buffer_bytes = options.tcp_socket_buffer_bytes;
+    t.send_buffer_bytes = options.tcp_send_buffer_bytes;
+    t.receive_buffer_bytes = options.tcp_receive_buffer_bytes;
     StatusOr<std::unique_ptr<tcp::TcpTransport>> created = tcp::CreateTcpTransport(t);
     if (!created.ok()) return created.status().WithContext("kernel TCP data transport");
     return std::unique_ptr<Transport>(std::move(created).value());

@@ -24,8 +24,10 @@ struct DataTransportOptions {
   int copy_threads = 1;
   // Progress threads serving connections (both kinds).
   int workers = 1;
-  // tcp only: SO_SNDBUF/SO_RCVBUF in bytes; 0 leaves kernel autotuning.
-  int tcp_socket_buffer_bytes = 0;
+  // tcp only: TcpTransportOptions::send_buffer_bytes (0: auto, -1: kernel
+  // autotuning, else bytes) and receive_buffer_bytes (0: kernel autotuning).
+  int tcp_send_buffer_bytes = 0;
+  int tcp_receive_buffer_bytes = 0;
 };
 
 // InvalidArgument naming `setting` unless kind is "ucx" or "tcp".

@@ -34,6 +34,7 @@
 #include "server/health_reporter.h"
 #include "spdlog/spdlog.h"
 #include "transport/data_transport.h"
+#include "transport/tcp/tcp_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace kvfabric {
@@ -46,7 +47,8 @@ struct Flags {
   std::string ready_file;
   std::string data_transport = "ucx";
   std::string ucx_tls = "sm,self,tcp";
-  std::uint64_t tcp_socket_buffer_bytes = 0;
+  std::string tcp_send_buffer = "auto";
+  std::uint64_t tcp_receive_buffer_bytes = 0;
   int copy_threads = 1;
   int data_workers = 1;
   std::string lock_memory = "required";
@@ -161,9 +163,13 @@ int Run(int argc, char** argv) {
       ->check(CLI::IsMember({"ucx", "tcp"}));
   app.add_option("--ucx-tls", f.ucx_tls,
                  "UCX transports: sm,self,tcp here; rc,ud,sm,self,tcp on RDMA; must include tcp");
-  AddBytesOption(app, "--tcp-socket-buffer-bytes", &f.tcp_socket_buffer_bytes,
-                 "SO_SNDBUF/SO_RCVBUF per connection with --data-transport=tcp (0: kernel "
-                 "autotuning, the default)");
+  app.add_option("--tcp-send-buffer", f.tcp_send_buffer,
+                 "SO_SNDBUF per connection with --data-transport=tcp: auto (the default: "
+                 "256KiB for clients on this host, kernel autotuning for others), kernel, or "
+                 "a size of 4KiB..64MiB");
+  AddBytesOption(app, "--tcp-receive-buffer-bytes", &f.tcp_receive_buffer_bytes,
+                 "SO_RCVBUF per connection with --data-transport=tcp (0: kernel autotuning, "
+                 "the default; else 4KiB..64MiB)");
   app.add_option("--copy-threads", f.copy_threads,
                  "threads that help the UCX progress thread copy large shared-memory "
                  "batches (0: it copies alone; default 1; more on nodes with many cores)")
@@ -236,9 +242,15 @@ int Run(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  if (f.tcp_socket_buffer_bytes > (64u << 20)) {
-    spdlog::error("kvfabric-cached: --tcp-socket-buffer-bytes={}: at most 64MiB (0: kernel "
-                  "autotuning)", f.tcp_socket_buffer_bytes);
+  StatusOr<int> send_buffer = tcp::ParseSendBuffer(f.tcp_send_buffer, "--tcp-send-buffer");
+  if (!send_buffer.ok()) {
+    spdlog::error("kvfabric-cached: {}", send_buffer.status().message());
+    return 2;
+  }
+  if (f.tcp_receive_buffer_bytes != 0 &&
+      (f.tcp_receive_buffer_bytes < (4u << 10) || f.tcp_receive_buffer_bytes > (64u << 20))) {
+    spdlog::error("kvfabric-cached: --tcp-receive-buffer-bytes={}: must be 0 (kernel "
+                  "autotuning) or 4KiB..64MiB", f.tcp_receive_buffer_bytes);
     return 2;
   }
   transport::DataTransportOptions topts;
@@ -246,7 +258,8 @@ int Run(int argc, char** argv) {
   topts.ucx_tls = f.ucx_tls;
   topts.copy_threads = f.copy_threads;
   topts.workers = f.data_workers;
-  topts.tcp_socket_buffer_bytes = static_cast<int>(f.tcp_socket_buffer_bytes);
+  topts.tcp_send_buffer_bytes = *send_buffer;
+  topts.tcp_receive_buffer_bytes = static_cast<int>(f.tcp_receive_buffer_bytes);
   StatusOr<std::unique_ptr<transport::Transport>> transport =
       transport::CreateDataTransport(topts);
   if (!transport.ok()) {

@@ -119,11 +119,16 @@ void Core::Revoke(const std::shared_ptr<RegionState>& region) {
 void Core::ApplySocketOptions(int fd) const {
   const int one = 1;
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  if (options_.socket_buffer_bytes > 0) {
-    const int b = options_.socket_buffer_bytes;
-    (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof(b));
+  // Before connect(): the receive buffer sets the window scale offered.
+  if (options_.receive_buffer_bytes > 0) {
+    const int b = options_.receive_buffer_bytes;
     (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof(b));
   }
+}
+
+void Core::ApplySendBuffer(int fd) const {
+  const int b = SendBufferFor(options_.send_buffer_bytes, PeerOnThisHost(fd));
+  if (b > 0) (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof(b));
 }
 
 // --- worker --------------------------------------------------------------
@@ -289,6 +294,7 @@ void Worker::AcceptAll() {
     }
     if (fd < 0) return;  // EAGAIN, or a connection that went away meanwhile
     core_->ApplySocketOptions(fd);
+    core_->ApplySendBuffer(fd);
     std::shared_ptr<Worker> w = core_->NextWorker();
     auto conn = std::make_shared<Conn>(fd, w, FormatSocketAddress(sa), /*accepted=*/true, 0);
     auto start = [conn] {

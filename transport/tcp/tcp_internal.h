@@ -176,7 +176,11 @@ class Core {
                      PinRef* pin, std::byte** where);
   void Revoke(const std::shared_ptr<RegionState>& region);
 
+  // NODELAY and the receive buffer: before connect(), or on accept.
   void ApplySocketOptions(int fd) const;
+  // The send buffer (TcpTransportOptions::send_buffer_bytes), once `fd` is
+  // connected and its peer's address known.
+  void ApplySendBuffer(int fd) const;
 
   transport::MessageHandler handler;                    // set before Listen/Connect
   transport::AcceptHandler on_accept;                   // set by Listen

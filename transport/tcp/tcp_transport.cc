@@ -28,9 +28,15 @@
 
 #include "core/errno_status.h"
 #include "core/socket_address.h"
+#include "core/units.h"
 #include "transport/tcp/tcp_internal.h"
 
 namespace kvfabric::tcp {
+
+namespace {
+constexpr int kMinSocketBuffer = 4 << 10;
+constexpr int kMaxSocketBuffer = 64 << 20;
+}  // namespace
 
 using transport::Deadline;
 using transport::Endpoint;
@@ -91,11 +97,63 @@ Status TcpTransportOptions::Validate() const {
                                    std::to_string(handshake_timeout.count()) +
                                    " ms: must be 1 ms..1 h");
   }
-  if (socket_buffer_bytes != 0 && (socket_buffer_bytes < 4096 || socket_buffer_bytes > (64 << 20))) {
-    return Status::InvalidArgument("TCP socket buffer of " + std::to_string(socket_buffer_bytes) +
+  if (send_buffer_bytes != kSendBufferAuto && send_buffer_bytes != kKernelAutotuning &&
+      (send_buffer_bytes < kMinSocketBuffer || send_buffer_bytes > kMaxSocketBuffer)) {
+    return Status::InvalidArgument("TCP send buffer of " + std::to_string(send_buffer_bytes) +
+                                   " bytes: must be auto, kernel or 4 KiB..64 MiB");
+  }
+  if (receive_buffer_bytes != 0 &&
+      (receive_buffer_bytes < kMinSocketBuffer || receive_buffer_bytes > kMaxSocketBuffer)) {
+    return Status::InvalidArgument("TCP receive buffer of " + std::to_string(receive_buffer_bytes) +
                                    " bytes: must be 0 (kernel autotuning) or 4 KiB..64 MiB");
   }
   return Status::OK();
+}
+
+StatusOr<int> ParseSendBuffer(std::string_view text, std::string_view setting) {
+  if (text == "auto") return kSendBufferAuto;
+  if (text == "kernel") return kKernelAutotuning;
+  StatusOr<std::uint64_t> bytes = ParseBytes(text);
+  if (!bytes.ok() || *bytes < kMinSocketBuffer || *bytes > kMaxSocketBuffer) {
+    return Status::InvalidArgument(std::string(setting) + "=\"" + std::string(text) +
+                                   "\": expected auto, kernel or a size of 4KiB..64MiB");
+  }
+  return static_cast<int>(*bytes);
+}
+
+std::string SendBufferName(int send_buffer_bytes) {
+  if (send_buffer_bytes == kSendBufferAuto) return "auto";
+  if (send_buffer_bytes == kKernelAutotuning) return "kernel";
+  return FormatBytes(static_cast<std::uint64_t>(send_buffer_bytes));
+}
+
+int SendBufferFor(int send_buffer_bytes, bool peer_on_this_host) {
+  if (send_buffer_bytes == kSendBufferAuto) return peer_on_this_host ? kSameHostSendBufferBytes : 0;
+  return send_buffer_bytes == kKernelAutotuning ? 0 : send_buffer_bytes;
+}
+
+bool PeerOnThisHost(int fd) {
+  sockaddr_storage local{}, peer{};
+  socklen_t llen = sizeof(local), plen = sizeof(peer);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0 ||
+      local.ss_family != peer.ss_family) {
+    return false;
+  }
+  if (peer.ss_family == AF_INET) {
+    const auto& l = reinterpret_cast<const sockaddr_in&>(local);
+    const auto& p = reinterpret_cast<const sockaddr_in&>(peer);
+    const std::uint32_t addr = ntohl(p.sin_addr.s_addr);
+    return (addr >> 24) == 127 || l.sin_addr.s_addr == p.sin_addr.s_addr;
+  }
+  if (peer.ss_family == AF_INET6) {
+    const auto& l = reinterpret_cast<const sockaddr_in6&>(local);
+    const auto& p = reinterpret_cast<const sockaddr_in6&>(peer);
+    if (IN6_IS_ADDR_LOOPBACK(&p.sin6_addr)) return true;
+    if (IN6_IS_ADDR_V4MAPPED(&p.sin6_addr) && p.sin6_addr.s6_addr[12] == 127) return true;
+    return std::memcmp(&l.sin6_addr, &p.sin6_addr, sizeof(in6_addr)) == 0;
+  }
+  return false;
 }
 
 TcpTransport::TcpTransport(std::shared_ptr<Core> core) : core_(std::move(core)) {}
@@ -211,6 +269,7 @@ StatusOr<std::unique_ptr<Endpoint>> TcpTransport::Connect(const std::string& add
     ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
     if (err != 0) return fail(Status::Unavailable(StatusFromErrno(err, what).message()));
   }
+  core_->ApplySendBuffer(fd);
   const auto hello = wire::EncodeHello(core_->instance());
   std::size_t sent = 0;
   while (sent < hello.size()) {

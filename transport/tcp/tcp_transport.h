@@ -52,6 +52,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "core/status.h"
 #include "core/statusor.h"
@@ -65,17 +66,47 @@ class Core;
 
 inline constexpr int kMaxTcpWorkers = 64;
 
+// TcpTransportOptions::send_buffer_bytes: let the transport choose (see
+// there), or leave the kernel's autotuning.
+inline constexpr int kSendBufferAuto = 0;
+inline constexpr int kKernelAutotuning = -1;
+// What kSendBufferAuto sets for a peer on this host.
+inline constexpr int kSameHostSendBufferBytes = 256 << 10;
+
+// "auto" -> kSendBufferAuto, "kernel" -> kKernelAutotuning, or a byte size
+// ("256KiB", "1MiB", 65536) of 4 KiB..64 MiB; InvalidArgument naming
+// `setting` otherwise.
+StatusOr<int> ParseSendBuffer(std::string_view text, std::string_view setting);
+// The inverse, for logs: "auto", "kernel" or e.g. "256 KiB".
+std::string SendBufferName(int send_buffer_bytes);
+// The SO_SNDBUF to set on a connection (0: none, the kernel autotunes).
+int SendBufferFor(int send_buffer_bytes, bool peer_on_this_host);
+// Whether the peer of connected socket `fd` is on this host: a loopback
+// address (127/8, ::1, ::ffff:127.0.0.0/104) or the socket's own local
+// address. False when `fd` is not connected.
+bool PeerOnThisHost(int fd);
+
 struct TcpTransportOptions {
   // Progress threads (1..kMaxTcpWorkers). A daemon serving several clients
   // gives each core one (kvfabric-cached --data-workers).
   int workers = 1;
-  // SO_SNDBUF and SO_RCVBUF of every connection, in bytes (4 KiB..64 MiB);
-  // 0 (the default) leaves the kernel's autotuning. Small buffers keep bytes
-  // in cache between the two copies but make sender and receiver take turns:
-  // through the daemon, autotuned buffers moved 256 KiB blocks at 2.8-3.8
-  // GB/s over one connection against 1.6-2.4 GB/s with 128 KiB
-  // (docs/benchmarks.md).
-  int socket_buffer_bytes = 0;
+  // SO_SNDBUF of every connection: kSendBufferAuto (the default),
+  // kKernelAutotuning, or a size of 4 KiB..64 MiB. Auto sets
+  // kSameHostSendBufferBytes when the peer is on this host (a loopback
+  // address, or the connection's own local address) and leaves the kernel's
+  // autotuning otherwise. Why: on one host the sender's copy into the socket
+  // and the receiver's copy out of it share the caches; autotuning lets
+  // several MiB per connection wait in between and go cold, where 256 KiB
+  // keeps them warm (four loopback connections through kvfabric-cached:
+  // GET 4.4-5.1 GB/s autotuned, 4.9-7.6 with 256 KiB send buffers, PUT
+  // 2.4-3.9 against 2.8-4.6; docs/benchmarks.md). Across a network the
+  // buffer must cover bandwidth x delay, which autotuning does.
+  int send_buffer_bytes = kSendBufferAuto;
+  // SO_RCVBUF of every connection: 0 (the default) leaves the kernel's
+  // autotuning, else 4 KiB..64 MiB. A small receive buffer makes sender and
+  // receiver take turns (128 KiB buffers on both sides slowed one connection
+  // to 1.4-3.6 GB/s).
+  int receive_buffer_bytes = 0;
   // An accepted connection must send its hello within this time, or it is
   // closed: idle sockets from strangers do not pile up (1 ms..1 h).
   std::chrono::milliseconds handshake_timeout{10'000};

@@ -148,17 +148,119 @@ TEST(TcpTransportTest, OptionsRefuseWhatCannotWorkNamingTheField) {
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(s.message().find("workers"), std::string::npos) << s;
   }
-  for (int bytes : {1, 4095, (64 << 20) + 1}) {
+  for (int bytes : {-2, 1, 4095, (64 << 20) + 1}) {
     TcpTransportOptions o;
-    o.socket_buffer_bytes = bytes;
-    EXPECT_NE(o.Validate().message().find("socket buffer"), std::string::npos);
+    o.send_buffer_bytes = bytes;
+    EXPECT_NE(o.Validate().message().find("send buffer"), std::string::npos) << bytes;
+    o = TcpTransportOptions();
+    o.receive_buffer_bytes = bytes;
+    EXPECT_NE(o.Validate().message().find("receive buffer"), std::string::npos) << bytes;
+  }
+  for (int bytes : {kSendBufferAuto, kKernelAutotuning, 4096, 256 << 10, 64 << 20}) {
+    TcpTransportOptions o;
+    o.send_buffer_bytes = bytes;
+    EXPECT_TRUE(o.Validate().ok()) << bytes;
   }
   TcpTransportOptions autotuned;
-  autotuned.socket_buffer_bytes = 0;
+  autotuned.receive_buffer_bytes = 0;
   EXPECT_TRUE(autotuned.Validate().ok());
   auto t = NewTransport(3);
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(t->name(), "tcp(kernel sockets, 3 workers)");
+}
+
+TEST(TcpTransportTest, SendBufferSettingsParseAndApplyByWhereThePeerIs) {
+  EXPECT_EQ(*ParseSendBuffer("auto", "--x"), kSendBufferAuto);
+  EXPECT_EQ(*ParseSendBuffer("kernel", "--x"), kKernelAutotuning);
+  EXPECT_EQ(*ParseSendBuffer("256KiB", "--x"), 256 << 10);
+  EXPECT_EQ(*ParseSendBuffer("4096", "--x"), 4096);
+  for (const char* bad : {"", "fast", "4095", "65MiB", "-1"}) {
+    const Status s = ParseSendBuffer(bad, "--tcp-send-buffer").status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("--tcp-send-buffer"), std::string::npos) << s;
+  }
+  EXPECT_EQ(SendBufferName(kSendBufferAuto), "auto");
+  EXPECT_EQ(SendBufferName(kKernelAutotuning), "kernel");
+  EXPECT_EQ(SendBufferName(256 << 10), "256 KiB");
+  // Auto: 256 KiB on this host, the kernel's autotuning (0: nothing set)
+  // across a network; explicit settings apply everywhere.
+  EXPECT_EQ(SendBufferFor(kSendBufferAuto, true), kSameHostSendBufferBytes);
+  EXPECT_EQ(SendBufferFor(kSendBufferAuto, false), 0);
+  EXPECT_EQ(SendBufferFor(kKernelAutotuning, true), 0);
+  EXPECT_EQ(SendBufferFor(1 << 20, false), 1 << 20);
+}
+
+TEST(TcpTransportTest, APeerOnLoopbackIsOnThisHost) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  socklen_t len = sizeof(sa);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  const int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(client, 0);
+  EXPECT_FALSE(PeerOnThisHost(client)) << "not connected yet";
+  ASSERT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  const int server = ::accept(listener, nullptr, nullptr);
+  ASSERT_GE(server, 0);
+  EXPECT_TRUE(PeerOnThisHost(client));
+  EXPECT_TRUE(PeerOnThisHost(server));
+  EXPECT_FALSE(PeerOnThisHost(listener));
+  for (int fd : {client, server, listener}) ::close(fd);
+}
+
+// The send buffers of this process's TCP sockets whose local or peer port
+// is `port`.
+std::vector<int> SendBuffersOnPort(int port) {
+  std::vector<int> out;
+  for (int fd = 0; fd < 4096; ++fd) {
+    int type = 0;
+    socklen_t len = sizeof(type);
+    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t llen = sizeof(local), plen = sizeof(peer);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0 ||
+        ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0 ||
+        local.ss_family != AF_INET) {
+      continue;  // not connected (the listener) or not IPv4
+    }
+    const int lport = ntohs(reinterpret_cast<sockaddr_in&>(local).sin_port);
+    const int pport = ntohs(reinterpret_cast<sockaddr_in&>(peer).sin_port);
+    if (lport != port && pport != port) continue;
+    int sndbuf = 0;
+    len = sizeof(sndbuf);
+    ::getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, &len);
+    out.push_back(sndbuf);
+  }
+  return out;
+}
+
+TEST(TcpTransportTest, AutoSendBuffersAreSetOnBothEndsOfALoopbackConnection) {
+  for (int setting : {kSendBufferAuto, kKernelAutotuning}) {
+    TcpTransportOptions o;
+    o.send_buffer_bytes = setting;
+    Server server(o);
+    auto client = NewTransport(1, o);
+    StatusOr<std::unique_ptr<Endpoint>> ep = client->Connect(
+        server.t->listen_address(), transport::PeerFailureMode::kFailInFlight, Soon());
+    ASSERT_TRUE(ep.ok()) << ep.status();
+    ASSERT_NE(server.WaitAccepted(1), nullptr);
+    const std::string addr = server.t->listen_address();
+    const int port = std::stoi(addr.substr(addr.rfind(':') + 1));
+    const std::vector<int> buffers = SendBuffersOnPort(port);
+    ASSERT_EQ(buffers.size(), 2u) << "the client's and the server's end";
+    for (int b : buffers) {
+      // Linux reports twice what was set (the doubling covers bookkeeping).
+      if (setting == kSendBufferAuto) {
+        EXPECT_EQ(b, 2 * kSameHostSendBufferBytes);
+      } else {
+        EXPECT_NE(b, 2 * kSameHostSendBufferBytes);
+      }
+    }
+  }
 }
 
 TEST(TcpTransportTest, AGuessedGrantReadsNothingAndABrokenFrameFailsOnlyItsConnection) {
@@ -219,7 +321,8 @@ TEST(TcpTransportTest, APeerThatNeverReadsRepliesIsNoLongerReadFrom) {
   // 4,096 of them the server stops reading that peer, so its sends block
   // (here: fail with EAGAIN) instead of the server's memory growing.
   TcpTransportOptions small;
-  small.socket_buffer_bytes = 64 << 10;
+  small.send_buffer_bytes = 64 << 10;
+  small.receive_buffer_bytes = 64 << 10;
   Server server(small);
   std::unique_ptr<MemoryRegion> region = *server.t->AllocateMemory(4096, MemoryKind::kHost);
   RawPeer raw(server.t->listen_address());
