@@ -13,9 +13,18 @@
 //                    [--copy-threads 1] [--data-workers 2]
 //                    [--paths all|shm|tcp|ktcp] [--baselines 1|0] [--block-kib 256|2048]
 //                    [--conns 1|4] [--ktcp-send-buffer auto|kernel|256KiB] [--get fetch|lease]
+//                    [--repeat 3]
 //
 // --paths, --baselines, --block-kib and --conns select cases (default: all);
 // without baselines no ratios are printed.
+//
+// Ratios are paired: before each kvfabric PUT and GET, memcached's same op
+// (and, for GET, its GET into a ring) runs again on the same size and
+// connections, so both sides of a ratio see the machine in the same state
+// (on shared 2-vCPU VMs throughput drifts by a third within minutes). Each
+// case runs --repeat times; a row prints the median GB/s (with that run's
+// latencies), the median of the per-run ratios, and memcached's median. The
+// baseline table printed first is context (Redis included), not the base.
 //
 // A kvfabric "op" is one batch of blocks: batch-blocks of them (16, the most
 // libkvfabric fetches or saves at once), or batch-mib worth when given. PUT:
@@ -89,6 +98,9 @@ struct Args {
   std::string ktcp_send_buffer = "auto";
   // How a GET batch runs: "fetch" (kFetch) or "lease" (Lease, kGet, Release).
   std::string get = "fetch";
+  // Repetitions of each kvfabric case, each right after memcached's same op
+  // (paired baselines); rows print medians.
+  int repeat = 3;
   // Whether the case (block bytes, connections; 0: any) is selected.
   bool Runs(std::uint64_t block, int conns) const {
     return (only_block_kib == 0 || only_block_kib << 10 == block) &&
@@ -411,6 +423,74 @@ void Print(const char* system, const char* path, const char* op, std::uint64_t b
   std::fflush(stdout);
 }
 
+// One repetition of a kvfabric case, with memcached's same op measured just
+// before it (0: no baselines, or it failed).
+struct Paired {
+  Result kvf;
+  double memcached = 0;
+  double ring = 0;  // GET only: memcached's GET into a staging-sized ring
+};
+
+// The lower median (an element of `v`: the middle one of an odd count).
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[(v.size() - 1) / 2];
+}
+
+void PrintPaired(const std::string& path, const char* op, std::uint64_t block, int conns,
+                 const std::vector<Paired>& runs) {
+  std::vector<double> gbps, ratio, ring_ratio, base;
+  for (const Paired& r : runs) {
+    gbps.push_back(r.kvf.gbps);
+    if (r.memcached > 0) {
+      ratio.push_back(r.kvf.gbps / r.memcached);
+      base.push_back(r.memcached);
+    }
+    if (r.ring > 0) ring_ratio.push_back(r.kvf.gbps / r.ring);
+  }
+  const double g = Median(gbps);
+  const Result* at = &runs.front().kvf;  // the median run: its latencies
+  for (const Paired& r : runs) {
+    if (r.kvf.gbps == g) at = &r.kvf;
+  }
+  std::printf("%-10s %-6s %-4s %5llu KiB %d conn  %6.2f GB/s  p50 %8.0f us  p99 %8.0f us",
+              "kvfabric", path.c_str(), op, static_cast<unsigned long long>(block >> 10), conns,
+              g, at->p50_us, at->p99_us);
+  if (!ratio.empty()) {
+    std::printf("  %.2fx memcached %s (%.2f GB/s)", Median(ratio), op, Median(base));
+  }
+  if (!ring_ratio.empty()) std::printf("  %.2fx memcached GET into a ring", Median(ring_ratio));
+  if (runs.size() > 1) std::printf("  [median of %zu]", runs.size());
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+// Deletes what one RunKvf put (`workers` x `blocks_per_worker` keys), so the
+// next repetition can put the same keys again.
+void DeleteBlocks(Conn& c, const std::string& ns, std::size_t workers,
+                  std::uint64_t blocks_per_worker) {
+  v1::DeleteRequest req;
+  req.set_namespace_(ns);
+  auto flush = [&] {
+    if (req.keys_size() == 0) return;
+    v1::DeleteResponse resp;
+    grpc::ClientContext ctx;
+    if (auto st = c.stub->Delete(&ctx, req, &resp); !st.ok()) {
+      std::fprintf(stderr, "Delete: %s\n", st.error_message().c_str());
+      std::exit(1);
+    }
+    req.clear_keys();
+  };
+  for (std::size_t wi = 0; wi < workers; ++wi) {
+    for (std::uint64_t i = 0; i < blocks_per_worker; ++i) {
+      req.add_keys(Key(static_cast<int>(wi), i));
+      if (req.keys_size() == 4096) flush();
+    }
+  }
+  flush();
+}
+
 int Main(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -428,6 +508,7 @@ int Main(int argc, char** argv) {
     else if (k == "--conns") a.only_conns = std::stoi(argv[i + 1]);
     else if (k == "--ktcp-send-buffer") a.ktcp_send_buffer = argv[i + 1];
     else if (k == "--get") a.get = argv[i + 1];
+    else if (k == "--repeat") a.repeat = std::clamp(std::stoi(argv[i + 1]), 1, 9);
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -461,7 +542,9 @@ int Main(int argc, char** argv) {
   };
 
 
-  // Baselines first, on the same value sizes and total bytes.
+  // Baselines first, on the same value sizes and total bytes. memcached
+  // stays up for the paired measurements of the kvfabric rows.
+  std::unique_ptr<bench::BaselineServer> paired_memcached;
   for (auto kind : {bench::BaselineKind::kMemcached, bench::BaselineKind::kRedis}) {
     if (!a.baselines) break;
     bench::BaselineServerOptions so;
@@ -505,7 +588,20 @@ int Main(int argc, char** argv) {
               memcached[{block, conns, true}], ring->gbps);
       }
     }
+    if (kind == bench::BaselineKind::kMemcached) paired_memcached = std::move(*server);
   }
+  // memcached's `op` on this case now (0 without baselines or on failure).
+  auto memcached_now = [&](bench::BaselineOp op, std::uint64_t block, int conns,
+                           std::uint64_t ring_bytes) {
+    if (!paired_memcached) return 0.0;
+    auto r = bench::RunBaseline(bench::BaselineKind::kMemcached, op, paired_memcached->port(),
+                                block, total, conns, ring_bytes);
+    if (!r.ok()) {
+      std::printf("paired memcached run failed: %s\n", r.status().ToString().c_str());
+      return 0.0;
+    }
+    return r->gbps;
+  };
 
   std::printf("ktcp send buffers: %s (receive buffers: kernel autotuning)\n",
               a.ktcp_send_buffer.c_str());
@@ -527,16 +623,22 @@ int Main(int argc, char** argv) {
           cs.push_back(Connect(a, d, path, staging_bytes(block)));
         }
         const std::string ns = "bench-" + std::to_string(conns);
-        auto base = [&](bool g) {
-          auto it = memcached.find({block, conns, g});
-          return it == memcached.end() ? 0.0 : it->second;
-        };
-        Result put = RunKvf(cs, ns, true, a.get, block, total, batch_bytes, a.depth);
-        Print("kvfabric", path.c_str(), "PUT", block, conns, put, base(false));
-        Result get = RunKvf(cs, ns, false, a.get, block, total, batch_bytes, a.depth);
-        auto ring = memcached_ring.find({block, conns});
-        Print("kvfabric", path.c_str(), "GET", block, conns, get, base(true),
-              ring == memcached_ring.end() ? 0.0 : ring->second);
+        const std::size_t workers = static_cast<std::size_t>(conns * a.depth);
+        std::vector<Paired> puts, gets;
+        for (int rep = 0; rep < a.repeat; ++rep) {
+          Paired p, g;
+          // memcached's PUT also leaves this size's values for its GET.
+          p.memcached = memcached_now(bench::BaselineOp::kPut, block, conns, 0);
+          p.kvf = RunKvf(cs, ns, true, a.get, block, total, batch_bytes, a.depth);
+          g.memcached = memcached_now(bench::BaselineOp::kGet, block, conns, 0);
+          g.ring = memcached_now(bench::BaselineOp::kGet, block, conns, staging_bytes(block));
+          g.kvf = RunKvf(cs, ns, false, a.get, block, total, batch_bytes, a.depth);
+          DeleteBlocks(*cs.front(), ns, workers, total / block / workers);
+          puts.push_back(p);
+          gets.push_back(g);
+        }
+        PrintPaired(path, "PUT", block, conns, puts);
+        PrintPaired(path, "GET", block, conns, gets);
       }
     }
   }
