@@ -409,16 +409,20 @@ Result RunKvf(std::vector<std::unique_ptr<Conn>>& conns, const std::string& ns, 
   return r;
 }
 
-// `memcached_gbps`: memcached's same op, size and connections (0: not run).
-// `ring_gbps`: memcached's GET into a staging-sized ring per connection
-// (0: not run, or not a GET).
-void Print(const char* system, const char* path, const char* op, std::uint64_t block, int conns,
-           const Result& r, double memcached_gbps, double ring_gbps = 0) {
+// The start of a result row: who, how, GB/s and latencies.
+void PrintHead(const char* system, const std::string& path, const char* op, std::uint64_t block,
+               int conns, const Result& r) {
   std::printf("%-10s %-6s %-4s %5llu KiB %d conn  %6.2f GB/s  p50 %8.0f us  p99 %8.0f us",
-              system, path, op, static_cast<unsigned long long>(block >> 10), conns, r.gbps,
-              r.p50_us, r.p99_us);
+              system, path.c_str(), op, static_cast<unsigned long long>(block >> 10), conns,
+              r.gbps, r.p50_us, r.p99_us);
+}
+
+// A baseline row; `memcached_gbps`: memcached's same op, size and connections
+// (0: not run), for the ratio.
+void Print(const char* system, const char* path, const char* op, std::uint64_t block, int conns,
+           const Result& r, double memcached_gbps) {
+  PrintHead(system, path, op, block, conns, r);
   if (memcached_gbps > 0) std::printf("  %.2fx memcached %s", r.gbps / memcached_gbps, op);
-  if (ring_gbps > 0) std::printf("  %.2fx memcached GET into a ring", r.gbps / ring_gbps);
   std::printf("\n");
   std::fflush(stdout);
 }
@@ -454,9 +458,7 @@ void PrintPaired(const std::string& path, const char* op, std::uint64_t block, i
   for (const Paired& r : runs) {
     if (r.kvf.gbps == g) at = &r.kvf;
   }
-  std::printf("%-10s %-6s %-4s %5llu KiB %d conn  %6.2f GB/s  p50 %8.0f us  p99 %8.0f us",
-              "kvfabric", path.c_str(), op, static_cast<unsigned long long>(block >> 10), conns,
-              g, at->p50_us, at->p99_us);
+  PrintHead("kvfabric", path, op, block, conns, *at);
   if (!ratio.empty()) {
     std::printf("  %.2fx memcached %s (%.2f GB/s)", Median(ratio), op, Median(base));
   }
@@ -525,13 +527,9 @@ int Main(int argc, char** argv) {
   const std::uint64_t total = a.total_mib << 20;
   const std::uint64_t sizes[] = {256 << 10, 2 << 20};
   const int conn_counts[] = {1, 4};
-  // memcached's GB/s by (value size, connections, is-get): the ratios' baseline.
+  // memcached's GB/s by (value size, connections, is-get): the baseline
+  // table's ratios.
   std::map<std::tuple<std::uint64_t, int, bool>, double> memcached;
-  // memcached's GET GB/s by (value size, connections) when every value lands
-  // in the next slot of a ring as large as a kvfabric connection's staging,
-  // instead of in one buffer that stays in cache: the same destinations
-  // kvfabric's GETs write, a second baseline printed next to the first.
-  std::map<std::pair<std::uint64_t, int>, double> memcached_ring;
   // A batch holds at least one block; a connection stages `depth` batches.
   auto batch_bytes_of = [&](std::uint64_t block) {
     if (a.batch_mib == 0) return a.batch_blocks * block;
@@ -583,9 +581,11 @@ int Main(int argc, char** argv) {
           std::printf("memcached GET into a ring failed: %s\n", ring.status().ToString().c_str());
           continue;
         }
-        memcached_ring[{block, conns}] = ring->gbps;
+        // Every value lands in the next slot of a ring as large as a kvfabric
+        // connection's staging, not in one buffer that stays in cache: the
+        // destinations kvfabric's GETs write.
         Print("memcached", "ring", "GET", block, conns, Result{ring->gbps, ring->p50_us, ring->p99_us},
-              memcached[{block, conns, true}], ring->gbps);
+              memcached[{block, conns, true}]);
       }
     }
     if (kind == bench::BaselineKind::kMemcached) paired_memcached = std::move(*server);
