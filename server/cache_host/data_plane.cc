@@ -224,7 +224,6 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
 
   void Move(Endpoint* ep, wire::TransferMessage m) {
     const bool write = m.op == wire::TransferOpCode::kPut;
-    std::vector<transport::Transfer> entries;
     std::vector<ByteExtent> ranges;
     ranges.reserve(m.ranges.size());
     bool alive = false;
@@ -251,13 +250,12 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
     }
     // The lease checks every range on its own (BeginTransfer, below); the
     // transport moves the joined ones.
-    entries = Entries(m.ranges, remote, write);
     auto ticket = node->BeginTransfer(m.lease_id, m.token, write, ranges);
     if (!ticket.ok()) {
       Reply(ep, m.request_id, ticket.status(), 0);
       return;
     }
-    Launch(ep, entries, std::move(*ticket), write,
+    Launch(ep, Entries(m.ranges, remote, write), std::move(*ticket), write,
            [self = shared_from_this(), ep, request = m.request_id](const Status& status,
                                                                     std::uint64_t bytes, bool peer) {
              if (peer) self->Reply(ep, request, status, bytes);
