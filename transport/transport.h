@@ -1,10 +1,13 @@
 // Transport: moves the bytes of KV blocks between processes and machines.
 //
 // One interface, batch-shaped (Mooncake's submit-a-batch-then-poll), with
-// backends in subfolders: ucx/ (RDMA verbs on hardware, shared memory and TCP
-// elsewhere), loopback (in-process, for tests) and testing/ (fault
-// injection). Control (what to move, leases, commits) travels over gRPC; a
-// Transport only moves bytes and small messages.
+// backends: ucx/ (RDMA verbs on hardware, shared memory and TCP elsewhere),
+// tcp/ (kernel TCP sockets for peers with neither RDMA nor shared memory:
+// each payload is copied once on each side, straight between registered host
+// memory and the socket), loopback_transport.h (in-process, for tests) and
+// testing/ (fault injection around another backend). Control (what to move,
+// leases, commits) travels over gRPC; a Transport only moves bytes and small
+// messages.
 //
 // Objects and ownership
 //   Transport      one per process side; owns its progress thread(s). Destroying
@@ -24,9 +27,22 @@
 //   kRead   the bytes of the remote range are in the local range.
 //   kWrite  the bytes are placed in the peer's memory: the backend has a
 //           remote completion (a flush), not merely a posted request.
-//   kSend   the header and payload were handed to the peer's transport and
-//           the local payload may be reused. Delivery is not acknowledged:
-//           protocols that need it reply with a message (or an RPC).
+//   kSend   the local payload may be reused; nothing more. OK does not say
+//           that the peer received the message, that its MessageHandler ran
+//           or that the payload was placed: tcp/ completes once the bytes are
+//           written to the local socket, ucx/ when UCX completes the send
+//           (a rendezvous payload once the peer fetched or dropped it),
+//           loopback once the peer's handler returned; a payload the peer
+//           Drops, or that does not fit where it Accepts it, still completes
+//           OK. A message whose connection fails after its entry completed
+//           may be lost with no error on either side. Nor are messages
+//           promised to arrive in the order submitted (UCX does not promise
+//           an order for active messages). A protocol that needs delivery
+//           or order waits for a reply (a message or an RPC), as the cache
+//           host's data plane does (server/cache_host/data_plane.h,
+//           proto/transfer_wire.h): the daemon answers each request it can
+//           parse, after the request's bytes moved, and a client sends an
+//           import's next chunk only after the previous chunk's reply.
 //   An entry that fails carries its own Status: Unavailable when the peer is
 //   gone (a dead peer fails in-flight work; it never hangs), Cancelled when the
 //   batch or the endpoint was cancelled or force-closed, DeadlineExceeded is
@@ -41,7 +57,9 @@
 //
 // Security of the data plane
 //   A remote region grants the importer access to one exported range of the
-//   owner's memory, and backends say how that access is enforced. UCX
+//   owner's memory, and backends say how that access is enforced. Kernel TCP
+//   (transport/tcp/tcp_transport.h): the owner places every kRead and kWrite
+//   and checks each against the exported range and a revocable grant. UCX
 //   (transport/ucx/ucx_transport.h): over TCP and over shared memory on
 //   caller memory, kRead and kWrite are placed by the owner, which checks
 //   every request against the exported range and a revocable grant; only
@@ -49,9 +67,9 @@
 //   get/put, which the importer alone bounds-checks (a UCX remote key covers
 //   the whole registration). So kvfabric never exports a daemon's pool one-
 //   sidedly to a peer it does not trust: clients export their staging ranges
-//   to daemons, daemons push leased pages into them (kWrite), and payloads
-//   bound for a daemon arrive as kSend messages whose destination the daemon
-//   chooses (IncomingMessage::Accept) after checking the lease.
+//   to daemons, daemons push leased pages into them (kWrite) and pull the
+//   bytes a client puts out of them (kRead), each after checking the lease.
+//   Messages to a daemon carry no payload (server/cache_host/data_plane.h).
 //
 // Threads
 //   Every method of Transport, Endpoint, MemoryRegion, RemoteRegion and
@@ -59,15 +77,16 @@
 //   MessageHandler, IncomingMessage callbacks) run on a transport progress
 //   thread: they must not block, must not call TransferBatch::Wait, and may
 //   call Submit (which only queues work). A transport may have several
-//   progress threads (UCX with workers > 1): handlers for different
+//   progress threads (UCX and TCP with workers > 1): handlers for different
 //   endpoints may then run at once, so what they share needs a lock; those
-//   for one endpoint run on one thread, in order. Entries complete, and
-//   TransferBatch::OnDone callbacks run, on whichever transport thread
-//   finished the work (possibly the peer-facing one) or on the thread that
-//   cancelled or closed. Destroying an Endpoint waits for a handler running
-//   for it to return, so IncomingMessage::endpoint() stays valid while the
-//   handler runs; Close(kForce) likewise waits for entries already executing,
-//   which is one more reason handlers must not block.
+//   for one endpoint run on one thread, one at a time, in the order their
+//   messages arrived. Entries complete, and TransferBatch::OnDone callbacks
+//   run, on whichever transport thread finished the work (possibly the
+//   peer-facing one) or on the thread that cancelled or closed. Destroying an
+//   Endpoint waits for a handler running for it to return, so
+//   IncomingMessage::endpoint() stays valid while the handler runs;
+//   Close(kForce) likewise waits for entries already executing, which is one
+//   more reason handlers must not block.
 #ifndef KVFABRIC_TRANSPORT_TRANSPORT_H_
 #define KVFABRIC_TRANSPORT_TRANSPORT_H_
 

@@ -12,9 +12,14 @@
 // function of the inputs and their order). Empty states (lse == -inf) take no
 // part: their O is never read, so garbage there cannot leak in; if every state
 // is empty the result is the empty state (O = 0, lse = -inf), never NaN.
-// Merging with an empty state returns the other state bit for bit (w = 1,
-// S = 1: O * 1 / 1 and m + log(1) are exact). Never average separately
-// normalised outputs: that is not a merge.
+// Merging a state with any number of empty states, in any positions, returns
+// that state bit for bit, -0.0 included, provided its lse is not NaN: w and S
+// are exactly 1, O * 1 / 1 is exact, every sum starts from -0 (the IEEE additive
+// identity: -0 + x is x for every x, where +0 + -0 would be +0), and the
+// merged lse is m itself when S == 1 (m + log(1) would turn an lse of -0 into
+// +0). A NaN output element stays NaN, its payload is not promised (CUDA
+// arithmetic returns a canonical NaN). Never average separately normalised
+// outputs: that is not a merge.
 //
 // REQUIRES of every input lse: not +inf (convert FlashAttention-2's +inf empty
 // markers with LseFromFlashAttention2 first; a +inf lse yields NaN). NaN in an
@@ -49,6 +54,9 @@ namespace kvfabric::gpu::lse {
 KVF_HOST_DEVICE inline float NegativeInfinity() { return FloatFromBits(0xff800000u); }
 KVF_HOST_DEVICE inline float PositiveInfinity() { return FloatFromBits(0x7f800000u); }
 KVF_HOST_DEVICE inline bool IsEmpty(float lse) { return lse == NegativeInfinity(); }
+// Where merge sums start: -0 + x is x, bit for bit, for every x (+0 is not:
+// +0 + -0 is +0), so a sum of one term is that term.
+KVF_HOST_DEVICE inline float NegativeZero() { return FloatFromBits(0x80000000u); }
 
 // ln 2 and log2 e as doubles: conversions compute in FP64 and round once.
 inline constexpr double kLn2 = 0.693147180559945309417232121458176568;
@@ -93,18 +101,21 @@ KVF_HOST_DEVICE inline MergeScale ComputeMergeScale(const float* lse, std::uint3
   return {m, s};
 }
 
-// The merged lse: m + log(S), or -inf when every state was empty.
+// The merged lse: m + log(S), or -inf when every state was empty. S == 1
+// gives m itself: m + log(1) is m except that it turns -0 into +0.
 KVF_HOST_DEVICE inline float MergedLse(MergeScale scale) {
-  return scale.weight_sum == 0.0f ? NegativeInfinity() : scale.max_lse + logf(scale.weight_sum);
+  if (scale.weight_sum == 0.0f) return NegativeInfinity();
+  return scale.weight_sum == 1.0f ? scale.max_lse : scale.max_lse + logf(scale.weight_sum);
 }
 
 // One element of the merged output from its per-state values o[0], o[stride],
-// ... : (sum_i w_i o_i) / S, or 0 when every state was empty.
+// ... : (sum_i w_i o_i) / S with the sum started from -0, or +0 when every
+// state was empty.
 KVF_HOST_DEVICE inline float MergedElement(const float* o, std::size_t o_stride, const float* lse,
                                            std::size_t lse_stride, std::uint32_t n,
                                            MergeScale scale) {
   if (scale.weight_sum == 0.0f) return 0.0f;
-  float acc = 0.0f;
+  float acc = NegativeZero();
   for (std::uint32_t i = 0; i < n; ++i) {
     const float l = lse[i * lse_stride];
     if (IsEmpty(l)) continue;
@@ -124,7 +135,8 @@ KVF_HOST_DEVICE inline void MergeHead(const float* outputs, std::size_t output_s
                                       const float* lses, std::size_t lse_stride, std::uint32_t n,
                                       std::uint32_t head_dim, float* out, float* out_lse) {
   const MergeScale scale = ComputeMergeScale(lses, n, lse_stride);
-  for (std::uint32_t d = 0; d < head_dim; ++d) out[d] = 0.0f;
+  const float start = scale.weight_sum == 0.0f ? 0.0f : NegativeZero();
+  for (std::uint32_t d = 0; d < head_dim; ++d) out[d] = start;
   *out_lse = MergedLse(scale);
   if (scale.weight_sum == 0.0f) return;
   for (std::uint32_t i = 0; i < n; ++i) {
@@ -152,7 +164,7 @@ KVF_HOST_DEVICE inline void MergeTwo(const float* out_a, float lse_a, const floa
       out[d] = 0.0f;
       continue;
     }
-    float acc = 0.0f;
+    float acc = NegativeZero();
     if (!IsEmpty(lse_a)) acc += wa * out_a[d];
     if (!IsEmpty(lse_b)) acc += wb * out_b[d];
     out[d] = acc / scale.weight_sum;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -149,6 +150,47 @@ TEST(LseMergeTest, MergingWithAnEmptyStateIsExact) {
     lse::MergeTwo(empty, -kInf, o, l, 4, out, &out_lse);
     ASSERT_EQ(std::memcmp(o, out, sizeof(o)), 0);
     ASSERT_EQ(FloatBits(out_lse), FloatBits(l));
+  }
+}
+
+// Regression: sums that started from +0 turned a -0.0 output into +0.0
+// (+0 + -0 is +0), and m + log(1) turned an lse of -0.0 into +0.0. Checked on
+// every merge entry point, MergedElement/MergedLse included (the CUDA
+// MergeStatesKernel's path), with the empty states before and after.
+TEST(LseMergeTest, MergingWithAnEmptyStateKeepsNegativeZeroBits) {
+  const float o[4] = {-0.0f, 0.0f, -0.0f, -1.5f};
+  const float garbage[4] = {NAN, NAN, NAN, NAN};  // an empty state's output is never read
+  for (const float l : {-0.0f, 0.0f, 0.75f, -3.0f}) {
+    SCOPED_TRACE(::testing::Message() << "lse bits 0x" << std::hex << FloatBits(l));
+    float out[4], out_lse;
+    lse::MergeTwo(o, l, garbage, -kInf, 4, out, &out_lse);
+    for (int d = 0; d < 4; ++d) EXPECT_EQ(FloatBits(out[d]), FloatBits(o[d])) << "(o, empty) " << d;
+    EXPECT_EQ(FloatBits(out_lse), FloatBits(l)) << "(o, empty)";
+    lse::MergeTwo(garbage, -kInf, o, l, 4, out, &out_lse);
+    for (int d = 0; d < 4; ++d) EXPECT_EQ(FloatBits(out[d]), FloatBits(o[d])) << "(empty, o) " << d;
+    EXPECT_EQ(FloatBits(out_lse), FloatBits(l)) << "(empty, o)";
+
+    // MergeHead and the per-element path over 2 and 3 states, the non-empty
+    // one at every position.
+    for (std::uint32_t n : {2u, 3u}) {
+      for (std::uint32_t at = 0; at < n; ++at) {
+        SCOPED_TRACE(::testing::Message() << "state " << at << " of " << n);
+        float outs[3][4], lses[3];
+        for (std::uint32_t i = 0; i < n; ++i) {
+          std::memcpy(outs[i], i == at ? o : garbage, sizeof(o));
+          lses[i] = i == at ? l : -kInf;
+        }
+        lse::MergeHead(&outs[0][0], 4, lses, 1, n, 4, out, &out_lse);
+        for (int d = 0; d < 4; ++d) EXPECT_EQ(FloatBits(out[d]), FloatBits(o[d])) << "MergeHead";
+        EXPECT_EQ(FloatBits(out_lse), FloatBits(l)) << "MergeHead";
+        const lse::MergeScale s = lse::ComputeMergeScale(lses, n, 1);
+        for (int d = 0; d < 4; ++d) {
+          EXPECT_EQ(FloatBits(lse::MergedElement(&outs[0][d], 4, lses, 1, n, s)), FloatBits(o[d]))
+              << "MergedElement " << d;
+        }
+        EXPECT_EQ(FloatBits(lse::MergedLse(s)), FloatBits(l)) << "MergedLse";
+      }
+    }
   }
 }
 

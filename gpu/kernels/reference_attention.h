@@ -15,8 +15,9 @@
 // (state first, then the tile). A streaming implementation that merges each
 // tile into its running state with a 2-state MergeAttentionStates as the tile
 // lands, in the same tile order, produces the same bits. Starting from the
-// empty state instead of tile 0 gives the same bits too (merging with an empty
-// state is exact). Zero tokens give the empty state.
+// empty state instead of tile 0 gives the same bits too: merging with an empty
+// state returns the other state bit for bit, signed zeros included (lse.h says
+// when). Zero tokens give the empty state.
 //
 // Thread safety: pure functions.
 #ifndef KVFABRIC_GPU_KERNELS_REFERENCE_ATTENTION_H_

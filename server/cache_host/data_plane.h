@@ -27,8 +27,10 @@
 // Bounds: at most kMaxRegionsPerPeer imported regions and kMaxImportsInProgress
 // partial imports per endpoint; a request naming an unknown region, a range
 // outside it or a malformed message gets an error reply (or is dropped if it
-// cannot be parsed far enough to know whom to answer). Messages carrying a
-// payload are dropped: payloads never travel as messages to a daemon.
+// cannot be parsed far enough to know whom to answer). A message carrying a
+// payload has the payload dropped, never placed, and gets an InvalidArgument
+// reply: payloads never travel as messages to a daemon (a put's bytes are
+// pulled with kRead).
 //
 // Threads: handlers run on the transport's progress thread and never block;
 // Sweep() (the node's maintenance thread) destroys endpoints whose peer failed
