@@ -1,12 +1,11 @@
 #include "client/device_arena.h"
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <limits>
 #include <string>
 #include <utility>
 
+#include "client/client_log.h"
 #include "core/units.h"
 
 namespace kvfabric::client {
@@ -65,7 +64,7 @@ StatusOr<std::unique_ptr<DeviceArena>> DeviceArena::Create(std::uint64_t arena_b
   }
   std::unique_ptr<DeviceArena> arena(
       new DeviceArena(arena_bytes, options, scratch, static_cast<std::uint32_t>(pool)));
-  spdlog::info("{}", arena->DescribeLayout());
+  Log().info("{}", arena->DescribeLayout());
   return arena;
 }
 
@@ -195,7 +194,7 @@ Status DeviceArena::FindPageFor(Context& c, std::uint32_t logical_page,
       (below_max ? "" : " (not lendable: held >= target + burst)") +
       ", nothing reclaimable from others, and every resident page of ctx " + Num(c.id) +
       " is hot (1 sink + " + Num(options_.hot_newest_pages) + " newest); " + ArithmeticLocked());
-  spdlog::warn("device arena: {}", s.message());
+  Log().warn("device arena: {}", s.message());
   return s;
 }
 
@@ -223,7 +222,7 @@ Status DeviceArena::AdmitContext(std::uint64_t id, const ContextBudget& budget) 
           "admit ctx " + Num(id) + ": floor " + Num(budget.floor) + " pages > free " + Num(free) +
           " + reclaimable " + Num(reclaimable) + " (" + ArithmeticLocked() +
           "); wait for a context to finish, lower its floor, or raise --device-arena-bytes");
-      spdlog::warn("device arena: {}", s.message());
+      Log().warn("device arena: {}", s.message());
       return s;
     }
     std::uint32_t need = budget.floor - free;

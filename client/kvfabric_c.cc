@@ -5,6 +5,8 @@
 // vector, one thrown by a C++ recompute callback) becomes KVF_INTERNAL, so
 // nothing unwinds into the caller's C frames. Argument checks here name the C
 // argument or kvf_options field; everything else is Client's to validate.
+#include <spdlog/common.h>
+
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -15,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "client/client_log.h"
 #include "client/kvfabric_client.h"
 #include "core/block_key.h"
 #include "core/model_fingerprint.h"
@@ -158,6 +161,49 @@ Status NullArgument(const char* name) {
     if ((ptr) == nullptr) return NullArgument(#ptr); \
   } while (0)
 
+// kvf_log_level -> spdlog's level; false for a value not in kvf_log_level_code.
+bool FromKvfLogLevel(kvf_log_level level, spdlog::level::level_enum* out) {
+  switch (level) {
+    case KVF_LOG_TRACE:
+      *out = spdlog::level::trace;
+      return true;
+    case KVF_LOG_DEBUG:
+      *out = spdlog::level::debug;
+      return true;
+    case KVF_LOG_INFO:
+      *out = spdlog::level::info;
+      return true;
+    case KVF_LOG_WARN:
+      *out = spdlog::level::warn;
+      return true;
+    case KVF_LOG_ERROR:
+      *out = spdlog::level::err;
+      return true;
+    case KVF_LOG_OFF:
+      *out = spdlog::level::off;
+      return true;
+    default:
+      return false;
+  }
+}
+
+// spdlog's level of a line -> kvf_log_level (critical, which the C API does
+// not have, reads as KVF_LOG_ERROR).
+kvf_log_level ToKvfLogLevel(spdlog::level::level_enum level) {
+  switch (level) {
+    case spdlog::level::trace:
+      return KVF_LOG_TRACE;
+    case spdlog::level::debug:
+      return KVF_LOG_DEBUG;
+    case spdlog::level::info:
+      return KVF_LOG_INFO;
+    case spdlog::level::warn:
+      return KVF_LOG_WARN;
+    default:
+      return KVF_LOG_ERROR;
+  }
+}
+
 Status NotSet(const char* field, const char* what) {
   return Status::InvalidArgument(std::string("options->") + field + " is not set: " + what);
 }
@@ -265,6 +311,36 @@ const char* kvf_last_error(void) {
 
 const char* kvf_status_name(kvf_status status) {
   return IsStatusCode(status) ? kStatusNames[status] : "KVF_UNRECOGNISED_STATUS";
+}
+
+kvf_status kvf_set_log_level(kvf_log_level level) {
+  return Guard("kvf_set_log_level", [&]() -> Status {
+    spdlog::level::level_enum spdlog_level;
+    if (!FromKvfLogLevel(level, &spdlog_level)) {
+      return Status::InvalidArgument("level is " + std::to_string(level) +
+                                     ": use KVF_LOG_TRACE (0), KVF_LOG_DEBUG (1), KVF_LOG_INFO "
+                                     "(2), KVF_LOG_WARN (3), KVF_LOG_ERROR (4) or KVF_LOG_OFF (5)");
+    }
+    kvfabric::client::SetLogLevel(spdlog_level);
+    return Status::OK();
+  });
+}
+
+void kvf_set_log_sink(kvf_log_fn fn, void* user) {
+  // Two pointers fit std::function's inline storage, so nothing here
+  // allocates; the try only keeps a theoretical std::system_error from the
+  // sink's mutex out of the caller's C frames (the previous sink then stays).
+  try {
+    if (fn == nullptr) {
+      kvfabric::client::SetLogSink(nullptr);
+      return;
+    }
+    kvfabric::client::SetLogSink(
+        [fn, user](spdlog::level::level_enum level, std::string_view line) {
+          fn(user, ToKvfLogLevel(level), line.data());  // NUL-terminated: client_log.h
+        });
+  } catch (...) {
+  }
 }
 
 void kvf_options_init(kvf_options* options) {

@@ -17,6 +17,13 @@ static kvf_status ZeroFill(void* user, const kvf_recompute_request* request, uin
   return KVF_OK;
 }
 
+/* A log sink as a C engine writes it. */
+static void CountLines(void* user, kvf_log_level level, const char* line) {
+  (void)level;
+  (void)line;
+  ++*(int*)user;
+}
+
 /* 0 if the defaults read from C are the documented ones; otherwise the number
  * of the first check that failed. */
 int kvf_c_header_check(void) {
@@ -28,6 +35,7 @@ int kvf_c_header_check(void) {
   kvf_client* client = NULL;
   kvf_match_result* match = NULL;
   kvf_context_id context = 0;
+  int lines = 0;
 
   memset(&options, 0xAB, sizeof(options));
   kvf_options_init(&options);
@@ -50,5 +58,11 @@ int kvf_c_header_check(void) {
   if (kvf_client_open(NULL, &client) != KVF_INVALID_ARGUMENT || client != NULL) return 10;
   if (kvf_match(NULL, &key, 1, 0, &match) != KVF_INVALID_ARGUMENT || match != NULL) return 11;
   if (kvf_last_error()[0] == '\0') return 12;
+  /* The log settings, from C; left at their defaults (stderr, warn). */
+  kvf_set_log_sink(CountLines, &lines);
+  if (kvf_set_log_level(KVF_LOG_OFF) != KVF_OK) return 16;
+  if (kvf_set_log_level(KVF_LOG_WARN) != KVF_OK) return 17;
+  kvf_set_log_sink(NULL, NULL);
+  if (lines != 0) return 18;
   return 0;
 }

@@ -1,14 +1,19 @@
 // The C API's own contract, without a cluster: defaults, argument checks that
-// name what was wrong, per-thread last errors, and the open that cannot reach
-// placement. The calls' behaviour with a cluster is Client's (its tests and
-// tests/ cover it).
+// name what was wrong, per-thread last errors, the open that cannot reach
+// placement, and the log level and sink. The calls' behaviour with a cluster
+// is Client's (its tests and tests/ cover it).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
+#include "client/client_log.h"
 #include "core/status.h"
 #include "kvfabric/kvfabric.h"
 
@@ -270,6 +275,175 @@ TEST(KvfabricCTest, LastErrorIsPerThread) {
   EXPECT_EQ(other_before, "");  // that thread had not failed yet
   EXPECT_EQ(other_after, "kvf_client_metrics: InvalidArgument: client is NULL");
   EXPECT_EQ(LastError(), mine);  // untouched by the other thread's failure
+}
+
+// ---- Logging
+
+// One captured line.
+struct LogLine {
+  kvf_log_level level;
+  std::string text;
+};
+
+// A kvf_log_fn's user data: every line it was given.
+struct CapturedLog {
+  std::mutex mu;
+  std::vector<LogLine> lines;
+
+  std::vector<LogLine> Take() {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::exchange(lines, {});
+  }
+};
+
+void Capture(void* user, kvf_log_level level, const char* line) {
+  auto* log = static_cast<CapturedLog*>(user);
+  std::lock_guard<std::mutex> lock(log->mu);
+  log->lines.push_back({level, line});
+}
+
+// Restores the documented defaults (stderr, KVF_LOG_WARN) when a test ends,
+// so that every test starts from them whatever the order.
+struct RestoreLogDefaults {
+  ~RestoreLogDefaults() {
+    kvf_set_log_sink(nullptr, nullptr);
+    EXPECT_EQ(kvf_set_log_level(KVF_LOG_WARN), KVF_OK);
+  }
+};
+
+TEST(KvfabricCTest, LogSinkReceivesLinesAtTheLevelAndAboveOnly) {
+  RestoreLogDefaults restore;
+  EXPECT_EQ(kvfabric::client::Log().level(), spdlog::level::warn);  // the default
+  CapturedLog log;
+  kvf_set_log_sink(Capture, &log);
+  kvfabric::client::Log().debug("a debug line");
+  kvfabric::client::Log().info("an info line");
+  kvfabric::client::Log().warn("a warn line: {} pages", 3);
+  kvfabric::client::Log().error("an error line");
+  std::vector<LogLine> lines = log.Take();
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0].level, KVF_LOG_WARN);
+  EXPECT_EQ(lines[0].text, "a warn line: 3 pages");  // no timestamp, no newline
+  EXPECT_EQ(lines[1].level, KVF_LOG_ERROR);
+  EXPECT_EQ(lines[1].text, "an error line");
+
+  ASSERT_EQ(kvf_set_log_level(KVF_LOG_ERROR), KVF_OK);
+  kvfabric::client::Log().warn("a warn line");
+  kvfabric::client::Log().error("an error line");
+  lines = log.Take();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].level, KVF_LOG_ERROR);
+
+  ASSERT_EQ(kvf_set_log_level(KVF_LOG_TRACE), KVF_OK);
+  kvfabric::client::Log().trace("a trace line");
+  kvfabric::client::Log().debug("a debug line");
+  lines = log.Take();
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0].level, KVF_LOG_TRACE);
+  EXPECT_EQ(lines[1].level, KVF_LOG_DEBUG);
+}
+
+TEST(KvfabricCTest, LogLevelOffSilencesEveryLine) {
+  RestoreLogDefaults restore;
+  CapturedLog log;
+  kvf_set_log_sink(Capture, &log);
+  ASSERT_EQ(kvf_set_log_level(KVF_LOG_OFF), KVF_OK);
+  kvfabric::client::Log().error("an error line");
+  kvfabric::client::Log().critical("a critical line");
+  EXPECT_TRUE(log.Take().empty());
+}
+
+TEST(KvfabricCTest, SetLogLevelRefusesAnUnknownLevelAndKeepsTheOldOne) {
+  RestoreLogDefaults restore;
+  ASSERT_EQ(kvf_set_log_level(KVF_LOG_ERROR), KVF_OK);
+  EXPECT_EQ(kvf_set_log_level(6), KVF_INVALID_ARGUMENT);
+  EXPECT_EQ(LastError().rfind("kvf_set_log_level: InvalidArgument: level is 6: use KVF_LOG_TRACE "
+                              "(0)",
+                              0),
+            0u)
+      << LastError();
+  EXPECT_EQ(kvf_set_log_level(-1), KVF_INVALID_ARGUMENT);
+  EXPECT_EQ(kvfabric::client::Log().level(), spdlog::level::err);
+}
+
+TEST(KvfabricCTest, NullLogSinkRestoresStderr) {
+  RestoreLogDefaults restore;
+  CapturedLog log;
+  kvf_set_log_sink(Capture, &log);
+  kvf_set_log_sink(nullptr, &log);  // user is ignored
+  testing::internal::CaptureStderr();
+  kvfabric::client::Log().warn("a line for stderr");
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(log.Take().empty());
+  EXPECT_NE(err.find(" warning tid="), std::string::npos) << err;
+  EXPECT_NE(err.find(" kvfabric: a line for stderr\n"), std::string::npos) << err;
+}
+
+// The library's own lines come through the sink: kvf_client_open lays the
+// arena out (an info line) before it finds placement missing.
+TEST(KvfabricCTest, TheLibrarysLinesReachTheSink) {
+  RestoreLogDefaults restore;
+  CapturedLog log;
+  kvf_set_log_sink(Capture, &log);
+  const kvf_options o = ValidOptions();
+  kvf_client* client = nullptr;
+  EXPECT_EQ(kvf_client_open(&o, &client), KVF_UNAVAILABLE) << LastError();
+  for (const LogLine& line : log.Take()) {
+    EXPECT_GE(line.level, KVF_LOG_WARN) << line.text;  // nothing below the level
+  }
+
+  ASSERT_EQ(kvf_set_log_level(KVF_LOG_INFO), KVF_OK);
+  EXPECT_EQ(kvf_client_open(&o, &client), KVF_UNAVAILABLE) << LastError();
+  bool layout = false;
+  for (const LogLine& line : log.Take()) {
+    if (line.level != KVF_LOG_INFO || line.text.rfind("device arena: ", 0) != 0) continue;
+    layout = true;
+    EXPECT_NE(line.text.find(" + staging "), std::string::npos) << line.text;
+  }
+  EXPECT_TRUE(layout) << "no \"device arena: \" line at KVF_LOG_INFO";
+}
+
+// Library threads log while the engine swaps sinks: lines never overlap in a
+// sink, and a replaced sink is never called after kvf_set_log_sink returned.
+TEST(KvfabricCTest, ReplacedLogSinkIsNeverCalledAgain) {
+  RestoreLogDefaults restore;
+  struct Counting {
+    std::atomic<std::uint64_t> calls{0};
+    std::atomic<bool> inside{false};
+    std::atomic<bool> overlapped{false};
+  };
+  kvf_log_fn count = [](void* user, kvf_log_level, const char*) {
+    auto* c = static_cast<Counting*>(user);
+    if (c->inside.exchange(true)) c->overlapped = true;
+    ++c->calls;
+    c->inside = false;
+  };
+  auto wait_for_calls = [](const Counting& c, std::uint64_t n) {
+    while (c.calls.load() < n) std::this_thread::yield();
+  };
+
+  Counting first, second, third;
+  kvf_set_log_sink(count, &first);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> loggers;
+  for (int t = 0; t < 4; ++t) {
+    loggers.emplace_back([&stop, t] {
+      while (!stop.load()) kvfabric::client::Log().warn("logger {}", t);
+    });
+  }
+  wait_for_calls(first, 1000);
+  kvf_set_log_sink(count, &second);
+  const std::uint64_t first_calls = first.calls.load();
+  wait_for_calls(second, 1000);
+  kvf_set_log_sink(count, &third);
+  const std::uint64_t second_calls = second.calls.load();
+  wait_for_calls(third, 1000);
+  stop = true;
+  for (std::thread& t : loggers) t.join();
+
+  EXPECT_EQ(first.calls.load(), first_calls);
+  EXPECT_EQ(second.calls.load(), second_calls);
+  EXPECT_FALSE(first.overlapped || second.overlapped || third.overlapped);
 }
 
 }  // namespace

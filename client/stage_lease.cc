@@ -1,9 +1,9 @@
 #include "client/stage_lease.h"
 
-#include <spdlog/spdlog.h>
-
 #include <string>
 #include <utility>
+
+#include "client/client_log.h"
 
 namespace kvfabric::client {
 namespace {
@@ -54,7 +54,7 @@ Stager::~Stager() {
   if (busy) {
     Status s = device_.Synchronize(std::chrono::steady_clock::now() + options_.fence_timeout);
     if (!s.ok()) {
-      spdlog::warn(
+      Log().warn(
           "stager: {} staging buffers kept out of use at destruction: the device did not prove "
           "its copies finished ({}){}",
           buffers_.size(), s.ToString(),
@@ -81,7 +81,7 @@ void Stager::Quarantine(const std::string& what, const StageLease& lease, const 
   quarantine_cause_ = what + " (last " + Describe(lease) +
                       ") had an unknown outcome: " + cause.ToString() +
                       "; every staging buffer is held";
-  spdlog::error("stager: quarantined: {}", quarantine_cause_);
+  Log().error("stager: quarantined: {}", quarantine_cause_);
 }
 
 Status Stager::BeginStage(std::uint64_t owner, std::uint32_t layer, std::uint64_t step,
@@ -233,7 +233,7 @@ Status Stager::Drain(gpu::Deadline deadline) {
   ++m_.drains_ok;
   for (Buffer& b : buffers_) b.fences = 0;
   if (quarantined_) {
-    spdlog::info("stager: quarantine lifted: the device drained every queue");
+    Log().info("stager: quarantine lifted: the device drained every queue");
     quarantined_ = false;
     quarantine_cause_.clear();
   }

@@ -3,7 +3,9 @@
 // A binary fills a LogOptions from its flags (core/config/logging_flags.h) or YAML, calls
 // InitLogging once from main before it starts threads, and then logs with spdlog's free
 // functions (spdlog::info, spdlog::warn, ...), which go to the default logger configured here.
-// Library code logs the same way and never configures logging.
+// Library code logs the same way and never configures logging. The exception is libkvfabric
+// (client/), which runs inside an engine's process: it logs through its own logger,
+// client/client_log.h, whose level and sink are the engine's to set (kvf_set_log_level).
 //
 // Every event is one line: a message containing newlines is escaped ("\n" as the two
 // characters backslash, n) so that line-oriented collectors never split an event.

@@ -44,6 +44,13 @@
  * on the CPU. Selecting a CUDA or Level Zero device (and borrowing the
  * engine's) is a later addition to kvf_options.
  *
+ * Logging. The library logs through its own logger, never the engine's:
+ * lines for operators (refusals with their arithmetic, quarantines, failed
+ * write-backs), to stderr at KVF_LOG_WARN and above unless the engine says
+ * otherwise with kvf_set_log_level and kvf_set_log_sink. Both are
+ * process-wide (every kvf_client shares them) and may be called at any time
+ * from any thread, before kvf_client_open too.
+ *
  * Threads. Every kvf_client call may be made from any thread, concurrently,
  * for different contexts (as Client's). kvf_attend calls are serialised inside
  * the library (one decode at a time per client). kvf_options.recompute runs on
@@ -103,6 +110,42 @@ const char* kvf_last_error(void);
 /* "KVF_OK", "KVF_INVALID_ARGUMENT", ...; "KVF_UNRECOGNISED_STATUS" for any
  * other value. A static string. */
 const char* kvf_status_name(kvf_status status);
+
+/* ---- Logging ----------------------------------------------------------- */
+
+/* A kvf_log_level holds one of enum kvf_log_level_code (fixed width, as
+ * kvf_status). Numbered here, never renumbered; each level includes the more
+ * severe ones. */
+typedef int32_t kvf_log_level;
+
+enum kvf_log_level_code {
+  KVF_LOG_TRACE = 0,
+  KVF_LOG_DEBUG = 1,
+  KVF_LOG_INFO = 2, /* also the start-up arithmetic: the arena's layout */
+  KVF_LOG_WARN = 3, /* the default: refusals, failed write-backs */
+  KVF_LOG_ERROR = 4,
+  KVF_LOG_OFF = 5 /* nothing is logged */
+};
+
+/* Writes lines of `level` and more severe ones from now on (KVF_LOG_OFF:
+ * none). Default KVF_LOG_WARN. KVF_INVALID_ARGUMENT for a value not in
+ * enum kvf_log_level_code (the level stays as it was). */
+kvf_status kvf_set_log_level(kvf_log_level level);
+
+/* Receives one log line: its level (never KVF_LOG_OFF) and the message, a
+ * NUL-terminated string without timestamp or trailing newline, valid during
+ * the call only. Called on whichever library or engine thread logged, one
+ * line at a time (calls never overlap). It must not call into kvfabric (a
+ * call that logs would deadlock), and should return quickly: other threads'
+ * lines wait for it. */
+typedef void (*kvf_log_fn)(void* user, kvf_log_level level, const char* line);
+
+/* Sends every line from now on to fn(user, level, line) instead of stderr;
+ * fn NULL restores stderr (user is then ignored). When this returns, the
+ * previous fn is not running and is never called again, so its user data may
+ * be freed; `user` is borrowed until the next kvf_set_log_sink. Cannot
+ * fail. */
+void kvf_set_log_sink(kvf_log_fn fn, void* user);
 
 /* ---- Keys and handles -------------------------------------------------- */
 
