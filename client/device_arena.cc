@@ -19,26 +19,28 @@ std::string Num(std::uint64_t v) { return std::to_string(v); }
 
 StatusOr<std::unique_ptr<DeviceArena>> DeviceArena::Create(std::uint64_t arena_bytes,
                                                            const DeviceArenaOptions& options) {
+  const DeviceArenaSettingNames& names = options.setting_names;
   if (options.page_bytes == 0) {
-    return Status::InvalidArgument("device arena: page size 0 (set --device-page-bytes)");
+    return Status::InvalidArgument("device arena: page size 0 (set " + names.page_bytes + ")");
   }
   if (options.staging_pages == 0) {
-    return Status::InvalidArgument(
-        "device arena: 0 staging pages cannot stream a tile (set --device-staging-pages)");
+    return Status::InvalidArgument("device arena: 0 staging pages cannot stream a tile (set " +
+                                   names.staging_pages + ")");
   }
   if (options.context_floor_pages == 0 ||
       options.context_floor_pages < 1 + std::uint64_t{options.hot_newest_pages}) {
-    return Status::InvalidArgument("device arena: context floor " +
-                                   Num(options.context_floor_pages) + " pages < 1 sink page + " +
-                                   Num(options.hot_newest_pages) +
-                                   " hot newest pages (raise --device-context-floor-pages or lower "
-                                   "--device-hot-newest-pages)");
+    return Status::InvalidArgument(
+        "device arena: context floor " + Num(options.context_floor_pages) +
+        " pages < 1 sink page + " + Num(options.hot_newest_pages) + " hot newest pages (raise " +
+        names.context_floor_pages +
+        (names.hot_newest_pages.empty() ? "" : " or lower " + names.hot_newest_pages) + ")");
   }
   if (options.scratch_bytes > arena_bytes) {
-    return Status::InvalidArgument("device arena: scratch " +
-                                   FormatBytesExact(options.scratch_bytes) + " > arena " +
-                                   FormatBytesExact(arena_bytes) +
-                                   " (lower --device-scratch-bytes or raise --device-arena-bytes)");
+    return Status::InvalidArgument(
+        "device arena: scratch " + FormatBytesExact(options.scratch_bytes) + " > arena " +
+        FormatBytesExact(arena_bytes) + " (" +
+        (names.scratch_bytes.empty() ? "" : "lower " + names.scratch_bytes + " or ") + "raise " +
+        names.arena_bytes + ")");
   }
   const std::uint64_t scratch =
       (options.scratch_bytes + kScratchAlignment - 1) / kScratchAlignment * kScratchAlignment;
@@ -52,15 +54,14 @@ StatusOr<std::unique_ptr<DeviceArena>> DeviceArena::Create(std::uint64_t arena_b
         "device arena: " + FormatBytesExact(arena_bytes) + " - scratch " + FormatBytes(scratch) +
         " holds " + Num(pages) + " pages of " + FormatBytes(options.page_bytes) + " < staging " +
         Num(options.staging_pages) + " + one context's floor " + Num(options.context_floor_pages) +
-        " = " + Num(needed) + " pages: raise --device-arena-bytes to at least " +
-        FormatBytesExact(min_bytes) +
-        ", or lower --device-staging-pages, --device-context-floor-pages or "
-        "--device-page-bytes");
+        " = " + Num(needed) + " pages: raise " + names.arena_bytes + " to at least " +
+        FormatBytesExact(min_bytes) + ", or lower " + names.staging_pages + ", " +
+        names.context_floor_pages + " or " + names.page_bytes);
   }
   const std::uint64_t pool = pages - options.staging_pages;
   if (pool > std::numeric_limits<std::uint32_t>::max()) {
     return Status::InvalidArgument("device arena: " + Num(pool) +
-                                   " pool pages exceed 2^32 - 1 (raise --device-page-bytes)");
+                                   " pool pages exceed 2^32 - 1 (raise " + names.page_bytes + ")");
   }
   std::unique_ptr<DeviceArena> arena(
       new DeviceArena(arena_bytes, options, scratch, static_cast<std::uint32_t>(pool)));
@@ -221,7 +222,9 @@ Status DeviceArena::AdmitContext(std::uint64_t id, const ContextBudget& budget) 
       Status s = Status::ResourceExhausted(
           "admit ctx " + Num(id) + ": floor " + Num(budget.floor) + " pages > free " + Num(free) +
           " + reclaimable " + Num(reclaimable) + " (" + ArithmeticLocked() +
-          "); wait for a context to finish, lower its floor, or raise --device-arena-bytes");
+          "); wait for a context to finish, lower the context floor (" +
+          options_.setting_names.context_floor_pages + "), or raise " +
+          options_.setting_names.arena_bytes);
       Log().warn("device arena: {}", s.message());
       return s;
     }
@@ -357,8 +360,8 @@ StatusOr<gpu::DeviceRange> DeviceArena::AcquireStaging(std::uint32_t pages) {
   }
   ++m_.staging_refusals;
   return Status::ResourceExhausted("staging: no run of " + Num(pages) + " free pages among " +
-                                   Num(n) + " (" + Num(m_.staging_in_use) +
-                                   " in use); raise --device-staging-pages");
+                                   Num(n) + " (" + Num(m_.staging_in_use) + " in use); raise " +
+                                   options_.setting_names.staging_pages);
 }
 
 Status DeviceArena::ReleaseStaging(gpu::DeviceRange range) {

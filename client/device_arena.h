@@ -58,7 +58,23 @@
 
 namespace kvfabric::client {
 
-// The flag names below are the settings a refusal tells the operator to change.
+// How a refusal spells each setting it tells the caller to change: by default
+// the flags (the C++ API's names, as in the comments below); an API that
+// exposes the settings under other names sets its own, so that its caller
+// reads the name it wrote (the C API: "options->device_staging_pages").
+// scratch_bytes and hot_newest_pages may be empty: settings that API does not
+// expose, which its refusals then do not suggest. The others must be named.
+struct DeviceArenaSettingNames {
+  std::string arena_bytes = "--device-arena-bytes";  // Device's arena (DeviceOptions)
+  std::string page_bytes = "--device-page-bytes";
+  std::string staging_pages = "--device-staging-pages";
+  std::string scratch_bytes = "--device-scratch-bytes";
+  std::string context_floor_pages = "--device-context-floor-pages";
+  std::string hot_newest_pages = "--device-hot-newest-pages";
+};
+
+// The flag names below are the settings a refusal tells the operator to change
+// (unless setting_names says otherwise).
 struct DeviceArenaOptions {
   // Bytes per page (--device-page-bytes). No default: 0 is refused. Larger pages
   // mean fewer copies and more waste in partly filled pages.
@@ -77,6 +93,8 @@ struct DeviceArenaOptions {
   // page (--device-hot-newest-pages). Default 1. Every floor must be at least
   // 1 + hot_newest_pages.
   std::uint32_t hot_newest_pages = 1;
+  // The names refusals use for the settings above.
+  DeviceArenaSettingNames setting_names;
 };
 
 struct ContextBudget {

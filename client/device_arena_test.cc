@@ -68,6 +68,63 @@ TEST(DeviceArenaTest, RefusesArenaThatCannotHoldOneFloorPlusStaging) {
   EXPECT_TRUE(DeviceArena::Create(5 * kPage, Opts(2, 3)).ok());
 }
 
+// The C API names its kvf_options fields instead of the flags; settings it
+// does not expose (empty names) are not suggested at all.
+TEST(DeviceArenaTest, RefusalsNameTheSettingsAsTheCallersApiSpellsThem) {
+  DeviceArenaSettingNames names;
+  names.arena_bytes = "options->device_arena_bytes";
+  names.page_bytes = "options->device_page_bytes";
+  names.staging_pages = "options->device_staging_pages";
+  names.context_floor_pages = "options->device_context_floor_pages";
+  names.scratch_bytes = "";
+  names.hot_newest_pages = "";
+  auto refusal = [&](DeviceArenaOptions o, std::uint64_t arena_bytes) {
+    o.setting_names = names;
+    auto a = DeviceArena::Create(arena_bytes, o);
+    EXPECT_FALSE(a.ok());
+    const std::string msg = a.ok() ? "" : std::string(a.status().message());
+    EXPECT_EQ(msg.find("--"), std::string::npos) << msg;
+    return msg;
+  };
+
+  DeviceArenaOptions o = Opts();
+  o.page_bytes = 0;
+  EXPECT_NE(refusal(o, 1 << 20).find("(set options->device_page_bytes)"), std::string::npos);
+  o = Opts();
+  o.staging_pages = 0;
+  EXPECT_NE(refusal(o, 1 << 20).find("(set options->device_staging_pages)"), std::string::npos);
+  std::string msg = refusal(Opts(2, 1), 1 << 20);
+  EXPECT_NE(msg.find("(raise options->device_context_floor_pages)"), std::string::npos) << msg;
+  o = Opts();
+  o.scratch_bytes = 2 * kPage;
+  msg = refusal(o, kPage);
+  EXPECT_NE(msg.find("(raise options->device_arena_bytes)"), std::string::npos) << msg;
+  msg = refusal(Opts(2, 3), 4 * kPage);
+  EXPECT_NE(msg.find("raise options->device_arena_bytes to at least 20 KiB, or lower "
+                     "options->device_staging_pages, options->device_context_floor_pages or "
+                     "options->device_page_bytes"),
+            std::string::npos)
+      << msg;
+
+  // Refusals after start-up too.
+  o = Opts(1, 2);
+  o.setting_names = names;
+  auto a = DeviceArena::Create(4 * kPage, o);  // staging 1 + pool 3
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto staging = (*a)->AcquireStaging(2);
+  ASSERT_FALSE(staging.ok());
+  EXPECT_NE(staging.status().message().find("raise options->device_staging_pages"),
+            std::string::npos)
+      << staging.status();
+  ASSERT_TRUE((*a)->AdmitContext(1, Budget(2, 2, 0)).ok());
+  Status s = (*a)->AdmitContext(2, Budget(2, 2, 0));
+  ASSERT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("lower the context floor (options->device_context_floor_pages), "
+                             "or raise options->device_arena_bytes"),
+            std::string::npos)
+      << s;
+}
+
 TEST(DeviceArenaTest, DescribesItsArithmetic) {
   DeviceArenaOptions o = Opts(2, 3);
   o.scratch_bytes = 1000;  // rounded up to 1024

@@ -8,6 +8,7 @@
 #include <spdlog/common.h>
 
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "client/client_log.h"
+#include "client/device_arena.h"
 #include "client/kvfabric_client.h"
 #include "core/block_key.h"
 #include "core/model_fingerprint.h"
@@ -26,6 +28,10 @@
 #include "gpu/cpu/cpu_device.h"
 #include "gpu/device.h"
 #include "kvfabric/kvfabric.h"
+
+#ifdef KVF_HAVE_CUDA
+#include "gpu/cuda/cuda_device.h"
+#endif
 
 using kvfabric::BlockKey;
 using kvfabric::KvDtype;
@@ -36,6 +42,7 @@ using kvfabric::client::Client;
 using kvfabric::client::ClientMetrics;
 using kvfabric::client::ClientOptions;
 using kvfabric::client::ContextReport;
+using kvfabric::client::DeviceArenaSettingNames;
 using kvfabric::client::MatchResult;
 using kvfabric::client::RecomputeRequest;
 
@@ -161,6 +168,55 @@ Status NullArgument(const char* name) {
     if ((ptr) == nullptr) return NullArgument(#ptr); \
   } while (0)
 
+// The arena's refusals name the kvf_options fields, not the flags.
+DeviceArenaSettingNames CSettingNames() {
+  DeviceArenaSettingNames names;
+  names.arena_bytes = "options->device_arena_bytes";
+  names.page_bytes = "options->device_page_bytes";
+  names.staging_pages = "options->device_staging_pages";
+  names.context_floor_pages = "options->device_context_floor_pages";
+  names.scratch_bytes = "";     // sized by the library from the model and tile_tokens
+  names.hot_newest_pages = "";  // the C++ default (1): not a kvf_options field
+  return names;
+}
+
+// Creates the device options->device_kind names. REQUIRES: ToClientOptions
+// accepted `o` (a known kind, a CPU index of 0, an index that fits an int).
+StatusOr<std::unique_ptr<kvfabric::gpu::Device>> CreateDevice(const kvf_options& o) {
+  kvfabric::gpu::DeviceOptions device_options;
+  device_options.arena_bytes = o.device_arena_bytes;
+  device_options.device_index = static_cast<int>(o.device_index);
+  const std::string arena = "options->device_arena_bytes = " + std::to_string(o.device_arena_bytes);
+  if (o.device_kind == KVF_DEVICE_CPU) {
+    StatusOr<std::unique_ptr<kvfabric::gpu::Device>> device =
+        kvfabric::gpu::CreateCpuDevice(device_options);
+    if (!device.ok()) return device.status().WithContext("creating the CPU device of " + arena);
+    return device;
+  }
+#ifdef KVF_HAVE_CUDA
+  StatusOr<std::unique_ptr<kvfabric::gpu::Device>> device =
+      kvfabric::gpu::CreateCudaDevice(device_options);
+  if (!device.ok()) {
+    Status status = device.status().WithContext(
+        "creating the CUDA device of options->device_kind = KVF_DEVICE_CUDA, "
+        "options->device_index = " +
+        std::to_string(o.device_index) + ", " + arena);
+    if (status.code() != StatusCode::kFailedPrecondition) return status;
+    // No GPU, no driver, or no such ordinal: CUDA's own words for it (e.g.
+    // "driver version is insufficient" where no driver is installed) do not
+    // say what to do.
+    return Status(status.code(), std::string(status.message()) +
+                                     "; no usable GPU here: check the driver and "
+                                     "CUDA_VISIBLE_DEVICES, or use KVF_DEVICE_CPU");
+  }
+  return device;
+#else
+  return Status::Unimplemented(
+      "options->device_kind is KVF_DEVICE_CUDA, but this libkvfabric was built without CUDA "
+      "(no CUDA toolkit at build time): use KVF_DEVICE_CPU, or a libkvfabric built with CUDA");
+#endif
+}
+
 // kvf_log_level -> spdlog's level; false for a value not in kvf_log_level_code.
 bool FromKvfLogLevel(kvf_log_level level, spdlog::level::level_enum* out) {
   switch (level) {
@@ -235,6 +291,20 @@ Status ToClientOptions(const kvf_options& o, ClientOptions* out) {
   if (o.recompute == nullptr) {
     return NotSet("recompute", "the engine's prefill callback is required");
   }
+  if (o.device_kind != KVF_DEVICE_CPU && o.device_kind != KVF_DEVICE_CUDA) {
+    return Status::InvalidArgument("options->device_kind is " + std::to_string(o.device_kind) +
+                                   ": use KVF_DEVICE_CPU (0) or KVF_DEVICE_CUDA (1)");
+  }
+  if (o.device_kind == KVF_DEVICE_CPU && o.device_index != 0) {
+    return Status::InvalidArgument(
+        "options->device_index is " + std::to_string(o.device_index) +
+        " but options->device_kind is KVF_DEVICE_CPU, which has only device 0: set "
+        "device_kind = KVF_DEVICE_CUDA to select a GPU");
+  }
+  if (o.device_index > static_cast<std::uint32_t>(INT_MAX)) {
+    return Status::InvalidArgument("options->device_index is " + std::to_string(o.device_index) +
+                                   ", not a CUDA ordinal");
+  }
 
   ClientOptions options;
   options.placement_address = o.placement_address;
@@ -253,6 +323,9 @@ Status ToClientOptions(const kvf_options& o, ClientOptions* out) {
   if (o.ucx_tls != nullptr) options.ucx_tls = o.ucx_tls;
   if (o.data_transport != nullptr) options.data_transport = o.data_transport;
   options.arena.page_bytes = o.device_page_bytes;
+  options.arena.staging_pages = o.device_staging_pages;
+  options.arena.context_floor_pages = o.device_context_floor_pages;
+  options.arena.setting_names = CSettingNames();
   options.num_q_heads = o.num_q_heads;
   options.tile_tokens = o.tile_tokens;
   options.staging_bytes = o.staging_bytes;
@@ -356,6 +429,10 @@ void kvf_options_init(kvf_options* options) {
   options->data_transport = "ucx";
   options->rpc_timeout_ms = 5000;
   options->transfer_timeout_ms = 30000;
+  options->device_kind = KVF_DEVICE_CPU;
+  options->device_index = 0;
+  options->device_staging_pages = 0;        // two tiles' worth (Client)
+  options->device_context_floor_pages = 0;  // 1 sink + hot_newest_pages (Client)
 }
 
 kvf_status kvf_client_open(const kvf_options* options, kvf_client** out) {
@@ -367,15 +444,8 @@ kvf_status kvf_client_open(const kvf_options* options, kvf_client** out) {
     KVF_RETURN_IF_ERROR(ToClientOptions(*options, &client_options));
 
     auto handle = std::make_unique<kvf_client>();
-    kvfabric::gpu::DeviceOptions device_options;
-    device_options.arena_bytes = options->device_arena_bytes;
-    StatusOr<std::unique_ptr<kvfabric::gpu::Device>> device =
-        kvfabric::gpu::CreateCpuDevice(device_options);
-    if (!device.ok()) {
-      return device.status().WithContext(
-          "creating the CPU device of options->device_arena_bytes = " +
-          std::to_string(options->device_arena_bytes));
-    }
+    StatusOr<std::unique_ptr<kvfabric::gpu::Device>> device = CreateDevice(*options);
+    if (!device.ok()) return std::move(device).status();
     handle->device = std::move(device).value();
     client_options.device = handle->device.get();
     handle->tokens_per_block = client_options.model.tokens_per_block;

@@ -49,6 +49,8 @@ int kvf_c_header_check(void) {
   if (options.recompute != NULL || options.recompute_user != NULL) return 8;
   if (sizeof(key) != KVF_BLOCK_KEY_BYTES) return 9;
   if (options.data_transport == NULL || strcmp(options.data_transport, "ucx") != 0) return 13;
+  if (options.device_kind != KVF_DEVICE_CPU || options.device_index != 0) return 14;
+  if (options.device_staging_pages != 0 || options.device_context_floor_pages != 0) return 15;
 
   options.recompute = fn;
   (void)metrics;

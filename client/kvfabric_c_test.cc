@@ -1,7 +1,8 @@
 // The C API's own contract, without a cluster: defaults, argument checks that
 // name what was wrong, per-thread last errors, the open that cannot reach
-// placement, and the log level and sink. The calls' behaviour with a cluster
-// is Client's (its tests and tests/ cover it).
+// placement, device selection, the arena's refusals in kvf_options' terms,
+// and the log level and sink. The calls' behaviour with a cluster is Client's
+// (its tests and tests/ cover it).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -16,6 +17,10 @@
 #include "client/client_log.h"
 #include "core/status.h"
 #include "kvfabric/kvfabric.h"
+
+#ifdef KVF_HAVE_CUDA
+#include "gpu/cuda/cuda_probe.h"
+#endif
 
 // client/kvfabric_c_header_check.c, compiled as C99.
 extern "C" int kvf_c_header_check(void);
@@ -101,6 +106,10 @@ TEST(KvfabricCTest, OptionsInitFillsTheDocumentedDefaults) {
   EXPECT_EQ(o.transfer_timeout_ms, 30000u);
   EXPECT_EQ(o.recompute, nullptr);
   EXPECT_EQ(o.recompute_user, nullptr);
+  EXPECT_EQ(o.device_kind, static_cast<std::uint32_t>(KVF_DEVICE_CPU));
+  EXPECT_EQ(o.device_index, 0u);
+  EXPECT_EQ(o.device_staging_pages, 0u);
+  EXPECT_EQ(o.device_context_floor_pages, 0u);
   kvf_options_init(nullptr);  // does nothing
 }
 
@@ -277,6 +286,79 @@ TEST(KvfabricCTest, LastErrorIsPerThread) {
   EXPECT_EQ(LastError(), mine);  // untouched by the other thread's failure
 }
 
+// ---- Device selection
+
+TEST(KvfabricCTest, OpenRefusesAnUnknownDeviceKindAndAnIndexForTheCpu) {
+  kvf_options o = ValidOptions();
+  o.device_kind = 7;
+  ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, "options->device_kind is 7");
+  o = ValidOptions();
+  o.device_index = 1;  // KVF_DEVICE_CPU has device 0 only
+  ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, "options->device_index is 1");
+  EXPECT_NE(LastError().find("KVF_DEVICE_CUDA"), std::string::npos) << LastError();
+}
+
+// Whatever the build: without a GPU (or without CUDA in the library) a CUDA
+// request fails at open, saying which option asked for what and why it cannot
+// be had. With a GPU the device is created and placement is what is missing.
+TEST(KvfabricCTest, OpenWithACudaDeviceFailsClearlyWhereThereIsNone) {
+  kvf_options o = ValidOptions();
+  o.device_kind = KVF_DEVICE_CUDA;
+#ifdef KVF_HAVE_CUDA
+  const kvfabric::cuda::CudaProbeResult probe = kvfabric::cuda::ProbeCuda();
+  if (probe.devices.empty()) {
+    ExpectOpenRefused(o, KVF_FAILED_PRECONDITION,
+                      "kvf_client_open: FailedPrecondition: creating the CUDA device of "
+                      "options->device_kind = KVF_DEVICE_CUDA, options->device_index = 0, "
+                      "options->device_arena_bytes = 16777216: ");
+    EXPECT_NE(LastError().find("; no usable GPU here: check the driver and CUDA_VISIBLE_DEVICES, "
+                               "or use KVF_DEVICE_CPU"),
+              std::string::npos)
+        << LastError();
+  } else {
+    kvf_client* client = nullptr;
+    EXPECT_EQ(kvf_client_open(&o, &client), KVF_UNAVAILABLE) << LastError();
+    EXPECT_EQ(client, nullptr);
+    o.device_index = static_cast<std::uint32_t>(probe.devices.size());  // one past the last
+    ExpectOpenRefused(o, KVF_FAILED_PRECONDITION,
+                      "options->device_index = " + std::to_string(probe.devices.size()));
+  }
+#else
+  ExpectOpenRefused(o, KVF_UNIMPLEMENTED,
+                    "kvf_client_open: Unimplemented: options->device_kind is KVF_DEVICE_CUDA, "
+                    "but this libkvfabric was built without CUDA");
+#endif
+}
+
+// ---- The arena's sizing, in kvf_options' names
+
+// Refused at open before placement is asked; each refusal names the
+// kvf_options field and none a flag the C caller does not have.
+TEST(KvfabricCTest, ArenaRefusalsNameTheKvfOptionsFields) {
+  auto expect_refusal = [](const kvf_options& o, const std::string& needle) {
+    ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, "kvf_client_open: InvalidArgument: device arena: ");
+    EXPECT_NE(LastError().find(needle), std::string::npos) << LastError();
+    EXPECT_EQ(LastError().find("--"), std::string::npos) << LastError();
+  };
+  kvf_options o = ValidOptions();
+  o.device_arena_bytes = std::uint64_t{64} << 10;  // two 32 KiB pages, less the scratch
+  expect_refusal(o, "raise options->device_arena_bytes");
+
+  o = ValidOptions();
+  o.device_staging_pages = 10000;  // the 16 MiB arena holds fewer than 512 pages
+  expect_refusal(o, "staging 10000 + one context's floor 2");
+  EXPECT_NE(LastError().find("or lower options->device_staging_pages, "
+                             "options->device_context_floor_pages or options->device_page_bytes"),
+            std::string::npos)
+      << LastError();
+
+  o = ValidOptions();
+  o.device_context_floor_pages = 1;  // below the sink page + the newest page
+  expect_refusal(o,
+                 "context floor 1 pages < 1 sink page + 1 hot newest pages (raise "
+                 "options->device_context_floor_pages)");
+}
+
 // ---- Logging
 
 // One captured line.
@@ -380,12 +462,15 @@ TEST(KvfabricCTest, NullLogSinkRestoresStderr) {
 }
 
 // The library's own lines come through the sink: kvf_client_open lays the
-// arena out (an info line) before it finds placement missing.
-TEST(KvfabricCTest, TheLibrarysLinesReachTheSink) {
+// arena out (an info line naming the settings it used) before it finds
+// placement missing.
+TEST(KvfabricCTest, TheLibrarysLinesReachTheSinkWithTheSettingsUsed) {
   RestoreLogDefaults restore;
   CapturedLog log;
   kvf_set_log_sink(Capture, &log);
-  const kvf_options o = ValidOptions();
+  kvf_options o = ValidOptions();
+  o.device_staging_pages = 6;
+  o.device_context_floor_pages = 5;
   kvf_client* client = nullptr;
   EXPECT_EQ(kvf_client_open(&o, &client), KVF_UNAVAILABLE) << LastError();
   for (const LogLine& line : log.Take()) {
@@ -398,7 +483,8 @@ TEST(KvfabricCTest, TheLibrarysLinesReachTheSink) {
   for (const LogLine& line : log.Take()) {
     if (line.level != KVF_LOG_INFO || line.text.rfind("device arena: ", 0) != 0) continue;
     layout = true;
-    EXPECT_NE(line.text.find(" + staging "), std::string::npos) << line.text;
+    EXPECT_NE(line.text.find(" + staging 6 pages + pool "), std::string::npos) << line.text;
+    EXPECT_NE(line.text.find("contexts at floor 5 pages"), std::string::npos) << line.text;
   }
   EXPECT_TRUE(layout) << "no \"device arena: \" line at KVF_LOG_INFO";
 }

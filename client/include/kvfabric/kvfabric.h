@@ -5,7 +5,7 @@
  * The calls follow kvfabric::client::Client one for one:
  *
  *   kvf_options_init(&o); ...            defaults, then the required settings
- *   kvf_client_open(&o, &client)         a CPU device + Client::Open
+ *   kvf_client_open(&o, &client)         a CPU or CUDA device + Client::Open
  *   kvf_key_tokens(client, tokens, ...)  the key chain of a prompt
  *   kvf_match(client, keys, n, ...)      cached prefix and placement's plan
  *   kvf_new_context(client, tokens, &c)  a request's history
@@ -39,10 +39,11 @@
  *   - kvf_last_error's string belongs to the calling thread and stays valid
  *     until the next failing call on that thread.
  *
- * Device. Today a kvf_client creates and owns a CPU reference device
- * (gpu/cpu) with an arena of kvf_options.device_arena_bytes: attention runs
- * on the CPU. Selecting a CUDA or Level Zero device (and borrowing the
- * engine's) is a later addition to kvf_options.
+ * Device. A kvf_client creates and owns the device attention runs on, with
+ * an arena of kvf_options.device_arena_bytes: by default the CPU reference
+ * device (gpu/cpu); kvf_options.device_kind = KVF_DEVICE_CUDA selects GPU
+ * kvf_options.device_index, in a library built with CUDA. Level Zero, and
+ * borrowing the engine's own device context, are later additions.
  *
  * Logging. The library logs through its own logger, never the engine's:
  * lines for operators (refusals with their arithmetic, quarantines, failed
@@ -172,6 +173,13 @@ typedef uint64_t kvf_context_id;
  * these three. Stored in kvf_options.dtype as a uint32_t. */
 enum kvf_dtype_code { KVF_DTYPE_FP16 = 1, KVF_DTYPE_BF16 = 2, KVF_DTYPE_FP32 = 3 };
 
+/* The device a kvf_client creates (stored in kvf_options.device_kind as a
+ * uint32_t; never renumbered). */
+enum kvf_device_kind {
+  KVF_DEVICE_CPU = 0, /* the reference CPU backend; attention on the host */
+  KVF_DEVICE_CUDA = 1 /* an NVIDIA GPU: kvf_options.device_index */
+};
+
 /* What the engine must prefill when a run of blocks is recomputed
  * (kvfabric::client::RecomputeRequest). */
 typedef struct kvf_recompute_request {
@@ -224,9 +232,12 @@ typedef struct kvf_options {
    * tokens_per_block. Default 256. */
   uint32_t tile_tokens;
 
-  /* Bytes of the device arena, allocated (and pre-faulted) once at open
-   * [--device-arena-bytes]. Required: 0 is refused. It must hold the staging
-   * pages plus one context's floor (client/device_arena.h). */
+  /* Bytes of the device arena, allocated (and pre-faulted) once at open, in
+   * the device's memory [--device-arena-bytes]. Required: 0 is refused. It
+   * must hold the kernels' scratch, device_staging_pages and one
+   * device_context_floor_pages (client/device_arena.h); a refusal names the
+   * minimum. For KVF_DEVICE_CUDA it must fit the GPU's free memory
+   * (KVF_RESOURCE_EXHAUSTED otherwise). */
   uint64_t device_arena_bytes;
   /* Bytes per arena page [--device-page-bytes]. 0 (default): one attention
    * tile of one layer, tile_tokens * kv_heads * head_dim * dtype size * 2. */
@@ -258,6 +269,26 @@ typedef struct kvf_options {
    * the same) or "tcp", kernel sockets, for daemons started with
    * --data-transport=tcp. Every daemon reached must use the same. */
   const char* data_transport;
+
+  /* The device attention runs on, a kvf_device_kind. Default KVF_DEVICE_CPU.
+   * KVF_DEVICE_CUDA needs a library built with CUDA: otherwise
+   * kvf_client_open refuses it (KVF_UNIMPLEMENTED, saying so), and without a
+   * usable GPU it fails with KVF_FAILED_PRECONDITION and CUDA's reason. */
+  uint32_t device_kind;
+  /* Which GPU for KVF_DEVICE_CUDA: the CUDA ordinal (CUDA_VISIBLE_DEVICES
+   * applies). Default 0. Must be 0 for KVF_DEVICE_CPU. */
+  uint32_t device_index;
+
+  /* Arena pages reserved for staging streamed tiles
+   * [--device-staging-pages]. 0 (default): two tiles' worth, so the next
+   * tile's copy overlaps the current tile's attention. Every staging page is
+   * a page no context can hold. */
+  uint32_t device_staging_pages;
+  /* Pages every context holds to run, committed when kvf_new_context admits
+   * it [--device-context-floor-pages]. 0 (default): 2, its attention-sink
+   * page and its newest page (the least that is accepted). A larger floor
+   * keeps more of each history on the device; fewer contexts fit. */
+  uint32_t device_context_floor_pages;
 } kvf_options;
 
 /* Fills *options with the defaults above (required fields zero or NULL) and
@@ -267,10 +298,13 @@ void kvf_options_init(kvf_options* options);
 /* ---- Client ------------------------------------------------------------ */
 
 /* Validates *options (KVF_INVALID_ARGUMENT naming the field), creates the
- * client's CPU device of device_arena_bytes, then opens the client: connects
- * to placement (KVF_UNAVAILABLE if it does not answer within rpc_timeout_ms),
- * creates the data-plane transport, the staging region and the device arena.
- * On success *out is the new client; on failure *out is NULL. */
+ * client's device (device_kind, device_index; their failures are described
+ * there) with its arena of device_arena_bytes, lays the arena out
+ * (KVF_INVALID_ARGUMENT naming the kvf_options fields to change when the
+ * staging pages and one context floor do not fit), then connects to
+ * placement (KVF_UNAVAILABLE if it does not answer within rpc_timeout_ms) and
+ * creates the data-plane transport and the staging region. On success *out
+ * is the new client; on failure *out is NULL. */
 kvf_status kvf_client_open(const kvf_options* options, kvf_client** out);
 
 /* Finishes every open context (waiting for their loads and saves), stops the
