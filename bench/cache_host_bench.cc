@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "bench/kv_baselines.h"
+#include "client/cache_host_session.h"
 #include "client/data_plane_client.h"
 #include "core/crc32c.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
@@ -173,13 +174,14 @@ class Daemon {
   std::map<std::string, std::string> info_;
 };
 
-// One client connection: its own UCX transport, staging region, gRPC stub.
+// One client connection: its own UCX transport, staging region and session
+// with the daemon (gRPC stub and data-plane connection).
 struct Conn {
   std::unique_ptr<transport::Transport> t;
   std::unique_ptr<transport::MemoryRegion> staging;
   std::unique_ptr<client::DataPlaneClient> data;
-  client::DaemonConnection* dc = nullptr;
-  std::unique_ptr<v1::CacheHost::Stub> stub;
+  std::shared_ptr<client::CacheHostSession> session;
+  ~Conn() { session.reset(); }  // before the data plane it borrows
 };
 
 std::unique_ptr<Conn> Connect(const Args& a, Daemon& d, const std::string& path,
@@ -193,16 +195,18 @@ std::unique_ptr<Conn> Connect(const Args& a, Daemon& d, const std::string& path,
   c->staging = std::move(*c->t->AllocateMemory(staging_bytes, transport::MemoryKind::kHost));
   std::memset(c->staging->bytes().data(), 0x5a, c->staging->bytes().size());
   c->data = std::move(*client::DataPlaneClient::Create(c->t.get()));
-  c->dc = *c->data->Connect(d.transport(), Clock::now() + std::chrono::seconds(10));
-  if (!c->data->ExportRegion(c->dc, 1, *c->staging, Clock::now() + std::chrono::seconds(10)).ok()) {
-    std::fprintf(stderr, "export failed\n");
+  client::CacheHostSessionOptions so;
+  so.grpc_address = d.grpc();
+  so.transport_address = d.transport();
+  so.rpc_timeout = std::chrono::seconds(10);
+  so.transfer_timeout = std::chrono::seconds(60);
+  so.region_id = 1;
+  auto session = client::CacheHostSession::Open(c->data.get(), *c->staging, so);
+  if (!session.ok()) {
+    std::fprintf(stderr, "session: %s\n", session.status().ToString().c_str());
     std::exit(1);
   }
-  grpc::ChannelArguments ch;
-  ch.SetMaxReceiveMessageSize(16 << 20);
-  ch.SetMaxSendMessageSize(16 << 20);
-  c->stub = v1::CacheHost::NewStub(
-      grpc::CreateCustomChannel(d.grpc(), grpc::InsecureChannelCredentials(), ch));
+  c->session = std::move(*session);
   return c;
 }
 
@@ -229,134 +233,54 @@ std::string Key(int conn, std::uint64_t i) {
   return k;
 }
 
-std::array<std::uint8_t, 16> Token(const std::string& s) {
-  std::array<std::uint8_t, 16> t{};
-  std::memcpy(t.data(), s.data(), std::min<std::size_t>(16, s.size()));
-  return t;
-}
-
 // One batch: PUT (reserve, put, commit) or GET (kFetch; or lease, get,
 // release) of `n` blocks starting at `first`. Returns false on any error.
-bool Batch(Conn& c, const std::string& ns, bool put, const std::string& get_mode, int conn,
-           std::uint64_t first, int n, std::uint64_t block, std::uint32_t layers,
-           std::uint64_t slot, std::vector<std::uint32_t>* crcs) {
-  std::vector<wire::TransferRange> ranges;
-  std::uint64_t lease = 0;
-  std::array<std::uint8_t, 16> token{};
+bool Batch(Conn& c, bool put, const std::string& get_mode, int conn, std::uint64_t first, int n,
+           std::uint64_t block, std::uint32_t layers, std::uint64_t slot,
+           std::vector<std::uint32_t>* crcs) {
+  const client::SlotLayout slots{slot, block};
+  Status first_error;
   if (put) {
-    v1::ReserveRequest req;
-    req.set_namespace_(ns);
-    *req.mutable_fingerprint() = Fp(layers);
+    std::vector<client::CacheHostSession::StoreBlock> blocks(static_cast<std::size_t>(n));
     for (int k = 0; k < n; ++k) {
-      auto* b = req.add_blocks();
-      b->set_key(Key(conn, first + k));
-      b->set_payload_bytes(block);
-      b->set_representation(v1::REPRESENTATION_EXACT);
-      b->set_format_version(1);
-      b->set_token_count(16);
-      b->set_prefix_tokens(16 * (first + k));
+      v1::BlockDescriptor& b = blocks[k].descriptor;
+      b.set_key(Key(conn, first + k));
+      b.set_payload_bytes(block);
+      b.set_representation(v1::REPRESENTATION_EXACT);
+      b.set_format_version(1);
+      b.set_token_count(16);
+      b.set_prefix_tokens(16 * (first + k));
+      blocks[k].crc32c = (*crcs)[k];
     }
-    v1::ReserveResponse resp;
-    grpc::ClientContext ctx;
-    if (auto st = c.stub->Reserve(&ctx, req, &resp); !st.ok()) {
-      std::fprintf(stderr, "Reserve: %s\n", st.error_message().c_str());
-      return false;
+    auto got = c.session->Store(Fp(layers), blocks, slots);
+    first_error = got.status();
+    for (std::size_t k = 0; got.ok() && first_error.ok() && k < got->size(); ++k) {
+      first_error = (*got)[k];
     }
-    for (int k = 0; k < n; ++k) {
-      const auto& r = resp.results(k);
-      if (r.status().code() != 0) {
-        std::fprintf(stderr, "reserve: %s\n", r.status().message().c_str());
-        return false;
-      }
-      std::uint64_t pos = slot + k * block;
-      for (const auto& x : r.extents()) {
-        ranges.push_back({x.offset_bytes(), x.length_bytes(), pos});
-        pos += x.length_bytes();
-      }
-    }
-    lease = resp.lease_id();
-    token = Token(resp.grant().access_token());
   } else if (get_mode == "fetch") {
     std::vector<wire::FetchKey> keys(static_cast<std::size_t>(n));
     for (int k = 0; k < n; ++k) std::memcpy(keys[k].data(), Key(conn, first + k).data(), 32);
-    client::DataPlaneClient::FetchRequest req;
-    req.ns = ns;
-    req.keys = keys;
-    req.region_id = 1;
-    req.region_offset = slot;
-    req.slot_bytes = block;
-    auto got = c.data->Fetch(c.dc, req, Clock::now() + std::chrono::seconds(60));
-    if (!got.ok()) {
-      std::fprintf(stderr, "fetch: %s\n", got.status().ToString().c_str());
-      return false;
-    }
-    for (const wire::FetchKeyResult& r : *got) {
-      if (r.code != StatusCode::kOk || r.payload_bytes != block) {
-        std::fprintf(stderr, "fetch: code %d, %llu bytes\n", static_cast<int>(r.code),
-                     static_cast<unsigned long long>(r.payload_bytes));
-        return false;
+    auto got = c.session->Fetch(keys, "", slots);
+    first_error = got.status();
+    for (std::size_t k = 0; got.ok() && first_error.ok() && k < got->size(); ++k) {
+      first_error = (*got)[k].status;
+      if (first_error.ok() && (*got)[k].payload_bytes != block) {
+        first_error = Status::DataLoss(std::to_string((*got)[k].payload_bytes) + " bytes");
       }
     }
-    return true;
   } else {
-    v1::LeaseRequest req;
-    req.set_namespace_(ns);
-    for (int k = 0; k < n; ++k) req.add_keys(Key(conn, first + k));
-    v1::LeaseResponse resp;
-    grpc::ClientContext ctx;
-    if (auto st = c.stub->Lease(&ctx, req, &resp); !st.ok()) {
-      std::fprintf(stderr, "Lease: %s\n", st.error_message().c_str());
-      return false;
+    std::vector<std::string> keys;
+    for (int k = 0; k < n; ++k) keys.push_back(Key(conn, first + k));
+    auto got = c.session->LeaseGet(keys, "", 0, slots);
+    first_error = got.status();
+    for (std::size_t k = 0; got.ok() && first_error.ok() && k < got->size(); ++k) {
+      first_error = (*got)[k].status;
     }
-    for (int k = 0; k < n; ++k) {
-      const auto& r = resp.results(k);
-      if (r.status().code() != 0) {
-        std::fprintf(stderr, "lease: %s\n", r.status().message().c_str());
-        return false;
-      }
-      std::uint64_t pos = slot + k * block;
-      for (const auto& x : r.extents()) {
-        ranges.push_back({x.offset_bytes(), x.length_bytes(), pos});
-        pos += x.length_bytes();
-      }
-    }
-    lease = resp.lease_id();
-    token = Token(resp.grant().access_token());
   }
-  if (Status st = c.data->Transfer(c.dc, put ? client::DataOp::kPut : client::DataOp::kGet, lease,
-                                   token, 1, ranges, Clock::now() + std::chrono::seconds(60));
-      !st.ok()) {
-    std::fprintf(stderr, "transfer: %s\n", st.ToString().c_str());
+  if (!first_error.ok()) {
+    std::fprintf(stderr, "%s: %s\n", put ? "put" : get_mode.c_str(),
+                 first_error.ToString().c_str());
     return false;
-  }
-  if (put) {
-    v1::CommitRequest req;
-    req.set_namespace_(ns);
-    req.set_lease_id(lease);
-    for (int k = 0; k < n; ++k) {
-      auto* e = req.add_entries();
-      e->set_key(Key(conn, first + k));
-      e->set_crc32c((*crcs)[k]);
-    }
-    v1::CommitResponse resp;
-    grpc::ClientContext ctx;
-    if (auto st = c.stub->Commit(&ctx, req, &resp); !st.ok()) {
-      std::fprintf(stderr, "Commit: %s\n", st.error_message().c_str());
-      return false;
-    }
-    for (const auto& r : resp.results()) {
-      if (r.status().code() != 0) {
-        std::fprintf(stderr, "commit: %s\n", r.status().message().c_str());
-        return false;
-      }
-    }
-  } else {
-    v1::ReleaseRequest req;
-    req.set_namespace_(ns);
-    req.add_entries()->set_lease_id(lease);
-    v1::ReleaseResponse resp;
-    grpc::ClientContext ctx;
-    c.stub->Release(&ctx, req, &resp);
   }
   return true;
 }
@@ -370,6 +294,7 @@ Result RunKvf(std::vector<std::unique_ptr<Conn>>& conns, const std::string& ns, 
   const std::uint64_t blocks_per_worker = total / block / workers;
   std::vector<std::vector<double>> lat(workers);
   std::atomic<bool> failed{false};
+  for (auto& c : conns) c->session->SetNamespace(ns);
   const auto start = Clock::now();
   std::vector<std::thread> threads;
   for (std::size_t wi = 0; wi < workers; ++wi) {
@@ -385,8 +310,7 @@ Result RunKvf(std::vector<std::unique_ptr<Conn>>& conns, const std::string& ns, 
       for (std::uint64_t i = 0; i < blocks_per_worker && !failed; i += per_batch) {
         const int n = static_cast<int>(std::min<std::uint64_t>(per_batch, blocks_per_worker - i));
         const auto t0 = Clock::now();
-        if (!Batch(c, ns, put, get_mode, static_cast<int>(wi), i, n, block, layers, slot,
-                   &crcs)) {
+        if (!Batch(c, put, get_mode, static_cast<int>(wi), i, n, block, layers, slot, &crcs)) {
           failed = true;
         }
         lat[wi].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
@@ -472,22 +396,20 @@ void PrintPaired(const std::string& path, const char* op, std::uint64_t block, i
 // next repetition can put the same keys again.
 void DeleteBlocks(Conn& c, const std::string& ns, std::size_t workers,
                   std::uint64_t blocks_per_worker) {
-  v1::DeleteRequest req;
-  req.set_namespace_(ns);
+  c.session->SetNamespace(ns);
+  std::vector<std::string> keys;
   auto flush = [&] {
-    if (req.keys_size() == 0) return;
-    v1::DeleteResponse resp;
-    grpc::ClientContext ctx;
-    if (auto st = c.stub->Delete(&ctx, req, &resp); !st.ok()) {
-      std::fprintf(stderr, "Delete: %s\n", st.error_message().c_str());
+    if (keys.empty()) return;
+    if (auto got = c.session->Delete(keys); !got.ok()) {
+      std::fprintf(stderr, "Delete: %s\n", got.status().ToString().c_str());
       std::exit(1);
     }
-    req.clear_keys();
+    keys.clear();
   };
   for (std::size_t wi = 0; wi < workers; ++wi) {
     for (std::uint64_t i = 0; i < blocks_per_worker; ++i) {
-      req.add_keys(Key(static_cast<int>(wi), i));
-      if (req.keys_size() == 4096) flush();
+      keys.push_back(Key(static_cast<int>(wi), i));
+      if (keys.size() == 4096) flush();
     }
   }
   flush();

@@ -36,9 +36,13 @@ constexpr std::uint64_t kBytesPerLayer = 4096;
 constexpr std::uint32_t kProbeTtlMs = 120000;
 constexpr auto kTransferTimeout = std::chrono::seconds(120);
 
-Status FromEntry(const v1::EntryStatus& e, const std::string& what) {
-  if (e.code() == 0) return Status::OK();
-  return Status(static_cast<StatusCode>(e.code()), e.message()).WithContext(what);
+// Every per-block outcome of `got` must be OK; `what` names the call.
+Status AllOk(const StatusOr<std::vector<Status>>& got, const std::string& what) {
+  KVF_RETURN_IF_ERROR(got.status().WithContext(what));
+  for (std::size_t k = 0; k < got->size(); ++k) {
+    KVF_RETURN_IF_ERROR((*got)[k].WithContext(what + ", probe block " + std::to_string(k)));
+  }
+  return Status::OK();
 }
 
 }  // namespace
@@ -63,9 +67,9 @@ StatusOr<std::unique_ptr<ClientFabric>> ClientFabric::Create(std::uint64_t stagi
   return f;
 }
 
-StatusOr<std::unique_ptr<CacheHostSession>> CacheHostSession::Open(
+StatusOr<std::unique_ptr<CacheHostTarget>> CacheHostTarget::Open(
     const std::string& address, std::span<const std::uint64_t> sizes, int timeout_ms) {
-  auto s = std::unique_ptr<CacheHostSession>(new CacheHostSession(address, timeout_ms));
+  auto s = std::unique_ptr<CacheHostTarget>(new CacheHostTarget(address, timeout_ms));
   grpc::ChannelArguments ch;
   ch.SetMaxReceiveMessageSize(16 << 20);
   ch.SetMaxSendMessageSize(16 << 20);
@@ -106,13 +110,22 @@ StatusOr<std::unique_ptr<CacheHostSession>> CacheHostSession::Open(
   return s;
 }
 
-CacheHostSession::~CacheHostSession() {
+CacheHostTarget::~CacheHostTarget() {
   // Best effort: the blocks also expire with the daemon's eviction; nothing to report to.
   for (auto& [bytes, keys] : get_keys_) DeleteKeys(keys).IgnoreError();
 }
 
-Status CacheHostSession::PrepareGets(ClientFabric* fabric, std::span<const std::uint64_t> sizes) {
+Status CacheHostTarget::PrepareGets(ClientFabric* fabric, std::span<const std::uint64_t> sizes) {
   fabric_ = fabric;
+  client::CacheHostSessionOptions o;
+  o.host_id = host_id_;
+  o.grpc_address = address_;
+  o.ns = kProbeNamespace;
+  o.rpc_timeout = std::chrono::milliseconds(timeout_ms_);
+  o.transfer_timeout = kTransferTimeout;
+  o.region_id = kRegionId;
+  KVF_ASSIGN_OR_RETURN(session_,
+                       client::CacheHostSession::Open(fabric->data.get(), *fabric->staging, o));
   for (std::uint64_t bytes : sizes) {
     KVF_ASSIGN_OR_RETURN(BlockSplit split, Split(bytes));
     std::vector<std::string> keys = NewKeys(split.blocks);
@@ -122,7 +135,7 @@ Status CacheHostSession::PrepareGets(ClientFabric* fabric, std::span<const std::
   return Status::OK();
 }
 
-StatusOr<double> CacheHostSession::TimedGet(std::uint64_t bytes) {
+StatusOr<double> CacheHostTarget::TimedGet(std::uint64_t bytes) {
   auto it = get_keys_.find(bytes);
   if (it == get_keys_.end()) return Status::Internal("no probe blocks put for this size");
   KVF_ASSIGN_OR_RETURN(BlockSplit split, Split(bytes));
@@ -131,40 +144,25 @@ StatusOr<double> CacheHostSession::TimedGet(std::uint64_t bytes) {
   for (std::uint64_t k = 0; k < split.blocks; ++k) {
     std::memset(staging.data() + k * split.block_bytes, 0xa5, 8);
   }
+  std::vector<std::string>& keys = it->second;
   const auto start = SteadyClock::now();
-  v1::LeaseRequest req;
-  req.set_namespace_(kProbeNamespace);
-  req.set_ttl_ms(TtlMs());
-  for (const std::string& key : it->second) req.add_keys(key);
-  v1::LeaseResponse resp;
-  KVF_RETURN_IF_ERROR(Call("Lease", stub_->Lease(Context().get(), req, &resp)));
-  if (resp.results_size() != static_cast<int>(split.blocks)) {
-    return Status::Internal("Lease answered " + std::to_string(resp.results_size()) +
-                            " results for " + std::to_string(split.blocks) + " keys");
-  }
-  std::vector<wire::TransferRange> ranges;
+  std::uint64_t lease_id = 0;
+  KVF_ASSIGN_OR_RETURN(
+      const std::vector<client::CacheHostSession::ReadResult> got,
+      session_->LeaseGet(keys, "", TtlMs(), {0, split.block_bytes}, &lease_id));
+  const double us = MicrosSince(start);
+  if (lease_id != 0) KVF_RETURN_IF_ERROR(session_->Release(lease_id));
   for (std::uint64_t k = 0; k < split.blocks; ++k) {
-    const v1::LeaseResult& r = resp.results(static_cast<int>(k));
-    KVF_RETURN_IF_ERROR(FromEntry(r.status(), "Lease of probe block " + std::to_string(k)));
-    if (r.tier() != v1::TIER_HOST) {
+    KVF_RETURN_IF_ERROR(got[k].status.WithContext("Lease of probe block " + std::to_string(k)));
+    if (got[k].tier != v1::TIER_HOST) {
       return Status::FailedPrecondition(
           "--cache-host " + address_ +
           " served a probe block from NVMe, not its host pool: "
           "the pool is too small (or its watermarks demote the probe blocks); lower "
           "--max-bytes or give the daemon a larger --host-pool-bytes");
     }
-    AppendRanges(r.extents(), k * split.block_bytes, &ranges);
-  }
-  KVF_RETURN_IF_ERROR(Move(client::DataOp::kGet, resp.lease_id(), resp.grant(), ranges));
-  const double us = MicrosSince(start);
-  v1::ReleaseRequest rel;
-  rel.set_namespace_(kProbeNamespace);
-  rel.add_entries()->set_lease_id(resp.lease_id());
-  v1::ReleaseResponse rel_resp;
-  KVF_RETURN_IF_ERROR(Call("Release", stub_->Release(Context().get(), rel, &rel_resp)));
-  for (std::uint64_t k = 0; k < split.blocks; ++k) {
-    const auto got = staging.subspan(k * split.block_bytes, split.block_bytes);
-    if (crc32c::Value(got) != resp.results(static_cast<int>(k)).block().crc32c()) {
+    const auto bytes_read = staging.subspan(k * split.block_bytes, split.block_bytes);
+    if (crc32c::Value(bytes_read) != got[k].crc32c) {
       return Status::DataLoss("--cache-host " + address_ + ": probe block " + std::to_string(k) +
                               " of " + FormatBytes(bytes) + " read back with a CRC32C mismatch");
     }
@@ -172,7 +170,7 @@ StatusOr<double> CacheHostSession::TimedGet(std::uint64_t bytes) {
   return us;
 }
 
-StatusOr<double> CacheHostSession::TimedPut(std::uint64_t bytes) {
+StatusOr<double> CacheHostTarget::TimedPut(std::uint64_t bytes) {
   KVF_ASSIGN_OR_RETURN(BlockSplit split, Split(bytes));
   const std::vector<std::uint32_t>& crcs = Crcs(split);
   const std::vector<std::string> keys = NewKeys(split.blocks);
@@ -183,23 +181,23 @@ StatusOr<double> CacheHostSession::TimedPut(std::uint64_t bytes) {
   return us;
 }
 
-std::unique_ptr<grpc::ClientContext> CacheHostSession::Context() const {
+std::unique_ptr<grpc::ClientContext> CacheHostTarget::Context() const {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_));
   return ctx;
 }
 
-std::uint32_t CacheHostSession::TtlMs() const {
+std::uint32_t CacheHostTarget::TtlMs() const {
   const std::uint32_t most = limits_.max_ttl_ms();
   return most == 0 ? kProbeTtlMs : std::min(kProbeTtlMs, most);
 }
 
-Status CacheHostSession::Call(const char* rpc, const grpc::Status& g) const {
+Status CacheHostTarget::Call(const char* rpc, const grpc::Status& g) const {
   if (g.ok()) return Status::OK();
   return FromGrpcStatus(g).WithContext(std::string(rpc) + " on --cache-host " + address_);
 }
 
-StatusOr<BlockSplit> CacheHostSession::Split(std::uint64_t bytes) const {
+StatusOr<BlockSplit> CacheHostTarget::Split(std::uint64_t bytes) const {
   if (bytes > limits_.max_batch_payload_bytes()) {
     return Status::InvalidArgument("--max-bytes " + FormatBytes(bytes) + " exceeds " + address_ +
                                    "'s max_batch_payload_bytes " +
@@ -216,7 +214,7 @@ StatusOr<BlockSplit> CacheHostSession::Split(std::uint64_t bytes) const {
   return split;
 }
 
-std::vector<std::string> CacheHostSession::NewKeys(std::uint64_t n) {
+std::vector<std::string> CacheHostTarget::NewKeys(std::uint64_t n) {
   std::vector<std::string> keys(n, std::string(32, '\0'));
   for (std::string& key : keys) {
     for (int w = 0; w < 4; ++w) {
@@ -227,7 +225,7 @@ std::vector<std::string> CacheHostSession::NewKeys(std::uint64_t n) {
   return keys;
 }
 
-const std::vector<std::uint32_t>& CacheHostSession::Crcs(const BlockSplit& split) {
+const std::vector<std::uint32_t>& CacheHostTarget::Crcs(const BlockSplit& split) {
   std::vector<std::uint32_t>& crcs = crcs_[{split.block_bytes, split.blocks}];
   if (crcs.empty()) {
     const std::span<const std::byte> staging = fabric_->staging->bytes();
@@ -238,108 +236,44 @@ const std::vector<std::uint32_t>& CacheHostSession::Crcs(const BlockSplit& split
   return crcs;
 }
 
-void CacheHostSession::AppendRanges(const google::protobuf::RepeatedPtrField<v1::Extent>& extents,
-                                    std::uint64_t region_offset,
-                                    std::vector<wire::TransferRange>* out) {
-  for (const v1::Extent& x : extents) {
-    out->push_back({x.offset_bytes(), x.length_bytes(), region_offset});
-    region_offset += x.length_bytes();
-  }
-}
-
-Status CacheHostSession::Move(client::DataOp op, std::uint64_t lease_id,
-                              const v1::TransportGrant& grant,
-                              std::span<const wire::TransferRange> ranges) {
-  if (grant.access_token().size() != 16) {
-    return Status::Internal("--cache-host " + address_ + ": grant token of " +
-                            std::to_string(grant.access_token().size()) + " bytes, not 16");
-  }
-  const auto deadline = SteadyClock::now() + kTransferTimeout;
-  if (conn_ == nullptr) {
-    StatusOr<client::DaemonConnection*> conn =
-        fabric_->data->Connect(grant.transport_address(), deadline);
-    if (!conn.ok()) {
-      return conn.status().WithContext("data plane of --cache-host " + address_ + " at " +
-                                       grant.transport_address());
-    }
-    KVF_RETURN_IF_ERROR(fabric_->data->ExportRegion(*conn, kRegionId, *fabric_->staging, deadline));
-    conn_ = *conn;
-  }
-  std::array<std::uint8_t, 16> token{};
-  std::memcpy(token.data(), grant.access_token().data(), token.size());
-  Status s = fabric_->data->Transfer(conn_, op, lease_id, token, kRegionId, ranges, deadline);
-  return s.WithContext(std::string(op == client::DataOp::kGet ? "kGet" : "kPut") +
-                       " from --cache-host " + address_);
-}
-
-Status CacheHostSession::Put(const BlockSplit& split, const std::vector<std::string>& keys,
-                             const std::vector<std::uint32_t>& crcs) {
-  v1::ReserveRequest req;
-  req.set_namespace_(kProbeNamespace);
-  req.set_ttl_ms(TtlMs());
-  v1::ModelFingerprint* f = req.mutable_fingerprint();
-  f->set_model_id("kvfabric/calibrate@1");
-  f->set_first_layer(0);
-  f->set_layer_count(static_cast<std::uint32_t>(split.block_bytes / kBytesPerLayer));
-  f->set_dtype(v1::DTYPE_FP16);
-  f->set_kv_heads(1);
-  f->set_head_dim(64);
-  f->set_tokens_per_block(16);
-  f->set_tp_rank(0);
-  f->set_tp_size(1);
-  f->set_layout_version(1);
+Status CacheHostTarget::Put(const BlockSplit& split, const std::vector<std::string>& keys,
+                            const std::vector<std::uint32_t>& crcs) {
+  v1::ModelFingerprint f;
+  f.set_model_id("kvfabric/calibrate@1");
+  f.set_first_layer(0);
+  f.set_layer_count(static_cast<std::uint32_t>(split.block_bytes / kBytesPerLayer));
+  f.set_dtype(v1::DTYPE_FP16);
+  f.set_kv_heads(1);
+  f.set_head_dim(64);
+  f.set_tokens_per_block(16);
+  f.set_tp_rank(0);
+  f.set_tp_size(1);
+  f.set_layout_version(1);
+  std::vector<client::CacheHostSession::StoreBlock> blocks(split.blocks);
   for (std::uint64_t k = 0; k < split.blocks; ++k) {
-    v1::BlockDescriptor* b = req.add_blocks();
-    b->set_key(keys[k]);
-    b->set_payload_bytes(split.block_bytes);
-    b->set_representation(v1::REPRESENTATION_EXACT);
-    b->set_format_version(1);
-    b->set_token_count(16);
-    b->set_prefix_tokens(16 * k);
+    v1::BlockDescriptor& b = blocks[k].descriptor;
+    b.set_key(keys[k]);
+    b.set_payload_bytes(split.block_bytes);
+    b.set_representation(v1::REPRESENTATION_EXACT);
+    b.set_format_version(1);
+    b.set_token_count(16);
+    b.set_prefix_tokens(16 * k);
+    blocks[k].crc32c = crcs[k];
   }
-  v1::ReserveResponse resp;
-  KVF_RETURN_IF_ERROR(Call("Reserve", stub_->Reserve(Context().get(), req, &resp)));
-  if (resp.results_size() != static_cast<int>(split.blocks)) {
-    return Status::Internal("Reserve answered " + std::to_string(resp.results_size()) +
-                            " results for " + std::to_string(split.blocks) + " blocks");
-  }
-  std::vector<wire::TransferRange> ranges;
-  v1::CommitRequest commit;
-  commit.set_namespace_(kProbeNamespace);
-  commit.set_lease_id(resp.lease_id());
-  commit.set_release_uncommitted(true);
-  for (std::uint64_t k = 0; k < split.blocks; ++k) {
-    const v1::ReserveResult& r = resp.results(static_cast<int>(k));
-    KVF_RETURN_IF_ERROR(FromEntry(r.status(), "Reserve of probe block " + std::to_string(k) +
-                                                  " on --cache-host " + address_));
-    AppendRanges(r.extents(), k * split.block_bytes, &ranges);
-    v1::CommitEntry* c = commit.add_entries();
-    c->set_key(keys[k]);
-    c->set_crc32c(crcs[k]);
-  }
-  KVF_RETURN_IF_ERROR(Move(client::DataOp::kPut, resp.lease_id(), resp.grant(), ranges));
-  v1::CommitResponse cresp;
-  KVF_RETURN_IF_ERROR(Call("Commit", stub_->Commit(Context().get(), commit, &cresp)));
-  for (int k = 0; k < cresp.results_size(); ++k) {
-    KVF_RETURN_IF_ERROR(
-        FromEntry(cresp.results(k).status(), "Commit of probe block " + std::to_string(k)));
-  }
-  return Status::OK();
+  return AllOk(session_->Store(f, blocks, {0, split.block_bytes}, TtlMs()),
+               "Store on --cache-host " + address_);
 }
 
-Status CacheHostSession::DeleteKeys(const std::vector<std::string>& keys) {
+Status CacheHostTarget::DeleteKeys(const std::vector<std::string>& keys) {
+  if (session_ == nullptr) return Status::OK();  // nothing was put
   const std::size_t batch = std::max<std::uint32_t>(1, limits_.max_keys_per_batch());
   for (std::size_t first = 0; first < keys.size(); first += batch) {
-    v1::DeleteRequest req;
-    req.set_namespace_(kProbeNamespace);
-    for (std::size_t i = first; i < std::min(keys.size(), first + batch); ++i) {
-      req.add_keys(keys[i]);
-    }
-    v1::DeleteResponse resp;
-    KVF_RETURN_IF_ERROR(Call("Delete", stub_->Delete(Context().get(), req, &resp)));
-    for (const v1::DeleteResult& r : resp.results()) {
-      if (r.status().code() != 0 && r.status().code() != static_cast<int>(StatusCode::kNotFound)) {
-        return FromEntry(r.status(), "Delete of a probe block on --cache-host " + address_);
+    const std::size_t n = std::min(keys.size() - first, batch);
+    KVF_ASSIGN_OR_RETURN(const std::vector<Status> got,
+                         session_->Delete(std::span<const std::string>(keys).subspan(first, n)));
+    for (const Status& s : got) {
+      if (!s.ok() && !s.IsNotFound()) {
+        return s.WithContext("Delete of a probe block on --cache-host " + address_);
       }
     }
   }

@@ -27,7 +27,7 @@ using calibrate_internal::MicrosSince;
 using calibrate_internal::SteadyClock;
 #ifdef KVF_HAVE_UCX
 using calibrate_internal::CacheHostProbe;
-using calibrate_internal::CacheHostSession;
+using calibrate_internal::CacheHostTarget;
 using calibrate_internal::ClientFabric;
 #endif  // KVF_HAVE_UCX
 
@@ -234,11 +234,11 @@ StatusOr<CalibrationReport> RunCalibrate(const CalibrateArgs& args,
 #ifdef KVF_HAVE_UCX
   // Every daemon is checked before anything is measured: a typo in the last --cache-host
   // should not cost the minutes the others take.
-  std::vector<std::unique_ptr<CacheHostSession>> sessions;
+  std::vector<std::unique_ptr<CacheHostTarget>> sessions;
   std::map<std::string, std::string> host_ids;  // host_id -> address
   for (const std::string& address : args.cache_hosts) {
-    KVF_ASSIGN_OR_RETURN(std::unique_ptr<CacheHostSession> session,
-                         CacheHostSession::Open(address, sizes, args.rpc_timeout_ms));
+    KVF_ASSIGN_OR_RETURN(std::unique_ptr<CacheHostTarget> session,
+                         CacheHostTarget::Open(address, sizes, args.rpc_timeout_ms));
     auto [it, fresh] = host_ids.emplace(session->host_id(), address);
     if (!fresh) {
       return Status::InvalidArgument("--cache-host " + address + " and " + it->second +
@@ -289,7 +289,7 @@ StatusOr<CalibrationReport> RunCalibrate(const CalibrateArgs& args,
 #ifdef KVF_HAVE_UCX
   if (!sessions.empty()) {
     KVF_ASSIGN_OR_RETURN(std::unique_ptr<ClientFabric> fabric, ClientFabric::Create(sizes.back(), args.data_transport));
-    for (std::unique_ptr<CacheHostSession>& session : sessions) {
+    for (std::unique_ptr<CacheHostTarget>& session : sessions) {
       calibrator.Progress("cache host " + session->host_id() + ": putting the read probes");
       KVF_RETURN_IF_ERROR(session->PrepareGets(fabric.get(), sizes));
       for (bool get : {true, false}) {

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "client/cache_host_session.h"
 #include "client/data_plane_client.h"
 #include "core/bus_probe.h"
 #include "core/status.h"
@@ -53,14 +54,14 @@ struct ClientFabric {
 };
 
 // One daemon under measurement: its control stub, its limits, and the probe blocks it holds.
-class CacheHostSession {
+class CacheHostTarget {
  public:
   // Health (serving, host_id, limits) and Stats (room in the host pool); no data moves yet.
-  static StatusOr<std::unique_ptr<CacheHostSession>> Open(const std::string& address,
+  static StatusOr<std::unique_ptr<CacheHostTarget>> Open(const std::string& address,
                                                           std::span<const std::uint64_t> sizes,
                                                           int timeout_ms);
 
-  ~CacheHostSession();
+  ~CacheHostTarget();
 
   const std::string& host_id() const { return host_id_; }
   const std::string& address() const { return address_; }
@@ -76,7 +77,7 @@ class CacheHostSession {
   StatusOr<double> TimedPut(std::uint64_t bytes);
 
  private:
-  CacheHostSession(std::string address, int timeout_ms)
+  CacheHostTarget(std::string address, int timeout_ms)
       : address_(std::move(address)), timeout_ms_(timeout_ms), rng_(std::random_device{}()) {}
 
   std::unique_ptr<grpc::ClientContext> Context() const;
@@ -94,14 +95,6 @@ class CacheHostSession {
   // gets read back what was put from it).
   const std::vector<std::uint32_t>& Crcs(const BlockSplit& split);
 
-  static void AppendRanges(const google::protobuf::RepeatedPtrField<v1::Extent>& extents,
-                           std::uint64_t region_offset, std::vector<wire::TransferRange>* out);
-
-  // Connects on first use (the transport address comes with the first grant), then moves
-  // `ranges` under the grant.
-  Status Move(client::DataOp op, std::uint64_t lease_id, const v1::TransportGrant& grant,
-              std::span<const wire::TransferRange> ranges);
-
   Status Put(const BlockSplit& split, const std::vector<std::string>& keys,
              const std::vector<std::uint32_t>& crcs);
 
@@ -114,7 +107,9 @@ class CacheHostSession {
   std::uint64_t max_block_bytes_ = kMaxProbeBlockBytes;
   std::unique_ptr<v1::CacheHost::Stub> stub_;
   ClientFabric* fabric_ = nullptr;  // set by PrepareGets
-  client::DaemonConnection* conn_ = nullptr;
+  // The protocol sequences, over fabric_'s region (made by PrepareGets; its data plane
+  // connects at the first grant, to the address the grant names).
+  std::shared_ptr<client::CacheHostSession> session_;
   std::mt19937_64 rng_;
   std::map<std::uint64_t, std::vector<std::string>> get_keys_;
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::vector<std::uint32_t>> crcs_;
@@ -122,11 +117,11 @@ class CacheHostSession {
 
 class CacheHostProbe final : public PathProbe {
  public:
-  CacheHostProbe(CacheHostSession* session, bool get) : session_(session), get_(get) {}
+  CacheHostProbe(CacheHostTarget* session, bool get) : session_(session), get_(get) {}
   StatusOr<double> Measure(std::uint64_t bytes) override;
 
  private:
-  CacheHostSession* const session_;
+  CacheHostTarget* const session_;
   const bool get_;
 };
 

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/cache_host_session.h"
 #include "client/data_plane_client.h"
 #include "client/device_arena.h"
 #include "client/kvfabric_client.h"
@@ -59,19 +60,21 @@ struct Context {
   std::vector<double> landed_us;     // per block: µs after load_start it was in the history
   std::vector<std::thread> workers;  // joined by Finish
   // Saves: GUARDED_BY(mu).
-  std::vector<std::uint32_t> layers_saved;  // per full block: layers saved
+  std::uint32_t layer_words = 0;            // 64-bit words per block in layer_bits
+  std::vector<std::uint64_t> layer_bits;    // per full block: which layers are saved
+  std::vector<std::uint32_t> layers_saved;  // per full block: distinct layers saved
   std::vector<bool> save_queued;            // per full block
   std::uint32_t pending_saves = 0;
+  Status save_status;  // the first write-back failure
 };
 
-// A daemon as the client reaches it.
-struct Daemon {
-  std::string host_id;
-  std::string grpc_address;
-  std::string transport_address;
-  std::unique_ptr<v1::CacheHost::Stub> stub;
-  DaemonConnection* conn = nullptr;  // owned by the DataPlaneClient
+// One daemon's session, and the lock that makes connecting to it happen once
+// (held while connecting, so threads wanting other daemons never wait).
+struct DaemonSlot {
+  std::mutex connect_mu;
+  std::shared_ptr<CacheHostSession> session;  // GUARDED_BY(Impl::daemons_mu_)
 };
+using Daemon = CacheHostSession;
 
 // What one fetch request landed in the history.
 struct FetchTally {
@@ -106,7 +109,7 @@ class Client::Impl {
               std::span<const BlockKey> keys);
   Status Attend(ContextId id, std::uint32_t layer, std::uint64_t step, std::span<const float> q,
                 std::span<float> out, std::span<float> lse);
-  StatusOr<ContextReport> Finish(ContextId id);
+  Status Finish(ContextId id, ContextReport* report);
   ClientMetrics metrics() const;
   const ClientOptions& options() const { return o_; }
   std::string DescribeArena() const { return arena_->DescribeLayout(); }
@@ -140,6 +143,12 @@ class Client::Impl {
   // daemon holds on NVMe only. (*arrived)[k]: batch[k] landed intact.
   Status FetchBatch(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
                     std::vector<bool>* arrived);
+  // The blocks of `batch` whose read `results` are OK are checked against
+  // their committed CRC and landed; the first per-block error, NotFound ones
+  // reported as stale.
+  Status LandResults(Context& c, const Daemon& d, std::span<const std::uint32_t> batch,
+                     std::span<const Daemon::ReadResult> results, bool from_lease,
+                     std::vector<bool>* arrived, std::vector<std::size_t>* on_nvme, double us);
   // One data-plane kFetch (lease, push, release on the daemon). Positions
   // in `batch` the daemon answered Unavailable (not in its host pool) go to
   // *on_nvme.
@@ -160,12 +169,22 @@ class Client::Impl {
   // Recomputes chain blocks [first, first + count) of `c` (clipped to its
   // tokens) through options.recompute.
   Status Recompute(Context& c, std::uint32_t first, std::uint32_t count);
-  StatusOr<Daemon*> GetDaemon(const MatchResult::Host& host);
-  void DropDaemon(const std::string& grpc_address);
+  // The session with `host`, made on first use (connecting outside
+  // daemons_mu_), remade when the daemon moved or its connection failed.
+  StatusOr<std::shared_ptr<Daemon>> GetDaemon(const MatchResult::Host& host);
+  // Forgets `d` (if it is still the session kept for its address) and closes
+  // it: threads still using it see Unavailable.
+  void DropDaemon(const std::shared_ptr<Daemon>& d);
   void SaverLoop();
   void SaveBatch(std::vector<SaveJob>& jobs);
-  Status SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs, std::vector<bool>* saved);
-  void FinishSaves(std::vector<SaveJob*>& jobs, bool ok);
+  // Stores `jobs` on `host`: per job OK (written), AlreadyExists (cached) or
+  // why not in *outcome; a request-wide error is returned instead.
+  Status SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs,
+                std::vector<Status>* outcome);
+  // kWritten: committed by this client; kCached: the cluster already held
+  // it; kFailed: not written back (`why`).
+  enum class SaveOutcome { kWritten, kCached, kFailed };
+  void FinishSaves(std::vector<SaveJob*>& jobs, SaveOutcome outcome, const Status& why = {});
 
   const ClientOptions o_;
   std::unique_ptr<BlockKeyer> keyer_;
@@ -189,7 +208,7 @@ class Client::Impl {
   std::mutex attend_mu_;
   std::mutex fetch_mu_;  // the fetch half of staging_
   std::mutex daemons_mu_;
-  std::map<std::string, std::unique_ptr<Daemon>> daemons_;  // GUARDED_BY(daemons_mu_)
+  std::map<std::string, std::shared_ptr<DaemonSlot>> daemons_;  // GUARDED_BY(daemons_mu_)
 
   mutable std::mutex mu_;
   std::map<ContextId, std::shared_ptr<Context>> contexts_;  // GUARDED_BY(mu_)

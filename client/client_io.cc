@@ -1,7 +1,6 @@
 // Client::Impl's data movement: plan execution (fetch with fallbacks,
 // recompute) on loader threads, and write-back on the saver thread.
 #include <grpcpp/grpcpp.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <array>
@@ -9,6 +8,7 @@
 #include <numeric>
 
 #include "client/client_impl.h"
+#include "client/client_log.h"
 #include "core/crc32c.h"
 #include "core/stream_copy.h"
 #include "proto/grpc_status.h"
@@ -24,43 +24,9 @@ std::string KeyBytes(const BlockKey& key) {
   return std::string(reinterpret_cast<const char*>(key.bytes().data()), BlockKey::kSize);
 }
 
-Status EntryError(const v1::EntryStatus& s, const std::string& what) {
-  return Status(static_cast<StatusCode>(s.code()), what + ": " + s.message());
-}
-
 // A daemon that failed this way is gone or stuck for this load.
 bool HostDown(const Status& s) {
   return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded;
-}
-
-template <typename Extents>
-std::uint64_t ExtentBytes(const Extents& extents) {
-  std::uint64_t n = 0;
-  for (const v1::Extent& x : extents) n += x.length_bytes();
-  return n;
-}
-
-// Appends one range per extent, mapping the block's bytes to the staging
-// region from `staging_offset` on.
-template <typename Extents>
-void AppendRanges(const Extents& extents, std::uint64_t staging_offset,
-                  std::vector<wire::TransferRange>* ranges) {
-  for (const v1::Extent& x : extents) {
-    ranges->push_back({x.offset_bytes(), x.length_bytes(), staging_offset});
-    staging_offset += x.length_bytes();
-  }
-}
-
-// The grant's 16-byte access token; Internal naming `what` if it is not 16 bytes.
-StatusOr<std::array<std::uint8_t, 16>> GrantToken(const v1::TransportGrant& grant,
-                                                  const char* what) {
-  std::array<std::uint8_t, 16> token{};
-  if (grant.access_token().size() != token.size()) {
-    return Status::Internal(std::string(what) + " grant's access token has " +
-                            std::to_string(grant.access_token().size()) + " bytes, not 16");
-  }
-  std::memcpy(token.data(), grant.access_token().data(), token.size());
-  return token;
 }
 
 v1::TransferObservation Observation(v1::BusPath path, const std::string& host_id,
@@ -77,45 +43,51 @@ v1::TransferObservation Observation(v1::BusPath path, const std::string& host_id
 
 // ---------------------------------------------------------------- daemons
 
-StatusOr<Daemon*> Client::Impl::GetDaemon(const MatchResult::Host& host) {
+StatusOr<std::shared_ptr<Daemon>> Client::Impl::GetDaemon(const MatchResult::Host& host) {
+  auto usable = [&](const std::shared_ptr<Daemon>& d) {
+    return d != nullptr && d->transport_address() == host.transport_address && d->health().ok();
+  };
+  std::shared_ptr<DaemonSlot> slot;
+  {
+    std::lock_guard<std::mutex> l(daemons_mu_);
+    std::shared_ptr<DaemonSlot>& s = daemons_[host.grpc_address];
+    if (s == nullptr) s = std::make_shared<DaemonSlot>();
+    if (usable(s->session)) return s->session;
+    slot = s;
+  }
+  // Connecting can take up to rpc_timeout: only threads wanting this daemon wait.
+  std::lock_guard<std::mutex> serial(slot->connect_mu);
+  std::shared_ptr<Daemon> old;
+  {
+    std::lock_guard<std::mutex> l(daemons_mu_);
+    if (usable(slot->session)) return slot->session;  // another thread connected meanwhile
+    old = std::move(slot->session);
+  }
+  if (old != nullptr) old->Close();  // the daemon moved or its connection failed
+  CacheHostSessionOptions so;
+  so.host_id = host.host_id;
+  so.grpc_address = host.grpc_address;
+  so.transport_address = host.transport_address;
+  so.ns = o_.namespace_name;
+  so.rpc_timeout = o_.rpc_timeout;
+  so.transfer_timeout = o_.transfer_timeout;
+  so.region_id = kStagingRegionId;
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<Daemon> d,
+                       CacheHostSession::Open(data_.get(), *staging_, std::move(so)));
   std::lock_guard<std::mutex> l(daemons_mu_);
+  slot->session = d;
   auto it = daemons_.find(host.grpc_address);
-  if (it != daemons_.end()) {
-    if (it->second->transport_address == host.transport_address) return it->second.get();
-    data_->Disconnect(it->second->transport_address);  // the daemon restarted elsewhere
-    daemons_.erase(it);
-  }
-  auto d = std::make_unique<Daemon>();
-  d->host_id = host.host_id;
-  d->grpc_address = host.grpc_address;
-  d->transport_address = host.transport_address;
-  grpc::ChannelArguments ch;
-  ch.SetMaxReceiveMessageSize(16 << 20);
-  ch.SetMaxSendMessageSize(16 << 20);
-  d->stub = v1::CacheHost::NewStub(
-      grpc::CreateCustomChannel(host.grpc_address, grpc::InsecureChannelCredentials(), ch));
-  auto conn = data_->Connect(host.transport_address, Clock::now() + o_.rpc_timeout);
-  if (!conn.ok()) {
-    data_->Disconnect(host.transport_address);
-    return conn.status().WithContext("daemon " + host.host_id + " data plane");
-  }
-  d->conn = *conn;
-  Status s = data_->ExportRegion(d->conn, kStagingRegionId, *staging_, Clock::now() + o_.rpc_timeout);
-  if (!s.ok()) {
-    data_->Disconnect(host.transport_address);
-    return s.WithContext("daemon " + host.host_id + " staging export");
-  }
-  Daemon* raw = d.get();
-  daemons_[host.grpc_address] = std::move(d);
-  return raw;
+  if (it == daemons_.end() || it->second != slot) daemons_[host.grpc_address] = slot;
+  return d;
 }
 
-void Client::Impl::DropDaemon(const std::string& grpc_address) {
-  std::lock_guard<std::mutex> l(daemons_mu_);
-  auto it = daemons_.find(grpc_address);
-  if (it == daemons_.end()) return;
-  data_->Disconnect(it->second->transport_address);
-  daemons_.erase(it);
+void Client::Impl::DropDaemon(const std::shared_ptr<Daemon>& d) {
+  {
+    std::lock_guard<std::mutex> l(daemons_mu_);
+    auto it = daemons_.find(d->grpc_address());
+    if (it != daemons_.end() && it->second->session == d) it->second->session.reset();
+  }
+  d->Close();
 }
 
 // ---------------------------------------------------------------- loading
@@ -207,7 +179,7 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
     if (by_host[h].empty()) continue;
     Status s = FetchFrom(*c, m.hosts[h], &by_host[h]);
     if (!s.ok()) {
-      spdlog::warn("kvfabric client: context {}: {} of its blocks on {} not fetched: {}", c->id,
+      Log().warn("kvfabric client: context {}: {} of its blocks on {} not fetched: {}", c->id,
                    by_host[h].size(), m.hosts[h].host_id, s.ToString());
       dead[h] = HostDown(s);
     }
@@ -256,6 +228,9 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
                                std::vector<std::uint32_t>* blocks) {
   auto daemon = GetDaemon(host);
   if (!daemon.ok()) return daemon.status();
+  // The session stays valid while this thread holds it, even if another
+  // thread drops the daemon: its calls then fail Unavailable.
+  const std::shared_ptr<Daemon> d = std::move(*daemon);
   const std::size_t per_batch = blocks_per_batch_;
   std::vector<std::uint32_t> left;
   Status first;
@@ -263,7 +238,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
     std::span<const std::uint32_t> batch(blocks->data() + i,
                                          std::min(per_batch, blocks->size() - i));
     std::vector<bool> arrived(batch.size(), false);
-    Status s = FetchBatch(c, **daemon, batch, &arrived);
+    Status s = FetchBatch(c, *d, batch, &arrived);
     for (std::size_t k = 0; k < batch.size(); ++k) {
       if (!arrived[k]) left.push_back(batch[k]);
     }
@@ -271,7 +246,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
     if (first.ok()) first = s.WithContext("daemon " + host.host_id);
     if (HostDown(s)) {
       // The daemon is gone or stuck: the rest of the run goes elsewhere.
-      DropDaemon(host.grpc_address);
+      DropDaemon(d);
       left.insert(left.end(), blocks->begin() + static_cast<std::ptrdiff_t>(i + batch.size()),
                   blocks->end());
       break;
@@ -303,56 +278,60 @@ Status Client::Impl::FetchByKey(Context& c, Daemon& d, std::span<const std::uint
   std::vector<wire::FetchKey> keys;
   keys.reserve(batch.size());
   for (std::uint32_t b : batch) keys.push_back(c.match.chain[b].bytes());
-  DataPlaneClient::FetchRequest req;
-  req.ns = o_.namespace_name;
-  req.expected_fingerprint.emplace();
-  std::memcpy(req.expected_fingerprint->data(), fingerprint_digest_.data(),
-              req.expected_fingerprint->size());
-  req.keys = keys;
-  req.region_id = kStagingRegionId;
-  req.region_offset = 0;  // the fetch half of staging
-  req.slot_bytes = block_bytes_;
   const auto start = Clock::now();
-  auto got = data_->Fetch(d.conn, req, Clock::now() + o_.transfer_timeout);
+  auto got = d.Fetch(keys, fingerprint_digest_, {/*offset=*/0, block_bytes_});  // fetch half
   const double us = MicrosSince(start);
   if (!got.ok()) return got.status().WithContext("data-plane fetch");
+  return LandResults(c, d, batch, *got, /*from_lease=*/false, arrived, on_nvme, us);
+}
+
+Status Client::Impl::LeaseAndGet(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
+                                 std::vector<bool>* arrived) {
+  std::vector<std::string> keys;
+  keys.reserve(batch.size());
+  for (std::uint32_t b : batch) keys.push_back(KeyBytes(c.match.chain[b]));
+  const auto start = Clock::now();
+  auto got = d.LeaseGet(keys, fingerprint_digest_, o_.lease_ttl_ms, {0, block_bytes_});
+  const double us = MicrosSince(start);
+  if (!got.ok()) return got.status();
+  return LandResults(c, d, batch, *got, /*from_lease=*/true, arrived, nullptr, us);
+}
+
+Status Client::Impl::LandResults(Context& c, const Daemon& d,
+                                 std::span<const std::uint32_t> batch,
+                                 std::span<const Daemon::ReadResult> results, bool from_lease,
+                                 std::vector<bool>* arrived, std::vector<std::size_t>* on_nvme,
+                                 double us) {
   Status first;
   FetchTally tally;
   std::uint64_t moved = 0;
   std::span<std::byte> staging = staging_->bytes();
   for (std::size_t k = 0; k < batch.size(); ++k) {
-    const wire::FetchKeyResult& r = (*got)[k];
+    const Daemon::ReadResult& r = results[k];
     const std::string what = "block " + std::to_string(batch[k]);
-    Status s;
-    switch (r.code) {
-      case StatusCode::kOk:
-        // Every size from the network is checked before the bytes are used.
-        if (r.payload_bytes != block_bytes_) {
-          s = Status::DataLoss(what + ": daemon placed " + std::to_string(r.payload_bytes) +
-                               " bytes; blocks of this model are " + std::to_string(block_bytes_));
-          break;
-        }
-        moved += block_bytes_;
-        if (Land(c, batch[k], staging.subspan(k * block_bytes_, block_bytes_), r.crc32c,
-                 /*from_nvme=*/false, &tally, &first)) {
-          (*arrived)[k] = true;
-        }
-        break;
-      case StatusCode::kUnavailable:
-        on_nvme->push_back(k);  // not in the host pool now
-        break;
-      case StatusCode::kNotFound: {
-        v1::StaleEntry e;
-        e.set_host_id(d.host_id);
-        e.set_key(KeyBytes(c.match.chain[batch[k]]));
-        std::lock_guard<std::mutex> l(c.mu);
-        c.stale.push_back(std::move(e));
-        s = Status::NotFound(what + ": not cached on " + d.host_id);
-        break;
+    Status s = r.status;
+    if (s.ok() && r.payload_bytes != block_bytes_) {
+      // Every size from the network is checked before the bytes are used.
+      s = Status::DataLoss(what + ": daemon placed " + std::to_string(r.payload_bytes) +
+                           " bytes; blocks of this model are " + std::to_string(block_bytes_));
+    } else if (s.ok()) {
+      moved += block_bytes_;
+      if (Land(c, batch[k], staging.subspan(k * block_bytes_, block_bytes_), r.crc32c,
+               from_lease && r.tier == v1::TIER_NVME, &tally, &first)) {
+        (*arrived)[k] = true;
       }
-      default:
-        s = Status(r.code, what + ": the cache host refused to fetch it");
-        break;
+    } else if (s.IsUnavailable() && on_nvme != nullptr) {
+      on_nvme->push_back(k);  // not in the host pool now: Lease stages it
+      s = Status::OK();
+    } else if (s.IsNotFound()) {
+      v1::StaleEntry e;
+      e.set_host_id(d.host_id());
+      e.set_key(KeyBytes(c.match.chain[batch[k]]));
+      std::lock_guard<std::mutex> l(c.mu);
+      c.stale.push_back(std::move(e));
+      s = Status::NotFound(what + ": not cached on " + d.host_id());
+    } else {
+      s = s.WithContext(what);
     }
     if (first.ok() && !s.ok()) first = s;
   }
@@ -387,7 +366,7 @@ void Client::Impl::RecordFetch(Context& c, const Daemon& d, const FetchTally& ta
     std::lock_guard<std::mutex> l(c.mu);
     if (moved > 0) {
       c.transfers.push_back(
-          Observation(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST, d.host_id, moved, us));
+          Observation(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST, d.host_id(), moved, us));
     }
     c.report.blocks_fetched += static_cast<std::uint32_t>(tally.bytes / block_bytes_);
     c.report.bytes_fetched += tally.bytes;
@@ -401,107 +380,6 @@ void Client::Impl::RecordFetch(Context& c, const Daemon& d, const FetchTally& ta
   m_.bytes_fetched += tally.bytes;
   m_.fetch_us += static_cast<std::uint64_t>(us);
   m_.crc_failures += tally.crc_failures;
-}
-
-Status Client::Impl::LeaseAndGet(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
-                                 std::vector<bool>* arrived) {
-  v1::LeaseRequest req;
-  req.set_namespace_(o_.namespace_name);
-  for (std::uint32_t b : batch) req.add_keys(KeyBytes(c.match.chain[b]));
-  req.set_ttl_ms(o_.lease_ttl_ms);
-  req.set_expected_fingerprint_digest(fingerprint_digest_);
-  v1::LeaseResponse resp;
-  auto release = [&] {
-    if (resp.lease_id() == 0) return;
-    v1::ReleaseRequest rel;
-    rel.set_namespace_(o_.namespace_name);
-    rel.add_entries()->set_lease_id(resp.lease_id());
-    v1::ReleaseResponse rresp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(RpcDeadline());
-    d.stub->Release(&ctx, rel, &rresp);  // best effort: the lease expires anyway
-  };
-  // An entry answering UNAVAILABLE means "retry" (a block staged from NVMe
-  // was evicted again before the lease pinned it).
-  for (int attempt = 0;; ++attempt) {
-    resp.Clear();
-    grpc::ClientContext ctx;
-    ctx.set_deadline(RpcDeadline());
-    grpc::Status g = d.stub->Lease(&ctx, req, &resp);
-    if (!g.ok()) return FromGrpcStatus(g).WithContext("Lease");
-    if (resp.results_size() != static_cast<int>(batch.size())) {
-      release();
-      return Status::Internal("Lease answered " + std::to_string(resp.results_size()) +
-                              " results for " + std::to_string(batch.size()) + " keys");
-    }
-    bool retry = false;
-    for (const v1::LeaseResult& r : resp.results()) {
-      retry = retry || r.status().code() == static_cast<int>(StatusCode::kUnavailable);
-    }
-    if (!retry || attempt == 3) break;
-    release();
-  }
-  Status first;
-  std::vector<wire::TransferRange> ranges;
-  std::vector<std::size_t> leased;
-  for (std::size_t k = 0; k < batch.size(); ++k) {
-    const v1::LeaseResult& r = resp.results(static_cast<int>(k));
-    const std::string what = "block " + std::to_string(batch[k]);
-    if (r.status().code() != 0) {
-      if (r.status().code() == static_cast<int>(StatusCode::kNotFound)) {
-        v1::StaleEntry e;
-        e.set_host_id(d.host_id);
-        e.set_key(KeyBytes(c.match.chain[batch[k]]));
-        std::lock_guard<std::mutex> l(c.mu);
-        c.stale.push_back(std::move(e));
-      }
-      if (first.ok()) first = EntryError(r.status(), what);
-      continue;
-    }
-    // Every size from the network is checked before bytes move.
-    const std::uint64_t extent_bytes = ExtentBytes(r.extents());
-    if (r.block().payload_bytes() != block_bytes_ || extent_bytes != block_bytes_) {
-      if (first.ok()) {
-        first = Status::DataLoss(what + ": daemon offers " +
-                                 std::to_string(r.block().payload_bytes()) + " bytes in " +
-                                 std::to_string(extent_bytes) + " bytes of extents; blocks of "
-                                 "this model are " + std::to_string(block_bytes_));
-      }
-      continue;
-    }
-    AppendRanges(r.extents(), leased.size() * block_bytes_, &ranges);
-    leased.push_back(k);
-  }
-  if (leased.empty()) {
-    release();
-    return first;
-  }
-  const StatusOr<std::array<std::uint8_t, 16>> token = GrantToken(resp.grant(), "Lease");
-  if (!token.ok()) {
-    release();
-    return token.status();
-  }
-  const auto start = Clock::now();
-  Status s = data_->Transfer(d.conn, DataOp::kGet, resp.lease_id(), *token, kStagingRegionId,
-                             ranges, Clock::now() + o_.transfer_timeout);
-  const double us = MicrosSince(start);
-  if (!s.ok()) {
-    release();
-    return s.WithContext("data-plane get");
-  }
-  FetchTally tally;
-  std::span<std::byte> staging = staging_->bytes();
-  for (std::size_t i = 0; i < leased.size(); ++i) {
-    const std::size_t k = leased[i];
-    const v1::LeaseResult& r = resp.results(static_cast<int>(k));
-    if (Land(c, batch[k], staging.subspan(i * block_bytes_, block_bytes_), r.block().crc32c(),
-             r.tier() == v1::TIER_NVME, &tally, &first)) {
-      (*arrived)[k] = true;
-    }
-  }
-  release();
-  RecordFetch(c, d, tally, leased.size() * block_bytes_, us);
-  return first;
 }
 
 // ---------------------------------------------------------------- write-back
@@ -523,19 +401,41 @@ void Client::Impl::SaverLoop() {
   }
 }
 
-void Client::Impl::FinishSaves(std::vector<SaveJob*>& jobs, bool ok) {
+void Client::Impl::FinishSaves(std::vector<SaveJob*>& jobs, SaveOutcome outcome,
+                               const Status& why) {
+  if (jobs.empty()) return;
   for (SaveJob* j : jobs) {
-    std::lock_guard<std::mutex> l(j->context->mu);
-    (ok ? j->context->report.blocks_saved : j->context->report.save_failures) += 1;
-    --j->context->pending_saves;
-    j->context->cv.notify_all();
+    Context& c = *j->context;
+    std::lock_guard<std::mutex> l(c.mu);
+    switch (outcome) {
+      case SaveOutcome::kWritten:
+        ++c.report.blocks_written;
+        break;
+      case SaveOutcome::kCached:
+        ++c.report.blocks_already_cached;
+        break;
+      case SaveOutcome::kFailed:
+        ++c.report.save_failures;
+        if (c.save_status.ok()) {
+          c.save_status = why.ok() ? Status::Internal("write-back failed") : why;
+        }
+        break;
+    }
+    --c.pending_saves;
+    c.cv.notify_all();
   }
   std::lock_guard<std::mutex> l(metrics_mu_);
-  if (ok) {
-    m_.blocks_saved += jobs.size();
-    m_.bytes_saved += jobs.size() * block_bytes_;
-  } else {
-    m_.save_failures += jobs.size();
+  switch (outcome) {
+    case SaveOutcome::kWritten:
+      m_.blocks_saved += jobs.size();
+      m_.bytes_saved += jobs.size() * block_bytes_;
+      break;
+    case SaveOutcome::kCached:
+      m_.blocks_already_cached += jobs.size();
+      break;
+    case SaveOutcome::kFailed:
+      m_.save_failures += jobs.size();
+      break;
   }
 }
 
@@ -554,9 +454,13 @@ void Client::Impl::SaveBatch(std::vector<SaveJob>& jobs) {
   std::vector<SaveJob*> all;
   for (SaveJob& j : jobs) all.push_back(&j);
   if (!g.ok() || resp.results_size() != static_cast<int>(jobs.size())) {
-    spdlog::warn("kvfabric client: Place for {} blocks failed: {}; not written back", jobs.size(),
-                 g.ok() ? "wrong result count" : g.error_message());
-    FinishSaves(all, false);
+    const Status why = !g.ok() ? FromGrpcStatus(g).WithContext("placement Place")
+                               : Status::Internal("placement Place answered " +
+                                                  std::to_string(resp.results_size()) +
+                                                  " results for " + std::to_string(jobs.size()) +
+                                                  " blocks");
+    Log().warn("kvfabric client: {} blocks not written back: {}", jobs.size(), why.ToString());
+    FinishSaves(all, SaveOutcome::kFailed, why);
     return;
   }
   std::map<std::uint32_t, std::vector<SaveJob*>> by_host;
@@ -572,123 +476,80 @@ void Client::Impl::SaveBatch(std::vector<SaveJob>& jobs) {
       by_host[r.host_indices(0)].push_back(&jobs[k]);
     }
   }
-  FinishSaves(present, true);
+  FinishSaves(present, SaveOutcome::kCached);
   if (!refused.empty()) {
-    spdlog::warn("kvfabric client: placement found no host for {} blocks; not written back",
-                 refused.size());
-    FinishSaves(refused, false);
+    Log().warn("kvfabric client: placement found no host for {} blocks; not written back",
+               refused.size());
+    FinishSaves(refused, SaveOutcome::kFailed,
+                Status::Unavailable("placement found no cache host for the block"));
   }
   for (auto& [index, group] : by_host) {
-    std::vector<bool> saved(group.size(), false);
-    Status s = SaveTo(resp.hosts(static_cast<int>(index)), group, &saved);
+    std::vector<Status> outcome(group.size());
+    Status s = SaveTo(resp.hosts(static_cast<int>(index)), group, &outcome);
     if (!s.ok()) {
-      spdlog::warn("kvfabric client: write-back to {}: {}", resp.hosts(static_cast<int>(index)).host_id(),
-                   s.ToString());
+      Log().warn("kvfabric client: write-back of {} blocks to {}: {}", group.size(),
+                 resp.hosts(static_cast<int>(index)).host_id(), s.ToString());
     }
-    std::vector<SaveJob*> ok, failed;
-    for (std::size_t k = 0; k < group.size(); ++k) (saved[k] ? ok : failed).push_back(group[k]);
-    FinishSaves(ok, true);
-    FinishSaves(failed, false);
+    std::vector<SaveJob*> written, cached, failed;
+    Status first_failure;
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      const Status& o = s.ok() ? outcome[k] : s;
+      if (o.ok()) {
+        written.push_back(group[k]);
+      } else if (o.code() == StatusCode::kAlreadyExists) {
+        cached.push_back(group[k]);
+      } else {
+        failed.push_back(group[k]);
+        if (first_failure.ok()) first_failure = o;
+      }
+    }
+    FinishSaves(written, SaveOutcome::kWritten);
+    FinishSaves(cached, SaveOutcome::kCached);
+    FinishSaves(failed, SaveOutcome::kFailed,
+                first_failure.WithContext("write-back to " +
+                                          resp.hosts(static_cast<int>(index)).host_id()));
   }
 }
 
 Status Client::Impl::SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs,
-                            std::vector<bool>* saved) {
+                            std::vector<Status>* outcome) {
   MatchResult::Host h{host.host_id(), host.grpc_address(), host.transport_address()};
-  KVF_ASSIGN_OR_RETURN(Daemon * d, GetDaemon(h));
+  KVF_ASSIGN_OR_RETURN(const std::shared_ptr<Daemon> d, GetDaemon(h));
   const std::uint64_t tpb = o_.model.tokens_per_block;
-  v1::ReserveRequest req;
-  req.set_namespace_(o_.namespace_name);
-  *req.mutable_fingerprint() = fingerprint_;
-  for (const SaveJob* j : jobs) {
-    v1::BlockDescriptor* b = req.add_blocks();
-    b->set_key(KeyBytes(j->key));
-    b->set_payload_bytes(block_bytes_);
-    b->set_representation(v1::REPRESENTATION_EXACT);
-    b->set_format_version(1);
-    b->set_fingerprint_digest(fingerprint_digest_);
-    b->set_token_count(static_cast<std::uint32_t>(tpb));
-    b->set_prefix_tokens(tpb * j->block);
-  }
-  v1::ReserveResponse resp;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(RpcDeadline());
-    grpc::Status g = d->stub->Reserve(&ctx, req, &resp);
-    if (!g.ok()) {
-      if (g.error_code() == grpc::StatusCode::UNAVAILABLE) DropDaemon(h.grpc_address);
-      return FromGrpcStatus(g).WithContext("Reserve");
-    }
-  }
-  if (resp.results_size() != static_cast<int>(jobs.size())) {
-    return Status::Internal("Reserve answered " + std::to_string(resp.results_size()) +
-                            " results for " + std::to_string(jobs.size()) + " blocks");
-  }
-  const std::uint64_t base = o_.staging_bytes / 2;
+  const std::uint64_t base = o_.staging_bytes / 2;  // the write-back half
   std::span<std::byte> staging = staging_->bytes();
-  std::vector<wire::TransferRange> ranges;
-  v1::CommitRequest commit;
-  commit.set_namespace_(o_.namespace_name);
-  commit.set_lease_id(resp.lease_id());
-  commit.set_release_uncommitted(true);
-  std::vector<std::size_t> reserved;
-  Status first;
+  std::vector<CacheHostSession::StoreBlock> blocks(jobs.size());
   for (std::size_t k = 0; k < jobs.size(); ++k) {
-    const v1::ReserveResult& r = resp.results(static_cast<int>(k));
-    if (r.status().code() == static_cast<int>(StatusCode::kAlreadyExists)) {
-      (*saved)[k] = true;  // someone wrote it first: it is cached
-      continue;
-    }
-    const std::uint64_t extent_bytes = ExtentBytes(r.extents());
-    if (r.status().code() != 0 || extent_bytes != block_bytes_) {
-      if (first.ok()) {
-        first = r.status().code() != 0
-                    ? EntryError(r.status(), "block " + std::to_string(jobs[k]->block))
-                    : Status::Internal("Reserve extents of " + std::to_string(extent_bytes) +
-                                       " bytes for a block of " + std::to_string(block_bytes_));
-      }
-      continue;
-    }
-    const std::uint64_t off = base + reserved.size() * block_bytes_;
-    std::span<const std::byte> src =
-        jobs[k]->context->history->bytes().subspan(jobs[k]->block * block_bytes_, block_bytes_);
-    std::memcpy(staging.data() + off, src.data(), block_bytes_);
-    AppendRanges(r.extents(), off, &ranges);
-    v1::CommitEntry* e = commit.add_entries();
-    e->set_key(KeyBytes(jobs[k]->key));
-    e->set_crc32c(crc32c::Value(staging.subspan(off, block_bytes_)));
-    reserved.push_back(k);
+    const SaveJob& j = *jobs[k];
+    v1::BlockDescriptor& b = blocks[k].descriptor;
+    b.set_key(KeyBytes(j.key));
+    b.set_payload_bytes(block_bytes_);
+    b.set_representation(v1::REPRESENTATION_EXACT);
+    b.set_format_version(1);
+    b.set_fingerprint_digest(fingerprint_digest_);
+    b.set_token_count(static_cast<std::uint32_t>(tpb));
+    b.set_prefix_tokens(tpb * j.block);
+    std::byte* slot = staging.data() + base + k * block_bytes_;
+    std::memcpy(slot, j.context->history->bytes().data() + j.block * block_bytes_, block_bytes_);
+    blocks[k].crc32c = crc32c::Value(std::span<const std::byte>(slot, block_bytes_));
   }
-  if (reserved.empty()) return first;
-  KVF_ASSIGN_OR_RETURN(const auto token, GrantToken(resp.grant(), "Reserve"));
   const auto start = Clock::now();
-  Status s = data_->Transfer(d->conn, DataOp::kPut, resp.lease_id(), token, kStagingRegionId,
-                             ranges, Clock::now() + o_.transfer_timeout);
-  if (!s.ok()) {
-    if (s.code() == StatusCode::kUnavailable) DropDaemon(h.grpc_address);
-    return s.WithContext("data-plane put");  // the reservation expires on the daemon
-  }
-  v1::CommitResponse cresp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(RpcDeadline());
-  grpc::Status g = d->stub->Commit(&ctx, commit, &cresp);
-  if (!g.ok()) return FromGrpcStatus(g).WithContext("Commit");
+  StatusOr<std::vector<Status>> stored = d->Store(fingerprint_, blocks, {base, block_bytes_});
   const double us = MicrosSince(start);
-  for (std::size_t i = 0; i < reserved.size() && i < static_cast<std::size_t>(cresp.results_size());
-       ++i) {
-    const v1::CommitResult& r = cresp.results(static_cast<int>(i));
-    const bool ok = r.status().code() == 0 ||
-                    r.status().code() == static_cast<int>(StatusCode::kAlreadyExists);
-    (*saved)[reserved[i]] = ok;
-    if (!ok && first.ok()) first = EntryError(r.status(), "Commit");
+  if (!stored.ok()) {
+    if (HostDown(stored.status())) DropDaemon(d);  // uncommitted reservations expire there
+    return stored.status();
   }
-  Context& c = *jobs[reserved.front()]->context;
+  *outcome = std::move(*stored);
+  std::uint64_t written = 0;
+  for (const Status& o : *outcome) written += o.ok() ? block_bytes_ : 0;
+  if (written == 0) return Status::OK();
+  Context& c = *jobs.front()->context;
   std::lock_guard<std::mutex> l(c.mu);
-  c.transfers.push_back(Observation(v1::BUS_PATH_LOCAL_HOST_TO_REMOTE_HOST, h.host_id,
-                                    reserved.size() * block_bytes_, us));
+  c.transfers.push_back(Observation(v1::BUS_PATH_LOCAL_HOST_TO_REMOTE_HOST, h.host_id, written, us));
   std::lock_guard<std::mutex> ml(metrics_mu_);
   m_.save_us += static_cast<std::uint64_t>(us);
-  return first;
+  return Status::OK();
 }
 
 }  // namespace kvfabric::client

@@ -8,8 +8,18 @@ namespace kvfabric::client {
 
 class DaemonConnection {
  public:
-  explicit DaemonConnection(std::unique_ptr<transport::Endpoint> ep) : endpoint(std::move(ep)) {}
-  std::unique_ptr<transport::Endpoint> endpoint;
+  DaemonConnection(std::string addr, std::unique_ptr<transport::Endpoint> ep)
+      : address(std::move(addr)), endpoint(std::move(ep)) {}
+  const std::string address;
+  const std::unique_ptr<transport::Endpoint> endpoint;
+};
+
+// Connecting to one address is serialised by its slot's lock (held while the
+// transport connects, up to the caller's deadline); other addresses and
+// every other method only take mu_, briefly.
+struct DataPlaneClient::Slot {
+  std::mutex connect_mu;
+  std::shared_ptr<DaemonConnection> conn;  // GUARDED_BY(DataPlaneClient::mu_)
 };
 
 struct DataPlaneClient::Pending {
@@ -38,15 +48,15 @@ StatusOr<std::unique_ptr<DataPlaneClient>> DataPlaneClient::Create(
 }
 
 DataPlaneClient::~DataPlaneClient() {
-  std::map<std::string, std::unique_ptr<DaemonConnection>> conns;
-  std::vector<std::unique_ptr<DaemonConnection>> retired;
+  std::map<std::string, std::shared_ptr<Slot>> conns;
   {
     std::lock_guard<std::mutex> lock(mu_);
     conns.swap(connections_);
-    retired.swap(retired_);
   }
-  for (auto& [addr, c] : conns) {
-    c->endpoint->Close(transport::CloseMode::kForce, transport::Clock::now()).IgnoreError();
+  for (auto& [addr, slot] : conns) {
+    if (slot->conn == nullptr) continue;
+    slot->conn->endpoint->Close(transport::CloseMode::kForce, transport::Clock::now())
+        .IgnoreError();
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -71,44 +81,53 @@ void DataPlaneClient::OnMessage(transport::IncomingMessage& msg) {
   cv_.notify_all();
 }
 
-StatusOr<DaemonConnection*> DataPlaneClient::Connect(const std::string& address,
-                                                     transport::Deadline deadline) {
-  std::lock_guard<std::mutex> serial(connect_mu_);
+StatusOr<std::shared_ptr<DaemonConnection>> DataPlaneClient::Connect(
+    const std::string& address, transport::Deadline deadline) {
+  std::shared_ptr<Slot> slot;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = connections_.find(address);
-    if (it != connections_.end()) {
-      if (it->second->endpoint->health().ok()) return it->second.get();
-    }
+    std::shared_ptr<Slot>& s = connections_[address];
+    if (s == nullptr) s = std::make_shared<Slot>();
+    if (s->conn != nullptr && s->conn->endpoint->health().ok()) return s->conn;
+    slot = s;
+  }
+  std::lock_guard<std::mutex> serial(slot->connect_mu);
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // another thread may have connected meanwhile
+    if (slot->conn != nullptr && slot->conn->endpoint->health().ok()) return slot->conn;
   }
   KVF_ASSIGN_OR_RETURN(
       auto ep, transport_->Connect(address, transport::PeerFailureMode::kFailInFlight, deadline));
-  auto conn = std::make_unique<DaemonConnection>(std::move(ep));
-  DaemonConnection* raw = conn.get();
-  std::unique_ptr<DaemonConnection> old;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto& slot = connections_[address];
-    old = std::move(slot);
-    slot = std::move(conn);
-    // A failed connection is replaced but kept until the client is destroyed:
-    // a request may still be waiting on it (it fails with the endpoint).
-    if (old) retired_.push_back(std::move(old));
-  }
-  return raw;
+  auto conn = std::make_shared<DaemonConnection>(address, std::move(ep));
+  std::lock_guard<std::mutex> lock(mu_);
+  // A failed connection is replaced; whoever still holds it sees it fail.
+  slot->conn = conn;
+  auto it = connections_.find(address);
+  if (it == connections_.end() || it->second != slot) connections_[address] = slot;
+  return conn;
 }
 
-void DataPlaneClient::Disconnect(const std::string& address) {
-  DaemonConnection* conn = nullptr;
+void DataPlaneClient::Disconnect(DaemonConnection* conn) {
+  if (conn == nullptr) return;
+  std::shared_ptr<DaemonConnection> keep;  // closed outside the lock
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = connections_.find(address);
-    if (it == connections_.end()) return;
-    conn = it->second.get();
-    retired_.push_back(std::move(it->second));
-    connections_.erase(it);
+    auto it = connections_.find(conn->address);
+    if (it != connections_.end() && it->second->conn.get() == conn) {
+      keep = std::move(it->second->conn);
+      connections_.erase(it);
+    }
   }
   conn->endpoint->Close(transport::CloseMode::kForce, transport::Clock::now()).IgnoreError();
+}
+
+Status DataPlaneClient::Health(DaemonConnection* conn) const { return conn->endpoint->health(); }
+
+std::size_t DataPlaneClient::connection_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::size_t n = 0;
+  for (const auto& [addr, slot] : connections_) n += slot->conn != nullptr ? 1 : 0;
+  return n;
 }
 
 StatusOr<std::uint64_t> DataPlaneClient::Send(DaemonConnection* conn,

@@ -10,9 +10,14 @@
 // arrives, i.e. after every byte moved (or failed); the region's bytes named
 // by a request belong to the transport until then.
 //
-// Ownership: the client borrows the transport (which must outlive it) and owns
-// its endpoints. It installs the transport's message handler, so one
-// DataPlaneClient serves every daemon connection of that transport.
+// Ownership: the client borrows the transport (which must outlive it and every
+// connection). Connections are shared: Connect hands out a shared_ptr, the
+// client keeps one per address for reuse, and a connection lives while anyone
+// holds it, so a thread using a connection another thread dropped sees it
+// fail (Unavailable) instead of touching freed memory. It installs the
+// transport's message handler, so one DataPlaneClient serves every daemon
+// connection of that transport. Methods taking a DaemonConnection* borrow it:
+// REQUIRES the caller holds the shared_ptr for the duration of the call.
 //
 // Failure: a daemon that dies fails the endpoint; requests waiting on it
 // complete Unavailable (checked while waiting), never hang.
@@ -41,7 +46,7 @@
 
 namespace kvfabric::client {
 
-// One daemon's data-plane connection. Owned by the DataPlaneClient.
+// One daemon's data-plane connection (shared; see Ownership above).
 class DaemonConnection;
 
 enum class DataOp : std::uint8_t {
@@ -59,8 +64,11 @@ class DataPlaneClient {
   DataPlaneClient& operator=(const DataPlaneClient&) = delete;
 
   // The connection to the daemon listening at `address` (made on first use,
-  // then reused). Unavailable if it cannot be reached by `deadline`.
-  StatusOr<DaemonConnection*> Connect(const std::string& address, transport::Deadline deadline);
+  // then reused while healthy). Unavailable if it cannot be reached by
+  // `deadline`. Connects to different addresses run concurrently; two
+  // threads connecting to one address make one connection.
+  StatusOr<std::shared_ptr<DaemonConnection>> Connect(const std::string& address,
+                                                      transport::Deadline deadline);
 
   // Exports `region` (whole) to the daemon of `conn` as `region_id` and waits
   // for the daemon to import it. Done once per (connection, region).
@@ -96,8 +104,17 @@ class DataPlaneClient {
                                                     const FetchRequest& request,
                                                     transport::Deadline deadline);
 
-  // Drops the connection to `address` (e.g. after the daemon restarted).
-  void Disconnect(const std::string& address);
+  // Closes `conn` (requests on it complete Unavailable) and forgets it, if it
+  // is still the one kept for its address (a newer connection made by
+  // another thread stays). Holders keep a closed, failing connection.
+  void Disconnect(DaemonConnection* conn);
+
+  // OK while `conn` is healthy; Unavailable (with the reason) once it failed
+  // or was closed.
+  Status Health(DaemonConnection* conn) const;
+
+  // Connections kept for reuse (one per address).
+  std::size_t connection_count() const;
 
   struct Pending;
 
@@ -111,11 +128,10 @@ class DataPlaneClient {
   void OnMessage(transport::IncomingMessage& msg);
 
   transport::Transport* const transport_;
-  std::mutex connect_mu_;  // serialises Connect
+  struct Slot;  // one address: its connect lock and its connection
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::map<std::string, std::unique_ptr<DaemonConnection>> connections_;  // GUARDED_BY(mu_)
-  std::vector<std::unique_ptr<DaemonConnection>> retired_;                // GUARDED_BY(mu_)
+  std::map<std::string, std::shared_ptr<Slot>> connections_;  // GUARDED_BY(mu_)
   std::unordered_map<std::uint64_t, std::shared_ptr<Pending>> pending_;   // GUARDED_BY(mu_)
   std::uint64_t next_request_ = 1;                                        // GUARDED_BY(mu_)
   std::shared_ptr<bool> alive_;  // handlers check it (the transport may outlive us)

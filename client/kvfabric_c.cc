@@ -632,20 +632,21 @@ kvf_status kvf_attend(kvf_client* client, kvf_context_id context, uint32_t layer
 kvf_status kvf_finish(kvf_client* client, kvf_context_id context, kvf_context_report* report) {
   return Guard("kvf_finish", [&]() -> Status {
     KVF_C_REQUIRE(client);
-    StatusOr<ContextReport> finished = client->client->Finish(context);
-    if (!finished.ok()) return std::move(finished).status();
+    ContextReport finished;
+    const Status status = client->client->Finish(context, &finished);
     if (report != nullptr) {
       std::memset(report, 0, sizeof(*report));
-      report->plan_id = finished->plan_id;
-      report->blocks_fetched = finished->blocks_fetched;
-      report->blocks_recomputed = finished->blocks_recomputed;
-      report->bytes_fetched = finished->bytes_fetched;
-      report->blocks_saved = finished->blocks_saved;
-      report->save_failures = finished->save_failures;
-      report->predicted_us = finished->predicted_us;
-      report->load_us = finished->load_us;
+      report->plan_id = finished.plan_id;
+      report->blocks_fetched = finished.blocks_fetched;
+      report->blocks_recomputed = finished.blocks_recomputed;
+      report->bytes_fetched = finished.bytes_fetched;
+      report->blocks_saved = finished.blocks_written;
+      report->blocks_already_cached = finished.blocks_already_cached;
+      report->save_failures = finished.save_failures;
+      report->predicted_us = finished.predicted_us;
+      report->load_us = finished.load_us;
     }
-    return Status::OK();
+    return status;
   });
 }
 
@@ -676,6 +677,7 @@ kvf_status kvf_client_metrics(kvf_client* client, kvf_metrics* out) {
     out->bytes_saved = m.bytes_saved;
     out->save_us = m.save_us;
     out->save_failures = m.save_failures;
+    out->blocks_already_cached = m.blocks_already_cached;
     out->attends = m.attends;
     out->attend_us = m.attend_us;
     out->peak_arena_pages = m.peak_arena_pages;

@@ -1,7 +1,6 @@
 #include "client/kvfabric_client.h"
 
 #include <grpcpp/grpcpp.h>
-#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +9,7 @@
 #include <utility>
 
 #include "client/client_impl.h"
+#include "client/client_log.h"
 #include "proto/grpc_status.h"
 #include "proto/model_proto.h"
 #include "transport/data_transport.h"
@@ -123,14 +123,10 @@ Status Client::Impl::Init() {
   KVF_ASSIGN_OR_RETURN(arena_, DeviceArena::Create(o_.device->arena_bytes(), arena));
   KVF_ASSIGN_OR_RETURN(attention_, StreamingAttention::Create(*o_.device, *arena_,
                                                               arena_->scratch(), layout_, ao));
-  spdlog::info("kvfabric client: {}", arena_->DescribeLayout());
+  Log().info("kvfabric client: {}", arena_->DescribeLayout());
 
   // Placement: it must answer before Open succeeds.
-  grpc::ChannelArguments ch;
-  ch.SetMaxReceiveMessageSize(16 << 20);
-  ch.SetMaxSendMessageSize(16 << 20);
-  placement_ = v1::Placement::NewStub(grpc::CreateCustomChannel(
-      o_.placement_address, grpc::InsecureChannelCredentials(), ch));
+  placement_ = v1::Placement::NewStub(OpenChannel(o_.placement_address));
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(RpcDeadline());
@@ -158,11 +154,13 @@ Status Client::Impl::Init() {
 
 Client::Impl::~Impl() {
   Close().IgnoreError();
-  // The data plane goes before the transport it borrows.
+  // Sessions, then the data plane, then the transport they borrow.
+  std::map<std::string, std::shared_ptr<DaemonSlot>> daemons;
   {
     std::lock_guard<std::mutex> l(daemons_mu_);
-    daemons_.clear();
+    daemons.swap(daemons_);
   }
+  daemons.clear();
   data_.reset();
   staging_.reset();
   transport_.reset();
@@ -178,8 +176,9 @@ Status Client::Impl::Close() {
   }
   Status first;
   for (ContextId id : ids) {
-    StatusOr<ContextReport> r = Finish(id);
-    if (!r.ok() && first.ok()) first = r.status();
+    ContextReport report;
+    Status s = Finish(id, &report);
+    if (!s.ok() && first.ok()) first = s;
   }
   {
     std::lock_guard<std::mutex> l(save_mu_);
@@ -235,7 +234,7 @@ StatusOr<MatchResult> Client::Impl::Match(std::span<const BlockKey> chain,
     // Placement is down or slow: recompute everything, exactly, and say so.
     ++m_.placement_unavailable;
     ++m_.plans_recompute_all;
-    spdlog::warn("kvfabric client: placement Plan failed ({}); recomputing {} blocks",
+    Log().warn("kvfabric client: placement Plan failed ({}); recomputing {} blocks",
                  g.error_message(), chain.size());
     m.kind = "recompute_all";
     MatchResult::Run r;
@@ -321,6 +320,8 @@ StatusOr<ContextId> Client::Impl::NewContext(std::uint64_t tokens) {
                                         std::to_string(block_bytes_) + " bytes)");
   }
   c->history = std::move(*history);
+  c->layer_words = (o_.model.layer_count + 63) / 64;
+  c->layer_bits.assign(std::size_t{c->full_blocks} * c->layer_words, 0);
   c->layers_saved.assign(c->full_blocks, 0);
   c->save_queued.assign(c->full_blocks, false);
   std::lock_guard<std::mutex> l(mu_);
@@ -418,13 +419,26 @@ Status Client::Impl::Save(ContextId id, std::uint32_t layer, std::uint32_t first
                                    std::to_string(c->full_blocks) +
                                    " full blocks (a partial block is never saved)");
   }
+  // Distinct layers per block (a bit per layer): a block goes out only once
+  // every layer is in the history. A layer saved twice is refused, and a
+  // refused call changes nothing.
+  const std::uint64_t bit = std::uint64_t{1} << (layer % 64);
   std::vector<SaveJob> ready;
   {
     std::lock_guard<std::mutex> l(c->mu);
     for (std::size_t k = 0; k < keys.size(); ++k) {
       const std::uint32_t b = first_block + static_cast<std::uint32_t>(k);
-      if (c->save_queued[b]) continue;
-      if (++c->layers_saved[b] >= o_.model.layer_count) {
+      if ((c->layer_bits[std::size_t{b} * c->layer_words + layer / 64] & bit) != 0) {
+        return Status::FailedPrecondition(
+            "client: Save of layer " + std::to_string(layer) + " of block " + std::to_string(b) +
+            " of context " + std::to_string(id) + ", which was already saved (each layer of a "
+            "block is saved once; nothing of this call was recorded)");
+      }
+    }
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      const std::uint32_t b = first_block + static_cast<std::uint32_t>(k);
+      c->layer_bits[std::size_t{b} * c->layer_words + layer / 64] |= bit;
+      if (++c->layers_saved[b] == o_.model.layer_count) {
         c->save_queued[b] = true;
         ++c->pending_saves;
         ready.push_back({c, b, keys[k]});
@@ -550,7 +564,7 @@ void Client::Impl::ReportObservations(Context& c) {
     ctx.set_deadline(RpcDeadline());
     grpc::Status g = placement_->ReportObservations(&ctx, req, &resp);
     if (!g.ok()) {
-      spdlog::warn("kvfabric client: reporting plan {}'s observations: {}", c.match.plan_id,
+      Log().warn("kvfabric client: reporting plan {}'s observations: {}", c.match.plan_id,
                    g.error_message());
       return;
     }
@@ -559,7 +573,7 @@ void Client::Impl::ReportObservations(Context& c) {
   }
 }
 
-StatusOr<ContextReport> Client::Impl::Finish(ContextId id) {
+Status Client::Impl::Finish(ContextId id, ContextReport* report) {
   KVF_ASSIGN_OR_RETURN(std::shared_ptr<Context> c, Find(id));
   std::vector<std::thread> workers;
   {
@@ -576,10 +590,24 @@ StatusOr<ContextReport> Client::Impl::Finish(ContextId id) {
     std::lock_guard<std::mutex> l(mu_);
     contexts_.erase(id);
   }
-  KVF_RETURN_IF_ERROR(arena_->ReleaseContext(id));
+  Status released = arena_->ReleaseContext(id);
   std::lock_guard<std::mutex> l(c->mu);
   ReturnHistory(std::move(c->history));
-  return c->report;
+  *report = c->report;
+  // The engine cannot miss a failure: the load's, then the write-backs'.
+  if (!c->load_status.ok()) {
+    return c->load_status.WithContext("client: context " + std::to_string(id) + "'s load failed");
+  }
+  if (c->report.save_failures > 0) {
+    const std::uint32_t tried =
+        c->report.blocks_written + c->report.blocks_already_cached + c->report.save_failures;
+    return Status(c->save_status.code(),
+                  "client: context " + std::to_string(id) + ": " +
+                      std::to_string(c->report.save_failures) + " of " + std::to_string(tried) +
+                      " blocks were not written back; first: " +
+                      std::string(c->save_status.message()));
+  }
+  return released;
 }
 
 ClientMetrics Client::Impl::metrics() const {
@@ -632,7 +660,14 @@ Status Client::Attend(ContextId context, std::uint32_t layer, std::uint64_t step
                       std::span<const float> q, std::span<float> out, std::span<float> lse) {
   return impl_->Attend(context, layer, step, q, out, lse);
 }
-StatusOr<ContextReport> Client::Finish(ContextId context) { return impl_->Finish(context); }
+StatusOr<ContextReport> Client::Finish(ContextId context) {
+  ContextReport report;
+  KVF_RETURN_IF_ERROR(impl_->Finish(context, &report));
+  return report;
+}
+Status Client::Finish(ContextId context, ContextReport* report) {
+  return impl_->Finish(context, report);
+}
 ClientMetrics Client::metrics() const { return impl_->metrics(); }
 const ClientOptions& Client::options() const { return impl_->options(); }
 std::string Client::DescribeArena() const { return impl_->DescribeArena(); }

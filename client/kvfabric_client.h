@@ -160,8 +160,9 @@ struct ClientMetrics {
   std::uint64_t blocks_fallen_back = 0;      // blocks recomputed after a failed fetch
   std::uint64_t crc_failures = 0;
   std::uint64_t stale_entries_reported = 0;
-  std::uint64_t blocks_saved = 0;
+  std::uint64_t blocks_saved = 0;  // written back by this client
   std::uint64_t bytes_saved = 0;
+  std::uint64_t blocks_already_cached = 0;  // saved, but the cluster already held them
   std::uint64_t save_us = 0;
   std::uint64_t save_failures = 0;  // blocks not written back (counted, logged)
   std::uint64_t histories_allocated = 0;  // new pinned histories
@@ -230,8 +231,10 @@ struct ContextReport {
   std::uint64_t bytes_fetched = 0;
   std::uint64_t fetch_from_host_tier_bytes = 0;
   std::uint64_t fetch_from_nvme_tier_bytes = 0;
-  std::uint32_t blocks_saved = 0;
-  std::uint32_t save_failures = 0;
+  // Every full block whose layers were all saved is exactly one of:
+  std::uint32_t blocks_written = 0;         // written back to a daemon by this context
+  std::uint32_t blocks_already_cached = 0;  // skipped: placement or the daemon already held it
+  std::uint32_t save_failures = 0;          // not written back (Finish returns the first error)
 };
 
 class Client {
@@ -299,8 +302,14 @@ class Client {
                 std::span<const float> q, std::span<float> out, std::span<float> lse);
 
   // Waits for the load and this context's saves, reports observations to
-  // placement (best effort), releases the arena budget and the history.
+  // placement (best effort), releases the arena budget and the history,
+  // whatever happened. Returns the report, or the failure the engine must
+  // not miss: the load's error if the load failed (its blocks are not in the
+  // history), else, if any block was not written back, an error with the
+  // first write-back failure's code saying how many of how many failed.
   StatusOr<ContextReport> Finish(ContextId context);
+  // The same, with the report filled in whatever the status.
+  Status Finish(ContextId context, ContextReport* report);
 
   ClientMetrics metrics() const;
   const ClientOptions& options() const;

@@ -24,6 +24,24 @@ std::string_view StatusCodeName(StatusCode code) {
   return "InvalidStatusCode";
 }
 
+bool IsKnownStatusCode(std::int64_t code) {
+  return code >= static_cast<std::int64_t>(StatusCode::kOk) &&
+         code <= static_cast<std::int64_t>(StatusCode::kDataLoss);
+}
+
+Status StatusFromCode(std::int64_t code, std::string_view message) {
+  if (code == 0) return Status::OK();
+  if (!IsKnownStatusCode(code)) {
+    std::string m = "unknown status code " + std::to_string(code);
+    if (!message.empty()) {
+      m += ": ";
+      m += message;
+    }
+    return Status::Internal(m);
+  }
+  return Status(static_cast<StatusCode>(code), message);
+}
+
 Status::Status(StatusCode code, std::string_view message) {
   // An OK code never carries a message: OK is the null representation.
   if (code != StatusCode::kOk) rep_.reset(new Rep{code, std::string(message)});

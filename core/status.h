@@ -46,6 +46,7 @@ enum class StatusCode : int {
 // "OK", "NotFound", ... (the spelling used in logs and metrics labels).
 std::string_view StatusCodeName(StatusCode code);
 
+
 class [[nodiscard]] Status {
  public:
   // OK.
@@ -119,6 +120,15 @@ class [[nodiscard]] Status {
 };
 
 std::ostream& operator<<(std::ostream& os, const Status& s);
+
+// The one conversion of a status code that arrived from outside the process
+// (a gRPC status, a proto EntryStatus, a data-plane reply, a C caller's
+// kvf_status) into a Status: 0 is OK (the message is dropped), 1..15 are the
+// codes above with `message`, and any other value is Internal naming the
+// value, so a peer can never make a code this process does not know.
+Status StatusFromCode(std::int64_t code, std::string_view message);
+// True for 0..15.
+bool IsKnownStatusCode(std::int64_t code);
 
 }  // namespace kvfabric
 

@@ -29,6 +29,18 @@ TEST(StatusTest, FactoriesSetCodeAndMessage) {
   EXPECT_EQ(Status::FailedPrecondition("x").code(), StatusCode::kFailedPrecondition);
 }
 
+TEST(StatusTest, CodesFromOutsideAreCheckedAndUnknownOnesBecomeInternal) {
+  EXPECT_TRUE(StatusFromCode(0, "ignored").ok());
+  EXPECT_EQ(StatusFromCode(5, "gone"), Status::NotFound("gone"));
+  EXPECT_EQ(StatusFromCode(15, "crc"), Status::DataLoss("crc"));
+  EXPECT_EQ(StatusFromCode(16, "auth"), Status::Internal("unknown status code 16: auth"));
+  EXPECT_EQ(StatusFromCode(-3, ""), Status::Internal("unknown status code -3"));
+  EXPECT_EQ(StatusFromCode(std::int64_t{1} << 40, "x").code(), StatusCode::kInternal);
+  EXPECT_TRUE(IsKnownStatusCode(0));
+  EXPECT_TRUE(IsKnownStatusCode(15));
+  EXPECT_FALSE(IsKnownStatusCode(16));
+}
+
 TEST(StatusTest, OkCodeNeverCarriesAMessage) {
   Status s(StatusCode::kOk, "ignored");
   EXPECT_TRUE(s.ok());

@@ -12,12 +12,23 @@ grpc::Status ToGrpcStatus(const Status& status) {
 
 Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return Status::OK();
-  const int code = static_cast<int>(status.error_code());
-  if (code < static_cast<int>(StatusCode::kCancelled) ||
-      code > static_cast<int>(StatusCode::kDataLoss)) {
-    return Status::Unknown("gRPC code " + std::to_string(code) + ": " + status.error_message());
+  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    return Status::PermissionDenied("unauthenticated: " + status.error_message());
   }
-  return Status(static_cast<StatusCode>(code), status.error_message());
+  return StatusFromCode(static_cast<std::int64_t>(status.error_code()), status.error_message());
+}
+
+void StatusToEntry(const Status& status, v1::EntryStatus* out) {
+  if (status.ok()) {
+    out->Clear();
+    return;
+  }
+  out->set_code(static_cast<std::int32_t>(status.code()));
+  out->set_message(std::string(status.message()));
+}
+
+Status StatusFromEntry(const v1::EntryStatus& entry) {
+  return StatusFromCode(entry.code(), entry.message());
 }
 
 }  // namespace kvfabric

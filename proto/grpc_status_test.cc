@@ -31,10 +31,25 @@ TEST(GrpcStatusTest, NamedCodesMatchGrpc) {
 
 // UNAUTHENTICATED (16) has no kvfabric twin. (A value outside grpc::StatusCode
 // cannot be tested: loading it is undefined behaviour, as UBSan reports.)
-TEST(GrpcStatusTest, GrpcCodeWithoutTwinBecomesUnknownWithNumber) {
+TEST(GrpcStatusTest, UnauthenticatedBecomesPermissionDenied) {
   Status s = FromGrpcStatus(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "who are you"));
-  EXPECT_EQ(s.code(), StatusCode::kUnknown);
-  EXPECT_EQ(s.message(), "gRPC code 16: who are you");
+  EXPECT_EQ(s.code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(s.message(), "unauthenticated: who are you");
+}
+
+TEST(GrpcStatusTest, EntryStatusRoundTripsAndUnknownCodesBecomeInternalNamingThem) {
+  v1::EntryStatus entry;
+  StatusToEntry(Status::OK(), &entry);
+  EXPECT_EQ(entry.code(), 0);
+  EXPECT_TRUE(StatusFromEntry(entry).ok());
+  StatusToEntry(Status::DataLoss("crc 1 != 2"), &entry);
+  EXPECT_EQ(entry.code(), 15);
+  EXPECT_EQ(StatusFromEntry(entry), Status::DataLoss("crc 1 != 2"));
+  entry.set_code(99);
+  entry.set_message("from the future");
+  EXPECT_EQ(StatusFromEntry(entry), Status::Internal("unknown status code 99: from the future"));
+  entry.set_code(-1);
+  EXPECT_EQ(StatusFromEntry(entry).code(), StatusCode::kInternal);
 }
 
 }  // namespace

@@ -53,7 +53,6 @@ std::string SlotsError(std::uint64_t offset, std::uint64_t slot, std::uint64_t c
          " bytes from offset " + std::to_string(offset) + " are empty or wrap";
 }
 
-bool ValidStatusCode(std::int64_t code) { return code >= 0 && code <= static_cast<std::int64_t>(StatusCode::kDataLoss); }
 
 }  // namespace
 
@@ -256,14 +255,14 @@ StatusOr<TransferMessage> DecodeTransferMessage(std::span<const std::byte> bytes
         return Status::InvalidArgument("transfer reply: malformed header");
       }
       const auto scode = static_cast<std::int32_t>(static_cast<std::uint32_t>(code));
-      if (!ValidStatusCode(scode) || len > kMaxReplyMessageBytes || r.left() != len) {
+      if (!IsKnownStatusCode(scode) || len > kMaxReplyMessageBytes || r.left() != len) {
         return Status::InvalidArgument("transfer reply: code " + std::to_string(scode) +
                                        " or message length " + std::to_string(len) +
                                        " out of range");
       }
       std::string msg(len, '\0');
       r.Bytes(len, msg.data());
-      m.status = scode == 0 ? Status::OK() : Status(static_cast<StatusCode>(scode), msg);
+      m.status = StatusFromCode(scode, msg);
       break;
     }
     case TransferOpCode::kFetch: {
@@ -305,7 +304,7 @@ StatusOr<TransferMessage> DecodeTransferMessage(std::span<const std::byte> bytes
         return Status::InvalidArgument("fetch reply: malformed header");
       }
       const auto scode = static_cast<std::int32_t>(static_cast<std::uint32_t>(code));
-      if (!ValidStatusCode(scode) || count > kMaxFetchKeys ||
+      if (!IsKnownStatusCode(scode) || count > kMaxFetchKeys ||
           len > kMaxFetchReplyMessageBytes || r.left() != count * kFetchResultBytes + len) {
         return Status::InvalidArgument("fetch reply: code " + std::to_string(scode) + ", " +
                                        std::to_string(count) + " results or message length " +
@@ -318,7 +317,7 @@ StatusOr<TransferMessage> DecodeTransferMessage(std::span<const std::byte> bytes
         r.Read(4, &crc);
         r.Read(8, &x.payload_bytes);
         const auto k = static_cast<std::int32_t>(static_cast<std::uint32_t>(kcode));
-        if (!ValidStatusCode(k)) {
+        if (!IsKnownStatusCode(k)) {
           return Status::InvalidArgument("fetch reply: result code " + std::to_string(k) +
                                          " out of range");
         }
@@ -327,7 +326,7 @@ StatusOr<TransferMessage> DecodeTransferMessage(std::span<const std::byte> bytes
       }
       std::string msg(len, '\0');
       r.Bytes(len, msg.data());
-      m.status = scode == 0 ? Status::OK() : Status(static_cast<StatusCode>(scode), msg);
+      m.status = StatusFromCode(scode, msg);
       break;
     }
   }

@@ -322,24 +322,6 @@ void DescriptorFromMeta(const BlockKey& key, const cache_host::BlockMeta& meta,
 
 // ---------------------------------------------------------------- results
 
-void StatusToEntry(const Status& status, v1::EntryStatus* out) {
-  if (status.ok()) {
-    out->Clear();
-    return;
-  }
-  out->set_code(static_cast<std::int32_t>(status.code()));
-  out->set_message(std::string(status.message()));
-}
-
-Status StatusFromEntry(const v1::EntryStatus& entry) {
-  if (entry.code() == 0) return Status::OK();
-  if (entry.code() < static_cast<int>(StatusCode::kCancelled) ||
-      entry.code() > static_cast<int>(StatusCode::kDataLoss)) {
-    return Status::Unknown("entry code " + std::to_string(entry.code()) + ": " + entry.message());
-  }
-  return Status(static_cast<StatusCode>(entry.code()), entry.message());
-}
-
 void ExtentsToProto(std::span<const cache_host::ByteExtent> extents,
                     google::protobuf::RepeatedPtrField<v1::Extent>* out) {
   out->Reserve(out->size() + static_cast<int>(extents.size()));

@@ -30,6 +30,7 @@
 #include "core/model_fingerprint.h"
 #include "proto/model_proto.h"
 #include "core/status.h"
+#include "proto/grpc_status.h"
 #include "core/statusor.h"
 #include "kvfabric/v1/cache_host.pb.h"
 #include "kvfabric/v1/common.pb.h"
@@ -135,12 +136,7 @@ void DescriptorFromMeta(const BlockKey& key, const cache_host::BlockMeta& meta,
 
 // ---------------------------------------------------------------- results
 
-// kvfabric's StatusCode numbers equal gRPC's, so code() maps by value. OK
-// leaves `out` empty (a default EntryStatus is OK).
-void StatusToEntry(const Status& status, v1::EntryStatus* out);
-// The inverse, for clients. A code outside kvfabric's range becomes Unknown,
-// with the number in the message.
-Status StatusFromEntry(const v1::EntryStatus& entry);
+// StatusToEntry / StatusFromEntry: proto/grpc_status.h.
 
 // Pool byte ranges as Extents of region 0 (the grant's only region).
 void ExtentsToProto(std::span<const cache_host::ByteExtent> extents,

@@ -310,7 +310,7 @@ TEST(CacheHostConvertTest, EntryStatusCarriesCodeByValueAndMessage) {
   EXPECT_EQ(entry.code(), 6);
 
   entry.set_code(99);
-  EXPECT_EQ(StatusFromEntry(entry).code(), StatusCode::kUnknown);
+  EXPECT_EQ(StatusFromEntry(entry).code(), StatusCode::kInternal);
 }
 
 TEST(CacheHostConvertTest, GrantIsOwnerDrivenOverOnePoolRegionWithTheToken) {

@@ -217,7 +217,11 @@ TEST_P(CApiClusterTest, AFailingPrefillFailsTheLoadItDoesNotHang) {
   EXPECT_EQ(LoadAll(keys, &ctx, &match), KVF_RESOURCE_EXHAUSTED);
   EXPECT_NE(std::strstr(kvf_last_error(), "recompute"), nullptr) << kvf_last_error();
   kvf_match_free(match);
-  EXPECT_EQ(kvf_finish(client_, ctx, nullptr), KVF_OK);
+  // Regression: kvf_finish returned OK after a failed load.
+  kvf_context_report report;
+  EXPECT_EQ(kvf_finish(client_, ctx, &report), KVF_RESOURCE_EXHAUSTED);
+  EXPECT_NE(std::strstr(kvf_last_error(), "load failed"), nullptr) << kvf_last_error();
+  EXPECT_EQ(report.blocks_fetched, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(DataTransports, CApiClusterTest, ::testing::Values("ucx", "tcp"),

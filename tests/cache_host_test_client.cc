@@ -15,6 +15,17 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::uint32_t kRegionId = 1;
 
+// Every per-block outcome must be OK; `what` names the call.
+Status AllOk(const StatusOr<std::vector<Status>>& got, const std::vector<int>& ids,
+             const char* what) {
+  KVF_RETURN_IF_ERROR(got.status());
+  for (std::size_t k = 0; k < got->size(); ++k) {
+    KVF_RETURN_IF_ERROR((*got)[k].WithContext(std::string(what) + " of block " +
+                                              std::to_string(ids[k])));
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<CacheHostTestClient>> CacheHostTestClient::Create(
@@ -32,6 +43,7 @@ StatusOr<std::unique_ptr<CacheHostTestClient>> CacheHostTestClient::Create(
 }
 
 CacheHostTestClient::~CacheHostTestClient() {
+  session_.reset();
   data_.reset();
   staging_.reset();
   transport_.reset();
@@ -39,16 +51,16 @@ CacheHostTestClient::~CacheHostTestClient() {
 
 Status CacheHostTestClient::Attach(const std::string& grpc_address,
                                    const std::string& transport_address) {
-  grpc::ChannelArguments ch;
-  ch.SetMaxReceiveMessageSize(16 << 20);
-  ch.SetMaxSendMessageSize(16 << 20);
-  stub_ = v1::CacheHost::NewStub(
-      grpc::CreateCustomChannel(grpc_address, grpc::InsecureChannelCredentials(), ch));
-  if (!transport_address_.empty()) data_->Disconnect(transport_address_);
-  transport_address_ = transport_address;
-  KVF_ASSIGN_OR_RETURN(conn_,
-                       data_->Connect(transport_address, Clock::now() + std::chrono::seconds(10)));
-  return data_->ExportRegion(conn_, kRegionId, *staging_, Clock::now() + std::chrono::seconds(10));
+  if (session_ != nullptr) session_->Close();
+  client::CacheHostSessionOptions o;
+  o.grpc_address = grpc_address;
+  o.transport_address = transport_address;
+  o.rpc_timeout = std::chrono::seconds(30);
+  o.transfer_timeout = std::chrono::seconds(60);
+  o.region_id = kRegionId;
+  o.lease_retries = 5;
+  KVF_ASSIGN_OR_RETURN(session_, client::CacheHostSession::Open(data_.get(), *staging_, o));
+  return Status::OK();
 }
 
 std::span<std::byte> CacheHostTestClient::Staging(std::uint64_t offset, std::uint64_t bytes) {
@@ -92,123 +104,44 @@ void CacheHostTestClient::Fill(int i, std::span<std::byte> dst) const {
 }
 
 Status CacheHostTestClient::PutBatch(int first, int n, const std::string& ns) {
-  v1::ReserveRequest req;
-  req.set_namespace_(ns);
-  *req.mutable_fingerprint() = Fingerprint();
-  for (int i = first; i < first + n; ++i) {
-    v1::BlockDescriptor* b = req.add_blocks();
-    b->set_key(Key(i));
-    b->set_payload_bytes(kTestBlockBytes);
-    b->set_representation(v1::REPRESENTATION_EXACT);
-    b->set_format_version(1);
-    b->set_token_count(16);
-    b->set_prefix_tokens(16 * static_cast<std::uint64_t>(i));
-  }
-  v1::ReserveResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  grpc::Status g = stub_->Reserve(&ctx, req, &resp);
-  if (!g.ok()) return Status::Unavailable("Reserve: " + g.error_message());
-  std::vector<wire::TransferRange> ranges;
-  v1::CommitRequest commit;
-  commit.set_namespace_(ns);
-  commit.set_lease_id(resp.lease_id());
-  commit.set_release_uncommitted(true);
+  session_->SetNamespace(ns);
+  std::vector<client::CacheHostSession::StoreBlock> blocks(static_cast<std::size_t>(n));
+  std::vector<int> ids;
   for (int k = 0; k < n; ++k) {
-    const v1::ReserveResult& r = resp.results(k);
-    if (r.status().code() != 0) {
-      return Status(static_cast<StatusCode>(r.status().code()), r.status().message());
-    }
-    const std::uint64_t off = static_cast<std::uint64_t>(k) * kTestBlockBytes;
-    Fill(first + k, Staging(off, kTestBlockBytes));
-    std::uint64_t pos = off;
-    for (const v1::Extent& x : r.extents()) {
-      ranges.push_back({x.offset_bytes(), x.length_bytes(), pos});
-      pos += x.length_bytes();
-    }
-    v1::CommitEntry* c = commit.add_entries();
-    c->set_key(Key(first + k));
-    c->set_crc32c(crc32c::Value(Staging(off, kTestBlockBytes)));
+    v1::BlockDescriptor& b = blocks[k].descriptor;
+    b.set_key(Key(first + k));
+    b.set_payload_bytes(kTestBlockBytes);
+    b.set_representation(v1::REPRESENTATION_EXACT);
+    b.set_format_version(1);
+    b.set_token_count(16);
+    b.set_prefix_tokens(16 * static_cast<std::uint64_t>(first + k));
+    const std::span<std::byte> slot = Staging(std::uint64_t(k) * kTestBlockBytes, kTestBlockBytes);
+    Fill(first + k, slot);
+    blocks[k].crc32c = crc32c::Value(slot);
+    ids.push_back(first + k);
   }
-  std::array<std::uint8_t, 16> token{};
-  std::memcpy(token.data(), resp.grant().access_token().data(), 16);
-  KVF_RETURN_IF_ERROR(data_->Transfer(conn_, client::DataOp::kPut, resp.lease_id(), token,
-                                      kRegionId, ranges, Clock::now() + std::chrono::seconds(60)));
-  v1::CommitResponse cresp;
-  grpc::ClientContext cctx;
-  g = stub_->Commit(&cctx, commit, &cresp);
-  if (!g.ok()) return Status::Unavailable("Commit: " + g.error_message());
-  for (const v1::CommitResult& r : cresp.results()) {
-    if (r.status().code() != 0) {
-      return Status(static_cast<StatusCode>(r.status().code()), r.status().message());
-    }
-  }
-  return Status::OK();
+  return AllOk(session_->Store(Fingerprint(), blocks, {0, kTestBlockBytes}), ids, "Store");
 }
 
 Status CacheHostTestClient::GetBatch(const std::vector<int>& ids, const std::string& ns) {
-  v1::LeaseRequest req;
-  req.set_namespace_(ns);
-  for (int i : ids) req.add_keys(Key(i));
-  v1::LeaseResponse resp;
-  // An entry answering UNAVAILABLE means "retry" (a block staged from NVMe
-  // can be evicted again before the lease pins it): release and lease again.
-  for (int attempt = 0;; ++attempt) {
-    resp.Clear();
-    grpc::ClientContext ctx;
-    grpc::Status g = stub_->Lease(&ctx, req, &resp);
-    if (!g.ok()) return Status::Unavailable("Lease: " + g.error_message());
-    bool retry = false;
-    for (const v1::LeaseResult& r : resp.results()) {
-      retry = retry || r.status().code() == static_cast<int>(StatusCode::kUnavailable);
-    }
-    if (!retry || attempt == 5) break;
-    if (resp.lease_id() != 0) {
-      v1::ReleaseRequest rel;
-      rel.set_namespace_(ns);
-      rel.add_entries()->set_lease_id(resp.lease_id());
-      v1::ReleaseResponse rresp;
-      grpc::ClientContext rctx;
-      stub_->Release(&rctx, rel, &rresp);
-    }
-  }
-  std::vector<wire::TransferRange> ranges;
+  session_->SetNamespace(ns);
+  std::vector<std::string> keys;
+  for (int i : ids) keys.push_back(Key(i));
   const std::uint64_t base = 32 << 20;
-  for (std::size_t k = 0; k < ids.size(); ++k) {
-    const v1::LeaseResult& r = resp.results(static_cast<int>(k));
-    if (r.status().code() != 0) {
-      return Status(static_cast<StatusCode>(r.status().code()),
-                    "block " + std::to_string(ids[k]) + ": " + r.status().message());
-    }
-    std::uint64_t pos = base + k * kTestBlockBytes;
-    for (const v1::Extent& x : r.extents()) {
-      ranges.push_back({x.offset_bytes(), x.length_bytes(), pos});
-      pos += x.length_bytes();
-    }
-  }
-  std::array<std::uint8_t, 16> token{};
-  std::memcpy(token.data(), resp.grant().access_token().data(), 16);
-  KVF_RETURN_IF_ERROR(data_->Transfer(conn_, client::DataOp::kGet, resp.lease_id(), token,
-                                      kRegionId, ranges, Clock::now() + std::chrono::seconds(60)));
+  KVF_ASSIGN_OR_RETURN(auto got, session_->LeaseGet(keys, "", 0, {base, kTestBlockBytes}));
   std::vector<std::byte> want(kTestBlockBytes);
   for (std::size_t k = 0; k < ids.size(); ++k) {
-    auto got = Staging(base + k * kTestBlockBytes, kTestBlockBytes);
-    if (crc32c::Value(got) != resp.results(static_cast<int>(k)).block().crc32c()) {
+    KVF_RETURN_IF_ERROR(got[k].status.WithContext("block " + std::to_string(ids[k])));
+    auto bytes = Staging(base + k * kTestBlockBytes, kTestBlockBytes);
+    if (crc32c::Value(bytes) != got[k].crc32c) {
       return Status::DataLoss("block " + std::to_string(ids[k]) + ": CRC mismatch");
     }
     Fill(ids[k], want);
-    if (std::memcmp(want.data(), got.data(), kTestBlockBytes) != 0) {
+    if (std::memcmp(want.data(), bytes.data(), kTestBlockBytes) != 0) {
       return Status::DataLoss("block " + std::to_string(ids[k]) + ": bytes differ");
     }
   }
-  v1::ReleaseRequest rel;
-  rel.set_namespace_(ns);
-  rel.add_entries()->set_lease_id(resp.lease_id());
-  v1::ReleaseResponse rresp;
-  grpc::ClientContext rctx;
-  stub_->Release(&rctx, rel, &rresp);
   return Status::OK();
 }
-
 
 }  // namespace kvfabric::testing

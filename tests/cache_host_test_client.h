@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "client/cache_host_session.h"
 #include "client/data_plane_client.h"
 #include "core/status.h"
 #include "core/statusor.h"
@@ -43,9 +44,10 @@ class CacheHostTestClient {
   // staging region to it; replaces an earlier daemon.
   Status Attach(const std::string& grpc_address, const std::string& transport_address);
 
-  v1::CacheHost::Stub* stub() { return stub_.get(); }
+  v1::CacheHost::Stub* stub() { return &session_->stub(); }
   client::DataPlaneClient* data() { return data_.get(); }
-  client::DaemonConnection* connection() { return conn_; }
+  client::DaemonConnection* connection() { return *session_->DataConnection(); }
+  client::CacheHostSession& session() { return *session_; }
 
   static v1::ModelFingerprint Fingerprint();
   // Key of block i (32 bytes), of the chain this seed defines.
@@ -64,9 +66,7 @@ class CacheHostTestClient {
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<transport::MemoryRegion> staging_;
   std::unique_ptr<client::DataPlaneClient> data_;
-  client::DaemonConnection* conn_ = nullptr;
-  std::string transport_address_;
-  std::unique_ptr<v1::CacheHost::Stub> stub_;
+  std::shared_ptr<client::CacheHostSession> session_;
 };
 
 }  // namespace kvfabric::testing

@@ -20,8 +20,11 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -125,7 +128,7 @@ class ClientEndToEndTest : public ::testing::Test {
     const std::uint64_t scratch = (client::StreamingAttention::ScratchBytes(layout, ao) + 255) /
                                   256 * 256;
     gpu::DeviceOptions dopts;
-    dopts.arena_bytes = scratch + 4 * page_bytes_;  // 2 staging + 2 pool pages
+    dopts.arena_bytes = scratch + (2 + pool_pages_) * page_bytes_;  // 2 staging + the pool
     auto device = gpu::CreateCpuDevice(dopts);
     ASSERT_TRUE(device.ok()) << device.status().ToString();
     device_ = std::move(*device);
@@ -151,9 +154,16 @@ class ClientEndToEndTest : public ::testing::Test {
   // The engine's prefill: the generator, charged at kPrefillUsPerToken.
   Status Prefill(const client::RecomputeRequest& r, std::span<std::byte> out) {
     const auto start = std::chrono::steady_clock::now();
+    if (fail_prefill_) return Status::Internal("the engine's prefill failed (test)");
     const std::uint64_t bytes = *model_.BlockBytes();
+    const std::vector<BlockKey>* chain = &chain_;
+    {
+      std::lock_guard<std::mutex> l(chains_mu_);
+      auto it = chain_of_context_.find(r.context);
+      if (it != chain_of_context_.end()) chain = &it->second;
+    }
     for (std::uint32_t i = 0; i < r.block_count; ++i) {
-      KVF_RETURN_IF_ERROR(Expected(r.first_block + i, out.subspan(i * bytes, bytes)));
+      KVF_RETURN_IF_ERROR(Expected(*chain, r.first_block + i, out.subspan(i * bytes, bytes)));
     }
     std::this_thread::sleep_until(
         start + std::chrono::microseconds(static_cast<std::int64_t>(kPrefillUsPerToken * r.tokens)));
@@ -161,7 +171,15 @@ class ClientEndToEndTest : public ::testing::Test {
   }
 
   Status Expected(std::uint32_t block, std::span<std::byte> out) {
-    return client::SyntheticKv(model_, client::SeedFromKey(chain_[block], seed_), 16, out);
+    return Expected(chain_, block, out);
+  }
+  Status Expected(const std::vector<BlockKey>& chain, std::uint32_t block,
+                  std::span<std::byte> out) {
+    // Blocks past the chain (a partial tail) are seeded by the chain's last key and their index.
+    if (block >= chain.size()) {
+      return client::SyntheticKv(model_, client::SeedFromKey(chain.back(), seed_ + block), 16, out);
+    }
+    return client::SyntheticKv(model_, client::SeedFromKey(chain[block], seed_), 16, out);
   }
 
   // Match, load, wait, check every byte and a decode step in every layer
@@ -214,13 +232,53 @@ class ClientEndToEndTest : public ::testing::Test {
 
   // A chain of kTokens random token ids (seeded, so keys differ per seed).
   void MakeChain() {
-    std::mt19937_64 rng(seed_);
-    std::vector<std::uint32_t> tokens(kTokens);
-    for (std::uint32_t& t : tokens) t = static_cast<std::uint32_t>(rng() % 128000);
-    auto keys = client_->KeyTokens(tokens);
-    ASSERT_TRUE(keys.ok()) << keys.status().ToString();
-    chain_ = *keys;
+    chain_ = ChainOf(0, kTokens);
     ASSERT_EQ(chain_.size(), kTokens / 16);
+  }
+  std::vector<BlockKey> ChainOf(std::uint64_t salt, std::uint32_t tokens) {
+    std::mt19937_64 rng(seed_ ^ (salt * 0x9e3779b97f4a7c15ull));
+    std::vector<std::uint32_t> ids(tokens);
+    for (std::uint32_t& t : ids) t = static_cast<std::uint32_t>(rng() % 128000);
+    auto keys = client_->KeyTokens(ids);
+    return keys.ok() ? *keys : std::vector<BlockKey>{};
+  }
+
+  // One engine request over `chain` (its own thread may call this): match,
+  // load (prefilling what is not fetched), check every byte, save every
+  // layer, finish. OK, or the first failure (Finish's included).
+  Status Serve(const std::vector<BlockKey>& chain) {
+    KVF_ASSIGN_OR_RETURN(client::MatchResult match, client_->Match(chain, 0));
+    const auto tokens = static_cast<std::uint32_t>(chain.size() * 16);
+    KVF_ASSIGN_OR_RETURN(ContextId ctx, client_->NewContext(tokens));
+    {
+      std::lock_guard<std::mutex> l(chains_mu_);
+      chain_of_context_[ctx] = chain;
+    }
+    Status s = client_->Load(match, ctx);
+    for (std::uint32_t l = 0; s.ok() && l < model_.layer_count; ++l) s = client_->WaitLayer(ctx, l);
+    if (s.ok()) {
+      auto history = client_->History(ctx);
+      s = history.status();
+      const std::uint64_t bytes = *model_.BlockBytes();
+      std::vector<std::byte> want(bytes);
+      for (std::uint32_t b = 0; s.ok() && b < chain.size(); ++b) {
+        s = Expected(chain, b, want);
+        if (s.ok() && std::memcmp(want.data(), history->data() + b * bytes, bytes) != 0) {
+          s = Status::DataLoss("block " + std::to_string(b) + " of the history is wrong");
+          wrong_bytes_ = true;
+        }
+      }
+    }
+    for (std::uint32_t l = 0; s.ok() && l < model_.layer_count; ++l) {
+      s = client_->Save(ctx, l, 0, chain);
+    }
+    ContextReport report;
+    Status finished = client_->Finish(ctx, &report);
+    {
+      std::lock_guard<std::mutex> l(chains_mu_);
+      chain_of_context_.erase(ctx);
+    }
+    return s.ok() ? finished : s;
   }
 
   // Nothing cached yet: prefill, save every layer, write back.
@@ -239,7 +297,8 @@ class ClientEndToEndTest : public ::testing::Test {
     auto report = client_->Finish(*ctx);
     ASSERT_TRUE(report.ok()) << report.status().ToString();
     EXPECT_EQ(report->blocks_recomputed, chain_.size());
-    EXPECT_EQ(report->blocks_saved, chain_.size());
+    EXPECT_EQ(report->blocks_written, chain_.size());
+    EXPECT_EQ(report->blocks_already_cached, 0u);
     EXPECT_EQ(report->save_failures, 0u);
   }
 
@@ -253,7 +312,12 @@ class ClientEndToEndTest : public ::testing::Test {
   std::string dir_;
   ModelFingerprint model_ = TestModel();
   std::uint64_t page_bytes_ = 0;
+  std::uint32_t pool_pages_ = 2;  // arena pool pages (2: one context at a time)
   std::vector<BlockKey> chain_;
+  std::atomic<bool> fail_prefill_{false};
+  std::atomic<bool> wrong_bytes_{false};
+  std::mutex chains_mu_;
+  std::map<ContextId, std::vector<BlockKey>> chain_of_context_;  // contexts of Serve
   std::unique_ptr<testing::ServerProcess> placement_;
   std::vector<std::unique_ptr<testing::ServerProcess>> daemons_;
   std::unique_ptr<gpu::Device> device_;
@@ -295,6 +359,165 @@ TEST_F(ClientEndToEndTest, SavedHistoryLoadsExactlyAndSurvivesADaemonThroughReco
   // byte-for-byte checks above ran on reused memory).
   EXPECT_EQ(m.histories_allocated, 1u);
   EXPECT_EQ(m.histories_reused, 2u);
+}
+
+// Regression: Save counted calls per block, not layers, so saving layer 0
+// layer_count times shipped blocks whose other layers were never written.
+TEST_F(ClientEndToEndTest, ALayerSavedTwiceIsRefusedAndAnIncompleteBlockIsNeverWrittenBack) {
+  ASSERT_NO_FATAL_FAILURE(MakeChain());
+  auto match = client_->Match(chain_, 0);
+  ASSERT_TRUE(match.ok()) << match.status().ToString();
+  auto ctx = client_->NewContext(kTokens);
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  ASSERT_TRUE(client_->Load(*match, *ctx).ok());
+  for (std::uint32_t l = 0; l < model_.layer_count; ++l) ASSERT_TRUE(client_->WaitLayer(*ctx, l).ok());
+  ASSERT_TRUE(client_->Save(*ctx, 0, 0, chain_).ok());
+  for (std::uint32_t i = 1; i < model_.layer_count; ++i) {
+    Status again = client_->Save(*ctx, 0, 0, chain_);
+    EXPECT_EQ(again.code(), StatusCode::kFailedPrecondition) << again.ToString();
+    EXPECT_NE(again.message().find("layer 0 of block 0"), std::string_view::npos)
+        << again.ToString();
+  }
+  // Layers 1.. of the second half only: those blocks stay incomplete too.
+  const std::span<const BlockKey> half = std::span<const BlockKey>(chain_).subspan(chain_.size() / 2);
+  for (std::uint32_t l = 1; l < model_.layer_count; ++l) {
+    ASSERT_TRUE(client_->Save(*ctx, l, static_cast<std::uint32_t>(chain_.size() / 2), half).ok());
+  }
+  // A refused call recorded nothing: layer 1 of block 0 can still be saved.
+  EXPECT_TRUE(client_->Save(*ctx, 1, 0, std::span<const BlockKey>(chain_).first(1)).ok());
+  ContextReport report;
+  ASSERT_TRUE(client_->Finish(*ctx, &report).ok());
+  EXPECT_EQ(report.blocks_written, chain_.size() / 2);  // the complete second half only
+  EXPECT_EQ(report.save_failures, 0u);
+  auto again = client_->Match(chain_, 0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->cached_prefix_blocks, 0u) << "block 0 was written back without its layers";
+}
+
+// Regression: Finish returned OK after a failed load and after failed
+// write-backs, and counted blocks placement already held as saved.
+TEST_F(ClientEndToEndTest, FinishReturnsAFailedLoadAndFailedWriteBacksAndSeparatesCachedBlocks) {
+  ASSERT_NO_FATAL_FAILURE(MakeChain());
+  // A load whose prefill fails: Finish says so.
+  fail_prefill_ = true;
+  {
+    auto match = client_->Match(chain_, 0);
+    ASSERT_TRUE(match.ok());
+    auto ctx = client_->NewContext(kTokens);
+    ASSERT_TRUE(ctx.ok());
+    ASSERT_TRUE(client_->Load(*match, *ctx).ok());
+    EXPECT_FALSE(client_->WaitLayer(*ctx, 0).ok());
+    auto finished = client_->Finish(*ctx);
+    ASSERT_FALSE(finished.ok());
+    EXPECT_NE(finished.status().message().find("load failed"), std::string_view::npos)
+        << finished.status().ToString();
+  }
+  fail_prefill_ = false;
+  // Saved once, then saved again: the second time every block is already cached.
+  ASSERT_NO_FATAL_FAILURE(PrefillAndSave());
+  {
+    auto match = client_->Match(chain_, 0);
+    ASSERT_TRUE(match.ok());
+    auto ctx = client_->NewContext(kTokens);
+    ASSERT_TRUE(ctx.ok());
+    ASSERT_TRUE(client_->Load(*match, *ctx).ok());
+    for (std::uint32_t l = 0; l < model_.layer_count; ++l) {
+      ASSERT_TRUE(client_->WaitLayer(*ctx, l).ok());
+      ASSERT_TRUE(client_->Save(*ctx, l, 0, chain_).ok());
+    }
+    ContextReport report;
+    ASSERT_TRUE(client_->Finish(*ctx, &report).ok());
+    EXPECT_EQ(report.blocks_written, 0u);
+    EXPECT_EQ(report.blocks_already_cached, chain_.size());
+  }
+  // Both daemons die (placement keeps listing them): every write-back fails,
+  // and Finish says how many.
+  daemons_[0]->Kill(SIGKILL);
+  daemons_[1]->Kill(SIGKILL);
+  const std::vector<BlockKey> fresh = ChainOf(7, 2048);
+  ContextReport report;
+  {
+    auto match = client_->Match(fresh, 0);
+    ASSERT_TRUE(match.ok());
+    auto ctx = client_->NewContext(2048);
+    ASSERT_TRUE(ctx.ok());
+    {
+      std::lock_guard<std::mutex> l(chains_mu_);
+      chain_of_context_[*ctx] = fresh;
+    }
+    ASSERT_TRUE(client_->Load(*match, *ctx).ok());
+    for (std::uint32_t l = 0; l < model_.layer_count; ++l) {
+      ASSERT_TRUE(client_->WaitLayer(*ctx, l).ok());
+      ASSERT_TRUE(client_->Save(*ctx, l, 0, fresh).ok());
+    }
+    Status s = client_->Finish(*ctx, &report);
+    ASSERT_FALSE(s.ok()) << "Finish returned OK after failed write-backs";
+    EXPECT_NE(s.message().find(std::to_string(fresh.size()) + " of " +
+                               std::to_string(fresh.size()) + " blocks were not written back"),
+              std::string_view::npos)
+        << s.ToString();
+  }
+  EXPECT_EQ(report.save_failures, fresh.size());
+  EXPECT_EQ(report.blocks_written, 0u);
+}
+
+// Regression: daemon handles were raw pointers into a map that the loader
+// and saver erased from while other threads used them (and connecting held
+// the map's lock). Eight engine threads serve requests (load, check, save,
+// finish) through both daemons; one daemon is killed under them. Every byte
+// any load returns is right, and no thread touches freed memory (run under
+// ASan and TSan in CI).
+TEST_F(ClientEndToEndTest, EightContextsLoadAndSaveConcurrentlyWhileADaemonDies) {
+  constexpr int kThreads = 8;
+  constexpr int kRounds = 4;
+  constexpr std::uint32_t kContextTokens = 1024;  // 64 blocks of 32 KiB each
+  // An arena that admits every thread's context (a floor of 2 pages each).
+  client_.reset();
+  pool_pages_ = 2 * kThreads;
+  ASSERT_NO_FATAL_FAILURE(OpenClient());
+  std::vector<std::vector<BlockKey>> chains;
+  for (int t = 0; t < kThreads * kRounds; ++t) chains.push_back(ChainOf(100 + t, kContextTokens));
+  std::atomic<int> served{0}, failed{0};
+  std::mutex first_mu;
+  std::condition_variable first_cv;
+  int first_rounds = 0;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < kRounds; ++r) {
+        // Each round serves a new chain and then the previous round's (cached) one.
+        for (int which : {t * kRounds + r, t * kRounds + std::max(0, r - 1)}) {
+          Status s = Serve(chains[which]);
+          (s.ok() ? served : failed) += 1;
+          if (!s.ok() && !s.IsUnavailable() && s.code() != StatusCode::kDeadlineExceeded) {
+            ADD_FAILURE() << "thread " << t << " round " << r << ": " << s.ToString();
+          }
+        }
+        if (r == 0) {
+          std::lock_guard<std::mutex> l(first_mu);
+          ++first_rounds;
+          first_cv.notify_all();
+        }
+      }
+    });
+  }
+  {
+    // Kill once every thread has written back one chain and is mid-flight.
+    std::unique_lock<std::mutex> l(first_mu);
+    first_cv.wait(l, [&] { return first_rounds >= kThreads / 2; });
+  }
+  daemons_[0]->Kill(SIGKILL);
+  for (std::thread& t : threads) t.join();
+  const client::ClientMetrics m = client_->metrics();
+  std::printf("served %d requests OK, %d reported a failure (write-backs to the dead daemon); "
+              "fallbacks to recompute %llu, blocks fallen back %llu, save failures %llu\n",
+              served.load(), failed.load(), static_cast<unsigned long long>(m.fallbacks_to_recompute),
+              static_cast<unsigned long long>(m.blocks_fallen_back),
+              static_cast<unsigned long long>(m.save_failures));
+  EXPECT_FALSE(wrong_bytes_) << "a load returned wrong bytes";
+  EXPECT_EQ(m.crc_failures, 0u);
+  EXPECT_GT(served.load(), 0);
+  EXPECT_EQ(served.load() + failed.load(), kThreads * kRounds * 2);
 }
 
 // Daemons whose host pools hold only part of what they are sent: the rest

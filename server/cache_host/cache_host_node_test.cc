@@ -98,8 +98,8 @@ class CacheHostNodeTest : public ::testing::Test {
     node_ = std::move(*node);
     auto conn = dp_->Connect(node_->transport_address(), Clock::now() + std::chrono::seconds(5));
     ASSERT_TRUE(conn.ok()) << conn.status().ToString();
-    conn_ = *conn;
-    ASSERT_TRUE(dp_->ExportRegion(conn_, ++region_, *staging_, Clock::now() + std::chrono::seconds(5))
+    conn_ = std::move(*conn);
+    ASSERT_TRUE(dp_->ExportRegion(conn_.get(), ++region_, *staging_, Clock::now() + std::chrono::seconds(5))
                     .ok());
   }
 
@@ -141,7 +141,7 @@ class CacheHostNodeTest : public ::testing::Test {
     if (!r.ok()) return r.status();
     if (!r->results[0].status.ok()) return r->results[0].status;
     auto ranges = Ranges(r->results[0].extents, offset);
-    KVF_RETURN_IF_ERROR(dp_->Transfer(conn_, DataOp::kPut, r->grant.lease_id, r->grant.token,
+    KVF_RETURN_IF_ERROR(dp_->Transfer(conn_.get(), DataOp::kPut, r->grant.lease_id, r->grant.token,
                                       region_, ranges, Clock::now() + std::chrono::seconds(10)));
     CommitEntry c{key, crc32c::Value(Staging(offset, meta.bytes))};
     auto s = node_->Commit(Namespace{ns}, r->grant.lease_id, std::span<const CommitEntry>(&c, 1),
@@ -165,7 +165,7 @@ class CacheHostNodeTest : public ::testing::Test {
     const LeaseEntryResult& r = l->results[0];
     if (!r.status.ok()) return r.status;
     if (staged != nullptr) *staged = r.staged_from_nvme;
-    KVF_RETURN_IF_ERROR(dp_->Transfer(conn_, DataOp::kGet, l->grant.lease_id, l->grant.token,
+    KVF_RETURN_IF_ERROR(dp_->Transfer(conn_.get(), DataOp::kGet, l->grant.lease_id, l->grant.token,
                                       region_, Ranges(r.extents, offset),
                                       Clock::now() + std::chrono::seconds(10)));
     if (crc32c::Value(Staging(offset, r.meta.bytes)) != r.crc32c) {
@@ -189,7 +189,7 @@ class CacheHostNodeTest : public ::testing::Test {
     req.region_id = region_;
     req.region_offset = offset;
     req.slot_bytes = slot;
-    return dp_->Fetch(conn_, req, Clock::now() + std::chrono::seconds(10));
+    return dp_->Fetch(conn_.get(), req, Clock::now() + std::chrono::seconds(10));
   }
 
   // Whether staging [offset, +bytes) holds what Put wrote with `salt`.
@@ -210,7 +210,7 @@ class CacheHostNodeTest : public ::testing::Test {
   std::unique_ptr<transport::Transport> client_transport_;
   std::unique_ptr<transport::MemoryRegion> staging_;
   std::unique_ptr<client::DataPlaneClient> dp_;
-  client::DaemonConnection* conn_ = nullptr;
+  std::shared_ptr<client::DaemonConnection> conn_;
   std::uint32_t region_ = 0;
   std::unique_ptr<CacheHostNode> node_;
 };
@@ -263,7 +263,7 @@ TEST_F(CacheHostNodeTest, MultiBlockTransfersRoundTripJoinedOrNot) {
     } else {
       EXPECT_EQ(JoinAdjacentRanges(ranges, kMaxJoinedRangeBytes).size(), ranges.size());
     }
-    ASSERT_TRUE(dp_->Transfer(conn_, DataOp::kPut, r->grant.lease_id, r->grant.token, region_,
+    ASSERT_TRUE(dp_->Transfer(conn_.get(), DataOp::kPut, r->grant.lease_id, r->grant.token, region_,
                               ranges, Clock::now() + std::chrono::seconds(10))
                     .ok());
     auto c = node_->Commit(Namespace{"a"}, r->grant.lease_id, commits, true);
@@ -283,7 +283,7 @@ TEST_F(CacheHostNodeTest, MultiBlockTransfersRoundTripJoinedOrNot) {
         get.push_back(x);
       }
     }
-    ASSERT_TRUE(dp_->Transfer(conn_, DataOp::kGet, l->grant.lease_id, l->grant.token, region_, get,
+    ASSERT_TRUE(dp_->Transfer(conn_.get(), DataOp::kGet, l->grant.lease_id, l->grant.token, region_, get,
                               Clock::now() + std::chrono::seconds(10))
                     .ok());
     for (int k = 0; k < kBlocks; ++k) {
@@ -351,30 +351,30 @@ TEST_F(CacheHostNodeTest, RefusesTransfersOutsideTheGrant) {
   const auto deadline = Clock::now() + std::chrono::seconds(5);
   AccessToken wrong = r->grant.token;
   wrong[3] ^= 1;
-  EXPECT_TRUE(dp_->Transfer(conn_, DataOp::kPut, r->grant.lease_id, wrong, region_, ranges,
+  EXPECT_TRUE(dp_->Transfer(conn_.get(), DataOp::kPut, r->grant.lease_id, wrong, region_, ranges,
                             deadline)
                   .IsNotFound());
   // A read of the write grant's pages.
-  EXPECT_FALSE(dp_->Transfer(conn_, DataOp::kGet, r->grant.lease_id, r->grant.token, region_,
+  EXPECT_FALSE(dp_->Transfer(conn_.get(), DataOp::kGet, r->grant.lease_id, r->grant.token, region_,
                              ranges, deadline)
                    .ok());
   // One byte past the block.
   auto past = ranges;
   past.back().length += 1;
-  EXPECT_TRUE(dp_->Transfer(conn_, DataOp::kPut, r->grant.lease_id, r->grant.token, region_, past,
+  EXPECT_TRUE(dp_->Transfer(conn_.get(), DataOp::kPut, r->grant.lease_id, r->grant.token, region_, past,
                             deadline)
                   .IsInvalidArgument());
   // Pages of the pool the grant does not hold.
   auto elsewhere = ranges;
   elsewhere[0].pool_offset = node_->pool_bytes() - kPage;
   elsewhere[0].length = 16;
-  EXPECT_TRUE(dp_->Transfer(conn_, DataOp::kPut, r->grant.lease_id, r->grant.token, region_,
+  EXPECT_TRUE(dp_->Transfer(conn_.get(), DataOp::kPut, r->grant.lease_id, r->grant.token, region_,
                             elsewhere, deadline)
                   .IsInvalidArgument());
   // Past the client's own region.
   auto beyond = ranges;
   beyond[0].region_offset = staging_->bytes().size();
-  EXPECT_TRUE(dp_->Transfer(conn_, DataOp::kPut, r->grant.lease_id, r->grant.token, region_,
+  EXPECT_TRUE(dp_->Transfer(conn_.get(), DataOp::kPut, r->grant.lease_id, r->grant.token, region_,
                             beyond, deadline)
                   .IsInvalidArgument());
   EXPECT_GE(node_->Snapshot().transfers_refused, 3u);
@@ -398,7 +398,7 @@ TEST_F(CacheHostNodeTest, CommitWithWrongCrcPublishesNothing) {
   ReserveEntry e{Key(1), meta};
   auto r = node_->Reserve(Namespace{"a"}, std::span<const ReserveEntry>(&e, 1), 0);
   ASSERT_TRUE(r.ok());
-  ASSERT_TRUE(dp_->Transfer(conn_, DataOp::kPut, r->grant.lease_id, r->grant.token, region_,
+  ASSERT_TRUE(dp_->Transfer(conn_.get(), DataOp::kPut, r->grant.lease_id, r->grant.token, region_,
                             Ranges(r->results[0].extents, 0),
                             Clock::now() + std::chrono::seconds(5))
                   .ok());
@@ -700,7 +700,7 @@ TEST_F(CacheHostNodeTest, FetchChecksNamespaceFingerprintAndSlots) {
   req.keys = raw;
   req.region_id = region_ + 50;
   req.slot_bytes = meta.bytes;
-  EXPECT_TRUE(dp_->Fetch(conn_, req, Clock::now() + std::chrono::seconds(10)).status().IsNotFound());
+  EXPECT_TRUE(dp_->Fetch(conn_.get(), req, Clock::now() + std::chrono::seconds(10)).status().IsNotFound());
   // A draining daemon refuses the whole request.
   node_->Drain(false);
   EXPECT_TRUE(Fetch("a", one, 0, meta.bytes).status().IsUnavailable());

@@ -32,6 +32,9 @@
 namespace kvfabric::tcp::internal {
 
 Status ReplyStatus(std::uint8_t code, std::string_view op) {
+  if (!IsKnownStatusCode(code)) {
+    return StatusFromCode(code, std::string(op) + ": the peer replied with it");
+  }
   const auto c = static_cast<StatusCode>(code);
   if (c == StatusCode::kOk) return Status::OK();
   std::string why;

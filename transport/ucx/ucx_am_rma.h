@@ -86,12 +86,7 @@ std::optional<T> DecodeRma(const void* bytes, std::size_t length) {
 
 // The Status a requester reports for an owner's refusal code.
 inline Status RmaReplyStatus(std::uint32_t code, const char* what) {
-  if (code == 0) return Status::OK();
-  if (code > static_cast<std::uint32_t>(StatusCode::kDataLoss)) {
-    return Status::Internal(std::string(what) + ": the owner replied with unknown code " +
-                            std::to_string(code));
-  }
-  return Status(static_cast<StatusCode>(code), std::string(what) + ": refused by the owner");
+  return StatusFromCode(code, std::string(what) + ": refused by the owner");
 }
 
 }  // namespace kvfabric::ucx::internal

@@ -389,15 +389,22 @@ typedef struct kvf_context_report {
   uint32_t blocks_fetched;
   uint32_t blocks_recomputed; /* planned or after a failed fetch, tail included */
   uint64_t bytes_fetched;
-  uint32_t blocks_saved;
-  uint32_t save_failures; /* blocks not written back */
+  /* Every full block whose layers were all saved is counted in exactly one
+   * of blocks_saved, blocks_already_cached and save_failures. */
+  uint32_t blocks_saved;  /* written back to a daemon by this context */
+  uint32_t save_failures; /* not written back (kvf_finish fails, naming the first error) */
   double predicted_us;    /* the plan's prediction */
   double load_us;         /* kvf_load to the end of the last run */
+  uint32_t blocks_already_cached; /* skipped: placement or the daemon already held them */
 } kvf_context_report;
 
 /* Waits for the context's load and saves, reports the observations to
  * placement (best effort), and frees the context and its history (the
- * pointers kvf_block_payload returned). report may be NULL. */
+ * pointers kvf_block_payload returned), whatever happened. report may be
+ * NULL; when given it is filled in whatever the status. Returns the failure
+ * the engine must not miss: the load's error if the load failed, else, if
+ * any block was not written back, the first write-back failure's code with a
+ * message saying how many of how many blocks failed (kvf_last_error). */
 kvf_status kvf_finish(kvf_client* client, kvf_context_id context, kvf_context_report* report);
 
 /* Counters since open (kvfabric::client::ClientMetrics), a snapshot. */
@@ -429,6 +436,7 @@ typedef struct kvf_metrics {
   uint32_t arena_pages;      /* pool + staging pages */
   uint64_t histories_allocated; /* new pinned histories */
   uint64_t histories_reused;    /* taken from history_cache_bytes */
+  uint64_t blocks_already_cached; /* saved blocks the cluster already held */
 } kvf_metrics;
 
 kvf_status kvf_client_metrics(kvf_client* client, kvf_metrics* out);

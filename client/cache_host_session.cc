@@ -1,0 +1,364 @@
+#include "client/cache_host_session.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstring>
+#include <utility>
+
+#include "proto/grpc_status.h"
+
+namespace kvfabric::client {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The grant's 16-byte access token; Internal naming `rpc` if it is not 16 bytes.
+StatusOr<std::array<std::uint8_t, 16>> GrantToken(const v1::TransportGrant& grant,
+                                                  const char* rpc) {
+  std::array<std::uint8_t, 16> token{};
+  if (grant.access_token().size() != token.size()) {
+    return Status::Internal(std::string(rpc) + " grant's access token has " +
+                            std::to_string(grant.access_token().size()) + " bytes, not 16");
+  }
+  std::memcpy(token.data(), grant.access_token().data(), token.size());
+  return token;
+}
+
+// The extents' total, or nullopt if it overflows.
+template <typename Extents>
+std::optional<std::uint64_t> ExtentBytes(const Extents& extents) {
+  std::uint64_t n = 0;
+  for (const v1::Extent& x : extents) {
+    if (x.length_bytes() > ~std::uint64_t{0} - n) return std::nullopt;
+    n += x.length_bytes();
+  }
+  return n;
+}
+
+// Appends one range per extent, mapping the block's bytes to the region from
+// `region_offset` on.
+template <typename Extents>
+void AppendRanges(const Extents& extents, std::uint64_t region_offset,
+                  std::vector<wire::TransferRange>* ranges) {
+  for (const v1::Extent& x : extents) {
+    ranges->push_back({x.offset_bytes(), x.length_bytes(), region_offset});
+    region_offset += x.length_bytes();
+  }
+}
+
+std::string Count(std::size_t n, const char* what) {
+  return std::to_string(n) + " " + what;
+}
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address) {
+  grpc::ChannelArguments ch;
+  ch.SetMaxReceiveMessageSize(16 << 20);
+  ch.SetMaxSendMessageSize(16 << 20);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), ch);
+}
+
+CacheHostSession::CacheHostSession(DataPlaneClient* data, CacheHostSessionOptions options)
+    : data_(data), o_(std::move(options)) {}
+
+CacheHostSession::~CacheHostSession() = default;
+
+StatusOr<std::shared_ptr<CacheHostSession>> CacheHostSession::Open(
+    DataPlaneClient* data, const transport::MemoryRegion& region, CacheHostSessionOptions options) {
+  if (options.grpc_address.empty()) {
+    return Status::InvalidArgument("cache-host session: no gRPC address");
+  }
+  std::shared_ptr<CacheHostSession> s(new CacheHostSession(data, std::move(options)));
+  s->region_ = &region;
+  s->stub_ = v1::CacheHost::NewStub(OpenChannel(s->o_.grpc_address));
+  if (s->o_.host_id.empty()) s->o_.host_id = s->o_.grpc_address;
+  if (!s->o_.transport_address.empty()) {
+    KVF_RETURN_IF_ERROR(s->Connection(s->o_.transport_address).status());
+  }
+  return s;
+}
+
+StatusOr<DaemonConnection*> CacheHostSession::Connection(const std::string& grant_address) {
+  std::lock_guard<std::mutex> l(conn_mu_);
+  if (conn_ != nullptr) return conn_.get();
+  const std::string& address =
+      o_.transport_address.empty() ? grant_address : o_.transport_address;
+  if (address.empty()) {
+    return Status::FailedPrecondition("cache host " + o_.host_id +
+                                      ": no data-plane address known yet (none was configured "
+                                      "and no grant named one)");
+  }
+  const auto deadline = Clock::now() + o_.rpc_timeout;
+  auto conn = data_->Connect(address, deadline);
+  if (!conn.ok()) {
+    return conn.status().WithContext("cache host " + o_.host_id + " data plane at " + address);
+  }
+  Status e = data_->ExportRegion(conn->get(), o_.region_id, *region_, deadline);
+  if (!e.ok()) {
+    data_->Disconnect(conn->get());
+    return e.WithContext("cache host " + o_.host_id + ": exporting the client's region");
+  }
+  conn_ = std::move(*conn);
+  return conn_.get();
+}
+
+void CacheHostSession::SetNamespace(const std::string& ns) {
+  std::lock_guard<std::mutex> l(conn_mu_);
+  o_.ns = ns;
+}
+
+std::string CacheHostSession::Namespace() const {
+  std::lock_guard<std::mutex> l(conn_mu_);
+  return o_.ns;
+}
+
+void CacheHostSession::Close() {
+  std::lock_guard<std::mutex> l(conn_mu_);
+  closed_ = true;
+  if (conn_ != nullptr) data_->Disconnect(conn_.get());
+}
+
+Status CacheHostSession::health() const {
+  std::lock_guard<std::mutex> l(conn_mu_);
+  if (closed_) return Status::Unavailable("cache host " + o_.host_id + ": session closed");
+  if (conn_ == nullptr) return Status::OK();  // not connected yet
+  return data_->Health(conn_.get());
+}
+
+std::unique_ptr<grpc::ClientContext> CacheHostSession::RpcContext() const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + o_.rpc_timeout);
+  return ctx;
+}
+
+transport::Deadline CacheHostSession::TransferDeadline() const {
+  return Clock::now() + o_.transfer_timeout;
+}
+
+Status CacheHostSession::Call(const char* rpc, const grpc::Status& g) const {
+  if (g.ok()) return Status::OK();
+  return FromGrpcStatus(g).WithContext(std::string(rpc) + " on cache host " + o_.host_id + " (" +
+                                       o_.grpc_address + ")");
+}
+
+// ---------------------------------------------------------------- Store
+
+StatusOr<std::vector<Status>> CacheHostSession::Store(const v1::ModelFingerprint& fingerprint,
+                                                      std::span<const StoreBlock> blocks,
+                                                      SlotLayout slots, std::uint32_t ttl_ms) {
+  std::vector<Status> out(blocks.size());
+  if (blocks.empty()) return out;
+  KVF_RETURN_IF_ERROR(health());
+  v1::ReserveRequest req;
+  req.set_namespace_(Namespace());
+  *req.mutable_fingerprint() = fingerprint;
+  if (ttl_ms != 0) req.set_ttl_ms(ttl_ms);
+  for (const StoreBlock& b : blocks) {
+    if (b.descriptor.payload_bytes() > slots.bytes) {
+      return Status::InvalidArgument("Store of a " +
+                                     std::to_string(b.descriptor.payload_bytes()) +
+                                     "-byte block from a " + std::to_string(slots.bytes) +
+                                     "-byte slot");
+    }
+    *req.add_blocks() = b.descriptor;
+  }
+  v1::ReserveResponse resp;
+  KVF_RETURN_IF_ERROR(Call("Reserve", stub_->Reserve(RpcContext().get(), req, &resp)));
+  if (resp.results_size() != static_cast<int>(blocks.size())) {
+    return Status::Internal("Reserve on " + o_.host_id + " answered " +
+                            Count(resp.results_size(), "results") + " for " +
+                            Count(blocks.size(), "blocks"));
+  }
+  std::vector<wire::TransferRange> ranges;
+  v1::CommitRequest commit;
+  commit.set_namespace_(Namespace());
+  commit.set_lease_id(resp.lease_id());
+  commit.set_release_uncommitted(true);
+  std::vector<std::size_t> reserved;  // commit entry i is blocks[reserved[i]]
+  for (std::size_t k = 0; k < blocks.size(); ++k) {
+    const v1::ReserveResult& r = resp.results(static_cast<int>(k));
+    out[k] = StatusFromEntry(r.status());
+    if (!out[k].ok()) continue;  // AlreadyExists: cached; else refused
+    // Every size from the network is checked before bytes move.
+    const std::optional<std::uint64_t> extent_bytes = ExtentBytes(r.extents());
+    if (extent_bytes != blocks[k].descriptor.payload_bytes()) {
+      out[k] = Status::Internal("Reserve on " + o_.host_id + " granted extents of " +
+                                (extent_bytes ? std::to_string(*extent_bytes) : "overflowing") +
+                                " bytes for a block of " +
+                                std::to_string(blocks[k].descriptor.payload_bytes()));
+      continue;
+    }
+    AppendRanges(r.extents(), slots.offset + k * slots.bytes, &ranges);
+    v1::CommitEntry* e = commit.add_entries();
+    e->set_key(blocks[k].descriptor.key());
+    e->set_crc32c(blocks[k].crc32c);
+    reserved.push_back(k);
+  }
+  if (reserved.empty()) return out;
+  KVF_ASSIGN_OR_RETURN(const auto token, GrantToken(resp.grant(), "Reserve"));
+  KVF_ASSIGN_OR_RETURN(DaemonConnection* const conn, Connection(resp.grant().transport_address()));
+  KVF_RETURN_IF_ERROR(data_->Transfer(conn, DataOp::kPut, resp.lease_id(), token,
+                                      o_.region_id, ranges, TransferDeadline())
+                          .WithContext("kPut to cache host " + o_.host_id));
+  v1::CommitResponse cresp;
+  KVF_RETURN_IF_ERROR(Call("Commit", stub_->Commit(RpcContext().get(), commit, &cresp)));
+  if (cresp.results_size() != static_cast<int>(reserved.size())) {
+    return Status::Internal("Commit on " + o_.host_id + " answered " +
+                            Count(cresp.results_size(), "results") + " for " +
+                            Count(reserved.size(), "entries"));
+  }
+  for (std::size_t i = 0; i < reserved.size(); ++i) {
+    out[reserved[i]] = StatusFromEntry(cresp.results(static_cast<int>(i)).status());
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- reads
+
+StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::Fetch(
+    std::span<const wire::FetchKey> keys, std::string_view expected_digest, SlotLayout slots) {
+  DataPlaneClient::FetchRequest req;
+  req.ns = Namespace();
+  if (!expected_digest.empty()) {
+    req.expected_fingerprint.emplace();
+    if (expected_digest.size() != req.expected_fingerprint->size()) {
+      return Status::InvalidArgument("Fetch: a fingerprint digest of " +
+                                     std::to_string(expected_digest.size()) + " bytes, not " +
+                                     std::to_string(req.expected_fingerprint->size()));
+    }
+    std::memcpy(req.expected_fingerprint->data(), expected_digest.data(), expected_digest.size());
+  }
+  req.keys = keys;
+  req.region_id = o_.region_id;
+  req.region_offset = slots.offset;
+  req.slot_bytes = slots.bytes;
+  KVF_RETURN_IF_ERROR(health());
+  KVF_ASSIGN_OR_RETURN(DaemonConnection* const conn, Connection(""));
+  KVF_ASSIGN_OR_RETURN(std::vector<wire::FetchKeyResult> got,
+                       data_->Fetch(conn, req, TransferDeadline()));
+  std::vector<ReadResult> out(got.size());
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    out[k].status = got[k].code == StatusCode::kOk
+                        ? Status::OK()
+                        : Status(got[k].code, "cache host " + o_.host_id + " did not fetch it");
+    out[k].crc32c = got[k].crc32c;
+    out[k].payload_bytes = got[k].payload_bytes;
+    if (out[k].status.ok() && got[k].payload_bytes > slots.bytes) {
+      out[k].status = Status::DataLoss("cache host " + o_.host_id + " reports " +
+                                       std::to_string(got[k].payload_bytes) + " bytes in a " +
+                                       std::to_string(slots.bytes) + "-byte slot");
+    }
+  }
+  return out;
+}
+
+StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::LeaseGet(
+    std::span<const std::string> keys, std::string_view expected_digest, std::uint32_t ttl_ms,
+    SlotLayout slots, std::uint64_t* lease_id) {
+  std::vector<ReadResult> out(keys.size());
+  if (keys.empty()) return out;
+  KVF_RETURN_IF_ERROR(health());
+  v1::LeaseRequest req;
+  req.set_namespace_(Namespace());
+  for (const std::string& k : keys) req.add_keys(k);
+  if (ttl_ms != 0) req.set_ttl_ms(ttl_ms);
+  if (!expected_digest.empty()) req.set_expected_fingerprint_digest(std::string(expected_digest));
+  v1::LeaseResponse resp;
+  // Releases the lease unless the caller keeps it.
+  auto release = [&](bool keep) {
+    if (resp.lease_id() == 0) return;
+    if (keep && lease_id != nullptr) {
+      *lease_id = resp.lease_id();
+      return;
+    }
+    Release(resp.lease_id()).IgnoreError();  // best effort: the lease expires anyway
+  };
+  // An entry answering Unavailable means "retry" (a block staged from NVMe
+  // was evicted again before the lease pinned it).
+  for (int attempt = 0;; ++attempt) {
+    resp.Clear();
+    KVF_RETURN_IF_ERROR(Call("Lease", stub_->Lease(RpcContext().get(), req, &resp)));
+    if (resp.results_size() != static_cast<int>(keys.size())) {
+      release(false);
+      return Status::Internal("Lease on " + o_.host_id + " answered " +
+                              Count(resp.results_size(), "results") + " for " +
+                              Count(keys.size(), "keys"));
+    }
+    bool retry = false;
+    for (const v1::LeaseResult& r : resp.results()) {
+      retry = retry || r.status().code() == static_cast<int>(StatusCode::kUnavailable);
+    }
+    if (!retry || attempt >= o_.lease_retries) break;
+    release(false);
+  }
+  std::vector<wire::TransferRange> ranges;
+  bool any = false;
+  for (std::size_t k = 0; k < keys.size(); ++k) {
+    const v1::LeaseResult& r = resp.results(static_cast<int>(k));
+    ReadResult& x = out[k];
+    x.status = StatusFromEntry(r.status());
+    x.crc32c = r.block().crc32c();
+    x.payload_bytes = r.block().payload_bytes();
+    x.tier = r.tier();
+    if (!x.status.ok()) continue;
+    // Every size from the network is checked before bytes move.
+    const std::optional<std::uint64_t> extent_bytes = ExtentBytes(r.extents());
+    if (extent_bytes != x.payload_bytes || x.payload_bytes > slots.bytes) {
+      x.status = Status::DataLoss("cache host " + o_.host_id + " offers " +
+                                  std::to_string(x.payload_bytes) + " bytes in " +
+                                  (extent_bytes ? std::to_string(*extent_bytes) : "overflowing") +
+                                  " bytes of extents for a " + std::to_string(slots.bytes) +
+                                  "-byte slot");
+      continue;
+    }
+    AppendRanges(r.extents(), slots.offset + k * slots.bytes, &ranges);
+    any = true;
+  }
+  if (!any) {
+    release(false);
+    return out;
+  }
+  StatusOr<std::array<std::uint8_t, 16>> token = GrantToken(resp.grant(), "Lease");
+  StatusOr<DaemonConnection*> conn = Connection(resp.grant().transport_address());
+  Status moved = token.ok() ? conn.status() : token.status();
+  if (moved.ok()) {
+    moved = data_->Transfer(*conn, DataOp::kGet, resp.lease_id(), *token, o_.region_id,
+                            ranges, TransferDeadline())
+                .WithContext("kGet from cache host " + o_.host_id);
+  }
+  release(moved.ok());
+  if (!moved.ok()) return moved;
+  return out;
+}
+
+Status CacheHostSession::Release(std::uint64_t lease_id) {
+  v1::ReleaseRequest rel;
+  rel.set_namespace_(Namespace());
+  rel.add_entries()->set_lease_id(lease_id);
+  v1::ReleaseResponse resp;
+  KVF_RETURN_IF_ERROR(Call("Release", stub_->Release(RpcContext().get(), rel, &resp)));
+  for (const v1::ReleaseResult& r : resp.results()) {
+    KVF_RETURN_IF_ERROR(StatusFromEntry(r.status()).WithContext("Release"));
+  }
+  return Status::OK();
+}
+
+StatusOr<std::vector<Status>> CacheHostSession::Delete(std::span<const std::string> keys) {
+  v1::DeleteRequest req;
+  req.set_namespace_(Namespace());
+  for (const std::string& k : keys) req.add_keys(k);
+  v1::DeleteResponse resp;
+  KVF_RETURN_IF_ERROR(Call("Delete", stub_->Delete(RpcContext().get(), req, &resp)));
+  if (resp.results_size() != static_cast<int>(keys.size())) {
+    return Status::Internal("Delete on " + o_.host_id + " answered " +
+                            Count(resp.results_size(), "results") + " for " +
+                            Count(keys.size(), "keys"));
+  }
+  std::vector<Status> out;
+  out.reserve(keys.size());
+  for (const v1::DeleteResult& r : resp.results()) out.push_back(StatusFromEntry(r.status()));
+  return out;
+}
+
+}  // namespace kvfabric::client

@@ -1,0 +1,176 @@
+// CacheHostSession: one client's session with one cache-host daemon, the only
+// place the control-plane + data-plane sequences are written out:
+//
+//   Store     Reserve (gRPC) -> kPut (the daemon pulls the blocks from this
+//             client's region) -> Commit with each block's CRC32C (gRPC).
+//   Fetch     kFetch (data plane): the daemon leases the keys in its host
+//             pool, pushes them into the region's slots and releases them, in
+//             one round trip.
+//   LeaseGet  Lease (gRPC; stages NVMe blocks into the pool, retried while
+//             the daemon answers an entry Unavailable) -> kGet (the daemon
+//             pushes the leased pages into the region's slots) -> Release.
+//   Delete    Delete (gRPC).
+//
+// Every batch names its blocks' places in the session's region as slots:
+// block k of a batch is at slot_offset + k * slot_bytes. The region is
+// exported to the daemon once, at Open; the bytes of the slots a call names
+// belong to the daemon until the call returns. Every count and size from
+// the daemon is checked before bytes are used; per-entry results come back as
+// Status (proto/grpc_status.h's one conversion).
+//
+// Ownership: a session owns its gRPC stub and shares its data-plane
+// connection (client/data_plane_client.h); it borrows the DataPlaneClient and
+// the region, which must outlive it. Sessions are handed out as shared_ptr so
+// that a thread still using one after another thread gave up on its daemon
+// (Close) holds valid memory and sees calls fail Unavailable.
+//
+// Threads: every method may be called from any thread, concurrently, as long
+// as concurrent calls name disjoint slots.
+#ifndef KVFABRIC_CLIENT_CACHE_HOST_SESSION_H_
+#define KVFABRIC_CLIENT_CACHE_HOST_SESSION_H_
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "client/data_plane_client.h"
+#include "core/status.h"
+#include "core/statusor.h"
+#include "kvfabric/v1/cache_host.grpc.pb.h"
+#include "proto/transfer_wire.h"
+#include "transport/transport.h"
+
+namespace kvfabric::client {
+
+struct CacheHostSessionOptions {
+  // The daemon's name (for messages), gRPC address and data-plane address.
+  // grpc_address is required; with an empty transport_address the data
+  // plane is connected at the first grant, to the address the grant names.
+  // An empty host_id is the gRPC address.
+  std::string host_id;
+  std::string grpc_address;
+  std::string transport_address;
+  // Namespace (tenant) of every request; empty: the default tenant.
+  std::string ns;
+  // Deadline of each gRPC call and of each data-plane request.
+  std::chrono::milliseconds rpc_timeout{5000};
+  std::chrono::milliseconds transfer_timeout{30000};
+  // The id the region is exported under on this daemon.
+  std::uint32_t region_id = 1;
+  // How often a Lease whose entries answer Unavailable is retried.
+  int lease_retries = 3;
+};
+
+// Where a batch's blocks sit in the region: block k at offset + k * bytes.
+struct SlotLayout {
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+};
+
+class CacheHostSession {
+ public:
+  // Creates the stub, connects the data plane and exports `region` (or
+  // defers both to the first grant; see transport_address). Unavailable
+  // naming the daemon if it cannot be reached by rpc_timeout.
+  static StatusOr<std::shared_ptr<CacheHostSession>> Open(DataPlaneClient* data,
+                                                          const transport::MemoryRegion& region,
+                                                          CacheHostSessionOptions options);
+  ~CacheHostSession();
+  CacheHostSession(const CacheHostSession&) = delete;
+  CacheHostSession& operator=(const CacheHostSession&) = delete;
+
+  // One block to store: its descriptor (key, payload_bytes, fingerprint
+  // digest, tokens) and the CRC32C of the bytes in its slot.
+  struct StoreBlock {
+    v1::BlockDescriptor descriptor;
+    std::uint32_t crc32c = 0;
+  };
+  // Stores `blocks` (at most the daemon's max_keys_per_batch) whose bytes sit
+  // in `slots`. Per block: OK (committed), AlreadyExists (the daemon already
+  // held it: cached, nothing written), or why it was not stored. A
+  // request-wide error (the daemon unreachable, the transfer failed, a reply
+  // with the wrong count) is returned instead; then nothing can be assumed
+  // committed. Uncommitted reservations are released (Commit's
+  // release_uncommitted) or expire after ttl_ms on the daemon.
+  StatusOr<std::vector<Status>> Store(const v1::ModelFingerprint& fingerprint,
+                                      std::span<const StoreBlock> blocks, SlotLayout slots,
+                                      std::uint32_t ttl_ms = 0);
+
+  // What a read found for one key.
+  struct ReadResult {
+    Status status;              // OK: the bytes are in the key's slot
+    std::uint32_t crc32c = 0;   // as committed (check it before use)
+    std::uint64_t payload_bytes = 0;
+    v1::Tier tier = v1::TIER_HOST;  // where the daemon read it from
+  };
+  // kFetch of `keys` (32 bytes each) into `slots`. Per key: OK, Unavailable
+  // (not in the daemon's host pool now: LeaseGet stages it), NotFound, or
+  // another refusal. `expected_digest`: the model fingerprint digest the
+  // blocks must carry (empty: not checked).
+  StatusOr<std::vector<ReadResult>> Fetch(std::span<const wire::FetchKey> keys,
+                                          std::string_view expected_digest, SlotLayout slots);
+
+  // Lease (retrying Unavailable entries), kGet of every leased key into its
+  // slot, Release. Per key as Fetch (OK entries' payload_bytes equal
+  // slots.bytes, checked). With keep_lease the lease is not released and its
+  // id goes to *lease_id (the caller Releases it); otherwise it is released
+  // whatever happens.
+  StatusOr<std::vector<ReadResult>> LeaseGet(std::span<const std::string> keys,
+                                             std::string_view expected_digest,
+                                             std::uint32_t ttl_ms, SlotLayout slots,
+                                             std::uint64_t* lease_id = nullptr);
+  Status Release(std::uint64_t lease_id);
+
+  // Deletes `keys`; per key OK or NotFound or the refusal.
+  StatusOr<std::vector<Status>> Delete(std::span<const std::string> keys);
+
+  // Closes the data-plane connection: in-flight and later calls fail
+  // Unavailable. Idempotent.
+  void Close();
+  // OK while the data-plane connection is healthy.
+  Status health() const;
+
+  // The namespace of calls started from now on (options.ns at first).
+  void SetNamespace(const std::string& ns);
+
+  const std::string& host_id() const { return o_.host_id; }
+  const std::string& grpc_address() const { return o_.grpc_address; }
+  const std::string& transport_address() const { return o_.transport_address; }
+  // For the calls this type does not wrap (Health, Stats) and for tests that
+  // speak the raw protocol: the stub, and the data-plane connection (made now
+  // if it was deferred and an address is configured).
+  v1::CacheHost::Stub& stub() { return *stub_; }
+  StatusOr<DaemonConnection*> DataConnection() { return Connection(""); }
+  std::unique_ptr<grpc::ClientContext> RpcContext() const;
+
+ private:
+  CacheHostSession(DataPlaneClient* data, CacheHostSessionOptions options);
+  Status Call(const char* rpc, const grpc::Status& g) const;
+  transport::Deadline TransferDeadline() const;
+  // The data-plane connection, made (and the region exported) on first use
+  // to the configured address, else to `grant_address`.
+  StatusOr<DaemonConnection*> Connection(const std::string& grant_address);
+
+  DataPlaneClient* const data_;
+  CacheHostSessionOptions o_;  // ns GUARDED_BY(conn_mu_); the rest immutable
+  std::string Namespace() const;
+  const transport::MemoryRegion* region_ = nullptr;
+  std::unique_ptr<v1::CacheHost::Stub> stub_;
+  mutable std::mutex conn_mu_;
+  std::shared_ptr<DaemonConnection> conn_;  // GUARDED_BY(conn_mu_); set once
+  bool closed_ = false;                     // GUARDED_BY(conn_mu_)
+};
+
+// The gRPC channel every kvfabric client opens to a daemon or placement:
+// 16 MiB messages each way.
+std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address);
+
+}  // namespace kvfabric::client
+
+#endif  // KVFABRIC_CLIENT_CACHE_HOST_SESSION_H_
