@@ -15,6 +15,7 @@
 #include "client/data_plane_client.h"
 #include "core/crc32c.h"
 #include "core/env.h"
+#include "core/testing/fake_clock_env.h"
 #include "core/testing/test_seed.h"
 #include "server/cache_host/data_plane.h"
 #include "transport/loopback_transport.h"
@@ -92,8 +93,10 @@ class CacheHostNodeTest : public ::testing::Test {
     return o;
   }
 
-  void StartNode(CacheHostOptions o) {
-    auto node = CacheHostNode::Create(std::move(o), server_.get(), Env::Default());
+  // `env` is the node's clock (and files): Env::Default(), or clock_ where the
+  // test moves time itself.
+  void StartNode(CacheHostOptions o, Env* env = Env::Default()) {
+    auto node = CacheHostNode::Create(std::move(o), server_.get(), env);
     ASSERT_TRUE(node.ok()) << node.status().ToString();
     node_ = std::move(*node);
     auto conn = dp_->Connect(node_->transport_address(), Clock::now() + std::chrono::seconds(5));
@@ -212,6 +215,7 @@ class CacheHostNodeTest : public ::testing::Test {
   std::unique_ptr<client::DataPlaneClient> dp_;
   std::shared_ptr<client::DaemonConnection> conn_;
   std::uint32_t region_ = 0;
+  FakeClockEnv clock_;  // outlives node_, which may read it
   std::unique_ptr<CacheHostNode> node_;
 };
 
@@ -412,12 +416,18 @@ TEST_F(CacheHostNodeTest, CommitWithWrongCrcPublishesNothing) {
 }
 
 TEST_F(CacheHostNodeTest, UncommittedReservationExpiresAndItsPagesReturn) {
-  StartNode(Options(8 << 20, false));
+  // The node reads time through its Env: the reservation's 20 ms pass when the
+  // test says so, whatever the maintenance thread does meanwhile.
+  StartNode(Options(8 << 20, false), &clock_);
   ReserveEntry e{Key(1), Meta(2)};
   auto r = node_->Reserve(Namespace{"a"}, std::span<const ReserveEntry>(&e, 1), 20'000);
   ASSERT_TRUE(r.ok() && r->results[0].status.ok());
   EXPECT_EQ(node_->Snapshot().pages.reserved, 2u);
-  std::this_thread::sleep_for(std::chrono::milliseconds(40));
+  clock_.Advance(19'999);
+  node_->TEST_RunMaintenance();
+  EXPECT_EQ(node_->Snapshot().pages.reserved, 2u) << "expired before its TTL";
+  EXPECT_EQ(node_->Snapshot().table.reservations_expired, 0u);
+  clock_.Advance(1);
   node_->TEST_RunMaintenance();
   CacheHostSnapshot s = node_->Snapshot();
   EXPECT_EQ(s.pages.reserved, 0u);
