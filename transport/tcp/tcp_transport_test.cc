@@ -2,11 +2,10 @@
 // what only this backend promises (hostile peers, revocation under load).
 #include "transport/tcp/tcp_transport.h"
 
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "core/socket_address.h"
+#include "core/testing/wait_for.h"
 #include "transport/tcp/tcp_wire.h"
 #include "transport/testing/transport_conformance.h"
 
@@ -289,9 +289,8 @@ TEST(TcpTransportTest, AGuessedGrantReadsNothingAndABrokenFrameFailsOnlyItsConne
   wire::EncodeFrameHeader({wire::FrameType::kSend, 0, 0, 0, 0, 0, 0}, evil);
   evil[39] = std::byte{0x7f};
   raw.Send(evil);
-  for (int i = 0; i < 500 && raw_ep->health().ok(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  ASSERT_TRUE(WaitFor([&] { return !raw_ep->health().ok(); }, std::chrono::seconds(30),
+                      "the endpoint of the peer that sent the broken frame to fail"));
   EXPECT_EQ(raw_ep->health().code(), StatusCode::kUnavailable);
   EXPECT_NE(raw_ep->health().message().find("protocol error"), std::string::npos)
       << raw_ep->health();
@@ -352,7 +351,11 @@ TEST(TcpTransportTest, APeerThatNeverReadsRepliesIsNoLongerReadFrom) {
     }
     ASSERT_TRUE(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) << std::strerror(errno);
     // Full. Give the server time to read what it still would, then check
-    // that it has stopped: nothing more goes in.
+    // that it has stopped: nothing more goes in. This sleep stays: "stopped
+    // reading" is an absence, observed over a quiet period; the state that
+    // would say it (the connection's read_paused_) is not visible from here.
+    // Too short a period could let a server that never stops pass; it
+    // cannot fail one that does.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     const ssize_t again = ::send(raw.fd(), stream.data() + sent_bytes,
                                  stream.size() - sent_bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -471,10 +474,14 @@ TEST(TcpTransportTest, RegionDestroyedUnderConcurrentReadsAndWritesIsNeverTouche
       *server.t->AllocateMemory(kClients * kBlock, MemoryKind::kHost);
   const std::string exported = *region->Export(0, kClients * kBlock);
   std::atomic<bool> stop{false};
-  std::atomic<int> ok_entries{0}, failed_entries{0};
+  std::atomic<int> ok_entries{0}, failed_entries{0}, finished_clients{0};
   std::vector<std::thread> clients;
   for (int c = 0; c < kClients; ++c) {
     clients.emplace_back([&, c] {
+      struct Finished {
+        std::atomic<int>& n;
+        ~Finished() { n.fetch_add(1); }
+      } finished{finished_clients};  // also when an ASSERT returns early
       auto t = NewTransport();
       StatusOr<std::unique_ptr<Endpoint>> ep = t->Connect(
           server.t->listen_address(), transport::PeerFailureMode::kFailInFlight, Soon());
@@ -506,9 +513,14 @@ TEST(TcpTransportTest, RegionDestroyedUnderConcurrentReadsAndWritesIsNeverTouche
       }
     });
   }
-  while (ok_entries.load() < 3 * kClients) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(
+      WaitFor([&] { return ok_entries.load() >= 3 * kClients || finished_clients.load() > 0; },
+              std::chrono::seconds(60), "the clients to complete 3 entries each on average"));
   region.reset();  // revokes the grant; connections moving its bytes fail first
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Clients go on submitting until one sees the region go (or all stop).
+  EXPECT_TRUE(
+      WaitFor([&] { return failed_entries.load() >= 1 || finished_clients.load() == kClients; },
+              std::chrono::seconds(60), "a client to see the revoked region fail an entry"));
   stop.store(true);
   for (auto& t : clients) t.join();
   EXPECT_GE(failed_entries.load(), 1) << "no entry saw the region go";
