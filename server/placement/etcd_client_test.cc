@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/testing/test_seed.h"
+#include "core/testing/wait_for.h"
 #include "server/placement/testing/etcd_process.h"
 
 namespace kvfabric::placement {
@@ -352,17 +353,6 @@ class EtcdClientRealTest : public ::testing::Test {
         std::string("/") + ::testing::UnitTest::GetInstance()->current_test_info()->name() + "/";
   }
 
-  // Polls until `done` holds; false after `limit` (which only bounds a
-  // failing test: nothing asserts how long it took).
-  static bool Eventually(const std::function<bool()>& done, std::chrono::seconds limit = 15s) {
-    const auto deadline = Clock::now() + limit;
-    while (Clock::now() < deadline) {
-      if (done()) return true;
-      std::this_thread::sleep_for(50ms);
-    }
-    return done();
-  }
-
   static testing::EtcdProcess* etcd_;
   std::unique_ptr<EtcdClient> client_;
   std::string prefix_;
@@ -440,7 +430,8 @@ TEST_F(EtcdClientRealTest, LeaseWithoutKeepAliveExpiresWithItsKeys) {
   if (!r->kvs.empty()) {  // it may have expired already on a loaded machine
     EXPECT_EQ(r->kvs[0].lease, lease->id);
   }
-  ASSERT_TRUE(Eventually([&] { return client_->Range(prefix_ + "k")->kvs.empty(); }));
+  ASSERT_TRUE(WaitFor([&] { return client_->Range(prefix_ + "k")->kvs.empty(); }, 15s,
+                      "etcd to expire the 1 s lease and delete its key"));
   EXPECT_TRUE(client_->LeaseKeepAlive(lease->id).status().IsNotFound());
   EXPECT_TRUE(client_->LeaseRevoke(lease->id).IsNotFound());
   EXPECT_TRUE(client_->Put(prefix_ + "k", "v", lease->id).status().IsNotFound());
@@ -450,7 +441,10 @@ TEST_F(EtcdClientRealTest, KeepAliveKeepsLeaseAndRevokeEndsIt) {
   StatusOr<EtcdLease> lease = client_->LeaseGrant(2);
   ASSERT_TRUE(lease.ok()) << lease.status();
   ASSERT_TRUE(client_->Put(prefix_ + "k", "v", lease->id).ok());
-  // 1.5 TTLs with keep-alives every 200 ms: the key must stay.
+  // 1.5 TTLs with keep-alives every 200 ms: the key must stay. The sleep is
+  // the behaviour under test: etcd expires leases on its own clock, in another
+  // process, so only keep-alives paced in real time across more than a TTL
+  // show that they hold the lease.
   for (auto end = Clock::now() + 3s; Clock::now() < end;) {
     StatusOr<int64_t> ttl = client_->LeaseKeepAlive(lease->id);
     ASSERT_TRUE(ttl.ok()) << ttl.status();
@@ -478,10 +472,12 @@ TEST_F(EtcdClientRealTest, WatchDeliversPutsDeletesAndLeaseExpiry) {
   StatusOr<EtcdLease> lease = client_->LeaseGrant(1);
   ASSERT_TRUE(lease.ok());
   ASSERT_TRUE(client_->Put(prefix_ + "a", "1", lease->id).ok());
-  ASSERT_TRUE(Eventually([&] {
-    std::lock_guard<std::mutex> lock(mu);
-    return events.size() >= 4;
-  }));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::lock_guard<std::mutex> lock(mu);
+        return events.size() >= 4;
+      },
+      15s, "4 watch events: put, delete, put, and the delete of the lease's expiry"));
   (*watch)->Cancel();
   std::lock_guard<std::mutex> lock(mu);
   ASSERT_EQ(events.size(), 4u);

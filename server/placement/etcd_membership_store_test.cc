@@ -2,11 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <thread>
 
+#include "core/testing/wait_for.h"
 #include "server/placement/etcd_client.h"
 #include "server/placement/testing/etcd_process.h"
 
@@ -25,17 +27,6 @@ MemberRecord Record(const std::string& host_id, uint64_t incarnation = 7) {
   r.host_capacity_bytes = 1 << 30;
   r.host_free_bytes = 1 << 29;
   return r;
-}
-
-// Polls until `done` holds; false after `limit`, which only bounds a failing
-// test (nothing asserts how long it took).
-bool Eventually(const std::function<bool()>& done, std::chrono::seconds limit = 15s) {
-  const auto deadline = Clock::now() + limit;
-  while (Clock::now() < deadline) {
-    if (done()) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return done();
 }
 
 // Collects watch events; Await blocks until at least n arrived.
@@ -167,7 +158,7 @@ TEST_F(EtcdMembershipStoreTest, MemberWithoutKeepAliveDisappearsAfterItsTtl) {
   StatusOr<uint64_t> lease = store_->Join(Record("a"), 1s);
   ASSERT_TRUE(lease.ok()) << lease.status();
   EXPECT_EQ(ListedHosts(), std::vector<std::string>{"a"});
-  ASSERT_TRUE(Eventually([&] { return ListedHosts().empty(); }));
+  ASSERT_TRUE(WaitFor([&] { return ListedHosts().empty(); }, 15s, "etcd to expire a's 1 s lease"));
   EXPECT_TRUE(store_->KeepAlive(*lease, nullptr).IsNotFound());
 }
 
@@ -175,6 +166,9 @@ TEST_F(EtcdMembershipStoreTest, KeepAliveKeepsMemberAndStoresUpdatedRecord) {
   StatusOr<uint64_t> lease = store_->Join(Record("a"), 2s);
   ASSERT_TRUE(lease.ok()) << lease.status();
   MemberRecord updated = Record("a");
+  // The sleep is the behaviour under test: etcd expires leases on its own
+  // clock, in another process, so only keep-alives paced in real time across
+  // more than a TTL show that they hold the member.
   for (auto end = Clock::now() + 3s; Clock::now() < end;) {  // 1.5 TTLs
     updated.host_free_bytes -= 4096;
     ASSERT_TRUE(store_->KeepAlive(*lease, &updated).ok());
@@ -241,16 +235,34 @@ TEST_F(EtcdMembershipStoreTest, WatchReportsJoinsUpdatesLeavesAndExpiry) {
   StatusOr<uint64_t> lease_b2 = store_->Join(Record("b", 2), 10s);
   ASSERT_TRUE(lease_b2.ok());
   ASSERT_TRUE(store_->Leave(*lease_b2).ok());
-  log.Await(6);
-  std::this_thread::sleep_for(200ms);  // let anything extra arrive
+  // Once a's lease has expired, one more join marks the end: etcd delivers a
+  // watch's events in revision order, so when the marker's event is in, so
+  // is every event (wanted or extra) of each change made before it.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const std::vector<MemberEvent> events = log.Snapshot();
+        return std::any_of(events.begin(), events.end(), [](const MemberEvent& e) {
+          return e.record.host_id == "a" && e.kind == MemberEventKind::kLeft;
+        });
+      },
+      15s, "etcd to expire a's 1 s lease"));
+  ASSERT_TRUE(store_->Join(Record("marker"), 10s).ok());
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const std::vector<MemberEvent> events = log.Snapshot();
+        return !events.empty() && events.back().record.host_id == "marker";
+      },
+      15s, "the marker's join event"));
   // Per host, in order (a's expiry may fall anywhere among b's events).
   std::vector<MemberEvent> a;
   std::vector<MemberEvent> b;
+  std::vector<MemberEvent> marker;
   for (const MemberEvent& e : log.Snapshot()) {
-    (e.record.host_id == "a" ? a : b).push_back(e);
+    (e.record.host_id == "a" ? a : e.record.host_id == "marker" ? marker : b).push_back(e);
   }
   EXPECT_EQ(Describe(a), "joined a#7; left a#7; ");
   EXPECT_EQ(Describe(b), "joined b#1; updated b#1(draining); joined b#2; left b#2; ");
+  EXPECT_EQ(Describe(marker), "joined marker#7; ");
 }
 
 TEST_F(EtcdMembershipStoreTest, ReplacedWatcherIsNotCalledAgain) {
