@@ -35,6 +35,7 @@
 #include "tests/server_process.h"
 #include "core/crc32c.h"
 #include "core/testing/test_seed.h"
+#include "core/testing/wait_for.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
 #include "transport/ucx/ucx_transport.h"
 
@@ -284,14 +285,20 @@ TEST_F(CacheHostDaemonTest, SigkillDuringWritesThenRestartRecoversNvmeBlocks) {
   ASSERT_GE(eresp.decisions_size(), 1);
   EXPECT_EQ(eresp.decisions(0).action(), "demote");
   EXPECT_FALSE(eresp.decisions(0).explanation().empty());
-  // Keep writing, and kill the daemon in the middle of it.
+  // Keep writing, and kill the daemon in the middle of it: once a batch of
+  // the writer has gone through, the next one is on its way.
   std::atomic<bool> stop{false};
+  std::atomic<int> batches_written{0};
+  std::atomic<bool> writer_done{false};
   std::thread writer([&] {
     for (int i = kBlocks; i < kBlocks + 64 && !stop.load(); i += 8) {
       if (!PutBatch(i, 8).ok()) break;  // fails once the daemon is dead
+      batches_written.fetch_add(1);
     }
+    writer_done.store(true);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  EXPECT_TRUE(WaitFor([&] { return batches_written.load() >= 1 || writer_done.load(); },
+                      std::chrono::seconds(60), "the writer's first batch"));
   daemon_->Kill(SIGKILL);
   stop = true;
   writer.join();
@@ -335,7 +342,16 @@ TEST_F(CacheHostDaemonTest, StalledClientsLeasesExpireAndTheirPagesReturn) {
   grpc::ClientContext rctx;
   ASSERT_TRUE(stub()->Reserve(&rctx, rreq, &rresp).ok());
   ASSERT_EQ(rresp.results(0).status().code(), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(800));  // the stall
+  // The stall: the client does nothing until the daemon reports both expired
+  // (its maintenance pass runs on the daemon's own clock, in its process).
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        v1::StatsResponse stats;
+        grpc::ClientContext ctx;
+        return stub()->Stats(&ctx, v1::StatsRequest(), &stats).ok() &&
+               stats.read_leases_expired_total() >= 1 && stats.reservations_expired_total() >= 1;
+      },
+      std::chrono::seconds(30), "the daemon to expire the 300 ms lease and reservation"));
 
   std::array<std::uint8_t, 16> token{};
   std::memcpy(token.data(), lresp.grant().access_token().data(), 16);
