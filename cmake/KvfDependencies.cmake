@@ -23,6 +23,7 @@ endforeach()
 
 macro(_kvf_optional_pkg part package)
   set(KVF_HAVE_${part} OFF)
+  set(KVF_${part}_MODULES ${ARGN})  # for the package config (cmake/KvfPackage.cmake)
   if(KVF_WITH_${part})
     pkg_check_modules(KVF_${part} QUIET IMPORTED_TARGET ${ARGN})
     if(KVF_${part}_FOUND)

@@ -1,9 +1,15 @@
 # kvfabric's CMake target functions, the twins of tools/bazel/kvf.bzl.
 #
 # A target declared as kvf_cc_library(NAME status ...) in core/CMakeLists.txt is
-# //core:status in Bazel and `core_status` here (exported as
-# kvfabric::core_status). tools/check_build_drift.py compares the sources both
-# builds compile, so a file added to one build only fails CI.
+# //core:status in Bazel and `core_status` here (kvfabric::core_status in the
+# tree). tools/check_build_drift.py compares the sources both builds compile,
+# so a file added to one build only fails CI.
+#
+# These per-part libraries are build steps, not what the package ships:
+# cmake/KvfPackage.cmake folds the client's closure of them into libkvfabric
+# (shared and static); only binaries are installed from here. TESTONLY C++
+# libraries exist only with BUILD_TESTING (most link GoogleTest); TESTONLY
+# CUDA libraries always do (a benchmark uses one).
 
 set(KVF_COPTS -Wall -Wextra -Wno-unused-parameter)
 
@@ -17,6 +23,9 @@ endfunction()
 # kvf_cc_library(NAME n [SRCS ...] [HDRS ...] [DEPS ...] [DEFINES ...] [COPTS ...] [TESTONLY])
 function(kvf_cc_library)
   cmake_parse_arguments(A "TESTONLY" "NAME" "SRCS;HDRS;DEPS;DEFINES;COPTS" ${ARGN})
+  if(A_TESTONLY AND NOT BUILD_TESTING)
+    return()
+  endif()
   _kvf_target_name(target ${A_NAME})
   if(A_SRCS)
     add_library(${target} STATIC ${A_SRCS})
@@ -44,17 +53,16 @@ function(kvf_cc_library)
   if(A_DEFINES)
     target_compile_definitions(${target} ${scope} ${A_DEFINES})
   endif()
-  if(NOT A_TESTONLY)
-    install(TARGETS ${target} EXPORT kvfabricTargets
-            ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-            FILE_SET HEADERS DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvfabric)
-    set_property(GLOBAL APPEND PROPERTY KVF_EXPORTED_LIBRARIES ${target})
-  endif()
 endfunction()
 
-# kvf_cc_binary(NAME n SRCS ... [DEPS ...] [OUTPUT_NAME name] [DEFINES ...])
+# kvf_cc_binary(NAME n SRCS ... [DEPS ...] [OUTPUT_NAME name] [DEFINES ...] [TESTONLY]):
+# installed into bin/ unless TESTONLY (a helper that tests start; built only
+# with BUILD_TESTING).
 function(kvf_cc_binary)
-  cmake_parse_arguments(A "" "NAME;OUTPUT_NAME" "SRCS;DEPS;DEFINES" ${ARGN})
+  cmake_parse_arguments(A "TESTONLY" "NAME;OUTPUT_NAME" "SRCS;DEPS;DEFINES" ${ARGN})
+  if(A_TESTONLY AND NOT BUILD_TESTING)
+    return()
+  endif()
   _kvf_target_name(target ${A_NAME})
   add_executable(${target} ${A_SRCS})
   target_compile_options(${target} PRIVATE ${KVF_COPTS})
@@ -65,7 +73,9 @@ function(kvf_cc_binary)
   if(A_OUTPUT_NAME)
     set_target_properties(${target} PROPERTIES OUTPUT_NAME ${A_OUTPUT_NAME})
   endif()
-  install(TARGETS ${target} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  if(NOT A_TESTONLY)
+    install(TARGETS ${target} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  endif()
 endfunction()
 
 # kvf_cc_test(NAME n SRCS ... [DEPS ...]): a GoogleTest binary registered with
@@ -115,10 +125,6 @@ function(kvf_proto_library)
   target_include_directories(${target} PUBLIC
     $<BUILD_INTERFACE:${gen_root}> $<INSTALL_INTERFACE:include/kvfabric>)
   target_link_libraries(${target} PUBLIC ${A_DEPS} gRPC::grpc++ protobuf::libprotobuf)
-  install(TARGETS ${target} EXPORT kvfabricTargets
-          ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-          FILE_SET HEADERS DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvfabric)
-  set_property(GLOBAL APPEND PROPERTY KVF_EXPORTED_LIBRARIES ${target})
 endfunction()
 
 # kvf_cuda_library(NAME n SRCS a.cu ... [HDRS ...] [DEPS ...] [TESTONLY]): .cu
@@ -141,10 +147,4 @@ function(kvf_cuda_library)
   target_include_directories(${target} PUBLIC
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}> $<INSTALL_INTERFACE:include/kvfabric>)
   target_link_libraries(${target} PUBLIC ${A_DEPS} CUDA::cudart_static)
-  if(NOT A_TESTONLY)
-    install(TARGETS ${target} EXPORT kvfabricTargets
-            ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-            FILE_SET HEADERS DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvfabric)
-    set_property(GLOBAL APPEND PROPERTY KVF_EXPORTED_LIBRARIES ${target})
-  endif()
 endfunction()
