@@ -203,8 +203,10 @@ Status Demo::OpenClient() {
   o.data_transport = a_.data_transport;
   o.tile_tokens = a_.tile_tokens;
   o.staging_bytes = std::max<std::uint64_t>(std::uint64_t{64} << 20, 4 * block_bytes_);
-  // Keep the largest history for the next turns (no fresh pages to fault in).
-  o.history_cache_bytes = a_.max_history_tokens / a_.tokens_per_block * block_bytes_;
+  // One conversation's longest history: the demo serves one turn at a time.
+  // Allocated and pre-faulted at Open, so no turn faults in fresh memory.
+  o.history_pool_bytes = a_.max_history_tokens / a_.tokens_per_block * block_bytes_;
+  o.max_context_tokens = a_.max_history_tokens;
   o.recompute = [this](const client::RecomputeRequest& r, std::span<std::byte> out) {
     return Prefill(r, out);
   };
@@ -273,7 +275,7 @@ Status Demo::RunTurn(std::uint32_t index, std::uint32_t conversation, std::uint3
   // Write back what is not cached yet (placement skips blocks it knows).
   for (std::uint32_t l = 0; l < a_.layers; ++l) KVF_RETURN_IF_ERROR(client_->Save(ctx, l, 0, chain));
   // One decode step over every layer; a sample checked bit for bit.
-  KVF_ASSIGN_OR_RETURN(std::span<const std::byte> history, client_->History(ctx));
+  KVF_ASSIGN_OR_RETURN(const client::HostHistory history, client_->History(ctx));
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   const std::size_t qn = std::size_t{a_.num_q_heads} * a_.head_dim;
   std::vector<float> q(qn), out(qn), lse(a_.num_q_heads), ref_out(qn), ref_lse(a_.num_q_heads);
@@ -428,6 +430,7 @@ Status Demo::Run() {
   KVF_RETURN_IF_ERROR(StartCluster());
   KVF_RETURN_IF_ERROR(OpenClient());
   std::printf("%s\n", client_->DescribeArena().c_str());
+  std::printf("history pool: %s\n", client_->DescribeHistoryPool().c_str());
 
   // Conversations share the system prompt; conversation c grows to
   // max_history_tokens / 2^c tokens over its turns.

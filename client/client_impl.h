@@ -22,6 +22,8 @@
 #include "client/cache_host_session.h"
 #include "client/data_plane_client.h"
 #include "client/device_arena.h"
+#include "client/history_pool.h"
+#include "client/host_history.h"
 #include "client/kvfabric_client.h"
 #include "client/streaming_attention.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
@@ -41,7 +43,7 @@ struct Context {
   std::uint64_t tokens = 0;
   std::uint32_t blocks = 0;       // ceil(tokens / tokens_per_block)
   std::uint32_t full_blocks = 0;  // tokens / tokens_per_block
-  std::unique_ptr<gpu::PinnedHostBuffer> history;
+  std::vector<std::uint32_t> pages;  // history pool page of each block
 
   std::mutex mu;
   std::condition_variable cv;
@@ -104,7 +106,7 @@ class Client::Impl {
   Status Load(const MatchResult& match, ContextId id);
   Status WaitLayer(ContextId id, std::uint32_t layer, std::chrono::milliseconds timeout);
   StatusOr<std::span<std::byte>> BlockPayload(ContextId id, std::uint32_t block);
-  StatusOr<std::span<const std::byte>> History(ContextId id);
+  StatusOr<HostHistory> History(ContextId id);
   Status Save(ContextId id, std::uint32_t layer, std::uint32_t first_block,
               std::span<const BlockKey> keys);
   Status Attend(ContextId id, std::uint32_t layer, std::uint64_t step, std::span<const float> q,
@@ -113,6 +115,7 @@ class Client::Impl {
   ClientMetrics metrics() const;
   const ClientOptions& options() const { return o_; }
   std::string DescribeArena() const { return arena_->DescribeLayout(); }
+  std::string DescribeHistoryPool() const { return history_pool_->DescribeLayout(); }
   StatusOr<std::vector<BlockKey>> KeyTokens(std::span<const std::uint32_t> tokens) const;
 
  private:
@@ -122,12 +125,10 @@ class Client::Impl {
     return std::chrono::system_clock::now() + o_.rpc_timeout;
   }
   void ReportObservations(Context& c);
-  // A history buffer of at least `bytes`: the smallest cached one that fits,
-  // else a new one from the device.
-  StatusOr<std::unique_ptr<gpu::PinnedHostBuffer>> TakeHistory(std::uint64_t bytes);
-  // Keeps `buffer` for reuse within options.history_cache_bytes (evicting the
-  // smallest cached buffers), or frees it.
-  void ReturnHistory(std::unique_ptr<gpu::PinnedHostBuffer> buffer);
+  // Block `b` of `c`'s history: its page of the history pool.
+  std::span<std::byte> BlockBytes(const Context& c, std::uint32_t b) const {
+    return history_pool_->page(c.pages[b]);
+  }
 
   // client_io.cc
   // Loader thread bodies: the plan's fetch runs (with their fallbacks), and
@@ -169,6 +170,8 @@ class Client::Impl {
   // Recomputes chain blocks [first, first + count) of `c` (clipped to its
   // tokens) through options.recompute.
   Status Recompute(Context& c, std::uint32_t first, std::uint32_t count);
+  // One engine call: blocks [first, first + count), whose pages are adjacent.
+  Status RecomputeRun(Context& c, std::uint32_t first, std::uint32_t count);
   // The session with `host`, made on first use (connecting outside
   // daemons_mu_), remade when the daemon moved or its connection failed.
   StatusOr<std::shared_ptr<Daemon>> GetDaemon(const MatchResult::Host& host);
@@ -215,10 +218,7 @@ class Client::Impl {
   ContextId next_context_ = 1;                              // GUARDED_BY(mu_)
   bool closed_ = false;                                     // GUARDED_BY(mu_)
 
-  std::mutex history_mu_;
-  std::multimap<std::uint64_t, std::unique_ptr<gpu::PinnedHostBuffer>>
-      history_cache_;                      // GUARDED_BY(history_mu_); by size
-  std::uint64_t history_cache_bytes_ = 0;  // GUARDED_BY(history_mu_)
+  std::unique_ptr<HistoryPool> history_pool_;
 
   std::mutex save_mu_;
   std::condition_variable save_cv_;

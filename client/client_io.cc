@@ -108,6 +108,20 @@ void Client::Impl::WorkerDone(Context& c, const Status& status) {
 }
 
 Status Client::Impl::Recompute(Context& c, std::uint32_t first, std::uint32_t count) {
+  // One engine call per run of adjacent pages: the engine writes block
+  // payloads back to back (RecomputeFn), and a history's pages are adjacent
+  // in runs (client/history_pool.h).
+  const std::uint32_t end = first + count;
+  for (std::uint32_t from = first; from < end;) {
+    std::uint32_t to = from + 1;
+    while (to < end && c.pages[to] == c.pages[to - 1] + 1) ++to;
+    KVF_RETURN_IF_ERROR(RecomputeRun(c, from, to - from));
+    from = to;
+  }
+  return Status::OK();
+}
+
+Status Client::Impl::RecomputeRun(Context& c, std::uint32_t first, std::uint32_t count) {
   const std::uint64_t tpb = o_.model.tokens_per_block;
   RecomputeRequest req;
   req.context = c.id;
@@ -116,8 +130,7 @@ Status Client::Impl::Recompute(Context& c, std::uint32_t first, std::uint32_t co
   req.first_token = first * tpb;
   req.prefix_tokens = req.first_token;
   req.tokens = std::min<std::uint64_t>((first + count) * tpb, c.tokens) - req.first_token;
-  std::span<std::byte> out =
-      c.history->bytes().subspan(std::uint64_t{first} * block_bytes_, count * block_bytes_);
+  std::span<std::byte> out(BlockBytes(c, first).data(), std::uint64_t{count} * block_bytes_);
   const auto start = Clock::now();
   Status s = o_.recompute(req, out);
   const double us = MicrosSince(start);
@@ -351,8 +364,7 @@ bool Client::Impl::Land(Context& c, std::uint32_t block, std::span<const std::by
   }
   // The history is large and read later (by Attend), not now: streaming
   // stores skip reading its cold lines before overwriting them.
-  StreamingCopy(c.history->bytes().data() + std::uint64_t{block} * block_bytes_, got.data(),
-                block_bytes_);
+  StreamingCopy(BlockBytes(c, block).data(), got.data(), block_bytes_);
   tally->landed.push_back(block);
   tally->bytes += block_bytes_;
   (from_nvme ? tally->nvme_tier : tally->host_tier) += block_bytes_;
@@ -530,7 +542,7 @@ Status Client::Impl::SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs
     b.set_token_count(static_cast<std::uint32_t>(tpb));
     b.set_prefix_tokens(tpb * j.block);
     std::byte* slot = staging.data() + base + k * block_bytes_;
-    std::memcpy(slot, j.context->history->bytes().data() + j.block * block_bytes_, block_bytes_);
+    std::memcpy(slot, BlockBytes(*j.context, j.block).data(), block_bytes_);
     blocks[k].crc32c = crc32c::Value(std::span<const std::byte>(slot, block_bytes_));
   }
   const auto start = Clock::now();

@@ -329,7 +329,9 @@ Status ToClientOptions(const kvf_options& o, ClientOptions* out) {
   options.num_q_heads = o.num_q_heads;
   options.tile_tokens = o.tile_tokens;
   options.staging_bytes = o.staging_bytes;
-  options.history_cache_bytes = o.history_cache_bytes;
+  options.history_pool_bytes = o.history_pool_bytes;
+  options.max_context_tokens = o.max_context_tokens;
+  options.history_pool_setting = "options->history_pool_bytes";
   options.rpc_timeout = std::chrono::milliseconds(o.rpc_timeout_ms);
   options.transfer_timeout = std::chrono::milliseconds(o.transfer_timeout_ms);
 
@@ -682,8 +684,8 @@ kvf_status kvf_client_metrics(kvf_client* client, kvf_metrics* out) {
     out->attend_us = m.attend_us;
     out->peak_arena_pages = m.peak_arena_pages;
     out->arena_pages = m.arena_pages;
-    out->histories_allocated = m.histories_allocated;
-    out->histories_reused = m.histories_reused;
+    out->history_pool_pages = m.history_pool_pages;
+    out->history_pages_in_use = m.history_pages_in_use;
     return Status::OK();
   });
 }

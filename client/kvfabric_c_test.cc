@@ -48,6 +48,7 @@ kvf_options ValidOptions() {
   o.tile_tokens = 64;
   o.device_arena_bytes = std::uint64_t{16} << 20;
   o.staging_bytes = std::uint64_t{4} << 20;
+  o.history_pool_bytes = std::uint64_t{4} << 20;
   o.rpc_timeout_ms = 300;
   o.recompute = NoRecompute;
   return o;

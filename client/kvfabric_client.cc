@@ -121,6 +121,23 @@ Status Client::Impl::Init() {
   arena.scratch_bytes = std::max(arena.scratch_bytes, StreamingAttention::ScratchBytes(layout_, ao));
   arena_options_ = arena;
   KVF_ASSIGN_OR_RETURN(arena_, DeviceArena::Create(o_.device->arena_bytes(), arena));
+  const std::string pool_setting = o_.history_pool_setting.empty()
+                                       ? "history_pool_bytes (--client-history-pool-bytes)"
+                                       : o_.history_pool_setting;
+  if (o_.history_pool_bytes == 0) {
+    return Status::InvalidArgument(
+        "client: " + pool_setting + " is 0; the history pool is "
+        "sized explicitly: at least one block of " + std::to_string(block_bytes_) +
+        " bytes, a history of T tokens takes ceil(T / " +
+        std::to_string(o_.model.tokens_per_block) + ") blocks");
+  }
+  HistoryPoolOptions hp;
+  hp.pool_bytes = o_.history_pool_bytes;
+  hp.block_bytes = block_bytes_;
+  hp.tokens_per_block = o_.model.tokens_per_block;
+  hp.max_context_tokens = o_.max_context_tokens;
+  hp.setting = pool_setting;
+  KVF_ASSIGN_OR_RETURN(history_pool_, HistoryPool::Create(*o_.device, hp));
   KVF_ASSIGN_OR_RETURN(attention_, StreamingAttention::Create(*o_.device, *arena_,
                                                               arena_->scratch(), layout_, ao));
   Log().info("kvfabric client: {}", arena_->DescribeLayout());
@@ -312,14 +329,12 @@ StatusOr<ContextId> Client::Impl::NewContext(std::uint64_t tokens) {
   budget.target = budget.floor;
   budget.logical_pages = CeilDiv(tokens, o_.tile_tokens);
   KVF_RETURN_IF_ERROR(arena_->AdmitContext(c->id, budget));
-  auto history = TakeHistory(std::uint64_t{c->blocks} * block_bytes_);
-  if (!history.ok()) {
+  Status taken = history_pool_->Take(c->blocks, &c->pages,
+                                     "a context of " + std::to_string(tokens) + " tokens");
+  if (!taken.ok()) {
     arena_->ReleaseContext(c->id).IgnoreError();
-    return history.status().WithContext("client: history of " + std::to_string(tokens) +
-                                        " tokens (" + std::to_string(c->blocks) + " blocks of " +
-                                        std::to_string(block_bytes_) + " bytes)");
+    return taken.WithContext("client: NewContext");
   }
-  c->history = std::move(*history);
   c->layer_words = (o_.model.layer_count + 63) / 64;
   c->layer_bits.assign(std::size_t{c->full_blocks} * c->layer_words, 0);
   c->layers_saved.assign(c->full_blocks, 0);
@@ -396,13 +411,12 @@ StatusOr<std::span<std::byte>> Client::Impl::BlockPayload(ContextId id, std::uin
                               std::to_string(id) + " with " + std::to_string(c->blocks) +
                               " blocks");
   }
-  return c->history->bytes().subspan(std::uint64_t{block} * block_bytes_, block_bytes_);
+  return BlockBytes(*c, block);
 }
 
-StatusOr<std::span<const std::byte>> Client::Impl::History(ContextId id) {
+StatusOr<HostHistory> Client::Impl::History(ContextId id) {
   KVF_ASSIGN_OR_RETURN(std::shared_ptr<Context> c, Find(id));
-  return std::span<const std::byte>(c->history->bytes()).first(std::uint64_t{c->blocks} *
-                                                                 block_bytes_);
+  return HostHistory::Paged(history_pool_->base(), c->pages, block_bytes_);
 }
 
 Status Client::Impl::Save(ContextId id, std::uint32_t layer, std::uint32_t first_block,
@@ -478,8 +492,10 @@ Status Client::Impl::Attend(ContextId id, std::uint32_t layer, std::uint64_t ste
   KVF_RETURN_IF_ERROR(arena_->Touch(id));
   std::copy(q.begin(), q.end(), attention_->query().begin());
   const float scale = 1.0f / std::sqrt(static_cast<float>(o_.model.head_dim));
-  KVF_RETURN_IF_ERROR(attention_->Decode(id, layer, step, /*host_generation=*/1, *c->history,
-                                         static_cast<std::uint32_t>(c->tokens), scale));
+  KVF_RETURN_IF_ERROR(attention_->Decode(
+      id, layer, step, /*host_generation=*/1,
+      HostHistory::Paged(history_pool_->base(), c->pages, block_bytes_),
+      static_cast<std::uint32_t>(c->tokens), scale));
   std::copy(attention_->output().begin(), attention_->output().end(), out.begin());
   std::copy(attention_->lse().begin(), attention_->lse().end(), lse.begin());
   const DeviceArenaMetrics am = arena_->metrics();
@@ -490,42 +506,6 @@ Status Client::Impl::Attend(ContextId id, std::uint32_t layer, std::uint64_t ste
   m_.peak_arena_pages = std::max(m_.peak_arena_pages,
                                  am.peak_held_pages + am.peak_staging_in_use);
   return Status::OK();
-}
-
-// ---------------------------------------------------------------- histories
-
-StatusOr<std::unique_ptr<gpu::PinnedHostBuffer>> Client::Impl::TakeHistory(std::uint64_t bytes) {
-  {
-    std::lock_guard<std::mutex> l(history_mu_);
-    auto it = history_cache_.lower_bound(bytes);  // the smallest that fits
-    if (it != history_cache_.end()) {
-      std::unique_ptr<gpu::PinnedHostBuffer> b = std::move(it->second);
-      history_cache_bytes_ -= it->first;
-      history_cache_.erase(it);
-      std::lock_guard<std::mutex> ml(metrics_mu_);
-      ++m_.histories_reused;
-      return b;
-    }
-  }
-  {
-    std::lock_guard<std::mutex> ml(metrics_mu_);
-    ++m_.histories_allocated;
-  }
-  return o_.device->AllocatePinnedHost(bytes);
-}
-
-void Client::Impl::ReturnHistory(std::unique_ptr<gpu::PinnedHostBuffer> buffer) {
-  if (buffer == nullptr || o_.history_cache_bytes == 0) return;
-  const std::uint64_t size = buffer->bytes().size();
-  std::vector<std::unique_ptr<gpu::PinnedHostBuffer>> freed;  // freed outside the lock
-  std::lock_guard<std::mutex> l(history_mu_);
-  history_cache_.emplace(size, std::move(buffer));
-  history_cache_bytes_ += size;
-  while (history_cache_bytes_ > o_.history_cache_bytes) {  // the smallest go first
-    history_cache_bytes_ -= history_cache_.begin()->first;
-    freed.push_back(std::move(history_cache_.begin()->second));
-    history_cache_.erase(history_cache_.begin());
-  }
 }
 
 // ---------------------------------------------------------------- finish
@@ -592,7 +572,8 @@ Status Client::Impl::Finish(ContextId id, ContextReport* report) {
   }
   Status released = arena_->ReleaseContext(id);
   std::lock_guard<std::mutex> l(c->mu);
-  ReturnHistory(std::move(c->history));
+  history_pool_->Return(c->pages);
+  c->pages.clear();
   *report = c->report;
   // The engine cannot miss a failure: the load's, then the write-backs'.
   if (!c->load_status.ok()) {
@@ -615,6 +596,9 @@ ClientMetrics Client::Impl::metrics() const {
   std::lock_guard<std::mutex> l(metrics_mu_);
   ClientMetrics m = m_;
   m.arena_pages = am.pool_pages + am.staging_pages;
+  m.history_pool_pages = history_pool_->pages();
+  m.history_pages_in_use = history_pool_->pages_in_use();
+  m.peak_history_pages_in_use = history_pool_->peak_pages_in_use();
   m.peak_arena_pages = std::max(m.peak_arena_pages, am.peak_held_pages + am.peak_staging_in_use);
   return m;
 }
@@ -649,7 +633,7 @@ Status Client::WaitLayer(ContextId context, std::uint32_t layer,
 StatusOr<std::span<std::byte>> Client::BlockPayload(ContextId context, std::uint32_t block) {
   return impl_->BlockPayload(context, block);
 }
-StatusOr<std::span<const std::byte>> Client::History(ContextId context) const {
+StatusOr<HostHistory> Client::History(ContextId context) const {
   return impl_->History(context);
 }
 Status Client::Save(ContextId context, std::uint32_t layer, std::uint32_t first_block,
@@ -671,5 +655,6 @@ Status Client::Finish(ContextId context, ContextReport* report) {
 ClientMetrics Client::metrics() const { return impl_->metrics(); }
 const ClientOptions& Client::options() const { return impl_->options(); }
 std::string Client::DescribeArena() const { return impl_->DescribeArena(); }
+std::string Client::DescribeHistoryPool() const { return impl_->DescribeHistoryPool(); }
 
 }  // namespace kvfabric::client

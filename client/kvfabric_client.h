@@ -6,13 +6,15 @@
 //                                 lazily through the hosts placement names.
 //   Match(chain, suffix_tokens)   the longest cached prefix and placement's
 //                                 plan (fetch / recompute per run of blocks).
-//   NewContext(tokens)            a request's history: a pinned host buffer
-//                                 of ceil(tokens / tokens_per_block) block
-//                                 payloads back to back, and a budget in the
-//                                 device arena.
+//   NewContext(tokens)            a request's history: one page of the
+//                                 history pool per block (ceil(tokens /
+//                                 tokens_per_block) pages, taken, never
+//                                 allocated), and a budget in the device
+//                                 arena.
 //   Load(match, context)          starts the plan: fetch runs on one loader
 //                                 thread, recompute runs (options.recompute,
-//                                 the engine's prefill) on another, both
+//                                 the engine's prefill, called once per run
+//                                 of adjacent pages) on another, both
 //                                 writing into the context's history.
 //   WaitLayer(context, layer)     returns when layer `layer` of every block
 //                                 is in the history. Blocks move whole, so
@@ -20,9 +22,14 @@
 //                                 whole load has landed.
 //   Save(context, layer, blocks)  the engine has written that layer of those
 //                                 blocks into the history (BlockPayload);
-//                                 once every layer of a block is saved, the
-//                                 block is written back to a daemon chosen by
-//                                 placement, asynchronously (saver thread).
+//                                 once every layer of a block is saved (each
+//                                 layer once: a second Save of a layer is
+//                                 refused), the block is written back to a
+//                                 daemon chosen by placement, asynchronously
+//                                 (saver thread), unless the cluster already
+//                                 holds it. A write-back is best effort:
+//                                 Finish reports every block written,
+//                                 skipped or failed, and fails if any failed.
 //   Attend(context, layer, q)     decode attention over the whole history:
 //                                 tiles stream host -> device through the
 //                                 arena's staging pages and fold by LSE
@@ -43,11 +50,13 @@
 // returned: what cannot be fetched exactly is recomputed or the load fails.
 //
 // Ownership: the Client borrows options.device (which must outlive it) and
-// owns its UCX transport, its staging region (options.staging_bytes: half for
-// fetches, half for write-back), its device arena, its loader and saver
-// threads, every context and the idle histories it keeps
-// (options.history_cache_bytes). A context's history belongs to the Client; the
-// spans BlockPayload and History return stay valid until Finish.
+// owns its data-plane transport (options.data_transport: UCX or kernel TCP
+// sockets), its staging region (options.staging_bytes: half for fetches,
+// half for write-back), its history pool (options.history_pool_bytes), its
+// device arena, its loader and saver threads, its sessions with daemons
+// (client/cache_host_session.h) and every context. A context's history
+// belongs to the Client; the spans BlockPayload returns and the view History
+// returns stay valid until Finish.
 //
 // Threads: Match, NewContext, Load, WaitLayer, Save, Finish and metrics may be
 // called from any thread, concurrently, for different contexts. Attend uses
@@ -67,6 +76,7 @@
 #include <vector>
 
 #include "client/device_arena.h"
+#include "client/host_history.h"
 #include "core/block_key.h"
 #include "core/model_fingerprint.h"
 #include "core/status.h"
@@ -125,12 +135,20 @@ struct ClientOptions {
   // Default 64 MiB: 32 MiB of fetches and 32 MiB of write-back in flight.
   // Each half must hold one block.
   std::uint64_t staging_bytes = std::uint64_t{64} << 20;
-  // Pinned host histories kept after Finish for later contexts
-  // (--client-history-cache-bytes): a new context takes the smallest kept
-  // buffer that fits instead of allocating (and faulting in, or pinning)
-  // fresh memory. Idle buffers only; in-use histories are not counted.
-  // Default 0: every history is freed at Finish.
-  std::uint64_t history_cache_bytes = 0;
+  // The pinned host memory every context's history lives in
+  // (--client-history-pool-bytes; client/history_pool.h): allocated,
+  // pinned and pre-faulted at Open, handed out in pages of one block, so no
+  // request allocates or faults in memory. Required: 0 is refused. A context
+  // of T tokens holds ceil(T / tokens_per_block) pages until Finish; Open
+  // logs how many histories of max_context_tokens fit.
+  std::uint64_t history_pool_bytes = 0;
+  // The longest history the engine will ask for (--client-max-context-tokens):
+  // Open refuses a history pool that cannot hold one. 0: not stated (the
+  // pool must hold one block).
+  std::uint64_t max_context_tokens = 0;
+  // How refusals spell history_pool_bytes (the C API passes its field name);
+  // empty: "history_pool_bytes (--client-history-pool-bytes)".
+  std::string history_pool_setting;
   // The engine's prefill. Required.
   RecomputeFn recompute;
   // Deadline of each gRPC call (placement and daemons). Default 5 s.
@@ -165,8 +183,9 @@ struct ClientMetrics {
   std::uint64_t blocks_already_cached = 0;  // saved, but the cluster already held them
   std::uint64_t save_us = 0;
   std::uint64_t save_failures = 0;  // blocks not written back (counted, logged)
-  std::uint64_t histories_allocated = 0;  // new pinned histories
-  std::uint64_t histories_reused = 0;     // taken from history_cache_bytes
+  std::uint32_t history_pool_pages = 0;        // pages of one block
+  std::uint32_t history_pages_in_use = 0;      // held by open contexts
+  std::uint32_t peak_history_pages_in_use = 0;
   std::uint64_t attends = 0;
   std::uint64_t attend_us = 0;
   std::uint32_t peak_arena_pages = 0;  // held pool + staging pages at peak
@@ -199,7 +218,7 @@ struct MatchResult {
   std::uint64_t plan_id = 0;               // 0: planned locally (placement unreachable)
   std::string kind;  // "recompute_all" | "fetch_all" | "split" | "mixed"
   double predicted_us = 0;
-  std::string explanation;  // with options.explain
+  std::string explanation;  // when Match was called with explain = true
   struct Run {
     std::uint32_t first_block = 0;
     std::uint32_t block_count = 0;
@@ -241,7 +260,10 @@ class Client {
  public:
   // Validates `options` (InvalidArgument naming the setting), connects to
   // placement (Unavailable if it does not answer Health by rpc_timeout),
-  // creates the UCX transport, the staging region and the device arena, and
+  // creates the data-plane transport (UCX or kernel TCP, per
+  // options.data_transport), the staging region, the history pool
+  // (allocated and pre-faulted: its arithmetic is logged at info) and the
+  // device arena, and
   // starts the saver thread.
   static StatusOr<std::unique_ptr<Client>> Open(ClientOptions options);
   // Close(), then frees everything.
@@ -265,9 +287,10 @@ class Client {
   StatusOr<MatchResult> Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens,
                               bool explain = false);
 
-  // A context for a history of `tokens` tokens: pinned host memory for
-  // ceil(tokens / tokens_per_block) blocks and an arena budget.
-  // ResourceExhausted when the arena cannot admit it (formula in the message).
+  // A context for a history of `tokens` tokens: ceil(tokens /
+  // tokens_per_block) pages of the history pool and an arena budget.
+  // ResourceExhausted, with the arithmetic, when the history pool or the
+  // arena cannot admit it; nothing is allocated either way.
   StatusOr<ContextId> NewContext(std::uint64_t tokens);
 
   // Starts `match`'s plan into `context`: blocks [0, chain) from the plan,
@@ -283,8 +306,8 @@ class Client {
   // Block `block`'s payload in the context's history (all layers; layer l's
   // K at l * 2 * layer_half, V after it; core/block_format.h).
   StatusOr<std::span<std::byte>> BlockPayload(ContextId context, std::uint32_t block);
-  // The whole history (for a reference check).
-  StatusOr<std::span<const std::byte>> History(ContextId context) const;
+  // The whole history as its blocks (for a reference check).
+  StatusOr<HostHistory> History(ContextId context) const;
 
   // The engine has written layer `layer` of full blocks [first_block,
   // first_block + block_count) into the history, whose keys are
@@ -315,6 +338,8 @@ class Client {
   const ClientOptions& options() const;
   // The arena's layout, one line (DeviceArena::DescribeLayout).
   std::string DescribeArena() const;
+  // The history pool's arithmetic, one line (HistoryPool::DescribeLayout).
+  std::string DescribeHistoryPool() const;
 
   class Impl;
 

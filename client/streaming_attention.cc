@@ -126,7 +126,7 @@ StreamingAttention::StreamingAttention(gpu::Device& device, const HistoryLayout&
                                        const StreamingAttentionOptions& options)
     : device_(device), layout_(layout), options_(options) {}
 
-Status StreamingAttention::EnqueueTileCopies(std::span<const std::byte> history,
+Status StreamingAttention::EnqueueTileCopies(const HostHistory& history,
                                              std::uint32_t layer, std::uint32_t first_token,
                                              std::uint32_t tokens, gpu::DeviceRange buffer) {
   const std::uint32_t tpb = layout_.tokens_per_block;
@@ -134,18 +134,19 @@ Status StreamingAttention::EnqueueTileCopies(std::span<const std::byte> history,
   for (std::uint32_t t = 0; t < tokens; t += tpb) {
     const std::uint64_t block = (first_token + t) / tpb;
     const std::uint64_t rows = std::min<std::uint32_t>(tpb, tokens - t);
-    const std::uint64_t k_host = block * block_stride_ + layer * layer_bytes_;
+    const std::span<const std::byte> b = history.block(static_cast<std::uint32_t>(block));
+    const std::uint64_t k_host = layer * layer_bytes_;
     const std::uint64_t v_host = k_host + layer_bytes_ / 2;
     const std::uint64_t dev = buffer.offset + std::uint64_t{t} * token_bytes_;
-    KVF_RETURN_IF_ERROR(device_.CopyHostToDevice(history.subspan(k_host, rows * token_bytes_),
+    KVF_RETURN_IF_ERROR(device_.CopyHostToDevice(b.subspan(k_host, rows * token_bytes_),
                                                  {dev, rows * token_bytes_}));
-    KVF_RETURN_IF_ERROR(device_.CopyHostToDevice(history.subspan(v_host, rows * token_bytes_),
+    KVF_RETURN_IF_ERROR(device_.CopyHostToDevice(b.subspan(v_host, rows * token_bytes_),
                                                  {dev + v_region, rows * token_bytes_}));
   }
   return Status::OK();
 }
 
-Status StreamingAttention::RunTiles(std::uint32_t layer, std::span<const std::byte> history,
+Status StreamingAttention::RunTiles(std::uint32_t layer, const HostHistory& history,
                                     std::uint32_t tokens, float scale, std::uint32_t* pair) {
   const std::uint64_t q_bytes = query_dev_.bytes;
   const std::uint64_t l_bytes = std::uint64_t{options_.num_q_heads} * 4;
@@ -213,12 +214,29 @@ Status StreamingAttention::Decode(std::uint64_t owner, std::uint32_t layer, std:
                                    " tokens need a history of " + Num(needed) + " bytes, have " +
                                    Num(bytes.size()));
   }
+  return Decode(owner, layer, step, host_generation,
+                HostHistory::Contiguous(bytes.data(), static_cast<std::uint32_t>(blocks),
+                                        block_stride_),
+                tokens, scale);
+}
+
+Status StreamingAttention::Decode(std::uint64_t owner, std::uint32_t layer, std::uint64_t step,
+                                  std::uint64_t host_generation, const HostHistory& history,
+                                  std::uint32_t tokens, float scale) {
+  const std::uint64_t blocks =
+      (std::uint64_t{tokens} + layout_.tokens_per_block - 1) / layout_.tokens_per_block;
+  if (layer >= layout_.layers || history.blocks() < blocks) {
+    return Status::InvalidArgument("streaming attention: layer " + Num(layer) + " of " +
+                                   Num(layout_.layers) + ", " + Num(tokens) + " tokens need " +
+                                   Num(blocks) + " blocks, the history has " +
+                                   Num(history.blocks()));
+  }
   KVF_RETURN_IF_ERROR(stager_->BeginStage(owner, layer, step, host_generation));
   std::uint32_t pair = 0;
   Status s = device_.CopyHostToDevice(std::as_bytes(std::span<const float>(query_)), query_dev_);
   if (s.ok()) s = device_.Record(*query_copied_, gpu::Queue::kHostToDevice);
   if (s.ok()) s = device_.QueueWaitEvent(gpu::Queue::kCompute, *query_copied_);
-  if (s.ok()) s = RunTiles(layer, bytes, tokens, scale, &pair);
+  if (s.ok()) s = RunTiles(layer, history, tokens, scale, &pair);
   if (s.ok()) s = device_.Record(*state_ready_, gpu::Queue::kCompute);
   if (s.ok()) s = device_.QueueWaitEvent(gpu::Queue::kDeviceToHost, *state_ready_);
   if (s.ok()) {

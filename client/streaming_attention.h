@@ -46,6 +46,7 @@
 #include <span>
 
 #include "client/device_arena.h"
+#include "client/host_history.h"
 #include "client/stage_lease.h"
 #include "core/model_fingerprint.h"
 #include "core/status.h"
@@ -115,6 +116,11 @@ class StreamingAttention {
   Status Decode(std::uint64_t owner, std::uint32_t layer, std::uint64_t step,
                 std::uint64_t host_generation, const gpu::PinnedHostBuffer& history,
                 std::uint32_t tokens, float scale);
+  // The same over a history whose blocks may lie anywhere in pinned host
+  // memory (the pages of the client's history pool).
+  Status Decode(std::uint64_t owner, std::uint32_t layer, std::uint64_t step,
+                std::uint64_t host_generation, const HostHistory& history, std::uint32_t tokens,
+                float scale);
 
   // See Stager::Drain.
   Status Drain(gpu::Deadline deadline) { return stager_->Drain(deadline); }
@@ -124,9 +130,9 @@ class StreamingAttention {
   StreamingAttention(gpu::Device& device, const HistoryLayout& layout,
                      const StreamingAttentionOptions& options);
   // Enqueues the tiles; *pair is the state pair whose slot 0 holds the result.
-  Status RunTiles(std::uint32_t layer, std::span<const std::byte> history, std::uint32_t tokens,
+  Status RunTiles(std::uint32_t layer, const HostHistory& history, std::uint32_t tokens,
                   float scale, std::uint32_t* pair);
-  Status EnqueueTileCopies(std::span<const std::byte> history, std::uint32_t layer,
+  Status EnqueueTileCopies(const HostHistory& history, std::uint32_t layer,
                            std::uint32_t first_token, std::uint32_t tokens,
                            gpu::DeviceRange buffer);
 

@@ -104,9 +104,27 @@ Status ResidentAttention(const ModelFingerprint& model, std::uint32_t num_q_head
   KVF_ASSIGN_OR_RETURN(const std::uint64_t block_bytes, model.BlockBytes());
   const std::uint32_t tpb = model.tokens_per_block;
   const std::uint64_t blocks = (std::uint64_t{tokens} + tpb - 1) / tpb;
-  if (history.size() < blocks * block_bytes || layer >= model.layer_count) {
+  if (history.size() < blocks * block_bytes) {
     return Status::InvalidArgument("ResidentAttention: history of " +
                                    std::to_string(history.size()) + " bytes for " +
+                                   std::to_string(tokens) + " tokens");
+  }
+  return ResidentAttention(model, num_q_heads, tile_tokens,
+                           HostHistory::Contiguous(history.first(blocks * block_bytes), block_bytes),
+                           tokens, layer, q, out, lse);
+}
+
+Status ResidentAttention(const ModelFingerprint& model, std::uint32_t num_q_heads,
+                         std::uint32_t tile_tokens, const HostHistory& history,
+                         std::uint32_t tokens, std::uint32_t layer, std::span<const float> q,
+                         std::span<float> out, std::span<float> lse) {
+  KVF_ASSIGN_OR_RETURN(const std::uint64_t block_bytes, model.BlockBytes());
+  const std::uint32_t tpb = model.tokens_per_block;
+  const std::uint64_t blocks = (std::uint64_t{tokens} + tpb - 1) / tpb;
+  if (history.blocks() < blocks || history.block_bytes() < block_bytes ||
+      layer >= model.layer_count) {
+    return Status::InvalidArgument("ResidentAttention: history of " +
+                                   std::to_string(history.blocks()) + " blocks for " +
                                    std::to_string(tokens) + " tokens, layer " +
                                    std::to_string(layer));
   }
@@ -116,7 +134,7 @@ Status ResidentAttention(const ModelFingerprint& model, std::uint32_t num_q_head
   std::vector<std::byte> k(row * tokens), v(row * tokens);
   for (std::uint64_t b = 0; b < blocks; ++b) {
     const std::uint64_t n = std::min<std::uint64_t>(tpb, tokens - b * tpb);
-    const std::byte* src = history.data() + b * block_bytes + layer * 2 * half;
+    const std::byte* src = history.block(static_cast<std::uint32_t>(b)).data() + layer * 2 * half;
     std::memcpy(k.data() + b * half, src, n * row);
     std::memcpy(v.data() + b * half, src + half, n * row);
   }

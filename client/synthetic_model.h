@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <span>
 
+#include "client/host_history.h"
 #include "core/block_key.h"
 #include "core/model_fingerprint.h"
 #include "core/status.h"
@@ -40,6 +41,11 @@ Status SyntheticKv(const ModelFingerprint& model, std::uint64_t seed, std::uint3
 // InvalidArgument for a history shorter than `tokens` or bad sizes.
 Status ResidentAttention(const ModelFingerprint& model, std::uint32_t num_q_heads,
                          std::uint32_t tile_tokens, std::span<const std::byte> history,
+                         std::uint32_t tokens, std::uint32_t layer, std::span<const float> q,
+                         std::span<float> out, std::span<float> lse);
+// The same over a history whose blocks may lie anywhere (Client::History).
+Status ResidentAttention(const ModelFingerprint& model, std::uint32_t num_q_heads,
+                         std::uint32_t tile_tokens, const HostHistory& history,
                          std::uint32_t tokens, std::uint32_t layer, std::span<const float> q,
                          std::span<float> out, std::span<float> lse);
 

@@ -87,6 +87,7 @@ class CApiClusterTest : public ::testing::TestWithParam<const char*> {
     o.tile_tokens = kTile;
     o.device_arena_bytes = 1 << 20;
     o.staging_bytes = 1 << 20;
+    o.history_pool_bytes = 8 << 20;
     o.recompute = &Prefill;
     o.recompute_user = &engine_;
     o.data_transport = GetParam();

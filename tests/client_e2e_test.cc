@@ -142,7 +142,9 @@ class ClientEndToEndTest : public ::testing::Test {
     o.arena.page_bytes = page_bytes_;
     o.arena.staging_pages = 2;
     o.staging_bytes = 4 << 20;
-    o.history_cache_bytes = 64 << 20;  // later contexts reuse the first's history
+    // One 16K-token history (32 MiB), or the concurrent test's 8 x 1K tokens.
+    o.history_pool_bytes = 40 << 20;
+    o.max_context_tokens = kTokens;
     o.recompute = [this](const client::RecomputeRequest& r, std::span<std::byte> out) {
       return Prefill(r, out);
     };
@@ -206,7 +208,7 @@ class ClientEndToEndTest : public ::testing::Test {
     int wrong_blocks = 0;
     for (std::uint32_t b = 0; b < chain_.size(); ++b) {
       EXPECT_TRUE(Expected(b, want).ok());
-      if (std::memcmp(want.data(), history->data() + b * bytes, bytes) != 0) ++wrong_blocks;
+      if (std::memcmp(want.data(), history->block(b).data(), bytes) != 0) ++wrong_blocks;
     }
     EXPECT_EQ(wrong_blocks, 0) << what;
     std::mt19937_64 rng(seed_);
@@ -263,7 +265,7 @@ class ClientEndToEndTest : public ::testing::Test {
       std::vector<std::byte> want(bytes);
       for (std::uint32_t b = 0; s.ok() && b < chain.size(); ++b) {
         s = Expected(chain, b, want);
-        if (s.ok() && std::memcmp(want.data(), history->data() + b * bytes, bytes) != 0) {
+        if (s.ok() && std::memcmp(want.data(), history->block(b).data(), bytes) != 0) {
           s = Status::DataLoss("block " + std::to_string(b) + " of the history is wrong");
           wrong_bytes_ = true;
         }
@@ -355,10 +357,11 @@ TEST_F(ClientEndToEndTest, SavedHistoryLoadsExactlyAndSurvivesADaemonThroughReco
   EXPECT_GT(m.blocks_fallen_back, 0u);
   EXPECT_EQ(m.blocks_fallen_back, after.blocks_recomputed - PlannedRecompute(after));
   EXPECT_EQ(m.crc_failures, 0u);
-  // Three contexts of one size: one history allocated, reused twice (and the
-  // byte-for-byte checks above ran on reused memory).
-  EXPECT_EQ(m.histories_allocated, 1u);
-  EXPECT_EQ(m.histories_reused, 2u);
+  // Three contexts in one pool (the byte-for-byte checks above ran on reused
+  // pages); every page is back after Finish.
+  EXPECT_EQ(m.history_pool_pages, (40u << 20) / *model_.BlockBytes());
+  EXPECT_EQ(m.history_pages_in_use, 0u);
+  EXPECT_EQ(m.peak_history_pages_in_use, chain_.size());
 }
 
 // Regression: Save counted calls per block, not layers, so saving layer 0

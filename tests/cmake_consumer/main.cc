@@ -51,6 +51,7 @@ int MatchAgainst(const char* placement) {
   o.num_q_heads = 4;
   o.tile_tokens = 64;
   o.staging_bytes = 1 << 20;
+  o.history_pool_bytes = 4 << 20;
   o.recompute = [](const kvfabric::client::RecomputeRequest&, std::span<std::byte>) {
     return kvfabric::Status::OK();
   };

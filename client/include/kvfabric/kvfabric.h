@@ -260,10 +260,14 @@ typedef struct kvf_options {
   kvf_recompute_fn recompute;
   void* recompute_user;
 
-  /* Pinned host histories kept after kvf_finish for later contexts
-   * [--client-history-cache-bytes]: no fresh memory to fault in or pin on
-   * the next request. Idle buffers only. Default 0: freed at kvf_finish. */
-  uint64_t history_cache_bytes;
+  /* The pinned host memory every context's history lives in
+   * [--client-history-pool-bytes]: allocated, pinned and pre-faulted at
+   * kvf_client_open (its arithmetic is logged at info), handed out in pages
+   * of one block, so no request allocates or faults in memory. Required: 0
+   * is refused. A context of T tokens holds ceil(T / tokens_per_block) pages
+   * until kvf_finish; kvf_new_context answers KVF_RESOURCE_EXHAUSTED when
+   * too few are free. */
+  uint64_t history_pool_bytes;
 
   /* The data-plane transport [--data-transport]: "ucx" (default; NULL means
    * the same) or "tcp", kernel sockets, for daemons started with
@@ -289,6 +293,10 @@ typedef struct kvf_options {
    * page and its newest page (the least that is accepted). A larger floor
    * keeps more of each history on the device; fewer contexts fit. */
   uint32_t device_context_floor_pages;
+  /* The longest history the engine will ask for
+   * [--client-max-context-tokens]: kvf_client_open refuses a history pool
+   * that cannot hold one. 0 (default): not stated (one block must fit). */
+  uint64_t max_context_tokens;
 } kvf_options;
 
 /* Fills *options with the defaults above (required fields zero or NULL) and
@@ -434,8 +442,8 @@ typedef struct kvf_metrics {
   uint64_t attend_us;
   uint32_t peak_arena_pages; /* held pool + staging pages at peak */
   uint32_t arena_pages;      /* pool + staging pages */
-  uint64_t histories_allocated; /* new pinned histories */
-  uint64_t histories_reused;    /* taken from history_cache_bytes */
+  uint64_t history_pool_pages;   /* pages of one block (history_pool_bytes) */
+  uint64_t history_pages_in_use; /* held by open contexts */
   uint64_t blocks_already_cached; /* saved blocks the cluster already held */
 } kvf_metrics;
 

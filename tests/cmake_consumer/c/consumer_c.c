@@ -134,6 +134,7 @@ int main(int argc, char** argv) {
   o.tile_tokens = kTileTokens;
   o.device_arena_bytes = 1u << 20;
   o.staging_bytes = 1u << 20;
+  o.history_pool_bytes = 8u << 20; /* two 4K-token histories */
   o.recompute = &Recompute;
   o.recompute_user = NULL;
   TRY(kvf_client_open(&o, &client), "kvf_client_open");
