@@ -51,6 +51,12 @@ struct Totals {
   std::uint64_t h2d_bytes = 0;  // attention tiles streamed host -> device
   double attend_us = 0;
   std::uint64_t largest_history_bytes = 0;
+  // Each side of every plan: when its last run ended, predicted and measured.
+  PlanStats fetch_side, recompute_side;
+  // The engine stand-in: modelled prefill time, and the generator's own time
+  // (when it exceeds the model, the call takes the generator's time).
+  double prefill_model_us = 0, prefill_generator_us = 0, prefill_over_model_us = 0;
+  std::uint32_t prefill_calls = 0;
 };
 
 class Demo {
@@ -238,6 +244,14 @@ Status Demo::Prefill(const client::RecomputeRequest& r, std::span<std::byte> out
   }
   const double n = static_cast<double>(r.tokens), p = static_cast<double>(r.prefix_tokens);
   const double us = a_.prefill_c0_us + a_.prefill_c1_us * n + a_.prefill_c2_us * n * (p + n / 2);
+  const double generator_us = Seconds(Clock::now() - start) * 1e6;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    t_.prefill_model_us += us;
+    t_.prefill_generator_us += generator_us;
+    t_.prefill_over_model_us += std::max(0.0, generator_us - us);
+    ++t_.prefill_calls;
+  }
   std::this_thread::sleep_until(start + std::chrono::microseconds(static_cast<std::int64_t>(us)));
   return Status::OK();
 }
@@ -320,6 +334,19 @@ Status Demo::RunTurn(std::uint32_t index, std::uint32_t conversation, std::uint3
   ++ps.count;
   ps.predicted_us += report.predicted_us;
   ps.measured_us += report.load_us;
+  PlanStats fetch_turn, recompute_turn;
+  for (const client::RunOutcome& run : report.runs) {
+    PlanStats& side = run.fetch ? fetch_turn : recompute_turn;
+    side.count = 1;
+    side.predicted_us = std::max(side.predicted_us, run.predicted_end_us);
+    side.measured_us = std::max(side.measured_us, run.measured_end_us);
+  }
+  for (auto [side, turn_side] : {std::pair{&t_.fetch_side, &fetch_turn},
+                                 std::pair{&t_.recompute_side, &recompute_turn}}) {
+    side->count += turn_side->count;
+    side->predicted_us += turn_side->predicted_us;
+    side->measured_us += turn_side->measured_us;
+  }
   t_.checks += checks;
   t_.check_failures += failures;
   t_.largest_history_bytes = std::max(t_.largest_history_bytes, tokens / tpb * block_bytes_);
@@ -360,6 +387,18 @@ void Demo::PrintSummary(double seconds) const {
                 ps.predicted_us / 1000, ps.measured_us / 1000,
                 ps.predicted_us > 0 ? ps.measured_us / ps.predicted_us : 0.0);
   }
+  // Each side ends with its last run: the fetch side is the bus model's
+  // prediction, the recompute side the prefill model's.
+  for (auto [name, ps] : {std::pair{"fetch side", &t_.fetch_side},
+                          std::pair{"recompute side", &t_.recompute_side}}) {
+    std::printf("  %-20s %6u %15.0f %15.0f %10.2f\n", name, ps->count, ps->predicted_us / 1000,
+                ps->measured_us / 1000,
+                ps->predicted_us > 0 ? ps->measured_us / ps->predicted_us : 0.0);
+  }
+  std::printf("  engine stand-in: %u prefill calls modelled at %.0f ms; the generator took "
+              "%.0f ms, %.0f ms of it beyond the model\n",
+              t_.prefill_calls, t_.prefill_model_us / 1000, t_.prefill_generator_us / 1000,
+              t_.prefill_over_model_us / 1000);
   std::printf("\nbytes moved            %12s %10s %10s\n", "bytes", "seconds", "GB/s");
   auto row = [](const char* what, std::uint64_t bytes, double us) {
     std::printf("  %-20s %12s %10.2f %10.2f\n", what, FormatBytes(bytes).c_str(), us / 1e6,
