@@ -71,6 +71,10 @@ StatusOr<std::shared_ptr<CacheHostSession>> CacheHostSession::Open(
   }
   std::shared_ptr<CacheHostSession> s(new CacheHostSession(data, std::move(options)));
   s->region_ = &region;
+  {
+    MutexLock l(&s->conn_mu_);
+    s->ns_ = s->o_.ns;
+  }
   s->stub_ = v1::CacheHost::NewStub(OpenChannel(s->o_.grpc_address));
   if (s->o_.host_id.empty()) s->o_.host_id = s->o_.grpc_address;
   if (!s->o_.transport_address.empty()) {
@@ -80,7 +84,7 @@ StatusOr<std::shared_ptr<CacheHostSession>> CacheHostSession::Open(
 }
 
 StatusOr<DaemonConnection*> CacheHostSession::Connection(const std::string& grant_address) {
-  std::lock_guard<std::mutex> l(conn_mu_);
+  MutexLock l(&conn_mu_);
   if (conn_ != nullptr) return conn_.get();
   const std::string& address =
       o_.transport_address.empty() ? grant_address : o_.transport_address;
@@ -104,23 +108,23 @@ StatusOr<DaemonConnection*> CacheHostSession::Connection(const std::string& gran
 }
 
 void CacheHostSession::SetNamespace(const std::string& ns) {
-  std::lock_guard<std::mutex> l(conn_mu_);
-  o_.ns = ns;
+  MutexLock l(&conn_mu_);
+  ns_ = ns;
 }
 
 std::string CacheHostSession::Namespace() const {
-  std::lock_guard<std::mutex> l(conn_mu_);
-  return o_.ns;
+  MutexLock l(&conn_mu_);
+  return ns_;
 }
 
 void CacheHostSession::Close() {
-  std::lock_guard<std::mutex> l(conn_mu_);
+  MutexLock l(&conn_mu_);
   closed_ = true;
   if (conn_ != nullptr) data_->Disconnect(conn_.get());
 }
 
 Status CacheHostSession::health() const {
-  std::lock_guard<std::mutex> l(conn_mu_);
+  MutexLock l(&conn_mu_);
   if (closed_) return Status::Unavailable("cache host " + o_.host_id + ": session closed");
   if (conn_ == nullptr) return Status::OK();  // not connected yet
   return data_->Health(conn_.get());

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "client/data_plane_client.h"
+#include "core/mutex.h"
 #include "core/status.h"
 #include "core/statusor.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
@@ -158,13 +159,15 @@ class CacheHostSession {
   StatusOr<DaemonConnection*> Connection(const std::string& grant_address);
 
   DataPlaneClient* const data_;
-  CacheHostSessionOptions o_;  // ns GUARDED_BY(conn_mu_); the rest immutable
+  CacheHostSessionOptions o_;  // immutable after Open (ns: see ns_)
   std::string Namespace() const;
   const transport::MemoryRegion* region_ = nullptr;
   std::unique_ptr<v1::CacheHost::Stub> stub_;
-  mutable std::mutex conn_mu_;
-  std::shared_ptr<DaemonConnection> conn_;  // GUARDED_BY(conn_mu_); set once
-  bool closed_ = false;                     // GUARDED_BY(conn_mu_)
+  mutable Mutex conn_mu_;
+  std::string ns_ KVF_GUARDED_BY(conn_mu_);
+  // Set once; the pointer stays valid while the session lives.
+  std::shared_ptr<DaemonConnection> conn_ KVF_GUARDED_BY(conn_mu_);
+  bool closed_ KVF_GUARDED_BY(conn_mu_) = false;
 };
 
 // The gRPC channel every kvfabric client opens to a daemon or placement:

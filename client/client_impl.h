@@ -3,8 +3,11 @@
 // client_io.cc: fetch, recompute, write-back).
 //
 // Locks, in the order they may nest: Impl::mu_ (contexts), Context::mu,
-// Impl::metrics_mu_. fetch_mu_ (the fetch half of staging) and daemons_mu_
-// are taken alone. attend_mu_ serialises Attend (one set of staging buffers).
+// Impl::metrics_mu_. fetch_mu_ (the fetch half of staging) is held around a
+// fetch batch; daemons_mu_ only briefly (a DaemonSlot's connect_mu, held
+// while connecting to that daemon, is taken before it, never inside it).
+// attend_mu_ serialises Attend (one set of staging buffers). Checked by
+// clang's -Wthread-safety (tools/thread_safety_check.sh).
 #ifndef KVFABRIC_CLIENT_CLIENT_IMPL_H_
 #define KVFABRIC_CLIENT_CLIENT_IMPL_H_
 
@@ -25,6 +28,7 @@
 #include "client/history_pool.h"
 #include "client/host_history.h"
 #include "client/kvfabric_client.h"
+#include "core/mutex.h"
 #include "client/streaming_attention.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
 #include "kvfabric/v1/placement.grpc.pb.h"
@@ -45,36 +49,40 @@ struct Context {
   std::uint32_t full_blocks = 0;  // tokens / tokens_per_block
   std::vector<std::uint32_t> pages;  // history pool page of each block
 
-  std::mutex mu;
-  std::condition_variable cv;
-  // Load: GUARDED_BY(mu).
-  bool load_started = false;
-  bool load_done = false;
-  int load_workers = 0;  // loader threads still running
-  Status load_status;
-  Clock::time_point load_start;
+  std::uint32_t layer_words = 0;  // 64-bit words per block in layer_bits
+
+  Mutex mu;
+  CondVar cv;
+  // Load.
+  bool load_started KVF_GUARDED_BY(mu) = false;
+  bool load_done KVF_GUARDED_BY(mu) = false;
+  int load_workers KVF_GUARDED_BY(mu) = 0;  // loader threads still running
+  Status load_status KVF_GUARDED_BY(mu);
+  Clock::time_point load_start KVF_GUARDED_BY(mu);
+  // Written by Load (under mu) before the loader threads start; read-only
+  // afterwards, so the loaders read it without the lock.
   MatchResult match;
-  ContextReport report;
-  std::vector<v1::TransferObservation> transfers;
-  std::vector<v1::RecomputeObservation> recomputes;
-  std::vector<v1::StaleEntry> stale;
-  std::vector<std::uint32_t> fallback_runs;
-  std::vector<double> landed_us;     // per block: µs after load_start it was in the history
-  std::vector<std::thread> workers;  // joined by Finish
-  // Saves: GUARDED_BY(mu).
-  std::uint32_t layer_words = 0;            // 64-bit words per block in layer_bits
-  std::vector<std::uint64_t> layer_bits;    // per full block: which layers are saved
-  std::vector<std::uint32_t> layers_saved;  // per full block: distinct layers saved
-  std::vector<bool> save_queued;            // per full block
-  std::uint32_t pending_saves = 0;
-  Status save_status;  // the first write-back failure
+  ContextReport report KVF_GUARDED_BY(mu);
+  std::vector<v1::TransferObservation> transfers KVF_GUARDED_BY(mu);
+  std::vector<v1::RecomputeObservation> recomputes KVF_GUARDED_BY(mu);
+  std::vector<v1::StaleEntry> stale KVF_GUARDED_BY(mu);
+  std::vector<std::uint32_t> fallback_runs KVF_GUARDED_BY(mu);
+  // Per block: µs after load_start it was in the history.
+  std::vector<double> landed_us KVF_GUARDED_BY(mu);
+  std::vector<std::thread> workers KVF_GUARDED_BY(mu);  // joined by Finish
+  // Saves.
+  std::vector<std::uint64_t> layer_bits KVF_GUARDED_BY(mu);    // per full block: layers saved
+  std::vector<std::uint32_t> layers_saved KVF_GUARDED_BY(mu);  // per full block: distinct layers
+  std::vector<bool> save_queued KVF_GUARDED_BY(mu);            // per full block
+  std::uint32_t pending_saves KVF_GUARDED_BY(mu) = 0;
+  Status save_status KVF_GUARDED_BY(mu);  // the first write-back failure
 };
 
 // One daemon's session, and the lock that makes connecting to it happen once
 // (held while connecting, so threads wanting other daemons never wait).
 struct DaemonSlot {
-  std::mutex connect_mu;
-  std::shared_ptr<CacheHostSession> session;  // GUARDED_BY(Impl::daemons_mu_)
+  Mutex connect_mu;
+  std::shared_ptr<CacheHostSession> session;  // under Impl::daemons_mu_
 };
 using Daemon = CacheHostSession;
 
@@ -124,7 +132,7 @@ class Client::Impl {
   std::chrono::system_clock::time_point RpcDeadline() const {
     return std::chrono::system_clock::now() + o_.rpc_timeout;
   }
-  void ReportObservations(Context& c);
+  void ReportObservations(Context& c) KVF_REQUIRES(c.mu);
   // Block `b` of `c`'s history: its page of the history pool.
   std::span<std::byte> BlockBytes(const Context& c, std::uint32_t b) const {
     return history_pool_->page(c.pages[b]);
@@ -208,26 +216,26 @@ class Client::Impl {
   HistoryLayout layout_;
   DeviceArenaOptions arena_options_;  // o_.arena with its defaults filled in
 
-  std::mutex attend_mu_;
-  std::mutex fetch_mu_;  // the fetch half of staging_
-  std::mutex daemons_mu_;
-  std::map<std::string, std::shared_ptr<DaemonSlot>> daemons_;  // GUARDED_BY(daemons_mu_)
+  Mutex attend_mu_;
+  Mutex fetch_mu_;  // the fetch half of staging_
+  Mutex daemons_mu_;
+  std::map<std::string, std::shared_ptr<DaemonSlot>> daemons_ KVF_GUARDED_BY(daemons_mu_);
 
-  mutable std::mutex mu_;
-  std::map<ContextId, std::shared_ptr<Context>> contexts_;  // GUARDED_BY(mu_)
-  ContextId next_context_ = 1;                              // GUARDED_BY(mu_)
-  bool closed_ = false;                                     // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::map<ContextId, std::shared_ptr<Context>> contexts_ KVF_GUARDED_BY(mu_);
+  ContextId next_context_ KVF_GUARDED_BY(mu_) = 1;
+  bool closed_ KVF_GUARDED_BY(mu_) = false;
 
   std::unique_ptr<HistoryPool> history_pool_;
 
-  std::mutex save_mu_;
-  std::condition_variable save_cv_;
-  std::deque<SaveJob> save_queue_;  // GUARDED_BY(save_mu_)
-  bool save_stop_ = false;          // GUARDED_BY(save_mu_)
+  Mutex save_mu_;
+  CondVar save_cv_;
+  std::deque<SaveJob> save_queue_ KVF_GUARDED_BY(save_mu_);
+  bool save_stop_ KVF_GUARDED_BY(save_mu_) = false;
   std::thread saver_;
 
-  mutable std::mutex metrics_mu_;
-  ClientMetrics m_;  // GUARDED_BY(metrics_mu_)
+  mutable Mutex metrics_mu_;
+  ClientMetrics m_ KVF_GUARDED_BY(metrics_mu_);
 };
 
 }  // namespace kvfabric::client

@@ -49,17 +49,17 @@ StatusOr<std::shared_ptr<Daemon>> Client::Impl::GetDaemon(const MatchResult::Hos
   };
   std::shared_ptr<DaemonSlot> slot;
   {
-    std::lock_guard<std::mutex> l(daemons_mu_);
+    MutexLock l(&daemons_mu_);
     std::shared_ptr<DaemonSlot>& s = daemons_[host.grpc_address];
     if (s == nullptr) s = std::make_shared<DaemonSlot>();
     if (usable(s->session)) return s->session;
     slot = s;
   }
   // Connecting can take up to rpc_timeout: only threads wanting this daemon wait.
-  std::lock_guard<std::mutex> serial(slot->connect_mu);
+  MutexLock serial(&slot->connect_mu);
   std::shared_ptr<Daemon> old;
   {
-    std::lock_guard<std::mutex> l(daemons_mu_);
+    MutexLock l(&daemons_mu_);
     if (usable(slot->session)) return slot->session;  // another thread connected meanwhile
     old = std::move(slot->session);
   }
@@ -74,7 +74,7 @@ StatusOr<std::shared_ptr<Daemon>> Client::Impl::GetDaemon(const MatchResult::Hos
   so.region_id = kStagingRegionId;
   KVF_ASSIGN_OR_RETURN(std::shared_ptr<Daemon> d,
                        CacheHostSession::Open(data_.get(), *staging_, std::move(so)));
-  std::lock_guard<std::mutex> l(daemons_mu_);
+  MutexLock l(&daemons_mu_);
   slot->session = d;
   auto it = daemons_.find(host.grpc_address);
   if (it == daemons_.end() || it->second != slot) daemons_[host.grpc_address] = slot;
@@ -83,7 +83,7 @@ StatusOr<std::shared_ptr<Daemon>> Client::Impl::GetDaemon(const MatchResult::Hos
 
 void Client::Impl::DropDaemon(const std::shared_ptr<Daemon>& d) {
   {
-    std::lock_guard<std::mutex> l(daemons_mu_);
+    MutexLock l(&daemons_mu_);
     auto it = daemons_.find(d->grpc_address());
     if (it != daemons_.end() && it->second->session == d) it->second->session.reset();
   }
@@ -93,7 +93,7 @@ void Client::Impl::DropDaemon(const std::shared_ptr<Daemon>& d) {
 // ---------------------------------------------------------------- loading
 
 void Client::Impl::WorkerDone(Context& c, const Status& status) {
-  std::lock_guard<std::mutex> l(c.mu);
+  MutexLock l(&c.mu);
   if (!status.ok() && c.load_status.ok()) c.load_status = status;
   if (--c.load_workers == 0) {
     c.load_done = true;
@@ -104,7 +104,7 @@ void Client::Impl::WorkerDone(Context& c, const Status& status) {
       }
     }
   }
-  c.cv.notify_all();
+  c.cv.NotifyAll();
 }
 
 Status Client::Impl::Recompute(Context& c, std::uint32_t first, std::uint32_t count) {
@@ -139,7 +139,7 @@ Status Client::Impl::RecomputeRun(Context& c, std::uint32_t first, std::uint32_t
                          std::to_string(first + count) + ")");
   }
   {
-    std::lock_guard<std::mutex> l(c.mu);
+    MutexLock l(&c.mu);
     v1::RecomputeObservation o;
     o.set_tokens(req.tokens);
     o.set_prefix_tokens(req.prefix_tokens);
@@ -151,7 +151,7 @@ Status Client::Impl::RecomputeRun(Context& c, std::uint32_t first, std::uint32_t
       c.landed_us[b] = landed;
     }
   }
-  std::lock_guard<std::mutex> l(metrics_mu_);
+  MutexLock l(&metrics_mu_);
   m_.blocks_recomputed += count;
   m_.tokens_recomputed += req.tokens;
   m_.recompute_us += static_cast<std::uint64_t>(us);
@@ -222,14 +222,14 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
       i = j;
     }
     {
-      std::lock_guard<std::mutex> l(c->mu);
+      MutexLock l(&c->mu);
       RunOutcome& ro = c->report.runs[ri];
       ro.blocks_from_fallback_host = from_fallback;
       ro.blocks_recomputed_after_failure = recomputed;
       ro.failure = failures[ri];
       c->fallback_runs.push_back(static_cast<std::uint32_t>(ri));
     }
-    std::lock_guard<std::mutex> l(metrics_mu_);
+    MutexLock l(&metrics_mu_);
     if (from_fallback > 0) ++m_.fallbacks_to_replica;
     if (recomputed > 0) ++m_.fallbacks_to_recompute;
     m_.blocks_fallen_back += recomputed;
@@ -271,7 +271,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
 
 Status Client::Impl::FetchBatch(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
                                 std::vector<bool>* arrived) {
-  std::lock_guard<std::mutex> fetch_lock(fetch_mu_);
+  MutexLock fetch_lock(&fetch_mu_);
   std::vector<std::size_t> on_nvme;
   Status first = FetchByKey(c, d, batch, arrived, &on_nvme);
   if (on_nvme.empty() || HostDown(first)) return first;
@@ -340,7 +340,7 @@ Status Client::Impl::LandResults(Context& c, const Daemon& d,
       v1::StaleEntry e;
       e.set_host_id(d.host_id());
       e.set_key(KeyBytes(c.match.chain[batch[k]]));
-      std::lock_guard<std::mutex> l(c.mu);
+      MutexLock l(&c.mu);
       c.stale.push_back(std::move(e));
       s = Status::NotFound(what + ": not cached on " + d.host_id());
     } else {
@@ -375,7 +375,7 @@ void Client::Impl::RecordFetch(Context& c, const Daemon& d, const FetchTally& ta
                                std::uint64_t moved, double us) {
   if (moved == 0 && tally.crc_failures == 0) return;
   {
-    std::lock_guard<std::mutex> l(c.mu);
+    MutexLock l(&c.mu);
     if (moved > 0) {
       c.transfers.push_back(
           Observation(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST, d.host_id(), moved, us));
@@ -387,7 +387,7 @@ void Client::Impl::RecordFetch(Context& c, const Daemon& d, const FetchTally& ta
     const double now_us = MicrosSince(c.load_start);
     for (std::uint32_t b : tally.landed) c.landed_us[b] = now_us;
   }
-  std::lock_guard<std::mutex> l(metrics_mu_);
+  MutexLock l(&metrics_mu_);
   m_.blocks_fetched += tally.bytes / block_bytes_;
   m_.bytes_fetched += tally.bytes;
   m_.fetch_us += static_cast<std::uint64_t>(us);
@@ -401,8 +401,9 @@ void Client::Impl::SaverLoop() {
   for (;;) {
     std::vector<SaveJob> jobs;
     {
-      std::unique_lock<std::mutex> l(save_mu_);
-      save_cv_.wait(l, [&] { return save_stop_ || !save_queue_.empty(); });
+      MutexLock l(&save_mu_);
+      save_cv_.Wait(&save_mu_,
+                    [&]() KVF_REQUIRES(save_mu_) { return save_stop_ || !save_queue_.empty(); });
       if (save_queue_.empty()) return;  // stopping, nothing left
       while (!save_queue_.empty() && jobs.size() < per_batch) {
         jobs.push_back(std::move(save_queue_.front()));
@@ -418,7 +419,7 @@ void Client::Impl::FinishSaves(std::vector<SaveJob*>& jobs, SaveOutcome outcome,
   if (jobs.empty()) return;
   for (SaveJob* j : jobs) {
     Context& c = *j->context;
-    std::lock_guard<std::mutex> l(c.mu);
+    MutexLock l(&c.mu);
     switch (outcome) {
       case SaveOutcome::kWritten:
         ++c.report.blocks_written;
@@ -434,9 +435,9 @@ void Client::Impl::FinishSaves(std::vector<SaveJob*>& jobs, SaveOutcome outcome,
         break;
     }
     --c.pending_saves;
-    c.cv.notify_all();
+    c.cv.NotifyAll();
   }
-  std::lock_guard<std::mutex> l(metrics_mu_);
+  MutexLock l(&metrics_mu_);
   switch (outcome) {
     case SaveOutcome::kWritten:
       m_.blocks_saved += jobs.size();
@@ -557,9 +558,9 @@ Status Client::Impl::SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs
   for (const Status& o : *outcome) written += o.ok() ? block_bytes_ : 0;
   if (written == 0) return Status::OK();
   Context& c = *jobs.front()->context;
-  std::lock_guard<std::mutex> l(c.mu);
+  MutexLock l(&c.mu);
   c.transfers.push_back(Observation(v1::BUS_PATH_LOCAL_HOST_TO_REMOTE_HOST, h.host_id, written, us));
-  std::lock_guard<std::mutex> ml(metrics_mu_);
+  MutexLock ml(&metrics_mu_);
   m_.save_us += static_cast<std::uint64_t>(us);
   return Status::OK();
 }

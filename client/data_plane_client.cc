@@ -18,8 +18,8 @@ class DaemonConnection {
 // transport connects, up to the caller's deadline); other addresses and
 // every other method only take mu_, briefly.
 struct DataPlaneClient::Slot {
-  std::mutex connect_mu;
-  std::shared_ptr<DaemonConnection> conn;  // GUARDED_BY(DataPlaneClient::mu_)
+  Mutex connect_mu;
+  std::shared_ptr<DaemonConnection> conn;  // under DataPlaneClient::mu_
 };
 
 struct DataPlaneClient::Pending {
@@ -50,7 +50,7 @@ StatusOr<std::unique_ptr<DataPlaneClient>> DataPlaneClient::Create(
 DataPlaneClient::~DataPlaneClient() {
   std::map<std::string, std::shared_ptr<Slot>> conns;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     conns.swap(connections_);
   }
   for (auto& [addr, slot] : conns) {
@@ -59,7 +59,7 @@ DataPlaneClient::~DataPlaneClient() {
         .IgnoreError();
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     *alive_ = false;
     pending_.clear();  // their sends completed with the close
   }
@@ -71,35 +71,35 @@ void DataPlaneClient::OnMessage(transport::IncomingMessage& msg) {
   if (!m.ok()) return;
   const bool fetch_reply = m->op == wire::TransferOpCode::kFetchReply;
   if (m->op != wire::TransferOpCode::kReply && !fetch_reply) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = pending_.find(m->request_id);
   if (it == pending_.end()) return;  // abandoned (deadline) or unknown
   it->second->done = true;
   it->second->status = m->status;
   it->second->fetch_reply = fetch_reply;
   it->second->fetch_results = std::move(m->fetch_results);
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 StatusOr<std::shared_ptr<DaemonConnection>> DataPlaneClient::Connect(
     const std::string& address, transport::Deadline deadline) {
   std::shared_ptr<Slot> slot;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     std::shared_ptr<Slot>& s = connections_[address];
     if (s == nullptr) s = std::make_shared<Slot>();
     if (s->conn != nullptr && s->conn->endpoint->health().ok()) return s->conn;
     slot = s;
   }
-  std::lock_guard<std::mutex> serial(slot->connect_mu);
+  MutexLock serial(&slot->connect_mu);
   {
-    std::lock_guard<std::mutex> lock(mu_);  // another thread may have connected meanwhile
+    MutexLock lock(&mu_);  // another thread may have connected meanwhile
     if (slot->conn != nullptr && slot->conn->endpoint->health().ok()) return slot->conn;
   }
   KVF_ASSIGN_OR_RETURN(
       auto ep, transport_->Connect(address, transport::PeerFailureMode::kFailInFlight, deadline));
   auto conn = std::make_shared<DaemonConnection>(address, std::move(ep));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // A failed connection is replaced; whoever still holds it sees it fail.
   slot->conn = conn;
   auto it = connections_.find(address);
@@ -111,7 +111,7 @@ void DataPlaneClient::Disconnect(DaemonConnection* conn) {
   if (conn == nullptr) return;
   std::shared_ptr<DaemonConnection> keep;  // closed outside the lock
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = connections_.find(conn->address);
     if (it != connections_.end() && it->second->conn.get() == conn) {
       keep = std::move(it->second->conn);
@@ -124,7 +124,7 @@ void DataPlaneClient::Disconnect(DaemonConnection* conn) {
 Status DataPlaneClient::Health(DaemonConnection* conn) const { return conn->endpoint->health(); }
 
 std::size_t DataPlaneClient::connection_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::size_t n = 0;
   for (const auto& [addr, slot] : connections_) n += slot->conn != nullptr ? 1 : 0;
   return n;
@@ -135,13 +135,13 @@ StatusOr<std::uint64_t> DataPlaneClient::Send(DaemonConnection* conn,
   wire::TransferMessage m = message;
   auto pending = std::make_shared<Pending>();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     m.request_id = next_request_++;
     pending_.emplace(m.request_id, pending);
   }
   auto encoded = wire::EncodeTransferMessage(m);
   if (!encoded.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     pending_.erase(m.request_id);
     return encoded.status();
   }
@@ -150,11 +150,11 @@ StatusOr<std::uint64_t> DataPlaneClient::Send(DaemonConnection* conn,
   t.header = std::as_bytes(std::span<const char>(encoded->data(), encoded->size()));
   auto batch = conn->endpoint->Submit(std::span<const transport::Transfer>(&t, 1));
   if (!batch.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     pending_.erase(m.request_id);
     return batch.status();
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   pending->send = std::move(*batch);
   return m.request_id;
 }
@@ -163,14 +163,14 @@ Status DataPlaneClient::Wait(DaemonConnection* conn, std::uint64_t request_id,
                              transport::Deadline deadline,
                              std::vector<wire::FetchKeyResult>* fetch_results) {
   std::shared_ptr<Pending> p;
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = pending_.find(request_id);
   if (it == pending_.end()) return Status::Internal("unknown request");
   p = it->second;
   for (;;) {
     if (p->done) break;
     // Wake up now and then to notice a dead daemon (its reply never comes).
-    cv_.wait_for(lock, std::chrono::milliseconds(10));
+    cv_.WaitFor(&mu_, std::chrono::milliseconds(10));
     if (p->done) break;
     Status health = conn->endpoint->health();
     if (!health.ok()) {
@@ -191,7 +191,7 @@ Status DataPlaneClient::Wait(DaemonConnection* conn, std::uint64_t request_id,
   if (fetch_results != nullptr) *fetch_results = std::move(p->fetch_results);
   pending_.erase(request_id);
   std::unique_ptr<transport::TransferBatch> send = std::move(p->send);
-  lock.unlock();
+  lock.Unlock();
   send.reset();  // done (the reply came after it) or completed by the failure
   return out;
 }

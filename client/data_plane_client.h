@@ -39,6 +39,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/mutex.h"
 #include "core/status.h"
 #include "core/statusor.h"
 #include "proto/transfer_wire.h"
@@ -129,11 +130,12 @@ class DataPlaneClient {
 
   transport::Transport* const transport_;
   struct Slot;  // one address: its connect lock and its connection
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, std::shared_ptr<Slot>> connections_;  // GUARDED_BY(mu_)
-  std::unordered_map<std::uint64_t, std::shared_ptr<Pending>> pending_;   // GUARDED_BY(mu_)
-  std::uint64_t next_request_ = 1;                                        // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::map<std::string, std::shared_ptr<Slot>> connections_ KVF_GUARDED_BY(mu_);
+  // A Pending's fields are under mu_ too.
+  std::unordered_map<std::uint64_t, std::shared_ptr<Pending>> pending_ KVF_GUARDED_BY(mu_);
+  std::uint64_t next_request_ KVF_GUARDED_BY(mu_) = 1;
   std::shared_ptr<bool> alive_;  // handlers check it (the transport may outlive us)
 };
 

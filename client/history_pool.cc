@@ -66,7 +66,7 @@ std::string HistoryPool::DescribeLayout() const {
 
 Status HistoryPool::Take(std::uint32_t n, std::vector<std::uint32_t>* pages,
                          const std::string& who) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   if (n > pages_ - in_use_) {
     return Status::ResourceExhausted(
         "history pool: " + who + " needs " + std::to_string(n) + " pages of " +
@@ -93,18 +93,18 @@ Status HistoryPool::Take(std::uint32_t n, std::vector<std::uint32_t>* pages,
 }
 
 void HistoryPool::Return(std::span<const std::uint32_t> pages) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   for (std::uint32_t p : pages) used_[p / 64] &= ~(std::uint64_t{1} << (p % 64));
   in_use_ -= static_cast<std::uint32_t>(pages.size());
 }
 
 std::uint32_t HistoryPool::pages_in_use() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return in_use_;
 }
 
 std::uint32_t HistoryPool::peak_pages_in_use() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return peak_;
 }
 

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "core/mutex.h"
 #include "core/status.h"
 #include "core/statusor.h"
 #include "gpu/device.h"
@@ -79,10 +80,10 @@ class HistoryPool {
   const HistoryPoolOptions o_;
   const std::uint32_t pages_;
   const std::unique_ptr<gpu::PinnedHostBuffer> buffer_;
-  mutable std::mutex mu_;
-  std::vector<std::uint64_t> used_;  // GUARDED_BY(mu_): a bit per page
-  std::uint32_t in_use_ = 0;         // GUARDED_BY(mu_)
-  std::uint32_t peak_ = 0;           // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::vector<std::uint64_t> used_ KVF_GUARDED_BY(mu_);  // a bit per page
+  std::uint32_t in_use_ KVF_GUARDED_BY(mu_) = 0;
+  std::uint32_t peak_ KVF_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvfabric::client

@@ -174,7 +174,7 @@ Client::Impl::~Impl() {
   // Sessions, then the data plane, then the transport they borrow.
   std::map<std::string, std::shared_ptr<DaemonSlot>> daemons;
   {
-    std::lock_guard<std::mutex> l(daemons_mu_);
+    MutexLock l(&daemons_mu_);
     daemons.swap(daemons_);
   }
   daemons.clear();
@@ -186,7 +186,7 @@ Client::Impl::~Impl() {
 Status Client::Impl::Close() {
   std::vector<ContextId> ids;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (closed_) return Status::OK();
     closed_ = true;
     for (const auto& [id, c] : contexts_) ids.push_back(id);
@@ -198,10 +198,10 @@ Status Client::Impl::Close() {
     if (!s.ok() && first.ok()) first = s;
   }
   {
-    std::lock_guard<std::mutex> l(save_mu_);
+    MutexLock l(&save_mu_);
     save_stop_ = true;
   }
-  save_cv_.notify_all();
+  save_cv_.NotifyAll();
   if (saver_.joinable()) saver_.join();
   return first;
 }
@@ -212,7 +212,7 @@ StatusOr<std::vector<BlockKey>> Client::Impl::KeyTokens(
 }
 
 StatusOr<std::shared_ptr<Context>> Client::Impl::Find(ContextId id) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto it = contexts_.find(id);
   if (it == contexts_.end()) {
     return Status::NotFound("client: no context " + std::to_string(id) +
@@ -242,7 +242,7 @@ StatusOr<MatchResult> Client::Impl::Match(std::span<const BlockKey> chain,
   grpc::ClientContext ctx;
   ctx.set_deadline(RpcDeadline());
   grpc::Status g = placement_->Plan(&ctx, req, &resp);
-  std::lock_guard<std::mutex> l(metrics_mu_);
+  MutexLock l(&metrics_mu_);
   ++m_.matches;
   if (g.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
     return FromGrpcStatus(g).WithContext("client: Match");
@@ -320,7 +320,7 @@ StatusOr<ContextId> Client::Impl::NewContext(std::uint64_t tokens) {
   c->blocks = CeilDiv(tokens, tpb);
   c->full_blocks = static_cast<std::uint32_t>(tokens / tpb);
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (closed_) return Status::FailedPrecondition("client: closed");
     c->id = next_context_++;
   }
@@ -336,10 +336,13 @@ StatusOr<ContextId> Client::Impl::NewContext(std::uint64_t tokens) {
     return taken.WithContext("client: NewContext");
   }
   c->layer_words = (o_.model.layer_count + 63) / 64;
-  c->layer_bits.assign(std::size_t{c->full_blocks} * c->layer_words, 0);
-  c->layers_saved.assign(c->full_blocks, 0);
-  c->save_queued.assign(c->full_blocks, false);
-  std::lock_guard<std::mutex> l(mu_);
+  {
+    MutexLock l(&c->mu);  // not shared yet: for the analysis
+    c->layer_bits.assign(std::size_t{c->full_blocks} * c->layer_words, 0);
+    c->layers_saved.assign(c->full_blocks, 0);
+    c->save_queued.assign(c->full_blocks, false);
+  }
+  MutexLock l(&mu_);
   contexts_[c->id] = c;
   return c->id;
 }
@@ -355,7 +358,7 @@ Status Client::Impl::Load(const MatchResult& match, ContextId id) {
   for (std::size_t i = 0; i < match.runs.size(); ++i) {
     (match.runs[i].fetch ? fetch_runs : recompute_runs).push_back(i);
   }
-  std::lock_guard<std::mutex> l(c->mu);
+  MutexLock l(&c->mu);
   if (c->load_started) {
     return Status::FailedPrecondition("client: context " + std::to_string(id) +
                                       " was already loaded");
@@ -392,11 +395,11 @@ Status Client::Impl::WaitLayer(ContextId id, std::uint32_t layer,
                                    " of a " + std::to_string(o_.model.layer_count) +
                                    "-layer model");
   }
-  std::unique_lock<std::mutex> l(c->mu);
+  MutexLock l(&c->mu);
   if (!c->load_started) {
     return Status::FailedPrecondition("client: context " + std::to_string(id) + " has no load");
   }
-  if (!c->cv.wait_for(l, timeout, [&] { return c->load_done; })) {
+  if (!c->cv.WaitFor(&c->mu, timeout, [&]() KVF_REQUIRES(c->mu) { return c->load_done; })) {
     return Status::DeadlineExceeded("client: layer " + std::to_string(layer) + " of context " +
                                     std::to_string(id) + " not loaded after " +
                                     std::to_string(timeout.count()) + " ms");
@@ -439,7 +442,7 @@ Status Client::Impl::Save(ContextId id, std::uint32_t layer, std::uint32_t first
   const std::uint64_t bit = std::uint64_t{1} << (layer % 64);
   std::vector<SaveJob> ready;
   {
-    std::lock_guard<std::mutex> l(c->mu);
+    MutexLock l(&c->mu);
     for (std::size_t k = 0; k < keys.size(); ++k) {
       const std::uint32_t b = first_block + static_cast<std::uint32_t>(k);
       if ((c->layer_bits[std::size_t{b} * c->layer_words + layer / 64] & bit) != 0) {
@@ -460,10 +463,10 @@ Status Client::Impl::Save(ContextId id, std::uint32_t layer, std::uint32_t first
     }
   }
   if (!ready.empty()) {
-    std::lock_guard<std::mutex> l(save_mu_);
+    MutexLock l(&save_mu_);
     for (SaveJob& j : ready) save_queue_.push_back(std::move(j));
   }
-  save_cv_.notify_one();
+  save_cv_.NotifyOne();
   return Status::OK();
 }
 
@@ -481,14 +484,14 @@ Status Client::Impl::Attend(ContextId id, std::uint32_t layer, std::uint64_t ste
                                    std::to_string(out.size()) + ", " + std::to_string(lse.size()));
   }
   {
-    std::lock_guard<std::mutex> l(c->mu);
+    MutexLock l(&c->mu);
     if (!c->load_done || !c->load_status.ok()) {
       return Status::FailedPrecondition("client: Attend on context " + std::to_string(id) +
                                         " before its load finished OK");
     }
   }
   const auto start = Clock::now();
-  std::lock_guard<std::mutex> l(attend_mu_);
+  MutexLock l(&attend_mu_);
   KVF_RETURN_IF_ERROR(arena_->Touch(id));
   std::copy(q.begin(), q.end(), attention_->query().begin());
   const float scale = 1.0f / std::sqrt(static_cast<float>(o_.model.head_dim));
@@ -499,7 +502,7 @@ Status Client::Impl::Attend(ContextId id, std::uint32_t layer, std::uint64_t ste
   std::copy(attention_->output().begin(), attention_->output().end(), out.begin());
   std::copy(attention_->lse().begin(), attention_->lse().end(), lse.begin());
   const DeviceArenaMetrics am = arena_->metrics();
-  std::lock_guard<std::mutex> ml(metrics_mu_);
+  MutexLock ml(&metrics_mu_);
   ++m_.attends;
   m_.attend_us += static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count());
@@ -548,7 +551,7 @@ void Client::Impl::ReportObservations(Context& c) {
                    g.error_message());
       return;
     }
-    std::lock_guard<std::mutex> l(metrics_mu_);
+    MutexLock l(&metrics_mu_);
     m_.stale_entries_reported += static_cast<std::uint64_t>(req.stale_entries_size());
   }
 }
@@ -557,21 +560,23 @@ Status Client::Impl::Finish(ContextId id, ContextReport* report) {
   KVF_ASSIGN_OR_RETURN(std::shared_ptr<Context> c, Find(id));
   std::vector<std::thread> workers;
   {
-    std::unique_lock<std::mutex> l(c->mu);
+    MutexLock l(&c->mu);
     workers.swap(c->workers);
   }
   for (std::thread& t : workers) t.join();
   {
-    std::unique_lock<std::mutex> l(c->mu);
-    c->cv.wait(l, [&] { return c->pending_saves == 0; });
+    // No thread touches the context after its saves: reporting holds its
+    // lock only for the analysis' sake (and costs nothing).
+    MutexLock l(&c->mu);
+    c->cv.Wait(&c->mu, [&]() KVF_REQUIRES(c->mu) { return c->pending_saves == 0; });
+    ReportObservations(*c);
   }
-  ReportObservations(*c);
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     contexts_.erase(id);
   }
   Status released = arena_->ReleaseContext(id);
-  std::lock_guard<std::mutex> l(c->mu);
+  MutexLock l(&c->mu);
   history_pool_->Return(c->pages);
   c->pages.clear();
   *report = c->report;
@@ -593,7 +598,7 @@ Status Client::Impl::Finish(ContextId id, ContextReport* report) {
 
 ClientMetrics Client::Impl::metrics() const {
   const DeviceArenaMetrics am = arena_->metrics();
-  std::lock_guard<std::mutex> l(metrics_mu_);
+  MutexLock l(&metrics_mu_);
   ClientMetrics m = m_;
   m.arena_pages = am.pool_pages + am.staging_pages;
   m.history_pool_pages = history_pool_->pages();
