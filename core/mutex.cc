@@ -13,6 +13,15 @@ void Mutex::AssertHeld() const {
   }
 }
 
+void MutexLock::Unlock(Mutex* mu) {
+  if (mu != mu_) {
+    std::fprintf(stderr, "kvfabric::MutexLock::Unlock(%p): this lock holds mutex %p\n",
+                 static_cast<const void*>(mu), static_cast<const void*>(mu_));
+    std::abort();
+  }
+  Unlock();
+}
+
 void CondVar::Wait(Mutex* mu) {
   std::unique_lock<std::mutex> lock = Adopt(mu);
   cv_.wait(lock);
