@@ -5,6 +5,7 @@
 #include <random>
 
 #include "core/block_format.h"
+#include "core/mutex.h"
 #include "core/units.h"
 #include "server/cache_host/data_plane.h"
 #include "server/cache_host/node_keys.h"
@@ -227,7 +228,7 @@ StatusOr<ReserveBatch> CacheHostNode::Reserve(const Namespace& ns,
   }
   if (grant.blocks.empty()) return out;
   grant.ns = table_->FindNamespace(ns).value_or(0);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   grant.token = NewToken();
   grant.expires_at_us = NowUs() + ttl_us;
   out.grant = {next_grant_id_++, ttl_us, grant.token};
@@ -246,7 +247,7 @@ StatusOr<std::vector<Status>> CacheHostNode::Commit(const Namespace& ns, std::ui
   std::vector<std::pair<std::size_t, std::size_t>> todo;  // (entry, grant block)
   std::vector<std::uint64_t> sub_ids;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = grants_.find(lease_id);
     if (it == grants_.end() || !it->second.write || it->second.tenant != ns.tenant) {
       return Status::NotFound("write lease " + std::to_string(lease_id) +
@@ -271,7 +272,7 @@ StatusOr<std::vector<Status>> CacheHostNode::Commit(const Namespace& ns, std::ui
   }
   std::vector<std::uint64_t> to_abort;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = grants_.find(lease_id);
     for (std::size_t k = 0; k < todo.size(); ++k) {
       out[todo[k].first] = results[k];
@@ -443,7 +444,7 @@ StatusOr<LeaseBatch> CacheHostNode::Lease(const Namespace& ns, std::span<const B
     for (std::uint64_t id : table_leases) table_->Release(id).IgnoreError();
     return out;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   grant.token = NewToken();
   grant.expires_at_us = NowUs() + ttl_us;
   out.grant = {next_grant_id_++, ttl_us, grant.token};
@@ -458,7 +459,7 @@ std::vector<StatusOr<std::uint64_t>> CacheHostNode::Renew(
   ttl_us = EffectiveTtl(ttl_us);
   std::vector<StatusOr<std::uint64_t>> out;
   out.reserve(lease_ids.size());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (std::uint64_t id : lease_ids) {
     auto it = grants_.find(id);
     if (it == grants_.end() || it->second.tenant != ns.tenant) {
@@ -494,7 +495,7 @@ std::vector<Status> CacheHostNode::Release(const Namespace& ns,
   std::vector<Status> out(entries.size());
   std::vector<std::uint64_t> aborts, releases;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (std::size_t i = 0; i < entries.size(); ++i) {
       const ReleaseEntry& e = entries[i];
       auto it = grants_.find(e.lease_id);
@@ -578,7 +579,7 @@ StatusOr<TransferTicket> CacheHostNode::BeginTransfer(std::uint64_t lease_id,
                                                       std::span<const ByteExtent> ranges) {
   TransferTicket ticket;
   ticket.write = write;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = grants_.find(lease_id);
   if (it == grants_.end() || !TokensEqual(it->second.token, token) || it->second.write != write) {
     ++transfers_refused_;
@@ -631,7 +632,7 @@ void CacheHostNode::EndTransfer(const TransferTicket& ticket) {
 }
 
 void CacheHostNode::set_block_event_sink(BlockEventSink sink) {
-  std::lock_guard<std::mutex> lock(observer_mu_);
+  MutexLock lock(&observer_mu_);
   event_sink_ = std::move(sink);
   has_sink_.store(static_cast<bool>(event_sink_));
 }
@@ -640,7 +641,7 @@ void CacheHostNode::Emit(std::vector<BlockEventRecord> events) {
   if (events.empty()) return;
   BlockEventSink sink;
   {
-    std::lock_guard<std::mutex> lock(observer_mu_);
+    MutexLock lock(&observer_mu_);
     sink = event_sink_;
   }
   if (sink) sink(std::move(events));
@@ -651,13 +652,13 @@ std::uint64_t CacheHostNode::host_free_bytes() const {
 }
 
 void CacheHostNode::set_transfer_observer(TransferObserver observer) {
-  std::lock_guard<std::mutex> lock(observer_mu_);
+  MutexLock lock(&observer_mu_);
   observer_ = std::move(observer);
 }
 
 void CacheHostNode::ObserveTransfer(bool write, std::uint64_t bytes, std::uint64_t micros,
                                     const Status& status) {
-  std::lock_guard<std::mutex> lock(observer_mu_);
+  MutexLock lock(&observer_mu_);
   if (observer_) observer_(write, bytes, micros, status);
 }
 
@@ -683,7 +684,7 @@ CacheHostSnapshot CacheHostNode::Snapshot() const {
     s.evictions_by_action[static_cast<int>(a)] = table_->decisions().Count(a);
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     s.grants_active = grants_.size();
     s.grants_expired = grants_expired_;
   }
@@ -716,17 +717,17 @@ void CacheHostNode::Shutdown(std::chrono::milliseconds grace) {
     for (;;) {
       std::size_t open = 0;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         open = grants_.size();
       }
       if (open == 0 || NowUs() >= until) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     {
-      std::lock_guard<std::mutex> lock(maintenance_mu_);
+      MutexLock lock(&maintenance_mu_);
       stopping_ = true;
     }
-    maintenance_cv_.notify_all();
+    maintenance_cv_.NotifyAll();
     if (maintenance_.joinable()) maintenance_.join();
     if (data_plane_) data_plane_->Close();
     if (nvme_) {
@@ -739,13 +740,13 @@ void CacheHostNode::Shutdown(std::chrono::milliseconds grace) {
 }
 
 void CacheHostNode::MaintenanceLoop() {
-  std::unique_lock<std::mutex> lock(maintenance_mu_);
+  MutexLock lock(&maintenance_mu_);
   while (!stopping_) {
-    maintenance_cv_.wait_for(lock, options_.maintenance_interval);
+    maintenance_cv_.WaitFor(&maintenance_mu_, options_.maintenance_interval);
     if (stopping_) break;
-    lock.unlock();
+    lock.Unlock();
     MaintenanceStep();
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -755,7 +756,7 @@ void CacheHostNode::MaintenanceStep() {
   const std::uint64_t now = NowUs();
   table_->ExpireUntil(now);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (auto it = grants_.begin(); it != grants_.end();) {
       if (it->second.expires_at_us <= now) {
         ++grants_expired_;

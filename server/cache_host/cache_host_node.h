@@ -50,7 +50,6 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -67,6 +66,7 @@
 #include "core/aligned_buffer.h"
 #include "core/block_key.h"
 #include "core/env.h"
+#include "core/mutex.h"
 #include "core/status.h"
 #include "core/statusor.h"
 #include "server/cache_host/block_index.h"
@@ -394,7 +394,7 @@ class CacheHostNode {
 
   std::uint64_t NowUs() const;
   std::uint64_t EffectiveTtl(std::uint64_t ttl_us) const;
-  AccessToken NewToken();
+  AccessToken NewToken() KVF_REQUIRES(mu_);
   std::vector<ByteExtent> ExtentsOf(const PageRuns& pages, std::uint64_t bytes) const;
   // Runs an eviction pass; starts the demotions it ordered. Returns the pages
   // it freed at once.
@@ -409,7 +409,7 @@ class CacheHostNode {
   Status Stage(NamespaceId ns, const BlockKey& key);
   void MaintenanceLoop();
   void MaintenanceStep();
-  void ForgetEndedGrantsLocked(std::uint64_t now_us);
+  void ForgetEndedGrantsLocked(std::uint64_t now_us) KVF_REQUIRES(mu_);
   void DropNvmeCopy(const BlockEntry& removed);
 
   CacheHostOptions options_;
@@ -432,35 +432,35 @@ class CacheHostNode {
 
   std::atomic<ServingState> state_{ServingState::kStarting};
 
-  mutable std::mutex mu_;
-  std::unordered_map<std::uint64_t, Grant> grants_;  // GUARDED_BY(mu_)
-  std::uint64_t next_grant_id_ = 1;                  // GUARDED_BY(mu_)
-  std::uint64_t grants_expired_ = 0;                 // GUARDED_BY(mu_)
-  std::uint64_t rng_state_[2] = {};                  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::unordered_map<std::uint64_t, Grant> grants_ KVF_GUARDED_BY(mu_);
+  std::uint64_t next_grant_id_ KVF_GUARDED_BY(mu_) = 1;
+  std::uint64_t grants_expired_ KVF_GUARDED_BY(mu_) = 0;
+  std::uint64_t rng_state_[2] KVF_GUARDED_BY(mu_) = {};
   std::atomic<std::uint64_t> transfers_refused_{0};
   std::atomic<std::uint64_t> staging_reads_{0};
   std::atomic<std::uint64_t> staging_crc_failures_{0};
 
   // Demotions in flight; Reserve waits on demotion_cv_ for them.
-  std::mutex demotion_mu_;
-  std::condition_variable demotion_cv_;
-  std::uint64_t demotions_in_flight_ = 0;  // GUARDED_BY(demotion_mu_)
-  std::uint64_t demotions_done_ = 0;       // GUARDED_BY(demotion_mu_)
+  Mutex demotion_mu_;
+  CondVar demotion_cv_;
+  std::uint64_t demotions_in_flight_ KVF_GUARDED_BY(demotion_mu_) = 0;
+  std::uint64_t demotions_done_ KVF_GUARDED_BY(demotion_mu_) = 0;
 
   // Bounce buffers for staging reads.
-  std::mutex staging_mu_;
-  std::condition_variable staging_cv_;
-  std::vector<AlignedBuffer> staging_free_;  // GUARDED_BY(staging_mu_)
+  Mutex staging_mu_;
+  CondVar staging_cv_;
+  std::vector<AlignedBuffer> staging_free_ KVF_GUARDED_BY(staging_mu_);
 
-  std::mutex observer_mu_;
-  TransferObserver observer_;  // GUARDED_BY(observer_mu_)
-  BlockEventSink event_sink_;  // GUARDED_BY(observer_mu_)
+  Mutex observer_mu_;
+  TransferObserver observer_ KVF_GUARDED_BY(observer_mu_);
+  BlockEventSink event_sink_ KVF_GUARDED_BY(observer_mu_);
   std::atomic<bool> has_sink_{false};
   void Emit(std::vector<BlockEventRecord> events);
 
-  std::mutex maintenance_mu_;
-  std::condition_variable maintenance_cv_;
-  bool stopping_ = false;  // GUARDED_BY(maintenance_mu_)
+  Mutex maintenance_mu_;
+  CondVar maintenance_cv_;
+  bool stopping_ KVF_GUARDED_BY(maintenance_mu_) = false;
   std::thread maintenance_;
   std::once_flag shutdown_once_;
 };

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/block_format.h"
+#include "core/mutex.h"
 #include "core/units.h"
 #include "server/cache_host/cache_host_node.h"
 #include "server/cache_host/data_plane.h"
@@ -62,6 +63,7 @@ Status CacheHostNode::RecoverNvme() {
   for (int i = 0; i < std::max(1, options_.staging_buffers); ++i) {
     KVF_ASSIGN_OR_RETURN(AlignedBuffer buf,
                          AlignedBuffer::Allocate(options_.nvme.max_group_bytes, nvme_->alignment()));
+    MutexLock lock(&staging_mu_);  // no other thread yet (Start); for the analysis
     staging_free_.push_back(std::move(buf));
   }
   spdlog::info(
@@ -86,8 +88,9 @@ Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
   if (!order.ok()) return order.status();
   AlignedBuffer buffer;
   {
-    std::unique_lock<std::mutex> lock(staging_mu_);
-    staging_cv_.wait(lock, [&] { return !staging_free_.empty(); });
+    MutexLock lock(&staging_mu_);
+    staging_cv_.Wait(&staging_mu_,
+                     [&]() KVF_REQUIRES(staging_mu_) { return !staging_free_.empty(); });
     buffer = std::move(staging_free_.back());
     staging_free_.pop_back();
   }
@@ -109,10 +112,10 @@ Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(staging_mu_);
+    MutexLock lock(&staging_mu_);
     staging_free_.push_back(std::move(buffer));
   }
-  staging_cv_.notify_one();
+  staging_cv_.NotifyOne();
   ++staging_reads_;
   if (status.ok()) {
     KVF_RETURN_IF_ERROR(table_->CompletePromotion(*order));
@@ -182,15 +185,15 @@ bool CacheHostNode::MakeRoomAndWait(std::optional<Namespace> scope, std::uint64_
                                     std::chrono::steady_clock::time_point deadline) {
   std::uint64_t done_before = 0;
   {
-    std::lock_guard<std::mutex> lock(demotion_mu_);
+    MutexLock lock(&demotion_mu_);
     done_before = demotions_done_;
   }
   const std::uint64_t freed = RunEviction(std::move(scope), pages);
   // Demotions count from the moment the table marked them (a background pass
   // may still be syncing their catalog records), hence pages_demoting.
-  std::unique_lock<std::mutex> lock(demotion_mu_);
+  MutexLock lock(&demotion_mu_);
   const bool in_flight = table_->Counters().pages_demoting > 0;
-  demotion_cv_.wait_until(lock, deadline, [&] {
+  demotion_cv_.WaitUntil(&demotion_mu_, deadline, [&]() KVF_REQUIRES(demotion_mu_) {
     return table_->Counters().pages_demoting == 0 || demotions_done_ > done_before ||
            pool_->Counts().free >= pages;
   });
@@ -213,7 +216,7 @@ void CacheHostNode::StartDemotions(std::vector<DemotionOrder> orders) {
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(demotion_mu_);
+    MutexLock lock(&demotion_mu_);
     demotions_in_flight_ += orders.size();
   }
   for (DemotionOrder& o : orders) {
@@ -245,11 +248,11 @@ void CacheHostNode::StartDemotions(std::vector<DemotionOrder> orders) {
         }
       }
       {
-        std::lock_guard<std::mutex> lock(demotion_mu_);
+        MutexLock lock(&demotion_mu_);
         --demotions_in_flight_;
         ++demotions_done_;
       }
-      demotion_cv_.notify_all();
+      demotion_cv_.NotifyAll();
     };
     if (o.pages.size == 1) {
       nvme_->Demote(header, pool_->RunBytes(o.pages.runs[0]).first(o.meta.bytes), finish);
@@ -258,8 +261,9 @@ void CacheHostNode::StartDemotions(std::vector<DemotionOrder> orders) {
     // A block split over several runs: gather it into a staging buffer first.
     AlignedBuffer buffer;
     {
-      std::unique_lock<std::mutex> lock(staging_mu_);
-      staging_cv_.wait(lock, [&] { return !staging_free_.empty(); });
+      MutexLock lock(&staging_mu_);
+      staging_cv_.Wait(&staging_mu_,
+                       [&]() KVF_REQUIRES(staging_mu_) { return !staging_free_.empty(); });
       buffer = std::move(staging_free_.back());
       staging_free_.pop_back();
     }
@@ -276,11 +280,11 @@ void CacheHostNode::StartDemotions(std::vector<DemotionOrder> orders) {
                   [this, raw, finish](StatusOr<NvmeLocation> where) {
                     finish(std::move(where));
                     {
-                      std::lock_guard<std::mutex> lock(staging_mu_);
+                      MutexLock lock(&staging_mu_);
                       staging_free_.push_back(std::move(*raw));
                     }
                     delete raw;
-                    staging_cv_.notify_one();
+                    staging_cv_.NotifyOne();
                   });
   }
 }

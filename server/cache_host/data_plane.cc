@@ -2,12 +2,12 @@
 
 #include <chrono>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "core/mutex.h"
 #include "proto/transfer_wire.h"
 #include "server/cache_host/cache_host_node.h"
 #include "spdlog/spdlog.h"
@@ -69,17 +69,18 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
   CacheHostNode* node = nullptr;
   transport::Transport* transport = nullptr;
 
-  mutable std::mutex mu;
-  bool closed = false;                                   // GUARDED_BY(mu)
-  std::unordered_map<Endpoint*, Peer> peers;             // GUARDED_BY(mu)
-  std::unordered_map<std::uint64_t, std::unique_ptr<TransferBatch>> in_flight;  // GUARDED_BY(mu)
-  std::vector<std::unique_ptr<TransferBatch>> finished;  // GUARDED_BY(mu); replies and done batches
-  std::uint64_t next_batch = 1;                          // GUARDED_BY(mu)
+  mutable Mutex mu;
+  bool closed KVF_GUARDED_BY(mu) = false;
+  std::unordered_map<Endpoint*, Peer> peers KVF_GUARDED_BY(mu);
+  std::unordered_map<std::uint64_t, std::unique_ptr<TransferBatch>> in_flight KVF_GUARDED_BY(mu);
+  // Replies, and batches that are done, until Sweep frees them.
+  std::vector<std::unique_ptr<TransferBatch>> finished KVF_GUARDED_BY(mu);
+  std::uint64_t next_batch KVF_GUARDED_BY(mu) = 1;
 
   void OnAccept(std::unique_ptr<Endpoint> ep) {
     std::unique_ptr<Endpoint> refused;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       if (closed) {
         refused = std::move(ep);
       } else {
@@ -108,7 +109,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
     t.header = std::as_bytes(std::span<const char>(encoded->data(), encoded->size()));
     auto batch = ep->Submit(std::span<const Transfer>(&t, 1));
     if (!batch.ok()) return;  // the peer is gone; nobody waits for the reply
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     finished.push_back(std::move(*batch));  // Sweep frees it once it is done
   }
 
@@ -148,7 +149,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
   Status Import(Endpoint* ep, const wire::TransferMessage& m) {
     std::string complete;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       if (closed) return Status::Unavailable("cache host is shutting down");
       auto pit = peers.find(ep);
       if (pit == peers.end()) return Status::Unavailable("unknown endpoint");
@@ -185,7 +186,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
     // ImportRegion unpacks on this (the progress) thread without blocking.
     auto region = ep->ImportRegion(complete);
     if (!region.ok()) return region.status().WithContext("import region");
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     auto pit = peers.find(ep);
     if (closed || pit == peers.end()) return Status::Unavailable("connection closed");
     pit->second.regions.emplace(m.region_id, std::move(*region));
@@ -195,7 +196,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
   // The region `region_id` imported on `ep`, or nullptr. *alive is false when
   // the endpoint is gone (nobody to answer).
   const transport::RemoteRegion* FindRegion(Endpoint* ep, std::uint32_t region_id, bool* alive) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     auto pit = closed ? peers.end() : peers.find(ep);
     *alive = pit != peers.end();
     if (!*alive) return nullptr;
@@ -273,7 +274,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
               bool write, Finish finish) {
     std::uint64_t id = 0;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       auto pit = closed ? peers.end() : peers.find(ep);
       if (pit != peers.end()) {
         ++pit->second.in_flight;  // keeps the region and endpoint alive
@@ -294,13 +295,13 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
       node->EndTransfer(ticket);
       finish(batch.status(), 0, true);
       Done(ep, 0);
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       in_flight.erase(id);
       return;
     }
     TransferBatch* raw = batch->get();
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       in_flight[id] = std::move(*batch);
     }
     auto self = shared_from_this();
@@ -311,7 +312,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
       self->node->EndTransfer(ticket);
       self->node->ObserveTransfer(write, bytes, NowMicros() - started, status);
       finish(status, bytes, true);
-      std::lock_guard<std::mutex> lock(self->mu);
+      MutexLock lock(&self->mu);
       auto it = self->in_flight.find(id);
       if (it != self->in_flight.end()) {
         self->finished.push_back(std::move(it->second));
@@ -425,7 +426,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
   }
 
   void Done(Endpoint* ep, std::uint64_t) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     auto pit = peers.find(ep);
     if (pit != peers.end()) --pit->second.in_flight;
   }
@@ -456,7 +457,7 @@ DataPlane::~DataPlane() { Close(); }
 std::string DataPlane::address() const { return impl_->transport->listen_address(); }
 
 std::uint64_t DataPlane::endpoints() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   return impl_->peers.size();
 }
 
@@ -464,7 +465,7 @@ void DataPlane::Sweep() {
   std::vector<std::unique_ptr<TransferBatch>> done;
   std::vector<Peer> dead;
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     if (impl_->closed) return;  // Close owns the endpoints now
     for (auto it = impl_->finished.begin(); it != impl_->finished.end();) {
       if ((*it)->Done()) {
@@ -496,7 +497,7 @@ void DataPlane::Close() {
   // them, and nothing destroys them before their callbacks have run.
   std::unordered_map<Endpoint*, Peer> peers;
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     if (impl_->closed) return;
     impl_->closed = true;
     peers.swap(impl_->peers);
@@ -512,12 +513,12 @@ void DataPlane::Close() {
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   for (;;) {
     {
-      std::lock_guard<std::mutex> lock(impl_->mu);
+      MutexLock lock(&impl_->mu);
       if (impl_->in_flight.empty()) break;
     }
     if (std::chrono::steady_clock::now() > give_up) {
       spdlog::error("data plane: transfer batches still running 5 s after close; leaking them");
-      std::lock_guard<std::mutex> lock(impl_->mu);
+      MutexLock lock(&impl_->mu);
       for (auto& [id, batch] : impl_->in_flight) (void)batch.release();
       impl_->in_flight.clear();
       break;
@@ -526,7 +527,7 @@ void DataPlane::Close() {
   }
   std::vector<std::unique_ptr<TransferBatch>> finished;
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     finished.swap(impl_->finished);
   }
   finished.clear();  // replies: done or cancelled by the close

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <tuple>
 
+#include "core/mutex.h"
 #include "core/units.h"
 
 namespace kvfabric::cache_host {
@@ -164,7 +165,7 @@ std::vector<EvictionDecision> PlanEviction(const EvictionPolicy& policy,
 }
 
 void DecisionLog::Record(EvictionDecision decision) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   decision.sequence = next_sequence_++;
   ++counts_[static_cast<int>(decision.action) & 3];
   if (ring_.size() == capacity_) ring_.pop_front();
@@ -172,7 +173,7 @@ void DecisionLog::Record(EvictionDecision decision) {
 }
 
 std::vector<EvictionDecision> DecisionLog::Find(NamespaceId ns, const BlockKey& key) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<EvictionDecision> out;
   for (auto it = ring_.rbegin(); it != ring_.rend(); ++it) {
     if (it->ns == ns && it->key == key) out.push_back(*it);
@@ -181,14 +182,14 @@ std::vector<EvictionDecision> DecisionLog::Find(NamespaceId ns, const BlockKey& 
 }
 
 std::vector<EvictionDecision> DecisionLog::Recent(std::size_t n) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<EvictionDecision> out;
   for (auto it = ring_.rbegin(); it != ring_.rend() && out.size() < n; ++it) out.push_back(*it);
   return out;
 }
 
 std::uint64_t DecisionLog::Count(EvictionAction action) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return counts_[static_cast<int>(action) & 3];
 }
 

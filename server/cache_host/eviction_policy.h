@@ -45,13 +45,13 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/block_key.h"
 #include "core/bus_cost_model.h"
+#include "core/mutex.h"
 #include "core/status.h"
 #include "server/cache_host/block_index.h"
 #include "server/cache_host/block_location.h"
@@ -190,10 +190,10 @@ class DecisionLog {
 
  private:
   const std::size_t capacity_;
-  mutable std::mutex mu_;
-  std::deque<EvictionDecision> ring_;  // GUARDED_BY(mu_)
-  std::uint64_t next_sequence_ = 1;    // GUARDED_BY(mu_)
-  std::uint64_t counts_[4] = {};       // GUARDED_BY(mu_); indexed by EvictionAction
+  mutable Mutex mu_;
+  std::deque<EvictionDecision> ring_ KVF_GUARDED_BY(mu_);
+  std::uint64_t next_sequence_ KVF_GUARDED_BY(mu_) = 1;
+  std::uint64_t counts_[4] KVF_GUARDED_BY(mu_) = {};  // indexed by EvictionAction
 };
 
 }  // namespace kvfabric::cache_host

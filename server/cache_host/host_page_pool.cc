@@ -13,6 +13,7 @@
 #include "core/bus_cost_model.h"
 #include "core/crc32c.h"
 #include "core/errno_status.h"
+#include "core/mutex.h"
 #include "core/units.h"
 
 namespace kvfabric::cache_host {
@@ -249,7 +250,7 @@ StatusOr<PageRuns> HostPagePool::Allocate(std::uint64_t pages, PageState state) 
     return Status::InvalidArgument("pages are allocated as reserved or staging, not " +
                                    std::string(PageStateName(state)));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   PageRuns out;
   auto best = pages <= kMaxPages ? free_by_size_.lower_bound({static_cast<std::uint32_t>(pages), 0})
                                  : free_by_size_.end();
@@ -305,7 +306,7 @@ Status HostPagePool::CheckRunsLocked(const PageRuns& runs) const {
 
 Status HostPagePool::Transition(const PageRuns& runs, PageState from, PageState to) {
   if (to == PageState::kFree) return Status::FailedPrecondition("use Free to free pages");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   KVF_RETURN_IF_ERROR(CheckRunsLocked(runs));
   for (const PageRun& r : runs) {
     for (std::uint32_t p = r.first; p < r.first + r.count; ++p) {
@@ -326,7 +327,7 @@ Status HostPagePool::Transition(const PageRuns& runs, PageState from, PageState 
 }
 
 Status HostPagePool::Free(const PageRuns& runs) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   KVF_RETURN_IF_ERROR(CheckRunsLocked(runs));
   for (const PageRun& r : runs) {
     for (std::uint32_t p = r.first; p < r.first + r.count; ++p) {
@@ -371,7 +372,7 @@ Status HostPagePool::Free(const PageRuns& runs) {
 }
 
 Status HostPagePool::Pin(const PageRuns& runs) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   KVF_RETURN_IF_ERROR(CheckRunsLocked(runs));
   for (const PageRun& r : runs) {
     for (std::uint32_t p = r.first; p < r.first + r.count; ++p) {
@@ -389,7 +390,7 @@ Status HostPagePool::Pin(const PageRuns& runs) {
 }
 
 Status HostPagePool::Unpin(const PageRuns& runs) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   KVF_RETURN_IF_ERROR(CheckRunsLocked(runs));
   for (const PageRun& r : runs) {
     for (std::uint32_t p = r.first; p < r.first + r.count; ++p) {
@@ -408,12 +409,12 @@ Status HostPagePool::Unpin(const PageRuns& runs) {
 }
 
 std::uint32_t HostPagePool::PinCount(std::uint32_t page) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return page < page_count_ ? pins_[page] : 0;
 }
 
 PageState HostPagePool::StateOf(std::uint32_t page) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return page < page_count_ ? states_[page] : PageState::kFree;
 }
 
@@ -445,7 +446,7 @@ void HostPagePool::CopyIn(const PageRuns& runs, std::span<const std::byte> src) 
 }
 
 PagePoolCounts HostPagePool::Counts() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   PagePoolCounts c = counts_;
   c.free_extents = free_by_start_.size();
   c.largest_free_extent = free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;

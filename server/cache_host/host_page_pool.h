@@ -42,7 +42,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <span>
@@ -53,6 +52,7 @@
 
 #include "core/env.h"
 #include "core/model_fingerprint.h"
+#include "core/mutex.h"
 #include "core/status.h"
 #include "core/statusor.h"
 #include "server/cache_host/block_location.h"
@@ -238,10 +238,10 @@ class HostPagePool {
   HostPagePool(PoolMemory memory, std::uint64_t page_bytes, std::uint64_t page_count,
                MemoryLocker* locker, bool locked);
 
-  Status CheckRunsLocked(const PageRuns& runs) const;
-  void InsertExtentLocked(std::uint32_t start, std::uint32_t length);
-  void EraseExtentLocked(std::uint32_t start, std::uint32_t length);
-  void CountState(PageState state, std::int64_t delta);
+  Status CheckRunsLocked(const PageRuns& runs) const KVF_REQUIRES(mu_);
+  void InsertExtentLocked(std::uint32_t start, std::uint32_t length) KVF_REQUIRES(mu_);
+  void EraseExtentLocked(std::uint32_t start, std::uint32_t length) KVF_REQUIRES(mu_);
+  void CountState(PageState state, std::int64_t delta) KVF_REQUIRES(mu_);
 
   const PoolMemory memory_;
   const std::uint64_t page_bytes_;
@@ -249,12 +249,13 @@ class HostPagePool {
   MemoryLocker* const locker_;
   const bool locked_;
 
-  mutable std::mutex mu_;
-  std::vector<PageState> states_;                         // GUARDED_BY(mu_); one per page
-  std::vector<std::uint32_t> pins_;                       // GUARDED_BY(mu_); one per page
-  std::map<std::uint32_t, std::uint32_t> free_by_start_;  // GUARDED_BY(mu_); start -> length
-  std::set<std::pair<std::uint32_t, std::uint32_t>> free_by_size_;  // GUARDED_BY(mu_); (len, start)
-  PagePoolCounts counts_;                                           // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::vector<PageState> states_ KVF_GUARDED_BY(mu_);                         // one per page
+  std::vector<std::uint32_t> pins_ KVF_GUARDED_BY(mu_);                       // one per page
+  std::map<std::uint32_t, std::uint32_t> free_by_start_ KVF_GUARDED_BY(mu_);  // start -> length
+  // The free extents again, ordered by (length, start).
+  std::set<std::pair<std::uint32_t, std::uint32_t>> free_by_size_ KVF_GUARDED_BY(mu_);
+  PagePoolCounts counts_ KVF_GUARDED_BY(mu_);
 };
 
 // Start-up arithmetic (ARCHITECTURE.md §5). One model the pool serves.

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/block_format.h"
+#include "core/mutex.h"
 #include "core/units.h"
 
 namespace kvfabric::cache_host {
@@ -41,7 +42,7 @@ StatusOr<WriteReservation> LeaseTable::Reserve(const Namespace& ns, const BlockK
   }
   KVF_RETURN_IF_ERROR(CheckTtl(ttl_us));
   const std::uint64_t now = clock_();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (reservations_.size() >= options_.max_reservations) {
     return Status::ResourceExhausted(std::to_string(reservations_.size()) +
                                      " reservations in flight, the limit (--max-reservations)");
@@ -98,7 +99,7 @@ Status LeaseTable::Commit(std::uint64_t reservation_id, std::uint32_t crc32c) {
   PageRuns pages;
   std::uint64_t bytes = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = reservations_.find(reservation_id);
     if (it == reservations_.end()) {
       return Status::NotFound("reservation " + std::to_string(reservation_id) +
@@ -119,7 +120,7 @@ Status LeaseTable::Commit(std::uint64_t reservation_id, std::uint32_t crc32c) {
   // The CRC of up to 64 MiB runs without the mutex; the pages stay reserved.
   const std::uint32_t computed = pool_->Crc32c(pages, bytes);
 
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Reservation& r = reservations_.at(reservation_id);
   if (computed != crc32c) {
     ++c_.crc_failures;
@@ -149,7 +150,7 @@ Status LeaseTable::Commit(std::uint64_t reservation_id, std::uint32_t crc32c) {
 }
 
 Status LeaseTable::Abort(std::uint64_t reservation_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = reservations_.find(reservation_id);
   if (it == reservations_.end()) {
     return Status::NotFound("reservation " + std::to_string(reservation_id) +
@@ -165,7 +166,7 @@ Status LeaseTable::Abort(std::uint64_t reservation_id) {
 }
 
 Status LeaseTable::BeginWrite(std::uint64_t reservation_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = reservations_.find(reservation_id);
   if (it == reservations_.end()) {
     return Status::NotFound("reservation " + std::to_string(reservation_id) +
@@ -180,7 +181,7 @@ Status LeaseTable::BeginWrite(std::uint64_t reservation_id) {
 }
 
 Status LeaseTable::EndWrite(std::uint64_t reservation_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = reservations_.find(reservation_id);
   if (it == reservations_.end()) {
     return Status::NotFound("reservation " + std::to_string(reservation_id) + " is unknown");
@@ -204,7 +205,7 @@ StatusOr<ReadLease> LeaseTable::Lease(const Namespace& ns, std::span<const Block
   const std::uint64_t now = clock_();
   ReadLease out;
   out.blocks.resize(keys.size());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (leases_.size() >= options_.max_leases) {
     return Status::ResourceExhausted(std::to_string(leases_.size()) +
                                      " leases held, the limit (--max-leases)");
@@ -282,7 +283,7 @@ void LeaseTable::ReleaseLocked(std::uint64_t id) {
 }
 
 Status LeaseTable::Release(std::uint64_t lease_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end() || it->second.released) {
     return Status::NotFound("lease " + std::to_string(lease_id) + " is unknown or expired");
@@ -297,7 +298,7 @@ Status LeaseTable::Release(std::uint64_t lease_id) {
 }
 
 Status LeaseTable::BeginRead(std::uint64_t lease_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end() || it->second.released) {
     return Status::NotFound("lease " + std::to_string(lease_id) + " is unknown or expired");
@@ -307,7 +308,7 @@ Status LeaseTable::BeginRead(std::uint64_t lease_id) {
 }
 
 Status LeaseTable::EndRead(std::uint64_t lease_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) {
     return Status::NotFound("lease " + std::to_string(lease_id) + " is unknown");
@@ -323,7 +324,7 @@ Status LeaseTable::EndRead(std::uint64_t lease_id) {
 StatusOr<std::uint64_t> LeaseTable::Renew(std::uint64_t lease_id, std::uint64_t ttl_us) {
   KVF_RETURN_IF_ERROR(CheckTtl(ttl_us));
   const std::uint64_t now = clock_();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end() || it->second.released) {
     return Status::NotFound("lease " + std::to_string(lease_id) + " is unknown or expired");
@@ -337,7 +338,7 @@ StatusOr<std::uint64_t> LeaseTable::Renew(std::uint64_t lease_id, std::uint64_t 
 
 ExpiryCounts LeaseTable::ExpireUntil(std::uint64_t now_us) {
   ExpiryCounts out;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<std::uint64_t> ids;
   for (const auto& [expires, id] : reservation_expiry_) {
     if (expires > now_us) break;
@@ -360,7 +361,7 @@ ExpiryCounts LeaseTable::ExpireUntil(std::uint64_t now_us) {
 }
 
 StatusOr<BlockEntry> LeaseTable::Lookup(const Namespace& ns, const BlockKey& key) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const std::optional<NamespaceId> id = index_.FindNamespace(ns);
   const BlockEntry* e = id.has_value() ? index_.Find(*id, key) : nullptr;
   if (e == nullptr) return Status::NotFound("block " + key.ToHex() + " is not cached");
@@ -368,7 +369,7 @@ StatusOr<BlockEntry> LeaseTable::Lookup(const Namespace& ns, const BlockKey& key
 }
 
 StatusOr<BlockEntry> LeaseTable::Delete(const Namespace& ns, const BlockKey& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const std::optional<NamespaceId> id = index_.FindNamespace(ns);
   const BlockEntry* e = id.has_value() ? index_.Find(*id, key) : nullptr;
   if (e == nullptr) return Status::NotFound("block " + key.ToHex() + " is not cached");
@@ -386,12 +387,12 @@ StatusOr<BlockEntry> LeaseTable::Delete(const Namespace& ns, const BlockKey& key
 }
 
 Status LeaseTable::SetQuota(const Namespace& ns, std::uint64_t quota_bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return index_.SetQuota(ns, quota_bytes);
 }
 
 StatusOr<NamespaceUsage> LeaseTable::Usage(const Namespace& ns) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const std::optional<NamespaceId> id = index_.FindNamespace(ns);
   if (!id.has_value()) return Status::NotFound("namespace \"" + ns.tenant + "\" is unknown");
   return index_.Usage(*id);
@@ -402,7 +403,7 @@ StatusOr<EvictionPassResult> LeaseTable::MakeRoom(const EvictionPolicy& policy,
   KVF_RETURN_IF_ERROR(req.watermarks.Validate());
   const std::uint64_t now = clock_();
   EvictionPassResult out;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::optional<NamespaceId> scope;
   if (req.scope.has_value()) {
     scope = index_.FindNamespace(*req.scope);
@@ -466,7 +467,7 @@ StatusOr<EvictionPassResult> LeaseTable::MakeRoom(const EvictionPolicy& policy,
 
 Status LeaseTable::CompleteDemotion(NamespaceId ns, const BlockKey& key,
                                     const NvmeLocation& location) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   BlockEntry* e = ns < index_.namespace_count() ? index_.FindMutable(ns, key) : nullptr;
   if (e == nullptr || !e->demoting) {
     return Status::FailedPrecondition("block " + key.ToHex() + " has no demotion in flight");
@@ -487,7 +488,7 @@ Status LeaseTable::CompleteDemotion(NamespaceId ns, const BlockKey& key,
 }
 
 Status LeaseTable::AbortDemotion(NamespaceId ns, const BlockKey& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   BlockEntry* e = ns < index_.namespace_count() ? index_.FindMutable(ns, key) : nullptr;
   if (e == nullptr || !e->demoting) {
     return Status::FailedPrecondition("block " + key.ToHex() + " has no demotion in flight");
@@ -502,7 +503,7 @@ Status LeaseTable::AbortDemotion(NamespaceId ns, const BlockKey& key) {
 std::vector<EvictionDecision> LeaseTable::Explain(const Namespace& ns, const BlockKey& key) const {
   std::optional<NamespaceId> id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     id = index_.FindNamespace(ns);
   }
   if (!id.has_value()) return {};
@@ -534,7 +535,7 @@ bool LeaseTable::RangeInside(const PageRuns& pages, std::uint64_t bytes, std::ui
 
 Status LeaseTable::BeginWriteRange(std::uint64_t reservation_id, std::uint64_t offset,
                                    std::uint64_t length) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = reservations_.find(reservation_id);
   if (it == reservations_.end()) {
     return Status::NotFound("reservation " + std::to_string(reservation_id) +
@@ -551,7 +552,7 @@ Status LeaseTable::BeginWriteRange(std::uint64_t reservation_id, std::uint64_t o
 
 Status LeaseTable::BeginReadRange(std::uint64_t lease_id, std::uint64_t offset,
                                   std::uint64_t length) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end() || it->second.released) {
     return Status::NotFound("lease " + std::to_string(lease_id) + " is unknown or expired");
@@ -571,7 +572,7 @@ Status LeaseTable::BeginReadRange(std::uint64_t lease_id, std::uint64_t offset,
 }
 
 StatusOr<PromotionOrder> LeaseTable::BeginPromotion(NamespaceId ns, const BlockKey& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   BlockEntry* e = ns < index_.namespace_count() ? index_.FindMutable(ns, key) : nullptr;
   if (e == nullptr) return Status::NotFound("block " + key.ToHex() + " is not cached");
   if (InHost(e->tier)) {
@@ -591,7 +592,7 @@ StatusOr<PromotionOrder> LeaseTable::BeginPromotion(NamespaceId ns, const BlockK
 }
 
 Status LeaseTable::CompletePromotion(const PromotionOrder& order) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   BlockEntry* e = index_.FindMutable(order.ns, order.key);
   if (e == nullptr || !e->promoting) {
     return Status::FailedPrecondition("block " + order.key.ToHex() +
@@ -607,7 +608,7 @@ Status LeaseTable::CompletePromotion(const PromotionOrder& order) {
 
 StatusOr<std::optional<BlockEntry>> LeaseTable::AbortPromotion(const PromotionOrder& order,
                                                                bool remove_block) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   BlockEntry* e = index_.FindMutable(order.ns, order.key);
   if (e == nullptr || !e->promoting) {
     return Status::FailedPrecondition("block " + order.key.ToHex() +
@@ -625,7 +626,7 @@ StatusOr<std::uint64_t> LeaseTable::RenewReservation(std::uint64_t reservation_i
                                                      std::uint64_t ttl_us) {
   KVF_RETURN_IF_ERROR(CheckTtl(ttl_us));
   const std::uint64_t now = clock_();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = reservations_.find(reservation_id);
   if (it == reservations_.end()) {
     return Status::NotFound("reservation " + std::to_string(reservation_id) +
@@ -639,17 +640,17 @@ StatusOr<std::uint64_t> LeaseTable::RenewReservation(std::uint64_t reservation_i
 }
 
 std::optional<NamespaceId> LeaseTable::FindNamespace(const Namespace& ns) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return index_.FindNamespace(ns);
 }
 
 std::string LeaseTable::TenantName(NamespaceId id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return id < index_.namespace_count() ? index_.Usage(id).tenant : std::string();
 }
 
 std::vector<BlockEntry> LeaseTable::Entries() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<BlockEntry> out;
   out.reserve(index_.size());
   index_.ForEach(std::nullopt, [&](const BlockEntry& e) { out.push_back(e); });
@@ -657,7 +658,7 @@ std::vector<BlockEntry> LeaseTable::Entries() const {
 }
 
 std::vector<NamespaceUsage> LeaseTable::Usages() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<NamespaceUsage> out;
   out.reserve(index_.namespace_count());
   for (NamespaceId id = 0; id < index_.namespace_count(); ++id) out.push_back(index_.Usage(id));
@@ -666,7 +667,7 @@ std::vector<NamespaceUsage> LeaseTable::Usages() const {
 
 Status LeaseTable::AdoptRecovered(const Namespace& ns, const BlockKey& key, const BlockMeta& meta,
                                   std::uint32_t crc32c, const NvmeLocation& location) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   KVF_ASSIGN_OR_RETURN(const NamespaceId id, index_.InternNamespace(ns));
   BlockEntry e;
   e.ns = id;
@@ -683,7 +684,7 @@ Status LeaseTable::AdoptRecovered(const Namespace& ns, const BlockKey& key, cons
 }
 
 LeaseTableCounters LeaseTable::Counters() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   LeaseTableCounters c = c_;
   c.active_reservations = reservations_.size();
   c.active_leases = leases_.size();

@@ -58,7 +58,6 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <span>
@@ -68,6 +67,7 @@
 #include <vector>
 
 #include "core/block_key.h"
+#include "core/mutex.h"
 #include "core/status.h"
 #include "core/statusor.h"
 #include "server/cache_host/block_index.h"
@@ -354,24 +354,24 @@ class LeaseTable {
   // lies inside the first `bytes` of `pages`.
   bool RangeInside(const PageRuns& pages, std::uint64_t bytes, std::uint64_t offset,
                    std::uint64_t length) const;
-  void DropReservationLocked(std::uint64_t id, bool free_pages);
-  void ReleaseLocked(std::uint64_t id);
+  void DropReservationLocked(std::uint64_t id, bool free_pages) KVF_REQUIRES(mu_);
+  void ReleaseLocked(std::uint64_t id) KVF_REQUIRES(mu_);
 
   HostPagePool* const pool_;
   const MicrosClock clock_;
   const LeaseTableOptions options_;
   DecisionLog decisions_;
 
-  mutable std::mutex mu_;
-  BlockIndex index_;                                                       // GUARDED_BY(mu_)
-  std::uint64_t next_id_ = 1;                                              // GUARDED_BY(mu_)
-  std::unordered_map<std::uint64_t, Reservation> reservations_;            // GUARDED_BY(mu_)
-  std::unordered_map<SlotKey, std::uint64_t, SlotKeyHash> reserved_keys_;  // GUARDED_BY(mu_)
-  std::unordered_map<std::uint64_t, LeaseState> leases_;                   // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  BlockIndex index_ KVF_GUARDED_BY(mu_);
+  std::uint64_t next_id_ KVF_GUARDED_BY(mu_) = 1;
+  std::unordered_map<std::uint64_t, Reservation> reservations_ KVF_GUARDED_BY(mu_);
+  std::unordered_map<SlotKey, std::uint64_t, SlotKeyHash> reserved_keys_ KVF_GUARDED_BY(mu_);
+  std::unordered_map<std::uint64_t, LeaseState> leases_ KVF_GUARDED_BY(mu_);
   // (expiry, id) of reservations and of leases, for ExpireUntil.
-  std::set<std::pair<std::uint64_t, std::uint64_t>> reservation_expiry_;  // GUARDED_BY(mu_)
-  std::set<std::pair<std::uint64_t, std::uint64_t>> lease_expiry_;        // GUARDED_BY(mu_)
-  LeaseTableCounters c_;                                                  // GUARDED_BY(mu_)
+  std::set<std::pair<std::uint64_t, std::uint64_t>> reservation_expiry_ KVF_GUARDED_BY(mu_);
+  std::set<std::pair<std::uint64_t, std::uint64_t>> lease_expiry_ KVF_GUARDED_BY(mu_);
+  LeaseTableCounters c_ KVF_GUARDED_BY(mu_);
 };
 
 }  // namespace kvfabric::cache_host

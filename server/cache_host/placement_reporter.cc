@@ -5,6 +5,7 @@
 #include <random>
 #include <utility>
 
+#include "core/mutex.h"
 #include "proto/grpc_status.h"
 #include "server/cache_host_convert.h"
 #include "spdlog/spdlog.h"
@@ -64,7 +65,7 @@ PlacementReporter::~PlacementReporter() { Stop(); }
 
 void PlacementReporter::OnEvents(std::vector<BlockEventRecord> events) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (queue_.size() + events.size() > options_.max_queued_events) {
       // Placement is unreachable for long: a full report replaces the queue.
       stats_.events_dropped += queue_.size() + events.size();
@@ -74,7 +75,7 @@ void PlacementReporter::OnEvents(std::vector<BlockEventRecord> events) {
     }
     for (BlockEventRecord& e : events) queue_.push_back(std::move(e));
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 void PlacementReporter::FillTiers(google::protobuf::RepeatedPtrField<v1::TierUsage>* tiers) const {
@@ -112,7 +113,7 @@ Status PlacementReporter::Register() {
       resp.heartbeat_interval_ms() > 0 ? resp.heartbeat_interval_ms() : options_.ttl.count() / 3);
   // Sequences are per incarnation and this one's numbering continues; a
   // re-registration is followed by a full report.
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   snapshot_owed_ = true;  // after every registration, whatever placement says
   ++stats_.registrations;
   stats_.registered = true;
@@ -134,7 +135,7 @@ Status PlacementReporter::Heartbeat() {
   ctx.set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout);
   grpc::Status g = stub_->Heartbeat(&ctx, req, &resp);
   if (!g.ok()) return FromGrpcStatus(g).WithContext("Heartbeat");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++stats_.heartbeats;
   if (resp.full_report_requested()) snapshot_owed_ = true;
   return Status::OK();
@@ -158,7 +159,7 @@ Status PlacementReporter::SendEvents(std::vector<BlockEventRecord> events,
     ctx.set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout);
     grpc::Status g = stub_->ReportBlocks(&ctx, req, &resp);
     if (g.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ++stats_.reports;
       stats_.events_sent += events.size();
       if (resp.full_report_requested() && snapshot_id == 0) snapshot_owed_ = true;
@@ -172,7 +173,7 @@ Status PlacementReporter::SendEvents(std::vector<BlockEventRecord> events,
 
 Status PlacementReporter::SendSnapshot() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     snapshot_owed_ = false;
     queue_.clear();  // the snapshot covers them
   }
@@ -185,12 +186,12 @@ Status PlacementReporter::SendSnapshot() {
     pos += n;
     Status s = SendEvents(std::move(chunk), id, pos == all.size());
     if (!s.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       snapshot_owed_ = true;
       return s;
     }
   } while (pos < all.size());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++stats_.snapshots;
   return Status::OK();
 }
@@ -202,8 +203,9 @@ void PlacementReporter::Run() {
     bool snapshot = false;
     std::vector<BlockEventRecord> batch;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_until(lock, next_heartbeat, [&] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(&mu_);
+      cv_.WaitUntil(&mu_, next_heartbeat,
+                    [&]() KVF_REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
       stopping = stopping_;
       snapshot = snapshot_owed_;
       if (!snapshot) {
@@ -220,7 +222,7 @@ void PlacementReporter::Run() {
     } else if (s.ok() && !batch.empty()) {
       s = SendEvents(batch, 0, false);
       if (!s.ok()) {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         snapshot_owed_ = true;  // the batch is lost; a full report replaces it
       }
     }
@@ -229,7 +231,7 @@ void PlacementReporter::Run() {
       next_heartbeat = std::chrono::steady_clock::now() + heartbeat_every_;
     }
     if (!s.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ++stats_.failures;
       if (s.code() == StatusCode::kNotFound) {
         lease_id_ = 0;  // placement forgot us: register again, then report in full
@@ -264,17 +266,17 @@ void PlacementReporter::Run() {
 
 void PlacementReporter::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_) return;
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
   node_->set_block_event_sink(nullptr);
 }
 
 PlacementReporterStats PlacementReporter::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return stats_;
 }
 

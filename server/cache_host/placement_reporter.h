@@ -20,15 +20,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/mutex.h"
 #include "core/status.h"
 #include "kvfabric/v1/placement.grpc.pb.h"
 #include "server/cache_host/cache_host_node.h"
@@ -95,12 +94,12 @@ class PlacementReporter {
   const std::uint64_t incarnation_;
   std::unique_ptr<v1::Placement::Stub> stub_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<BlockEventRecord> queue_;  // GUARDED_BY(mu_)
-  bool snapshot_owed_ = true;           // GUARDED_BY(mu_)
-  bool stopping_ = false;               // GUARDED_BY(mu_)
-  PlacementReporterStats stats_;        // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<BlockEventRecord> queue_ KVF_GUARDED_BY(mu_);
+  bool snapshot_owed_ KVF_GUARDED_BY(mu_) = true;
+  bool stopping_ KVF_GUARDED_BY(mu_) = false;
+  PlacementReporterStats stats_ KVF_GUARDED_BY(mu_);
 
   // Reporter thread only.
   std::uint64_t lease_id_ = 0;
