@@ -6,6 +6,8 @@
 #include <limits>
 #include <utility>
 
+#include "core/mutex.h"
+
 namespace kvfabric::placement {
 
 StatusOr<std::unique_ptr<EtcdMembershipStore>> EtcdMembershipStore::Create(
@@ -36,10 +38,10 @@ EtcdMembershipStore::EtcdMembershipStore(const EtcdMembershipStoreOptions& optio
 
 EtcdMembershipStore::~EtcdMembershipStore() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (rewatch_thread_.joinable()) rewatch_thread_.join();
   watch_.reset();  // cancels the stream and joins its reader
 }
@@ -150,11 +152,13 @@ StatusOr<std::vector<Member>> EtcdMembershipStore::List() {
 
 // ---- Watch ----
 
-void EtcdMembershipStore::Notify(std::unique_lock<std::mutex> held,
-                                 const std::vector<MemberEvent>& events) {
-  if (events.empty()) return;
-  std::lock_guard<std::mutex> watcher_lock(watcher_mu_);
-  held.unlock();
+void EtcdMembershipStore::Notify(MutexLock& held, const std::vector<MemberEvent>& events) {
+  if (events.empty()) {
+    held.Unlock(&mu_);
+    return;
+  }
+  MutexLock watcher_lock(&watcher_mu_);
+  held.Unlock(&mu_);
   if (!watcher_) return;
   for (const MemberEvent& e : events) watcher_(e);
 }
@@ -162,11 +166,11 @@ void EtcdMembershipStore::Notify(std::unique_lock<std::mutex> held,
 void EtcdMembershipStore::Watch(MemberWatcher watcher) {
   const bool stop = !watcher;
   {
-    std::lock_guard<std::mutex> lock(watcher_mu_);
+    MutexLock lock(&watcher_mu_);
     watcher_ = std::move(watcher);
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (watch_started_ || stop) return;  // an empty watcher starts nothing
     watch_started_ = true;
   }
@@ -176,7 +180,7 @@ void EtcdMembershipStore::Watch(MemberWatcher watcher) {
   if (!s.ok()) {
     spdlog::warn("membership {}: cannot watch members yet (retrying every {} ms): {}", name(),
                  options_.watch_retry_interval.count(), s.ToString());
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     watch_broken_ = true;
   }
   rewatch_thread_ = std::thread([this] { RewatchLoop(); });
@@ -192,7 +196,7 @@ Status EtcdMembershipStore::Rewatch() {
       current[record->host_id] = *std::move(record);
     }
   }
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<MemberEvent> events;
   if (listed_) {  // the first listing is the starting point, not news
     for (const auto& [host_id, record] : known_) {
@@ -207,7 +211,7 @@ Status EtcdMembershipStore::Rewatch() {
   }
   known_ = std::move(current);
   listed_ = true;
-  Notify(std::move(lock), events);
+  Notify(lock, events);
 
   EtcdWatchRequest request;
   request.key = members_prefix_;
@@ -222,7 +226,7 @@ Status EtcdMembershipStore::Rewatch() {
 void EtcdMembershipStore::OnEvent(const EtcdEvent& event) {
   if (event.kv.key.compare(0, members_prefix_.size(), members_prefix_) != 0) return;
   const std::string host_id = event.kv.key.substr(members_prefix_.size());
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<MemberEvent> events;
   const auto it = known_.find(host_id);
   if (event.type == EtcdEvent::Type::kPut) {
@@ -236,31 +240,32 @@ void EtcdMembershipStore::OnEvent(const EtcdEvent& event) {
     events.push_back({MemberEventKind::kLeft, it->second});
     known_.erase(it);
   }
-  Notify(std::move(lock), events);
+  Notify(lock, events);
 }
 
 void EtcdMembershipStore::OnWatchEnd(const Status& status) {
   spdlog::warn("membership {}: member watch ended, re-listing and watching again: {}", name(),
                status.ToString());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   watch_broken_ = true;
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 void EtcdMembershipStore::RewatchLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (;;) {
-    cv_.wait(lock, [this] { return stopping_ || watch_broken_; });
+    cv_.Wait(&mu_, [this]() KVF_REQUIRES(mu_) { return stopping_ || watch_broken_; });
     if (stopping_) return;
     watch_broken_ = false;  // before Rewatch: an end of the new watch sets it again
-    lock.unlock();
+    lock.Unlock();
     const Status s = Rewatch();
-    lock.lock();
+    lock.Lock();
     if (!s.ok()) {
       spdlog::warn("membership {}: re-watching members failed (next try in {} ms): {}", name(),
                    options_.watch_retry_interval.count(), s.ToString());
       watch_broken_ = true;
-      cv_.wait_for(lock, options_.watch_retry_interval, [this] { return stopping_; });
+      cv_.WaitFor(&mu_, options_.watch_retry_interval,
+                  [this]() KVF_REQUIRES(mu_) { return stopping_; });
     }
   }
 }

@@ -42,16 +42,15 @@
 #define KVFABRIC_SERVER_PLACEMENT_ETCD_MEMBERSHIP_STORE_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/mutex.h"
 #include "core/status.h"
 #include "core/statusor.h"
 #include "server/placement/etcd_client.h"
@@ -119,27 +118,27 @@ class EtcdMembershipStore final : public MembershipStore {
   void RewatchLoop();
   // As MemoryMembershipStore::Notify: takes watcher_mu_ before releasing
   // `held` (a lock on mu_) so events keep their order.
-  void Notify(std::unique_lock<std::mutex> held, const std::vector<MemberEvent>& events);
+  void Notify(MutexLock& held, const std::vector<MemberEvent>& events) KVF_RELEASE(mu_);
 
   const EtcdMembershipStoreOptions options_;
   const std::unique_ptr<EtcdClient> client_;
   const std::string members_prefix_;  // <prefix>members/
   const std::string config_prefix_;   // <prefix>config/
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool watch_started_ = false;                 // GUARDED_BY(mu_)
-  bool listed_ = false;                        // GUARDED_BY(mu_); known_ is valid
-  bool watch_broken_ = false;                  // GUARDED_BY(mu_)
-  bool stopping_ = false;                      // GUARDED_BY(mu_)
-  std::map<std::string, MemberRecord> known_;  // GUARDED_BY(mu_); what watchers were told
+  Mutex mu_;
+  CondVar cv_;
+  bool watch_started_ KVF_GUARDED_BY(mu_) = false;
+  bool listed_ KVF_GUARDED_BY(mu_) = false;  // known_ is valid
+  bool watch_broken_ KVF_GUARDED_BY(mu_) = false;
+  bool stopping_ KVF_GUARDED_BY(mu_) = false;
+  std::map<std::string, MemberRecord> known_ KVF_GUARDED_BY(mu_);  // what watchers were told
   // Owned by the first Watch() call until it starts rewatch_thread_, then by
   // that thread, then by the destructor after joining it.
   std::unique_ptr<EtcdWatch> watch_;
   std::thread rewatch_thread_;
 
-  std::mutex watcher_mu_;  // after mu_ when both are held
-  MemberWatcher watcher_;  // GUARDED_BY(watcher_mu_)
+  Mutex watcher_mu_ KVF_ACQUIRED_AFTER(mu_);  // after mu_ when both are held
+  MemberWatcher watcher_ KVF_GUARDED_BY(watcher_mu_);
 };
 
 }  // namespace kvfabric::placement

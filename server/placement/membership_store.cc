@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "core/mutex.h"
+
 namespace kvfabric::placement {
 namespace {
 
@@ -226,11 +228,13 @@ void MemoryMembershipStore::ExpireLocked(std::uint64_t now_us, std::vector<Membe
   }
 }
 
-void MemoryMembershipStore::Notify(std::unique_lock<std::mutex> held,
-                                   const std::vector<MemberEvent>& events) {
-  if (events.empty()) return;
-  std::lock_guard<std::mutex> watcher_lock(watcher_mu_);
-  held.unlock();
+void MemoryMembershipStore::Notify(MutexLock& held, const std::vector<MemberEvent>& events) {
+  if (events.empty()) {
+    held.Unlock(&mu_);
+    return;
+  }
+  MutexLock watcher_lock(&watcher_mu_);
+  held.Unlock(&mu_);
   if (!watcher_) return;
   for (const MemberEvent& e : events) watcher_(e);
 }
@@ -239,7 +243,7 @@ StatusOr<std::uint64_t> MemoryMembershipStore::Join(const MemberRecord& record,
                                                     std::chrono::milliseconds ttl) {
   KVF_RETURN_IF_ERROR(ValidateMemberRecord(record));
   KVF_RETURN_IF_ERROR(ValidateMemberTtl(ttl));
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const std::uint64_t now = env_->NowMicros();
   std::vector<MemberEvent> events;
   ExpireLocked(now, &events);
@@ -257,13 +261,13 @@ StatusOr<std::uint64_t> MemoryMembershipStore::Join(const MemberRecord& record,
     it->second = Member{record, lease_id};
   }
   if (event) events.push_back(*std::move(event));
-  Notify(std::move(lock), events);
+  Notify(lock, events);
   return lease_id;
 }
 
 Status MemoryMembershipStore::KeepAlive(std::uint64_t lease_id, const MemberRecord* updated) {
   if (updated != nullptr) KVF_RETURN_IF_ERROR(ValidateMemberRecord(*updated));
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const std::uint64_t now = env_->NowMicros();
   std::vector<MemberEvent> events;
   ExpireLocked(now, &events);
@@ -285,12 +289,12 @@ Status MemoryMembershipStore::KeepAlive(std::uint64_t lease_id, const MemberReco
       if (event) events.push_back(*std::move(event));
     }
   }
-  Notify(std::move(lock), events);
+  Notify(lock, events);
   return status;
 }
 
 Status MemoryMembershipStore::Leave(std::uint64_t lease_id) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<MemberEvent> events;
   ExpireLocked(env_->NowMicros(), &events);
   auto lease = leases_.find(lease_id);
@@ -302,36 +306,36 @@ Status MemoryMembershipStore::Leave(std::uint64_t lease_id) {
     }
     leases_.erase(lease);
   }
-  Notify(std::move(lock), events);
+  Notify(lock, events);
   return Status::OK();
 }
 
 StatusOr<std::vector<Member>> MemoryMembershipStore::List() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<MemberEvent> events;
   ExpireLocked(env_->NowMicros(), &events);
   std::vector<Member> members;
   members.reserve(members_.size());
   for (const auto& [host_id, member] : members_) members.push_back(member);  // sorted: a map
-  Notify(std::move(lock), events);
+  Notify(lock, events);
   return members;
 }
 
 void MemoryMembershipStore::ExpireNow() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<MemberEvent> events;
   ExpireLocked(env_->NowMicros(), &events);
-  Notify(std::move(lock), events);
+  Notify(lock, events);
 }
 
 void MemoryMembershipStore::Watch(MemberWatcher watcher) {
-  std::lock_guard<std::mutex> lock(watcher_mu_);
+  MutexLock lock(&watcher_mu_);
   watcher_ = std::move(watcher);
 }
 
 StatusOr<std::optional<std::string>> MemoryMembershipStore::Get(const std::string& key) {
   KVF_RETURN_IF_ERROR(ValidateConfigKey(key));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const auto it = config_.find(key);
   if (it == config_.end()) return std::optional<std::string>();
   return std::optional<std::string>(it->second);
@@ -341,7 +345,7 @@ StatusOr<bool> MemoryMembershipStore::CompareAndSwap(const std::string& key,
                                                      const std::optional<std::string>& expected,
                                                      const std::string& value) {
   KVF_RETURN_IF_ERROR(ValidateConfigEntry(key, value));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const auto it = config_.find(key);
   const bool matches =
       expected.has_value() ? (it != config_.end() && it->second == *expected) : it == config_.end();

@@ -29,13 +29,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/env.h"
+#include "core/mutex.h"
 #include "core/status.h"
 #include "core/statusor.h"
 
@@ -159,20 +159,20 @@ class MemoryMembershipStore final : public MembershipStore {
   };
   // Removes expired leases and their members, appending a kLeft event for
   // each to `events`.
-  void ExpireLocked(std::uint64_t now_us, std::vector<MemberEvent>* events);
+  void ExpireLocked(std::uint64_t now_us, std::vector<MemberEvent>* events) KVF_REQUIRES(mu_);
   // Delivers `events` to the watcher. Takes watcher_mu_ before releasing
   // `held` (a lock on mu_), so that events reach the watcher in the order
   // their changes were made, yet the watcher runs outside mu_.
-  void Notify(std::unique_lock<std::mutex> held, const std::vector<MemberEvent>& events);
+  void Notify(MutexLock& held, const std::vector<MemberEvent>& events) KVF_RELEASE(mu_);
 
   Env* const env_;
-  std::mutex mu_;
-  std::uint64_t next_lease_ = 1;               // GUARDED_BY(mu_)
-  std::map<std::uint64_t, Lease> leases_;      // GUARDED_BY(mu_)
-  std::map<std::string, Member> members_;      // GUARDED_BY(mu_); by host_id
-  std::map<std::string, std::string> config_;  // GUARDED_BY(mu_)
-  std::mutex watcher_mu_;                      // after mu_ when both are held
-  MemberWatcher watcher_;                      // GUARDED_BY(watcher_mu_)
+  Mutex mu_;
+  std::uint64_t next_lease_ KVF_GUARDED_BY(mu_) = 1;
+  std::map<std::uint64_t, Lease> leases_ KVF_GUARDED_BY(mu_);
+  std::map<std::string, Member> members_ KVF_GUARDED_BY(mu_);  // by host_id
+  std::map<std::string, std::string> config_ KVF_GUARDED_BY(mu_);
+  Mutex watcher_mu_ KVF_ACQUIRED_AFTER(mu_);  // after mu_ when both are held
+  MemberWatcher watcher_ KVF_GUARDED_BY(watcher_mu_);
 };
 
 // The event a store reports when host_id's record goes from `before` (nullptr:

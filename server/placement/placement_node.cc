@@ -8,6 +8,7 @@
 #include <set>
 #include <utility>
 
+#include "core/mutex.h"
 #include "server/placement/placement_node_internal.h"
 #include "server/placement/rendezvous.h"
 
@@ -106,7 +107,7 @@ Status PlacementNode::Start() {
   membership_->Watch([this](const MemberEvent& event) { OnMemberEvent(event); });
   KVF_ASSIGN_OR_RETURN(std::vector<Member> members, membership_->List());
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const Member& m : members) UpsertMemberLocked(m.record, m.lease_id);
   }
   spdlog::info(
@@ -122,29 +123,30 @@ Status PlacementNode::Start() {
 
 PlacementNode::~PlacementNode() {
   {
-    std::lock_guard<std::mutex> lock(maintenance_mu_);
+    MutexLock lock(&maintenance_mu_);
     stopping_ = true;
   }
-  maintenance_cv_.notify_all();
+  maintenance_cv_.NotifyAll();
   if (maintenance_.joinable()) maintenance_.join();
   membership_->Watch(MemberWatcher{});
 }
 
 void PlacementNode::MaintenanceLoop() {
-  std::unique_lock<std::mutex> lock(maintenance_mu_);
+  MutexLock lock(&maintenance_mu_);
   while (!stopping_) {
-    maintenance_cv_.wait_for(lock, options_.maintenance_interval, [this] { return stopping_; });
+    maintenance_cv_.WaitFor(&maintenance_mu_, options_.maintenance_interval,
+                            [this]() KVF_REQUIRES(maintenance_mu_) { return stopping_; });
     if (stopping_) break;
-    lock.unlock();
+    lock.Unlock();
     Maintain();
-    lock.lock();
+    lock.Lock();
   }
 }
 
 // ---- Membership ----
 
 void PlacementNode::OnMemberEvent(const MemberEvent& event) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   switch (event.kind) {
     case MemberEventKind::kJoined:
     case MemberEventKind::kUpdated:
@@ -221,7 +223,7 @@ StatusOr<RegisterResult> PlacementNode::Register(const MemberRecord& in, std::ui
   // Not under mu_: the store may call OnMemberEvent from inside Join.
   KVF_ASSIGN_OR_RETURN(const std::uint64_t lease_id,
                        membership_->Join(record, std::chrono::milliseconds(ttl_ms)));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   HostState& host = UpsertMemberLocked(record, lease_id);
   host.last_heartbeat_unix_us = env_->WallMicros();
   host.renewed_at_us = env_->NowMicros();
@@ -242,7 +244,7 @@ StatusOr<HeartbeatResult> PlacementNode::Heartbeat(std::uint64_t lease_id,
   if (updated != nullptr) {
     KVF_RETURN_IF_ERROR(ValidateMemberRecord(*updated));
     record = *updated;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto l = host_by_lease_.find(lease_id);
     if (l != host_by_lease_.end()) {
       const HostState& host = hosts_.at(l->second);
@@ -258,7 +260,7 @@ StatusOr<HeartbeatResult> PlacementNode::Heartbeat(std::uint64_t lease_id,
   }
   // Not under mu_: the store may call OnMemberEvent from inside KeepAlive.
   const Status status = membership_->KeepAlive(lease_id, updated ? &record : nullptr);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!status.ok()) {
     if (status.code() == StatusCode::kNotFound) ++counters_.heartbeats_not_found;
     return status;
@@ -285,12 +287,12 @@ StatusOr<HeartbeatResult> PlacementNode::Heartbeat(std::uint64_t lease_id,
 
 Status PlacementNode::Deregister(std::uint64_t lease_id) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto l = host_by_lease_.find(lease_id);
     if (l != host_by_lease_.end()) hosts_.at(l->second).leaving = true;
   }
   KVF_RETURN_IF_ERROR(membership_->Leave(lease_id));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++counters_.deregistrations;
   auto l = host_by_lease_.find(lease_id);
   if (l != host_by_lease_.end()) RemoveMemberLocked(l->second, /*expired=*/false);
@@ -301,7 +303,7 @@ void PlacementNode::Maintain() {
   const std::size_t expired = path_load_.ReleaseExpired(env_->NowMicros());
   std::uint64_t epoch;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     counters_.plans_expired += expired;
     epoch = member_epoch_;
   }
@@ -311,7 +313,7 @@ void PlacementNode::Maintain() {
                  members.status().ToString());
     return;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // A membership change between List and here (Register, Deregister, a watch event) makes the
   // list stale for that host; reconcile on the next round instead.
   if (member_epoch_ != epoch) return;
@@ -359,7 +361,7 @@ StatusOr<ReportResult> PlacementNode::ReportBlocks(const BlockReport& r) {
     }
   }
   const std::uint64_t now = env_->NowMicros();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++counters_.reports;
   auto host_it = hosts_.find(r.host_id);
   auto lease_it = host_by_lease_.find(r.lease_id);
@@ -459,7 +461,7 @@ StatusOr<ChainLocations> PlacementNode::Locate(std::string_view ns,
   if (keys.size() > options_.limits.max_chain_blocks) {
     return OverLimit("keys", keys.size(), "max_chain_blocks", options_.limits.max_chain_blocks);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++counters_.locates;
   return LocateLocked(ns, keys);
 }
@@ -487,7 +489,7 @@ StatusOr<PlaceResponse> PlacementNode::Place(const PlaceRequest& request) {
   const std::set<std::string_view, std::less<>> excluded(request.exclude_host_ids.begin(),
                                                          request.exclude_host_ids.end());
   PlaceResponse out;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++counters_.places;
   std::unordered_map<std::string_view, std::uint32_t> index;
   const auto add_host = [&](const HostState& host) {
@@ -555,7 +557,7 @@ StatusOr<PlaceResponse> PlacementNode::Place(const PlaceRequest& request) {
 
 std::vector<HostStatus> PlacementNode::ListHosts() const {
   const std::uint64_t now = env_->NowMicros();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<HostStatus> out;
   out.reserve(hosts_.size());
   for (const auto& [id, host] : hosts_) {
@@ -578,7 +580,7 @@ std::vector<HostStatus> PlacementNode::ListHosts() const {
 PlacementSnapshot PlacementNode::Snapshot() const {
   PlacementSnapshot s;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     s = counters_;
     s.uptime_us = env_->NowMicros() - start_us_;
     s.live_hosts = hosts_.size();

@@ -52,13 +52,11 @@
 
 #include <array>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -72,6 +70,7 @@
 #include "core/bus_cost_model.h"
 #include "core/calibrated_cost_model.h"
 #include "core/env.h"
+#include "core/mutex.h"
 #include "core/prediction_error.h"
 #include "core/status.h"
 #include "core/statusor.h"
@@ -421,14 +420,15 @@ class PlacementNode {
   Status Start();
 
   void OnMemberEvent(const MemberEvent& event);
-  // REQUIRES: mu_ held.
-  HostState& UpsertMemberLocked(const MemberRecord& record, std::uint64_t lease_id);
-  void RemoveMemberLocked(const std::string& host_id, bool expired);
-  bool UsableLocked(const HostState& host) const;
-  ChainLocations LocateLocked(std::string_view ns, std::span<const BlockKey> keys);
-  void TrimPlanHistoryLocked();
-  const PlanRecord* FindPlanLocked(std::uint64_t plan_id) const;
-  PlanRecord* FindPlanLocked(std::uint64_t plan_id);
+  HostState& UpsertMemberLocked(const MemberRecord& record, std::uint64_t lease_id)
+      KVF_REQUIRES(mu_);
+  void RemoveMemberLocked(const std::string& host_id, bool expired) KVF_REQUIRES(mu_);
+  bool UsableLocked(const HostState& host) const KVF_REQUIRES(mu_);
+  ChainLocations LocateLocked(std::string_view ns, std::span<const BlockKey> keys)
+      KVF_REQUIRES(mu_);
+  void TrimPlanHistoryLocked() KVF_REQUIRES(mu_);
+  const PlanRecord* FindPlanLocked(std::uint64_t plan_id) const KVF_REQUIRES(mu_);
+  PlanRecord* FindPlanLocked(std::uint64_t plan_id) KVF_REQUIRES(mu_);
 
   Status CheckNamespace(std::string_view ns) const;
   PathParameters PathOrDefault(BusPath path, std::string_view host_id) const;
@@ -444,21 +444,21 @@ class PlacementNode {
   PathLoad path_load_;
   const Planner planner_{&path_load_};
 
-  mutable std::mutex mu_;
-  Directory directory_;                                           // GUARDED_BY(mu_)
-  std::map<std::string, HostState, std::less<>> hosts_;           // GUARDED_BY(mu_)
-  std::unordered_map<std::uint64_t, std::string> host_by_lease_;  // GUARDED_BY(mu_)
-  std::deque<PlanRecord> plans_;    // GUARDED_BY(mu_); ids consecutive
-  std::size_t plans_bytes_ = 0;     // GUARDED_BY(mu_)
-  std::uint64_t next_plan_id_ = 1;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  Directory directory_ KVF_GUARDED_BY(mu_);
+  std::map<std::string, HostState, std::less<>> hosts_ KVF_GUARDED_BY(mu_);
+  std::unordered_map<std::uint64_t, std::string> host_by_lease_ KVF_GUARDED_BY(mu_);
+  std::deque<PlanRecord> plans_ KVF_GUARDED_BY(mu_);  // ids consecutive
+  std::size_t plans_bytes_ KVF_GUARDED_BY(mu_) = 0;
+  std::uint64_t next_plan_id_ KVF_GUARDED_BY(mu_) = 1;
   // Bumped by every membership change; Maintain skips a List result that raced with one.
-  std::uint64_t member_epoch_ = 0;       // GUARDED_BY(mu_)
-  PredictionErrorHistogram plan_error_;  // GUARDED_BY(mu_)
-  PlacementSnapshot counters_;           // GUARDED_BY(mu_); counters only
+  std::uint64_t member_epoch_ KVF_GUARDED_BY(mu_) = 0;
+  PredictionErrorHistogram plan_error_ KVF_GUARDED_BY(mu_);
+  PlacementSnapshot counters_ KVF_GUARDED_BY(mu_);  // counters only
 
-  std::mutex maintenance_mu_;
-  std::condition_variable maintenance_cv_;
-  bool stopping_ = false;  // GUARDED_BY(maintenance_mu_)
+  Mutex maintenance_mu_;
+  CondVar maintenance_cv_;
+  bool stopping_ KVF_GUARDED_BY(maintenance_mu_) = false;
   std::thread maintenance_;
 };
 

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/mutex.h"
 #include "server/placement/placement_node.h"
 #include "server/placement/placement_node_internal.h"
 
@@ -77,7 +78,7 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
     }
     result.locations = *request.locations;  // the planner checks host indices and tiers
   } else {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     result.locations = LocateLocked(request.ns, keys);
   }
   // The planner runs outside mu_: it is O(blocks x replicas) and reads only the cost model and
@@ -158,7 +159,7 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
         static_cast<std::uint64_t>(std::min(hold, 1e15));  // 1e15 µs: ~30 years, no overflow
     record.ticket = path_load_.Admit(result.plan.charges, deadline);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   record.plan_id = next_plan_id_++;
   result.plan_id = record.plan_id;
   plans_bytes_ += sizeof(PlanRecord) + record.explanation.size() +
@@ -188,7 +189,7 @@ const PlacementNode::PlanRecord* PlacementNode::FindPlanLocked(std::uint64_t pla
 }
 
 PlacementNode::PlanRecord* PlacementNode::FindPlanLocked(std::uint64_t plan_id) {
-  return const_cast<PlanRecord*>(std::as_const(*this).FindPlanLocked(plan_id));
+  return const_cast<PlanRecord*>(static_cast<const PlacementNode*>(this)->FindPlanLocked(plan_id));
 }
 
 Status PlacementNode::ReportObservations(const ObservationReport& r) {
@@ -230,7 +231,7 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
   // keeps an entry per (path, host), and clients must not be able to grow it without bound.
   std::vector<bool> member(r.transfers.size(), false);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (std::size_t i = 0; i < r.transfers.size(); ++i) {
       member[i] = r.transfers[i].host_id.empty() || hosts_.contains(r.transfers[i].host_id);
     }
@@ -260,7 +261,7 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
     }
   }
 
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   counters_.observations_unscored += unscored;
   counters_.fallback_runs += r.fallback_runs.size();
   for (const StaleEntry& s : r.stale_entries) {
@@ -294,7 +295,7 @@ void PlacementNode::ReportPlanFinished(std::uint64_t plan_id) {
 }
 
 StatusOr<PlanExplanation> PlacementNode::Explain(std::uint64_t plan_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const PlanRecord* plan = FindPlanLocked(plan_id);
   if (plan == nullptr) {
     return Status::NotFound("plan " + std::to_string(plan_id) +
