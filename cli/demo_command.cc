@@ -11,7 +11,6 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -24,6 +23,7 @@
 #include "client/synthetic_model.h"
 #include "core/bus_cost_model.h"
 #include "core/config/unit_flags.h"
+#include "core/mutex.h"
 #include "core/units.h"
 #include "gpu/device.h"
 #include "server/embedded_cluster.h"
@@ -84,8 +84,8 @@ class Demo {
   std::vector<std::vector<std::uint32_t>> tokens_;  // per conversation, its longest history
   std::vector<std::vector<BlockKey>> keys_;         // per conversation
   std::uint32_t total_turns_ = 0;
-  std::mutex mu_;
-  std::map<client::ContextId, const std::vector<BlockKey>*> context_keys_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::map<client::ContextId, const std::vector<BlockKey>*> context_keys_ KVF_GUARDED_BY(mu_);
   std::mt19937_64 rng_;
   Totals t_;
 };
@@ -226,7 +226,7 @@ Status Demo::Prefill(const client::RecomputeRequest& r, std::span<std::byte> out
   const auto start = Clock::now();
   const std::vector<BlockKey>* keys = nullptr;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     auto it = context_keys_.find(r.context);
     if (it == context_keys_.end()) return Status::Internal("prefill of an unknown context");
     keys = it->second;
@@ -246,7 +246,7 @@ Status Demo::Prefill(const client::RecomputeRequest& r, std::span<std::byte> out
   const double us = a_.prefill_c0_us + a_.prefill_c1_us * n + a_.prefill_c2_us * n * (p + n / 2);
   const double generator_us = Seconds(Clock::now() - start) * 1e6;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     t_.prefill_model_us += us;
     t_.prefill_generator_us += generator_us;
     t_.prefill_over_model_us += std::max(0.0, generator_us - us);
@@ -268,7 +268,7 @@ Status Demo::RunTurn(std::uint32_t index, std::uint32_t conversation, std::uint3
   KVF_ASSIGN_OR_RETURN(client::MatchResult match, client_->Match(chain, 0));
   KVF_ASSIGN_OR_RETURN(client::ContextId ctx, client_->NewContext(tokens));
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     context_keys_[ctx] = &all;
   }
   // A live line on a terminal while the turn runs; the summary line replaces it.
@@ -321,7 +321,7 @@ Status Demo::RunTurn(std::uint32_t index, std::uint32_t conversation, std::uint3
   t_.h2d_bytes += tokens * block_bytes_ / tpb;  // every layer's K and V, once
   KVF_ASSIGN_OR_RETURN(client::ContextReport report, client_->Finish(ctx));
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     context_keys_.erase(ctx);
   }
   const std::uint64_t host_tokens = report.fetch_from_host_tier_bytes / block_bytes_ * tpb;

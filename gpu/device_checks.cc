@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "core/mutex.h"
+
 namespace kvfabric::gpu {
 
 Status CheckArenaRange(DeviceRange range, std::uint64_t arena_bytes, std::string_view what) {
@@ -16,12 +18,12 @@ Status CheckArenaRange(DeviceRange range, std::uint64_t arena_bytes, std::string
 
 void PinnedBufferRegistry::Add(std::span<const std::byte> bytes) {
   const auto begin = reinterpret_cast<std::uintptr_t>(bytes.data());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   begin_to_end_[begin] = begin + bytes.size();
 }
 
 void PinnedBufferRegistry::Remove(std::span<const std::byte> bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   begin_to_end_.erase(reinterpret_cast<std::uintptr_t>(bytes.data()));
 }
 
@@ -31,7 +33,7 @@ Status PinnedBufferRegistry::CheckContains(std::span<const std::byte> span,
   const auto begin = reinterpret_cast<std::uintptr_t>(span.data());
   const std::uintptr_t end = begin + span.size();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // The buffer that starts at or before `begin`, if any.
     auto it = begin_to_end_.upper_bound(begin);
     if (it != begin_to_end_.begin()) {
@@ -46,7 +48,7 @@ Status PinnedBufferRegistry::CheckContains(std::span<const std::byte> span,
 }
 
 std::size_t PinnedBufferRegistry::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return begin_to_end_.size();
 }
 

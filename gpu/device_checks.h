@@ -15,10 +15,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <span>
 #include <string_view>
 
+#include "core/mutex.h"
 #include "core/status.h"
 #include "gpu/kernel_args.h"
 
@@ -47,8 +47,8 @@ class PinnedBufferRegistry {
   std::size_t size() const;
 
  private:
-  mutable std::mutex mu_;
-  std::map<std::uintptr_t, std::uintptr_t> begin_to_end_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::map<std::uintptr_t, std::uintptr_t> begin_to_end_ KVF_GUARDED_BY(mu_);
 };
 
 }  // namespace kvfabric::gpu

@@ -7,9 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -17,6 +15,7 @@
 #include <vector>
 
 #include "core/errno_status.h"
+#include "core/mutex.h"
 #include "core/units.h"
 #include "gpu/device_checks.h"
 #include "gpu/kernel_args.h"
@@ -117,19 +116,20 @@ using Entry = std::variant<std::monostate, CopyOp, MarkerOp, WaitOp, AttentionTi
 // outlive the device). One mutex: the CPU backend values obviously-correct
 // ordering over contention, and the critical sections are a few words.
 struct Hub {
-  std::mutex mu;
+  Mutex mu;
   // Notified (all) when an entry finishes, an event completes, hangs are
   // released or the device stops: host waits and blocked workers wait on it.
-  std::condition_variable progress;
-  bool stopping = false;                                 // GUARDED_BY(mu)
-  std::array<std::uint32_t, kNumQueues> hang_next = {};  // GUARDED_BY(mu)
-  std::array<std::uint32_t, kNumQueues> fail_next = {};  // GUARDED_BY(mu)
-  std::array<bool, kNumQueues> release_hangs = {};       // GUARDED_BY(mu)
+  CondVar progress;
+  bool stopping KVF_GUARDED_BY(mu) = false;
+  std::array<std::uint32_t, kNumQueues> hang_next KVF_GUARDED_BY(mu) = {};
+  std::array<std::uint32_t, kNumQueues> fail_next KVF_GUARDED_BY(mu) = {};
+  std::array<bool, kNumQueues> release_hangs KVF_GUARDED_BY(mu) = {};
 };
 
-// Completes `generation` of `event`, with `failure` unless kNone.
-// REQUIRES: hub.mu held.
-void CompleteEvent(EventState& event, std::uint64_t generation, EventFailure failure) {
+// Completes `generation` of `event`, with `failure` unless kNone. `hub` is
+// the event's device's: its mutex guards the event.
+void CompleteEvent(const Hub& hub, EventState& event, std::uint64_t generation,
+                   EventFailure failure) KVF_REQUIRES(hub.mu) {
   event.completed = std::max(event.completed, generation);
   if (failure != EventFailure::kNone) {
     event.failed = generation;
@@ -137,8 +137,8 @@ void CompleteEvent(EventState& event, std::uint64_t generation, EventFailure fai
   }
 }
 
-// REQUIRES: hub.mu held.
-Status EventStatus(const EventState& event) {
+// `hub` is the event's device's: its mutex guards the event.
+Status EventStatus(const Hub& hub, const EventState& event) KVF_REQUIRES(hub.mu) {
   if (event.completed < event.recorded) {
     return Status::Unavailable("event generation " + std::to_string(event.recorded) +
                                " not complete");
@@ -166,18 +166,19 @@ class CpuEvent final : public Event {
       : hub_(std::move(hub)), state_(std::move(state)) {}
 
   Status Query() const override {
-    std::lock_guard<std::mutex> lock(hub_->mu);
-    return EventStatus(*state_);
+    MutexLock lock(&hub_->mu);
+    return EventStatus(*hub_, *state_);
   }
 
   Status Wait(Deadline deadline) const override {
-    std::unique_lock<std::mutex> lock(hub_->mu);
+    MutexLock lock(&hub_->mu);
     const std::uint64_t target = state_->recorded;
-    if (!hub_->progress.wait_until(lock, deadline, [&] { return state_->completed >= target; })) {
+    if (!hub_->progress.WaitUntil(&hub_->mu, deadline,
+                                  [&] { return state_->completed >= target; })) {
       return Status::DeadlineExceeded("cpu device: event generation " + std::to_string(target) +
                                       " not complete by the deadline (outcome unknown)");
     }
-    return EventStatus(*state_);
+    return EventStatus(*hub_, *state_);
   }
 
   const std::shared_ptr<EventState>& state() const { return state_; }
@@ -223,10 +224,10 @@ class CpuDevice final : public Device, public CpuDeviceTestHooks {
 
   ~CpuDevice() override {
     {
-      std::lock_guard<std::mutex> lock(hub_->mu);
+      MutexLock lock(&hub_->mu);
       hub_->stopping = true;
-      for (QueueState& queue : queues_) queue.work.notify_all();
-      hub_->progress.notify_all();
+      for (QueueState& queue : queues_) queue.work.NotifyAll();
+      hub_->progress.NotifyAll();
     }
     for (QueueState& queue : queues_) queue.thread.join();
   }
@@ -267,7 +268,7 @@ class CpuDevice final : public Device, public CpuDeviceTestHooks {
     KVF_RETURN_IF_ERROR(CheckQueue(queue));
     KVF_ASSIGN_OR_RETURN(std::shared_ptr<EventState> state, StateOf(event, "Record"));
     const int q = QueueIndex(queue);
-    std::unique_lock<std::mutex> lock(hub_->mu);
+    MutexLock lock(&hub_->mu);
     KVF_RETURN_IF_ERROR(CheckRoom(q));
     const std::uint64_t generation = state->recorded + 1;
     MarkerOp marker{std::move(state), generation, MarkerMode::kNormal};
@@ -287,7 +288,7 @@ class CpuDevice final : public Device, public CpuDeviceTestHooks {
     KVF_RETURN_IF_ERROR(CheckQueue(queue));
     KVF_ASSIGN_OR_RETURN(std::shared_ptr<EventState> state, StateOf(event, "QueueWaitEvent"));
     const int q = QueueIndex(queue);
-    std::unique_lock<std::mutex> lock(hub_->mu);
+    MutexLock lock(&hub_->mu);
     KVF_RETURN_IF_ERROR(CheckRoom(q));
     // Never recorded: nothing to wait for (as cudaStreamWaitEvent).
     if (state->recorded == 0) return Status::OK();
@@ -312,16 +313,16 @@ class CpuDevice final : public Device, public CpuDeviceTestHooks {
   }
 
   Status Synchronize(Deadline deadline) override {
-    std::unique_lock<std::mutex> lock(hub_->mu);
+    MutexLock lock(&hub_->mu);
     std::array<std::uint64_t, kNumQueues> target;
     for (int q = 0; q < kNumQueues; ++q) target[q] = queues_[q].submitted;
-    auto drained = [&] {
+    auto drained = [&]() KVF_REQUIRES(hub_->mu) {
       for (int q = 0; q < kNumQueues; ++q) {
         if (queues_[q].finished < target[q]) return false;
       }
       return true;
     };
-    if (!hub_->progress.wait_until(lock, deadline, drained)) {
+    if (!hub_->progress.WaitUntil(&hub_->mu, deadline, drained)) {
       std::string behind;
       for (int q = 0; q < kNumQueues; ++q) {
         if (queues_[q].finished >= target[q]) continue;
@@ -355,41 +356,42 @@ class CpuDevice final : public Device, public CpuDeviceTestHooks {
   void HangNextEvents(Queue queue, std::uint32_t n) override {
     const int q = QueueIndex(queue);
     if (q < 0) return;
-    std::lock_guard<std::mutex> lock(hub_->mu);
+    MutexLock lock(&hub_->mu);
     hub_->hang_next[q] = n;
     hub_->release_hangs[q] = false;
   }
   void ReleaseHangs(Queue queue) override {
     const int q = QueueIndex(queue);
     if (q < 0) return;
-    std::lock_guard<std::mutex> lock(hub_->mu);
+    MutexLock lock(&hub_->mu);
     hub_->release_hangs[q] = true;
-    hub_->progress.notify_all();
+    hub_->progress.NotifyAll();
   }
   void FailNextEvents(Queue queue, std::uint32_t n) override {
     const int q = QueueIndex(queue);
     if (q < 0) return;
-    std::lock_guard<std::mutex> lock(hub_->mu);
+    MutexLock lock(&hub_->mu);
     hub_->fail_next[q] = n;
   }
   std::size_t PendingEntries(Queue queue) const override {
     const int q = QueueIndex(queue);
     if (q < 0) return 0;
-    std::lock_guard<std::mutex> lock(hub_->mu);
+    MutexLock lock(&hub_->mu);
     return queues_[q].count;
   }
 
  private:
   struct QueueState {
-    // The ring and counters are GUARDED_BY(hub_->mu). The entry at `head`
-    // stays in the ring while the worker runs it, so its slot is not reused.
+    // Under hub_->mu (queues_ is KVF_GUARDED_BY it), except `thread`, which
+    // only the constructor and destructor touch. The entry at `head` stays in
+    // the ring while the worker runs it, so its slot is not reused.
     std::vector<Entry> ring;
     std::size_t head = 0;
     std::size_t count = 0;        // queued + running
     std::uint64_t submitted = 0;  // entries ever pushed
     std::uint64_t finished = 0;   // entries ever run or cancelled
     Status error;                 // sticky: the first kernel failure on this queue
-    std::condition_variable work;
+    CondVar work;
     std::thread thread;
   };
 
@@ -413,8 +415,7 @@ class CpuDevice final : public Device, public CpuDeviceTestHooks {
     return registry_->CheckContains(host, what);
   }
 
-  // REQUIRES: hub_->mu held.
-  Status CheckRoom(int q) const {
+  Status CheckRoom(int q) const KVF_REQUIRES(hub_->mu) {
     if (hub_->stopping) return Status::FailedPrecondition("cpu device: shutting down");
     const QueueState& queue = queues_[q];
     if (queue.count == queue.ring.size()) {
@@ -426,80 +427,84 @@ class CpuDevice final : public Device, public CpuDeviceTestHooks {
     return Status::OK();
   }
 
-  // REQUIRES: hub_->mu held and CheckRoom(q) OK.
-  void Push(int q, Entry entry) {
+  // REQUIRES: CheckRoom(q) OK.
+  void Push(int q, Entry entry) KVF_REQUIRES(hub_->mu) {
     QueueState& queue = queues_[q];
     queue.ring[(queue.head + queue.count) % queue.ring.size()] = std::move(entry);
     ++queue.count;
     ++queue.submitted;
-    queue.work.notify_one();
+    queue.work.NotifyOne();
   }
 
   Status Enqueue(Queue queue, Entry entry) {
     const int q = QueueIndex(queue);
-    std::lock_guard<std::mutex> lock(hub_->mu);
+    MutexLock lock(&hub_->mu);
     KVF_RETURN_IF_ERROR(CheckRoom(q));
     Push(q, std::move(entry));
     return Status::OK();
   }
 
   void WorkerLoop(int q) {
+    MutexLock lock(&hub_->mu);
     QueueState& queue = queues_[q];
-    std::unique_lock<std::mutex> lock(hub_->mu);
     while (true) {
-      queue.work.wait(lock, [&] { return hub_->stopping || queue.count > 0; });
+      queue.work.Wait(&hub_->mu,
+                      [&]() KVF_REQUIRES(hub_->mu) { return hub_->stopping || queue.count > 0; });
       if (hub_->stopping) break;
       Entry& entry = queue.ring[queue.head];
-      if (!Run(q, entry, lock)) break;  // stopped while blocked: cancel it with the rest
+      if (!Run(q, entry)) break;  // stopped while blocked: cancel it with the rest
       entry = std::monostate{};
       queue.head = (queue.head + 1) % queue.ring.size();
       --queue.count;
       ++queue.finished;
-      hub_->progress.notify_all();
+      hub_->progress.NotifyAll();
     }
     // Cancel what was not started: events complete (with an error) so no host
     // waits past its deadline for work that will never run.
     while (queue.count > 0) {
       Entry& entry = queue.ring[queue.head];
       if (auto* marker = std::get_if<MarkerOp>(&entry)) {
-        CompleteEvent(*marker->event, marker->generation, EventFailure::kCancelled);
+        CompleteEvent(*hub_, *marker->event, marker->generation, EventFailure::kCancelled);
       }
       entry = std::monostate{};
       queue.head = (queue.head + 1) % queue.ring.size();
       --queue.count;
       ++queue.finished;
     }
-    hub_->progress.notify_all();
+    hub_->progress.NotifyAll();
   }
 
   // Runs `entry` on queue `q`'s worker. Returns false if the device stopped
   // while the entry was blocked (it did not run).
-  // REQUIRES: `lock` holds hub_->mu; it is released while copies and kernels run.
-  bool Run(int q, Entry& entry, std::unique_lock<std::mutex>& lock) {
+  // hub_->mu is released while copies and kernels run.
+  bool Run(int q, Entry& entry) KVF_REQUIRES(hub_->mu) {
     QueueState& queue = queues_[q];
     if (auto* marker = std::get_if<MarkerOp>(&entry)) {
       if (marker->mode == MarkerMode::kHang) {
-        hub_->progress.wait(lock, [&] { return hub_->stopping || hub_->release_hangs[q]; });
+        hub_->progress.Wait(&hub_->mu, [&]() KVF_REQUIRES(hub_->mu) {
+          return hub_->stopping || hub_->release_hangs[q];
+        });
         if (hub_->stopping) return false;
       }
       EventFailure failure = EventFailure::kNone;
       if (marker->mode == MarkerMode::kFail) failure = EventFailure::kInjected;
       if (!queue.error.ok()) failure = EventFailure::kQueueError;
-      CompleteEvent(*marker->event, marker->generation, failure);
+      CompleteEvent(*hub_, *marker->event, marker->generation, failure);
       return true;
     }
     if (auto* wait = std::get_if<WaitOp>(&entry)) {
-      hub_->progress.wait(
-          lock, [&] { return hub_->stopping || wait->event->completed >= wait->generation; });
+      hub_->progress.Wait(&hub_->mu, [&]() KVF_REQUIRES(hub_->mu) {
+        return hub_->stopping || wait->event->completed >= wait->generation;
+      });
       return !hub_->stopping;
     }
     if (std::holds_alternative<std::monostate>(entry)) return true;
     // Copies and kernels: after a kernel failure the queue is unusable (as a
     // CUDA context after an illegal address); later work is skipped.
     if (!queue.error.ok()) return true;
-    lock.unlock();
+    hub_->mu.Unlock();  // the caller's MutexLock holds it again on return
     Status status = Execute(entry);
-    lock.lock();
+    hub_->mu.Lock();
     if (!status.ok() && queue.error.ok()) {
       queue.error = Status::Internal(std::string("cpu device: ") + kQueueNames[q] +
                                      " queue: " + std::string(status.message()));
@@ -534,7 +539,7 @@ class CpuDevice final : public Device, public CpuDeviceTestHooks {
   const std::string name_;
   const std::shared_ptr<Hub> hub_;
   const std::shared_ptr<PinnedBufferRegistry> registry_;
-  std::array<QueueState, kNumQueues> queues_;
+  std::array<QueueState, kNumQueues> queues_ KVF_GUARDED_BY(hub_->mu);
 };
 
 }  // namespace

@@ -6,11 +6,11 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/mutex.h"
 #include "core/units.h"
 #include "gpu/device_checks.h"
 #include "gpu/kernels/cpu_kernels.h"
@@ -244,7 +244,7 @@ class ZeDevice final : public Device {
 
   Status MergeAttentionStates(const MergeStatesArgs& args) override {
     KVF_RETURN_IF_ERROR(ValidateMergeStates(args, arena_bytes_));
-    std::lock_guard<std::mutex> lock(host_step_mu_);
+    MutexLock lock(&host_step_mu_);
     const std::uint64_t in_bytes = args.outputs.bytes + args.lses.bytes;
     const std::uint64_t out_bytes = args.output.bytes + args.lse.bytes;
     KVF_RETURN_IF_ERROR(EnsureScratch(in_bytes + out_bytes));
@@ -271,7 +271,7 @@ class ZeDevice final : public Device {
 
   Status GatherPages(const GatherPagesArgs& args) override {
     KVF_RETURN_IF_ERROR(ValidateGatherPages(args, arena_bytes_));
-    std::lock_guard<std::mutex> lock(host_step_mu_);
+    MutexLock lock(&host_step_mu_);
     KVF_RETURN_IF_ERROR(EnsureScratch(args.page_offsets.bytes));
     KVF_RETURN_IF_ERROR(AppendCopy(Queue::kCompute, scratch_->get(),
                                    arena() + args.page_offsets.offset, args.page_offsets.bytes));
@@ -289,7 +289,7 @@ class ZeDevice final : public Device {
   }
 
   Status Synchronize(Deadline deadline) override {
-    std::lock_guard<std::mutex> lock(host_step_mu_);
+    MutexLock lock(&host_step_mu_);
     for (int q = 0; q < kNumQueues; ++q) {
       KVF_RETURN_IF_ERROR(RecordFence(*host_step_fence_, QueueOf(q)));
       KVF_RETURN_IF_ERROR(host_step_fence_->Wait(deadline));
@@ -300,7 +300,7 @@ class ZeDevice final : public Device {
   Status TEST_Read(DeviceRange src, std::span<std::byte> dst) override {
     KVF_RETURN_IF_ERROR(CheckArenaRange(src, arena_bytes_, "TEST_Read"));
     if (src.bytes != dst.size()) return Status::InvalidArgument("TEST_Read: sizes differ");
-    std::lock_guard<std::mutex> lock(host_step_mu_);
+    MutexLock lock(&host_step_mu_);
     KVF_RETURN_IF_ERROR(EnsureScratch(dst.size()));
     KVF_RETURN_IF_ERROR(
         AppendCopy(Queue::kCompute, scratch_->get(), arena() + src.offset, dst.size()));
@@ -312,7 +312,7 @@ class ZeDevice final : public Device {
   Status TEST_Write(std::span<const std::byte> src, DeviceRange dst) override {
     KVF_RETURN_IF_ERROR(CheckArenaRange(dst, arena_bytes_, "TEST_Write"));
     if (dst.bytes != src.size()) return Status::InvalidArgument("TEST_Write: sizes differ");
-    std::lock_guard<std::mutex> lock(host_step_mu_);
+    MutexLock lock(&host_step_mu_);
     KVF_RETURN_IF_ERROR(EnsureScratch(src.size()));
     std::copy_n(src.data(), src.size(), scratch_->get());
     KVF_RETURN_IF_ERROR(
@@ -374,14 +374,12 @@ class ZeDevice final : public Device {
                   "zeCommandListAppendBarrier(signal)");
   }
 
-  // REQUIRES: host_step_mu_ held.
-  Status DrainCompute() {
+  Status DrainCompute() KVF_REQUIRES(host_step_mu_) {
     KVF_RETURN_IF_ERROR(RecordFence(*host_step_fence_, Queue::kCompute));
     return host_step_fence_->Wait(std::chrono::steady_clock::now() + kHostStepTimeout);
   }
 
-  // REQUIRES: host_step_mu_ held.
-  Status EnsureScratch(std::uint64_t bytes) {
+  Status EnsureScratch(std::uint64_t bytes) KVF_REQUIRES(host_step_mu_) {
     if (scratch_ != nullptr && scratch_bytes_ >= bytes) return Status::OK();
     KVF_RETURN_IF_ERROR(DrainCompute());  // the old scratch may still be read
     scratch_.reset();
@@ -395,10 +393,10 @@ class ZeDevice final : public Device {
   const std::shared_ptr<PinnedBufferRegistry> registry_;
   // Serialises the host steps (merge, gather, TEST access, Synchronize),
   // which share the fence and the scratch buffer.
-  std::mutex host_step_mu_;
-  std::unique_ptr<ZeFence> host_step_fence_;
-  std::unique_ptr<ZeMemory> scratch_;  // GUARDED_BY(host_step_mu_)
-  std::uint64_t scratch_bytes_ = 0;    // GUARDED_BY(host_step_mu_)
+  Mutex host_step_mu_;
+  std::unique_ptr<ZeFence> host_step_fence_ KVF_PT_GUARDED_BY(host_step_mu_);  // set by Init
+  std::unique_ptr<ZeMemory> scratch_ KVF_GUARDED_BY(host_step_mu_);
+  std::uint64_t scratch_bytes_ KVF_GUARDED_BY(host_step_mu_) = 0;
 };
 
 // The ordinal of the first queue group with `flag`, or -1.
