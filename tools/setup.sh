@@ -8,6 +8,8 @@ PACKAGES=(
   # toolchain and builds
   build-essential pkg-config cmake ninja-build bazel-bootstrap default-jdk-headless
   clang-format clang-tidy
+  # clang++ for tools/thread_safety_check.sh (-Wthread-safety; Debian's clang 14)
+  clang
   # core libraries
   libssl-dev libspdlog-dev libfmt-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
