@@ -12,6 +12,18 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+# In-process UCX tests whose shared-memory cases are false positives under TSan:
+# both peers live in this process and hand each other completions through UCX's
+# shared-memory FIFOs, atomics in uninstrumented code that TSan cannot see, so
+# bytes placed by one progress thread (ucx_am_rma.cc's memcpy, CMA's
+# process_vm_readv) and read by the test after its peer's completion show as
+# races. Their TCP cases run the same kvfabric code with sockets in between,
+# which TSan does see, and run here.
+TSAN_UCX_SHM=(
+  //transport/ucx:ucx_transport_test
+  //transport/ucx:ucx_workers_test
+)
+
 # What --tsan runs: the code with threads of its own. A test that cannot run
 # under TSan is taken out here, with the reason.
 TSAN_TARGETS=(
@@ -19,15 +31,23 @@ TSAN_TARGETS=(
   //server/cache_host/...
   //transport/...
   //tests/...
+  # CPU-bound numerics whose CUDA cases skip without a GPU and whose nvcc code
+  # TSan cannot see; its CPU cases (streaming_attention_test's logic at large
+  # sizes) did not finish their first case in 60 s.
+  -//client:streaming_attention_cuda_test
+  # Every case is two in-process peers over UCX shared memory: see below.
+  -//transport/ucx:ucx_copy_test
+  # Run by a second pass, without their shared-memory cases.
+  "${TSAN_UCX_SHM[@]/#/-}"
 )
 
 config=()
 targets=(//...)
-tool_tests=1
+tsan=0
 for arg in "$@"; do
   case "$arg" in
     --asan) config=(--config=asan) ;;
-    --tsan) config=(--config=tsan); targets=("${TSAN_TARGETS[@]}"); tool_tests=0 ;;
+    --tsan) config=(--config=tsan); targets=("${TSAN_TARGETS[@]}"); tsan=1 ;;
     *) echo "usage: tools/test.sh [--asan | --tsan]" >&2; exit 2 ;;
   esac
 done
@@ -39,12 +59,18 @@ trap 'rm -f "$log"' EXIT
 
 bazel test "${config[@]}" --keep_going -- "${targets[@]}" 2>&1 | tee "$log"
 bazel_rc=${PIPESTATUS[0]}
+if [[ $tsan -eq 1 ]]; then
+  bazel test "${config[@]}" --keep_going --test_arg=--gtest_filter=-*SharedMemory* \
+    -- "${TSAN_UCX_SHM[@]}" 2>&1 | tee -a "$log"
+  rc=${PIPESTATUS[0]}
+  [[ $bazel_rc -ne 0 ]] || bazel_rc=$rc
+fi
 
 # Tests of the repository tools themselves (Python standard library only).
 py_passed=0
 py_failed=0
 for t in tools/*_test.py; do
-  [[ -e "$t" && $tool_tests -eq 1 ]] || continue
+  [[ -e "$t" && $tsan -eq 0 ]] || continue
   if python3 "$t" 2>&1 | sed 's/^/  /'; then
     echo "$t PASSED"
     py_passed=$((py_passed + 1))
