@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/mutex.h"
+
 namespace kvfabric {
 namespace {
 
@@ -24,7 +26,7 @@ Status CalibratedCostModel::SetPath(BusPath path, std::string_view host_id,
                                    ": alpha_us must be finite and >= 0 and beta_bytes_per_s "
                                    "finite and > 0");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   PathEntry& e = paths_[PathKey(static_cast<int>(path), std::string(host_id))];
   e.parameters = p;
   e.fit = OnlinePathFit(options_.online);
@@ -38,7 +40,7 @@ Status CalibratedCostModel::SetRecompute(std::string_view model_id, const Recomp
     return Status::InvalidArgument("recompute parameters of \"" + std::string(model_id) +
                                    "\": c0, c1, c2 must be finite and >= 0");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   RecomputeEntry& e = models_[std::string(model_id)];
   e.parameters = r;
   e.fit = OnlineRecomputeFit(options_.online);
@@ -48,7 +50,7 @@ Status CalibratedCostModel::SetRecompute(std::string_view model_id, const Recomp
 Status CalibratedCostModel::Load(const BusCalibration& calibration) {
   // Validate by round-tripping through the file parser's rules.
   KVF_RETURN_IF_ERROR(BusCalibrationFromJson(BusCalibrationToJson(calibration)).status());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   paths_.clear();
   models_.clear();
   for (const PathCalibration& p : calibration.paths) {
@@ -66,7 +68,7 @@ Status CalibratedCostModel::Load(const BusCalibration& calibration) {
 
 BusCalibration CalibratedCostModel::ToCalibration() const {
   BusCalibration c;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& [key, e] : paths_) {
     PathCalibration p;
     p.path = static_cast<BusPath>(key.first);
@@ -93,7 +95,7 @@ const CalibratedCostModel::PathEntry* CalibratedCostModel::FindPathLocked(
 }
 
 StatusOr<PathParameters> CalibratedCostModel::Path(BusPath path, std::string_view host_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const PathEntry* e = FindPathLocked(path, host_id);
   if (e == nullptr) {
     return Status::NotFound("no calibration for path " + PathLabel(path, host_id) +
@@ -103,7 +105,7 @@ StatusOr<PathParameters> CalibratedCostModel::Path(BusPath path, std::string_vie
 }
 
 StatusOr<RecomputeParameters> CalibratedCostModel::Recompute(std::string_view model_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const auto it = models_.find(model_id);
   if (it == models_.end()) {
     return Status::NotFound("no recompute calibration for model \"" + std::string(model_id) + "\"");
@@ -117,7 +119,7 @@ Status CalibratedCostModel::ObserveTransfer(BusPath path, std::string_view host_
     return Status::InvalidArgument("transfer observation on " + PathLabel(path, host_id) +
                                    ": bytes must be > 0 and observed_us finite and > 0");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const PathEntry* found = FindPathLocked(path, host_id);
   if (found == nullptr) {
     return Status::NotFound("transfer observation on " + PathLabel(path, host_id) +
@@ -149,7 +151,7 @@ Status CalibratedCostModel::ObserveRecompute(std::string_view model_id, uint64_t
     return Status::InvalidArgument("recompute observation for \"" + std::string(model_id) +
                                    "\": tokens must be > 0 and observed_us finite and > 0");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const auto it = models_.find(model_id);
   if (it == models_.end()) {
     return Status::NotFound("recompute observation: no calibration for model \"" +
@@ -169,7 +171,7 @@ Status CalibratedCostModel::ObserveRecompute(std::string_view model_id, uint64_t
 
 std::vector<CalibratedCostModel::PathReport> CalibratedCostModel::PathReports() const {
   std::vector<PathReport> out;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& [key, e] : paths_) {
     out.push_back({static_cast<BusPath>(key.first), key.second, e.parameters, e.error.Get(),
                    e.fit.effective_observations()});
@@ -179,7 +181,7 @@ std::vector<CalibratedCostModel::PathReport> CalibratedCostModel::PathReports() 
 
 std::vector<CalibratedCostModel::RecomputeReport> CalibratedCostModel::RecomputeReports() const {
   std::vector<RecomputeReport> out;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& [id, e] : models_) {
     out.push_back({id, e.parameters, e.error.Get(), e.fit.effective_observations()});
   }

@@ -23,7 +23,6 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -32,6 +31,7 @@
 #include "core/bus_calibration.h"
 #include "core/bus_cost_model.h"
 #include "core/cost_fit.h"
+#include "core/mutex.h"
 #include "core/prediction_error.h"
 #include "core/statusor.h"
 
@@ -106,13 +106,12 @@ class CalibratedCostModel {
   };
   using PathKey = std::pair<int, std::string>;
 
-  // REQUIRES: mu_ held.
-  const PathEntry* FindPathLocked(BusPath path, std::string_view host_id) const;
+  const PathEntry* FindPathLocked(BusPath path, std::string_view host_id) const KVF_REQUIRES(mu_);
 
   const Options options_;
-  mutable std::mutex mu_;
-  std::map<PathKey, PathEntry, std::less<>> paths_;            // guarded by mu_
-  std::map<std::string, RecomputeEntry, std::less<>> models_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<PathKey, PathEntry, std::less<>> paths_ KVF_GUARDED_BY(mu_);
+  std::map<std::string, RecomputeEntry, std::less<>> models_ KVF_GUARDED_BY(mu_);
 };
 
 }  // namespace kvfabric

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/mutex.h"
 #include "core/stream_copy.h"
 
 namespace kvfabric {
@@ -63,10 +64,10 @@ CopyPool::CopyPool(int threads) {
 
 CopyPool::~CopyPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (std::thread& t : workers_) t.join();
 }
 
@@ -74,8 +75,8 @@ void CopyPool::Work() {
   for (;;) {
     std::function<void()> job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      MutexLock lock(&mu_);
+      cv_.Wait(&mu_, [this]() KVF_REQUIRES(mu_) { return stopping_ || !jobs_.empty(); });
       if (jobs_.empty()) return;  // stopping, nothing left
       job = std::move(jobs_.front());
       jobs_.pop_front();
@@ -92,23 +93,23 @@ void CopyPool::Copy(std::span<const CopyRange> ranges, bool streaming) {
   const std::vector<std::vector<CopyRange>> shares = Split(ranges, workers_.size() + 1);
   // Completion of the helpers' shares; lives on this stack frame, which
   // outlives every job (Copy waits for all of them).
-  std::mutex done_mu;
-  std::condition_variable done_cv;
+  Mutex done_mu;
+  CondVar done_cv;
   std::size_t left = shares.size() - 1;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (std::size_t i = 1; i < shares.size(); ++i) {
       jobs_.push_back([&, i] {
         CopyAll(shares[i], streaming);
-        std::lock_guard<std::mutex> l(done_mu);
-        if (--left == 0) done_cv.notify_one();
+        MutexLock l(&done_mu);
+        if (--left == 0) done_cv.NotifyOne();
       });
     }
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   CopyAll(shares[0], streaming);
-  std::unique_lock<std::mutex> lock(done_mu);
-  done_cv.wait(lock, [&] { return left == 0; });
+  MutexLock lock(&done_mu);
+  done_cv.Wait(&done_mu, [&] { return left == 0; });
 }
 
 }  // namespace kvfabric

@@ -19,14 +19,14 @@
 #ifndef KVFABRIC_CORE_COPY_POOL_H_
 #define KVFABRIC_CORE_COPY_POOL_H_
 
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <span>
 #include <thread>
 #include <vector>
+
+#include "core/mutex.h"
 
 namespace kvfabric {
 
@@ -55,10 +55,10 @@ class CopyPool {
  private:
   void Work();
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;  // guarded by mu_
-  bool stopping_ = false;                   // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> jobs_ KVF_GUARDED_BY(mu_);
+  bool stopping_ KVF_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 

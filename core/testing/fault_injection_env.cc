@@ -4,6 +4,8 @@
 #include <limits>
 #include <utility>
 
+#include "core/mutex.h"
+
 namespace kvfabric {
 
 namespace {
@@ -55,7 +57,9 @@ class FaultInjectionEnv::File final : public RandomRWFile {
 
   FaultInjectionEnv* const env_;
   const std::unique_ptr<RandomRWFile> base_;
-  const std::shared_ptr<FileState> state_;  // its fields are guarded by env_->mu_
+  // Its fields are guarded by env_->mu_ (not KVF_PT_GUARDED_BY: clang 14 takes
+  // raw pointers only).
+  const std::shared_ptr<FileState> state_;
   const bool direct_io_;
 };
 
@@ -64,40 +68,40 @@ FaultInjectionEnv::FaultInjectionEnv(Env* base) : base_(base) {}
 FaultInjectionEnv::~FaultInjectionEnv() = default;
 
 void FaultInjectionEnv::SetFilesystemActive(bool active) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   active_ = active;
 }
 
 bool FaultInjectionEnv::IsFilesystemActive() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return active_;
 }
 
 void FaultInjectionEnv::SetWriteFailureOneIn(uint32_t n, uint64_t seed) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   write_failure_.one_in = n;
   write_failure_.rng.seed(seed);
 }
 
 void FaultInjectionEnv::SetReadFailureOneIn(uint32_t n, uint64_t seed) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   read_failure_.one_in = n;
   read_failure_.rng.seed(seed);
 }
 
 void FaultInjectionEnv::SetReadCorruptionOneIn(uint32_t n, uint64_t seed) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   read_corruption_.one_in = n;
   read_corruption_.rng.seed(seed);
 }
 
 FaultInjectionCounters FaultInjectionEnv::counters() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return counters_;
 }
 
 void FaultInjectionEnv::ResetCounters() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   counters_ = FaultInjectionCounters();
 }
 
@@ -169,7 +173,7 @@ Status FaultInjectionEnv::RestoreFileLocked(FileState& state) {
 
 StatusOr<size_t> FaultInjectionEnv::FileRead(File& file, uint64_t offset,
                                              std::span<std::byte> dst) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++counters_.reads;
   if (read_failure_.Next()) {
     ++counters_.injected_read_failures;
@@ -188,7 +192,7 @@ StatusOr<size_t> FaultInjectionEnv::FileRead(File& file, uint64_t offset,
 }
 
 Status FaultInjectionEnv::FileWrite(File& file, uint64_t offset, std::span<const std::byte> src) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++counters_.writes;
   FileState& state = *file.state_;
   KVF_RETURN_IF_ERROR(CheckActiveLocked("pwrite", state.path));
@@ -205,7 +209,7 @@ Status FaultInjectionEnv::FileWrite(File& file, uint64_t offset, std::span<const
 }
 
 Status FaultInjectionEnv::FileTruncate(File& file, uint64_t size) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   FileState& state = *file.state_;
   KVF_RETURN_IF_ERROR(CheckActiveLocked("ftruncate", state.path));
   if (InjectWriteFailureLocked()) {
@@ -221,7 +225,7 @@ Status FaultInjectionEnv::FileTruncate(File& file, uint64_t size) {
 }
 
 Status FaultInjectionEnv::FileSync(File& file) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++counters_.syncs;
   FileState& state = *file.state_;
   KVF_RETURN_IF_ERROR(CheckActiveLocked("fdatasync", state.path));
@@ -239,7 +243,7 @@ Status FaultInjectionEnv::FileSync(File& file) {
 
 StatusOr<std::unique_ptr<RandomRWFile>> FaultInjectionEnv::NewRandomRWFile(
     const std::string& path, const FileOptions& options) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const bool existed = base_->FileExists(path);
   if ((options.create && !existed) || options.truncate) {
     KVF_RETURN_IF_ERROR(CheckActiveLocked("open", path));
@@ -293,19 +297,19 @@ StatusOr<uint64_t> FaultInjectionEnv::GetFileSize(const std::string& path) {
 }
 
 Status FaultInjectionEnv::CreateDirIfMissing(const std::string& dir) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   KVF_RETURN_IF_ERROR(CheckActiveLocked("mkdir", dir));
   return base_->CreateDirIfMissing(dir);
 }
 
 Status FaultInjectionEnv::DeleteDir(const std::string& dir) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   KVF_RETURN_IF_ERROR(CheckActiveLocked("rmdir", dir));
   return base_->DeleteDir(dir);
 }
 
 Status FaultInjectionEnv::DeleteFile(const std::string& path) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   KVF_RETURN_IF_ERROR(CheckActiveLocked("unlink", path));
   KVF_RETURN_IF_ERROR(base_->DeleteFile(path));
   ForgetFileLocked(path);
@@ -315,7 +319,7 @@ Status FaultInjectionEnv::DeleteFile(const std::string& path) {
 }
 
 Status FaultInjectionEnv::RenameFile(const std::string& src, const std::string& target) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   KVF_RETURN_IF_ERROR(CheckActiveLocked("rename", src + " to " + target));
   const bool target_durable = base_->FileExists(target) && !IsNewLocked(target);
   const bool src_new = IsNewLocked(src);
@@ -345,7 +349,7 @@ Status FaultInjectionEnv::RenameFile(const std::string& src, const std::string& 
 }
 
 Status FaultInjectionEnv::SyncDir(const std::string& dir) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   KVF_RETURN_IF_ERROR(CheckActiveLocked("fsync directory", dir));
   KVF_RETURN_IF_ERROR(base_->SyncDir(dir));
   const std::string key = NormalizeDir(dir);
@@ -355,7 +359,7 @@ Status FaultInjectionEnv::SyncDir(const std::string& dir) {
 }
 
 Status FaultInjectionEnv::DropUnsyncedData() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Status first_error;
   auto note = [&first_error](Status s) {
     if (first_error.ok() && !s.ok()) first_error = std::move(s);
@@ -409,7 +413,7 @@ Status FaultInjectionEnv::DropUnsyncedData() {
 
 Status FaultInjectionEnv::CorruptBytes(const std::string& path, uint64_t offset, uint64_t count,
                                        uint64_t seed) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (count > std::numeric_limits<uint64_t>::max() - offset) {
     return Status::InvalidArgument("CorruptBytes " + path + ": offset + count overflows");
   }

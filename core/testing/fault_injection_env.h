@@ -54,7 +54,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <set>
 #include <span>
@@ -63,6 +62,7 @@
 #include <vector>
 
 #include "core/env.h"
+#include "core/mutex.h"
 #include "core/status.h"
 #include "core/statusor.h"
 
@@ -166,19 +166,19 @@ class FaultInjectionEnv final : public Env {
     bool Next() { return one_in != 0 && rng() % one_in == 0; }
   };
 
-  Status CheckActiveLocked(std::string_view op, const std::string& path) const;
-  bool InjectWriteFailureLocked();
+  Status CheckActiveLocked(std::string_view op, const std::string& path) const KVF_REQUIRES(mu_);
+  bool InjectWriteFailureLocked() KVF_REQUIRES(mu_);
   // Saves the bytes of [begin, end) below the synced size that are about to
   // change, reading them through `file` (or a buffered handle when `file`
   // uses O_DIRECT).
   Status SaveUndoLocked(FileState& state, RandomRWFile* file, bool direct_io, uint64_t begin,
-                        uint64_t end);
-  Status RestoreFileLocked(FileState& state);
-  bool IsNewLocked(const std::string& path) const;
-  void EraseNewLocked(const std::string& path);
+                        uint64_t end) KVF_REQUIRES(mu_);
+  Status RestoreFileLocked(FileState& state) KVF_REQUIRES(mu_);
+  bool IsNewLocked(const std::string& path) const KVF_REQUIRES(mu_);
+  void EraseNewLocked(const std::string& path) KVF_REQUIRES(mu_);
   // Forgets the state of `path` (its name now refers to nothing, or to
   // another file); open handles on it stop being tracked.
-  void ForgetFileLocked(const std::string& path);
+  void ForgetFileLocked(const std::string& path) KVF_REQUIRES(mu_);
 
   // File operations, called by File with mu_ not held.
   StatusOr<size_t> FileRead(File& file, uint64_t offset, std::span<std::byte> dst);
@@ -188,16 +188,16 @@ class FaultInjectionEnv final : public Env {
 
   Env* const base_;
 
-  mutable std::mutex mu_;
-  bool active_ = true;                                       // guarded by mu_
-  std::map<std::string, std::shared_ptr<FileState>> files_;  // guarded by mu_
+  mutable Mutex mu_;
+  bool active_ KVF_GUARDED_BY(mu_) = true;
+  std::map<std::string, std::shared_ptr<FileState>> files_ KVF_GUARDED_BY(mu_);
   // Files created since their directory's last SyncDir: dir -> paths.
-  std::map<std::string, std::set<std::string>> new_files_;  // guarded by mu_
-  std::vector<PendingRename> pending_renames_;              // oldest first; guarded by mu_
-  FaultStream write_failure_;                               // guarded by mu_
-  FaultStream read_failure_;                                // guarded by mu_
-  FaultStream read_corruption_;                             // guarded by mu_
-  FaultInjectionCounters counters_;                         // guarded by mu_
+  std::map<std::string, std::set<std::string>> new_files_ KVF_GUARDED_BY(mu_);
+  std::vector<PendingRename> pending_renames_ KVF_GUARDED_BY(mu_);  // oldest first
+  FaultStream write_failure_ KVF_GUARDED_BY(mu_);
+  FaultStream read_failure_ KVF_GUARDED_BY(mu_);
+  FaultStream read_corruption_ KVF_GUARDED_BY(mu_);
+  FaultInjectionCounters counters_ KVF_GUARDED_BY(mu_);
 };
 
 }  // namespace kvfabric
