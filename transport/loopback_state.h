@@ -6,20 +6,19 @@
 #define KVFABRIC_TRANSPORT_LOOPBACK_STATE_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/mutex.h"
 #include "core/status.h"
 #include "core/statusor.h"
 #include "transport/transfer_batch.h"
@@ -35,8 +34,8 @@ class Core;
 struct RegionState {
   explicit RegionState(std::span<std::byte> b) : bytes(b) {}
   const std::span<std::byte> bytes;
-  std::mutex mu;
-  bool alive = true;  // guarded by mu
+  Mutex mu;
+  bool alive KVF_GUARDED_BY(mu) = true;
 };
 
 struct EndpointState;
@@ -75,21 +74,21 @@ struct EndpointState {
 
   const std::uint64_t id;
   const std::string peer_address;
-  std::mutex mu;
-  Status failure;                                       // guarded by mu; OK while usable
-  std::weak_ptr<EndpointState> peer;                    // guarded by mu; set once at connect
-  std::weak_ptr<Core> peer_core;                        // guarded by mu; set once at connect
-  std::uint64_t peer_core_id = 0;                       // guarded by mu; set once at connect
-  Endpoint* owner = nullptr;                            // guarded by mu; the user's object, if any
-  std::set<std::shared_ptr<Op>> pending;                // guarded by mu
-  std::vector<std::weak_ptr<BatchCompletion>> batches;  // guarded by mu
+  Mutex mu;
+  Status failure KVF_GUARDED_BY(mu);                     // OK while usable
+  std::weak_ptr<EndpointState> peer KVF_GUARDED_BY(mu);  // set once at connect
+  std::weak_ptr<Core> peer_core KVF_GUARDED_BY(mu);      // set once at connect
+  std::uint64_t peer_core_id KVF_GUARDED_BY(mu) = 0;     // set once at connect
+  Endpoint* owner KVF_GUARDED_BY(mu) = nullptr;          // the user's object, if any
+  std::set<std::shared_ptr<Op>> pending KVF_GUARDED_BY(mu);
+  std::vector<std::weak_ptr<BatchCompletion>> batches KVF_GUARDED_BY(mu);
 };
 
 // Removes a finished op from its endpoint and completes its entry.
 // REQUIRES: the caller moved op->state to kFinished.
 void CompleteOp(const std::shared_ptr<Op>& op, Status status, std::uint64_t bytes) {
   if (std::shared_ptr<EndpointState> origin = op->origin.lock()) {
-    std::lock_guard<std::mutex> lock(origin->mu);
+    MutexLock lock(&origin->mu);
     origin->pending.erase(op);
   }
   op->completion->Complete(op->index, std::move(status), bytes);
@@ -100,7 +99,7 @@ void CompleteOp(const std::shared_ptr<Op>& op, Status status, std::uint64_t byte
 void FailEndpoint(EndpointState& ep, const Status& failure, const Status& entry_status) {
   std::vector<std::shared_ptr<Op>> ops;
   {
-    std::lock_guard<std::mutex> lock(ep.mu);
+    MutexLock lock(&ep.mu);
     if (ep.failure.ok()) ep.failure = failure;
     ops.assign(ep.pending.begin(), ep.pending.end());
   }
@@ -115,7 +114,7 @@ void Disconnect(EndpointState& ep, const Status& entry_status) {
   FailEndpoint(ep, Status::Unavailable("endpoint closed"), entry_status);
   std::shared_ptr<EndpointState> peer;
   {
-    std::lock_guard<std::mutex> lock(ep.mu);
+    MutexLock lock(&ep.mu);
     peer = ep.peer.lock();
   }
   if (peer) {
@@ -126,7 +125,7 @@ void Disconnect(EndpointState& ep, const Status& entry_status) {
 
 inline std::vector<std::shared_ptr<BatchCompletion>> LiveBatches(EndpointState& ep) {
   std::vector<std::shared_ptr<BatchCompletion>> live;
-  std::lock_guard<std::mutex> lock(ep.mu);
+  MutexLock lock(&ep.mu);
   for (const std::weak_ptr<BatchCompletion>& w : ep.batches) {
     if (std::shared_ptr<BatchCompletion> b = w.lock()) live.push_back(std::move(b));
   }
@@ -141,7 +140,7 @@ class Registry {
 
   // Binds `name` ("0" picks one) and returns the bound name.
   StatusOr<std::string> Bind(std::string name, std::weak_ptr<Core> core) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (name == "0") {
       do {
         name = "auto-" + std::to_string(++next_name_);
@@ -158,12 +157,12 @@ class Registry {
   }
 
   void Unbind(const std::string& name) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     listeners_.erase(name);
   }
 
   std::shared_ptr<Core> Find(const std::string& name) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = listeners_.find(name);
     return it == listeners_.end() ? nullptr : it->second.lock();
   }
@@ -171,9 +170,9 @@ class Registry {
  private:
   std::atomic<std::uint64_t> next_core_id_{0};
   std::atomic<std::uint64_t> next_endpoint_id_{0};
-  std::mutex mu_;
-  std::map<std::string, std::weak_ptr<Core>> listeners_;  // guarded by mu_
-  std::uint64_t next_name_ = 0;                           // guarded by mu_
+  Mutex mu_;
+  std::map<std::string, std::weak_ptr<Core>> listeners_ KVF_GUARDED_BY(mu_);
+  std::uint64_t next_name_ KVF_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvfabric::transport::loopback_internal

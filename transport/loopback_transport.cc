@@ -1,12 +1,10 @@
 #include "transport/loopback_transport.h"
 
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <new>
 #include <set>
 #include <string_view>
@@ -14,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/mutex.h"
 #include "transport/loopback_state.h"
 
 namespace kvfabric::transport {
@@ -68,58 +67,58 @@ class Core : public std::enable_shared_from_this<Core> {
   bool PostPeer(Job job) { return Post(std::move(job), &peer_work_); }
 
   void SetStalled(bool stalled) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stalled_ = stalled;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 
   // Returns once every job queued before the call has run (or at once on the
   // worker itself, or after shutdown).
   void Barrier() {
     if (OnWorker()) return;
-    auto done = std::make_shared<std::pair<std::mutex, std::condition_variable>>();
+    auto done = std::make_shared<std::pair<Mutex, CondVar>>();
     auto flag = std::make_shared<bool>(false);
     bool posted = PostLocal([done, flag](bool) {
-      std::lock_guard<std::mutex> lock(done->first);
+      MutexLock lock(&done->first);
       *flag = true;
-      done->second.notify_all();
+      done->second.NotifyAll();
     });
     if (!posted) return;
-    std::unique_lock<std::mutex> lock(done->first);
-    done->second.wait(lock, [&] { return *flag; });
+    MutexLock lock(&done->first);
+    done->second.Wait(&done->first, [&] { return *flag; });
   }
 
   void SetMessageHandler(MessageHandler handler) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     message_handler_ = std::move(handler);
   }
 
   Status Listen(const std::string& address, AcceptHandler on_accept);
   std::string listen_address() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return listen_name_.empty() ? "" : std::string(kAddressPrefix) + listen_name_;
   }
 
   // Registers an endpoint for shutdown. False once shutting down.
   bool AddEndpoint(std::shared_ptr<EndpointState> ep) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (shutting_down_) return false;
     endpoints_.insert(std::move(ep));
     return true;
   }
   void ForgetEndpoint(const std::shared_ptr<EndpointState>& ep) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     endpoints_.erase(ep);
   }
 
   std::uint64_t AddRegion(std::shared_ptr<RegionState> region) {
-    std::lock_guard<std::mutex> lock(regions_mu_);
+    MutexLock lock(&regions_mu_);
     std::uint64_t id = ++next_region_id_;
     regions_.emplace(id, std::move(region));
     return id;
   }
   void RemoveRegion(std::uint64_t id) {
-    std::lock_guard<std::mutex> lock(regions_mu_);
+    MutexLock lock(&regions_mu_);
     regions_.erase(id);
   }
 
@@ -134,10 +133,10 @@ class Core : public std::enable_shared_from_this<Core> {
 
  private:
   bool Post(Job job, std::deque<Job>* queue) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_) return false;
     queue->push_back(std::move(job));
-    cv_.notify_all();
+    cv_.NotifyAll();
     return true;
   }
   void Run();
@@ -148,21 +147,21 @@ class Core : public std::enable_shared_from_this<Core> {
   const std::uint64_t id_;
   std::thread worker_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> local_work_;      // guarded by mu_
-  std::deque<Job> peer_work_;       // guarded by mu_
-  bool stalled_ = false;            // guarded by mu_
-  bool stopping_ = false;           // guarded by mu_; no more jobs are queued
-  bool shutting_down_ = false;      // guarded by mu_; no more endpoints are added
-  std::string listen_name_;         // guarded by mu_
-  AcceptHandler accept_handler_;    // guarded by mu_
-  MessageHandler message_handler_;  // guarded by mu_
-  std::set<std::shared_ptr<EndpointState>> endpoints_;  // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<Job> local_work_ KVF_GUARDED_BY(mu_);
+  std::deque<Job> peer_work_ KVF_GUARDED_BY(mu_);
+  bool stalled_ KVF_GUARDED_BY(mu_) = false;
+  bool stopping_ KVF_GUARDED_BY(mu_) = false;       // no more jobs are queued
+  bool shutting_down_ KVF_GUARDED_BY(mu_) = false;  // no more endpoints are added
+  std::string listen_name_ KVF_GUARDED_BY(mu_);
+  AcceptHandler accept_handler_ KVF_GUARDED_BY(mu_);
+  MessageHandler message_handler_ KVF_GUARDED_BY(mu_);
+  std::set<std::shared_ptr<EndpointState>> endpoints_ KVF_GUARDED_BY(mu_);
 
-  std::mutex regions_mu_;
-  std::map<std::uint64_t, std::shared_ptr<RegionState>> regions_;  // guarded by regions_mu_
-  std::uint64_t next_region_id_ = 0;                               // guarded by regions_mu_
+  Mutex regions_mu_;
+  std::map<std::uint64_t, std::shared_ptr<RegionState>> regions_ KVF_GUARDED_BY(regions_mu_);
+  std::uint64_t next_region_id_ KVF_GUARDED_BY(regions_mu_) = 0;
 };
 
 namespace {
@@ -179,7 +178,7 @@ class LoopbackRegion final : public MemoryRegion {
 
   ~LoopbackRegion() override {
     if (std::shared_ptr<Core> core = core_.lock()) core->RemoveRegion(id_);
-    std::lock_guard<std::mutex> lock(state_->mu);  // waits for a peer's copy
+    MutexLock lock(&state_->mu);  // waits for a peer's copy
     state_->alive = false;
   }
 
@@ -277,13 +276,13 @@ class LoopbackEndpoint final : public Endpoint {
  public:
   LoopbackEndpoint(std::shared_ptr<EndpointState> state, std::weak_ptr<Core> core)
       : state_(std::move(state)), core_(std::move(core)) {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    MutexLock lock(&state_->mu);
     state_->owner = this;
   }
 
   ~LoopbackEndpoint() override {
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      MutexLock lock(&state_->mu);
       state_->owner = nullptr;
     }
     Close(CloseMode::kForce, Clock::now()).IgnoreError();  // kForce returns OK
@@ -294,7 +293,7 @@ class LoopbackEndpoint final : public Endpoint {
   std::string peer_address() const override { return state_->peer_address; }
 
   Status health() const override {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    MutexLock lock(&state_->mu);
     if (!state_->failure.ok()) return Status::Unavailable(state_->failure.message());
     if (state_->peer_core.expired()) return Status::Unavailable("peer transport is gone");
     return Status::OK();
@@ -343,7 +342,7 @@ StatusOr<std::unique_ptr<RemoteRegion>> LoopbackEndpoint::ImportRegion(std::stri
   const auto kind = static_cast<MemoryKind>(exported[at + 32]);
   std::uint64_t peer_core_id;
   {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    MutexLock lock(&state_->mu);
     peer_core_id = state_->peer_core_id;
   }
   if (core_id != peer_core_id) {
@@ -415,7 +414,7 @@ StatusOr<std::unique_ptr<TransferBatch>> LoopbackEndpoint::Submit(
   std::weak_ptr<EndpointState> target;
   std::shared_ptr<Core> peer_core;
   {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    MutexLock lock(&state_->mu);
     target = state_->peer;
     peer_core = state_->peer_core.lock();
   }
@@ -440,7 +439,7 @@ StatusOr<std::unique_ptr<TransferBatch>> LoopbackEndpoint::Submit(
   }
   Status failure;
   {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    MutexLock lock(&state_->mu);
     failure = state_->failure;
     if (failure.ok()) {
       state_->pending.insert(created.begin(), created.end());
@@ -473,35 +472,35 @@ Status Core::Listen(const std::string& address, AcceptHandler on_accept) {
                                    address + "\"");
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!listen_name_.empty()) return Status::FailedPrecondition("already listening");
   }
   KVF_ASSIGN_OR_RETURN(std::string name,
                        registry_->Bind(address.substr(kAddressPrefix.size()), weak_from_this()));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   listen_name_ = std::move(name);
   accept_handler_ = std::move(on_accept);
   return Status::OK();
 }
 
 void Core::Run() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (;;) {
-    cv_.wait(lock, [this] {
+    cv_.Wait(&mu_, [this]() KVF_REQUIRES(mu_) {
       return stopping_ || !local_work_.empty() || (!stalled_ && !peer_work_.empty());
     });
     if (stopping_) break;
     std::deque<Job>& queue = !local_work_.empty() ? local_work_ : peer_work_;
     Job job = std::move(queue.front());
     queue.pop_front();
-    lock.unlock();
+    lock.Unlock();
     job(false);
-    lock.lock();
+    lock.Lock();
   }
   // Drain: nothing more can be queued (stopping_), so this terminates.
   std::deque<Job> local = std::move(local_work_);
   std::deque<Job> peer = std::move(peer_work_);
-  lock.unlock();
+  lock.Unlock();
   for (Job& job : local) job(true);
   for (Job& job : peer) job(true);
 }
@@ -509,12 +508,12 @@ void Core::Run() {
 Status Core::Copy(const Op& op, std::uint64_t* bytes) {
   std::shared_ptr<RegionState> region;
   {
-    std::lock_guard<std::mutex> lock(regions_mu_);
+    MutexLock lock(&regions_mu_);
     auto it = regions_.find(op.region_id);
     if (it != regions_.end()) region = it->second;
   }
   if (region == nullptr) return Status::Unavailable("peer region is no longer registered");
-  std::lock_guard<std::mutex> lock(region->mu);
+  MutexLock lock(&region->mu);
   if (!region->alive) return Status::Unavailable("peer region is no longer registered");
   if (!RangeFits(op.region_offset, op.local.size(), region->bytes.size())) {
     return Status::Internal("loopback: range outside the peer region passed validation");
@@ -534,12 +533,12 @@ Status Core::Copy(const Op& op, std::uint64_t* bytes) {
 Status Core::Deliver(const Op& op, EndpointState& target) {
   MessageHandler handler;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     handler = message_handler_;
   }
   Endpoint* owner;
   {
-    std::lock_guard<std::mutex> lock(target.mu);
+    MutexLock lock(&target.mu);
     owner = target.owner;
   }
   LoopbackIncomingMessage message(owner, id_, op.header, op.local);
@@ -555,7 +554,7 @@ void Core::Execute(const std::shared_ptr<Op>& op, bool shutting_down) {
   std::shared_ptr<EndpointState> target = op->target.lock();
   Status target_failure = Status::Unavailable("peer endpoint is gone");
   if (target != nullptr) {
-    std::lock_guard<std::mutex> lock(target->mu);
+    MutexLock lock(&target->mu);
     target_failure = target->failure;
   }
   if (shutting_down) {
@@ -575,7 +574,7 @@ void Core::Execute(const std::shared_ptr<Op>& op, bool shutting_down) {
 void Core::DeliverAccept(std::shared_ptr<EndpointState> ep, bool shutting_down) {
   AcceptHandler handler;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     handler = accept_handler_;
   }
   if (shutting_down || !handler) {
@@ -590,7 +589,7 @@ void Core::Shutdown() {
   std::set<std::shared_ptr<EndpointState>> endpoints;
   std::string name;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     shutting_down_ = true;
     endpoints.swap(endpoints_);
     name = listen_name_;
@@ -604,9 +603,9 @@ void Core::Shutdown() {
     for (const std::shared_ptr<BatchCompletion>& b : LiveBatches(*ep)) b->WaitForever();
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   if (worker_.joinable()) worker_.join();
 }
@@ -676,12 +675,19 @@ StatusOr<std::unique_ptr<Endpoint>> LoopbackTransport::Connect(const std::string
       core_->listen_address().empty() ? "loopback:(client)" : core_->listen_address();
   auto mine = std::make_shared<EndpointState>(core_->registry().NewEndpointId(), address);
   auto theirs = std::make_shared<EndpointState>(core_->registry().NewEndpointId(), self_address);
-  mine->peer = theirs;
-  mine->peer_core = peer;
-  mine->peer_core_id = peer->id();
-  theirs->peer = mine;
-  theirs->peer_core = core_;
-  theirs->peer_core_id = core_->id();
+  {
+    // Not shared yet: the locks cost nothing and let the analysis check the rest.
+    MutexLock lock(&mine->mu);
+    mine->peer = theirs;
+    mine->peer_core = peer;
+    mine->peer_core_id = peer->id();
+  }
+  {
+    MutexLock lock(&theirs->mu);
+    theirs->peer = mine;
+    theirs->peer_core = core_;
+    theirs->peer_core_id = core_->id();
+  }
   if (!core_->AddEndpoint(mine)) return Status::FailedPrecondition("transport is shutting down");
   Core* pc = peer.get();
   if (!peer->AddEndpoint(theirs) ||

@@ -1,3 +1,4 @@
+#include "core/mutex.h"
 #include "transport/loopback_transport.h"
 
 #include <gtest/gtest.h>
@@ -6,7 +7,6 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -56,7 +56,7 @@ class LoopbackTransportTest : public ::testing::Test {
     EXPECT_TRUE(server
                     .Listen("loopback:0",
                             [this](std::unique_ptr<Endpoint> ep) {
-                              std::lock_guard<std::mutex> lock(mu_);
+                              MutexLock lock(&mu_);
                               accepted_.push_back(std::move(ep));
                             })
                     .ok());
@@ -66,8 +66,8 @@ class LoopbackTransportTest : public ::testing::Test {
   }
 
   LoopbackNetwork network_;
-  std::mutex mu_;
-  std::vector<std::unique_ptr<Endpoint>> accepted_;  // guarded by mu_
+  Mutex mu_;
+  std::vector<std::unique_ptr<Endpoint>> accepted_ KVF_GUARDED_BY(mu_);
 };
 
 TEST_F(LoopbackTransportTest, CreateRequiresANetwork) {

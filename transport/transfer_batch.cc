@@ -3,6 +3,8 @@
 #include <string>
 #include <utility>
 
+#include "core/mutex.h"
+
 namespace kvfabric::transport {
 
 BatchCompletion::BatchCompletion(std::size_t entries, std::function<void()> cancel)
@@ -14,7 +16,7 @@ BatchCompletion::BatchCompletion(std::size_t entries, std::function<void()> canc
 void BatchCompletion::Complete(std::size_t index, Status status, std::uint64_t bytes) {
   std::function<void()> done;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (completed_[index]) return;
     completed_[index] = true;
     results_[index].status = std::move(status);
@@ -22,14 +24,14 @@ void BatchCompletion::Complete(std::size_t index, Status status, std::uint64_t b
     if (--remaining_ != 0) return;
     done = std::move(on_done_);
     cancel_ = nullptr;  // nothing left to cancel
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   if (done) done();
 }
 
 void BatchCompletion::OnDone(std::function<void()> fn) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (remaining_ != 0) {
       on_done_ = std::move(fn);
       return;
@@ -41,7 +43,7 @@ void BatchCompletion::OnDone(std::function<void()> fn) {
 void BatchCompletion::Cancel() {
   std::function<void()> cancel;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     cancel = std::move(cancel_);
     cancel_ = nullptr;
   }
@@ -49,13 +51,13 @@ void BatchCompletion::Cancel() {
 }
 
 bool BatchCompletion::Done() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return remaining_ == 0;
 }
 
 Status BatchCompletion::Wait(std::chrono::steady_clock::time_point deadline) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_until(lock, deadline, [this] { return remaining_ == 0; })) {
+  MutexLock lock(&mu_);
+  if (!cv_.WaitUntil(&mu_, deadline, [this]() KVF_REQUIRES(mu_) { return remaining_ == 0; })) {
     return Status::DeadlineExceeded(std::to_string(remaining_) + " of " +
                                     std::to_string(results_.size()) +
                                     " transfers still in flight at the deadline");
@@ -64,8 +66,8 @@ Status BatchCompletion::Wait(std::chrono::steady_clock::time_point deadline) con
 }
 
 void BatchCompletion::WaitForever() const {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return remaining_ == 0; });
+  MutexLock lock(&mu_);
+  cv_.Wait(&mu_, [this]() KVF_REQUIRES(mu_) { return remaining_ == 0; });
 }
 
 TransferBatch::~TransferBatch() {

@@ -11,15 +11,14 @@
 #define KVFABRIC_TRANSPORT_TRANSFER_BATCH_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <vector>
 
+#include "core/mutex.h"
 #include "core/status.h"
 
 namespace kvfabric::transport {
@@ -61,13 +60,15 @@ class BatchCompletion {
   std::span<const TransferResult> results() const { return results_; }
 
  private:
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  std::vector<TransferResult> results_;  // guarded by mu_ until Done()
-  std::vector<bool> completed_;          // guarded by mu_
-  std::size_t remaining_;                // guarded by mu_
-  std::function<void()> on_done_;        // guarded by mu_
-  std::function<void()> cancel_;         // guarded by mu_; taken by the first Cancel()
+  mutable Mutex mu_;
+  mutable CondVar cv_;
+  // Written under mu_ until Done(), then read without it (results()): not
+  // KVF_GUARDED_BY, which cannot say "until".
+  std::vector<TransferResult> results_;
+  std::vector<bool> completed_ KVF_GUARDED_BY(mu_);
+  std::size_t remaining_ KVF_GUARDED_BY(mu_);
+  std::function<void()> on_done_ KVF_GUARDED_BY(mu_);
+  std::function<void()> cancel_ KVF_GUARDED_BY(mu_);  // taken by the first Cancel()
 };
 
 class TransferBatch {

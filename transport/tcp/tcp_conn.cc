@@ -14,11 +14,9 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -27,6 +25,7 @@
 #include <vector>
 
 #include "core/errno_status.h"
+#include "core/mutex.h"
 #include "core/socket_address.h"
 
 namespace kvfabric::tcp::internal {
@@ -108,7 +107,7 @@ StatusOr<std::unique_ptr<TransferBatch>> Conn::Submit(std::span<const Transfer> 
 
   std::uint64_t tag = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     tag = next_tag_++;
   }
   std::weak_ptr<Conn> weak = weak_from_this();
@@ -118,7 +117,7 @@ StatusOr<std::unique_ptr<TransferBatch>> Conn::Submit(std::span<const Transfer> 
   std::vector<Outcome> refused;
   bool post = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (std::size_t i = 0; i < transfers.size(); ++i) {
       const Transfer& t = transfers[i];
       EntryRef e{batch, i, tag, next_id_++};
@@ -185,11 +184,11 @@ void Conn::Finish(std::vector<Outcome>& outcomes) {
   for (Outcome& o : outcomes) o.batch->Complete(o.index, std::move(o.status), o.bytes);
   bool any = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const Outcome& o : outcomes) {
       if (o.id != 0) any |= outstanding_.erase(o.id) > 0;
     }
-    if (any) cv_.notify_all();
+    if (any) cv_.NotifyAll();
   }
   outcomes.clear();
 }
@@ -200,7 +199,7 @@ void Conn::Pump() {
   bool blocked = false;  // the socket is full: EPOLLOUT resumes
   bool resume = false;   // reading was paused and the queue has drained
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (closed_) return;
     while (!txq_.empty()) {
       TxFrame& f = *txq_.front();
@@ -268,7 +267,7 @@ void Conn::Pump() {
 }
 
 void Conn::Enqueue(std::unique_ptr<TxFrame> frame) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (closed_) return;
   if (frame->type == FrameType::kReadData || frame->type == FrameType::kWriteAck) {
     frame->is_reply = true;
@@ -284,7 +283,7 @@ void Conn::RefreshInterest() {
   std::uint32_t want = EPOLLRDHUP;
   if (!hello_done_ || (!worker_->core()->stalled.load() && !read_paused_)) want |= EPOLLIN;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (closed_) return;
     if (want_write_) want |= EPOLLOUT;
     if (want == interest_) return;
@@ -359,7 +358,7 @@ void Conn::OnReadable() {
   // reading stopped: nothing else would send them.
   bool pump = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     pump = !closed_ && !txq_.empty() && !want_write_;
   }
   if (pump) Pump();
@@ -372,7 +371,7 @@ bool Conn::ReadSome() {
     if (hello_done_ && worker_->core()->stalled.load()) return false;
     if (read_paused_) return false;
     if (phase_ == Phase::kHeader) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (replies_queued_ >= kMaxQueuedReplies) read_paused_ = true;
     }
     if (read_paused_) {
@@ -553,7 +552,7 @@ bool Conn::DispatchHeader(const FrameHeader& h, std::span<const std::byte> messa
     case FrameType::kWriteAck: {
       std::vector<Outcome> done;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         auto it = writes_.find(h.id);
         if (it != writes_.end()) {
           Status s = ReplyStatus(h.status, "kWrite to " + peer_);
@@ -570,7 +569,7 @@ bool Conn::DispatchHeader(const FrameHeader& h, std::span<const std::byte> messa
       std::vector<Outcome> done;
       Status bad;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         auto it = reads_.find(h.id);
         if (it != reads_.end()) {
           if (h.status != 0) {
@@ -632,7 +631,7 @@ void Conn::PayloadDone() {
       break;
     }
     case Sink::kReadData: {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = reads_.find(rx_id_);
       if (it != reads_.end()) {
         done.push_back({it->second.entry.batch, it->second.entry.index, it->second.entry.id,
@@ -652,7 +651,7 @@ void Conn::PayloadDone() {
 void Conn::CancelBatch(std::uint64_t tag) {
   std::vector<Outcome> done;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const Status c = Status::Cancelled("batch cancelled");
     for (auto it = txq_.begin(); it != txq_.end();) {
       TxFrame& f = **it;
@@ -686,9 +685,9 @@ void Conn::CancelBatch(std::uint64_t tag) {
 }
 
 Status Conn::Flush(Deadline deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const std::uint64_t upto = next_id_;
-  const bool ok = cv_.wait_until(lock, deadline, [&] {
+  const bool ok = cv_.WaitUntil(&mu_, deadline, [&]() KVF_REQUIRES(mu_) {
     return outstanding_.empty() || *outstanding_.begin() >= upto;
   });
   if (!ok) {
@@ -702,7 +701,7 @@ Status Conn::Close(transport::CloseMode mode, Deadline deadline) {
   Status result;
   if (mode == transport::CloseMode::kGraceful) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       closing_ = true;
     }
     if (!Flush(deadline).ok()) {
@@ -720,7 +719,7 @@ Status Conn::Close(transport::CloseMode mode, Deadline deadline) {
 
 bool Conn::Pins(const RegionState* region) {
   if (rx_pin_.get() == region) return true;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& f : txq_) {
     if (f->pin.get() == region) return true;
   }
@@ -731,7 +730,7 @@ void Conn::Fail(const Status& entries, const Status& health) {
   std::vector<Outcome> done;
   std::deque<std::unique_ptr<TxFrame>> frames;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
     health_ = health;
@@ -758,8 +757,8 @@ void Conn::Fail(const Status& entries, const Status& health) {
   if (cb) cb(entries.code() == StatusCode::kCancelled ? Status::Cancelled(entries.message())
                                                       : Status::Unavailable(entries.message()));
   Finish(done);
-  std::lock_guard<std::mutex> lock(mu_);
-  cv_.notify_all();
+  MutexLock lock(&mu_);
+  cv_.NotifyAll();
 }
 
 }  // namespace kvfabric::tcp::internal

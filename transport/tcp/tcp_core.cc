@@ -14,11 +14,9 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -27,6 +25,7 @@
 #include <vector>
 
 #include "core/errno_status.h"
+#include "core/mutex.h"
 #include "core/socket_address.h"
 
 namespace kvfabric::tcp::internal {
@@ -58,7 +57,7 @@ void Core::Shutdown() {
     });
     (*it)->Stop();
   }
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(&mu);
   if (listen_fd >= 0) ::close(listen_fd);
   listen_fd = -1;
 }
@@ -69,7 +68,7 @@ std::shared_ptr<Worker> Core::NextWorker() {
 
 std::uint64_t Core::NewGrant(std::shared_ptr<RegionState> region, std::uint64_t offset,
                              std::uint64_t length) {
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(&mu);
   std::uint64_t id = 0;
   while (id == 0 || grants_.count(id) != 0) id = rng_();
   grants_[id] = Grant{std::move(region), offset, length};
@@ -81,7 +80,7 @@ StatusCode Core::Resolve(std::uint64_t grant, std::uint64_t offset, std::uint64_
   std::shared_ptr<RegionState> region;
   std::uint64_t base = 0;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     auto it = grants_.find(grant);
     if (it == grants_.end()) return StatusCode::kUnavailable;
     if (offset > it->second.length || length > it->second.length - offset) {
@@ -98,13 +97,13 @@ StatusCode Core::Resolve(std::uint64_t grant, std::uint64_t offset, std::uint64_
 
 void Core::Revoke(const std::shared_ptr<RegionState>& region) {
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     for (auto it = grants_.begin(); it != grants_.end();) {
       it = it->second.region == region ? grants_.erase(it) : std::next(it);
     }
   }
   {
-    std::lock_guard<std::mutex> lock(region->mu);
+    MutexLock lock(&region->mu);
     region->revoked = true;
     if (region->pins == 0) return;
   }
@@ -112,8 +111,8 @@ void Core::Revoke(const std::shared_ptr<RegionState>& region) {
   for (const auto& w : workers) {
     w->RunAndWait([w = w.get(), r = region.get()] { w->FailConnsPinning(r); });
   }
-  std::unique_lock<std::mutex> lock(region->mu);
-  region->cv.wait(lock, [&] { return region->pins == 0; });
+  MutexLock lock(&region->mu);
+  region->cv.Wait(&region->mu, [&]() KVF_REQUIRES(region->mu) { return region->pins == 0; });
 }
 
 void Core::ApplySocketOptions(int fd) const {
@@ -162,7 +161,7 @@ Status Worker::Start() {
 
 bool Worker::Post(std::function<void()> fn) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopped_ || stopping_) return false;
     tasks_.push_back(std::move(fn));
   }
@@ -176,14 +175,14 @@ void Worker::RunAndWait(const std::function<void()>& fn) {
     fn();
     return;
   }
-  std::mutex m;
-  std::condition_variable cv;
+  Mutex m;
+  CondVar cv;
   bool done = false;
   const bool posted = Post([&] {
     fn();
-    std::lock_guard<std::mutex> lock(m);
+    MutexLock lock(&m);
     done = true;
-    cv.notify_all();
+    cv.NotifyAll();
   });
   if (!posted) {
     // Stopped (or stopping: Stop joins the thread before returning, so this
@@ -192,13 +191,13 @@ void Worker::RunAndWait(const std::function<void()>& fn) {
     fn();
     return;
   }
-  std::unique_lock<std::mutex> lock(m);
-  cv.wait(lock, [&] { return done; });
+  MutexLock lock(&m);
+  cv.Wait(&m, [&] { return done; });
 }
 
 void Worker::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopped_) return;
     stopping_ = true;
   }
@@ -206,7 +205,7 @@ void Worker::Stop() {
   const std::uint64_t one = 1;
   (void)!::write(wakefd_, &one, sizeof(one));
   if (thread_.joinable()) thread_.join();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   stopped_ = true;
 }
 
@@ -339,7 +338,7 @@ void Worker::Loop() {
         (void)!::read(wakefd_, &v, sizeof(v));
         std::vector<std::function<void()>> tasks;
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(&mu_);
           tasks.swap(tasks_);
         }
         for (auto& t : tasks) t();
@@ -362,7 +361,7 @@ void Worker::Loop() {
         c->OnReadable();
       }
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_ && tasks_.empty()) break;
   }
   // Whatever is still here fails now (Shutdown failed them already).
@@ -374,7 +373,7 @@ void Worker::Loop() {
   }
   std::vector<std::function<void()>> tasks;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     tasks.swap(tasks_);
   }
   for (auto& t : tasks) t();

@@ -10,13 +10,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <set>
 #include <span>
@@ -27,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/mutex.h"
 #include "core/status.h"
 #include "core/statusor.h"
 #include "transport/tcp/tcp_transport.h"
@@ -66,20 +65,20 @@ constexpr std::size_t kMaxQueuedReplies = 4096;
 struct RegionState {
   std::byte* base = nullptr;
   std::uint64_t size = 0;
-  std::mutex mu;
-  std::condition_variable cv;
-  int pins = 0;          // guarded by mu
-  bool revoked = false;  // guarded by mu
+  Mutex mu;
+  CondVar cv;
+  int pins KVF_GUARDED_BY(mu) = 0;
+  bool revoked KVF_GUARDED_BY(mu) = false;
 
   bool Pin() {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     if (revoked) return false;
     ++pins;
     return true;
   }
   void Unpin() {
-    std::lock_guard<std::mutex> lock(mu);
-    if (--pins == 0) cv.notify_all();
+    MutexLock lock(&mu);
+    if (--pins == 0) cv.NotifyAll();
   }
 };
 
@@ -186,16 +185,16 @@ class Core {
   transport::AcceptHandler on_accept;                   // set by Listen
   std::atomic<bool> stalled{false};
   std::vector<std::shared_ptr<Worker>> workers;         // fixed after Start
-  std::mutex mu;
-  int listen_fd = -1;                                   // guarded by mu
-  std::string listen_address;                           // guarded by mu
+  Mutex mu;
+  int listen_fd KVF_GUARDED_BY(mu) = -1;
+  std::string listen_address KVF_GUARDED_BY(mu);
 
  private:
   const TcpTransportOptions options_;
   std::uint64_t instance_ = 0;
   std::atomic<unsigned> next_worker_{0};
-  std::unordered_map<std::uint64_t, Grant> grants_;  // guarded by mu
-  std::mt19937_64 rng_;                              // guarded by mu
+  std::unordered_map<std::uint64_t, Grant> grants_ KVF_GUARDED_BY(mu);
+  std::mt19937_64 rng_ KVF_GUARDED_BY(mu);
 };
 
 class Worker : public std::enable_shared_from_this<Worker> {
@@ -235,10 +234,10 @@ class Worker : public std::enable_shared_from_this<Worker> {
   int listen_fd_ = -1;  // worker thread only
   std::thread thread_;
   std::thread::id thread_id_;
-  std::mutex mu_;
-  std::vector<std::function<void()>> tasks_;  // guarded by mu_
-  bool stopping_ = false;                     // guarded by mu_
-  bool stopped_ = false;                      // guarded by mu_
+  Mutex mu_;
+  std::vector<std::function<void()>> tasks_ KVF_GUARDED_BY(mu_);
+  bool stopping_ KVF_GUARDED_BY(mu_) = false;
+  bool stopped_ KVF_GUARDED_BY(mu_) = false;
   std::unordered_map<Conn*, std::shared_ptr<Conn>> conns_;  // worker thread only
   // Accepted connections still owing their hello, oldest first, with the
   // time by which it must come (worker thread only).
@@ -269,7 +268,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::string peer() const { return peer_; }
   std::uint64_t peer_instance() const { return peer_instance_; }
   Status health() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return health_;
   }
   StatusOr<std::unique_ptr<TransferBatch>> Submit(std::span<const Transfer> transfers);
@@ -277,11 +276,11 @@ class Conn : public std::enable_shared_from_this<Conn> {
   Status Close(transport::CloseMode mode, Deadline deadline);
   void CancelBatch(std::uint64_t tag);
   void SetEndpoint(Endpoint* ep) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     endpoint_ = ep;
   }
   Endpoint* endpoint() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return endpoint_;
   }
   const std::shared_ptr<Worker>& worker() const { return worker_; }
@@ -315,7 +314,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void Enqueue(std::unique_ptr<TxFrame> frame);  // worker thread, replies
   void Finish(std::vector<Outcome>& outcomes);
   bool Closed() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return closed_;
   }
   void ProtocolError(const Status& why);
@@ -325,21 +324,21 @@ class Conn : public std::enable_shared_from_this<Conn> {
   const std::string peer_;
   std::uint64_t peer_instance_;  // set before the endpoint exists
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  Status health_;                   // guarded by mu_
-  bool closing_ = false;            // guarded by mu_: no new entries
-  bool closed_ = false;             // guarded by mu_
-  bool tx_scheduled_ = false;       // guarded by mu_: the worker will pump
-  bool want_write_ = false;         // guarded by mu_: waiting for EPOLLOUT
-  Endpoint* endpoint_ = nullptr;    // guarded by mu_
-  std::uint64_t next_id_ = 1;       // guarded by mu_
-  std::uint64_t next_tag_ = 1;      // guarded by mu_
-  std::deque<std::unique_ptr<TxFrame>> txq_;                // guarded by mu_
-  std::size_t replies_queued_ = 0;                          // guarded by mu_
-  std::unordered_map<std::uint64_t, PendingRead> reads_;    // guarded by mu_
-  std::unordered_map<std::uint64_t, PendingWrite> writes_;  // guarded by mu_
-  std::set<std::uint64_t> outstanding_;                     // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  Status health_ KVF_GUARDED_BY(mu_);
+  bool closing_ KVF_GUARDED_BY(mu_) = false;  // no new entries
+  bool closed_ KVF_GUARDED_BY(mu_) = false;
+  bool tx_scheduled_ KVF_GUARDED_BY(mu_) = false;  // the worker will pump
+  bool want_write_ KVF_GUARDED_BY(mu_) = false;    // waiting for EPOLLOUT
+  Endpoint* endpoint_ KVF_GUARDED_BY(mu_) = nullptr;
+  std::uint64_t next_id_ KVF_GUARDED_BY(mu_) = 1;
+  std::uint64_t next_tag_ KVF_GUARDED_BY(mu_) = 1;
+  std::deque<std::unique_ptr<TxFrame>> txq_ KVF_GUARDED_BY(mu_);
+  std::size_t replies_queued_ KVF_GUARDED_BY(mu_) = 0;
+  std::unordered_map<std::uint64_t, PendingRead> reads_ KVF_GUARDED_BY(mu_);
+  std::unordered_map<std::uint64_t, PendingWrite> writes_ KVF_GUARDED_BY(mu_);
+  std::set<std::uint64_t> outstanding_ KVF_GUARDED_BY(mu_);
 
   // Receive state: worker thread only.
   bool hello_done_;

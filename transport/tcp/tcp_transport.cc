@@ -14,11 +14,9 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -27,6 +25,7 @@
 #include <vector>
 
 #include "core/errno_status.h"
+#include "core/mutex.h"
 #include "core/socket_address.h"
 #include "core/units.h"
 #include "transport/tcp/tcp_internal.h"
@@ -196,7 +195,7 @@ Status TcpTransport::Listen(const std::string& address, transport::AcceptHandler
   sockaddr_storage sa{};
   socklen_t len = 0;
   KVF_RETURN_IF_ERROR(ParseSocketAddress(address, &sa, &len));
-  std::lock_guard<std::mutex> lock(core_->mu);
+  MutexLock lock(&core_->mu);
   if (core_->listen_fd >= 0) return Status::FailedPrecondition("already listening");
   const int fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return StatusFromErrno(errno, "socket for listening on " + address);
@@ -219,7 +218,7 @@ Status TcpTransport::Listen(const std::string& address, transport::AcceptHandler
 }
 
 std::string TcpTransport::listen_address() const {
-  std::lock_guard<std::mutex> lock(core_->mu);
+  MutexLock lock(&core_->mu);
   return core_->listen_address;
 }
 

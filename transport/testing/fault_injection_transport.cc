@@ -1,14 +1,14 @@
 #include "transport/testing/fault_injection_transport.h"
 
-#include <condition_variable>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "core/mutex.h"
 
 namespace kvfabric::transport {
 namespace fault_injection_internal {
@@ -26,10 +26,10 @@ class Timer {
 
   void Schedule(Clock::time_point when, std::function<void()> fn) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (!stopped_) {
         queue_.emplace(when, std::move(fn));
-        cv_.notify_all();
+        cv_.NotifyAll();
         return;
       }
     }
@@ -40,14 +40,14 @@ class Timer {
   void Shutdown() {
     std::multimap<Clock::time_point, std::function<void()>> rest;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (stopped_) return;
       stopped_ = true;
-      cv_.notify_all();
+      cv_.NotifyAll();
     }
     thread_.join();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       rest.swap(queue_);
     }
     for (auto& [when, fn] : rest) fn();
@@ -55,29 +55,29 @@ class Timer {
 
  private:
   void Run() {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     while (!stopped_) {
       if (queue_.empty()) {
-        cv_.wait(lock);
+        cv_.Wait(&mu_);
         continue;
       }
       auto first = queue_.begin();
       if (Clock::now() < first->first) {
-        cv_.wait_until(lock, first->first);
+        cv_.WaitUntil(&mu_, first->first);
         continue;
       }
       std::function<void()> fn = std::move(first->second);
       queue_.erase(first);
-      lock.unlock();
+      lock.Unlock();
       fn();
-      lock.lock();
+      lock.Lock();
     }
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::multimap<Clock::time_point, std::function<void()>> queue_;  // guarded by mu_
-  bool stopped_ = false;                                           // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::multimap<Clock::time_point, std::function<void()>> queue_ KVF_GUARDED_BY(mu_);
+  bool stopped_ KVF_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
@@ -98,9 +98,9 @@ struct Shared {
 
   // Draws the fault of one entry of `length` bytes.
   Fault Draw(TransferOp op, std::uint64_t length) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     ++counters.entries;
-    auto fires = [this](std::uint32_t n) { return n != 0 && rng() % n == 0; };
+    auto fires = [this](std::uint32_t n) KVF_REQUIRES(mu) { return n != 0 && rng() % n == 0; };
     Fault f;
     if (fires(rates.fail_one_in)) {
       f.kind = FaultKind::kFail;
@@ -124,7 +124,7 @@ struct Shared {
 
   // For an accepted payload of `length` bytes: the bit to flip, if any.
   std::optional<std::uint64_t> DrawPayloadCorruption(std::uint64_t length) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     ++counters.messages;
     if (length == 0 || rates.corrupt_one_in == 0 || rng() % rates.corrupt_one_in != 0) {
       return std::nullopt;
@@ -134,40 +134,40 @@ struct Shared {
   }
 
   Status FailStatus(const char* what) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     return Status(rates.fail_code, what);
   }
   std::chrono::milliseconds Delay() {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     return rates.delay;
   }
 
   void AddEndpoint(Endpoint* base, FaultEndpoint* wrapper) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     endpoints[base] = wrapper;
   }
   void RemoveEndpoint(Endpoint* base) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     endpoints.erase(base);
   }
   FaultEndpoint* FindEndpoint(Endpoint* base) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     auto it = endpoints.find(base);
     return it == endpoints.end() ? nullptr : it->second;
   }
   std::vector<FaultEndpoint*> AllEndpoints() {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     std::vector<FaultEndpoint*> all;
     for (auto& [base, wrapper] : endpoints) all.push_back(wrapper);
     return all;
   }
 
   Timer timer;
-  std::mutex mu;
-  std::mt19937_64 rng;                            // guarded by mu
-  FaultRates rates;                               // guarded by mu
-  FaultInjectionCounters counters;                // guarded by mu
-  std::map<Endpoint*, FaultEndpoint*> endpoints;  // guarded by mu; base -> wrapper
+  Mutex mu;
+  std::mt19937_64 rng KVF_GUARDED_BY(mu);
+  FaultRates rates KVF_GUARDED_BY(mu);
+  FaultInjectionCounters counters KVF_GUARDED_BY(mu);
+  std::map<Endpoint*, FaultEndpoint*> endpoints KVF_GUARDED_BY(mu);  // base -> wrapper
 };
 
 namespace {
@@ -207,10 +207,10 @@ struct WrappedBatch {
   std::vector<Fault> faults;                // per outer entry
   std::vector<std::span<std::byte>> local;  // per outer entry: its local range
   std::vector<std::size_t> base_to_outer;   // base entry -> outer entry
-  std::mutex mu;
-  std::unique_ptr<TransferBatch> base;              // guarded by mu; set once
-  std::vector<std::optional<TransferResult>> held;  // guarded by mu; delayed outcomes
-  bool cancelled = false;                           // guarded by mu
+  Mutex mu;
+  std::unique_ptr<TransferBatch> base KVF_GUARDED_BY(mu);              // set once
+  std::vector<std::optional<TransferResult>> held KVF_GUARDED_BY(mu);  // delayed outcomes
+  bool cancelled KVF_GUARDED_BY(mu) = false;
 };
 
 // Outer cancel: drops and held delays complete now; the base batch is cancelled.
@@ -218,7 +218,7 @@ void CancelWrapped(const std::shared_ptr<WrappedBatch>& wb) {
   std::vector<std::pair<std::size_t, TransferResult>> now;
   TransferBatch* base;
   {
-    std::lock_guard<std::mutex> lock(wb->mu);
+    MutexLock lock(&wb->mu);
     wb->cancelled = true;
     for (std::size_t j = 0; j < wb->faults.size(); ++j) {
       if (wb->faults[j].kind == FaultKind::kDrop) {
@@ -238,7 +238,7 @@ void CancelWrapped(const std::shared_ptr<WrappedBatch>& wb) {
 void OnBaseDone(const std::shared_ptr<WrappedBatch>& wb, const std::shared_ptr<Shared>& shared) {
   TransferBatch* base;
   {
-    std::lock_guard<std::mutex> lock(wb->mu);
+    MutexLock lock(&wb->mu);
     base = wb->base.get();
   }
   std::span<const TransferResult> results = base->results();
@@ -253,14 +253,14 @@ void OnBaseDone(const std::shared_ptr<WrappedBatch>& wb, const std::shared_ptr<S
         if (r.status.ok()) FlipBit(wb->local[j], wb->faults[j].bit);
         break;
       case FaultKind::kDelay: {
-        std::unique_lock<std::mutex> lock(wb->mu);
+        MutexLock lock(&wb->mu);
         if (wb->cancelled) break;
         wb->held[j] = std::move(r);
-        lock.unlock();
+        lock.Unlock();
         shared->timer.Schedule(Clock::now() + shared->Delay(), [wb, j] {
           std::optional<TransferResult> held;
           {
-            std::lock_guard<std::mutex> lock(wb->mu);
+            MutexLock lock(&wb->mu);
             held.swap(wb->held[j]);
           }
           if (held) wb->outer->Complete(j, std::move(held->status), held->bytes);
@@ -367,7 +367,7 @@ class FaultEndpoint final : public Endpoint {
   Status Validate(std::span<const Transfer> transfers) const;
 
   std::vector<std::shared_ptr<WrappedBatch>> Live() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     std::vector<std::shared_ptr<WrappedBatch>> live;
     for (const std::weak_ptr<WrappedBatch>& w : batches_) {
       if (std::shared_ptr<WrappedBatch> wb = w.lock()) live.push_back(std::move(wb));
@@ -377,8 +377,8 @@ class FaultEndpoint final : public Endpoint {
 
   std::unique_ptr<Endpoint> base_;
   const std::shared_ptr<Shared> shared_;
-  std::mutex mu_;
-  std::vector<std::weak_ptr<WrappedBatch>> batches_;  // guarded by mu_
+  Mutex mu_;
+  std::vector<std::weak_ptr<WrappedBatch>> batches_ KVF_GUARDED_BY(mu_);
 };
 
 namespace {
@@ -427,7 +427,10 @@ StatusOr<std::unique_ptr<TransferBatch>> FaultEndpoint::Submit(
   const std::size_t n = transfers.size();
   wb->faults.resize(n);
   wb->local.resize(n);
-  wb->held.resize(n);
+  {
+    MutexLock lock(&wb->mu);  // not shared yet; for the analysis
+    wb->held.resize(n);
+  }
   std::vector<Transfer> base_transfers;
   for (std::size_t j = 0; j < n; ++j) {
     Transfer t = transfers[j];
@@ -459,7 +462,7 @@ StatusOr<std::unique_ptr<TransferBatch>> FaultEndpoint::Submit(
     base = std::move(submitted).value();
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     std::erase_if(batches_, [](const std::weak_ptr<WrappedBatch>& w) {
       std::shared_ptr<WrappedBatch> b = w.lock();
       return b == nullptr || b->outer->Done();
@@ -474,7 +477,7 @@ StatusOr<std::unique_ptr<TransferBatch>> FaultEndpoint::Submit(
   if (base != nullptr) {
     TransferBatch* raw = base.get();
     {
-      std::lock_guard<std::mutex> lock(wb->mu);
+      MutexLock lock(&wb->mu);
       wb->base = std::move(base);
     }
     raw->OnDone([wb, shared = shared_] { OnBaseDone(wb, shared); });
@@ -500,12 +503,12 @@ FaultInjectionTransport::~FaultInjectionTransport() {
 }
 
 void FaultInjectionTransport::SetRates(const FaultRates& rates) {
-  std::lock_guard<std::mutex> lock(shared_->mu);
+  MutexLock lock(&shared_->mu);
   shared_->rates = rates;
 }
 
 FaultInjectionCounters FaultInjectionTransport::counters() const {
-  std::lock_guard<std::mutex> lock(shared_->mu);
+  MutexLock lock(&shared_->mu);
   return shared_->counters;
 }
 

@@ -1,13 +1,12 @@
+#include "core/mutex.h"
 #include "transport/testing/fault_injection_transport.h"
 
 #include <gtest/gtest.h>
 
 #include <bit>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -70,7 +69,7 @@ class FaultInjectionTransportTest : public ::testing::Test {
     server_->SetMessageHandler([this](IncomingMessage& m) {
       std::function<void(IncomingMessage&)> fn;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         fn = on_message_;
       }
       if (fn) {
@@ -82,16 +81,17 @@ class FaultInjectionTransportTest : public ::testing::Test {
     ASSERT_TRUE(server_
                     ->Listen("loopback:0",
                              [this](std::unique_ptr<Endpoint> ep) {
-                               std::lock_guard<std::mutex> lock(mu_);
+                               MutexLock lock(&mu_);
                                accepted_ = std::move(ep);
-                               cv_.notify_all();
+                               cv_.NotifyAll();
                              })
                     .ok());
     auto ep = client_->Connect(server_->listen_address(), PeerFailureMode::kFailInFlight, Soon());
     ASSERT_TRUE(ep.ok()) << ep.status();
     client_ep_ = std::move(ep).value();
-    std::unique_lock<std::mutex> lock(mu_);
-    ASSERT_TRUE(cv_.wait_until(lock, Soon(), [this] { return accepted_ != nullptr; }));
+    MutexLock lock(&mu_);
+    ASSERT_TRUE(
+        cv_.WaitUntil(&mu_, Soon(), [this]() KVF_REQUIRES(mu_) { return accepted_ != nullptr; }));
     server_mem_ = std::move(server_->AllocateMemory(kSize, MemoryKind::kHost)).value();
     client_mem_ = std::move(client_->AllocateMemory(kSize, MemoryKind::kHost)).value();
     remote_ = std::move(client_ep_->ImportRegion(*server_mem_->Export(0, kSize))).value();
@@ -110,11 +110,11 @@ class FaultInjectionTransportTest : public ::testing::Test {
 
   static constexpr std::uint64_t kSize = 4096;
   LoopbackNetwork network_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::function<void(IncomingMessage&)> on_message_;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::function<void(IncomingMessage&)> on_message_ KVF_GUARDED_BY(mu_);
   std::unique_ptr<FaultInjectionTransport> server_, client_;
-  std::unique_ptr<Endpoint> accepted_;  // guarded by mu_
+  std::unique_ptr<Endpoint> accepted_ KVF_GUARDED_BY(mu_);
   std::unique_ptr<Endpoint> client_ep_;
   std::unique_ptr<MemoryRegion> server_mem_, client_mem_;
   std::unique_ptr<RemoteRegion> remote_;
@@ -185,7 +185,7 @@ TEST_F(FaultInjectionTransportTest, CloseAndDestructionCompleteDroppedEntries) {
   handle_dropped.reset();  // the destructor cancels and waits
   std::vector<Transfer> send = {{.op = TransferOp::kSend, .header = {}}};
   auto accepted_ep = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return std::move(accepted_);
   }();
   auto on_server = accepted_ep->Submit(send);
@@ -220,13 +220,13 @@ TEST_F(FaultInjectionTransportTest, CorruptFlipsOneBitOfAnAcceptedPayload) {
   for (std::byte& b : client_mem_->bytes()) b = static_cast<std::byte>(rng());
   bool placed = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     on_message_ = [&](IncomingMessage& m) {
       EXPECT_TRUE(m.Accept(server_mem_.get(), 0, [&](Status s) {
                      EXPECT_TRUE(s.ok());
-                     std::lock_guard<std::mutex> lock(mu_);
+                     MutexLock lock(&mu_);
                      placed = true;
-                     cv_.notify_all();
+                     cv_.NotifyAll();
                    }).ok());
     };
   }
@@ -234,8 +234,8 @@ TEST_F(FaultInjectionTransportTest, CorruptFlipsOneBitOfAnAcceptedPayload) {
       {.op = TransferOp::kSend, .local = client_mem_.get(), .length = kSize, .header = {}}};
   auto b = client_ep_->Submit(send);
   ASSERT_TRUE(b.ok() && (*b)->Wait(Soon()).ok());
-  std::unique_lock<std::mutex> lock(mu_);
-  ASSERT_TRUE(cv_.wait_until(lock, Soon(), [&] { return placed; }));
+  MutexLock lock(&mu_);
+  ASSERT_TRUE(cv_.WaitUntil(&mu_, Soon(), [&] { return placed; }));
   EXPECT_EQ(DifferingBits(client_mem_->bytes(), server_mem_->bytes()), 1);
   EXPECT_EQ(server_->counters().corrupted, 1u);
 }

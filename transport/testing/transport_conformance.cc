@@ -7,12 +7,13 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <numeric>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "core/mutex.h"
 
 namespace kvfabric::transport::conformance {
 
@@ -91,11 +92,11 @@ TEST_P(TransportConformanceTest, SendWithoutPayloadDeliversTheHeader) {
   std::uint64_t got_payload = 1;
   bool arrived = false;
   OnServerMessage([&](IncomingMessage& m) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     got.assign(m.header().begin(), m.header().end());
     got_payload = m.payload_length();
     arrived = true;
-    cv_.notify_all();
+    cv_.NotifyAll();
   });
   std::vector<std::byte> header(kMaxMessageHeaderBytes);
   std::mt19937_64 rng(Seed());
@@ -108,7 +109,7 @@ TEST_P(TransportConformanceTest, SendWithoutPayloadDeliversTheHeader) {
   ASSERT_TRUE(batch->Wait(Soon()).ok());
   EXPECT_TRUE(batch->FirstError().ok()) << batch->FirstError();
   ASSERT_TRUE(WaitFor([&] { return arrived; }));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   EXPECT_EQ(got, sent);
   EXPECT_EQ(got_payload, 0u);
 }
@@ -132,19 +133,19 @@ TEST_P(TransportConformanceTest, SendPayloadIsAcceptedAtChosenOffsetAndRepliedTo
       StatusOr<std::unique_ptr<TransferBatch>> b =
           ep->Submit(std::vector<Transfer>{{.op = TransferOp::kSend, .header = header}});
       EXPECT_TRUE(b.ok()) << b.status();
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       placed = s;
       if (b.ok()) replies_.push_back(std::move(b).value());
-      cv_.notify_all();
+      cv_.NotifyAll();
     });
     EXPECT_TRUE(accepted.ok()) << accepted;
     EXPECT_NE(m.endpoint(), nullptr);
   });
   OnClientMessage([&](IncomingMessage& m) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     replied =
         std::string(reinterpret_cast<const char*>(m.header().data()), m.header().size()) == reply;
-    cv_.notify_all();
+    cv_.NotifyAll();
   });
   std::string header = "lease 7";
   std::unique_ptr<TransferBatch> batch =
@@ -160,7 +161,7 @@ TEST_P(TransportConformanceTest, SendPayloadIsAcceptedAtChosenOffsetAndRepliedTo
   EXPECT_EQ(Crc(inbox->bytes().subspan(kOffset, kPayload)), Crc(outbox->bytes()));
   EXPECT_EQ(inbox->bytes()[kOffset - 1], std::byte{0});
   EXPECT_EQ(inbox->bytes()[kOffset + kPayload], std::byte{0});
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& b : replies_) EXPECT_TRUE(b->Wait(Soon()).ok());
   replies_.clear();
 }
@@ -173,13 +174,13 @@ TEST_P(TransportConformanceTest, DroppedOrUnfittingPayloadCompletesSenderAndPlac
   int seen = 0;
   Status too_big;
   OnServerMessage([&](IncomingMessage& m) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (seen++ == 0) {
       m.Drop();
     } else {
       too_big = m.Accept(inbox.get(), 0, [](Status) { ADD_FAILURE() << "placed anyway"; });
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   });
   for (int i = 0; i < 2; ++i) {
     std::unique_ptr<TransferBatch> batch =
@@ -190,7 +191,7 @@ TEST_P(TransportConformanceTest, DroppedOrUnfittingPayloadCompletesSenderAndPlac
     EXPECT_TRUE(batch->FirstError().ok()) << batch->FirstError();
   }
   ASSERT_TRUE(WaitFor([&] { return seen == 2; }));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   EXPECT_EQ(too_big.code(), StatusCode::kInvalidArgument) << too_big;
   for (std::byte b : inbox->bytes()) ASSERT_EQ(b, std::byte{0});
 }
@@ -312,9 +313,9 @@ TEST_P(TransportConformanceTest, DestroyingTheBatchHandleCancelsAndWaits) {
   bool destroyed = false;
   std::thread destroyer([&] {
     f.batch.reset();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     destroyed = true;
-    cv_.notify_all();
+    cv_.NotifyAll();
   });
   const bool in_time = WaitFor([&] { return destroyed; });
   pair_.stall_server(false);

@@ -26,17 +26,16 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/crc32c.h"
+#include "core/mutex.h"
 #include "core/testing/test_seed.h"
 #include "transport/transport.h"
 
@@ -89,18 +88,19 @@ class TransportConformanceTest : public ::testing::TestWithParam<TransportConfor
     ASSERT_TRUE(pair_.server
                     ->Listen(pair_.listen_address,
                              [this](std::unique_ptr<Endpoint> ep) {
-                               std::lock_guard<std::mutex> lock(mu_);
+                               MutexLock lock(&mu_);
                                accepted_ = std::move(ep);
-                               cv_.notify_all();
+                               cv_.NotifyAll();
                              })
                     .ok());
     StatusOr<std::unique_ptr<Endpoint>> ep = pair_.client->Connect(
         pair_.server->listen_address(), PeerFailureMode::kFailInFlight, Soon());
     ASSERT_TRUE(ep.ok()) << ep.status();
     client_ep_ = std::move(ep).value();
-    std::unique_lock<std::mutex> lock(mu_);
-    ASSERT_TRUE(cv_.wait_until(lock, Soon(), [this] { return accepted_ != nullptr; }))
-        << "no accepted endpoint within the deadline";
+    MutexLock lock(&mu_);
+    ASSERT_TRUE(cv_.WaitUntil(&mu_, Soon(), [this]() KVF_REQUIRES(mu_) {
+      return accepted_ != nullptr;
+    })) << "no accepted endpoint within the deadline";
     server_ep_ = std::move(accepted_);
   }
 
@@ -118,11 +118,11 @@ class TransportConformanceTest : public ::testing::TestWithParam<TransportConfor
   }
 
   void OnServerMessage(std::function<void(IncomingMessage&)> fn) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     on_server_message_ = std::move(fn);
   }
   void OnClientMessage(std::function<void(IncomingMessage&)> fn) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     on_client_message_ = std::move(fn);
   }
 
@@ -151,12 +151,12 @@ class TransportConformanceTest : public ::testing::TestWithParam<TransportConfor
 
   // Waits (bounded) until `pred` holds; returns whether it did.
   bool WaitFor(const std::function<bool()>& pred) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_until(lock, Soon(), [&] { return pred(); });
+    MutexLock lock(&mu_);
+    return cv_.WaitUntil(&mu_, Soon(), [&] { return pred(); });
   }
   void Notify() {
-    std::lock_guard<std::mutex> lock(mu_);
-    cv_.notify_all();
+    MutexLock lock(&mu_);
+    cv_.NotifyAll();
   }
 
   // `count` reads of `block` bytes each from the server's memory into the
@@ -202,15 +202,15 @@ class TransportConformanceTest : public ::testing::TestWithParam<TransportConfor
   TransportPair pair_;
   std::unique_ptr<Endpoint> client_ep_;
   std::unique_ptr<Endpoint> server_ep_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::unique_ptr<TransferBatch>> replies_;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<std::unique_ptr<TransferBatch>> replies_ KVF_GUARDED_BY(mu_);
 
  private:
   void Dispatch(std::function<void(IncomingMessage&)>* slot, IncomingMessage& m) {
     std::function<void(IncomingMessage&)> fn;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       fn = *slot;
     }
     if (fn) {
@@ -220,9 +220,9 @@ class TransportConformanceTest : public ::testing::TestWithParam<TransportConfor
     }
   }
 
-  std::unique_ptr<Endpoint> accepted_;                       // guarded by mu_
-  std::function<void(IncomingMessage&)> on_server_message_;  // guarded by mu_
-  std::function<void(IncomingMessage&)> on_client_message_;  // guarded by mu_
+  std::unique_ptr<Endpoint> accepted_ KVF_GUARDED_BY(mu_);
+  std::function<void(IncomingMessage&)> on_server_message_ KVF_GUARDED_BY(mu_);
+  std::function<void(IncomingMessage&)> on_client_message_ KVF_GUARDED_BY(mu_);
 };
 
 // Every entry of a finished batch is OK (with the read bytes verified by the

@@ -6,6 +6,7 @@
 #include <random>
 #include <utility>
 
+#include "core/mutex.h"
 #include "transport/ucx/ucx_core.h"
 #include "transport/ucx/ucx_status.h"
 
@@ -16,7 +17,7 @@ using transport::TransferOp;
 namespace {
 
 void BeginRegionOp(const std::shared_ptr<OwnedRegion>& region, const std::shared_ptr<EpState>& s) {
-  std::lock_guard<std::mutex> lock(region->mu);
+  MutexLock lock(&region->mu);
   ++region->active;
   region->active_eps.push_back(s);
 }
@@ -28,7 +29,7 @@ void BeginRegionOp(const std::shared_ptr<OwnedRegion>& region, const std::shared
 
 std::uint64_t UcxCore::GrantRange(const std::shared_ptr<OwnedRegion>& region, std::uint64_t offset,
                                   std::uint64_t length) {
-  std::lock_guard<std::mutex> lock(group_->grants_mu);
+  MutexLock lock(&group_->grants_mu);
   auto [it, inserted] = region->grant_ids.try_emplace({offset, length}, 0);
   if (!inserted) return it->second;
   // A grant id is a capability: random, so a peer cannot name a range that
@@ -45,7 +46,7 @@ std::uint64_t UcxCore::GrantRange(const std::shared_ptr<OwnedRegion>& region, st
 
 StatusCode UcxCore::ResolveGrant(std::uint64_t id, std::uint64_t offset, std::uint64_t length,
                                  std::shared_ptr<OwnedRegion>* region, std::byte** at) {
-  std::lock_guard<std::mutex> lock(group_->grants_mu);
+  MutexLock lock(&group_->grants_mu);
   auto it = group_->grants.find(id);
   // Never granted, or revoked because the owner destroyed the region: either
   // way the memory is not available from this owner any more. Unavailable, as
@@ -63,14 +64,14 @@ StatusCode UcxCore::ResolveGrant(std::uint64_t id, std::uint64_t offset, std::ui
 void UcxCore::RevokeRegion(const std::shared_ptr<OwnedRegion>& region,
                            std::chrono::milliseconds grace) {
   {
-    std::lock_guard<std::mutex> lock(group_->grants_mu);
+    MutexLock lock(&group_->grants_mu);
     for (const auto& [range, id] : region->grant_ids) group_->grants.erase(id);
     region->grant_ids.clear();
   }
   // No new operation can start; wait for those running (on any worker).
   auto drained = std::make_shared<Waiter>();
   {
-    std::lock_guard<std::mutex> lock(region->mu);
+    MutexLock lock(&region->mu);
     if (region->active == 0) return;
     region->drained = drained;
   }
@@ -80,7 +81,7 @@ void UcxCore::RevokeRegion(const std::shared_ptr<OwnedRegion>& region,
   auto close_users = [this, region] {
     std::vector<std::shared_ptr<EpState>> eps;
     {
-      std::lock_guard<std::mutex> lock(region->mu);
+      MutexLock lock(&region->mu);
       eps = region->active_eps;
     }
     const Status why = Status::Unavailable("a local region its peer was using was destroyed");
@@ -109,7 +110,7 @@ void UcxCore::EndRegionOp(const std::shared_ptr<OwnedRegion>& region,
                           const std::shared_ptr<EpState>& s) {
   std::shared_ptr<Waiter> drained;
   {
-    std::lock_guard<std::mutex> lock(region->mu);
+    MutexLock lock(&region->mu);
     --region->active;
     auto& eps = region->active_eps;
     for (auto it = eps.begin(); it != eps.end(); ++it) {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/mutex.h"
 #include "core/socket_address.h"
 #include "transport/ucx/ucx_status.h"
 
@@ -21,16 +22,16 @@ using transport::MemoryRegion;
 using transport::TransferOp;
 
 void Waiter::Set(Status s) {
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(&mu);
   if (done) return;
   done = true;
   status = std::move(s);
-  cv.notify_all();
+  cv.NotifyAll();
 }
 
 bool Waiter::WaitUntil(transport::Deadline deadline, Status* out) {
-  std::unique_lock<std::mutex> lock(mu);
-  if (!cv.wait_until(lock, deadline, [this] { return done; })) return false;
+  MutexLock lock(&mu);
+  if (!cv.WaitUntil(&mu, deadline, [this]() KVF_REQUIRES(mu) { return done; })) return false;
   *out = status;
   return true;
 }
@@ -51,6 +52,7 @@ StatusOr<std::shared_ptr<UcxCore>> UcxCore::Create(const UcxTransportOptions& op
                                                    std::shared_ptr<UcpContext> context) {
   std::shared_ptr<UcxCore> core(new UcxCore(options, std::move(group)));
   if (context) {
+    MutexLock lock(&core->mu_);  // no other thread yet; for the analysis
     core->context_ = std::move(context);
   } else {
     KVF_RETURN_IF_ERROR(core->InitContext());
@@ -131,6 +133,7 @@ Status UcxCore::InitContext() {
   params.mt_workers_shared = 1;
   ucp_context_h context = nullptr;
   KVF_RETURN_IF_ERROR(StatusFromUcs(ucp_init(&params, config.get(), &context), "ucp_init"));
+  MutexLock lock(&mu_);  // no other thread yet (Create); for the analysis
   context_ = std::make_shared<UcpContext>(context);
   return Status::OK();
 }
@@ -139,9 +142,14 @@ Status UcxCore::InitWorker() {
   ucp_worker_params_t wp = {};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  std::shared_ptr<UcpContext> context;
+  {
+    MutexLock lock(&mu_);  // Shutdown cannot run yet (Create waits for the start)
+    context = context_;
+  }
   ucp_worker_h worker = nullptr;
   KVF_RETURN_IF_ERROR(
-      StatusFromUcs(ucp_worker_create(context_->get(), &wp, &worker), "ucp_worker_create"));
+      StatusFromUcs(ucp_worker_create(context->get(), &wp, &worker), "ucp_worker_create"));
   worker_.reset(worker);
 
   ucp_worker_attr_t attr = {};
@@ -178,7 +186,7 @@ UcxCore::~UcxCore() {
 }
 
 std::shared_ptr<UcpContext> UcxCore::context() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return context_;
 }
 
@@ -188,7 +196,7 @@ bool UcxCore::OnProgressThread() const {
 
 bool UcxCore::Post(std::function<void()> fn) {
   const bool here = OnProgressThread();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!worker_alive_ || (stopping_ && !here)) return false;
   queue_.push_back(std::move(fn));
   // Signalled under mu_ so the worker cannot be destroyed meanwhile.
@@ -219,7 +227,7 @@ bool UcxCore::RunQueued() {
   for (;;) {
     std::deque<std::function<void()>> batch;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       batch.swap(queue_);
     }
     if (batch.empty()) return ran;
@@ -238,7 +246,7 @@ void UcxCore::Loop(Waiter* started) {
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     worker_alive_ = true;
   }
   started->Set(Status::OK());
@@ -256,7 +264,7 @@ void UcxCore::Loop(Waiter* started) {
     int events = 0;
     while (events < 256 && ucp_worker_progress(worker) != 0) ++events;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (!queue_.empty()) continue;
       if (stopping_) break;
     }
@@ -270,7 +278,7 @@ void UcxCore::Loop(Waiter* started) {
     {
       // A task queued before ucp_worker_arm may have had its signal consumed
       // by the arm: look at the queue once more before sleeping.
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (!queue_.empty() || stopping_) continue;
     }
     pollfd pfd = {};
@@ -313,7 +321,7 @@ void UcxCore::DrainAndDestroyWorker() {
   awaiting_.clear();
   listener_.reset();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     worker_alive_ = false;
     queue_.clear();
   }
@@ -325,12 +333,12 @@ void UcxCore::Shutdown() {
     if (!thread_.joinable()) return;
     RunSync([this] { TeardownOnProgressThread(); });
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stopping_ = true;
       (void)ucp_worker_signal(worker_.get());
     }
     thread_.join();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     context_.reset();
   });
 }
@@ -385,13 +393,13 @@ Status UcxCore::Listen(const std::string& address) {
   ucp_listener_attr_t attr = {};
   attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
   KVF_RETURN_IF_ERROR(StatusFromUcs(ucp_listener_query(listener, &attr), "ucp_listener_query"));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   listen_address_ = FormatSocketAddress(attr.sockaddr);
   return Status::OK();
 }
 
 std::string UcxCore::listen_address() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return listen_address_;
 }
 

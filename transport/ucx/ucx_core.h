@@ -18,7 +18,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -33,6 +32,7 @@
 #include <vector>
 
 #include "core/copy_pool.h"
+#include "core/mutex.h"
 #include "core/status.h"
 #include "core/statusor.h"
 #include "transport/transfer_batch.h"
@@ -95,10 +95,10 @@ struct OwnedRegion {
   // Peers' operations placing into or sending from the region (on any of
   // the transport's workers), and who waits for them to drain once the
   // region is going away.
-  std::mutex mu;
-  int active = 0;                                     // guarded by mu
-  std::vector<std::shared_ptr<EpState>> active_eps;  // guarded by mu
-  std::shared_ptr<Waiter> drained;                    // guarded by mu
+  Mutex mu;
+  int active KVF_GUARDED_BY(mu) = 0;
+  std::vector<std::shared_ptr<EpState>> active_eps KVF_GUARDED_BY(mu);
+  std::shared_ptr<Waiter> drained KVF_GUARDED_BY(mu);
   // Guarded by CoreGroup::grants_mu: the grant id of each exported
   // (offset, length), so re-exporting a range reuses its grant.
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::uint64_t> grant_ids;
@@ -116,8 +116,8 @@ struct Grant {
 // themselves (the listener hands connection requests to the next worker; a
 // revoked region closes its users' endpoints on their own workers).
 struct CoreGroup {
-  std::mutex grants_mu;
-  std::unordered_map<std::uint64_t, Grant> grants;  // guarded by grants_mu
+  Mutex grants_mu;
+  std::unordered_map<std::uint64_t, Grant> grants KVF_GUARDED_BY(grants_mu);
 
   // Every worker's core in order, set by CreateUcxTransport before the
   // transport is handed out and read-only afterwards. Weak: cores own the
@@ -156,18 +156,18 @@ struct EpState {
 
   // OK while usable; the reason (Unavailable) once failed or closed.
   Status health() const {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     return failure;
   }
   // Keeps the first reason.
   void SetFailure(const Status& s) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     if (failure.ok()) failure = s;
   }
 
  private:
-  mutable std::mutex mu;
-  Status failure;  // guarded by mu
+  mutable Mutex mu;
+  Status failure KVF_GUARDED_BY(mu);
 };
 
 // One entry of a batch, validated and resolved by the Endpoint.
@@ -209,10 +209,10 @@ struct AwaitingRma {
 // Completion of a one-off request driven by a caller thread (connect flush,
 // graceful close).
 struct Waiter {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;  // guarded by mu
-  Status status;      // guarded by mu
+  Mutex mu;
+  CondVar cv;
+  bool done KVF_GUARDED_BY(mu) = false;
+  Status status KVF_GUARDED_BY(mu);
   void Set(Status s);
   // False at the deadline.
   bool WaitUntil(transport::Deadline deadline, Status* out);
@@ -391,13 +391,13 @@ class UcxCore {
   std::size_t max_header_bytes_ = transport::kMaxMessageHeaderBytes;
   int efd_ = -1;
 
-  mutable std::mutex mu_;
-  std::shared_ptr<UcpContext> context_;  // guarded by mu_ (reset by Shutdown)
+  mutable Mutex mu_;
+  std::shared_ptr<UcpContext> context_ KVF_GUARDED_BY(mu_);  // reset by Shutdown
   UniqueWorker worker_;    // set before the thread starts; then progress thread (signals under mu_)
-  bool stopping_ = false;  // guarded by mu_
-  bool worker_alive_ = false;                // guarded by mu_: ucp_worker_signal allowed
-  std::deque<std::function<void()>> queue_;  // guarded by mu_
-  std::string listen_address_;               // guarded by mu_
+  bool stopping_ KVF_GUARDED_BY(mu_) = false;
+  bool worker_alive_ KVF_GUARDED_BY(mu_) = false;  // ucp_worker_signal allowed
+  std::deque<std::function<void()>> queue_ KVF_GUARDED_BY(mu_);
+  std::string listen_address_ KVF_GUARDED_BY(mu_);
   std::thread thread_;
   std::once_flag shutdown_once_;
   // Written once by the progress thread at start; read by OnProgressThread.

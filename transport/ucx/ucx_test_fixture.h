@@ -10,16 +10,15 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "core/mutex.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace kvfabric::ucx::ucx_test {
@@ -116,7 +115,7 @@ class UcxTransportTest : public ::testing::TestWithParam<std::string> {
  public:
   // Routes the server's messages to `fn` (on the server's progress thread).
   void OnMessage(std::function<void(IncomingMessage&)> fn) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     on_message_ = std::move(fn);
   }
 
@@ -131,7 +130,7 @@ class UcxTransportTest : public ::testing::TestWithParam<std::string> {
     server_->SetMessageHandler([this](IncomingMessage& m) {
       std::function<void(IncomingMessage&)> fn;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         fn = on_message_;
       }
       if (fn) fn(m);
@@ -139,9 +138,9 @@ class UcxTransportTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(server_
                     ->Listen("127.0.0.1:0",
                              [this](std::unique_ptr<Endpoint> ep) {
-                               std::lock_guard<std::mutex> lock(mu_);
+                               MutexLock lock(&mu_);
                                accepted_.push_back(std::move(ep));
-                               cv_.notify_all();
+                               cv_.NotifyAll();
                              })
                     .ok());
     ASSERT_NE(server_->listen_address().find("127.0.0.1:"), std::string::npos);
@@ -152,22 +151,31 @@ class UcxTransportTest : public ::testing::TestWithParam<std::string> {
     auto ep = client_->Connect(server_->listen_address(), PeerFailureMode::kFailInFlight, In(10));
     ASSERT_TRUE(ep.ok()) << ep.status();
     client_ep_ = std::move(*ep);
-    std::unique_lock<std::mutex> lock(mu_);
-    ASSERT_TRUE(cv_.wait_until(lock, In(10), [this] { return !accepted_.empty(); }));
+    MutexLock lock(&mu_);
+    ASSERT_TRUE(
+        cv_.WaitUntil(&mu_, In(10), [this]() KVF_REQUIRES(mu_) { return !accepted_.empty(); }));
   }
 
   void TearDown() override {
     client_ep_.reset();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       on_message_ = nullptr;
     }
     client_.reset();
-    accepted_.clear();
+    std::vector<std::unique_ptr<Endpoint>> accepted;
+    {
+      MutexLock lock(&mu_);
+      accepted.swap(accepted_);
+    }
+    accepted.clear();  // outside mu_, as before: handlers may still take it
     server_.reset();
   }
 
-  Endpoint& server_ep() { return *accepted_.front(); }
+  Endpoint& server_ep() {
+    MutexLock lock(&mu_);
+    return *accepted_.front();
+  }
 
   std::unique_ptr<MemoryRegion> Register(Transport& t, std::vector<std::byte>& buf) {
     auto r = t.RegisterMemory(buf, MemoryKind::kHost);
@@ -188,10 +196,10 @@ class UcxTransportTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<Transport> server_;
   std::unique_ptr<Transport> client_;
   std::unique_ptr<Endpoint> client_ep_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::unique_ptr<Endpoint>> accepted_;   // guarded by mu_
-  std::function<void(IncomingMessage&)> on_message_;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<std::unique_ptr<Endpoint>> accepted_ KVF_GUARDED_BY(mu_);
+  std::function<void(IncomingMessage&)> on_message_ KVF_GUARDED_BY(mu_);
 };
 
 }  // namespace kvfabric::ucx::ucx_test

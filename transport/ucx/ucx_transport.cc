@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <shared_mutex>
 #include <sstream>
 #include <utility>
 #include <vector>
 
+#include "core/mutex.h"
 #include "transport/ucx/ucx_core.h"
 #include "transport/ucx/ucx_export.h"
 #include "transport/ucx/ucx_handles.h"
@@ -177,7 +177,7 @@ class UcxEndpoint final : public Endpoint {
     });
     auto batch = std::make_unique<TransferBatch>(op->completion);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       std::erase_if(batches_, [](const auto& c) { return c->Done(); });
       batches_.push_back(op->completion);
     }
@@ -231,7 +231,7 @@ class UcxEndpoint final : public Endpoint {
   Status Flush(Deadline deadline) override {
     std::vector<std::shared_ptr<BatchCompletion>> batches;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       batches = batches_;
     }
     for (const auto& b : batches) KVF_RETURN_IF_ERROR(b->Wait(deadline));
@@ -267,7 +267,7 @@ class UcxEndpoint final : public Endpoint {
       // peer in UCX 1.13.1, are never used (see ucx_transport.h).
       std::vector<std::shared_ptr<BatchCompletion>> batches;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         batches = batches_;
       }
       for (const auto& b : batches) b->Cancel();
@@ -344,8 +344,8 @@ class UcxEndpoint final : public Endpoint {
   const std::shared_ptr<UcxCore> core_;
   const std::shared_ptr<EpState> state_;
   std::atomic<bool> closed_{false};
-  std::mutex mu_;
-  std::vector<std::shared_ptr<BatchCompletion>> batches_;  // guarded by mu_
+  Mutex mu_;
+  std::vector<std::shared_ptr<BatchCompletion>> batches_ KVF_GUARDED_BY(mu_);
 };
 
 class UcxTransport final : public transport::Transport {

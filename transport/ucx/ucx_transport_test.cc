@@ -291,7 +291,7 @@ TEST_P(UcxTransportTest, DestroyedPeerFailsTransfersWithUnavailable) {
   auto in_flight = client_ep_->Submit(transfers);
   ASSERT_TRUE(in_flight.ok());
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     accepted_.clear();
   }
   server_.reset();
