@@ -3,6 +3,7 @@
 #include <random>
 #include <utility>
 
+#include "core/mutex.h"
 #include "proto/wire_limits.h"
 
 namespace kvfabric {
@@ -26,14 +27,14 @@ HealthReporter::HealthReporter(Env* env, std::string server_id, std::string vers
       incarnation_(NewIncarnation()) {}
 
 void HealthReporter::SetState(v1::ServingStatus state, std::string detail) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   state_ = state;
   detail_ = state == v1::SERVING_STATUS_SERVING ? "" : std::move(detail);
 }
 
 void HealthReporter::Fill(v1::HealthResponse* response) const {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     response->set_status(state_);
     response->set_detail(detail_);
   }

@@ -6,10 +6,10 @@
 #define KVFABRIC_SERVER_HEALTH_REPORTER_H_
 
 #include <cstdint>
-#include <mutex>
 #include <string>
 
 #include "core/env.h"
+#include "core/mutex.h"
 #include "kvfabric/v1/common.pb.h"
 
 namespace kvfabric {
@@ -36,9 +36,9 @@ class HealthReporter {
   const std::string version_;
   const std::uint64_t start_micros_;
   const std::uint64_t incarnation_;
-  mutable std::mutex mu_;
-  v1::ServingStatus state_ = v1::SERVING_STATUS_STARTING;  // guarded by mu_
-  std::string detail_ = "starting";                        // guarded by mu_
+  mutable Mutex mu_;
+  v1::ServingStatus state_ KVF_GUARDED_BY(mu_) = v1::SERVING_STATUS_STARTING;
+  std::string detail_ KVF_GUARDED_BY(mu_) = "starting";
 };
 
 }  // namespace kvfabric

@@ -1,12 +1,12 @@
 #include "server/cache_host/io_engine.h"
 
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "core/mutex.h"
 
 namespace kvfabric::cache_host {
 
@@ -79,10 +79,10 @@ class ThreadPoolIoEngine final : public IoEngine {
 
   ~ThreadPoolIoEngine() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stopping_ = true;
     }
-    work_cv_.notify_all();
+    work_cv_.NotifyAll();
     for (std::thread& t : workers_) t.join();
   }
 
@@ -101,61 +101,61 @@ class ThreadPoolIoEngine final : public IoEngine {
       return;
     }
     Batch batch;
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     batch.remaining = requests.size();
     for (IoRequest& r : requests) queue_.push_back({&r, &batch});
-    work_cv_.notify_all();
+    work_cv_.NotifyAll();
     // Help with the queue (any batch's requests) until it is empty, then wait
     // for the requests that workers still hold.
     while (batch.remaining > 0) {
       if (!queue_.empty()) {
         Item item = queue_.front();
         queue_.pop_front();
-        lock.unlock();
+        lock.Unlock();
         Execute(*item.request);
-        lock.lock();
+        lock.Lock();
         FinishLocked(item);
       } else {
-        batch.done.wait(lock);
+        batch.done.Wait(&mu_);
       }
     }
   }
 
  private:
   struct Batch {
-    size_t remaining = 0;  // guarded by mu_
-    std::condition_variable done;
+    size_t remaining = 0;  // guarded by the engine's mu_ (the analysis cannot name it here)
+    CondVar done;
   };
   struct Item {
     IoRequest* request;
     Batch* batch;
   };
 
-  void FinishLocked(const Item& item) {
+  void FinishLocked(const Item& item) KVF_REQUIRES(mu_) {
     // Notified under mu_: the batch lives on its caller's stack until the
     // caller, holding mu_, sees remaining == 0.
-    if (--item.batch->remaining == 0) item.batch->done.notify_all();
+    if (--item.batch->remaining == 0) item.batch->done.NotifyAll();
   }
 
   void WorkerLoop() {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (;;) {
-      work_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      work_cv_.Wait(&mu_, [this]() KVF_REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping, and nothing left
       Item item = queue_.front();
       queue_.pop_front();
-      lock.unlock();
+      lock.Unlock();
       Execute(*item.request);
-      lock.lock();
+      lock.Lock();
       FinishLocked(item);
     }
   }
 
   Env* const env_;
-  std::mutex mu_;
-  std::condition_variable work_cv_;
-  std::deque<Item> queue_;  // guarded by mu_
-  bool stopping_ = false;   // guarded by mu_
+  Mutex mu_;
+  CondVar work_cv_;
+  std::deque<Item> queue_ KVF_GUARDED_BY(mu_);
+  bool stopping_ KVF_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 

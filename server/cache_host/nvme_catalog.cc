@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/crc32c.h"
+#include "core/mutex.h"
 #include "core/units.h"
 
 namespace kvfabric::cache_host {
@@ -180,7 +181,7 @@ NvmeCatalog::NvmeCatalog(Env* env, std::string dir)
       temp_path_(JoinPath(dir_, kCatalogTempFileName)) {}
 
 NvmeCatalog::~NvmeCatalog() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // Every acknowledged append was synced; closing can lose nothing that was
   // promised, so its error does not matter.
   if (file_ != nullptr) file_->Close().IgnoreError();
@@ -208,16 +209,18 @@ StatusOr<std::unique_ptr<NvmeCatalog>> NvmeCatalog::Open(Env* env, const std::st
         catalog->path_));
     r.created = true;
   }
-  KVF_ASSIGN_OR_RETURN(catalog->file_, env->NewRandomRWFile(catalog->path_, FileOptions{}));
+  std::size_t tenants = 0;
   {
-    std::lock_guard<std::mutex> lock(catalog->mu_);  // uncontended: not shared yet
+    MutexLock lock(&catalog->mu_);  // uncontended: not shared yet
+    KVF_ASSIGN_OR_RETURN(catalog->file_, env->NewRandomRWFile(catalog->path_, FileOptions{}));
     KVF_RETURN_IF_ERROR(catalog->Recover(&r));
+    tenants = catalog->tenants_.size();
   }
 
   spdlog::info(
       "NVMe catalog {}: {} records, {} keys, {} tenants, {}{}; {} corrupt records skipped; {} "
       "torn tail ({} bytes) truncated{}",
-      catalog->path_, r.records, r.entries, catalog->tenants_.size(), FormatBytes(r.file_bytes),
+      catalog->path_, r.records, r.entries, tenants, FormatBytes(r.file_bytes),
       r.created ? " (new)" : "", r.corrupt_records, r.torn_records, r.truncated_bytes,
       r.deleted_temp ? "; leftover " + std::string(kCatalogTempFileName) + " deleted" : "");
   return catalog;
@@ -346,12 +349,12 @@ CatalogEntry NvmeCatalog::EntryLocked(const BlockDigest& key, const Slot& slot) 
 }
 
 Status NvmeCatalog::AppendBatch(std::span<const CatalogEntry> entries) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return AppendLocked(entries, /*sync=*/true);
 }
 
 Status NvmeCatalog::TEST_AppendBatchWithoutSync(std::span<const CatalogEntry> entries) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return AppendLocked(entries, /*sync=*/false);
 }
 
@@ -411,19 +414,19 @@ Status NvmeCatalog::AppendLocked(std::span<const CatalogEntry> entries, bool syn
 }
 
 std::optional<CatalogEntry> NvmeCatalog::Find(const BlockDigest& key) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return std::nullopt;
   return EntryLocked(key, it->second);
 }
 
 bool NvmeCatalog::Forget(const BlockDigest& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return entries_.erase(key) > 0;
 }
 
 Status NvmeCatalog::Compact(std::span<const BlockDigest> live_keys) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   SlotMap keep;
   keep.reserve(std::min(live_keys.size(), entries_.size()));
   uint64_t unknown = 0;
@@ -445,7 +448,7 @@ Status NvmeCatalog::Compact(std::span<const BlockDigest> live_keys) {
 }
 
 Status NvmeCatalog::Compact() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const uint64_t old_records = stats_.records;
   const uint64_t old_bytes = end_;
   KVF_RETURN_IF_ERROR(RewriteLocked(entries_));
@@ -533,7 +536,7 @@ Status NvmeCatalog::RewriteLocked(SlotMap keep) {
 }
 
 CatalogStats NvmeCatalog::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   CatalogStats s = stats_;
   s.live_entries = entries_.size();
   s.tenants = tenants_.size();

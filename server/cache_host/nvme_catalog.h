@@ -63,7 +63,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -73,6 +72,7 @@
 #include "core/block_format.h"
 #include "core/block_key.h"
 #include "core/env.h"
+#include "core/mutex.h"
 #include "core/status.h"
 #include "core/statusor.h"
 
@@ -209,30 +209,30 @@ class NvmeCatalog {
 
   // Reads the open log (file_), fills the map and *report, truncates a torn
   // tail and syncs. Called by Open only.
-  Status Recover(CatalogRecovery* report);
-  Status AppendLocked(std::span<const CatalogEntry> entries, bool sync);
+  Status Recover(CatalogRecovery* report) KVF_REQUIRES(mu_);
+  Status AppendLocked(std::span<const CatalogEntry> entries, bool sync) KVF_REQUIRES(mu_);
   // Writes `keep` (with its tenants) to catalog.log.tmp and renames it into
   // place; on success replaces the map, the tenant table and file_.
-  Status RewriteLocked(SlotMap keep);
-  std::uint32_t InternTenantLocked(const std::string& tenant);
-  CatalogEntry EntryLocked(const BlockDigest& key, const Slot& slot) const;
+  Status RewriteLocked(SlotMap keep) KVF_REQUIRES(mu_);
+  std::uint32_t InternTenantLocked(const std::string& tenant) KVF_REQUIRES(mu_);
+  CatalogEntry EntryLocked(const BlockDigest& key, const Slot& slot) const KVF_REQUIRES(mu_);
 
   Env* const env_;
   const std::string dir_;
   const std::string path_;       // dir_/catalog.log
   const std::string temp_path_;  // dir_/catalog.log.tmp
 
-  mutable std::mutex mu_;
-  std::unique_ptr<RandomRWFile> file_;  // guarded by mu_; null only after a failed reopen
-  std::uint64_t end_ = 0;               // guarded by mu_: bytes of valid log, the append offset
-  // guarded by mu_: non-OK once the file is in an unknown state; returned by
-  // every later AppendBatch and Compact.
-  Status broken_;
-  bool dir_sync_pending_ = false;     // guarded by mu_: a Compact's rename is not yet durable
-  SlotMap entries_;                   // guarded by mu_
-  std::vector<std::string> tenants_;  // guarded by mu_
-  std::unordered_map<std::string, std::uint32_t> tenant_ids_;  // guarded by mu_
-  CatalogStats stats_;                                         // guarded by mu_
+  mutable Mutex mu_;
+  std::unique_ptr<RandomRWFile> file_ KVF_GUARDED_BY(mu_);  // null only after a failed reopen
+  std::uint64_t end_ KVF_GUARDED_BY(mu_) = 0;               // bytes of valid log, the append offset
+  // Non-OK once the file is in an unknown state; returned by every later
+  // AppendBatch and Compact.
+  Status broken_ KVF_GUARDED_BY(mu_);
+  bool dir_sync_pending_ KVF_GUARDED_BY(mu_) = false;  // a Compact's rename is not yet durable
+  SlotMap entries_ KVF_GUARDED_BY(mu_);
+  std::vector<std::string> tenants_ KVF_GUARDED_BY(mu_);
+  std::unordered_map<std::string, std::uint32_t> tenant_ids_ KVF_GUARDED_BY(mu_);
+  CatalogStats stats_ KVF_GUARDED_BY(mu_);
 };
 
 }  // namespace kvfabric::cache_host

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/io_uring_probe.h"
+#include "core/mutex.h"
 #include "core/units.h"
 #include "server/cache_host/segment_format.h"
 
@@ -139,7 +140,7 @@ Status NvmeTier::Recover(OpenResult* result) {
   Env* env = options_.env;
   NvmeRecoveryReport& report = result->report;
   KVF_ASSIGN_OR_RETURN(std::vector<std::string> names, env->GetChildren(options_.dir));
-  std::lock_guard<std::mutex> lock(mu_);   // uncontended: no other thread yet
+  MutexLock lock(&mu_);                    // uncontended: no other thread yet
   for (const std::string& name : names) {  // sorted, so ids ascend
     std::optional<uint64_t> id = ParseSegmentFileName(name);
     if (!id.has_value()) {
@@ -228,12 +229,12 @@ NvmeTier::~NvmeTier() {
 }
 
 Status NvmeTier::Close() {
-  std::lock_guard<std::mutex> close_lock(close_mu_);
+  MutexLock close_lock(&close_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     closing_ = true;
   }
-  pending_cv_.notify_all();
+  pending_cv_.NotifyAll();
   if (committer_.joinable()) committer_.join();
   return Status::OK();
 }
@@ -256,15 +257,15 @@ void NvmeTier::Demote(const BlockHeader& header, std::span<const std::byte> payl
     return;
   }
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (closing_) {
-      lock.unlock();
+      lock.Unlock();
       done(Status::Unavailable("demote: NVMe tier " + options_.dir + " is closed"));
       return;
     }
     pending_.push_back(Pending{header, payload, std::move(done)});
   }
-  pending_cv_.notify_one();
+  pending_cv_.NotifyOne();
 }
 
 StatusOr<NvmeLocation> NvmeTier::DemoteAndWait(const BlockHeader& header,
@@ -279,8 +280,8 @@ StatusOr<NvmeLocation> NvmeTier::DemoteAndWait(const BlockHeader& header,
 void NvmeTier::CommitterLoop() {
   for (;;) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      pending_cv_.wait(lock, [this] { return closing_ || !pending_.empty(); });
+      MutexLock lock(&mu_);
+      pending_cv_.Wait(&mu_, [this]() KVF_REQUIRES(mu_) { return closing_ || !pending_.empty(); });
       if (pending_.empty()) return;  // closing, and everything queued is committed
       std::swap(pending_, group_);
     }
@@ -334,7 +335,7 @@ StatusOr<std::shared_ptr<NvmeTier::Segment>> NvmeTier::NewSegment() {
   segment->id = id;
   segment->path = path;
   segment->file = std::move(file);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   segment->end = segment->durable_end = alignment_;
   segments_[id] = segment;
   stats_.used_bytes += alignment_;
@@ -354,12 +355,12 @@ void NvmeTier::CommitGroup(size_t begin, size_t end) {
 
   uint64_t used;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     used = stats_.used_bytes;
   }
   uint64_t active_end = 0;
   if (active_ != nullptr) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     active_end = active_->end;
   }
   Status segment_error;  // once creating a segment failed, the rest of the group fails too
@@ -396,7 +397,7 @@ void NvmeTier::CommitGroup(size_t begin, size_t end) {
       }
       if (active_ != nullptr) {
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(&mu_);
           active_->end = active_end;
         }
         retired.push_back(std::move(active_));
@@ -453,7 +454,7 @@ void NvmeTier::CommitGroup(size_t begin, size_t end) {
   if (active_sync_failed) retired.push_back(std::move(active_));
 
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (active_ != nullptr) active_->end = active_end;
     if (active_sync_failed) retired.back()->end = active_end;
     for (const auto& segment : touched) segment->durable_end = segment->end;
@@ -505,7 +506,7 @@ std::shared_ptr<NvmeTier::Segment> NvmeTier::FindSegment(const NvmeLocation& loc
                                 std::to_string(location.bytes) + " is not a block record");
     return nullptr;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = segments_.find(location.segment_id);
   if (it == segments_.end() || location.offset + padded > it->second->durable_end) {
     *error = Status::NotFound("no NVMe block at segment " + std::to_string(location.segment_id) +
@@ -534,7 +535,7 @@ StatusOr<BlockHeader> NvmeTier::Read(const NvmeLocation& location, const BlockDi
   r.buffer = dst.first(padded);
   engine_->Run({&r, 1});
   if (!r.status.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++stats_.read_errors;
     return r.status;
   }
@@ -560,12 +561,12 @@ StatusOr<BlockHeader> NvmeTier::Read(const NvmeLocation& location, const BlockDi
     damage = VerifyPayload(*header, block.subspan(kBlockHeaderBytes, header->payload_bytes));
   }
   if (damage.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++stats_.reads_ok;
     return header;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++stats_.crc_failures;
   }
   // Never served, and removed so that no later read or recovery serves it.
@@ -585,7 +586,7 @@ Status NvmeTier::RemoveRecord(const NvmeLocation& location, const BlockDigest* e
   Status error;
   std::shared_ptr<Segment> segment = FindSegment(location, &error);
   if (segment == nullptr) return error;
-  std::lock_guard<std::mutex> remove_lock(remove_mu_);
+  MutexLock remove_lock(&remove_mu_);
   IoRequest r;
   r.op = IoRequest::Op::kRead;
   r.file = segment->file.get();
@@ -620,7 +621,7 @@ Status NvmeTier::RemoveRecord(const NvmeLocation& location, const BlockDigest* e
   engine_->Run({&r, 1});
   if (!r.status.ok()) return r.status;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (segment->live_blocks > 0) {
       const uint64_t padded = AlignUp(location.bytes, alignment_);
       --segment->live_blocks;
@@ -636,7 +637,7 @@ Status NvmeTier::RemoveRecord(const NvmeLocation& location, const BlockDigest* e
 
 void NvmeTier::MaybeDeleteSegment(const std::shared_ptr<Segment>& segment) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!segment->sealed || segment->live_blocks > 0 || segment->deleted) return;
     segment->deleted = true;
     segments_.erase(segment->id);
@@ -655,7 +656,7 @@ void NvmeTier::MaybeDeleteSegment(const std::shared_ptr<Segment>& segment) {
 }
 
 NvmeTierStats NvmeTier::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return stats_;
 }
 

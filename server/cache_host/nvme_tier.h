@@ -32,13 +32,11 @@
 #ifndef KVFABRIC_SERVER_CACHE_HOST_NVME_TIER_H_
 #define KVFABRIC_SERVER_CACHE_HOST_NVME_TIER_H_
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -48,6 +46,7 @@
 #include "core/aligned_buffer.h"
 #include "core/block_format.h"
 #include "core/env.h"
+#include "core/mutex.h"
 #include "core/status.h"
 #include "core/statusor.h"
 #include "server/cache_host/block_location.h"
@@ -235,12 +234,12 @@ class NvmeTier {
   const size_t alignment_;
   std::unique_ptr<IoEngine> engine_;
 
-  mutable std::mutex mu_;
-  std::condition_variable pending_cv_;
-  std::vector<Pending> pending_;  // guarded by mu_; swapped with group_ by the committer
-  bool closing_ = false;          // guarded by mu_
-  std::map<uint64_t, std::shared_ptr<Segment>> segments_;  // guarded by mu_
-  NvmeTierStats stats_;                                    // guarded by mu_
+  mutable Mutex mu_;
+  CondVar pending_cv_;
+  std::vector<Pending> pending_ KVF_GUARDED_BY(mu_);  // swapped with group_ by the committer
+  bool closing_ KVF_GUARDED_BY(mu_) = false;
+  std::map<uint64_t, std::shared_ptr<Segment>> segments_ KVF_GUARDED_BY(mu_);
+  NvmeTierStats stats_ KVF_GUARDED_BY(mu_);
 
   // Committer thread only.
   std::vector<Pending> group_;
@@ -252,11 +251,11 @@ class NvmeTier {
   uint64_t next_segment_id_ = 1;
   AlignedBuffer staging_;
 
-  // Serialises removals (cold path) and guards remove_unit_.
-  std::mutex remove_mu_;
-  AlignedBuffer remove_unit_;
+  // Serialises removals (cold path).
+  Mutex remove_mu_;
+  AlignedBuffer remove_unit_ KVF_GUARDED_BY(remove_mu_);
 
-  std::mutex close_mu_;  // serialises Close()
+  Mutex close_mu_;  // serialises Close()
   std::thread committer_;
 };
 

@@ -7,13 +7,12 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/errno_status.h"
+#include "core/mutex.h"
 
 namespace kvfabric::cache_host {
 namespace {
@@ -252,25 +251,25 @@ class UringIoEngine final : public IoEngine {
   }
 
   Ring* Acquire() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return !free_.empty(); });
+    MutexLock lock(&mu_);
+    cv_.Wait(&mu_, [this]() KVF_REQUIRES(mu_) { return !free_.empty(); });
     Ring* ring = free_.back();
     free_.pop_back();
     return ring;
   }
   void Release(Ring* ring) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       free_.push_back(ring);
     }
-    cv_.notify_one();
+    cv_.NotifyOne();
   }
 
   const std::vector<std::unique_ptr<Ring>> rings_;
   const unsigned queue_depth_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Ring*> free_;  // guarded by mu_; capacity == rings_.size(), never reallocates
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<Ring*> free_ KVF_GUARDED_BY(mu_);  // capacity == rings_.size(), never reallocates
 };
 
 }  // namespace

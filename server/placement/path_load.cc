@@ -1,15 +1,17 @@
 #include "server/placement/path_load.h"
 
+#include "core/mutex.h"
+
 namespace kvfabric {
 
 uint64_t PathLoad::QueuedBytes(BusPath path, std::string_view resource) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const auto it = queued_.find(Key(static_cast<int>(path), std::string(resource)));
   return it == queued_.end() ? 0 : it->second;
 }
 
 uint64_t PathLoad::Admit(const std::vector<PathCharge>& charges, uint64_t deadline_us) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const uint64_t ticket = next_ticket_++;
   for (const PathCharge& c : charges) {
     if (c.bytes > 0) queued_[Key(static_cast<int>(c.path), c.resource)] += c.bytes;
@@ -32,7 +34,7 @@ void PathLoad::RemoveLocked(const Admitted& a) {
 }
 
 bool PathLoad::Release(uint64_t ticket) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const auto it = plans_.find(ticket);
   if (it == plans_.end()) return false;
   RemoveLocked(it->second);
@@ -41,7 +43,7 @@ bool PathLoad::Release(uint64_t ticket) {
 }
 
 size_t PathLoad::ReleaseExpired(uint64_t now_us) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   size_t released = 0;
   for (auto it = plans_.begin(); it != plans_.end();) {
     if (it->second.deadline_us <= now_us) {
@@ -56,7 +58,7 @@ size_t PathLoad::ReleaseExpired(uint64_t now_us) {
 }
 
 size_t PathLoad::admitted_plans() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return plans_.size();
 }
 

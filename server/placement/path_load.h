@@ -19,7 +19,6 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -27,6 +26,7 @@
 #include <vector>
 
 #include "core/bus_cost_model.h"
+#include "core/mutex.h"
 
 namespace kvfabric {
 
@@ -64,13 +64,12 @@ class PathLoad {
   };
   using Key = std::pair<int, std::string>;
 
-  // REQUIRES: mu_ held.
-  void RemoveLocked(const Admitted& a);
+  void RemoveLocked(const Admitted& a) KVF_REQUIRES(mu_);
 
-  mutable std::mutex mu_;
-  uint64_t next_ticket_ = 1;                      // guarded by mu_
-  std::map<Key, uint64_t, std::less<>> queued_;   // guarded by mu_; entries > 0 only
-  std::unordered_map<uint64_t, Admitted> plans_;  // guarded by mu_
+  mutable Mutex mu_;
+  uint64_t next_ticket_ KVF_GUARDED_BY(mu_) = 1;
+  std::map<Key, uint64_t, std::less<>> queued_ KVF_GUARDED_BY(mu_);  // entries > 0 only
+  std::unordered_map<uint64_t, Admitted> plans_ KVF_GUARDED_BY(mu_);
 };
 
 }  // namespace kvfabric
