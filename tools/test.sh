@@ -35,7 +35,7 @@ TSAN_TARGETS=(
   # TSan cannot see; its CPU cases (streaming_attention_test's logic at large
   # sizes) did not finish their first case in 60 s.
   -//client:streaming_attention_cuda_test
-  # Every case is two in-process peers over UCX shared memory: see below.
+  # Every case is two in-process peers over UCX shared memory (TSAN_UCX_SHM).
   -//transport/ucx:ucx_copy_test
   # gRPC: Debian's libgrpc, libgpr and libabsl are not instrumented, so TSan
   # sees the accesses of gRPC's inline and generated code (grpcpp headers,
