@@ -222,6 +222,7 @@ endif()
 # kvfabric_package`), without the server, CLI and bench.
 add_custom_target(kvfabric_package DEPENDS kvfabric_shared kvfabric_static)
 
+set_property(GLOBAL APPEND PROPERTY KVF_INSTALLED_TARGETS kvfabric_shared kvfabric_static)
 install(TARGETS kvfabric_shared EXPORT kvfabricTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS kvfabric_static EXPORT kvfabricStaticTargets

@@ -75,6 +75,7 @@ function(kvf_cc_binary)
   endif()
   if(NOT A_TESTONLY)
     install(TARGETS ${target} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+    set_property(GLOBAL APPEND PROPERTY KVF_INSTALLED_TARGETS ${target})
   endif()
 endfunction()
 

@@ -2,7 +2,7 @@
 # Runs every kvfabric test: the README's test command.
 #
 #   tools/test.sh            Bazel: build everything, run every test
-#   tools/test.sh --asan     the same under AddressSanitizer + UBSan
+#   tools/test.sh --asan     every test under AddressSanitizer + UBSan
 #   tools/test.sh --tsan     the concurrent subset under ThreadSanitizer: the
 #                            client, cache-host, transport and cross-process
 #                            tests (TSAN_TARGETS below); no Python tool tests
@@ -62,8 +62,10 @@ targets=(//...)
 tsan=0
 for arg in "$@"; do
   case "$arg" in
-    --asan) config=(--config=asan) ;;
-    --tsan) config=(--config=tsan); targets=("${TSAN_TARGETS[@]}"); tsan=1 ;;
+    # The sanitizer runs build the tests and what they use, not every binary
+    # and benchmark (the plain run compiles all of //...).
+    --asan) config=(--config=asan --build_tests_only) ;;
+    --tsan) config=(--config=tsan --build_tests_only); targets=("${TSAN_TARGETS[@]}"); tsan=1 ;;
     *) echo "usage: tools/test.sh [--asan | --tsan]" >&2; exit 2 ;;
   esac
 done
