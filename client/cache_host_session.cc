@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/process_identity.h"
 #include "proto/grpc_status.h"
 
 namespace kvfabric::client {
@@ -77,10 +78,29 @@ StatusOr<std::shared_ptr<CacheHostSession>> CacheHostSession::Open(
   }
   s->stub_ = v1::CacheHost::NewStub(OpenChannel(s->o_.grpc_address));
   if (s->o_.host_id.empty()) s->o_.host_id = s->o_.grpc_address;
+  if (s->o_.check_shared_memory) KVF_RETURN_IF_ERROR(s->CheckSharedMemory());
   if (!s->o_.transport_address.empty()) {
     KVF_RETURN_IF_ERROR(s->Connection(s->o_.transport_address).status());
   }
   return s;
+}
+
+Status CacheHostSession::CheckSharedMemory() {
+  v1::HealthResponse health;
+  KVF_RETURN_IF_ERROR(Call("Health", stub_->Health(RpcContext().get(), v1::HealthRequest{}, &health)));
+  ProcessIdentity peer;
+  peer.boot_id = health.process().boot_id();
+  peer.uid = health.process().uid();
+  peer.gid = health.process().gid();
+  peer.ipc_namespace = health.process().ipc_namespace();
+  const Status reachable = SharedMemoryReachable(LocalProcessIdentity(), peer);
+  if (reachable.ok()) return reachable;
+  return Status::FailedPrecondition(
+      "cache host " + o_.host_id + " (" + o_.grpc_address + "): " + std::string(reachable.message()) +
+      "; UCX would connect and then fail every transfer over shared memory (" +
+      o_.ucx_tls_setting + "=\"" + o_.ucx_tls + "\"). Set " + o_.ucx_tls_setting +
+      " to \"tcp\" (or leave sm, sysv, posix and cma out of it), or run the engine and the "
+      "daemon as one user");
 }
 
 StatusOr<DaemonConnection*> CacheHostSession::Connection(const std::string& grant_address) {

@@ -66,6 +66,15 @@ struct CacheHostSessionOptions {
   std::uint32_t region_id = 1;
   // How often a Lease whose entries answer Unavailable is retried.
   int lease_retries = 3;
+  // Set when the data plane may use shared memory (transport::
+  // UsesSharedMemory): Open then asks the daemon who it runs as (Health) and
+  // refuses one on this host under another user or IPC namespace with
+  // FailedPrecondition naming `ucx_tls_setting` (and its value `ucx_tls`):
+  // UCX would connect, then fail every transfer (shmat, process_vm_readv:
+  // permission denied).
+  bool check_shared_memory = false;
+  std::string ucx_tls;
+  std::string ucx_tls_setting = "ucx_tls";
 };
 
 // Where a batch's blocks sit in the region: block k at offset + k * bytes.
@@ -153,6 +162,8 @@ class CacheHostSession {
  private:
   CacheHostSession(DataPlaneClient* data, CacheHostSessionOptions options);
   Status Call(const char* rpc, const grpc::Status& g) const;
+  // check_shared_memory: the daemon's identity against this process's.
+  Status CheckSharedMemory();
   transport::Deadline TransferDeadline() const;
   // The data-plane connection, made (and the region exported) on first use
   // to the configured address, else to `grant_address`.

@@ -83,6 +83,9 @@ struct Context {
 struct DaemonSlot {
   Mutex connect_mu;
   std::shared_ptr<CacheHostSession> session;  // under Impl::daemons_mu_
+  // The shared-memory refusal (CacheHostSessionOptions::check_shared_memory)
+  // was logged: it is logged once per daemon, then only returned.
+  bool refusal_logged = false;  // under connect_mu
 };
 using Daemon = CacheHostSession;
 
@@ -209,6 +212,9 @@ class Client::Impl {
 
   std::unique_ptr<v1::Placement::Stub> placement_;
   std::unique_ptr<transport::Transport> transport_;
+  // The data plane may use shared memory (transport::UsesSharedMemory):
+  // each daemon's identity is checked before its data plane is connected.
+  bool shared_memory_ = false;
   std::unique_ptr<transport::MemoryRegion> staging_;
   std::unique_ptr<DataPlaneClient> data_;
   std::unique_ptr<DeviceArena> arena_;

@@ -72,8 +72,19 @@ StatusOr<std::shared_ptr<Daemon>> Client::Impl::GetDaemon(const MatchResult::Hos
   so.rpc_timeout = o_.rpc_timeout;
   so.transfer_timeout = o_.transfer_timeout;
   so.region_id = kStagingRegionId;
-  KVF_ASSIGN_OR_RETURN(std::shared_ptr<Daemon> d,
-                       CacheHostSession::Open(data_.get(), *staging_, std::move(so)));
+  so.check_shared_memory = shared_memory_;
+  so.ucx_tls = o_.ucx_tls;
+  so.ucx_tls_setting = o_.ucx_tls_setting.empty() ? "ucx_tls (--ucx-tls)" : o_.ucx_tls_setting;
+  StatusOr<std::shared_ptr<Daemon>> opened =
+      CacheHostSession::Open(data_.get(), *staging_, std::move(so));
+  if (!opened.ok()) {
+    if (opened.status().code() == StatusCode::kFailedPrecondition && !slot->refusal_logged) {
+      slot->refusal_logged = true;
+      Log().error("kvfabric client: {}", opened.status().message());
+    }
+    return std::move(opened).status();
+  }
+  std::shared_ptr<Daemon> d = std::move(opened).value();
   MutexLock l(&daemons_mu_);
   slot->session = d;
   auto it = daemons_.find(host.grpc_address);

@@ -332,6 +332,7 @@ Status ToClientOptions(const kvf_options& o, ClientOptions* out) {
   options.history_pool_bytes = o.history_pool_bytes;
   options.max_context_tokens = o.max_context_tokens;
   options.history_pool_setting = "options->history_pool_bytes";
+  options.ucx_tls_setting = "options->ucx_tls";
   options.rpc_timeout = std::chrono::milliseconds(o.rpc_timeout_ms);
   options.transfer_timeout = std::chrono::milliseconds(o.transfer_timeout_ms);
 

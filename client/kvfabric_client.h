@@ -117,8 +117,16 @@ struct ClientOptions {
   // kernel sockets, for daemons started with --data-transport=tcp. Every
   // daemon this client reaches must use the same.
   std::string data_transport = "ucx";
-  // UCX transports for the data plane (--ucx-tls). Must include tcp.
+  // UCX transports for the data plane (--ucx-tls). Must include tcp. With
+  // shared memory in it (sm, sysv, posix, cma), a daemon on this host that
+  // runs as another user (or in another IPC namespace) is refused before its
+  // data plane is connected: loads from it and saves to it fail
+  // FailedPrecondition naming this setting (logged once per daemon), since
+  // UCX would fail every transfer. "tcp" works across users.
   std::string ucx_tls = "sm,self,tcp";
+  // How refusals spell ucx_tls (the C API passes its field name); empty:
+  // "ucx_tls (--ucx-tls)".
+  std::string ucx_tls_setting;
   // The device attention runs on; borrowed. Required.
   gpu::Device* device = nullptr;
   // The bounded device working set (client/device_arena.h). page_bytes 0

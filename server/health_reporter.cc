@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/mutex.h"
+#include "core/process_identity.h"
 #include "proto/wire_limits.h"
 
 namespace kvfabric {
@@ -43,6 +44,12 @@ void HealthReporter::Fill(v1::HealthResponse* response) const {
   response->set_server_id(server_id_);
   response->set_incarnation(incarnation_);
   *response->mutable_limits() = DefaultLimits();
+  const ProcessIdentity self = LocalProcessIdentity();
+  v1::ProcessIdentity* p = response->mutable_process();
+  p->set_boot_id(self.boot_id);
+  p->set_uid(self.uid);
+  p->set_gid(self.gid);
+  p->set_ipc_namespace(self.ipc_namespace);
 }
 
 }  // namespace kvfabric

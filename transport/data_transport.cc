@@ -1,5 +1,8 @@
 #include "transport/data_transport.h"
 
+#include <set>
+#include <sstream>
+
 #include "transport/tcp/tcp_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
@@ -10,6 +13,21 @@ Status ValidateDataTransportKind(const std::string& kind, const std::string& set
   return Status::InvalidArgument(setting + "=\"" + kind +
                                  "\": must be ucx (RDMA, shared memory, TCP) or tcp (kernel "
                                  "sockets; the daemon and its clients must agree)");
+}
+
+bool UsesSharedMemory(const DataTransportOptions& options) {
+  if (options.kind != "ucx") return false;
+  std::string list = options.ucx_tls;
+  const bool negated = !list.empty() && list.front() == '^';
+  if (negated) list.erase(0, 1);
+  std::set<std::string> names;
+  std::stringstream in(list);
+  for (std::string name; std::getline(in, name, ',');) names.insert(name);
+  if (negated) return names.count("sm") == 0 && names.count("shm") == 0;
+  for (const char* sm : {"sm", "shm", "sysv", "posix", "cma", "knem", "xpmem", "all"}) {
+    if (names.count(sm) != 0) return true;
+  }
+  return list.empty();  // UCX's default: every transport
 }
 
 StatusOr<std::unique_ptr<Transport>> CreateDataTransport(const DataTransportOptions& options) {

@@ -33,6 +33,12 @@ struct DataTransportOptions {
 // InvalidArgument naming `setting` unless kind is "ucx" or "tcp".
 Status ValidateDataTransportKind(const std::string& kind, const std::string& setting);
 
+// Whether a transport made from `options` may move bytes through shared
+// memory with a peer on the same host: UCX with any of sm, shm, sysv, posix,
+// cma, knem, xpmem or all in ucx_tls (or a "^..." list that does not exclude
+// sm/shm). Such a peer must then run as the same user (core/process_identity.h).
+bool UsesSharedMemory(const DataTransportOptions& options);
+
 // The transport, or the backend's error with the kind (and UCX list) in its
 // context.
 StatusOr<std::unique_ptr<Transport>> CreateDataTransport(const DataTransportOptions& options);
