@@ -76,6 +76,12 @@ struct Context {
   std::vector<bool> save_queued KVF_GUARDED_BY(mu);            // per full block
   std::uint32_t pending_saves KVF_GUARDED_BY(mu) = 0;
   Status save_status KVF_GUARDED_BY(mu);  // the first write-back failure
+
+  // Back to a fresh context's state, keeping every vector's capacity (and
+  // `match`, which the next Load overwrites in place): a recycled context
+  // (Impl::Recycle) makes the next request of no more blocks allocate none
+  // of its bookkeeping. REQUIRES: no other thread holds the context.
+  void Reset();
 };
 
 // One daemon's session, and the lock that makes connecting to it happen once
@@ -113,6 +119,8 @@ class Client::Impl {
   // kvfabric_client.cc
   StatusOr<MatchResult> Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens,
                               bool explain);
+  Status Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens, bool explain,
+               MatchResult* out);
   StatusOr<ContextId> NewContext(std::uint64_t tokens);
   Status Load(const MatchResult& match, ContextId id);
   Status WaitLayer(ContextId id, std::uint32_t layer, std::chrono::milliseconds timeout);
@@ -229,6 +237,12 @@ class Client::Impl {
 
   mutable Mutex mu_;
   std::map<ContextId, std::shared_ptr<Context>> contexts_ KVF_GUARDED_BY(mu_);
+  // Finished contexts kept for reuse (at most kMaxFreeContexts), so that
+  // after warm-up NewContext and Load allocate no bookkeeping.
+  static constexpr std::size_t kMaxFreeContexts = 64;
+  std::vector<std::shared_ptr<Context>> free_contexts_ KVF_GUARDED_BY(mu_);
+  // Puts a finished context (held by the caller alone) back for reuse.
+  void Recycle(std::shared_ptr<Context> c);
   ContextId next_context_ KVF_GUARDED_BY(mu_) = 1;
   bool closed_ KVF_GUARDED_BY(mu_) = false;
 

@@ -226,10 +226,23 @@ StatusOr<std::shared_ptr<Context>> Client::Impl::Find(ContextId id) const {
 
 StatusOr<MatchResult> Client::Impl::Match(std::span<const BlockKey> chain,
                                           std::uint64_t suffix_tokens, bool explain) {
-  if (chain.empty()) return Status::InvalidArgument("client: Match of an empty chain");
   MatchResult m;
+  KVF_RETURN_IF_ERROR(Match(chain, suffix_tokens, explain, &m));
+  return m;
+}
+
+Status Client::Impl::Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens,
+                           bool explain, MatchResult* out) {
+  if (chain.empty()) return Status::InvalidArgument("client: Match of an empty chain");
+  // Every field is assigned in place: vectors and strings keep their memory.
+  MatchResult& m = *out;
   m.chain.assign(chain.begin(), chain.end());
   m.suffix_tokens = suffix_tokens;
+  m.cached_prefix_blocks = 0;
+  m.plan_id = 0;
+  m.predicted_us = 0;
+  m.explanation.clear();
+  m.hosts.clear();
   v1::PlanRequest req;
   req.set_namespace_(o_.namespace_name);
   *req.mutable_fingerprint() = fingerprint_;
@@ -255,22 +268,35 @@ StatusOr<MatchResult> Client::Impl::Match(std::span<const BlockKey> chain,
     Log().warn("kvfabric client: placement Plan failed ({}); recomputing {} blocks",
                  g.error_message(), chain.size());
     m.kind = "recompute_all";
-    MatchResult::Run r;
+    m.runs.resize(1);
+    MatchResult::Run& r = m.runs[0];
+    r.first_block = 0;
     r.block_count = static_cast<std::uint32_t>(chain.size());
-    m.runs.push_back(r);
-    return m;
+    r.fetch = false;
+    r.host = 0;
+    r.tier.clear();
+    r.fallback_hosts.clear();
+    r.predicted_start_us = 0;
+    r.predicted_end_us = 0;
+    return Status::OK();
   }
   m.plan_id = resp.plan_id();
   m.kind = KindName(resp.kind());
   m.predicted_us = resp.predicted_total_us();
   m.explanation = resp.explanation();
   m.cached_prefix_blocks = resp.locations().cached_prefix_blocks();
-  for (const v1::HostRef& h : resp.locations().hosts()) {
-    m.hosts.push_back({h.host_id(), h.grpc_address(), h.transport_address()});
+  m.hosts.resize(resp.locations().hosts_size());
+  for (int i = 0; i < resp.locations().hosts_size(); ++i) {
+    const v1::HostRef& h = resp.locations().hosts(i);
+    m.hosts[i].host_id = h.host_id();
+    m.hosts[i].grpc_address = h.grpc_address();
+    m.hosts[i].transport_address = h.transport_address();
   }
+  m.runs.resize(resp.runs_size());
   std::uint32_t covered = 0;
-  for (const v1::PlanRun& pr : resp.runs()) {
-    MatchResult::Run r;
+  for (int i = 0; i < resp.runs_size(); ++i) {
+    const v1::PlanRun& pr = resp.runs(i);
+    MatchResult::Run& r = m.runs[i];
     r.first_block = pr.first_block();
     r.block_count = pr.block_count();
     r.fetch = pr.action() == v1::RUN_ACTION_FETCH;
@@ -288,7 +314,6 @@ StatusOr<MatchResult> Client::Impl::Match(std::span<const BlockKey> chain,
                               std::to_string(r.first_block));
     }
     covered += r.block_count;
-    m.runs.push_back(std::move(r));
   }
   if (covered != chain.size()) {
     return Status::Internal("client: placement's plan covers " + std::to_string(covered) +
@@ -308,7 +333,7 @@ StatusOr<MatchResult> Client::Impl::Match(std::span<const BlockKey> chain,
       ++m_.plans_mixed;
       break;
   }
-  return m;
+  return Status::OK();
 }
 
 // ---------------------------------------------------------------- contexts
@@ -316,7 +341,15 @@ StatusOr<MatchResult> Client::Impl::Match(std::span<const BlockKey> chain,
 StatusOr<ContextId> Client::Impl::NewContext(std::uint64_t tokens) {
   const std::uint32_t tpb = o_.model.tokens_per_block;
   if (tokens == 0) return Status::InvalidArgument("client: NewContext of 0 tokens");
-  auto c = std::make_shared<Context>();
+  std::shared_ptr<Context> c;
+  {
+    MutexLock l(&mu_);
+    if (!free_contexts_.empty()) {
+      c = std::move(free_contexts_.back());
+      free_contexts_.pop_back();
+    }
+  }
+  if (c == nullptr) c = std::make_shared<Context>();
   c->tokens = tokens;
   c->blocks = CeilDiv(tokens, tpb);
   c->full_blocks = static_cast<std::uint32_t>(tokens / tpb);
@@ -441,7 +474,10 @@ Status Client::Impl::Save(ContextId id, std::uint32_t layer, std::uint32_t first
   // every layer is in the history. A layer saved twice is refused, and a
   // refused call changes nothing.
   const std::uint64_t bit = std::uint64_t{1} << (layer % 64);
-  std::vector<SaveJob> ready;
+  // Per engine thread, emptied before return: it keeps its capacity, so a
+  // warm Save that completes 1,024 blocks does not allocate 56 KiB of jobs.
+  thread_local std::vector<SaveJob> ready;
+  ready.clear();
   {
     MutexLock l(&c->mu);
     for (std::size_t k = 0; k < keys.size(); ++k) {
@@ -467,6 +503,7 @@ Status Client::Impl::Save(ContextId id, std::uint32_t layer, std::uint32_t first
     MutexLock l(&save_mu_);
     for (SaveJob& j : ready) save_queue_.push_back(std::move(j));
   }
+  ready.clear();
   save_cv_.NotifyOne();
   return Status::OK();
 }
@@ -576,25 +613,66 @@ Status Client::Impl::Finish(ContextId id, ContextReport* report) {
     MutexLock l(&mu_);
     contexts_.erase(id);
   }
-  Status released = arena_->ReleaseContext(id);
-  MutexLock l(&c->mu);
-  history_pool_->Return(c->pages);
-  c->pages.clear();
-  *report = c->report;
-  // The engine cannot miss a failure: the load's, then the write-backs'.
-  if (!c->load_status.ok()) {
-    return c->load_status.WithContext("client: context " + std::to_string(id) + "'s load failed");
+  Status result = arena_->ReleaseContext(id);
+  {
+    MutexLock l(&c->mu);
+    history_pool_->Return(c->pages);
+    c->pages.clear();
+    *report = c->report;
+    // The engine cannot miss a failure: the load's, then the write-backs'.
+    if (!c->load_status.ok()) {
+      result =
+          c->load_status.WithContext("client: context " + std::to_string(id) + "'s load failed");
+    } else if (c->report.save_failures > 0) {
+      const std::uint32_t tried =
+          c->report.blocks_written + c->report.blocks_already_cached + c->report.save_failures;
+      result = Status(c->save_status.code(),
+                      "client: context " + std::to_string(id) + ": " +
+                          std::to_string(c->report.save_failures) + " of " +
+                          std::to_string(tried) + " blocks were not written back; first: " +
+                          std::string(c->save_status.message()));
+    }
   }
-  if (c->report.save_failures > 0) {
-    const std::uint32_t tried =
-        c->report.blocks_written + c->report.blocks_already_cached + c->report.save_failures;
-    return Status(c->save_status.code(),
-                  "client: context " + std::to_string(id) + ": " +
-                      std::to_string(c->report.save_failures) + " of " + std::to_string(tried) +
-                      " blocks were not written back; first: " +
-                      std::string(c->save_status.message()));
-  }
-  return released;
+  Recycle(std::move(c));
+  return result;
+}
+
+void Client::Impl::Recycle(std::shared_ptr<Context> c) {
+  // A saver batch may still hold it for a moment: then it is simply freed.
+  if (c.use_count() != 1) return;
+  c->Reset();
+  MutexLock l(&mu_);
+  if (free_contexts_.size() < kMaxFreeContexts) free_contexts_.push_back(std::move(c));
+}
+
+void Context::Reset() {
+  id = 0;
+  tokens = 0;
+  blocks = 0;
+  full_blocks = 0;
+  pages.clear();
+  layer_words = 0;
+  MutexLock l(&mu);
+  load_started = false;
+  load_done = false;
+  load_workers = 0;
+  load_status = Status::OK();
+  load_start = {};
+  std::vector<RunOutcome> runs = std::move(report.runs);
+  runs.clear();
+  report = ContextReport{};
+  report.runs = std::move(runs);
+  transfers.clear();
+  recomputes.clear();
+  stale.clear();
+  fallback_runs.clear();
+  landed_us.clear();
+  workers.clear();
+  layer_bits.clear();
+  layers_saved.clear();
+  save_queued.clear();
+  pending_saves = 0;
+  save_status = Status::OK();
 }
 
 ClientMetrics Client::Impl::metrics() const {
@@ -627,6 +705,10 @@ StatusOr<std::vector<BlockKey>> Client::KeyTokens(std::span<const std::uint32_t>
 StatusOr<MatchResult> Client::Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens,
                                     bool explain) {
   return impl_->Match(chain, suffix_tokens, explain);
+}
+Status Client::Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens, bool explain,
+                     MatchResult* out) {
+  return impl_->Match(chain, suffix_tokens, explain, out);
 }
 StatusOr<ContextId> Client::NewContext(std::uint64_t tokens) { return impl_->NewContext(tokens); }
 Status Client::Load(const MatchResult& match, ContextId context) {

@@ -294,6 +294,12 @@ class Client {
   // chain.
   StatusOr<MatchResult> Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens,
                               bool explain = false);
+  // The same into `*out`, reusing its vectors' and strings' memory: an engine
+  // that keeps one MatchResult per slot makes Match allocate no plan storage
+  // once warm (a split plan over 1,024 blocks is ~90 KiB of runs). On error
+  // *out holds no usable plan.
+  Status Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens, bool explain,
+               MatchResult* out);
 
   // A context for a history of `tokens` tokens: ceil(tokens /
   // tokens_per_block) pages of the history pool and an arena budget.

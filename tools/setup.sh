@@ -10,6 +10,8 @@ PACKAGES=(
   clang-format clang-tidy
   # clang++ for tools/thread_safety_check.sh (-Wthread-safety; Debian's clang 14)
   clang
+  # compiler cache of the CMake build (CMakeLists.txt; Bazel has its disk cache)
+  ccache
   # core libraries
   libssl-dev libspdlog-dev libfmt-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev

@@ -52,6 +52,7 @@ TSAN_TARGETS=(
   -//tests:cache_host_daemon_test
   -//tests:calibrate_daemon_test
   -//tests:client_e2e_test
+  -//tests:cross_user_test
   -//tests:placement_cluster_test
   # Run by a second pass, without their shared-memory cases.
   "${TSAN_UCX_SHM[@]/#/-}"
@@ -71,6 +72,13 @@ for arg in "$@"; do
 done
 
 bash tools/setup.sh || exit 1
+
+# Bazel's disk cache (.bazelrc --disk_cache) has no size limit of its own:
+# entries no build used for 14 days go.
+disk_cache="$HOME/.cache/kvfabric/bazel-disk"
+if [[ -d $disk_cache ]]; then
+  find "$disk_cache" -type f -atime +14 -delete 2>/dev/null || true
+fi
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -323,7 +323,7 @@ class FaultEndpoint final : public Endpoint {
     CancelAll();
     // Destroying the base force-closes it and waits out handlers using it.
     base_.reset();
-    for (const std::shared_ptr<WrappedBatch>& wb : Live()) wb->outer->WaitForever();
+    for (const std::shared_ptr<BatchCompletion>& b : Live()) b->WaitForever();
   }
 
   std::string peer_address() const override { return base_->peer_address(); }
@@ -337,8 +337,8 @@ class FaultEndpoint final : public Endpoint {
   StatusOr<std::unique_ptr<TransferBatch>> Submit(std::span<const Transfer> transfers) override;
 
   Status Flush(Deadline deadline) override {
-    for (const std::shared_ptr<WrappedBatch>& wb : Live()) {
-      KVF_RETURN_IF_ERROR(wb->outer->Wait(deadline));
+    for (const std::shared_ptr<BatchCompletion>& b : Live()) {
+      KVF_RETURN_IF_ERROR(b->Wait(deadline));
     }
     return Status::OK();
   }
@@ -349,28 +349,34 @@ class FaultEndpoint final : public Endpoint {
       if (flushed.ok()) return base_->Close(CloseMode::kGraceful, deadline);
       CancelAll();
       base_->Close(CloseMode::kForce, deadline).IgnoreError();  // kForce cannot fail
-      for (const std::shared_ptr<WrappedBatch>& wb : Live()) wb->outer->WaitForever();
+      for (const std::shared_ptr<BatchCompletion>& b : Live()) b->WaitForever();
       return flushed.WithContext("graceful close fell back to force");
     }
     CancelAll();
     Status closed = base_->Close(CloseMode::kForce, deadline);
-    for (const std::shared_ptr<WrappedBatch>& wb : Live()) wb->outer->WaitForever();
+    for (const std::shared_ptr<BatchCompletion>& b : Live()) b->WaitForever();
     return closed;
   }
 
   // Cancels every batch in flight (the transport is going away, or Close).
   void CancelAll() {
-    for (const std::shared_ptr<WrappedBatch>& wb : Live()) wb->outer->Cancel();
+    for (const std::shared_ptr<BatchCompletion>& b : Live()) b->Cancel();
   }
 
  private:
   Status Validate(std::span<const Transfer> transfers) const;
 
-  std::vector<std::shared_ptr<WrappedBatch>> Live() {
+  // The outer completions still held by someone (the caller's handle, or the
+  // wrapped batch while it runs). Flush and Close wait on these, not on the
+  // wrapped batches: a wrapped batch is freed by the thread that completed
+  // its last entry, and only the completion's own mutex orders those writes
+  // before the caller's reads of results() (found by TSan: Flush returned
+  // while its waiter had not synchronised with the completing thread).
+  std::vector<std::shared_ptr<BatchCompletion>> Live() {
     MutexLock lock(&mu_);
-    std::vector<std::shared_ptr<WrappedBatch>> live;
-    for (const std::weak_ptr<WrappedBatch>& w : batches_) {
-      if (std::shared_ptr<WrappedBatch> wb = w.lock()) live.push_back(std::move(wb));
+    std::vector<std::shared_ptr<BatchCompletion>> live;
+    for (const std::weak_ptr<BatchCompletion>& w : batches_) {
+      if (std::shared_ptr<BatchCompletion> b = w.lock()) live.push_back(std::move(b));
     }
     return live;
   }
@@ -378,7 +384,7 @@ class FaultEndpoint final : public Endpoint {
   std::unique_ptr<Endpoint> base_;
   const std::shared_ptr<Shared> shared_;
   Mutex mu_;
-  std::vector<std::weak_ptr<WrappedBatch>> batches_ KVF_GUARDED_BY(mu_);
+  std::vector<std::weak_ptr<BatchCompletion>> batches_ KVF_GUARDED_BY(mu_);
 };
 
 namespace {
@@ -463,11 +469,11 @@ StatusOr<std::unique_ptr<TransferBatch>> FaultEndpoint::Submit(
   }
   {
     MutexLock lock(&mu_);
-    std::erase_if(batches_, [](const std::weak_ptr<WrappedBatch>& w) {
-      std::shared_ptr<WrappedBatch> b = w.lock();
-      return b == nullptr || b->outer->Done();
+    std::erase_if(batches_, [](const std::weak_ptr<BatchCompletion>& w) {
+      std::shared_ptr<BatchCompletion> b = w.lock();
+      return b == nullptr || b->Done();
     });
-    batches_.push_back(wb);
+    batches_.push_back(wb->outer);
   }
   for (std::size_t j = 0; j < n; ++j) {
     if (wb->faults[j].kind == FaultKind::kFail) {

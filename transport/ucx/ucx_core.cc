@@ -225,14 +225,14 @@ bool UcxCore::RunSync(const std::function<void()>& fn) {
 bool UcxCore::RunQueued() {
   bool ran = false;
   for (;;) {
-    std::deque<std::function<void()>> batch;
     {
       MutexLock lock(&mu_);
-      batch.swap(queue_);
+      if (queue_.empty()) return ran;
+      running_.swap(queue_);
     }
-    if (batch.empty()) return ran;
     ran = true;
-    for (auto& fn : batch) fn();
+    for (auto& fn : running_) fn();
+    running_.clear();
   }
 }
 

@@ -396,7 +396,11 @@ class UcxCore {
   UniqueWorker worker_;    // set before the thread starts; then progress thread (signals under mu_)
   bool stopping_ KVF_GUARDED_BY(mu_) = false;
   bool worker_alive_ KVF_GUARDED_BY(mu_) = false;  // ucp_worker_signal allowed
-  std::deque<std::function<void()>> queue_ KVF_GUARDED_BY(mu_);
+  // Tasks for the progress thread, swapped into running_ (the progress
+  // thread's own) and run there; both keep their capacity, so the loop
+  // allocates nothing once warm (a deque allocated on every construction).
+  std::vector<std::function<void()>> queue_ KVF_GUARDED_BY(mu_);
+  std::vector<std::function<void()>> running_;
   std::string listen_address_ KVF_GUARDED_BY(mu_);
   std::thread thread_;
   std::once_flag shutdown_once_;

@@ -168,8 +168,7 @@ int main(int argc, char** argv) {
   TRY(kvf_finish(client, first, &report), "kvf_finish (first)");
   printf("consumer_c: saved %u blocks, %u save failures\n", report.blocks_saved,
          report.save_failures);
-  /* kvf_finish has returned OK after failed write-backs (being fixed): the
-   * report's counts are the check. */
+  /* kvf_finish returns the first failed write-back; the counts say the rest. */
   failures += Check(report.save_failures == 0, "no save failures");
   failures += Check(report.blocks_saved == n, "every block saved");
   if (failures) goto close;
