@@ -77,7 +77,31 @@ void* AllocateAligned(std::size_t n, std::align_val_t a) {
 }
 }  // namespace
 
+// Every form, nothrow ones included (gRPC uses them): whatever one allocates
+// the matching delete below frees, under ASan too.
 void* operator new(std::size_t n) { return Allocate(n); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  Count(n);
+  return std::malloc(n == 0 ? 1 : n);
+}
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
+  Count(n);
+  return std::malloc(n == 0 ? 1 : n);
+}
+void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  Count(n);
+  const auto align = static_cast<std::size_t>(a);
+  return std::aligned_alloc(align, (n + align - 1) / align * align);
+}
+void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  Count(n);
+  const auto align = static_cast<std::size_t>(a);
+  return std::aligned_alloc(align, (n + align - 1) / align * align);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
 void* operator new[](std::size_t n) { return Allocate(n); }
 void* operator new(std::size_t n, std::align_val_t a) { return AllocateAligned(n, a); }
 void* operator new[](std::size_t n, std::align_val_t a) { return AllocateAligned(n, a); }
