@@ -126,10 +126,12 @@ Status LeaseTable::Commit(std::uint64_t reservation_id, std::uint32_t crc32c) {
     ++c_.crc_failures;
     const std::string key = r.key.ToHex();
     DropReservationLocked(reservation_id, /*free_pages=*/true);
+    // The CRC computed here is not in the answer: over pages the caller may
+    // not have written it is a checksum of their previous owner's bytes.
     return Status::DataLoss("commit of block " + key + " (reservation " +
                             std::to_string(reservation_id) + "): payload CRC mismatch: declared " +
-                            Hex32(crc32c) + " computed " + Hex32(computed) + " over " +
-                            std::to_string(bytes) + " bytes; pages returned, nothing published");
+                            Hex32(crc32c) + " does not match the " + std::to_string(bytes) +
+                            " bytes written; pages returned, nothing published");
   }
   KVF_RETURN_IF_ERROR(pool_->Transition(r.pages, PageState::kReserved, PageState::kCommitted));
   BlockEntry e;

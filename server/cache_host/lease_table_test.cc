@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <random>
 #include <thread>
 #include <vector>
@@ -15,6 +16,7 @@ namespace kvfabric::cache_host {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr std::uint64_t kPage = 4096;
 constexpr std::uint64_t kTtl = 1'000'000;
@@ -164,6 +166,32 @@ TEST_F(LeaseTableTest, CrcMismatchAtCommitReturnsPagesAndPublishesNothing) {
   EXPECT_EQ(table_->Usage(a_)->reserved_bytes, 0u);
   // The key is free for a correct writer.
   Put(a_, 1, 2 * kPage);
+}
+
+// Issue 17's probe, the half that lives in Commit's answer: tenant B reserves
+// the pages tenant A's deleted block used and commits with a wrong CRC. The
+// DATA_LOSS answer must not carry the CRC the daemon computed over those
+// pages: it was a checksum of A's bytes, which B could then commit with.
+TEST_F(LeaseTableTest, CrcMismatchNamesNoChecksumOfBytesTheCallerDidNotWrite) {
+  MakeTable(4);
+  const std::uint64_t bytes = 2 * kPage;
+  std::vector<std::byte> secret(bytes);
+  for (std::size_t i = 0; i < bytes; ++i) secret[i] = std::byte((i * 31 + 5) & 0xff);
+  auto a = table_->Reserve(a_, KeyOf(5), Meta(bytes), kTtl);
+  ASSERT_TRUE(a.ok()) << a.status();
+  pool_->CopyIn(a->pages, secret);
+  ASSERT_TRUE(table_->Commit(a->id, crc32c::Value(secret)).ok());
+  ASSERT_TRUE(table_->Delete(a_, KeyOf(5)).ok());
+
+  auto b = table_->Reserve(b_, KeyOf(6), Meta(bytes), kTtl);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const Status s = table_->Commit(b->id, 0);  // B wrote nothing
+  ASSERT_TRUE(s.IsDataLoss()) << s;
+  char hex[16];
+  std::snprintf(hex, sizeof(hex), "%08x", crc32c::Value(secret));
+  EXPECT_THAT(std::string(s.message()), Not(HasSubstr(hex))) << s;
+  EXPECT_THAT(std::string(s.message()), Not(HasSubstr("computed"))) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("declared 0x00000000"));
 }
 
 TEST_F(LeaseTableTest, ExpiredReservationReturnsItsPages) {
