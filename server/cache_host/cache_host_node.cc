@@ -1,8 +1,12 @@
 #include "server/cache_host/cache_host_node.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <random>
 
 #include "core/block_format.h"
 #include "core/mutex.h"
@@ -47,11 +51,7 @@ CacheHostNode::CacheHostNode(CacheHostOptions options, transport::Transport* tra
     : options_(std::move(options)),
       transport_(transport),
       env_(env),
-      start_us_(env->NowMicros()) {
-  std::random_device rd;
-  rng_state_[0] = (std::uint64_t{rd()} << 32) ^ rd() ^ start_us_;
-  rng_state_[1] = (std::uint64_t{rd()} << 32) ^ rd() ^ 0x9e3779b97f4a7c15ull;
-}
+      start_us_(env->NowMicros()) {}
 
 StatusOr<std::unique_ptr<CacheHostNode>> CacheHostNode::Create(CacheHostOptions options,
                                                                transport::Transport* transport,
@@ -136,17 +136,20 @@ std::uint64_t CacheHostNode::EffectiveTtl(std::uint64_t ttl_us) const {
 }
 
 AccessToken CacheHostNode::NewToken() {
-  // xorshift128+ seeded from std::random_device: tokens are capabilities a
-  // client cannot guess; they are not long-term secrets.
+  // Tokens are capabilities a peer must not guess: from the kernel's CSPRNG.
+  // (xorshift128+ was used here; two of its outputs, which a client sees as
+  // its own tokens, give away its state and so every other client's token.)
   AccessToken t;
-  for (int half = 0; half < 2; ++half) {
-    std::uint64_t s1 = rng_state_[0];
-    const std::uint64_t s0 = rng_state_[1];
-    rng_state_[0] = s0;
-    s1 ^= s1 << 23;
-    rng_state_[1] = s1 ^ s0 ^ (s1 >> 17) ^ (s0 >> 26);
-    const std::uint64_t v = rng_state_[1] + s0;
-    std::memcpy(t.data() + 8 * half, &v, 8);
+  std::size_t filled = 0;
+  while (filled < t.size()) {
+    const ssize_t got = getrandom(t.data() + filled, t.size() - filled, 0);
+    if (got > 0) {
+      filled += static_cast<std::size_t>(got);
+    } else if (errno != EINTR) {
+      std::fprintf(stderr, "kvfabric-cached: getrandom failed (%s): no access token can be made\n",
+                   std::strerror(errno));
+      std::abort();
+    }
   }
   return t;
 }

@@ -436,7 +436,6 @@ class CacheHostNode {
   std::unordered_map<std::uint64_t, Grant> grants_ KVF_GUARDED_BY(mu_);
   std::uint64_t next_grant_id_ KVF_GUARDED_BY(mu_) = 1;
   std::uint64_t grants_expired_ KVF_GUARDED_BY(mu_) = 0;
-  std::uint64_t rng_state_[2] KVF_GUARDED_BY(mu_) = {};
   std::atomic<std::uint64_t> transfers_refused_{0};
   std::atomic<std::uint64_t> staging_reads_{0};
   std::atomic<std::uint64_t> staging_crc_failures_{0};
