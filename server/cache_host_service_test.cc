@@ -2,23 +2,28 @@
 // the in-process loopback transport, no NVMe tier), its handlers called
 // directly with a default grpc::ServerContext: no network.
 //
-// Payloads are not moved here (that is the data plane's test). A commit needs
-// the CRC32C of what the reserved pages hold: the pool is fresh anonymous
-// memory (zero-filled by the kernel) and nothing writes to it, so a
-// reservation holds zeros and commits with the CRC32C of zeros.
+// Payloads are zeros, written through the real data plane (a loopback
+// DataPlaneClient) before each commit: the daemon publishes only bytes a
+// transfer wrote (issue 17), so a commit needs both the write and the CRC32C
+// of zeros.
 #include "server/cache_host_service.h"
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <array>
+#include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "client/data_plane_client.h"
 #include "core/crc32c.h"
 #include "core/env.h"
+#include "proto/transfer_wire.h"
 #include "proto/wire_limits.h"
 #include "server/cache_host/cache_host_node.h"
 #include "transport/loopback_transport.h"
@@ -113,6 +118,40 @@ class CacheHostServiceTest : public ::testing::Test {
     CacheHostServiceOptions service_options;
     service_options.transport_address = node_->transport_address();
     service_ = std::make_unique<CacheHostService>(node_.get(), health_.get(), service_options);
+
+    auto client_transport = transport::CreateLoopbackTransport({&network_});
+    ASSERT_TRUE(client_transport.ok()) << client_transport.status();
+    client_transport_ = std::move(*client_transport);
+    auto staging = client_transport_->AllocateMemory(kPoolBytes, transport::MemoryKind::kHost);
+    ASSERT_TRUE(staging.ok()) << staging.status();
+    staging_ = std::move(*staging);
+    std::memset(staging_->bytes().data(), 0, staging_->bytes().size());
+    auto dp = client::DataPlaneClient::Create(client_transport_.get());
+    ASSERT_TRUE(dp.ok()) << dp.status();
+    dp_ = std::move(*dp);
+    auto conn = dp_->Connect(node_->transport_address(), Deadline());
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    conn_ = std::move(*conn);
+    ASSERT_TRUE(dp_->ExportRegion(conn_.get(), 1, *staging_, Deadline()).ok());
+  }
+
+  static transport::Deadline Deadline() {
+    return std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  }
+
+  // Writes zeros into every granted extent of `reserved` over the data plane.
+  void WriteZeros(const v1::ReserveResponse& reserved) {
+    std::vector<wire::TransferRange> ranges;
+    for (const v1::ReserveResult& r : reserved.results()) {
+      for (const v1::Extent& e : r.extents()) ranges.push_back({e.offset_bytes(), e.length_bytes(), 0});
+    }
+    if (ranges.empty()) return;
+    std::array<std::uint8_t, 16> token{};
+    ASSERT_EQ(reserved.grant().access_token().size(), token.size());
+    std::memcpy(token.data(), reserved.grant().access_token().data(), token.size());
+    const Status s = dp_->Transfer(conn_.get(), client::DataOp::kPut, reserved.lease_id(), token, 1,
+                                   ranges, Deadline());
+    ASSERT_TRUE(s.ok()) << s;
   }
 
   // Calls handler `method` of `service` (default: the fixture's) with a fresh
@@ -131,6 +170,7 @@ class CacheHostServiceTest : public ::testing::Test {
     ASSERT_TRUE(
         Call(&CacheHostService::Reserve, ReserveOf(ns, {Block(i, payload_bytes)}), &reserved).ok());
     ASSERT_EQ(reserved.results(0).status().code(), 0) << reserved.results(0).status().message();
+    WriteZeros(reserved);
     v1::CommitRequest commit;
     commit.set_namespace_(ns);
     commit.set_lease_id(reserved.lease_id());
@@ -158,6 +198,11 @@ class CacheHostServiceTest : public ::testing::Test {
   std::unique_ptr<cache_host::CacheHostNode> node_;
   std::unique_ptr<HealthReporter> health_;
   std::unique_ptr<CacheHostService> service_;
+  // The writer's side: destroyed first (it closes its connection).
+  std::unique_ptr<transport::LoopbackTransport> client_transport_;
+  std::unique_ptr<transport::MemoryRegion> staging_;
+  std::unique_ptr<client::DataPlaneClient> dp_;
+  std::shared_ptr<client::DaemonConnection> conn_;
 };
 
 void ExpectInvalid(const grpc::Status& s, const std::string& message) {
@@ -328,6 +373,7 @@ TEST_F(CacheHostServiceTest, CommitWithWrongCrcIsDataLossAndPublishesNothing) {
   v1::ReserveResponse reserved;
   ASSERT_TRUE(Call(&CacheHostService::Reserve, ReserveOf("", {Block(1)}), &reserved).ok());
   ASSERT_EQ(reserved.results(0).status().code(), 0);
+  WriteZeros(reserved);
   v1::CommitRequest commit;
   commit.set_lease_id(reserved.lease_id());
   v1::CommitEntry* e = commit.add_entries();

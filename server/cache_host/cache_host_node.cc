@@ -619,18 +619,27 @@ StatusOr<TransferTicket> CacheHostNode::BeginTransfer(std::uint64_t lease_id,
       }
     }
     if (!s.ok()) {
-      EndTransfer(ticket);
+      EndTransfer(ticket, /*landed=*/false);
       ++transfers_refused_;
       return s;
     }
     ticket.sub_ids.push_back(sub);
+    if (write) ticket.ranges.push_back(r);
   }
   return ticket;
 }
 
-void CacheHostNode::EndTransfer(const TransferTicket& ticket) {
-  for (std::uint64_t id : ticket.sub_ids) {
-    (ticket.write ? table_->EndWrite(id) : table_->EndRead(id)).IgnoreError();
+void CacheHostNode::EndTransfer(const TransferTicket& ticket, bool landed) {
+  for (std::size_t i = 0; i < ticket.sub_ids.size(); ++i) {
+    const std::uint64_t id = ticket.sub_ids[i];
+    if (!ticket.write) {
+      table_->EndRead(id).IgnoreError();
+      continue;
+    }
+    std::optional<PoolRange> range;
+    if (landed) range = PoolRange{ticket.ranges[i].offset, ticket.ranges[i].length};
+    // BeginWriteRange checked the range, so this only ends the bracket.
+    table_->EndWrite(id, range).IgnoreError();
   }
 }
 

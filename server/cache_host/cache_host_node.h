@@ -254,6 +254,9 @@ struct TransferTicket {
   bool write = false;
   // Lease-table ids to end (EndWrite / EndRead), one per range, in order.
   std::vector<std::uint64_t> sub_ids;
+  // For writes, the pool range of each sub id: recorded as written when the
+  // transfer lands in full.
+  std::vector<ByteExtent> ranges;
 };
 
 // What happened to a block, for the placement service's directory (numbered
@@ -343,10 +346,12 @@ class CacheHostNode {
   // (write for puts), `token` matches, and every range lies inside one of the
   // grant's blocks; brackets each range in the lease table. On error nothing
   // is bracketed. EndTransfer closes the brackets when the bytes have moved
-  // (or failed).
+  // (`landed`: every range of a write arrived in full, so its bytes count as
+  // written; false for a failed or abandoned transfer, whose ranges must be
+  // written again before Commit accepts the block).
   StatusOr<TransferTicket> BeginTransfer(std::uint64_t lease_id, const AccessToken& token,
                                          bool write, std::span<const ByteExtent> ranges);
-  void EndTransfer(const TransferTicket& ticket);
+  void EndTransfer(const TransferTicket& ticket, bool landed);
   // The registered pool region (for the data plane's transfers).
   transport::MemoryRegion* pool_region() const { return pool_region_.get(); }
   void set_transfer_observer(TransferObserver observer);

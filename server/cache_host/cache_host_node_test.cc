@@ -1,5 +1,6 @@
 #include "server/cache_host/cache_host_node.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -413,6 +414,29 @@ TEST_F(CacheHostNodeTest, CommitWithWrongCrcPublishesNothing) {
   EXPECT_TRUE((*s)[0].IsDataLoss()) << (*s)[0].ToString();
   EXPECT_TRUE(Get("a", Key(1), 0).IsNotFound());
   EXPECT_EQ(node_->Snapshot().pages.reserved, 0u);
+}
+
+// Issue 17: a block is published only over bytes its writer's transfers put
+// there. Tenant b reserves the pages tenant a's deleted block used and commits
+// with a's CRC without a transfer: refused, and nothing of a's is readable.
+TEST_F(CacheHostNodeTest, CommitWithoutAWriteIsRefusedEvenWithThePreviousOwnersCrc) {
+  StartNode(Options(8 << 20, false));
+  const BlockMeta meta = Meta(1);
+  ASSERT_TRUE(Put("a", Key(1), meta, 0, 7).ok());
+  const std::uint32_t secret_crc = crc32c::Value(Staging(0, meta.bytes));
+  const BlockKey gone = Key(1);
+  ASSERT_TRUE(node_->Delete(Namespace{"a"}, std::span<const BlockKey>(&gone, 1))[0].ok());
+
+  ReserveEntry e{Key(2), meta};
+  auto r = node_->Reserve(Namespace{"b"}, std::span<const ReserveEntry>(&e, 1), 0);
+  ASSERT_TRUE(r.ok() && r->results[0].status.ok());
+  CommitEntry c{Key(2), secret_crc};
+  auto s = node_->Commit(Namespace{"b"}, r->grant.lease_id, std::span<const CommitEntry>(&c, 1),
+                         false);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)[0].code(), StatusCode::kFailedPrecondition) << (*s)[0];
+  EXPECT_THAT(std::string((*s)[0].message()), ::testing::HasSubstr("never written"));
+  EXPECT_TRUE(Get("b", Key(2), 0).IsNotFound());
 }
 
 TEST_F(CacheHostNodeTest, UncommittedReservationExpiresAndItsPagesReturn) {

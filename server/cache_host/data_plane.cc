@@ -285,14 +285,14 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
       }
     }
     if (id == 0) {
-      node->EndTransfer(ticket);
+      node->EndTransfer(ticket, /*landed=*/false);
       finish(Status::Unavailable("connection closed"), 0, false);
       return;
     }
     const std::uint64_t started = NowMicros();
     auto batch = ep->Submit(entries);
     if (!batch.ok()) {
-      node->EndTransfer(ticket);
+      node->EndTransfer(ticket, /*landed=*/false);
       finish(batch.status(), 0, true);
       Done(ep, 0);
       MutexLock lock(&mu);
@@ -309,7 +309,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
                  finish = std::move(finish)]() {
       const Status status = raw->FirstError();
       const std::uint64_t bytes = raw->TotalBytes();
-      self->node->EndTransfer(ticket);
+      self->node->EndTransfer(ticket, /*landed=*/status.ok());
       self->node->ObserveTransfer(write, bytes, NowMicros() - started, status);
       finish(status, bytes, true);
       MutexLock lock(&self->mu);

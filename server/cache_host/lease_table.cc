@@ -1,5 +1,6 @@
 #include "server/cache_host/lease_table.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 
@@ -73,7 +74,7 @@ StatusOr<WriteReservation> LeaseTable::Reserve(const Namespace& ns, const BlockK
   }
   const std::uint64_t rid = next_id_++;
   const std::uint64_t expires = now + ttl_us;
-  reservations_.emplace(rid, Reservation{id, key, meta, *runs, resident, expires});
+  reservations_.emplace(rid, Reservation{id, key, meta, *runs, resident, expires, false, 0, {}});
   reserved_keys_.emplace(SlotKey{id, key}, rid);
   reservation_expiry_.emplace(expires, rid);
   index_.ChargeReserved(id, static_cast<std::int64_t>(resident));
@@ -113,6 +114,7 @@ Status LeaseTable::Commit(std::uint64_t reservation_id, std::uint32_t crc32c) {
       return Status::FailedPrecondition("reservation " + std::to_string(reservation_id) +
                                         " still has a write in flight; commit after it lands");
     }
+    KVF_RETURN_IF_ERROR(CheckWritten(reservation_id, it->second));
     it->second.committing = true;  // ExpireUntil leaves it alone from here on
     pages = it->second.pages;
     bytes = it->second.meta.bytes;
@@ -182,18 +184,113 @@ Status LeaseTable::BeginWrite(std::uint64_t reservation_id) {
   return Status::OK();
 }
 
-Status LeaseTable::EndWrite(std::uint64_t reservation_id) {
+Status LeaseTable::EndWrite(std::uint64_t reservation_id, std::optional<PoolRange> landed) {
   MutexLock lock(&mu_);
   auto it = reservations_.find(reservation_id);
   if (it == reservations_.end()) {
     return Status::NotFound("reservation " + std::to_string(reservation_id) + " is unknown");
   }
-  if (it->second.writes_in_flight == 0) {
+  Reservation& r = it->second;
+  if (r.writes_in_flight == 0) {
     return Status::FailedPrecondition("EndWrite without BeginWrite on reservation " +
                                       std::to_string(reservation_id));
   }
-  --it->second.writes_in_flight;
+  --r.writes_in_flight;
+  if (!landed.has_value() || landed->length == 0) return Status::OK();
+  KVF_RETURN_IF_ERROR(CheckRange(r.pages, r.meta.bytes, landed->offset, landed->length));
+  RecordWritten(r, landed->offset, landed->length);
   return Status::OK();
+}
+
+Status LeaseTable::CopyIn(std::uint64_t reservation_id, std::span<const std::byte> payload) {
+  PageRuns pages;
+  {
+    MutexLock lock(&mu_);
+    auto it = reservations_.find(reservation_id);
+    if (it == reservations_.end()) {
+      return Status::NotFound("reservation " + std::to_string(reservation_id) +
+                              " is unknown or expired");
+    }
+    Reservation& r = it->second;
+    if (r.committing) {
+      return Status::FailedPrecondition("reservation " + std::to_string(reservation_id) +
+                                        " is being committed");
+    }
+    if (payload.size() > r.meta.bytes) {
+      return Status::InvalidArgument(std::to_string(payload.size()) + " bytes for a " +
+                                     std::to_string(r.meta.bytes) + "-byte block");
+    }
+    ++r.writes_in_flight;
+    pages = r.pages;
+  }
+  pool_->CopyIn(pages, payload);  // outside the mutex; the bracket keeps the pages
+  MutexLock lock(&mu_);
+  Reservation& r = reservations_.at(reservation_id);
+  --r.writes_in_flight;
+  const std::uint64_t page = pool_->page_bytes();
+  std::uint64_t left = payload.size();
+  for (const PageRun& run : pages) {
+    if (left == 0) break;
+    const std::uint64_t n = std::min<std::uint64_t>(left, std::uint64_t{run.count} * page);
+    RecordWritten(r, std::uint64_t{run.first} * page, n);
+    left -= n;
+  }
+  return Status::OK();
+}
+
+void LeaseTable::RecordWritten(Reservation& r, std::uint64_t offset, std::uint64_t length) {
+  auto& w = r.written;
+  std::uint64_t begin = offset;
+  std::uint64_t end = offset + length;  // CheckRange bounded it by the pool
+  // First range that ends at or after `begin` (it may touch or overlap).
+  auto first = std::lower_bound(w.begin(), w.end(), begin,
+                                [](const auto& x, std::uint64_t b) { return x.second < b; });
+  auto last = first;
+  while (last != w.end() && last->first <= end) {
+    begin = std::min(begin, last->first);
+    end = std::max(end, last->second);
+    ++last;
+  }
+  if (first == last) {
+    w.insert(first, {begin, end});
+  } else {
+    *first = {begin, end};
+    w.erase(first + 1, last);
+  }
+}
+
+Status LeaseTable::CheckWritten(std::uint64_t id, const Reservation& r) const {
+  const std::uint64_t page = pool_->page_bytes();
+  std::uint64_t block_pos = 0;  // payload bytes before this run
+  std::uint64_t missing = 0;
+  std::optional<std::uint64_t> first_gap;  // payload offset
+  for (const PageRun& run : r.pages) {
+    if (block_pos >= r.meta.bytes) break;
+    const std::uint64_t start = std::uint64_t{run.first} * page;
+    const std::uint64_t usable =
+        std::min<std::uint64_t>(std::uint64_t{run.count} * page, r.meta.bytes - block_pos);
+    // Walk the written ranges that meet [start, start + usable).
+    std::uint64_t pos = start;
+    const std::uint64_t stop = start + usable;
+    auto w = std::lower_bound(r.written.begin(), r.written.end(), start,
+                              [](const auto& x, std::uint64_t b) { return x.second <= b; });
+    for (; pos < stop; ++w) {
+      const std::uint64_t next = (w == r.written.end()) ? stop : std::min(w->first, stop);
+      if (next > pos) {
+        missing += next - pos;
+        if (!first_gap) first_gap = block_pos + (pos - start);
+      }
+      if (w == r.written.end()) break;
+      pos = std::max(pos, std::min(w->second, stop));
+    }
+    block_pos += usable;
+  }
+  if (missing == 0) return Status::OK();
+  return Status::FailedPrecondition(
+      "commit of block " + r.key.ToHex() + " (reservation " + std::to_string(id) + "): " +
+      std::to_string(missing) + " of its " + std::to_string(r.meta.bytes) +
+      " payload bytes were never written (first gap at byte " + std::to_string(*first_gap) +
+      "); write them, then commit again");
 }
 
 StatusOr<ReadLease> LeaseTable::Lease(const Namespace& ns, std::span<const BlockKey> keys,
@@ -548,6 +645,13 @@ Status LeaseTable::BeginWriteRange(std::uint64_t reservation_id, std::uint64_t o
                                       " is being committed");
   }
   KVF_RETURN_IF_ERROR(CheckRange(it->second.pages, it->second.meta.bytes, offset, length));
+  if (it->second.written.size() + it->second.writes_in_flight >= kMaxWrittenRanges) {
+    return Status::ResourceExhausted(
+        "reservation " + std::to_string(reservation_id) + " already has " +
+        std::to_string(it->second.written.size()) + " disjoint written ranges and " +
+        std::to_string(it->second.writes_in_flight) + " writes in flight, the most one block may (" +
+        std::to_string(kMaxWrittenRanges) + "); write it in larger ranges");
+  }
   ++it->second.writes_in_flight;
   return Status::OK();
 }

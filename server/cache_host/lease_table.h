@@ -18,7 +18,17 @@
 //   Commit(id, crc) computes the CRC32C of the reserved pages (outside the
 //     mutex; the reservation is marked committing so expiry skips it) and
 //     publishes the block atomically if it matches. On a mismatch it returns
-//     DataLoss, frees the pages and publishes nothing.
+//     DataLoss, frees the pages and publishes nothing; the answer never names
+//     the CRC it computed.
+// No foreign bytes. Pool pages are not cleared when they are freed or
+//   reserved: a reservation may sit on pages a deleted block of another
+//   tenant used. So the table records which byte ranges of a reservation a
+//   transfer has written (EndWrite with the range that landed; CopyIn for an
+//   in-process writer) and Commit refuses, with FailedPrecondition and the
+//   first gap, a block whose payload is not wholly covered by them. A block is
+//   published only over bytes its writer put there. (Clearing on reuse was
+//   measured and costs more: see docs/cache-host.md, "Reused pages".) A
+//   reservation holds at most kMaxWrittenRanges disjoint ranges.
 //   A reservation not committed by its expiry is removed by ExpireUntil and
 //     its pages return to the pool.
 // Read path.
@@ -97,6 +107,17 @@ struct LeaseTableOptions {
   // Recent eviction decisions kept for explain (--eviction-log-capacity).
   std::size_t decision_log_capacity = 4096;
 };
+
+// A byte range of the pool (offsets into the pool region).
+struct PoolRange {
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+};
+
+// Most disjoint written ranges one reservation records; a write that could
+// exceed it is refused at BeginWriteRange (a client writes a block in one
+// range per page run, so honest writers stay far below it).
+inline constexpr std::size_t kMaxWrittenRanges = 1024;
 
 struct WriteReservation {
   std::uint64_t id = 0;
@@ -216,7 +237,9 @@ class LeaseTable {
   StatusOr<WriteReservation> Reserve(const Namespace& ns, const BlockKey& key,
                                      const BlockMeta& meta, std::uint64_t ttl_us);
   // NotFound for an unknown or expired reservation; FailedPrecondition while
-  // another Commit of it runs; DataLoss on a CRC mismatch (pages freed).
+  // another Commit of it runs, or when some payload byte was never written
+  // (the reservation stays; write the gap and commit again); DataLoss on a
+  // CRC mismatch (pages freed).
   Status Commit(std::uint64_t reservation_id, std::uint32_t crc32c);
   // Gives a reservation up; its pages return. NotFound if unknown;
   // FailedPrecondition while a write or Commit is in flight.
@@ -224,9 +247,16 @@ class LeaseTable {
   // Brackets one transfer into the reservation's pages (see "Transfers").
   // BeginWrite: NotFound if unknown or expired, FailedPrecondition while
   // committing. EndWrite: NotFound if unknown, FailedPrecondition without a
-  // matching BeginWrite.
+  // matching BeginWrite. `landed` is the pool range the transfer wrote in
+  // full (it is recorded as written; see "No foreign bytes"); nullopt for a
+  // transfer that failed or wrote nothing. A landed range must lie inside the
+  // reservation's payload (InvalidArgument otherwise; the bracket still ends).
   Status BeginWrite(std::uint64_t reservation_id);
-  Status EndWrite(std::uint64_t reservation_id);
+  Status EndWrite(std::uint64_t reservation_id, std::optional<PoolRange> landed = std::nullopt);
+  // An in-process writer's path: copies `payload` into the reservation's
+  // pages from payload byte 0 and records it as written. InvalidArgument if
+  // it is longer than the block; NotFound / FailedPrecondition as BeginWrite.
+  Status CopyIn(std::uint64_t reservation_id, std::span<const std::byte> payload);
 
   // ---- Read path ----
   // InvalidArgument for a bad TTL or more than max_keys_per_lease keys. With
@@ -253,6 +283,8 @@ class LeaseTable {
   // BeginRead, and additionally InvalidArgument unless the pool byte range
   // [offset, offset + length) lies inside one page run of the reservation (of
   // one block of the lease), and within the block's payload bytes.
+  // BeginWriteRange is ResourceExhausted when the reservation's written
+  // ranges and writes in flight reach kMaxWrittenRanges.
   Status BeginWriteRange(std::uint64_t reservation_id, std::uint64_t offset,
                          std::uint64_t length);
   Status BeginReadRange(std::uint64_t lease_id, std::uint64_t offset, std::uint64_t length);
@@ -320,6 +352,8 @@ class LeaseTable {
     std::uint64_t expires_at_us;
     bool committing = false;
     std::uint32_t writes_in_flight = 0;
+    // Pool ranges written so far: sorted, disjoint, non-adjacent [begin, end).
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> written;
   };
   struct PinnedBlock {
     BlockKey key;
@@ -355,6 +389,11 @@ class LeaseTable {
   bool RangeInside(const PageRuns& pages, std::uint64_t bytes, std::uint64_t offset,
                    std::uint64_t length) const;
   void DropReservationLocked(std::uint64_t id, bool free_pages) KVF_REQUIRES(mu_);
+  // Adds [offset, offset + length) to r's written ranges, merging neighbours.
+  static void RecordWritten(Reservation& r, std::uint64_t offset, std::uint64_t length);
+  // OK if r's written ranges cover every payload byte; otherwise
+  // FailedPrecondition naming how many bytes are missing and the first gap.
+  Status CheckWritten(std::uint64_t id, const Reservation& r) const;
   void ReleaseLocked(std::uint64_t id) KVF_REQUIRES(mu_);
 
   HostPagePool* const pool_;

@@ -48,13 +48,19 @@ class LeaseTableTest : public ::testing::Test {
         pool_.get(), [this] { return now_.load(); }, options);
   }
 
-  // Reserves, fills with a pattern derived from `seed`, commits.
+  // The payload Put writes for key k.
+  static std::vector<std::byte> Pattern(std::uint32_t k, std::uint64_t bytes) {
+    std::vector<std::byte> data(bytes);
+    for (std::size_t i = 0; i < bytes; ++i) data[i] = std::byte((i * 31 + k) & 0xff);
+    return data;
+  }
+
+  // Reserves, fills with Pattern(k), commits.
   void Put(const Namespace& ns, std::uint32_t k, std::uint64_t bytes, std::uint64_t offset = 0) {
     auto r = table_->Reserve(ns, KeyOf(k), Meta(bytes, offset), kTtl);
     ASSERT_TRUE(r.ok()) << r.status();
-    std::vector<std::byte> data(bytes);
-    for (std::size_t i = 0; i < bytes; ++i) data[i] = std::byte((i * 31 + k) & 0xff);
-    pool_->CopyIn(r->pages, data);
+    const std::vector<std::byte> data = Pattern(k, bytes);
+    ASSERT_TRUE(table_->CopyIn(r->id, data).ok());
     ASSERT_TRUE(table_->Commit(r->id, crc32c::Value(data)).ok());
   }
 
@@ -98,7 +104,7 @@ TEST_F(LeaseTableTest, SecondWriterOfAKeyGetsAlreadyExists) {
   // Another namespace's key space is separate.
   EXPECT_TRUE(table_->Reserve(b_, KeyOf(1), Meta(kPage), kTtl).ok());
   std::vector<std::byte> zero(kPage);
-  pool_->CopyIn(first->pages, zero);
+  ASSERT_TRUE(table_->CopyIn(first->id, zero).ok());
   ASSERT_TRUE(table_->Commit(first->id, crc32c::Value(zero)).ok());
   auto third = table_->Reserve(a_, KeyOf(1), Meta(kPage), kTtl);
   EXPECT_EQ(third.status().code(), StatusCode::kAlreadyExists);
@@ -125,7 +131,7 @@ TEST_F(LeaseTableTest, ConcurrentWritersOfOneKeyExactlyOneWins) {
         }
         std::vector<std::byte> data(kPage + k);
         for (auto& byte : data) byte = std::byte(local() & 0xff);
-        pool_->CopyIn(r->pages, data);
+        ASSERT_TRUE(table_->CopyIn(r->id, data).ok());
         if (table_->Commit(r->id, crc32c::Value(data)).ok())
           wins++;
         else
@@ -153,7 +159,7 @@ TEST_F(LeaseTableTest, CrcMismatchAtCommitReturnsPagesAndPublishesNothing) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(pool_->Counts().free, 6u);
   std::vector<std::byte> data(2 * kPage, std::byte{7});
-  pool_->CopyIn(r->pages, data);
+  ASSERT_TRUE(table_->CopyIn(r->id, data).ok());
   const std::uint32_t good = crc32c::Value(data);
   const Status s = table_->Commit(r->id, good ^ 1);
   ASSERT_TRUE(s.IsDataLoss()) << s;
@@ -175,23 +181,101 @@ TEST_F(LeaseTableTest, CrcMismatchAtCommitReturnsPagesAndPublishesNothing) {
 TEST_F(LeaseTableTest, CrcMismatchNamesNoChecksumOfBytesTheCallerDidNotWrite) {
   MakeTable(4);
   const std::uint64_t bytes = 2 * kPage;
-  std::vector<std::byte> secret(bytes);
-  for (std::size_t i = 0; i < bytes; ++i) secret[i] = std::byte((i * 31 + 5) & 0xff);
-  auto a = table_->Reserve(a_, KeyOf(5), Meta(bytes), kTtl);
-  ASSERT_TRUE(a.ok()) << a.status();
-  pool_->CopyIn(a->pages, secret);
-  ASSERT_TRUE(table_->Commit(a->id, crc32c::Value(secret)).ok());
+  const std::vector<std::byte> secret = Pattern(5, bytes);
+  Put(a_, 5, bytes);
   ASSERT_TRUE(table_->Delete(a_, KeyOf(5)).ok());
 
   auto b = table_->Reserve(b_, KeyOf(6), Meta(bytes), kTtl);
   ASSERT_TRUE(b.ok()) << b.status();
-  const Status s = table_->Commit(b->id, 0);  // B wrote nothing
+  std::vector<std::byte> mine(bytes, std::byte{1});
+  ASSERT_TRUE(table_->CopyIn(b->id, mine).ok());
+  const Status s = table_->Commit(b->id, 0);  // a wrong CRC over B's own bytes
   ASSERT_TRUE(s.IsDataLoss()) << s;
   char hex[16];
   std::snprintf(hex, sizeof(hex), "%08x", crc32c::Value(secret));
   EXPECT_THAT(std::string(s.message()), Not(HasSubstr(hex))) << s;
   EXPECT_THAT(std::string(s.message()), Not(HasSubstr("computed"))) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("declared 0x00000000"));
+}
+
+// Issue 17's probe, the half that lives in the pages: tenant B reserves the
+// pages tenant A's deleted block used and, knowing A's CRC, commits without
+// writing (or after writing only part). Pages are not cleared on reuse, so
+// the table must refuse every payload byte no transfer of B's wrote.
+TEST_F(LeaseTableTest, CommitRefusesPayloadBytesTheWriterNeverWrote) {
+  MakeTable(4);
+  const std::uint64_t bytes = 3 * kPage + 100;
+  const std::vector<std::byte> secret = Pattern(5, bytes);
+  Put(a_, 5, bytes);
+  const std::string a_pages = table_->Lookup(a_, KeyOf(5))->host_pages.ToString();
+  ASSERT_TRUE(table_->Delete(a_, KeyOf(5)).ok());
+
+  auto b = table_->Reserve(b_, KeyOf(6), Meta(bytes), kTtl);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->pages.ToString(), a_pages) << "the probe needs A's pages";
+  // Nothing written: the CRC matches A's bytes, and still nothing publishes.
+  Status s = table_->Commit(b->id, crc32c::Value(secret));
+  ASSERT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(std::to_string(bytes) + " of its " +
+                                                  std::to_string(bytes) +
+                                                  " payload bytes were never written"));
+  EXPECT_TRUE(table_->Lookup(b_, KeyOf(6)).status().IsNotFound());
+
+  // A transfer that failed records nothing; one that landed records its range.
+  const std::uint64_t base = std::uint64_t{b->pages.begin()->first} * kPage;
+  ASSERT_TRUE(table_->BeginWriteRange(b->id, base, kPage).ok());
+  ASSERT_TRUE(table_->EndWrite(b->id).ok());
+  s = table_->Commit(b->id, crc32c::Value(secret));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("first gap at byte 0")) << s;
+  ASSERT_TRUE(table_->BeginWriteRange(b->id, base + 10, kPage).ok());
+  ASSERT_TRUE(table_->EndWrite(b->id, PoolRange{base + 10, kPage}).ok());
+  s = table_->Commit(b->id, crc32c::Value(secret));
+  ASSERT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr(std::to_string(bytes - kPage) + " of its " + std::to_string(bytes)));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("first gap at byte 0")) << s;
+  // Bytes 10..kPage+10 are B's; the rest still are not.
+  ASSERT_TRUE(table_->BeginWriteRange(b->id, base, 10).ok());
+  ASSERT_TRUE(table_->EndWrite(b->id, PoolRange{base, 10}).ok());
+  s = table_->Commit(b->id, crc32c::Value(secret));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("first gap at byte " + std::to_string(kPage + 10)))
+      << s;
+  EXPECT_EQ(pool_->Counts().reserved, 4u) << "a refused commit keeps the reservation";
+
+  // B writes its own payload over all of it: that commits, with B's bytes.
+  std::vector<std::byte> mine(bytes, std::byte{0x5a});
+  ASSERT_TRUE(table_->CopyIn(b->id, mine).ok());
+  ASSERT_TRUE(table_->Commit(b->id, crc32c::Value(mine)).ok());
+  auto e = table_->Lookup(b_, KeyOf(6));
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(pool_->Crc32c(e->host_pages, bytes), crc32c::Value(mine));
+}
+
+TEST_F(LeaseTableTest, WrittenRangesOfAReservationAreBounded) {
+  MakeTable(4);
+  auto r = table_->Reserve(a_, KeyOf(1), Meta(4 * kPage), kTtl);
+  ASSERT_TRUE(r.ok());
+  const std::uint64_t base = std::uint64_t{r->pages.begin()->first} * kPage;
+  // Disjoint one-byte writes at every other byte.
+  std::size_t i = 0;
+  for (; i < kMaxWrittenRanges; ++i) {
+    ASSERT_TRUE(table_->BeginWriteRange(r->id, base + 2 * i, 1).ok()) << i;
+    ASSERT_TRUE(table_->EndWrite(r->id, PoolRange{base + 2 * i, 1}).ok());
+  }
+  const Status s = table_->BeginWriteRange(r->id, base + 2 * i, 1);
+  ASSERT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("disjoint written ranges"));
+  // A range that merges them is still refused at the cap (the check is before
+  // the write), but the writer can always write the whole block in one go
+  // after Abort; and a landed range outside the payload is refused.
+  ASSERT_TRUE(table_->Abort(r->id).ok());
+  auto r2 = table_->Reserve(a_, KeyOf(1), Meta(kPage), kTtl);
+  ASSERT_TRUE(r2.ok());
+  const std::uint64_t base2 = std::uint64_t{r2->pages.begin()->first} * kPage;
+  ASSERT_TRUE(table_->BeginWriteRange(r2->id, base2, 1).ok());
+  EXPECT_EQ(table_->EndWrite(r2->id, PoolRange{base2, 2 * kPage}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(table_->Commit(r2->id, 0).code(), StatusCode::kFailedPrecondition);
 }
 
 TEST_F(LeaseTableTest, ExpiredReservationReturnsItsPages) {
@@ -434,11 +518,8 @@ TEST_F(LeaseTableTest, RandomConcurrentTrafficKeepsPoolAndIndexConsistent) {
             const std::uint64_t bytes = 1 + rng() % (3 * kPage);
             auto r = table_->Reserve(ns, KeyOf(k), Meta(bytes), 1 + rng() % 2000);
             if (!r.ok()) break;
-            // As the daemon does around a transport placement.
-            if (!table_->BeginWrite(r->id).ok()) break;  // expired already
             std::vector<std::byte> data(bytes, std::byte(k));
-            pool_->CopyIn(r->pages, data);
-            ASSERT_TRUE(table_->EndWrite(r->id).ok());
+            if (!table_->CopyIn(r->id, data).ok()) break;  // expired already
             const std::uint32_t crc = crc32c::Value(data) ^ (rng() % 8 == 0 ? 1 : 0);
             table_->Commit(r->id, crc).IgnoreError();  // DataLoss, or NotFound if expired
             break;
