@@ -146,12 +146,12 @@ StatusOr<double> CacheHostTarget::TimedGet(std::uint64_t bytes) {
   }
   std::vector<std::string>& keys = it->second;
   const auto start = SteadyClock::now();
-  std::uint64_t lease_id = 0;
+  client::CacheHostSession::HeldLease lease;
   KVF_ASSIGN_OR_RETURN(
       const std::vector<client::CacheHostSession::ReadResult> got,
-      session_->LeaseGet(keys, "", TtlMs(), {0, split.block_bytes}, &lease_id));
+      session_->LeaseGet(keys, "", TtlMs(), {0, split.block_bytes}, &lease));
   const double us = MicrosSince(start);
-  if (lease_id != 0) KVF_RETURN_IF_ERROR(session_->Release(lease_id));
+  if (lease.lease_id != 0) KVF_RETURN_IF_ERROR(session_->Release(lease));
   for (std::uint64_t k = 0; k < split.blocks; ++k) {
     KVF_RETURN_IF_ERROR(got[k].status.WithContext("Lease of probe block " + std::to_string(k)));
     if (got[k].tier != v1::TIER_HOST) {

@@ -198,6 +198,7 @@ StatusOr<std::vector<Status>> CacheHostSession::Store(const v1::ModelFingerprint
   v1::CommitRequest commit;
   commit.set_namespace_(Namespace());
   commit.set_lease_id(resp.lease_id());
+  commit.set_access_token(resp.grant().access_token());
   commit.set_release_uncommitted(true);
   std::vector<std::size_t> reserved;  // commit entry i is blocks[reserved[i]]
   for (std::size_t k = 0; k < blocks.size(); ++k) {
@@ -279,7 +280,7 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::Fetch(
 
 StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::LeaseGet(
     std::span<const std::string> keys, std::string_view expected_digest, std::uint32_t ttl_ms,
-    SlotLayout slots, std::uint64_t* lease_id) {
+    SlotLayout slots, HeldLease* kept) {
   std::vector<ReadResult> out(keys.size());
   if (keys.empty()) return out;
   KVF_RETURN_IF_ERROR(health());
@@ -292,11 +293,12 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::LeaseGet(
   // Releases the lease unless the caller keeps it.
   auto release = [&](bool keep) {
     if (resp.lease_id() == 0) return;
-    if (keep && lease_id != nullptr) {
-      *lease_id = resp.lease_id();
+    HeldLease held{resp.lease_id(), resp.grant().access_token()};
+    if (keep && kept != nullptr) {
+      *kept = std::move(held);
       return;
     }
-    Release(resp.lease_id()).IgnoreError();  // best effort: the lease expires anyway
+    Release(held).IgnoreError();  // best effort: the lease expires anyway
   };
   // An entry answering Unavailable means "retry" (a block staged from NVMe
   // was evicted again before the lease pinned it).
@@ -356,10 +358,12 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::LeaseGet(
   return out;
 }
 
-Status CacheHostSession::Release(std::uint64_t lease_id) {
+Status CacheHostSession::Release(const HeldLease& lease) {
   v1::ReleaseRequest rel;
   rel.set_namespace_(Namespace());
-  rel.add_entries()->set_lease_id(lease_id);
+  v1::ReleaseEntry* e = rel.add_entries();
+  e->set_lease_id(lease.lease_id);
+  e->set_access_token(lease.access_token);
   v1::ReleaseResponse resp;
   KVF_RETURN_IF_ERROR(Call("Release", stub_->Release(RpcContext().get(), rel, &resp)));
   for (const v1::ReleaseResult& r : resp.results()) {

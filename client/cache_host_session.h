@@ -126,16 +126,22 @@ class CacheHostSession {
   StatusOr<std::vector<ReadResult>> Fetch(std::span<const wire::FetchKey> keys,
                                           std::string_view expected_digest, SlotLayout slots);
 
+  // A lease as its holder names it to the daemon: id and access token (the
+  // daemon refuses an id without its token).
+  struct HeldLease {
+    std::uint64_t lease_id = 0;
+    std::string access_token;
+  };
   // Lease (retrying Unavailable entries), kGet of every leased key into its
   // slot, Release. Per key as Fetch (OK entries' payload_bytes equal
-  // slots.bytes, checked). With keep_lease the lease is not released and its
-  // id goes to *lease_id (the caller Releases it); otherwise it is released
-  // whatever happens.
+  // slots.bytes, checked). With `kept` the lease is not released and goes to
+  // *kept (the caller Releases it); otherwise it is released whatever
+  // happens.
   StatusOr<std::vector<ReadResult>> LeaseGet(std::span<const std::string> keys,
                                              std::string_view expected_digest,
                                              std::uint32_t ttl_ms, SlotLayout slots,
-                                             std::uint64_t* lease_id = nullptr);
-  Status Release(std::uint64_t lease_id);
+                                             HeldLease* kept = nullptr);
+  Status Release(const HeldLease& lease);
 
   // Deletes `keys`; per key OK or NotFound or the refusal.
   StatusOr<std::vector<Status>> Delete(std::span<const std::string> keys);

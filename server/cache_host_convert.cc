@@ -343,6 +343,19 @@ void GrantToProto(const cache_host::GrantInfo& grant, std::string_view transport
   out->set_access_token(BytesOf(grant.token));
 }
 
+StatusOr<cache_host::GrantRef> GrantRefFromProto(std::uint64_t lease_id, const std::string& token,
+                                                 const std::string& field) {
+  cache_host::GrantRef ref;
+  ref.lease_id = lease_id;
+  if (token.size() != ref.token.size()) {
+    return Status::InvalidArgument(field + ": " + std::to_string(token.size()) +
+                                   " bytes; the grant's access token (from the Reserve or Lease "
+                                   "answer) is " + std::to_string(ref.token.size()));
+  }
+  std::memcpy(ref.token.data(), token.data(), ref.token.size());
+  return ref;
+}
+
 std::uint64_t TtlUsFromMs(std::uint32_t ttl_ms, const v1::Limits& limits) {
   const std::uint32_t ms = ttl_ms == 0 ? limits.default_ttl_ms() : ttl_ms;
   return std::uint64_t{ms} * 1000;

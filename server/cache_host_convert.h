@@ -148,6 +148,10 @@ void ExtentsToProto(std::span<const cache_host::ByteExtent> extents,
 // names against the lease, so the region may span the pool.
 void GrantToProto(const cache_host::GrantInfo& grant, std::string_view transport_address,
                   std::uint64_t pool_bytes, v1::TransportGrant* out);
+// (lease_id, access_token) from a request naming a grant. InvalidArgument,
+// naming `field`, unless the token is 16 bytes.
+StatusOr<cache_host::GrantRef> GrantRefFromProto(std::uint64_t lease_id, const std::string& token,
+                                                 const std::string& field);
 
 // TTLs. ttl_ms 0 becomes limits.default_ttl_ms, so that what Health reports is
 // what is granted; TtlMsFromUs truncates to whole milliseconds and saturates.

@@ -129,11 +129,13 @@ grpc::Status CacheHostService::Commit(grpc::ServerContext* context,
     entries.push_back({*key, e.crc32c()});
   }
   KVF_GRPC_RETURN_IF_ERROR(CheckDistinctKeys(keys, "entries", ".key"));
+  StatusOr<cache_host::GrantRef> grant =
+      GrantRefFromProto(request->lease_id(), request->access_token(), "access_token");
+  if (!grant.ok()) return ToGrpcStatus(grant.status());
 
   KVF_GRPC_RETURN_IF_ERROR(Admit(context));
-  StatusOr<std::vector<Status>> results =
-      node_->Commit(NamespaceOf(request->namespace_()), request->lease_id(), entries,
-                    request->release_uncommitted());
+  StatusOr<std::vector<Status>> results = node_->Commit(
+      NamespaceOf(request->namespace_()), *grant, entries, request->release_uncommitted());
   if (!results.ok()) return ToGrpcStatus(results.status());
   KVF_GRPC_RETURN_IF_ERROR(CheckResultCount("Commit", results->size(), entries.size()));
   response->mutable_results()->Reserve(static_cast<int>(results->size()));
@@ -187,7 +189,7 @@ grpc::Status CacheHostService::Lease(grpc::ServerContext* context, const v1::Lea
   }
   if (!refusal.ok()) {
     if (batch.grant.lease_id != 0) {
-      const cache_host::ReleaseEntry whole{batch.grant.lease_id, {}};
+      const cache_host::ReleaseEntry whole{batch.grant.lease_id, batch.grant.token, {}};
       // The grant may have expired already; either way it is gone.
       for (const Status& s : node_->Release(ns, {&whole, 1})) s.IgnoreError();
     }
@@ -221,12 +223,24 @@ grpc::Status CacheHostService::Renew(grpc::ServerContext* context, const v1::Ren
   KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), limits));
   KVF_GRPC_RETURN_IF_ERROR(CheckBatchSize("lease_ids", request->lease_ids_size(), limits));
   KVF_GRPC_RETURN_IF_ERROR(CheckTtlMs(request->ttl_ms(), limits));
-  const std::vector<std::uint64_t> ids(request->lease_ids().begin(), request->lease_ids().end());
+  if (request->access_tokens_size() != request->lease_ids_size()) {
+    return ToGrpcStatus(Status::InvalidArgument(
+        "access_tokens: " + std::to_string(request->access_tokens_size()) + " for " +
+        std::to_string(request->lease_ids_size()) + " lease_ids (one token per lease)"));
+  }
+  std::vector<cache_host::GrantRef> grants;
+  grants.reserve(request->lease_ids_size());
+  for (int i = 0; i < request->lease_ids_size(); ++i) {
+    StatusOr<cache_host::GrantRef> g = GrantRefFromProto(
+        request->lease_ids(i), request->access_tokens(i), "access_tokens[" + std::to_string(i) + "]");
+    if (!g.ok()) return ToGrpcStatus(g.status());
+    grants.push_back(*g);
+  }
 
   KVF_GRPC_RETURN_IF_ERROR(Admit(context));
-  const std::vector<StatusOr<std::uint64_t>> results =
-      node_->Renew(NamespaceOf(request->namespace_()), ids, TtlUsFromMs(request->ttl_ms(), limits));
-  KVF_GRPC_RETURN_IF_ERROR(CheckResultCount("Renew", results.size(), ids.size()));
+  const std::vector<StatusOr<std::uint64_t>> results = node_->Renew(
+      NamespaceOf(request->namespace_()), grants, TtlUsFromMs(request->ttl_ms(), limits));
+  KVF_GRPC_RETURN_IF_ERROR(CheckResultCount("Renew", results.size(), grants.size()));
   response->mutable_results()->Reserve(static_cast<int>(results.size()));
   for (const StatusOr<std::uint64_t>& r : results) {
     v1::RenewResult* result = response->add_results();
@@ -258,7 +272,10 @@ grpc::Status CacheHostService::Release(grpc::ServerContext* context,
     StatusOr<std::vector<BlockKey>> keys =
         BlockKeysFromProto(e.keys(), "entries[" + std::to_string(i) + "].keys", false);
     if (!keys.ok()) return ToGrpcStatus(keys.status());
-    entries.push_back({e.lease_id(), std::move(*keys)});
+    StatusOr<cache_host::GrantRef> g = GrantRefFromProto(
+        e.lease_id(), e.access_token(), "entries[" + std::to_string(i) + "].access_token");
+    if (!g.ok()) return ToGrpcStatus(g.status());
+    entries.push_back({e.lease_id(), g->token, std::move(*keys)});
   }
 
   KVF_GRPC_RETURN_IF_ERROR(Admit(context));

@@ -174,6 +174,7 @@ class CacheHostServiceTest : public ::testing::Test {
     v1::CommitRequest commit;
     commit.set_namespace_(ns);
     commit.set_lease_id(reserved.lease_id());
+    commit.set_access_token(reserved.grant().access_token());
     v1::CommitEntry* e = commit.add_entries();
     e->set_key(Key(i));
     e->set_crc32c(ZerosCrc(payload_bytes));
@@ -376,6 +377,7 @@ TEST_F(CacheHostServiceTest, CommitWithWrongCrcIsDataLossAndPublishesNothing) {
   WriteZeros(reserved);
   v1::CommitRequest commit;
   commit.set_lease_id(reserved.lease_id());
+  commit.set_access_token(reserved.grant().access_token());
   v1::CommitEntry* e = commit.add_entries();
   e->set_key(Key(1));
   e->set_crc32c(~ZerosCrc(kExactBytes));
@@ -390,10 +392,83 @@ TEST_F(CacheHostServiceTest, CommitWithWrongCrcIsDataLossAndPublishesNothing) {
 TEST_F(CacheHostServiceTest, CommitUnderUnknownLeaseFailsWholeCall) {
   v1::CommitRequest commit;
   commit.set_lease_id(987654321);
+  commit.set_access_token(std::string(16, '\x01'));
   commit.add_entries()->set_key(Key(1));
   v1::CommitResponse resp;
   EXPECT_EQ(Call(&CacheHostService::Commit, commit, &resp).error_code(),
             grpc::StatusCode::NOT_FOUND);
+  commit.set_access_token("short");
+  ExpectInvalid(Call(&CacheHostService::Commit, commit, &resp),
+                "access_token: 5 bytes; the grant's access token (from the Reserve or Lease "
+                "answer) is 16");
+}
+
+// Issue 17: a lease id names a grant but does not let anyone use it. Another
+// client that learns tenant a's ids (they are random now, but may be logged or
+// observed) and names a's namespace can neither commit, renew nor release them
+// without the grant's token; the holder's lease is untouched.
+TEST_F(CacheHostServiceTest, LeaseIdWithoutItsTokenCannotCommitRenewOrRelease) {
+  v1::ReserveResponse reserved;
+  ASSERT_TRUE(Call(&CacheHostService::Reserve, ReserveOf("a", {Block(1)}), &reserved).ok());
+  ASSERT_NE(reserved.lease_id(), 0u);
+  WriteZeros(reserved);
+  Publish("a", 2);
+  v1::LeaseRequest lease;
+  lease.set_namespace_("a");
+  lease.add_keys(Key(2));
+  v1::LeaseResponse leased;
+  ASSERT_TRUE(Call(&CacheHostService::Lease, lease, &leased).ok());
+  ASSERT_NE(leased.lease_id(), 0u);
+  EXPECT_NE(leased.lease_id(), reserved.lease_id() + 1) << "ids look sequential";
+
+  std::string wrong = reserved.grant().access_token();
+  wrong[0] = static_cast<char>(wrong[0] ^ 1);
+  v1::CommitRequest commit;
+  commit.set_namespace_("a");
+  commit.set_lease_id(reserved.lease_id());
+  commit.set_access_token(wrong);
+  v1::CommitEntry* e = commit.add_entries();
+  e->set_key(Key(1));
+  e->set_crc32c(ZerosCrc(kExactBytes));
+  commit.set_release_uncommitted(true);
+  v1::CommitResponse committed;
+  grpc::Status s = Call(&CacheHostService::Commit, commit, &committed);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+
+  v1::RenewRequest renew;
+  renew.set_namespace_("a");
+  renew.add_lease_ids(leased.lease_id());
+  renew.add_access_tokens(wrong);
+  v1::RenewResponse renewed;
+  ASSERT_TRUE(Call(&CacheHostService::Renew, renew, &renewed).ok());
+  EXPECT_EQ(renewed.results(0).status().code(), grpc::StatusCode::NOT_FOUND);
+  renew.add_lease_ids(leased.lease_id());
+  ExpectInvalid(Call(&CacheHostService::Renew, renew, &renewed),
+                "access_tokens: 1 for 2 lease_ids (one token per lease)");
+
+  v1::ReleaseRequest release;
+  release.set_namespace_("a");
+  release.add_entries()->set_lease_id(leased.lease_id());
+  release.mutable_entries(0)->set_access_token(wrong);
+  release.add_entries()->set_lease_id(reserved.lease_id());
+  release.mutable_entries(1)->set_access_token(wrong);
+  v1::ReleaseResponse released;
+  ASSERT_TRUE(Call(&CacheHostService::Release, release, &released).ok());
+  EXPECT_EQ(released.results(0).status().code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(released.results(1).status().code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(LookupOne("a", 2).active_leases(), 1u) << "the holder's read lease was released";
+
+  // The holders' grants still work.
+  commit.set_access_token(reserved.grant().access_token());
+  v1::CommitResponse mine;
+  ASSERT_TRUE(Call(&CacheHostService::Commit, commit, &mine).ok());
+  EXPECT_EQ(mine.results(0).status().code(), 0) << mine.results(0).status().message();
+  release.mutable_entries(0)->set_access_token(leased.grant().access_token());
+  release.mutable_entries()->RemoveLast();
+  v1::ReleaseResponse held;
+  ASSERT_TRUE(Call(&CacheHostService::Release, release, &held).ok());
+  EXPECT_EQ(held.results(0).status().code(), 0) << held.results(0).status().message();
+  EXPECT_EQ(LookupOne("a", 2).active_leases(), 0u);
 }
 
 TEST_F(CacheHostServiceTest, CommittedBlockIsVisibleAndCannotBeReservedAgain) {
@@ -466,7 +541,9 @@ TEST_F(CacheHostServiceTest, LeaseGrantsReadExtentsUntilReleased) {
   v1::RenewRequest renew;
   renew.set_namespace_("a");
   renew.add_lease_ids(leased.lease_id());
+  renew.add_access_tokens(leased.grant().access_token());
   renew.add_lease_ids(leased.lease_id() + 1000);
+  renew.add_access_tokens(leased.grant().access_token());
   renew.set_ttl_ms(5000);
   v1::RenewResponse renewed;
   ASSERT_TRUE(Call(&CacheHostService::Renew, renew, &renewed).ok());
@@ -480,6 +557,7 @@ TEST_F(CacheHostServiceTest, LeaseGrantsReadExtentsUntilReleased) {
   v1::ReleaseRequest release;
   release.set_namespace_("a");
   release.add_entries()->set_lease_id(leased.lease_id());
+  release.mutable_entries(0)->set_access_token(leased.grant().access_token());
   v1::ReleaseResponse released;
   ASSERT_TRUE(Call(&CacheHostService::Release, release, &released).ok());
   EXPECT_EQ(released.results(0).status().code(), 0);

@@ -1,6 +1,5 @@
 #include "server/cache_host/cache_host_node.h"
 
-#include <sys/random.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -10,6 +9,7 @@
 
 #include "core/block_format.h"
 #include "core/mutex.h"
+#include "core/secure_random.h"
 #include "core/units.h"
 #include "server/cache_host/data_plane.h"
 #include "server/cache_host/node_keys.h"
@@ -137,21 +137,29 @@ std::uint64_t CacheHostNode::EffectiveTtl(std::uint64_t ttl_us) const {
 
 AccessToken CacheHostNode::NewToken() {
   // Tokens are capabilities a peer must not guess: from the kernel's CSPRNG.
-  // (xorshift128+ was used here; two of its outputs, which a client sees as
-  // its own tokens, give away its state and so every other client's token.)
   AccessToken t;
-  std::size_t filled = 0;
-  while (filled < t.size()) {
-    const ssize_t got = getrandom(t.data() + filled, t.size() - filled, 0);
-    if (got > 0) {
-      filled += static_cast<std::size_t>(got);
-    } else if (errno != EINTR) {
-      std::fprintf(stderr, "kvfabric-cached: getrandom failed (%s): no access token can be made\n",
-                   std::strerror(errno));
-      std::abort();
-    }
-  }
+  SecureRandomBytes(t);
   return t;
+}
+
+std::uint64_t CacheHostNode::NewGrantId() {
+  // Random, not sequential: an id names a grant but does not let anyone use
+  // it (that takes the token), and a sequential id would tell a client how
+  // many grants others hold and which id is next.
+  for (;;) {
+    const std::uint64_t id = SecureRandomU64();
+    if (id != 0 && !grants_.contains(id)) return id;
+  }
+}
+
+std::unordered_map<std::uint64_t, CacheHostNode::Grant>::iterator CacheHostNode::FindOwnedGrant(
+    const Namespace& ns, const GrantRef& ref) {
+  auto it = grants_.find(ref.lease_id);
+  if (it == grants_.end() || it->second.tenant != ns.tenant ||
+      !TokensEqual(it->second.token, ref.token)) {
+    return grants_.end();
+  }
+  return it;
 }
 
 std::vector<ByteExtent> CacheHostNode::ExtentsOf(const PageRuns& pages,
@@ -234,16 +242,17 @@ StatusOr<ReserveBatch> CacheHostNode::Reserve(const Namespace& ns,
   MutexLock lock(&mu_);
   grant.token = NewToken();
   grant.expires_at_us = NowUs() + ttl_us;
-  out.grant = {next_grant_id_++, ttl_us, grant.token};
+  out.grant = {NewGrantId(), ttl_us, grant.token};
   grants_.emplace(out.grant.lease_id, std::move(grant));
   return out;
 }
 
 // ---------------------------------------------------------------- Commit
 
-StatusOr<std::vector<Status>> CacheHostNode::Commit(const Namespace& ns, std::uint64_t lease_id,
+StatusOr<std::vector<Status>> CacheHostNode::Commit(const Namespace& ns, const GrantRef& ref,
                                                     std::span<const CommitEntry> entries,
                                                     bool release_uncommitted) {
+  const std::uint64_t lease_id = ref.lease_id;
   // Resolve every entry to its reservation under the lock; commit (CRC over
   // the pages) outside it.
   std::vector<Status> out(entries.size());
@@ -251,10 +260,11 @@ StatusOr<std::vector<Status>> CacheHostNode::Commit(const Namespace& ns, std::ui
   std::vector<std::uint64_t> sub_ids;
   {
     MutexLock lock(&mu_);
-    auto it = grants_.find(lease_id);
-    if (it == grants_.end() || !it->second.write || it->second.tenant != ns.tenant) {
+    auto it = FindOwnedGrant(ns, ref);
+    if (it == grants_.end() || !it->second.write) {
       return Status::NotFound("write lease " + std::to_string(lease_id) +
-                              " is unknown or ended (expired, released, or the daemon restarted)");
+                              " is unknown or ended (expired, released, or the daemon "
+                              "restarted), or the access token is not its");
     }
     Grant& g = it->second;
     for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -450,23 +460,26 @@ StatusOr<LeaseBatch> CacheHostNode::Lease(const Namespace& ns, std::span<const B
   MutexLock lock(&mu_);
   grant.token = NewToken();
   grant.expires_at_us = NowUs() + ttl_us;
-  out.grant = {next_grant_id_++, ttl_us, grant.token};
+  out.grant = {NewGrantId(), ttl_us, grant.token};
   grants_.emplace(out.grant.lease_id, std::move(grant));
   return out;
 }
 
 // ---------------------------------------------------------------- Renew / Release
 
-std::vector<StatusOr<std::uint64_t>> CacheHostNode::Renew(
-    const Namespace& ns, std::span<const std::uint64_t> lease_ids, std::uint64_t ttl_us) {
+std::vector<StatusOr<std::uint64_t>> CacheHostNode::Renew(const Namespace& ns,
+                                                          std::span<const GrantRef> grants,
+                                                          std::uint64_t ttl_us) {
   ttl_us = EffectiveTtl(ttl_us);
   std::vector<StatusOr<std::uint64_t>> out;
-  out.reserve(lease_ids.size());
+  out.reserve(grants.size());
   MutexLock lock(&mu_);
-  for (std::uint64_t id : lease_ids) {
-    auto it = grants_.find(id);
-    if (it == grants_.end() || it->second.tenant != ns.tenant) {
-      out.emplace_back(Status::NotFound("lease " + std::to_string(id) + " is unknown or ended"));
+  for (const GrantRef& ref : grants) {
+    const std::uint64_t id = ref.lease_id;
+    auto it = FindOwnedGrant(ns, ref);
+    if (it == grants_.end()) {
+      out.emplace_back(Status::NotFound("lease " + std::to_string(id) +
+                                        " is unknown or ended, or the access token is not its"));
       continue;
     }
     Grant& g = it->second;
@@ -501,9 +514,10 @@ std::vector<Status> CacheHostNode::Release(const Namespace& ns,
     MutexLock lock(&mu_);
     for (std::size_t i = 0; i < entries.size(); ++i) {
       const ReleaseEntry& e = entries[i];
-      auto it = grants_.find(e.lease_id);
-      if (it == grants_.end() || it->second.tenant != ns.tenant) {
-        out[i] = Status::NotFound("lease " + std::to_string(e.lease_id) + " is unknown or ended");
+      auto it = FindOwnedGrant(ns, GrantRef{e.lease_id, e.token});
+      if (it == grants_.end()) {
+        out[i] = Status::NotFound("lease " + std::to_string(e.lease_id) +
+                                  " is unknown or ended, or the access token is not its");
         continue;
       }
       Grant& g = it->second;

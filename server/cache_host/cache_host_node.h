@@ -10,10 +10,15 @@
 // client) over one lease-table reservation per block; a Lease batch becomes
 // one *read grant* over one or two lease-table read leases (blocks already in
 // the host pool, then blocks staged from NVMe for this call). A grant carries a
-// random 16-byte access token; the data plane moves bytes only for requests
-// that present the grant's id and token and name byte ranges inside the
-// grant's blocks (LeaseTable::BeginWriteRange / BeginReadRange), so a client
-// can touch nothing but its own leased pages. Grants end with Release, with
+// random 16-byte access token and a random 64-bit id (both from getrandom);
+// the data plane moves bytes only for requests that present the grant's id
+// and token and name byte ranges inside the grant's blocks
+// (LeaseTable::BeginWriteRange / BeginReadRange), so a client can touch
+// nothing but its own leased pages. Commit, Renew and Release also need the
+// token: the grant is bound to whoever received the Reserve or Lease answer,
+// and another client that guesses or observes an id can neither end nor
+// extend it (until identities exist, the token is that binding; the
+// authentication issue adds the caller's identity). Grants end with Release, with
 // Commit(release_uncommitted), or when their TTL runs out (the maintenance
 // thread expires the lease table and forgets ended grants).
 //
@@ -205,7 +210,14 @@ struct LeaseBatch {
 
 struct ReleaseEntry {
   std::uint64_t lease_id = 0;
+  AccessToken token{};         // the grant's (GrantInfo::token)
   std::vector<BlockKey> keys;  // empty: the whole grant
+};
+
+// A grant as its holder names it: id and access token.
+struct GrantRef {
+  std::uint64_t lease_id = 0;
+  AccessToken token{};
 };
 
 struct LookupEntryResult {
@@ -319,15 +331,16 @@ class CacheHostNode {
   // Unavailable while not serving. Per-entry outcomes in the result.
   StatusOr<ReserveBatch> Reserve(const Namespace& ns, std::span<const ReserveEntry> entries,
                                  std::uint64_t ttl_us);
-  // NotFound for an unknown or ended grant (or one of another namespace).
-  StatusOr<std::vector<Status>> Commit(const Namespace& ns, std::uint64_t lease_id,
+  // NotFound for an unknown or ended grant, one of another namespace, or a
+  // token that is not the grant's (one answer for all three: no oracle).
+  StatusOr<std::vector<Status>> Commit(const Namespace& ns, const GrantRef& grant,
                                        std::span<const CommitEntry> entries,
                                        bool release_uncommitted);
   StatusOr<LeaseBatch> Lease(const Namespace& ns, std::span<const BlockKey> keys,
                              const LeaseRequestOptions& options);
-  // Per lease: the granted TTL, or NotFound.
+  // Per grant: the granted TTL, or NotFound (as Commit).
   std::vector<StatusOr<std::uint64_t>> Renew(const Namespace& ns,
-                                             std::span<const std::uint64_t> lease_ids,
+                                             std::span<const GrantRef> grants,
                                              std::uint64_t ttl_us);
   std::vector<Status> Release(const Namespace& ns, std::span<const ReleaseEntry> entries);
   std::vector<LookupEntryResult> Lookup(const Namespace& ns, std::span<const BlockKey> keys);
@@ -400,6 +413,13 @@ class CacheHostNode {
   std::uint64_t NowUs() const;
   std::uint64_t EffectiveTtl(std::uint64_t ttl_us) const;
   AccessToken NewToken() KVF_REQUIRES(mu_);
+  // A random grant id, nonzero and not in use.
+  std::uint64_t NewGrantId() KVF_REQUIRES(mu_);
+  // The grant `ref` names if it exists, is of `ns` and `ref.token` is its
+  // token; grants_.end() otherwise.
+  std::unordered_map<std::uint64_t, Grant>::iterator FindOwnedGrant(const Namespace& ns,
+                                                                    const GrantRef& ref)
+      KVF_REQUIRES(mu_);
   std::vector<ByteExtent> ExtentsOf(const PageRuns& pages, std::uint64_t bytes) const;
   // Runs an eviction pass; starts the demotions it ordered. Returns the pages
   // it freed at once.
@@ -439,7 +459,6 @@ class CacheHostNode {
 
   mutable Mutex mu_;
   std::unordered_map<std::uint64_t, Grant> grants_ KVF_GUARDED_BY(mu_);
-  std::uint64_t next_grant_id_ KVF_GUARDED_BY(mu_) = 1;
   std::uint64_t grants_expired_ KVF_GUARDED_BY(mu_) = 0;
   std::atomic<std::uint64_t> transfers_refused_{0};
   std::atomic<std::uint64_t> staging_reads_{0};

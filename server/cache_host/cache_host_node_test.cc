@@ -148,7 +148,7 @@ class CacheHostNodeTest : public ::testing::Test {
     KVF_RETURN_IF_ERROR(dp_->Transfer(conn_.get(), DataOp::kPut, r->grant.lease_id, r->grant.token,
                                       region_, ranges, Clock::now() + std::chrono::seconds(10)));
     CommitEntry c{key, crc32c::Value(Staging(offset, meta.bytes))};
-    auto s = node_->Commit(Namespace{ns}, r->grant.lease_id, std::span<const CommitEntry>(&c, 1),
+    auto s = node_->Commit(Namespace{ns}, GrantRef{r->grant.lease_id, r->grant.token}, std::span<const CommitEntry>(&c, 1),
                            true);
     if (!s.ok()) return s.status();
     return (*s)[0];
@@ -175,7 +175,7 @@ class CacheHostNodeTest : public ::testing::Test {
     if (crc32c::Value(Staging(offset, r.meta.bytes)) != r.crc32c) {
       return Status::DataLoss("client-side CRC mismatch");
     }
-    ReleaseEntry rel{l->grant.lease_id, {}};
+    ReleaseEntry rel{l->grant.lease_id, l->grant.token, {}};
     return node_->Release(Namespace{ns}, std::span<const ReleaseEntry>(&rel, 1))[0];
   }
 
@@ -271,7 +271,7 @@ TEST_F(CacheHostNodeTest, MultiBlockTransfersRoundTripJoinedOrNot) {
     ASSERT_TRUE(dp_->Transfer(conn_.get(), DataOp::kPut, r->grant.lease_id, r->grant.token, region_,
                               ranges, Clock::now() + std::chrono::seconds(10))
                     .ok());
-    auto c = node_->Commit(Namespace{"a"}, r->grant.lease_id, commits, true);
+    auto c = node_->Commit(Namespace{"a"}, GrantRef{r->grant.lease_id, r->grant.token}, commits, true);
     ASSERT_TRUE(c.ok());
     for (const Status& st : *c) ASSERT_TRUE(st.ok()) << st.ToString();
 
@@ -297,7 +297,7 @@ TEST_F(CacheHostNodeTest, MultiBlockTransfersRoundTripJoinedOrNot) {
                 commits[i].crc32c)
           << "block " << i;
     }
-    ReleaseEntry rel{l->grant.lease_id, {}};
+    ReleaseEntry rel{l->grant.lease_id, l->grant.token, {}};
     ASSERT_TRUE(node_->Release(Namespace{"a"}, std::span<const ReleaseEntry>(&rel, 1))[0].ok());
   }
 }
@@ -408,7 +408,7 @@ TEST_F(CacheHostNodeTest, CommitWithWrongCrcPublishesNothing) {
                             Clock::now() + std::chrono::seconds(5))
                   .ok());
   CommitEntry c{Key(1), crc32c::Value(Staging(0, meta.bytes)) ^ 1};
-  auto s = node_->Commit(Namespace{"a"}, r->grant.lease_id, std::span<const CommitEntry>(&c, 1),
+  auto s = node_->Commit(Namespace{"a"}, GrantRef{r->grant.lease_id, r->grant.token}, std::span<const CommitEntry>(&c, 1),
                          false);
   ASSERT_TRUE(s.ok());
   EXPECT_TRUE((*s)[0].IsDataLoss()) << (*s)[0].ToString();
@@ -431,7 +431,7 @@ TEST_F(CacheHostNodeTest, CommitWithoutAWriteIsRefusedEvenWithThePreviousOwnersC
   auto r = node_->Reserve(Namespace{"b"}, std::span<const ReserveEntry>(&e, 1), 0);
   ASSERT_TRUE(r.ok() && r->results[0].status.ok());
   CommitEntry c{Key(2), secret_crc};
-  auto s = node_->Commit(Namespace{"b"}, r->grant.lease_id, std::span<const CommitEntry>(&c, 1),
+  auto s = node_->Commit(Namespace{"b"}, GrantRef{r->grant.lease_id, r->grant.token}, std::span<const CommitEntry>(&c, 1),
                          false);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ((*s)[0].code(), StatusCode::kFailedPrecondition) << (*s)[0];
@@ -457,7 +457,7 @@ TEST_F(CacheHostNodeTest, UncommittedReservationExpiresAndItsPagesReturn) {
   EXPECT_EQ(s.pages.reserved, 0u);
   EXPECT_EQ(s.table.reservations_expired, 1u);
   CommitEntry c{Key(1), 0};
-  EXPECT_TRUE(node_->Commit(Namespace{"a"}, r->grant.lease_id,
+  EXPECT_TRUE(node_->Commit(Namespace{"a"}, GrantRef{r->grant.lease_id, r->grant.token},
                             std::span<const CommitEntry>(&c, 1), false)
                   .status()
                   .IsNotFound());

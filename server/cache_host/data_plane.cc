@@ -400,9 +400,9 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
       }
     }
     const std::uint64_t lease_id = leased->grant.lease_id;
-    auto release = [node = node, ns, lease_id] {
+    auto release = [node = node, ns, lease_id, token = leased->grant.token] {
       if (lease_id == 0) return;
-      ReleaseEntry e{lease_id, {}};
+      ReleaseEntry e{lease_id, token, {}};
       node->Release(ns, std::span<const ReleaseEntry>(&e, 1));
     };
     if (ranges.empty()) {
