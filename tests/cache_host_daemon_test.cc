@@ -93,10 +93,17 @@ class CacheHostDaemonTest : public ::testing::Test {
   }
 
   void StartDaemon(std::vector<std::string> args) {
-    std::vector<std::string> all = {"--host-id=test-daemon", "--grpc-address=127.0.0.1:0",
-                                    "--transport-address=127.0.0.1:0",
-                                    "--metrics-address=127.0.0.1:0", "--lock-memory=off",
-                                    "--log-level=warn"};
+    std::vector<std::string> all;
+    // Defaults, unless `args` names the flag itself.
+    for (std::string d : {"--host-id=test-daemon", "--grpc-address=127.0.0.1:0",
+                          "--transport-address=127.0.0.1:0", "--metrics-address=127.0.0.1:0",
+                          "--lock-memory=off", "--log-level=warn"}) {
+      const std::string flag = d.substr(0, d.find('=') + 1);
+      if (std::none_of(args.begin(), args.end(),
+                       [&](const std::string& a) { return a.rfind(flag, 0) == 0; })) {
+        all.push_back(d);
+      }
+    }
     all.insert(all.end(), args.begin(), args.end());
     if (std::find(args.begin(), args.end(), "--data-transport=tcp") != args.end()) {
       // The daemon speaks the kernel-socket transport: so must the client.
@@ -435,6 +442,42 @@ TEST_F(CacheHostDaemonTest, FullPoolRefusesWithResourceExhaustedAndKeepsServingR
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
   EXPECT_NE(s.message().find("pages"), std::string::npos) << s.ToString();
   EXPECT_TRUE(GetBatch({3, 7, 11}).ok());
+}
+
+// Issue 17: a crashed daemon restarts on its own addresses at once. The
+// SIGKILL leaves the daemon's side of every connection it had (gRPC, data
+// plane, a /metrics scrape) in FIN-WAIT or TIME-WAIT on the listening ports
+// for about a minute; every listener binds with address reuse, so the
+// restart does not fail with "Address already in use" (a daemon that cannot
+// bind exits, and the start fails).
+TEST_F(CacheHostDaemonTest, SigkilledDaemonRestartsOnItsOwnAddressesAtOnce) {
+  for (const std::string transport : {"ucx", "tcp"}) {
+    SCOPED_TRACE("data transport " + transport);
+    std::vector<std::string> args = {"--host-pool-bytes=32MiB", "--host-page-bytes=2MiB"};
+    if (transport == "tcp") args.push_back("--data-transport=tcp");
+    StartDaemon(args);
+    ASSERT_TRUE(PutBatch(0, 4).ok());
+    ASSERT_TRUE(GetBatch({0, 1, 2, 3}).ok());
+    ASSERT_FALSE(HttpGet(daemon_->metrics()).empty());
+    const std::string grpc = daemon_->grpc();
+    const std::string data = daemon_->transport();
+    const std::string metrics = daemon_->metrics();  // http://127.0.0.1:PORT/metrics
+    const std::string metrics_hostport =
+        metrics.substr(7, metrics.find('/', 7) - 7);
+    daemon_->Kill(SIGKILL);
+
+    std::vector<std::string> again = args;
+    again.push_back("--grpc-address=" + grpc);
+    again.push_back("--transport-address=" + data);
+    again.push_back("--metrics-address=" + metrics_hostport);
+    StartDaemon(again);
+    EXPECT_EQ(daemon_->grpc(), grpc);
+    EXPECT_EQ(daemon_->transport(), data);
+    EXPECT_EQ(daemon_->metrics(), metrics);
+    ASSERT_TRUE(PutBatch(10, 2).ok());
+    EXPECT_TRUE(GetBatch({10, 11}).ok());
+    daemon_.reset();
+  }
 }
 
 }  // namespace

@@ -123,6 +123,13 @@ Status UcxCore::InitContext() {
   }
   // UCX 1.13.1's protocol v2 shares the accept-then-AM hang (see the header).
   KVF_RETURN_IF_ERROR(modify("PROTO_ENABLE", "n"));
+  // Listeners bind with SO_REUSEADDR: a daemon restarted after a crash gets
+  // its port back at once instead of failing with "Device is busy" for as
+  // long as its old connections sit in TIME-WAIT (about a minute). The key is
+  // the connection managers' (UCX_TCP_CM_REUSEADDR in the environment): UCP
+  // applies it to each CM's config, whose table nests it under "CM_";
+  // "TCP_CM_REUSEADDR" and "REUSEADDR" match nothing there.
+  KVF_RETURN_IF_ERROR(modify("CM_REUSEADDR", "y"));
   for (const auto& [k, v] : options_.ucx_config) KVF_RETURN_IF_ERROR(modify(k.c_str(), v));
 
   ucp_params_t params = {};
