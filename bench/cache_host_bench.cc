@@ -126,6 +126,7 @@ class Daemon {
                                      "--grpc-address=127.0.0.1:0",
                                      "--transport-address=127.0.0.1:0",
                                      "--metrics-address=off",
+                                     "--admin-address=127.0.0.1:0",  // Delete between repeats
                                      "--lock-memory=off",
                                      "--data-transport=" +
                                          std::string(path == "ktcp" ? "tcp" : "ucx"),
@@ -168,6 +169,7 @@ class Daemon {
   }
   std::string grpc() { return info_["grpc"]; }
   std::string transport() { return info_["transport"]; }
+  std::string admin() { return info_["admin"]; }
 
  private:
   pid_t pid_ = -1;
@@ -197,6 +199,7 @@ std::unique_ptr<Conn> Connect(const Args& a, Daemon& d, const std::string& path,
   c->data = std::move(*client::DataPlaneClient::Create(c->t.get()));
   client::CacheHostSessionOptions so;
   so.grpc_address = d.grpc();
+  so.admin_address = d.admin();
   so.transport_address = d.transport();
   so.rpc_timeout = std::chrono::seconds(10);
   so.transfer_timeout = std::chrono::seconds(60);

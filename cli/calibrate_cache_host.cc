@@ -68,8 +68,10 @@ StatusOr<std::unique_ptr<ClientFabric>> ClientFabric::Create(std::uint64_t stagi
 }
 
 StatusOr<std::unique_ptr<CacheHostTarget>> CacheHostTarget::Open(
-    const std::string& address, std::span<const std::uint64_t> sizes, int timeout_ms) {
-  auto s = std::unique_ptr<CacheHostTarget>(new CacheHostTarget(address, timeout_ms));
+    const std::string& address, const std::string& admin_address,
+    std::span<const std::uint64_t> sizes, int timeout_ms) {
+  auto s = std::unique_ptr<CacheHostTarget>(
+      new CacheHostTarget(address, admin_address, timeout_ms));
   grpc::ChannelArguments ch;
   ch.SetMaxReceiveMessageSize(16 << 20);
   ch.SetMaxSendMessageSize(16 << 20);
@@ -120,6 +122,7 @@ Status CacheHostTarget::PrepareGets(ClientFabric* fabric, std::span<const std::u
   client::CacheHostSessionOptions o;
   o.host_id = host_id_;
   o.grpc_address = address_;
+  o.admin_address = admin_address_;
   o.ns = kProbeNamespace;
   o.rpc_timeout = std::chrono::milliseconds(timeout_ms_);
   o.transfer_timeout = kTransferTimeout;

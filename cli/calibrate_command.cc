@@ -177,6 +177,10 @@ CLI::App* AddCalibrateSubcommand(CLI::App& app, CalibrateArgs* args) {
   sub->add_option("--cache-host", args->cache_hosts,
                   "gRPC address HOST:PORT of a cache-host daemon to measure; repeatable")
       ->take_all();
+  sub->add_option("--cache-host-admin", args->cache_host_admins,
+                  "the admin listener (--admin-address) of each --cache-host, in the same order: "
+                  "the probe deletes the blocks it writes there")
+      ->take_all();
   sub->add_option("--nvme-dir", args->nvme_dir,
                   "directory on the NVMe device: O_DIRECT reads of a scratch file made there");
   AddBytesOption(*sub, "--min-bytes", &args->min_bytes, "smallest probe (a multiple of 4 KiB)");
@@ -202,6 +206,13 @@ StatusOr<std::vector<std::uint64_t>> ValidateCalibrateArgs(const CalibrateArgs& 
     if (!seen.insert(host).second) {
       return Status::InvalidArgument("--cache-host " + host + ": given twice");
     }
+  }
+  if (args.cache_host_admins.size() != args.cache_hosts.size()) {
+    return Status::InvalidArgument(
+        "--cache-host-admin: " + std::to_string(args.cache_host_admins.size()) + " given for " +
+        std::to_string(args.cache_hosts.size()) +
+        " --cache-host; give each daemon's --admin-address, in the same order (the probe "
+        "deletes the blocks it writes, an administrative RPC)");
   }
   if (args.data_transport != "ucx" && args.data_transport != "tcp") {
     return Status::InvalidArgument("--data-transport=\"" + args.data_transport +
@@ -236,9 +247,11 @@ StatusOr<CalibrationReport> RunCalibrate(const CalibrateArgs& args,
   // should not cost the minutes the others take.
   std::vector<std::unique_ptr<CacheHostTarget>> sessions;
   std::map<std::string, std::string> host_ids;  // host_id -> address
-  for (const std::string& address : args.cache_hosts) {
-    KVF_ASSIGN_OR_RETURN(std::unique_ptr<CacheHostTarget> session,
-                         CacheHostTarget::Open(address, sizes, args.rpc_timeout_ms));
+  for (std::size_t h = 0; h < args.cache_hosts.size(); ++h) {
+    const std::string& address = args.cache_hosts[h];
+    KVF_ASSIGN_OR_RETURN(
+        std::unique_ptr<CacheHostTarget> session,
+        CacheHostTarget::Open(address, args.cache_host_admins[h], sizes, args.rpc_timeout_ms));
     auto [it, fresh] = host_ids.emplace(session->host_id(), address);
     if (!fresh) {
       return Status::InvalidArgument("--cache-host " + address + " and " + it->second +

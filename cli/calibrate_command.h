@@ -51,6 +51,10 @@ struct CalibrateArgs {
   // --cache-host: gRPC address HOST:PORT of a cache-host daemon; repeatable. The data-plane
   // address comes from the daemon's grants.
   std::vector<std::string> cache_hosts;
+  // --cache-host-admin: each --cache-host's admin listener (its --admin-address), in the same
+  // order, one per --cache-host: the write probe deletes the blocks it puts, which is an
+  // administrative RPC.
+  std::vector<std::string> cache_host_admins;
   // --nvme-dir: a directory on the NVMe device to read from; empty skips the NVMe path.
   std::string nvme_dir;
   // --min-bytes / --max-bytes: the probe size ladder (core/bus_probe.h). Defaults 64 KiB and

@@ -55,13 +55,15 @@ std::string Parse(std::vector<std::string> argv, CalibrateArgs* args) {
 TEST(CalibrateArgsTest, ParsesEveryFlag) {
   CalibrateArgs a;
   EXPECT_EQ(Parse({"calibrate", "--out", "/tmp/c.json", "--cache-host", "h1:7440", "--cache-host",
-                   "h2:7440", "--nvme-dir", "/nvme", "--min-bytes", "4KiB", "--max-bytes", "16MiB",
+                   "h2:7440", "--cache-host-admin", "unix:/run/a", "--cache-host-admin",
+                   "h2:7441", "--nvme-dir", "/nvme", "--min-bytes", "4KiB", "--max-bytes", "16MiB",
                    "--repeats", "7", "--json", "--cache-scrub-bytes", "0", "--data-transport",
                    "tcp"},
                   &a),
             "");
   EXPECT_EQ(a.out_path, "/tmp/c.json");
   EXPECT_EQ(a.cache_hosts, (std::vector<std::string>{"h1:7440", "h2:7440"}));
+  EXPECT_EQ(a.cache_host_admins, (std::vector<std::string>{"unix:/run/a", "h2:7441"}));
   EXPECT_EQ(a.nvme_dir, "/nvme");
   EXPECT_EQ(a.min_bytes, 4 * kKiB);
   EXPECT_EQ(a.max_bytes, 16 * kMiB);
@@ -112,6 +114,7 @@ TEST(CalibrateArgsTest, ValidationNamesTheFlagThatIsWrong) {
        },
        "--cache-host h:1"},
       {[](CalibrateArgs& a) { a.cache_hosts = {""}; }, "--cache-host"},
+      {[](CalibrateArgs& a) { a.cache_hosts = {"h:1"}; }, "--cache-host-admin: 0 given for 1"},
   };
   for (const Case& c : cases) {
     CalibrateArgs a = TinyArgs("x.json");
@@ -260,6 +263,7 @@ TEST(CalibrateCommandTest, UnreachableCacheHostFailsBeforeMeasuringAndWritesNoth
   const std::string out = TempPath("calibrate_unreachable.json");
   CalibrateArgs args = TinyArgs(out);
   args.cache_hosts = {"127.0.0.1:1"};
+  args.cache_host_admins = {"127.0.0.1:2"};
   args.rpc_timeout_ms = 2000;
   std::vector<std::string> progress;
   CalibrateContext ctx;

@@ -57,7 +57,9 @@ struct ClientFabric {
 class CacheHostTarget {
  public:
   // Health (serving, host_id, limits) and Stats (room in the host pool); no data moves yet.
+  // `admin_address` is the daemon's admin listener, where the probe deletes the blocks it put.
   static StatusOr<std::unique_ptr<CacheHostTarget>> Open(const std::string& address,
+                                                          const std::string& admin_address,
                                                           std::span<const std::uint64_t> sizes,
                                                           int timeout_ms);
 
@@ -77,8 +79,11 @@ class CacheHostTarget {
   StatusOr<double> TimedPut(std::uint64_t bytes);
 
  private:
-  CacheHostTarget(std::string address, int timeout_ms)
-      : address_(std::move(address)), timeout_ms_(timeout_ms), rng_(std::random_device{}()) {}
+  CacheHostTarget(std::string address, std::string admin_address, int timeout_ms)
+      : address_(std::move(address)),
+        admin_address_(std::move(admin_address)),
+        timeout_ms_(timeout_ms),
+        rng_(std::random_device{}()) {}
 
   std::unique_ptr<grpc::ClientContext> Context() const;
 
@@ -101,6 +106,7 @@ class CacheHostTarget {
   Status DeleteKeys(const std::vector<std::string>& keys);
 
   const std::string address_;
+  const std::string admin_address_;
   const int timeout_ms_;
   std::string host_id_;
   v1::Limits limits_;

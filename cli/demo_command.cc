@@ -165,7 +165,10 @@ Status Demo::StartCluster() {
   if (a_.calibrate) {
     CalibrateArgs ca;
     ca.out_path = dir_ + "/calibration.json";
-    for (const auto& d : cluster_->daemons()) ca.cache_hosts.push_back(d.grpc_address);
+    for (const auto& d : cluster_->daemons()) {
+      ca.cache_hosts.push_back(d.grpc_address);
+      ca.cache_host_admins.push_back(d.admin_address);
+    }
     ca.min_bytes = std::uint64_t{256} << 10;
     ca.max_bytes = a_.calibrate_max_bytes;
     ca.repeats = 3;

@@ -77,6 +77,9 @@ StatusOr<std::shared_ptr<CacheHostSession>> CacheHostSession::Open(
     s->ns_ = s->o_.ns;
   }
   s->stub_ = v1::CacheHost::NewStub(OpenChannel(s->o_.grpc_address));
+  if (!s->o_.admin_address.empty()) {
+    s->admin_stub_ = v1::CacheHost::NewStub(OpenChannel(s->o_.admin_address));
+  }
   if (s->o_.host_id.empty()) s->o_.host_id = s->o_.grpc_address;
   if (s->o_.check_shared_memory) KVF_RETURN_IF_ERROR(s->CheckSharedMemory());
   if (!s->o_.transport_address.empty()) {
@@ -377,7 +380,8 @@ StatusOr<std::vector<Status>> CacheHostSession::Delete(std::span<const std::stri
   req.set_namespace_(Namespace());
   for (const std::string& k : keys) req.add_keys(k);
   v1::DeleteResponse resp;
-  KVF_RETURN_IF_ERROR(Call("Delete", stub_->Delete(RpcContext().get(), req, &resp)));
+  v1::CacheHost::Stub* stub = admin_stub_ != nullptr ? admin_stub_.get() : stub_.get();
+  KVF_RETURN_IF_ERROR(Call("Delete", stub->Delete(RpcContext().get(), req, &resp)));
   if (resp.results_size() != static_cast<int>(keys.size())) {
     return Status::Internal("Delete on " + o_.host_id + " answered " +
                             Count(resp.results_size(), "results") + " for " +

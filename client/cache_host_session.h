@@ -57,6 +57,9 @@ struct CacheHostSessionOptions {
   std::string host_id;
   std::string grpc_address;
   std::string transport_address;
+  // The daemon's admin listener (its --admin-address), where Delete is
+  // served; empty: Delete goes to grpc_address and answers PERMISSION_DENIED.
+  std::string admin_address;
   // Namespace (tenant) of every request; empty: the default tenant.
   std::string ns;
   // Deadline of each gRPC call and of each data-plane request.
@@ -143,7 +146,8 @@ class CacheHostSession {
                                              HeldLease* kept = nullptr);
   Status Release(const HeldLease& lease);
 
-  // Deletes `keys`; per key OK or NotFound or the refusal.
+  // Deletes `keys`; per key OK or NotFound or the refusal. An administrative
+  // RPC: it goes to options.admin_address (PermissionDenied without one).
   StatusOr<std::vector<Status>> Delete(std::span<const std::string> keys);
 
   // Closes the data-plane connection: in-flight and later calls fail
@@ -180,6 +184,7 @@ class CacheHostSession {
   std::string Namespace() const;
   const transport::MemoryRegion* region_ = nullptr;
   std::unique_ptr<v1::CacheHost::Stub> stub_;
+  std::unique_ptr<v1::CacheHost::Stub> admin_stub_;  // null without admin_address
   mutable Mutex conn_mu_;
   std::string ns_ KVF_GUARDED_BY(conn_mu_);
   // Set once; the pointer stays valid while the session lives.

@@ -344,9 +344,20 @@ grpc::Status CacheHostService::ExplainEviction(grpc::ServerContext* context,
 
 // ---------------------------------------------------------------- Delete
 
+Status CacheHostService::CheckAdmin(const char* what) const {
+  if (options_.admin) return Status::OK();
+  return Status::PermissionDenied(
+      std::string(what) + " is administrative (it acts on every tenant): it is served only on the "
+                          "daemon's admin listener, " +
+          (options_.admin_address.empty() ? std::string("which this daemon does not have (start "
+                                                        "it with --admin-address)")
+                                          : options_.admin_address + " (--admin-address)"));
+}
+
 grpc::Status CacheHostService::Delete(grpc::ServerContext* context,
                                       const v1::DeleteRequest* request,
                                       v1::DeleteResponse* response) {
+  KVF_GRPC_RETURN_IF_ERROR(CheckAdmin("Delete"));
   const v1::Limits& limits = options_.limits;
   KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), limits));
   KVF_GRPC_RETURN_IF_ERROR(CheckBatchSize("keys", request->keys_size(), limits));
@@ -365,6 +376,9 @@ grpc::Status CacheHostService::Delete(grpc::ServerContext* context,
 
 grpc::Status CacheHostService::Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
                                      v1::StatsResponse* response) {
+  if (request->include_namespaces()) {
+    KVF_GRPC_RETURN_IF_ERROR(CheckAdmin("Stats with include_namespaces"));
+  }
   KVF_GRPC_RETURN_IF_ERROR(Admit(context));
   StatsContext stats;
   stats.host_pool_bytes = node_->pool_bytes();
@@ -391,6 +405,7 @@ grpc::Status CacheHostService::Health(grpc::ServerContext* /*context*/,
 
 grpc::Status CacheHostService::Drain(grpc::ServerContext* context, const v1::DrainRequest* request,
                                      v1::DrainResponse* response) {
+  KVF_GRPC_RETURN_IF_ERROR(CheckAdmin("Drain"));
   KVF_GRPC_RETURN_IF_ERROR(Admit(context));
   const cache_host::ServingState state = node_->Drain(request->resume());
   health_->SetState(ServingStateToProto(state),

@@ -47,6 +47,14 @@ struct CacheHostServiceOptions {
   // table's max_ttl_us, max_keys_per_batch to its max_keys_per_lease), so that
   // a request within them is never refused further down.
   v1::Limits limits = DefaultLimits();
+  // Whether this instance serves the administrative RPCs: Drain, Delete and
+  // Stats with include_namespaces. Until clients have identities these act on
+  // every tenant, so the daemon serves them only on its admin listener
+  // (--admin-address: a Unix socket or a loopback port that only operators
+  // reach); elsewhere they answer PERMISSION_DENIED naming the flag.
+  bool admin = false;
+  // The admin listener's address, for that message ("" when there is none).
+  std::string admin_address;
 };
 
 class CacheHostService final : public v1::CacheHost::Service {
@@ -89,6 +97,9 @@ class CacheHostService final : public v1::CacheHost::Service {
   // OK if the node may be called for this call now: UNAVAILABLE without a
   // node, CANCELLED / DEADLINE_EXCEEDED for a call that is already over.
   Status Admit(grpc::ServerContext* context) const;
+  // OK on the admin instance; PERMISSION_DENIED naming `what` and where it is
+  // served otherwise.
+  Status CheckAdmin(const char* what) const;
 
   cache_host::CacheHostNode* const node_;
   HealthReporter* const health_;

@@ -117,6 +117,7 @@ class CacheHostServiceTest : public ::testing::Test {
     health_->SetState(v1::SERVING_STATUS_SERVING, "");
     CacheHostServiceOptions service_options;
     service_options.transport_address = node_->transport_address();
+    service_options.admin = true;  // the fixture's calls play operator too
     service_ = std::make_unique<CacheHostService>(node_.get(), health_.get(), service_options);
 
     auto client_transport = transport::CreateLoopbackTransport({&network_});
@@ -632,6 +633,53 @@ TEST_F(CacheHostServiceTest, StatsCountBlocksPagesAndNamespaces) {
   v1::StatsResponse brief;
   ASSERT_TRUE(Call(&CacheHostService::Stats, v1::StatsRequest(), &brief).ok());
   EXPECT_EQ(brief.namespaces_size(), 0);
+}
+
+// Issue 17: the RPCs that act on every tenant are served only by the admin
+// instance (the daemon's --admin-address listener); the public one refuses
+// them, naming where they are, and still serves everything else.
+TEST_F(CacheHostServiceTest, PublicListenerRefusesTheAdministrativeRpcs) {
+  Publish("a", 1);
+  CacheHostServiceOptions options;
+  options.transport_address = node_->transport_address();
+  options.admin_address = "unix:/run/kvfabric/admin.sock";
+  CacheHostService open(node_.get(), health_.get(), options);
+  const std::string where =
+      "it is served only on the daemon's admin listener, unix:/run/kvfabric/admin.sock "
+      "(--admin-address)";
+
+  v1::DrainResponse drained;
+  grpc::Status s = Call(&CacheHostService::Drain, v1::DrainRequest(), &drained, &open);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(), "Drain is administrative (it acts on every tenant): " + where);
+  v1::DeleteRequest del;
+  del.set_namespace_("a");
+  del.add_keys(Key(1));
+  v1::DeleteResponse deleted;
+  s = Call(&CacheHostService::Delete, del, &deleted, &open);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  v1::StatsRequest all;
+  all.set_include_namespaces(true);
+  v1::StatsResponse stats;
+  s = Call(&CacheHostService::Stats, all, &stats, &open);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(stats.namespaces_size(), 0);
+
+  // Nothing was drained or deleted; the rest is served.
+  EXPECT_EQ(LookupOne("a", 1).status().code(), 0);
+  EXPECT_TRUE(Call(&CacheHostService::Stats, v1::StatsRequest(), &stats, &open).ok());
+  v1::ReserveResponse reserved;
+  ASSERT_TRUE(Call(&CacheHostService::Reserve, ReserveOf("a", {Block(2)}), &reserved, &open).ok());
+  EXPECT_EQ(reserved.results(0).status().code(), 0);
+
+  // A daemon without an admin listener says how to get one.
+  CacheHostServiceOptions none;
+  none.transport_address = node_->transport_address();
+  CacheHostService closed(node_.get(), health_.get(), none);
+  s = Call(&CacheHostService::Drain, v1::DrainRequest(), &drained, &closed);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(s.error_message().find("start it with --admin-address"), std::string::npos)
+      << s.error_message();
 }
 
 TEST_F(CacheHostServiceTest, DrainRefusesNewReservationsAndLeasesUntilResumed) {

@@ -110,6 +110,8 @@ struct EmbeddedCluster::Daemon {
   std::unique_ptr<HealthReporter> health;
   std::unique_ptr<CacheHostService> service;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<CacheHostService> admin_service;  // as cached_main's --admin-address
+  std::unique_ptr<grpc::Server> admin_server;
   // This daemon's way into placement (see the file comment), then its reporter.
   std::unique_ptr<PlacementService> uplink_service;
   std::unique_ptr<grpc::Server> uplink_server;
@@ -188,6 +190,12 @@ Status EmbeddedCluster::StartDaemon(const EmbeddedDaemonOptions& options, Daemon
   sopts.limits.set_default_ttl_ms(static_cast<std::uint32_t>(no.default_ttl_us / 1000));
   sopts.limits.set_max_keys_per_batch(
       std::min(sopts.limits.max_keys_per_batch(), no.leases.max_keys_per_lease));
+  CacheHostServiceOptions aopts = sopts;
+  aopts.admin = true;
+  d->admin_service = std::make_unique<CacheHostService>(d->node.get(), d->health.get(), aopts);
+  KVF_ASSIGN_OR_RETURN(d->admin_server, StartGrpc(d->admin_service.get(), "CacheHost admin",
+                                                  &d->info.admin_address));
+  sopts.admin_address = d->info.admin_address;
   d->service = std::make_unique<CacheHostService>(d->node.get(), d->health.get(), sopts);
   KVF_ASSIGN_OR_RETURN(d->server,
                        StartGrpc(d->service.get(), "CacheHost service", &d->info.grpc_address));
@@ -292,6 +300,9 @@ void EmbeddedCluster::StopDaemon(Daemon* d) {
   if (d->node) d->node->Shutdown(options_.shutdown_grace);
   if (d->server) d->server->Shutdown(FromNow(std::chrono::seconds(2)));
   d->server.reset();
+  if (d->admin_server) d->admin_server->Shutdown(FromNow(std::chrono::seconds(2)));
+  d->admin_server.reset();
+  d->admin_service.reset();
   if (d->uplink_server) d->uplink_server->Shutdown(FromNow(std::chrono::seconds(2)));
   d->uplink_server.reset();
   d->uplink_service.reset();
@@ -316,6 +327,9 @@ Status EmbeddedCluster::KillDaemon(std::size_t i) {
   const auto now = std::chrono::system_clock::now();
   d.server->Shutdown(now);  // cancels calls in flight
   d.server.reset();
+  d.admin_server->Shutdown(now);
+  d.admin_server.reset();
+  d.admin_service.reset();
   // Cut the way to placement first, so that stopping the reporter cannot
   // deregister (its Deregister fails at once: connection refused).
   if (d.uplink_server) d.uplink_server->Shutdown(now);

@@ -103,6 +103,7 @@ class EmbeddedCluster {
   struct DaemonInfo {
     std::string host_id;
     std::string grpc_address;       // HOST:PORT of its CacheHost service
+    std::string admin_address;      // HOST:PORT of its admin listener (Drain, Delete, ...)
     std::string transport_address;  // HOST:PORT of its UCX data plane
     std::string metrics_url;        // "http://HOST:PORT/metrics", or "" if none
     bool killed = false;            // KillDaemon was called

@@ -97,7 +97,8 @@ class CacheHostDaemonTest : public ::testing::Test {
     // Defaults, unless `args` names the flag itself.
     for (std::string d : {"--host-id=test-daemon", "--grpc-address=127.0.0.1:0",
                           "--transport-address=127.0.0.1:0", "--metrics-address=127.0.0.1:0",
-                          "--lock-memory=off", "--log-level=warn"}) {
+                          "--admin-address=127.0.0.1:0", "--lock-memory=off",
+                          "--log-level=warn"}) {
       const std::string flag = d.substr(0, d.find('=') + 1);
       if (std::none_of(args.begin(), args.end(),
                        [&](const std::string& a) { return a.rfind(flag, 0) == 0; })) {
@@ -115,6 +116,8 @@ class CacheHostDaemonTest : public ::testing::Test {
         testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), "cached", dir_, all);
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     daemon_ = std::move(*d);
+    admin_stub_ = v1::CacheHost::NewStub(
+        grpc::CreateChannel(daemon_->Get("admin"), grpc::InsecureChannelCredentials()));
     Status s = client_->Attach(daemon_->grpc(), daemon_->transport());
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
@@ -127,11 +130,14 @@ class CacheHostDaemonTest : public ::testing::Test {
   std::string Key(int i) const { return client_->Key(i); }
   static v1::ModelFingerprint Fingerprint() { return testing::CacheHostTestClient::Fingerprint(); }
   v1::CacheHost::Stub* stub() { return client_->stub(); }
+  // The daemon's admin listener (Delete, Drain, Stats with namespaces).
+  v1::CacheHost::Stub* admin_stub() { return admin_stub_.get(); }
 
   std::uint64_t seed_ = 0;
   std::string dir_;
   std::unique_ptr<testing::CacheHostTestClient> client_;
   std::unique_ptr<testing::ServerProcess> daemon_;
+  std::unique_ptr<v1::CacheHost::Stub> admin_stub_;
 };
 
 TEST_F(CacheHostDaemonTest, PutsAndGets2GiBThroughUcxWithChecksums) {
@@ -205,8 +211,12 @@ void CacheHostDaemonTest::PutAndGetFromConcurrentClients(const std::string& tran
     v1::DeleteRequest req;
     for (int i = 0; i < kBlocks; ++i) req.add_keys(clients[c]->Key(i));
     v1::DeleteResponse resp;
+    grpc::ClientContext open_ctx;
+    // Delete acts on every tenant: the public listener refuses it.
+    EXPECT_EQ(clients[c]->stub()->Delete(&open_ctx, req, &resp).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
     grpc::ClientContext ctx;
-    ASSERT_TRUE(clients[c]->stub()->Delete(&ctx, req, &resp).ok());
+    ASSERT_TRUE(admin_stub()->Delete(&ctx, req, &resp).ok());
   }
 }
 
@@ -462,6 +472,7 @@ TEST_F(CacheHostDaemonTest, SigkilledDaemonRestartsOnItsOwnAddressesAtOnce) {
     const std::string grpc = daemon_->grpc();
     const std::string data = daemon_->transport();
     const std::string metrics = daemon_->metrics();  // http://127.0.0.1:PORT/metrics
+    const std::string admin = daemon_->Get("admin");
     const std::string metrics_hostport =
         metrics.substr(7, metrics.find('/', 7) - 7);
     daemon_->Kill(SIGKILL);
@@ -470,10 +481,12 @@ TEST_F(CacheHostDaemonTest, SigkilledDaemonRestartsOnItsOwnAddressesAtOnce) {
     again.push_back("--grpc-address=" + grpc);
     again.push_back("--transport-address=" + data);
     again.push_back("--metrics-address=" + metrics_hostport);
+    again.push_back("--admin-address=" + admin);
     StartDaemon(again);
     EXPECT_EQ(daemon_->grpc(), grpc);
     EXPECT_EQ(daemon_->transport(), data);
     EXPECT_EQ(daemon_->metrics(), metrics);
+    EXPECT_EQ(daemon_->Get("admin"), admin);
     ASSERT_TRUE(PutBatch(10, 2).ok());
     EXPECT_TRUE(GetBatch({10, 11}).ok());
     daemon_.reset();

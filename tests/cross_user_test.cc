@@ -80,6 +80,22 @@ struct Outcome {
   std::uint64_t differing_bytes = 0;
 };
 
+// kvf_match, repeated (every 50 ms, up to 10 s) until placement knows every
+// block: the daemon reports committed blocks to placement asynchronously (its
+// directory is eventually consistent, docs/placement.md), so a match right
+// after kvf_finish may not see the last batch yet and would plan to
+// recompute it.
+kvf_status MatchOnceKnown(kvf_client* client, const kvf_block_key* keys, std::size_t n,
+                          kvf_match_result** out) {
+  for (int attempt = 0;; ++attempt) {
+    const kvf_status s = kvf_match(client, keys, n, 0, out);
+    if (s != KVF_OK || kvf_match_cached_blocks(*out) == n || attempt == 200) return s;
+    kvf_match_free(*out);
+    *out = nullptr;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 // The engine: save a prompt under `ucx_tls`, finish, load it back, compare.
 Outcome Engine(const std::string& placement, const char* ucx_tls) {
   Outcome out;
@@ -137,7 +153,7 @@ Outcome Engine(const std::string& placement, const char* ucx_tls) {
       fail("kvf_save", s);
     } else if ((s = kvf_finish(client, first, &report)) != KVF_OK) {
       fail("kvf_finish (save)", s);
-    } else if ((s = kvf_match(client, keys.data(), n, 0, &match)) != KVF_OK) {
+    } else if ((s = MatchOnceKnown(client, keys.data(), n, &match)) != KVF_OK) {
       fail("kvf_match", s);
     } else if ((s = kvf_new_context(client, kTokens, &second)) != KVF_OK ||
                (s = kvf_load(client, match, second)) != KVF_OK) {

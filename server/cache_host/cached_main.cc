@@ -43,6 +43,7 @@ namespace {
 struct Flags {
   std::string host_id;
   std::string grpc_address = "127.0.0.1:7440";
+  std::string admin_address;
   std::string metrics_address = "127.0.0.1:0";
   std::string ready_file;
   std::string data_transport = "ucx";
@@ -155,6 +156,11 @@ int Run(int argc, char** argv) {
   cache_host::CacheHostOptions o;
   app.add_option("--host-id", o.host_id, "name of this daemon (default: the hostname)");
   app.add_option("--grpc-address", f.grpc_address, "gRPC listen address (HOST:PORT; :0 picks)");
+  app.add_option("--admin-address", f.admin_address,
+                 "gRPC listener for the administrative RPCs (Drain, Delete, Stats with "
+                 "namespaces), which act on every tenant: unix:/PATH (recommended: the socket "
+                 "file's permissions decide who is an operator) or HOST:PORT (:0 picks). "
+                 "Default: none, and those RPCs answer PERMISSION_DENIED");
   app.add_option("--transport-address", o.transport_address,
                  "data-plane listen address (HOST:PORT; :0 picks)");
   app.add_option("--data-transport", f.data_transport,
@@ -296,13 +302,39 @@ int Run(int argc, char** argv) {
   sopts.limits.set_default_ttl_ms(static_cast<std::uint32_t>(no.default_ttl_us / 1000));
   sopts.limits.set_max_keys_per_batch(
       std::min(sopts.limits.max_keys_per_batch(), no.leases.max_keys_per_lease));
-  CacheHostService service(node->get(), &health, sopts);
+  // The administrative RPCs live on a listener of their own (see
+  // CacheHostServiceOptions::admin).
+  std::unique_ptr<CacheHostService> admin_service;
+  std::unique_ptr<grpc::Server> admin_server;
+  std::string admin_bound = "off";
+  if (!f.admin_address.empty()) {
+    CacheHostServiceOptions aopts = sopts;
+    aopts.admin = true;
+    admin_service = std::make_unique<CacheHostService>(node->get(), &health, aopts);
+    grpc::ServerBuilder admin_builder;
+    int admin_port = 0;
+    admin_builder.AddListeningPort(f.admin_address, grpc::InsecureServerCredentials(),
+                                   &admin_port);
+    admin_builder.RegisterService(admin_service.get());
+    admin_server = admin_builder.BuildAndStart();
+    const bool unix_socket = f.admin_address.rfind("unix:", 0) == 0;
+    if (!admin_server || (admin_port == 0 && !unix_socket)) {
+      spdlog::error("kvfabric-cached: cannot listen for admin gRPC on {} (--admin-address)",
+                    f.admin_address);
+      return 1;
+    }
+    admin_bound = unix_socket ? f.admin_address
+                      : f.admin_address.substr(0, f.admin_address.rfind(':')) + ":" +
+                            std::to_string(admin_port);
+  }
+  sopts.admin_address = f.admin_address.empty() ? "" : admin_bound;
+  CacheHostService public_service(node->get(), &health, sopts);
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   builder.AddListeningPort(f.grpc_address, grpc::InsecureServerCredentials(), &grpc_port);
   builder.SetMaxReceiveMessageSize(16 << 20);
   builder.SetMaxSendMessageSize(16 << 20);
-  builder.RegisterService(&service);
+  builder.RegisterService(&public_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || grpc_port == 0) {
     spdlog::error("kvfabric-cached: cannot listen for gRPC on {} (--grpc-address)",
@@ -313,13 +345,15 @@ int Run(int argc, char** argv) {
   const std::string grpc_bound = grpc_host + ":" + std::to_string(grpc_port);
   health.SetState(v1::SERVING_STATUS_SERVING, "");
   const std::string metrics_url = metrics_server ? metrics_server->url() : std::string("off");
-  spdlog::info("kvfabric-cached {}: gRPC on {}, data plane on {}, metrics {}",
-               (*node)->options().host_id, grpc_bound, (*node)->transport_address(), metrics_url);
+  spdlog::info("kvfabric-cached {}: gRPC on {}, data plane on {}, metrics {}, admin {}",
+               (*node)->options().host_id, grpc_bound, (*node)->transport_address(), metrics_url,
+               admin_bound);
   if (!f.ready_file.empty()) {
     const std::string tmp = f.ready_file + ".tmp";
     std::ofstream out(tmp);
     out << "grpc=" << grpc_bound << "\ntransport=" << (*node)->transport_address()
-        << "\nmetrics=" << metrics_url << "\npid=" << getpid() << "\n";
+        << "\nmetrics=" << metrics_url << "\nadmin=" << admin_bound << "\npid=" << getpid()
+        << "\n";
     out.close();
     std::rename(tmp.c_str(), f.ready_file.c_str());
   }
@@ -355,6 +389,7 @@ int Run(int argc, char** argv) {
   if (reporter) reporter->Stop();  // deregisters: placement stops planning here
   (*node)->Shutdown(std::chrono::duration_cast<std::chrono::milliseconds>(f.shutdown_grace));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (admin_server) admin_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   metrics_server.reset();
   node->reset();
   spdlog::info("kvfabric-cached: exit 0");
