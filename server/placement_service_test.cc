@@ -340,6 +340,9 @@ TEST_F(PlacementServiceTest, HeartbeatAndReportAfterDeregisterAreNotFound) {
 TEST_F(PlacementServiceTest, DeregisterOfAnOlderIncarnationLeavesTheNewOne) {
   Join("a", 1);
   const std::uint64_t old_lease = leases_["a"];
+  // Incarnation 1 went silent (more than two heartbeats of its 30 s TTL):
+  // incarnation 2 may take its place before the lease ends.
+  env_.Advance(20'001'000);
   Join("a", 2);
   // The old daemon quotes the new lease by mistake, or its own, now gone: neither removes the
   // new incarnation.

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/mutex.h"
+#include "core/secure_random.h"
 
 namespace kvfabric::placement {
 namespace {
@@ -248,7 +249,11 @@ StatusOr<std::uint64_t> MemoryMembershipStore::Join(const MemberRecord& record,
   std::vector<MemberEvent> events;
   ExpireLocked(now, &events);
   const std::uint64_t ttl_us = static_cast<std::uint64_t>(ttl.count()) * 1000;
-  const std::uint64_t lease_id = next_lease_++;
+  // Random, not sequential: a lease id is what Heartbeat (which may change a
+  // member's addresses) and Deregister act on, so one member must not be able
+  // to guess another's from its own.
+  std::uint64_t lease_id = 0;
+  while (lease_id == 0 || leases_.contains(lease_id)) lease_id = SecureRandomU64();
   leases_[lease_id] = Lease{record.host_id, ttl_us, now + ttl_us};
   auto it = members_.find(record.host_id);
   std::optional<MemberEvent> event;

@@ -167,7 +167,6 @@ class MemoryMembershipStore final : public MembershipStore {
 
   Env* const env_;
   Mutex mu_;
-  std::uint64_t next_lease_ KVF_GUARDED_BY(mu_) = 1;
   std::map<std::uint64_t, Lease> leases_ KVF_GUARDED_BY(mu_);
   std::map<std::string, Member> members_ KVF_GUARDED_BY(mu_);  // by host_id
   std::map<std::string, std::string> config_ KVF_GUARDED_BY(mu_);

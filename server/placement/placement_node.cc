@@ -211,6 +211,35 @@ void PlacementNode::RemoveMemberLocked(const std::string& host_id, bool expired)
 
 bool PlacementNode::UsableLocked(const HostState& host) const { return !host.record.draining; }
 
+Status PlacementNode::CheckNotDisplacingALiveMember(const MemberRecord& in) const {
+  MutexLock lock(&mu_);
+  auto it = hosts_.find(in.host_id);
+  if (it == hosts_.end()) return Status::OK();
+  const HostState& host = it->second;
+  const MemberRecord& live = host.record;
+  if (live.incarnation == in.incarnation && live.grpc_address == in.grpc_address &&
+      live.transport_address == in.transport_address) {
+    return Status::OK();  // the member itself, registering again
+  }
+  // Live: heartbeats still arrive. A member heartbeats every ttl / 3; two
+  // missed heartbeats mean its process is gone and a new incarnation may take
+  // its place before the lease itself ends. A member learned from the store
+  // (registered through another replica) counts as live until the store says
+  // it left.
+  const std::uint64_t now = env_->NowMicros();
+  const std::uint64_t silent_us = host.renewed_at_us == 0 ? 0 : now - host.renewed_at_us;
+  const std::uint64_t allowed_us = std::uint64_t{host.ttl_ms} * 2000 / 3;
+  if (host.ttl_ms != 0 && silent_us > allowed_us) return Status::OK();
+  return Status::FailedPrecondition(
+      "host_id \"" + in.host_id + "\" is a live member (incarnation " +
+      std::to_string(live.incarnation) + ", gRPC " + live.grpc_address + ", last heartbeat " +
+      std::to_string(silent_us / 1000) + " ms ago): a Register of incarnation " +
+      std::to_string(in.incarnation) + " at " + in.grpc_address +
+      " may not replace it while it heartbeats (a restarted daemon registers once two "
+      "heartbeats are missed, within 2/3 of its membership TTL; a live member changes its "
+      "addresses through its own Heartbeat)");
+}
+
 StatusOr<RegisterResult> PlacementNode::Register(const MemberRecord& in, std::uint32_t ttl_ms) {
   KVF_RETURN_IF_ERROR(ValidateMemberRecord(in));
   if (in.incarnation == 0) return Status::InvalidArgument("incarnation: must be non-zero");
@@ -220,6 +249,7 @@ StatusOr<RegisterResult> PlacementNode::Register(const MemberRecord& in, std::ui
   if (ttl_ms == 0) ttl_ms = options_.limits.default_ttl_ms;
   MemberRecord record = in;
   if (record.joined_unix_us == 0) record.joined_unix_us = env_->WallMicros();
+  KVF_RETURN_IF_ERROR(CheckNotDisplacingALiveMember(in));
   // Not under mu_: the store may call OnMemberEvent from inside Join.
   KVF_ASSIGN_OR_RETURN(const std::uint64_t lease_id,
                        membership_->Join(record, std::chrono::milliseconds(ttl_ms)));

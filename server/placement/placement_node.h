@@ -8,7 +8,10 @@
 //
 // Membership. Register joins the store under a lease and declares the daemon's incarnation to
 // the directory; a new incarnation of a known host_id drops the old one's directory entries
-// (its blocks count as absent until the new one reports them). The node watches the store: a
+// (its blocks count as absent until the new one reports them). A Register never replaces a
+// live member (one whose heartbeats arrive) with another incarnation or address: until members
+// authenticate, that would let anyone redirect a daemon's traffic; a restarted daemon takes its
+// place once two heartbeats are missed. The node watches the store: a
 // member that leaves or whose lease expires (kLeft) is forgotten with its directory entries,
 // counted as a leave (Deregister) or a lease expiry. Maintain() reconciles with store->List()
 // in case a watch event was missed (with MemoryMembershipStore, List also applies expiry).
@@ -358,6 +361,8 @@ class PlacementNode {
   // ---- The Placement RPCs, in core types (see placement.proto) ----
   // ttl_ms 0: limits.default_ttl_ms. InvalidArgument for a bad record, a zero incarnation or a
   // TTL over limits.max_ttl_ms.
+  // FailedPrecondition when `record.host_id` is a live member of another
+  // incarnation or addresses (CheckNotDisplacingALiveMember).
   StatusOr<RegisterResult> Register(const MemberRecord& record, std::uint32_t ttl_ms);
   // NotFound if the lease is gone (register again and send a full report). `updated` (may be
   // null) replaces the member's record: free capacity, draining.
@@ -385,6 +390,12 @@ class PlacementNode {
   void Maintain();
 
  private:
+  // OK unless `in` would replace a live member: a host_id whose heartbeats
+  // still arrive (none missed twice) under another incarnation or address.
+  // Until members authenticate, this is what keeps anyone who can reach
+  // placement from redirecting a live daemon's Place and Plan traffic.
+  Status CheckNotDisplacingALiveMember(const MemberRecord& in) const;
+
   struct HostState {
     MemberRecord record;
     std::uint64_t lease_id = 0;

@@ -163,8 +163,11 @@ TEST_F(PlacementNodeTest, ANewIncarnationDropsTheOldOnesEntries) {
   const std::uint64_t lb = Register(Rec("b", 1));
   Report("a", 1, old_lease, Commits(0, 4));
   Report("b", 1, lb, Commits(0, 2));
+  // Old a crashed: two heartbeats missed (2/3 of its 3 s TTL), its lease not
+  // yet over. The restarted daemon takes its place now.
+  env_.Advance(std::chrono::milliseconds(2001));
   auto r = node_->Register(Rec("a", 2), 3000);
-  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->full_report_requested);
   const std::vector<BlockKey> keys = Keys(4);
   EXPECT_EQ(Holders(*node_->Locate("t", keys)),
@@ -183,6 +186,41 @@ TEST_F(PlacementNodeTest, ANewIncarnationDropsTheOldOnesEntries) {
             (std::vector<std::vector<std::string>>{{"b"}, {"b"}, {"a"}, {}}));
   EXPECT_EQ(node_->Snapshot().incarnations_replaced, 1u);
   EXPECT_EQ(node_->ListHosts().size(), 2u);
+}
+
+// Issue 17: Register was open to anyone and replaced a live member's record,
+// redirecting every Place and Plan to whatever address the caller named. A
+// live member (heartbeats arriving) keeps its record; only the member itself
+// (same incarnation and addresses) may register again.
+TEST_F(PlacementNodeTest, RegisterCannotDisplaceALiveMember) {
+  Start();
+  const MemberRecord real = Rec("a", 1);
+  Register(real);
+  MemberRecord hijack = real;
+  hijack.grpc_address = "10.6.6.6:7440";
+  hijack.transport_address = "10.6.6.6:7441";
+  Status s = node_->Register(hijack, 3000).status();
+  ASSERT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("is a live member (incarnation 1"), std::string::npos) << s;
+  MemberRecord newer = real;
+  newer.incarnation = 99;
+  newer.grpc_address = "10.6.6.6:7440";
+  EXPECT_EQ(node_->Register(newer, 3000).status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_EQ(node_->ListHosts().size(), 1u);
+  EXPECT_EQ(node_->ListHosts()[0].record.grpc_address, real.grpc_address);
+  // The member itself re-registers (a retry): fine.
+  EXPECT_TRUE(node_->Register(real, 3000).ok());
+
+  // It keeps heartbeating through the 2 s after which a silent member could be
+  // replaced: still refused.
+  env_.Advance(std::chrono::milliseconds(1500));
+  ASSERT_TRUE(node_->Heartbeat(node_->ListHosts()[0].lease_id, nullptr).ok());
+  env_.Advance(std::chrono::milliseconds(1500));
+  EXPECT_EQ(node_->Register(newer, 3000).status().code(), StatusCode::kFailedPrecondition);
+  // Silent for more than two heartbeat periods: a new incarnation may register.
+  env_.Advance(std::chrono::milliseconds(600));
+  EXPECT_TRUE(node_->Register(newer, 3000).ok());
+  EXPECT_EQ(node_->ListHosts()[0].record.incarnation, 99u);
 }
 
 TEST_F(PlacementNodeTest, AnExpiredHostDisappearsAndPlanFallsBackToOtherReplicasThenRecompute) {
