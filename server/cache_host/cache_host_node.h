@@ -411,6 +411,8 @@ class CacheHostNode {
   static std::vector<std::string> Split(const std::string& text);
 
   std::uint64_t NowUs() const;
+  // The NVMe key of (ns, key) (internal::NvmeKeyOf).
+  StatusOr<BlockDigest> NvmeKey(NamespaceId ns, const BlockKey& key) const;
   std::uint64_t EffectiveTtl(std::uint64_t ttl_us) const;
   AccessToken NewToken() KVF_REQUIRES(mu_);
   // A random grant id, nonzero and not in use.

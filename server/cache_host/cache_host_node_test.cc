@@ -572,6 +572,59 @@ TEST_F(CacheHostNodeTest, DemotesToNvmeStagesBackAndRecoversAfterRestart) {
                   .status.IsNotFound());
 }
 
+// Issue 17: the NVMe tier and its catalog were keyed by block key alone. The
+// same key in two namespaces collided: after a restart one namespace served
+// the other's payload, and deleting one tenant's block dropped the other's
+// catalog entry. Each (namespace, key) is its own NVMe block now, and a
+// delete survives restarts.
+TEST_F(CacheHostNodeTest, SameKeyInTwoNamespacesStaysApartOnNvmeAcrossRestartsAndDeletes) {
+  const CacheHostOptions options = Options(1 << 20, true);  // 16 pages of 64 KiB
+  StartNode(options);
+  const BlockKey k = Key(100);
+  const BlockMeta meta_a = Meta(4, 0), meta_b = Meta(4, 32);
+  ASSERT_TRUE(Put("a", k, meta_a, 0, /*salt=*/1).ok());
+  ASSERT_TRUE(Put("b", k, meta_b, 0, /*salt=*/2).ok());
+  auto tier_of = [&](const std::string& ns) {
+    auto r = node_->Lookup(Namespace{ns}, std::span<const BlockKey>(&k, 1));
+    return r[0].status.ok() ? std::optional<BlockTier>(r[0].tier) : std::nullopt;
+  };
+  // Other blocks push both out to NVMe (LRU: the oldest go first).
+  for (int i = 0; i < 24 && !(tier_of("a") == BlockTier::kNvme && tier_of("b") == BlockTier::kNvme);
+       ++i) {
+    ASSERT_TRUE(Put("filler", Key(i), Meta(4), 0, 10 + i).ok());
+  }
+  ASSERT_EQ(tier_of("a"), BlockTier::kNvme);
+  ASSERT_EQ(tier_of("b"), BlockTier::kNvme);
+  // Reads back `ns`'s copy of k and compares it with the payload of `salt`.
+  auto expect_payload = [&](const std::string& ns, std::uint64_t salt) {
+    SCOPED_TRACE(ns);
+    ASSERT_TRUE(Get(ns, k, 4 << 20).ok());
+    std::vector<std::byte> got(Staging(4 << 20, meta_a.bytes).begin(),
+                               Staging(4 << 20, meta_a.bytes).end());
+    Fill(0, meta_a.bytes, salt);
+    EXPECT_EQ(0, std::memcmp(got.data(), Staging(0, got.size()).data(), got.size()));
+  };
+
+  RestartNode(options);
+  expect_payload("a", 1);
+  expect_payload("b", 2);
+  auto b_meta = node_->Lookup(Namespace{"b"}, std::span<const BlockKey>(&k, 1));
+  ASSERT_TRUE(b_meta[0].status.ok());
+  EXPECT_EQ(b_meta[0].meta.token_offset, 32u);
+
+  // Deleting b's block leaves a's, now and after a restart.
+  for (int i = 0; i < 24 && (tier_of("a") != BlockTier::kNvme || tier_of("b") != BlockTier::kNvme);
+       ++i) {
+    ASSERT_TRUE(Put("filler", Key(200 + i), Meta(4), 0, 50 + i).ok());
+  }
+  ASSERT_EQ(tier_of("b"), BlockTier::kNvme);
+  ASSERT_TRUE(node_->Delete(Namespace{"b"}, std::span<const BlockKey>(&k, 1))[0].ok());
+  expect_payload("a", 1);
+  RestartNode(options);
+  EXPECT_FALSE(tier_of("b").has_value()) << "the delete did not survive the restart";
+  expect_payload("a", 1);
+}
+
 TEST_F(CacheHostNodeTest, ReportsEveryBlockEventForPlacement) {
   StartNode(Options(1 << 20, true));
   std::mutex mu;

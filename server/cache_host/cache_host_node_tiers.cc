@@ -16,6 +16,7 @@
 namespace kvfabric::cache_host {
 
 using internal::DigestOf;
+using internal::NvmeKeyOf;
 using internal::KeyOf;
 using internal::Ns;
 
@@ -31,13 +32,19 @@ Status CacheHostNode::RecoverNvme() {
   live.reserve(opened.blocks.size());
   for (const RecoveredBlock& b : opened.blocks) {
     std::optional<CatalogEntry> entry = catalog_->Find(b.header.key);
-    if (!entry.has_value()) {
+    // The header's key must be the NVMe key of the record's (tenant, key).
+    StatusOr<BlockDigest> expected =
+        entry.has_value() ? NvmeKeyOf(entry->tenant, KeyOf(entry->block_key))
+                          : StatusOr<BlockDigest>(Status::NotFound("no catalog record"));
+    if (!expected.ok() || *expected != b.header.key) {
       // Demoted without a durable catalog record cannot happen (the record is
-      // synced first); a block left by another tool is not ours to serve.
+      // synced first); a block left by another tool, or by a build whose NVMe
+      // keys were not per namespace (catalog version 1), is not ours to serve.
       ++recovery_orphans_;
       nvme_->Remove(b.location, b.header.key).IgnoreError();
       continue;
     }
+    const BlockKey key = KeyOf(entry->block_key);
     BlockMeta meta;
     meta.bytes = b.header.payload_bytes;
     meta.representation = b.header.representation;
@@ -48,12 +55,12 @@ Status CacheHostNode::RecoverNvme() {
     meta.layers = b.header.layers;
     meta.kv_heads = b.header.kv_heads;
     meta.head_dim = b.header.head_dim;
-    Status s = table_->AdoptRecovered(Ns(entry->tenant), KeyOf(b.header.key), meta,
-                                      b.header.payload_crc32c, b.location);
+    Status s = table_->AdoptRecovered(Ns(entry->tenant), key, meta, b.header.payload_crc32c,
+                                      b.location);
     if (!s.ok()) {
       ++recovery_orphans_;
-      spdlog::warn("NVMe recovery: block {} not re-indexed: {}", KeyOf(b.header.key).ToHex(),
-                   s.ToString());
+      spdlog::warn("NVMe recovery: block {} of namespace \"{}\" not re-indexed: {}", key.ToHex(),
+                   entry->tenant, s.ToString());
       nvme_->Remove(b.location, b.header.key).IgnoreError();
       continue;
     }
@@ -99,8 +106,10 @@ Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
     status = Status::Internal("staging buffer of " + std::to_string(buffer.size()) +
                               " bytes cannot hold a record of " +
                               std::to_string(order->nvme.bytes));
+  } else if (StatusOr<BlockDigest> nvme_key = NvmeKey(ns, key); !nvme_key.ok()) {
+    status = nvme_key.status();
   } else {
-    auto header = nvme_->Read(order->nvme, DigestOf(key), buffer.span());
+    auto header = nvme_->Read(order->nvme, *nvme_key, buffer.span());
     if (header.ok() && header->payload_bytes != order->meta.bytes) {
       status = Status::DataLoss("NVMe block " + key.ToHex() + " has " +
                                 std::to_string(header->payload_bytes) + " bytes, the index " +
@@ -132,8 +141,10 @@ Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
     spdlog::error("NVMe block {} failed verification and was removed: {}", key.ToHex(),
                   status.ToString());
     if (removed.ok() && removed->has_value()) {
-      nvme_->Remove((*removed)->nvme, DigestOf(key)).IgnoreError();  // already gone if CRC failed
-      catalog_->Forget(DigestOf(key));
+      if (StatusOr<BlockDigest> nvme_key = NvmeKey(ns, key); nvme_key.ok()) {
+        nvme_->Remove((*removed)->nvme, *nvme_key).IgnoreError();  // gone already if CRC failed
+        catalog_->Forget(*nvme_key);
+      }
       if (has_sink_.load()) {
         Emit({{BlockEventKind::kCorrupted, table_->TenantName(ns), key, {}, 0, BlockTier::kNvme,
                0}});
@@ -144,10 +155,23 @@ Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
 }
 
 void CacheHostNode::DropNvmeCopy(const BlockEntry& removed) {
-  if (nvme_ && OnNvme(removed.tier)) {
-    nvme_->Remove(removed.nvme, DigestOf(removed.key)).IgnoreError();
-    catalog_->Forget(DigestOf(removed.key));
+  if (!nvme_ || !OnNvme(removed.tier)) return;
+  StatusOr<BlockDigest> nvme_key = NvmeKey(removed.ns, removed.key);
+  if (!nvme_key.ok()) {
+    spdlog::error("NVMe copy of {} not removed: {}", removed.key.ToHex(),
+                  nvme_key.status().ToString());
+    return;
   }
+  // The tier's tombstone is synced before Remove returns: the delete survives
+  // a restart. The catalog record left behind names a block that no longer
+  // exists, which recovery never looks up (it is driven by the tier's blocks)
+  // and the next compaction drops.
+  nvme_->Remove(removed.nvme, *nvme_key).IgnoreError();
+  catalog_->Forget(*nvme_key);
+}
+
+StatusOr<BlockDigest> CacheHostNode::NvmeKey(NamespaceId ns, const BlockKey& key) const {
+  return NvmeKeyOf(table_->TenantName(ns), key);
 }
 
 std::uint64_t CacheHostNode::RunEviction(std::optional<Namespace> scope,
@@ -206,8 +230,18 @@ void CacheHostNode::StartDemotions(std::vector<DemotionOrder> orders) {
   // after a crash always has its namespace (docs/nvme-tier.md).
   std::vector<CatalogEntry> records;
   records.reserve(orders.size());
+  std::vector<BlockDigest> nvme_keys;
+  nvme_keys.reserve(orders.size());
   for (const DemotionOrder& o : orders) {
-    records.push_back(CatalogEntry{DigestOf(o.key), table_->TenantName(o.ns), o.meta.token_offset});
+    const std::string tenant = table_->TenantName(o.ns);
+    StatusOr<BlockDigest> nvme_key = NvmeKeyOf(tenant, o.key);
+    if (!nvme_key.ok()) {
+      spdlog::error("{} demotions abandoned: {}", orders.size(), nvme_key.status().ToString());
+      for (const DemotionOrder& d : orders) table_->AbortDemotion(d.ns, d.key).IgnoreError();
+      return;
+    }
+    nvme_keys.push_back(*nvme_key);
+    records.push_back(CatalogEntry{*nvme_key, DigestOf(o.key), tenant, o.meta.token_offset});
   }
   if (Status s = catalog_->AppendBatch(records); !s.ok()) {
     spdlog::error("NVMe catalog append failed; {} demotions abandoned: {}", orders.size(),
@@ -219,11 +253,12 @@ void CacheHostNode::StartDemotions(std::vector<DemotionOrder> orders) {
     MutexLock lock(&demotion_mu_);
     demotions_in_flight_ += orders.size();
   }
-  for (DemotionOrder& o : orders) {
+  for (std::size_t i = 0; i < orders.size(); ++i) {
+    DemotionOrder& o = orders[i];
     BlockHeader header;
     header.representation = o.meta.representation;
     header.dtype = o.meta.dtype;
-    header.key = DigestOf(o.key);
+    header.key = nvme_keys[i];
     header.fingerprint = o.meta.fingerprint;
     header.layers = o.meta.layers;
     header.tokens = o.meta.tokens;

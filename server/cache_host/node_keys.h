@@ -10,6 +10,8 @@
 
 #include "core/block_format.h"
 #include "core/block_key.h"
+#include "core/sha256.h"
+#include "core/statusor.h"
 
 namespace kvfabric::cache_host::internal {
 
@@ -33,6 +35,25 @@ inline BlockKey KeyOf(const BlockDigest& d) {
   BlockKey::Bytes b;
   std::memcpy(b.data(), d.data(), b.size());
   return BlockKey(b);
+}
+
+// The key of (tenant, key) on the NVMe tier: its blocks' header key and its
+// catalog key. SHA-256 of a domain tag, the tenant's length (2 bytes, little-
+// endian), the tenant and the block key: one block key in two namespaces is
+// two NVMe blocks, and no choice of tenant and key reaches another's.
+inline StatusOr<BlockDigest> NvmeKeyOf(const std::string& tenant, const BlockKey& key) {
+  KVF_ASSIGN_OR_RETURN(Sha256 hasher, Sha256::Create());
+  static constexpr char kTag[] = "kvfabric nvme key v1";
+  hasher.Update(kTag, sizeof(kTag));  // with its NUL
+  const std::uint8_t length[2] = {static_cast<std::uint8_t>(tenant.size()),
+                                  static_cast<std::uint8_t>(tenant.size() >> 8)};
+  hasher.Update(length, sizeof(length));
+  hasher.Update(tenant);
+  hasher.Update(key.bytes().data(), key.bytes().size());
+  KVF_ASSIGN_OR_RETURN(const Sha256Digest digest, hasher.Finish());
+  BlockDigest out;
+  std::memcpy(out.data(), digest.data(), out.size());
+  return out;
 }
 
 }  // namespace kvfabric::cache_host::internal

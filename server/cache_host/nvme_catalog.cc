@@ -23,7 +23,8 @@ constexpr size_t kIoChunkBytes = size_t{1} << 20;
 constexpr size_t kOffRecordCrc = 0;
 constexpr size_t kOffBodyBytes = 4;
 constexpr size_t kOffKey = kCatalogRecordPrefixBytes;
-constexpr size_t kOffTokenOffset = kOffKey + 32;
+constexpr size_t kOffBlockKey = kOffKey + 32;
+constexpr size_t kOffTokenOffset = kOffBlockKey + 32;
 constexpr size_t kOffTenantBytes = kOffTokenOffset + 8;
 constexpr size_t kOffTenant = kOffTenantBytes + 2;
 static_assert(kOffTenant == kCatalogRecordPrefixBytes + kCatalogRecordFixedBodyBytes);
@@ -62,6 +63,10 @@ std::array<std::byte, kCatalogFileHeaderBytes> EncodeFileHeader() {
   return h;
 }
 
+// The version written before NVMe keys were per namespace; Recover replaces
+// such a log (see the header comment).
+constexpr uint16_t kCatalogFormatVersionWithoutNvmeKeys = 1;
+
 // What to do about a catalog.log whose header is not this build's; the file is
 // never touched, so the operator decides.
 constexpr std::string_view kBadHeaderAdvice =
@@ -88,7 +93,7 @@ Status CheckFileHeader(const std::string& path, std::span<const std::byte> h, ui
                                       std::string(kBadHeaderAdvice));
   }
   const uint16_t version = GetU16(h.data() + 4);
-  if (version != kCatalogFormatVersion) {
+  if (version != kCatalogFormatVersion && version != kCatalogFormatVersionWithoutNvmeKeys) {
     return Status::FailedPrecondition("NVMe catalog " + path + ": format version " +
                                       std::to_string(version) + ", this build reads only " +
                                       std::to_string(kCatalogFormatVersion) +
@@ -101,16 +106,17 @@ Status CheckFileHeader(const std::string& path, std::span<const std::byte> h, ui
   return Status::OK();
 }
 
-// Appends the record of (key, tenant, token_offset) to *out.
+// Appends the record of (key, block_key, tenant, token_offset) to *out.
 // REQUIRES: tenant.size() <= kMaxNamespaceBytes.
-void EncodeRecord(const BlockDigest& key, std::string_view tenant, uint64_t token_offset,
-                  std::vector<std::byte>* out) {
+void EncodeRecord(const BlockDigest& key, const BlockDigest& block_key, std::string_view tenant,
+                  uint64_t token_offset, std::vector<std::byte>* out) {
   const size_t start = out->size();
   const size_t body = kCatalogRecordFixedBodyBytes + tenant.size();
   out->resize(start + kCatalogRecordPrefixBytes + body);
   std::byte* p = out->data() + start;
   PutU32(p + kOffBodyBytes, static_cast<uint32_t>(body));
   std::memcpy(p + kOffKey, key.data(), key.size());
+  std::memcpy(p + kOffBlockKey, block_key.data(), block_key.size());
   PutU64(p + kOffTokenOffset, token_offset);
   PutU16(p + kOffTenantBytes, static_cast<uint16_t>(tenant.size()));
   if (!tenant.empty()) std::memcpy(p + kOffTenant, tenant.data(), tenant.size());
@@ -277,6 +283,23 @@ Status NvmeCatalog::Recover(CatalogRecovery* report) {
       std::memcpy(header.data(), h, header.size());
     }
     KVF_RETURN_IF_ERROR(CheckFileHeader(path_, header, size));
+    if (GetU16(header.data() + 4) == kCatalogFormatVersionWithoutNvmeKeys) {
+      // Its records name block keys without their namespace: start empty.
+      const auto fresh = EncodeFileHeader();
+      KVF_RETURN_IF_ERROR(file_->Truncate(0));
+      KVF_RETURN_IF_ERROR(file_->Write(0, fresh));
+      KVF_RETURN_IF_ERROR(file_->Sync());
+      report->dropped_v1_bytes = size;
+      spdlog::warn(
+          "NVMe catalog {}: format version 1 (NVMe keys not per namespace): replaced by an "
+          "empty version-{} log ({} dropped); the blocks it described are dropped as blocks "
+          "without a catalog record",
+          path_, kCatalogFormatVersion, FormatBytes(size));
+      end_ = kCatalogFileHeaderBytes;
+      report->file_bytes = end_;
+      stats_.file_bytes = end_;
+      return Status::OK();
+    }
   }
 
   uint64_t offset = kCatalogFileHeaderBytes;
@@ -309,9 +332,13 @@ Status NvmeCatalog::Recover(CatalogRecovery* report) {
     const std::byte* p = record.p;
     BlockDigest key;
     std::memcpy(key.data(), p + kOffKey, key.size());
+    Slot slot;
+    std::memcpy(slot.block_key.data(), p + kOffBlockKey, slot.block_key.size());
     const std::string tenant(reinterpret_cast<const char*>(p + kOffTenant),
                              record.bytes - kOffTenant);
-    entries_[key] = Slot{InternTenantLocked(tenant), GetU64(p + kOffTokenOffset)};
+    slot.tenant = InternTenantLocked(tenant);
+    slot.token_offset = GetU64(p + kOffTokenOffset);
+    entries_[key] = slot;
     ++report->records;
     offset += record.bytes;
   }
@@ -343,6 +370,7 @@ uint32_t NvmeCatalog::InternTenantLocked(const std::string& tenant) {
 CatalogEntry NvmeCatalog::EntryLocked(const BlockDigest& key, const Slot& slot) const {
   CatalogEntry entry;
   entry.key = key;
+  entry.block_key = slot.block_key;
   entry.tenant = tenants_[slot.tenant];
   entry.token_offset = slot.token_offset;
   return entry;
@@ -383,7 +411,9 @@ Status NvmeCatalog::AppendLocked(std::span<const CatalogEntry> entries, bool syn
   uint64_t bytes = 0;
   for (const CatalogEntry& e : entries) bytes += CatalogRecordBytes(e);
   buffer.reserve(bytes);
-  for (const CatalogEntry& e : entries) EncodeRecord(e.key, e.tenant, e.token_offset, &buffer);
+  for (const CatalogEntry& e : entries) {
+    EncodeRecord(e.key, e.block_key, e.tenant, e.token_offset, &buffer);
+  }
 
   Status s = file_->Write(end_, buffer);
   if (s.ok() && sync) s = file_->Sync();
@@ -404,7 +434,7 @@ Status NvmeCatalog::AppendLocked(std::span<const CatalogEntry> entries, bool syn
   }
   end_ += buffer.size();
   for (const CatalogEntry& e : entries) {
-    entries_[e.key] = Slot{InternTenantLocked(e.tenant), e.token_offset};
+    entries_[e.key] = Slot{InternTenantLocked(e.tenant), e.token_offset, e.block_key};
   }
   stats_.records += entries.size();
   stats_.file_bytes = end_;
@@ -481,7 +511,7 @@ Status NvmeCatalog::RewriteLocked(SlotMap keep) {
     const auto header = EncodeFileHeader();
     buffer.insert(buffer.end(), header.begin(), header.end());
     for (const auto& [key, slot] : keep) {
-      EncodeRecord(key, tenants[slot.tenant], slot.token_offset, &buffer);
+      EncodeRecord(key, slot.block_key, tenants[slot.tenant], slot.token_offset, &buffer);
       if (buffer.size() + kCatalogRecordPrefixBytes + kCatalogMaxRecordBodyBytes > kIoChunkBytes) {
         KVF_RETURN_IF_ERROR(tmp->Write(written, buffer));
         written += buffer.size();

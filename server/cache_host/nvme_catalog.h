@@ -1,9 +1,12 @@
 // NvmeCatalog: a small durable append-only log, kept beside the NVMe tier's
 // segment files, that remembers for every demoted block what its 128-byte block
-// header does not: the block's namespace (tenant) and its token_offset. After a
-// restart NvmeTier::Open returns the intact blocks with their headers (key,
-// shape, CRC); the daemon looks each key up here to rebuild its (namespace,
-// key) index.
+// header does not: the block's namespace (tenant), its block key and its
+// token_offset. On NVMe a block's header key is its *NVMe key*, a digest of
+// (tenant, block key) (CacheHostNode: internal::NvmeKeyOf), so the same block
+// key in two namespaces is two NVMe blocks and two catalog entries. After a
+// restart NvmeTier::Open returns the intact blocks with their headers (NVMe
+// key, shape, CRC); the daemon looks each NVMe key up here to rebuild its
+// (namespace, key) index.
 //
 // Durability rule: the daemon calls AppendBatch() for a group of blocks and
 // queues their demotions only after it returned OK. AppendBatch syncs before it
@@ -15,7 +18,7 @@
 // field by field):
 //   file header, kCatalogFileHeaderBytes = 12:
 //     [0,4)  magic "KVFC"
-//     [4,6)  version (kCatalogFormatVersion = 1)
+//     [4,6)  version (kCatalogFormatVersion = 2)
 //     [6,8)  reserved, zero
 //     [8,12) masked CRC32C (core/crc32c.h Mask) of bytes [0,8)
 //   then records, back to back:
@@ -23,10 +26,16 @@
 //     [4,8)  body_bytes, in [kCatalogRecordFixedBodyBytes,
 //            kCatalogRecordFixedBodyBytes + kMaxNamespaceBytes]
 //     body:
-//       [0,32)  block key (the BlockDigest in the block header)
-//       [32,40) token_offset
-//       [40,42) tenant_bytes; must equal body_bytes - 42 (so <= kMaxNamespaceBytes)
-//       [42,..) tenant, raw bytes
+//       [0,32)  NVMe key (the BlockDigest in the block's header on NVMe)
+//       [32,64) block key (the client's BlockKey)
+//       [64,72) token_offset
+//       [72,74) tenant_bytes; must equal body_bytes - 74 (so <= kMaxNamespaceBytes)
+//       [74,..) tenant, raw bytes
+// Version 1 (before NVMe keys were per namespace: key, token_offset, tenant)
+// is not read: its blocks could not be told apart by namespace. Open replaces
+// such a log with an empty version-2 one (logged, counted in
+// CatalogRecovery::dropped_v1_records), and the blocks it described are then
+// dropped by the daemon's recovery as blocks without a record.
 //
 // Recovery (Open): the last intact record of a key wins. Damaged bytes (a
 // record that is incomplete, has a length outside the bounds above, or fails
@@ -85,18 +94,20 @@ inline constexpr char kCatalogTempFileName[] = "catalog.log.tmp";
 
 inline constexpr std::array<std::uint8_t, 4> kCatalogMagic = {'K', 'V', 'F', 'C'};
 // The format version this build writes, and the only one it reads.
-inline constexpr std::uint16_t kCatalogFormatVersion = 1;
+inline constexpr std::uint16_t kCatalogFormatVersion = 2;
 inline constexpr std::size_t kCatalogFileHeaderBytes = 12;
 // Masked CRC and body length in front of every record body.
 inline constexpr std::size_t kCatalogRecordPrefixBytes = 8;
-// Key, token_offset and tenant length: the body of a record with an empty tenant.
-inline constexpr std::size_t kCatalogRecordFixedBodyBytes = 42;
+// NVMe key, block key, token_offset and tenant length: the body of a record
+// with an empty tenant.
+inline constexpr std::size_t kCatalogRecordFixedBodyBytes = 74;
 inline constexpr std::size_t kCatalogMaxRecordBodyBytes =
     kCatalogRecordFixedBodyBytes + kMaxNamespaceBytes;
 
 // What the catalog records about one demoted block.
 struct CatalogEntry {
-  BlockDigest key{};               // the block's BlockKey bytes (BlockHeader::key)
+  BlockDigest key{};               // its NVMe key (BlockHeader::key on NVMe): the catalog's key
+  BlockDigest block_key{};         // its BlockKey bytes, as the client named it
   std::string tenant;              // its Namespace::tenant, at most kMaxNamespaceBytes
   std::uint64_t token_offset = 0;  // tokens before the block in its context
 
@@ -120,6 +131,8 @@ struct CatalogRecovery {
   std::uint64_t torn_records = 0;     // torn tails truncated away (0 or 1)
   std::uint64_t truncated_bytes = 0;  // bytes the truncation removed
   std::uint64_t file_bytes = 0;       // size of catalog.log after recovery
+  // A version-1 log was replaced by an empty one; its size in bytes.
+  std::uint64_t dropped_v1_bytes = 0;
 };
 
 // A snapshot; see NvmeCatalog::stats().
@@ -202,6 +215,7 @@ class NvmeCatalog {
   struct Slot {
     std::uint32_t tenant = 0;  // index into tenants_
     std::uint64_t token_offset = 0;
+    BlockDigest block_key{};
   };
   using SlotMap = std::unordered_map<BlockDigest, Slot, DigestHash>;
 

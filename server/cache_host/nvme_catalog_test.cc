@@ -36,9 +36,18 @@ BlockDigest RandomKey(std::mt19937_64& rng) {
   return key;
 }
 
+// The block key the tests pair with NVMe key `key`: any value other than
+// `key` itself, so that a mix-up of the two fields shows.
+BlockDigest BlockKeyFor(const BlockDigest& key) {
+  BlockDigest b = key;
+  for (auto& x : b) x = static_cast<uint8_t>(x ^ 0x5a);
+  return b;
+}
+
 CatalogEntry Entry(const BlockDigest& key, std::string tenant, uint64_t token_offset) {
   CatalogEntry e;
   e.key = key;
+  e.block_key = BlockKeyFor(key);
   e.tenant = std::move(tenant);
   e.token_offset = token_offset;
   return e;
@@ -61,15 +70,17 @@ void PutU32(std::byte* p, uint32_t v) {
 std::vector<std::byte> SpecRecord(const BlockDigest& key, std::string_view tenant,
                                   uint64_t token_offset,
                                   std::optional<uint16_t> tenant_bytes_field = std::nullopt) {
-  const uint32_t body = static_cast<uint32_t>(42 + tenant.size());
+  const uint32_t body = static_cast<uint32_t>(74 + tenant.size());
   std::vector<std::byte> r(8 + body);
   PutU32(r.data() + 4, body);
   std::memcpy(r.data() + 8, key.data(), 32);
-  for (int i = 0; i < 8; ++i) r[40 + i] = static_cast<std::byte>(token_offset >> (8 * i));
+  const BlockDigest block_key = BlockKeyFor(key);
+  std::memcpy(r.data() + 40, block_key.data(), 32);
+  for (int i = 0; i < 8; ++i) r[72 + i] = static_cast<std::byte>(token_offset >> (8 * i));
   const uint16_t tenant_bytes = tenant_bytes_field.value_or(static_cast<uint16_t>(tenant.size()));
-  r[48] = static_cast<std::byte>(tenant_bytes & 0xff);
-  r[49] = static_cast<std::byte>(tenant_bytes >> 8);
-  std::memcpy(r.data() + 50, tenant.data(), tenant.size());
+  r[80] = static_cast<std::byte>(tenant_bytes & 0xff);
+  r[81] = static_cast<std::byte>(tenant_bytes >> 8);
+  std::memcpy(r.data() + 82, tenant.data(), tenant.size());
   PutU32(r.data(), crc32c::Mask(crc32c::Value(r.data() + 4, 4 + body)));
   return r;
 }
@@ -398,7 +409,7 @@ TEST_F(NvmeCatalogTest, FileBytesMatchTheDocumentedFormat) {
   Append({Entry(KeyOf(1), "tenant", 1234567890123ull), Entry(KeyOf(2), "", 0)});
   catalog_.reset();
   std::vector<std::byte> expected = {std::byte{'K'}, std::byte{'V'}, std::byte{'F'}, std::byte{'C'},
-                                     std::byte{1},   std::byte{0},   std::byte{0},   std::byte{0},
+                                     std::byte{2},   std::byte{0},   std::byte{0},   std::byte{0},
                                      std::byte{0},   std::byte{0},   std::byte{0},   std::byte{0}};
   PutU32(expected.data() + 8, crc32c::Mask(crc32c::Value(expected.data(), 8)));
   for (const auto& r :
@@ -639,12 +650,41 @@ TEST_F(NvmeCatalogTest, OtherFormatVersionIsFailedPrecondition) {
   catalog_.reset();
   std::byte header[kCatalogFileHeaderBytes] = {};
   for (size_t i = 0; i < 4; ++i) header[i] = static_cast<std::byte>(kCatalogMagic[i]);
-  header[4] = std::byte{2};
+  header[4] = std::byte{3};
   PutU32(header + 8, crc32c::Mask(crc32c::Value(header, 8)));
   WriteRaw(header, 0);
   Status s = OpenStatus();
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
-  EXPECT_NE(s.message().find("format version 2"), std::string_view::npos) << s;
+  EXPECT_NE(s.message().find("format version 3"), std::string_view::npos) << s;
+}
+
+// Issue 17: a version-1 log keyed blocks by their block key alone, so its
+// records cannot say which namespace's block is which. It is replaced by an
+// empty version-2 log (the daemon then drops those blocks as orphans).
+TEST_F(NvmeCatalogTest, VersionOneLogIsReplacedByAnEmptyLog) {
+  Reopen();
+  catalog_.reset();
+  std::vector<std::byte> v1(kCatalogFileHeaderBytes);
+  for (size_t i = 0; i < 4; ++i) v1[i] = static_cast<std::byte>(kCatalogMagic[i]);
+  v1[4] = std::byte{1};
+  PutU32(v1.data() + 8, crc32c::Mask(crc32c::Value(v1.data(), 8)));
+  // One version-1 record: key, token_offset, tenant length, tenant.
+  std::vector<std::byte> r(8 + 42 + 1);
+  PutU32(r.data() + 4, 43);
+  r[48] = std::byte{1};
+  r[50] = std::byte{'a'};
+  PutU32(r.data(), crc32c::Mask(crc32c::Value(r.data() + 4, 4 + 43)));
+  v1.insert(v1.end(), r.begin(), r.end());
+  WriteRaw(v1, 0);
+  Reopen();
+  EXPECT_EQ(report_.dropped_v1_bytes, v1.size());
+  EXPECT_EQ(report_.records, 0u);
+  EXPECT_EQ(LogSize(), kCatalogFileHeaderBytes);
+  // It is a version-2 log now: appends and reopens work.
+  Append({Entry(KeyOf(1), "a", 1)});
+  Reopen();
+  EXPECT_EQ(report_.dropped_v1_bytes, 0u);
+  ExpectFound(Entry(KeyOf(1), "a", 1));
 }
 
 TEST_F(NvmeCatalogTest, ConcurrentAppendsAreAllRecorded) {
