@@ -6,6 +6,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "proto/wire_limits.h"
+
 namespace kvfabric {
 
 namespace {
@@ -267,6 +269,18 @@ StatusOr<cache_host::BlockMeta> BlockMetaFromDescriptor(const v1::BlockDescripto
     return Status::InvalidArgument(f + ".token_count: " + Num(d.token_count()) +
                                    " != fingerprint.tokens_per_block " + Num(fp.tokens_per_block) +
                                    " (only full blocks are keyed)");
+  }
+  // prefix_tokens feeds the cost-aware eviction score (a block's recompute
+  // cost grows with its prefix): an absurd value would make a block look
+  // priceless and never be evicted. It is a whole number of blocks, within the
+  // longest chain a plan can name.
+  const std::uint64_t max_prefix = std::uint64_t{kMaxChainBlocks} * fp.tokens_per_block;
+  if (fp.tokens_per_block != 0 &&
+      (d.prefix_tokens() % fp.tokens_per_block != 0 || d.prefix_tokens() >= max_prefix)) {
+    return Status::InvalidArgument(
+        f + ".prefix_tokens: " + Num(d.prefix_tokens()) +
+        "; must be a multiple of tokens_per_block " + Num(fp.tokens_per_block) + " below " +
+        Num(max_prefix) + " (max_chain_blocks " + Num(kMaxChainBlocks) + " blocks)");
   }
   // The block must be one the block format can lay out and later write to
   // NVMe: an exact block's size follows from the shape, a compact one splits

@@ -252,6 +252,24 @@ TEST_F(CacheHostDescriptorTest, CompleteDescriptorBecomesBlockMeta) {
   EXPECT_EQ(back.SerializeAsString(), d.SerializeAsString());
 }
 
+// Issue 17: prefix_tokens feeds the cost-aware eviction score; a hostile
+// value made a block look too costly to ever evict.
+TEST_F(CacheHostDescriptorTest, PrefixTokensAreWholeBlocksWithinTheLongestChain) {
+  v1::BlockDescriptor d = ExactDescriptor(1);
+  d.set_prefix_tokens(16 * (65536 - 1));
+  EXPECT_TRUE(Meta(d).ok()) << Meta(d).status();
+  d.set_prefix_tokens(16 * 65536);
+  Status s = Meta(d).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "blocks[2].prefix_tokens: 1048576; must be a multiple of tokens_per_block 16 below "
+            "1048576 (max_chain_blocks 65536 blocks)");
+  d.set_prefix_tokens(~std::uint64_t{0});
+  EXPECT_EQ(Meta(d).status().code(), StatusCode::kInvalidArgument);
+  d.set_prefix_tokens(17);
+  EXPECT_EQ(Meta(d).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(CacheHostDescriptorTest, CompactBlockNeedsOnlyEvenLayerSplit) {
   v1::BlockDescriptor d = ExactDescriptor(3);
   d.set_representation(v1::REPRESENTATION_COMPACT_INT8);

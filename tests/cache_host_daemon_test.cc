@@ -439,8 +439,11 @@ TEST_F(CacheHostDaemonTest, CorruptedSegmentByteIsDetectedAndNeverServed) {
 }
 
 TEST_F(CacheHostDaemonTest, FullPoolRefusesWithResourceExhaustedAndKeepsServingReads) {
+  // One tenant fills the whole pool here: lift its per-namespace caps (half
+  // the pool by default).
   StartDaemon({"--host-pool-bytes=32MiB", "--host-page-bytes=2MiB", "--host-high-watermark=1.0",
-               "--host-low-watermark=1.0"});
+               "--host-low-watermark=1.0", "--max-reserved-bytes-per-namespace=32MiB",
+               "--max-leased-bytes-per-namespace=96MiB"});
   ASSERT_TRUE(PutBatch(0, 16).ok());  // every page
   // Hold every block so that nothing can be evicted to make room.
   v1::LeaseRequest lreq;

@@ -12,15 +12,39 @@ StatusOr<NamespaceId> BlockIndex::InternNamespace(const Namespace& ns) {
   auto it = ids_.find(ns.tenant);
   if (it != ids_.end()) return it->second;
   KVF_RETURN_IF_ERROR(ns.Validate());
-  if (usage_.size() >= options_.max_namespaces) {
-    return Status::ResourceExhausted("namespace \"" + ns.tenant +
-                                     "\" refused: " + std::to_string(usage_.size()) +
-                                     " namespaces already, the limit set by --max-namespaces");
+  if (live_namespaces() >= options_.max_namespaces) {
+    return Status::ResourceExhausted(
+        "namespace \"" + ns.tenant + "\" refused: " + std::to_string(live_namespaces()) +
+        " namespaces hold blocks, reservations, leases or quotas already, the limit set by "
+        "--max-namespaces");
   }
-  const auto id = static_cast<NamespaceId>(usage_.size());
+  NamespaceId id;
+  if (!free_ids_.empty()) {
+    id = free_ids_.back();
+    free_ids_.pop_back();
+    usage_[id] = NamespaceUsage{.tenant = ns.tenant};
+    live_[id] = 1;
+  } else {
+    id = static_cast<NamespaceId>(usage_.size());
+    usage_.push_back(NamespaceUsage{.tenant = ns.tenant});
+    live_.push_back(1);
+  }
   ids_.emplace(ns.tenant, id);
-  usage_.push_back(NamespaceUsage{.tenant = ns.tenant});
   return id;
+}
+
+bool BlockIndex::ReclaimIfEmpty(NamespaceId id) {
+  if (!live(id)) return false;
+  const NamespaceUsage& u = usage_[id];
+  if (u.blocks != 0 || u.reserved_bytes != 0 || u.reservations != 0 || u.leases != 0 ||
+      u.quota_bytes != 0) {
+    return false;
+  }
+  ids_.erase(u.tenant);
+  usage_[id] = NamespaceUsage{};
+  live_[id] = 0;
+  free_ids_.push_back(id);
+  return true;
 }
 
 std::optional<NamespaceId> BlockIndex::FindNamespace(const Namespace& ns) const {

@@ -89,12 +89,18 @@ struct NamespaceUsage {
   std::uint64_t nvme_blocks = 0;  // of which with an NVMe copy
   std::uint64_t hits = 0;         // lease entries that found their block, since start
   std::uint64_t misses = 0;       // lease entries that did not
+  // Held now, for the per-namespace limits (LeaseTableOptions).
+  std::uint64_t reservations = 0;  // open write reservations
+  std::uint64_t leases = 0;        // read leases
+  std::uint64_t leased_bytes = 0;  // host bytes those leases pin (a block leased twice counts twice)
 };
 
 struct BlockIndexOptions {
   // Most distinct namespaces (--max-namespaces). Default 4096. Each costs a
   // few hundred bytes; the bound keeps invented tenant names from growing the
-  // daemon's memory.
+  // daemon's memory. A namespace that holds nothing (no block, reservation,
+  // lease or quota) is reclaimed (ReclaimIfEmpty), so the bound counts
+  // namespaces in use, not names ever seen.
   std::uint32_t max_namespaces = 4096;
 };
 
@@ -109,9 +115,23 @@ class BlockIndex {
   StatusOr<NamespaceId> InternNamespace(const Namespace& ns);
   // The id of `ns` if it was interned; never interns.
   std::optional<NamespaceId> FindNamespace(const Namespace& ns) const;
-  // REQUIRES: id was returned by InternNamespace.
+  // REQUIRES: id was returned by InternNamespace and not reclaimed since.
   const NamespaceUsage& Usage(NamespaceId id) const { return usage_[id]; }
+  NamespaceUsage& MutableUsage(NamespaceId id) { return usage_[id]; }
+  // Ids are below this (some may be free: see live()).
   std::uint32_t namespace_count() const { return static_cast<std::uint32_t>(usage_.size()); }
+  // Whether `id` names an interned namespace now.
+  bool live(NamespaceId id) const { return id < live_.size() && live_[id]; }
+  // Namespaces interned now.
+  std::uint32_t live_namespaces() const {
+    return static_cast<std::uint32_t>(usage_.size() - free_ids_.size());
+  }
+  // Forgets `id` if it holds nothing (no block, reservation, lease or quota):
+  // its name is no longer interned and the id is reused by a later
+  // InternNamespace. Returns whether it was reclaimed. The caller must hold no
+  // other reference to `id` that it could use afterwards (the lease table
+  // purges its eviction decisions of it).
+  bool ReclaimIfEmpty(NamespaceId id);
 
   // Sets the quota of `ns` (interning it); 0 removes it. A quota below the
   // current usage evicts nothing by itself: new reservations are refused until
@@ -165,6 +185,8 @@ class BlockIndex {
   const BlockIndexOptions options_;
   std::unordered_map<std::string, NamespaceId> ids_;
   std::vector<NamespaceUsage> usage_;  // indexed by NamespaceId
+  std::vector<std::uint8_t> live_;     // indexed by NamespaceId
+  std::vector<NamespaceId> free_ids_;  // reclaimed ids, reused first
   std::unordered_map<Slot, BlockEntry, SlotHash> entries_;
 };
 

@@ -63,6 +63,11 @@ StatusOr<std::unique_ptr<CacheHostNode>> CacheHostNode::Create(CacheHostOptions 
     return Status::InvalidArgument("default TTL " + std::to_string(options.default_ttl_us) +
                                    " us must be in (0, --max-lease-ttl]");
   }
+  if (options.reservation_ttl_us == 0 || options.reservation_ttl_us > options.leases.max_ttl_us) {
+    return Status::InvalidArgument("--reservation-ttl " +
+                                   std::to_string(options.reservation_ttl_us) +
+                                   " us must be in (0, --max-lease-ttl]");
+  }
   std::unique_ptr<CacheHostNode> node(new CacheHostNode(std::move(options), transport, env));
   KVF_RETURN_IF_ERROR(node->Start());
   return node;
@@ -97,6 +102,14 @@ Status CacheHostNode::Start() {
       return Status::InvalidArgument("cost-aware eviction needs bandwidths > 0 (calibration)");
     }
     policy_ = std::make_unique<CostAwarePolicy>(options_.cost_aware);
+  }
+  // Per-namespace byte caps left at 0: half the pool each, so one tenant can
+  // never reserve or pin everything (LeaseTableOptions).
+  if (options_.leases.max_reserved_bytes_per_namespace == 0) {
+    options_.leases.max_reserved_bytes_per_namespace = pool_->pool_bytes() / 2;
+  }
+  if (options_.leases.max_leased_bytes_per_namespace == 0) {
+    options_.leases.max_leased_bytes_per_namespace = pool_->pool_bytes() / 2;
   }
   table_ = std::make_unique<LeaseTable>(
       pool_.get(), [env = env_] { return env->NowMicros(); }, options_.leases);
@@ -197,7 +210,8 @@ StatusOr<ReserveBatch> CacheHostNode::Reserve(const Namespace& ns,
                                               std::span<const ReserveEntry> entries,
                                               std::uint64_t ttl_us) {
   KVF_RETURN_IF_ERROR(CheckAdmitting());
-  ttl_us = EffectiveTtl(ttl_us);
+  ttl_us = std::min(ttl_us == 0 ? options_.reservation_ttl_us : ttl_us,
+                    options_.reservation_ttl_us);
   ReserveBatch out;
   out.results.resize(entries.size());
   Grant grant;
@@ -581,7 +595,7 @@ std::vector<Status> CacheHostNode::Delete(const Namespace& ns, std::span<const B
       out[i] = removed.status();
       continue;
     }
-    DropNvmeCopy(*removed);
+    DropNvmeCopy(ns.tenant, *removed);
     if (has_sink_.load()) {
       Emit({{BlockEventKind::kDeleted, ns.tenant, keys[i], {}, 0, removed->tier, 0}});
     }

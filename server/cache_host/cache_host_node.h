@@ -123,6 +123,11 @@ struct CacheHostOptions {
   LeaseTableOptions leases;
   // TTL of a request that leaves it at 0 (default_ttl_ms of the Limits).
   std::uint64_t default_ttl_us = 30'000'000;
+  // --reservation-ttl: the default and the longest life of an uncommitted
+  // write reservation (a Reserve asking for more gets this much). Short, so
+  // that reservations a client abandons return their pages quickly; a save
+  // commits in milliseconds. Default 10 s.
+  std::uint64_t reservation_ttl_us = 10'000'000;
 
   // --nvme-dir and friends. Empty dir: no NVMe tier (evicted blocks are
   // dropped). env is filled in from `env` below if left null.
@@ -411,8 +416,7 @@ class CacheHostNode {
   static std::vector<std::string> Split(const std::string& text);
 
   std::uint64_t NowUs() const;
-  // The NVMe key of (ns, key) (internal::NvmeKeyOf).
-  StatusOr<BlockDigest> NvmeKey(NamespaceId ns, const BlockKey& key) const;
+
   std::uint64_t EffectiveTtl(std::uint64_t ttl_us) const;
   AccessToken NewToken() KVF_REQUIRES(mu_);
   // A random grant id, nonzero and not in use.
@@ -437,7 +441,7 @@ class CacheHostNode {
   void MaintenanceLoop();
   void MaintenanceStep();
   void ForgetEndedGrantsLocked(std::uint64_t now_us) KVF_REQUIRES(mu_);
-  void DropNvmeCopy(const BlockEntry& removed);
+  void DropNvmeCopy(const std::string& tenant, const BlockEntry& removed);
 
   CacheHostOptions options_;
   transport::Transport* const transport_;

@@ -466,6 +466,7 @@ TEST_F(CacheHostNodeTest, UncommittedReservationExpiresAndItsPagesReturn) {
 TEST_F(CacheHostNodeTest, FullPoolRefusesWritesAndKeepsServingReads) {
   CacheHostOptions o = Options(1 << 20, false);  // 16 pages, no NVMe
   o.watermarks = {1.0, 1.0};                      // no background eviction
+  o.leases.max_leased_bytes_per_namespace = 4 << 20;  // "a" may pin the pool (twice) here
   StartNode(std::move(o));
   int stored = 0;
   for (int i = 0; i < 4; ++i) stored += Put("a", Key(i), Meta(4), 0, i).ok() ? 1 : 0;

@@ -93,6 +93,11 @@ Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
     order = table_->BeginPromotion(ns, key);
   }
   if (!order.ok()) return order.status();
+  // While it is promoting the block cannot go, so neither can its namespace:
+  // its tenant (and NVMe key) are read now, before AbortPromotion may remove
+  // the block and let the namespace be reclaimed.
+  const std::string tenant = table_->TenantName(ns);
+  const StatusOr<BlockDigest> nvme_key = NvmeKeyOf(tenant, key);
   AlignedBuffer buffer;
   {
     MutexLock lock(&staging_mu_);
@@ -106,7 +111,7 @@ Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
     status = Status::Internal("staging buffer of " + std::to_string(buffer.size()) +
                               " bytes cannot hold a record of " +
                               std::to_string(order->nvme.bytes));
-  } else if (StatusOr<BlockDigest> nvme_key = NvmeKey(ns, key); !nvme_key.ok()) {
+  } else if (!nvme_key.ok()) {
     status = nvme_key.status();
   } else {
     auto header = nvme_->Read(order->nvme, *nvme_key, buffer.span());
@@ -129,7 +134,7 @@ Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
   if (status.ok()) {
     KVF_RETURN_IF_ERROR(table_->CompletePromotion(*order));
     if (has_sink_.load()) {
-      Emit({{BlockEventKind::kPromoted, table_->TenantName(ns), key, order->meta, order->crc32c,
+      Emit({{BlockEventKind::kPromoted, tenant, key, order->meta, order->crc32c,
              BlockTier::kBoth, 0}});
     }
     return Status::OK();
@@ -141,12 +146,12 @@ Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
     spdlog::error("NVMe block {} failed verification and was removed: {}", key.ToHex(),
                   status.ToString());
     if (removed.ok() && removed->has_value()) {
-      if (StatusOr<BlockDigest> nvme_key = NvmeKey(ns, key); nvme_key.ok()) {
+      if (nvme_key.ok()) {
         nvme_->Remove((*removed)->nvme, *nvme_key).IgnoreError();  // gone already if CRC failed
         catalog_->Forget(*nvme_key);
       }
       if (has_sink_.load()) {
-        Emit({{BlockEventKind::kCorrupted, table_->TenantName(ns), key, {}, 0, BlockTier::kNvme,
+        Emit({{BlockEventKind::kCorrupted, tenant, key, {}, 0, BlockTier::kNvme,
                0}});
       }
     }
@@ -154,9 +159,10 @@ Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
   return status;
 }
 
-void CacheHostNode::DropNvmeCopy(const BlockEntry& removed) {
+void CacheHostNode::DropNvmeCopy(const std::string& tenant, const BlockEntry& removed) {
   if (!nvme_ || !OnNvme(removed.tier)) return;
-  StatusOr<BlockDigest> nvme_key = NvmeKey(removed.ns, removed.key);
+  // By name: the namespace's id may have been reclaimed with its last block.
+  StatusOr<BlockDigest> nvme_key = NvmeKeyOf(tenant, removed.key);
   if (!nvme_key.ok()) {
     spdlog::error("NVMe copy of {} not removed: {}", removed.key.ToHex(),
                   nvme_key.status().ToString());
@@ -170,9 +176,6 @@ void CacheHostNode::DropNvmeCopy(const BlockEntry& removed) {
   catalog_->Forget(*nvme_key);
 }
 
-StatusOr<BlockDigest> CacheHostNode::NvmeKey(NamespaceId ns, const BlockKey& key) const {
-  return NvmeKeyOf(table_->TenantName(ns), key);
-}
 
 std::uint64_t CacheHostNode::RunEviction(std::optional<Namespace> scope,
                                          std::uint64_t pages_needed) {
@@ -266,7 +269,8 @@ void CacheHostNode::StartDemotions(std::vector<DemotionOrder> orders) {
     header.head_dim = o.meta.head_dim;
     header.payload_bytes = o.meta.bytes;
     header.payload_crc32c = o.crc32c;
-    auto finish = [this, ns = o.ns, key = o.key](StatusOr<NvmeLocation> where) {
+    auto finish = [this, ns = o.ns, key = o.key,
+                   tenant = records[i].tenant](StatusOr<NvmeLocation> where) {
       Status s = where.ok() ? table_->CompleteDemotion(ns, key, *where)
                             : table_->AbortDemotion(ns, key);
       if (!where.ok()) {
@@ -275,7 +279,6 @@ void CacheHostNode::StartDemotions(std::vector<DemotionOrder> orders) {
       } else if (!s.ok()) {
         spdlog::error("demotion of {} completed but not applied: {}", key.ToHex(), s.ToString());
       } else if (has_sink_.load()) {
-        const std::string tenant = table_->TenantName(ns);
         auto e = table_->Lookup(Ns(tenant), key);
         if (e.ok() && e->tier == BlockTier::kNvme) {
           Emit({{BlockEventKind::kDemoted, tenant, key, e->meta, e->crc32c, BlockTier::kNvme,

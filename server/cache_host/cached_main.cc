@@ -64,6 +64,16 @@ struct Flags {
   std::uint64_t history_tokens = 32768;
   std::chrono::microseconds max_lease_ttl{60'000'000};
   std::chrono::microseconds default_lease_ttl{30'000'000};
+  std::chrono::microseconds reservation_ttl{10'000'000};
+  std::uint32_t max_namespaces = 4096;
+  std::uint32_t max_reservations = 65536;
+  std::uint32_t max_leases = 65536;
+  std::uint32_t max_keys_per_lease = 4096;
+  std::uint32_t max_reservations_per_namespace = 4096;
+  std::uint64_t max_reserved_bytes_per_namespace = 0;
+  std::uint32_t max_leases_per_namespace = 16384;
+  std::uint64_t max_leased_bytes_per_namespace = 0;
+  std::uint32_t eviction_log_capacity = 4096;
   std::chrono::microseconds shutdown_grace{5'000'000};
   bool no_prefault = false;
   std::string placement_address;
@@ -108,6 +118,16 @@ StatusOr<cache_host::CacheHostOptions> BuildOptions(Flags& f,
   o.prefault = !f.no_prefault;
   o.leases.max_ttl_us = static_cast<std::uint64_t>(f.max_lease_ttl.count());
   o.default_ttl_us = static_cast<std::uint64_t>(f.default_lease_ttl.count());
+  o.reservation_ttl_us = static_cast<std::uint64_t>(f.reservation_ttl.count());
+  o.leases.index.max_namespaces = f.max_namespaces;
+  o.leases.max_reservations = f.max_reservations;
+  o.leases.max_leases = f.max_leases;
+  o.leases.max_keys_per_lease = f.max_keys_per_lease;
+  o.leases.max_reservations_per_namespace = f.max_reservations_per_namespace;
+  o.leases.max_reserved_bytes_per_namespace = f.max_reserved_bytes_per_namespace;
+  o.leases.max_leases_per_namespace = f.max_leases_per_namespace;
+  o.leases.max_leased_bytes_per_namespace = f.max_leased_bytes_per_namespace;
+  o.leases.decision_log_capacity = f.eviction_log_capacity;
   for (const std::string& q : f.quotas) {
     const auto eq = q.rfind('=');
     if (eq == std::string::npos) {
@@ -217,6 +237,29 @@ int Run(int argc, char** argv) {
   app.add_option("--history-tokens", f.history_tokens, "N of 'histories of N tokens fit'");
   AddDurationOption(app, "--max-lease-ttl", &f.max_lease_ttl, "longest lease TTL");
   AddDurationOption(app, "--default-lease-ttl", &f.default_lease_ttl, "TTL when a request gives 0");
+  AddDurationOption(app, "--reservation-ttl", &f.reservation_ttl,
+                    "default and longest life of an uncommitted write reservation");
+  // Counts, each in [1, max], with its default shown.
+  auto add_count = [&app](const char* name, std::uint32_t* value, const char* help,
+                          std::uint32_t max) {
+    app.add_option(name, *value, help)->capture_default_str()->check(CLI::Range(1u, max));
+  };
+  add_count("--max-namespaces", &f.max_namespaces,
+            "most namespaces holding blocks, reservations, leases or quotas at once", 1u << 20);
+  add_count("--max-reservations", &f.max_reservations, "most open write reservations, in all",
+            1u << 24);
+  add_count("--max-leases", &f.max_leases, "most read leases held, in all", 1u << 24);
+  add_count("--max-keys-per-lease", &f.max_keys_per_lease, "most keys in one Lease", 1u << 20);
+  add_count("--max-reservations-per-namespace", &f.max_reservations_per_namespace,
+            "most open write reservations of one namespace", 1u << 24);
+  AddBytesOption(app, "--max-reserved-bytes-per-namespace", &f.max_reserved_bytes_per_namespace,
+                 "most host bytes one namespace may hold reserved; 0: half the host pool");
+  add_count("--max-leases-per-namespace", &f.max_leases_per_namespace,
+            "most read leases of one namespace", 1u << 24);
+  AddBytesOption(app, "--max-leased-bytes-per-namespace", &f.max_leased_bytes_per_namespace,
+                 "most host bytes one namespace's leases may pin; 0: half the host pool");
+  add_count("--eviction-log-capacity", &f.eviction_log_capacity,
+            "recent eviction decisions kept for kvfabric explain", 1u << 20);
   app.add_option("--placement-address", f.placement_address,
                  "placement service gRPC address; empty: run without placement");
   app.add_option("--node-name", f.node_name,

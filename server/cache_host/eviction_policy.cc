@@ -172,6 +172,16 @@ void DecisionLog::Record(EvictionDecision decision) {
   ring_.push_back(std::move(decision));
 }
 
+std::vector<EvictionDecision> DecisionLog::FindTenant(const std::string& tenant,
+                                                     const BlockKey& key) const {
+  MutexLock lock(&mu_);
+  std::vector<EvictionDecision> out;
+  for (auto it = ring_.rbegin(); it != ring_.rend(); ++it) {
+    if (it->tenant == tenant && it->key == key) out.push_back(*it);
+  }
+  return out;
+}
+
 std::vector<EvictionDecision> DecisionLog::Find(NamespaceId ns, const BlockKey& key) const {
   MutexLock lock(&mu_);
   std::vector<EvictionDecision> out;

@@ -184,6 +184,10 @@ class DecisionLog {
   void Record(EvictionDecision decision);
   // Decisions about (ns, key) still in the log, newest first.
   std::vector<EvictionDecision> Find(NamespaceId ns, const BlockKey& key) const;
+  // The same by tenant name: what explain uses, since a namespace's id is
+  // reused once it holds nothing (BlockIndex::ReclaimIfEmpty) and its
+  // decisions must then neither vanish nor show under the id's next owner.
+  std::vector<EvictionDecision> FindTenant(const std::string& tenant, const BlockKey& key) const;
   // The newest `n` decisions, newest first.
   std::vector<EvictionDecision> Recent(std::size_t n) const;
   std::uint64_t Count(EvictionAction action) const;

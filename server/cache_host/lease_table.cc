@@ -62,13 +62,34 @@ StatusOr<WriteReservation> LeaseTable::Reserve(const Namespace& ns, const BlockK
   }
   const std::uint64_t pages = pool_->PagesFor(meta.bytes);
   const std::uint64_t resident = pages * pool_->page_bytes();
+  const NamespaceUsage& usage = index_.Usage(id);
+  if (usage.reservations >= options_.max_reservations_per_namespace) {
+    ++c_.quota_refusals;
+    const std::string tenant = usage.tenant;
+    MaybeReclaimLocked(id);
+    return Status::ResourceExhausted(
+        "namespace \"" + tenant + "\" holds " + std::to_string(options_.max_reservations_per_namespace) +
+        " open reservations, the most one namespace may (--max-reservations-per-namespace): "
+        "commit or abort some first");
+  }
+  if (options_.max_reserved_bytes_per_namespace != 0 &&
+      usage.reserved_bytes + resident > options_.max_reserved_bytes_per_namespace) {
+    ++c_.quota_refusals;
+    return Status::ResourceExhausted(
+        "namespace \"" + usage.tenant + "\": reserved " + FormatBytesExact(usage.reserved_bytes) +
+        " + this block " + FormatBytesExact(resident) + " > " +
+        FormatBytesExact(options_.max_reserved_bytes_per_namespace) +
+        ", the most one namespace may hold reserved (--max-reserved-bytes-per-namespace)");
+  }
   if (Status s = index_.CheckQuota(id, resident); !s.ok()) {
     ++c_.quota_refusals;
+    MaybeReclaimLocked(id);
     return s;
   }
   auto runs = pool_->Allocate(pages, PageState::kReserved);
   if (!runs.ok()) {
     ++c_.pool_refusals;
+    MaybeReclaimLocked(id);
     return runs.status().WithContext("reserve " + FormatBytesExact(meta.bytes) + " for block " +
                                      key.ToHex());
   }
@@ -78,6 +99,7 @@ StatusOr<WriteReservation> LeaseTable::Reserve(const Namespace& ns, const BlockK
   reserved_keys_.emplace(SlotKey{id, key}, rid);
   reservation_expiry_.emplace(expires, rid);
   index_.ChargeReserved(id, static_cast<std::int64_t>(resident));
+  ++index_.MutableUsage(id).reservations;
   ++c_.reservations;
   return WriteReservation{rid, *runs, expires};
 }
@@ -90,11 +112,16 @@ void LeaseTable::DropReservationLocked(std::uint64_t id, bool free_pages) {
     // Reserved pages are never pinned, so this cannot fail.
     pool_->Free(r.pages).IgnoreError();
   }
-  index_.ChargeReserved(r.ns, -static_cast<std::int64_t>(r.resident_bytes));
+  const NamespaceId ns = r.ns;
+  index_.ChargeReserved(ns, -static_cast<std::int64_t>(r.resident_bytes));
+  --index_.MutableUsage(ns).reservations;
   reserved_keys_.erase({r.ns, r.key});
   reservation_expiry_.erase({r.expires_at_us, id});
   reservations_.erase(it);
+  MaybeReclaimLocked(ns);
 }
+
+void LeaseTable::MaybeReclaimLocked(NamespaceId id) { index_.ReclaimIfEmpty(id); }
 
 Status LeaseTable::Commit(std::uint64_t reservation_id, std::uint32_t crc32c) {
   PageRuns pages;
@@ -310,7 +337,19 @@ StatusOr<ReadLease> LeaseTable::Lease(const Namespace& ns, std::span<const Block
                                      " leases held, the limit (--max-leases)");
   }
   const std::optional<NamespaceId> id = index_.FindNamespace(ns);
+  if (id.has_value() && index_.Usage(*id).leases >= options_.max_leases_per_namespace) {
+    return Status::ResourceExhausted(
+        "namespace \"" + ns.tenant + "\" holds " + std::to_string(options_.max_leases_per_namespace) +
+        " leases, the most one namespace may (--max-leases-per-namespace): release some first");
+  }
   LeaseState state;
+  // Undoes this call's pins (on a refusal after some were taken).
+  auto unpin_all = [&]() KVF_REQUIRES(mu_) {
+    for (const PinnedBlock& p : state.blocks) {
+      pool_->Unpin(p.pages).IgnoreError();  // pinned below
+      --index_.FindMutable(*id, p.key)->read_pins;
+    }
+  };
   for (std::size_t i = 0; i < keys.size(); ++i) {
     LeasedBlock& b = out.blocks[i];
     b.key = keys[i];
@@ -338,10 +377,7 @@ StatusOr<ReadLease> LeaseTable::Lease(const Namespace& ns, std::span<const Block
     // Committed pages of an indexed block are never free, so Pin succeeds; if
     // it did not, undo this call's pins rather than leak them.
     if (Status s = pool_->Pin(e->host_pages); !s.ok()) {
-      for (const PinnedBlock& p : state.blocks) {
-        pool_->Unpin(p.pages).IgnoreError();  // pinned just above
-        --index_.FindMutable(*id, p.key)->read_pins;
-      }
+      unpin_all();
       return Status::Internal("lease of " + keys[i].ToHex() + ": " + s.ToString());
     }
     ++e->read_pins;
@@ -352,8 +388,23 @@ StatusOr<ReadLease> LeaseTable::Lease(const Namespace& ns, std::span<const Block
     b.outcome = LeaseOutcome::kLeased;
     b.pages = e->host_pages;
     state.blocks.push_back({keys[i], e->host_pages, e->meta.bytes});
+    state.page_bytes += e->host_resident_bytes;
+  }
+  if (!state.blocks.empty() && options_.max_leased_bytes_per_namespace != 0 &&
+      index_.Usage(*id).leased_bytes + state.page_bytes > options_.max_leased_bytes_per_namespace) {
+    const std::uint64_t held = index_.Usage(*id).leased_bytes;
+    unpin_all();
+    return Status::ResourceExhausted(
+        "namespace \"" + ns.tenant + "\": its leases pin " + FormatBytesExact(held) + " + this one " +
+        FormatBytesExact(state.page_bytes) + " > " +
+        FormatBytesExact(options_.max_leased_bytes_per_namespace) +
+        ", the most one namespace may pin (--max-leased-bytes-per-namespace): release leases or "
+        "lease fewer keys");
   }
   if (!state.blocks.empty()) {
+    NamespaceUsage& u = index_.MutableUsage(*id);
+    ++u.leases;
+    u.leased_bytes += state.page_bytes;
     out.id = next_id_++;
     out.expires_at_us = now + ttl_us;
     state.ns = *id;
@@ -377,8 +428,13 @@ void LeaseTable::ReleaseLocked(std::uint64_t id) {
       --e->read_pins;
     }
   }
+  NamespaceUsage& u = index_.MutableUsage(l.ns);
+  --u.leases;
+  u.leased_bytes -= std::min(u.leased_bytes, l.page_bytes);
+  const NamespaceId ns = l.ns;
   lease_expiry_.erase({l.expires_at_us, id});
   leases_.erase(it);
+  MaybeReclaimLocked(ns);
 }
 
 Status LeaseTable::Release(std::uint64_t lease_id) {
@@ -482,7 +538,9 @@ StatusOr<BlockEntry> LeaseTable::Delete(const Namespace& ns, const BlockKey& key
   }
   if (InHost(e->tier)) KVF_RETURN_IF_ERROR(pool_->Free(e->host_pages));
   ++c_.deletes;
-  return index_.Remove(*id, key);
+  StatusOr<BlockEntry> removed = index_.Remove(*id, key);
+  MaybeReclaimLocked(*id);
+  return removed;
 }
 
 Status LeaseTable::SetQuota(const Namespace& ns, std::uint64_t quota_bytes) {
@@ -561,6 +619,9 @@ StatusOr<EvictionPassResult> LeaseTable::MakeRoom(const EvictionPolicy& policy,
     d.tenant = index_.Usage(d.ns).tenant;
     decisions_.Record(d);
   }
+  for (const EvictionDecision& d : out.decisions) {
+    if (d.action == EvictionAction::kEvict) MaybeReclaimLocked(d.ns);
+  }
   return out;
 }
 
@@ -600,13 +661,7 @@ Status LeaseTable::AbortDemotion(NamespaceId ns, const BlockKey& key) {
 }
 
 std::vector<EvictionDecision> LeaseTable::Explain(const Namespace& ns, const BlockKey& key) const {
-  std::optional<NamespaceId> id;
-  {
-    MutexLock lock(&mu_);
-    id = index_.FindNamespace(ns);
-  }
-  if (!id.has_value()) return {};
-  return decisions_.Find(*id, key);
+  return decisions_.FindTenant(ns.tenant, key);
 }
 
 Status LeaseTable::CheckRange(const PageRuns& pages, std::uint64_t bytes, std::uint64_t offset,
@@ -725,6 +780,7 @@ StatusOr<std::optional<BlockEntry>> LeaseTable::AbortPromotion(const PromotionOr
   ++c_.promotions_failed;
   if (!remove_block) return std::optional<BlockEntry>();
   KVF_ASSIGN_OR_RETURN(BlockEntry removed, index_.Remove(order.ns, order.key));
+  MaybeReclaimLocked(order.ns);
   return std::optional<BlockEntry>(std::move(removed));
 }
 
@@ -752,7 +808,7 @@ std::optional<NamespaceId> LeaseTable::FindNamespace(const Namespace& ns) const 
 
 std::string LeaseTable::TenantName(NamespaceId id) const {
   MutexLock lock(&mu_);
-  return id < index_.namespace_count() ? index_.Usage(id).tenant : std::string();
+  return index_.live(id) ? index_.Usage(id).tenant : std::string();
 }
 
 std::vector<BlockEntry> LeaseTable::Entries() const {
@@ -766,8 +822,10 @@ std::vector<BlockEntry> LeaseTable::Entries() const {
 std::vector<NamespaceUsage> LeaseTable::Usages() const {
   MutexLock lock(&mu_);
   std::vector<NamespaceUsage> out;
-  out.reserve(index_.namespace_count());
-  for (NamespaceId id = 0; id < index_.namespace_count(); ++id) out.push_back(index_.Usage(id));
+  out.reserve(index_.live_namespaces());
+  for (NamespaceId id = 0; id < index_.namespace_count(); ++id) {
+    if (index_.live(id)) out.push_back(index_.Usage(id));
+  }
   return out;
 }
 

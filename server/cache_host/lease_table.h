@@ -103,6 +103,18 @@ struct LeaseTableOptions {
   // Default 65,536 each; beyond them requests get ResourceExhausted.
   std::uint32_t max_reservations = 65536;
   std::uint32_t max_leases = 65536;
+  // Per namespace, so that one tenant (or one client inventing tenants'
+  // traffic) cannot hold every reservation, lease or pinned page:
+  // --max-reservations-per-namespace (default 4096 open reservations),
+  // --max-reserved-bytes-per-namespace (host bytes reserved at once; 0: no
+  // cap, the daemon sets half its pool), --max-leases-per-namespace (default
+  // 16384), --max-leased-bytes-per-namespace (host bytes its leases pin; 0:
+  // no cap, the daemon sets half its pool). Beyond them ResourceExhausted
+  // names the flag.
+  std::uint32_t max_reservations_per_namespace = 4096;
+  std::uint64_t max_reserved_bytes_per_namespace = 0;
+  std::uint32_t max_leases_per_namespace = 16384;
+  std::uint64_t max_leased_bytes_per_namespace = 0;
   BlockIndexOptions index;
   // Recent eviction decisions kept for explain (--eviction-log-capacity).
   std::size_t decision_log_capacity = 4096;
@@ -389,6 +401,10 @@ class LeaseTable {
   bool RangeInside(const PageRuns& pages, std::uint64_t bytes, std::uint64_t offset,
                    std::uint64_t length) const;
   void DropReservationLocked(std::uint64_t id, bool free_pages) KVF_REQUIRES(mu_);
+  // Reclaims namespace `id` if it now holds nothing (BlockIndex::
+  // ReclaimIfEmpty). Eviction decisions are found by tenant name, so they
+  // outlive the id.
+  void MaybeReclaimLocked(NamespaceId id) KVF_REQUIRES(mu_);
   // Adds [offset, offset + length) to r's written ranges, merging neighbours.
   static void RecordWritten(Reservation& r, std::uint64_t offset, std::uint64_t length);
   // OK if r's written ranges cover every payload byte; otherwise

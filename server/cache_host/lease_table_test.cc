@@ -169,7 +169,7 @@ TEST_F(LeaseTableTest, CrcMismatchAtCommitReturnsPagesAndPublishesNothing) {
   EXPECT_TRUE(table_->Lookup(a_, KeyOf(1)).status().IsNotFound());
   EXPECT_TRUE(table_->Commit(r->id, good).IsNotFound());
   EXPECT_EQ(table_->Counters().crc_failures, 1u);
-  EXPECT_EQ(table_->Usage(a_)->reserved_bytes, 0u);
+  EXPECT_TRUE(table_->Usage(a_).status().IsNotFound()) << "a holds nothing: reclaimed";
   // The key is free for a correct writer.
   Put(a_, 1, 2 * kPage);
 }
@@ -276,6 +276,73 @@ TEST_F(LeaseTableTest, WrittenRangesOfAReservationAreBounded) {
   EXPECT_EQ(table_->EndWrite(r2->id, PoolRange{base2, 2 * kPage}).code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(table_->Commit(r2->id, 0).code(), StatusCode::kFailedPrecondition);
+}
+
+// Issue 17: one connection's Reserves and Leases held every reservation and
+// lease of the daemon. Each namespace now has its own caps, named in the
+// refusal, and another namespace is still served.
+TEST_F(LeaseTableTest, PerNamespaceCapsBoundReservationsLeasesAndPinnedBytes) {
+  LeaseTableOptions o;
+  o.max_reservations_per_namespace = 3;
+  o.max_reserved_bytes_per_namespace = 5 * kPage;
+  o.max_leases_per_namespace = 2;
+  o.max_leased_bytes_per_namespace = 3 * kPage;
+  MakeTable(64, o);
+  for (int k = 0; k < 3; ++k) ASSERT_TRUE(table_->Reserve(a_, KeyOf(k), Meta(kPage), kTtl).ok());
+  StatusOr<WriteReservation> r = table_->Reserve(a_, KeyOf(9), Meta(kPage), kTtl);
+  ASSERT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("--max-reservations-per-namespace"));
+  ASSERT_TRUE(table_->Reserve(b_, KeyOf(0), Meta(2 * kPage), kTtl).ok()) << "b is not a's";
+  r = table_->Reserve(b_, KeyOf(1), Meta(4 * kPage), kTtl);  // 2 + 4 pages > 5
+  ASSERT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("--max-reserved-bytes-per-namespace"));
+
+  for (int k = 10; k < 14; ++k) Put(b_, k, kPage);
+  const BlockKey one[] = {KeyOf(10)};
+  const BlockKey two[] = {KeyOf(11), KeyOf(12)};
+  auto l1 = table_->Lease(b_, one, kTtl);
+  ASSERT_TRUE(l1.ok());
+  const BlockKey big[] = {KeyOf(11), KeyOf(12), KeyOf(13)};  // 1 + 3 pages pinned > 3
+  auto refused = table_->Lease(b_, big, kTtl);
+  ASSERT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("--max-leased-bytes-per-namespace"));
+  EXPECT_EQ(table_->Lookup(b_, KeyOf(11))->read_pins, 0u) << "a refused lease pins nothing";
+  auto l2 = table_->Lease(b_, two, kTtl);
+  ASSERT_TRUE(l2.ok());
+  refused = table_->Lease(b_, one, kTtl);
+  ASSERT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--max-leases-per-namespace"));
+  ASSERT_TRUE(table_->Release(l1->id).ok());
+  EXPECT_TRUE(table_->Lease(b_, one, kTtl).ok());
+}
+
+// Issue 17: 4,096 invented tenant names filled the namespace table for good.
+// A namespace that holds nothing is reclaimed; its eviction history stays
+// findable by name and never shows under the id's next owner.
+TEST_F(LeaseTableTest, NamespacesThatHoldNothingAreReclaimed) {
+  LeaseTableOptions o;
+  o.index.max_namespaces = 2;
+  MakeTable(4, o);
+  auto r = table_->Reserve(Namespace{"n1"}, KeyOf(1), Meta(kPage), kTtl);
+  ASSERT_TRUE(r.ok());
+  Put(Namespace{"n2"}, 2, kPage);
+  StatusOr<WriteReservation> full = table_->Reserve(Namespace{"n3"}, KeyOf(3), Meta(kPage), kTtl);
+  ASSERT_EQ(full.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(full.status().message()), HasSubstr("--max-namespaces"));
+  ASSERT_TRUE(table_->Abort(r->id).ok());  // n1 holds nothing now
+  ASSERT_TRUE(table_->Reserve(Namespace{"n3"}, KeyOf(3), Meta(kPage), kTtl).ok());
+  EXPECT_TRUE(table_->Usage(Namespace{"n1"}).status().IsNotFound());
+  // n2's block is evicted: n2 is reclaimed, and its decision stays its own.
+  EvictionRequest req;
+  req.pages_needed = 4;
+  req.scope = Namespace{"n2"};
+  ASSERT_TRUE(table_->MakeRoom(lru_, req).ok());
+  EXPECT_TRUE(table_->Usage(Namespace{"n2"}).status().IsNotFound());
+  EXPECT_EQ(table_->Explain(Namespace{"n2"}, KeyOf(2)).size(), 1u);
+  Put(Namespace{"n4"}, 2, kPage);  // likely n2's old id
+  EXPECT_TRUE(table_->Explain(Namespace{"n4"}, KeyOf(2)).empty());
+  EXPECT_EQ(table_->Usages().size(), 2u);
 }
 
 TEST_F(LeaseTableTest, ExpiredReservationReturnsItsPages) {
@@ -567,8 +634,12 @@ TEST_F(LeaseTableTest, RandomConcurrentTrafficKeepsPoolAndIndexConsistent) {
   EXPECT_EQ(c.leased, 0u);
   EXPECT_EQ(c.reserved, 0u);
   EXPECT_EQ(c.free + c.committed, c.pages);
-  const std::uint64_t committed_bytes =
-      table_->Usage(a_)->host_bytes + table_->Usage(b_)->host_bytes;
+  // A namespace left with nothing is reclaimed (Usage: NotFound).
+  auto host_bytes = [&](const Namespace& ns) {
+    auto u = table_->Usage(ns);
+    return u.ok() ? u->host_bytes : 0;
+  };
+  const std::uint64_t committed_bytes = host_bytes(a_) + host_bytes(b_);
   EXPECT_EQ(committed_bytes, c.committed * kPage);
 }
 
