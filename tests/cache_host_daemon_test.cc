@@ -457,6 +457,37 @@ TEST_F(CacheHostDaemonTest, FullPoolRefusesWithResourceExhaustedAndKeepsServingR
   EXPECT_TRUE(GetBatch({3, 7, 11}).ok());
 }
 
+// Issue 17: a full NVMe filesystem froze the cache (every Reserve failed,
+// hundreds of thousands of log lines). Here the tier lives on a 24 MiB tmpfs
+// while it believes it has 1 GiB: demotions fail with ENOSPC, demotion backs
+// off, eviction drops blocks instead, and the daemon keeps taking writes and
+// serving reads from its host pool. Needs root (mount); CI runs as root.
+TEST_F(CacheHostDaemonTest, FullNvmeFilesystemLeavesTheDaemonServing) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
+  const std::string nvme = dir_ + "/nvme";
+  std::filesystem::create_directories(nvme);
+  const std::string mount = "mount -t tmpfs -o size=24m kvf-full-nvme " + nvme;
+  if (std::system(mount.c_str()) != 0) GTEST_SKIP() << "cannot mount a tmpfs here: " << mount;
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { (void)!std::system(("umount -l " + dir).c_str()); }
+  } unmount{nvme};
+  StartDaemon({"--host-pool-bytes=64MiB", "--host-page-bytes=2MiB", "--nvme-dir=" + nvme,
+               "--nvme-capacity-bytes=1GiB", "--nvme-segment-bytes=64MiB",
+               "--nvme-io-engine=threads", "--eviction-policy=lru"});
+  constexpr int kBlocks = 96;  // 192 MiB through a 64 MiB pool and a 24 MiB disk
+  for (int i = 0; i < kBlocks; i += 8) {
+    Status s = PutBatch(i, 8);
+    ASSERT_TRUE(s.ok()) << "put " << i << ": " << s.ToString();
+  }
+  EXPECT_TRUE(GetBatch({88, 89, 90, 91, 92, 93, 94, 95}).ok());
+  const std::string metrics = HttpGet(daemon_->metrics());
+  EXPECT_NE(metrics.find("kvfabric_cache_host"), std::string::npos);
+  daemon_->Kill(SIGTERM);
+  EXPECT_EQ(daemon_->WaitExit(std::chrono::seconds(30)), 0) << "SIGTERM did not drain";
+  daemon_.reset();
+}
+
 // Issue 17: a crashed daemon restarts on its own addresses at once. The
 // SIGKILL leaves the daemon's side of every connection it had (gRPC, data
 // plane, a /metrics scrape) in FIN-WAIT or TIME-WAIT on the listening ports

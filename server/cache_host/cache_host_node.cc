@@ -732,6 +732,12 @@ CacheHostSnapshot CacheHostNode::Snapshot() const {
   s.staging_crc_failures = staging_crc_failures_.load();
   s.data_plane_endpoints = data_plane_ ? data_plane_->endpoints() : 0;
   s.transfers_refused = transfers_refused_.load();
+  if (catalog_ != nullptr) s.catalog = catalog_->stats();
+  {
+    MutexLock lock(&demotion_mu_);
+    s.demotion_failures = demotion_failures_;
+    s.demotion_backing_off = NowUs() < demotion_backoff_until_us_;
+  }
   return s;
 }
 
@@ -815,6 +821,7 @@ void CacheHostNode::MaintenanceStep() {
     RunEviction(std::nullopt, 0);
   }
   if (data_plane_) data_plane_->Sweep();
+  MaybeCompactCatalog();
 }
 
 }  // namespace kvfabric::cache_host

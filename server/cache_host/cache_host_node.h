@@ -78,13 +78,13 @@
 #include "server/cache_host/eviction_policy.h"
 #include "server/cache_host/host_page_pool.h"
 #include "server/cache_host/lease_table.h"
+#include "server/cache_host/nvme_catalog.h"
 #include "server/cache_host/nvme_tier.h"
 #include "transport/transport.h"
 
 namespace kvfabric::cache_host {
 
 class DataPlane;
-class NvmeCatalog;
 
 // --eviction-policy.
 enum class EvictionPolicyKind : std::uint8_t {
@@ -264,6 +264,9 @@ struct CacheHostSnapshot {
   std::uint64_t staging_crc_failures = 0;
   std::uint64_t data_plane_endpoints = 0;
   std::uint64_t transfers_refused = 0;  // data-plane requests refused (token, range, lease)
+  std::uint64_t demotion_failures = 0;  // demotions the NVMe tier failed (full, I/O error)
+  bool demotion_backing_off = false;    // eviction drops instead of demoting for now
+  CatalogStats catalog;                 // the NVMe catalog's (zero without a tier)
 };
 
 // A data-plane transfer the node allowed (see BeginTransfer).
@@ -442,6 +445,12 @@ class CacheHostNode {
   void MaintenanceStep();
   void ForgetEndedGrantsLocked(std::uint64_t now_us) KVF_REQUIRES(mu_);
   void DropNvmeCopy(const std::string& tenant, const BlockEntry& removed);
+  // Counts a demotion's outcome: a failure backs demotion off (eviction drops
+  // instead) and is logged at most every 10 s with the count since the last
+  // line; a success ends the backoff.
+  void NoteDemotion(const Status& status, std::uint64_t count = 1);
+  // Compacts the NVMe catalog when superseded records outnumber live ones.
+  void MaybeCompactCatalog();
 
   CacheHostOptions options_;
   transport::Transport* const transport_;
@@ -471,10 +480,18 @@ class CacheHostNode {
   std::atomic<std::uint64_t> staging_crc_failures_{0};
 
   // Demotions in flight; Reserve waits on demotion_cv_ for them.
-  Mutex demotion_mu_;
+  mutable Mutex demotion_mu_;
   CondVar demotion_cv_;
   std::uint64_t demotions_in_flight_ KVF_GUARDED_BY(demotion_mu_) = 0;
   std::uint64_t demotions_done_ KVF_GUARDED_BY(demotion_mu_) = 0;
+  // Failed demotions (NoteDemotion): the backoff they impose, and the
+  // rate-limited log line's state.
+  std::uint64_t demotion_failures_ KVF_GUARDED_BY(demotion_mu_) = 0;
+  std::uint64_t demotion_failures_unlogged_ KVF_GUARDED_BY(demotion_mu_) = 0;
+  std::uint64_t demotion_backoff_us_ KVF_GUARDED_BY(demotion_mu_) = 0;
+  std::uint64_t demotion_backoff_until_us_ KVF_GUARDED_BY(demotion_mu_) = 0;
+  std::uint64_t next_demotion_log_us_ KVF_GUARDED_BY(demotion_mu_) = 0;
+  std::string last_demotion_error_ KVF_GUARDED_BY(demotion_mu_);
 
   // Bounce buffers for staging reads.
   Mutex staging_mu_;

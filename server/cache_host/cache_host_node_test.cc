@@ -17,6 +17,7 @@
 #include "core/crc32c.h"
 #include "core/env.h"
 #include "core/testing/fake_clock_env.h"
+#include "core/testing/fault_injection_env.h"
 #include "core/testing/test_seed.h"
 #include "server/cache_host/data_plane.h"
 #include "transport/loopback_transport.h"
@@ -624,6 +625,58 @@ TEST_F(CacheHostNodeTest, SameKeyInTwoNamespacesStaysApartOnNvmeAcrossRestartsAn
   RestartNode(options);
   EXPECT_FALSE(tier_of("b").has_value()) << "the delete did not survive the restart";
   expect_payload("a", 1);
+}
+
+// Issue 17: with the NVMe tier full, every Reserve failed and the daemon
+// logged 751,000 "demotion failed" lines. A tier far smaller than the pool:
+// eviction counts its free space and drops what does not fit, so no demotion
+// fails and the daemon keeps serving.
+TEST_F(CacheHostNodeTest, TierFarSmallerThanThePoolEvictsInsteadOfFailingDemotions) {
+  CacheHostOptions o = Options(1 << 20, true);  // 16 pages of 64 KiB
+  o.nvme.capacity_bytes = 1 << 20;              // room for 3 blocks of 256 KiB
+  o.nvme.segment_bytes = 1 << 20;
+  o.nvme.max_group_bytes = 512 << 10;
+  StartNode(std::move(o));
+  for (int i = 0; i < 40; ++i) {  // 10 MiB through a 1 MiB pool and a 1 MiB tier
+    Status s = Put("t", Key(i), Meta(4), 0, i);
+    ASSERT_TRUE(s.ok()) << i << ": " << s.ToString();
+  }
+  ASSERT_TRUE(Get("t", Key(39), 4 << 20).ok());
+  const CacheHostSnapshot s = node_->Snapshot();
+  EXPECT_EQ(s.demotion_failures, 0u);
+  EXPECT_GT(s.evictions_by_action[static_cast<int>(EvictionAction::kEvict)], 0u);
+  EXPECT_LE(s.nvme.used_bytes, std::uint64_t{1} << 20);
+}
+
+// The same with a filesystem that refuses every write (a full disk, say):
+// demotions fail, then demotion backs off and eviction drops blocks instead;
+// failures stay bounded by the passes before the backoff, not by the blocks
+// written; once the filesystem takes writes again, demotion resumes.
+TEST_F(CacheHostNodeTest, FailingFilesystemBacksDemotionOffAndKeepsServing) {
+  FaultInjectionEnv disk(Env::Default());
+  CacheHostOptions o = Options(1 << 20, true);
+  o.nvme.env = &disk;
+  StartNode(std::move(o), &clock_);  // time moves only when the test says
+  disk.SetFilesystemActive(false);
+  for (int i = 0; i < 40; ++i) {
+    Status s = Put("t", Key(i), Meta(4), 0, i);
+    ASSERT_TRUE(s.ok()) << i << ": " << s.ToString();
+  }
+  CacheHostSnapshot s = node_->Snapshot();
+  EXPECT_GT(s.demotion_failures, 0u);
+  EXPECT_LE(s.demotion_failures, 16u) << "demotions were retried block after block";
+  EXPECT_TRUE(s.demotion_backing_off);
+  EXPECT_GT(s.evictions_by_action[static_cast<int>(EvictionAction::kEvict)], 0u);
+  ASSERT_TRUE(Get("t", Key(39), 4 << 20).ok());
+
+  disk.SetFilesystemActive(true);
+  clock_.Advance(std::chrono::seconds(31));  // past the longest backoff
+  const std::uint64_t failures = s.demotion_failures;
+  for (int i = 40; i < 60; ++i) ASSERT_TRUE(Put("t", Key(i), Meta(4), 0, i).ok()) << i;
+  s = node_->Snapshot();
+  EXPECT_EQ(s.demotion_failures, failures);
+  EXPECT_GT(s.table.demotions_completed, 0u);
+  EXPECT_FALSE(s.demotion_backing_off);
 }
 
 TEST_F(CacheHostNodeTest, ReportsEveryBlockEventForPlacement) {

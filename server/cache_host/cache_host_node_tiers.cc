@@ -182,6 +182,25 @@ std::uint64_t CacheHostNode::RunEviction(std::optional<Namespace> scope,
   EvictionRequest req;
   req.watermarks = options_.watermarks;
   req.nvme_enabled = nvme_ != nullptr;
+  if (nvme_ != nullptr) {
+    // Room on the tier: capacity less what it holds and what is being
+    // demoted now (a full tier makes eviction drop instead of demote).
+    const NvmeTierStats nvme = nvme_->stats();
+    const std::uint64_t in_flight = table_->Counters().pages_demoting * pool_->page_bytes();
+    const std::uint64_t used = nvme.used_bytes + in_flight;
+    req.nvme_free_bytes = used >= options_.nvme.capacity_bytes
+                              ? 0
+                              : options_.nvme.capacity_bytes - used;
+    MutexLock lock(&demotion_mu_);
+    const std::uint64_t now = NowUs();
+    if (now < demotion_backoff_until_us_) {
+      req.nvme_enabled = false;
+      req.nvme_off_reason = "demotions to NVMe are failing (" +
+                            std::to_string(demotion_failures_) + " so far, last: " +
+                            last_demotion_error_ + "); retrying in " +
+                            std::to_string((demotion_backoff_until_us_ - now) / 1000) + " ms";
+    }
+  }
   req.scope = std::move(scope);
   req.pages_needed = pages_needed;
   auto pass = table_->MakeRoom(*policy_, req);
@@ -227,6 +246,53 @@ bool CacheHostNode::MakeRoomAndWait(std::optional<Namespace> scope, std::uint64_
   return freed > 0 || in_flight;
 }
 
+void CacheHostNode::NoteDemotion(const Status& status, std::uint64_t count) {
+  const std::uint64_t now = NowUs();
+  MutexLock lock(&demotion_mu_);
+  if (status.ok()) {
+    demotion_backoff_us_ = 0;  // the tier takes blocks again
+    return;
+  }
+  // A failed demotion (a full tier or filesystem, an I/O error) turns
+  // demotion off for a while: eviction drops host-only blocks instead (the
+  // pool keeps serving), then tries the tier again. 1 s, doubling to 30 s
+  // while failures continue.
+  demotion_failures_ += count;
+  demotion_failures_unlogged_ += count;
+  last_demotion_error_ = status.ToString();
+  demotion_backoff_us_ = std::clamp<std::uint64_t>(demotion_backoff_us_ * 2, 1'000'000, 30'000'000);
+  demotion_backoff_until_us_ = now + demotion_backoff_us_;
+  if (now >= next_demotion_log_us_) {
+    spdlog::warn(
+        "NVMe: {} demotions failed since the last report ({} in all); blocks stay in the host "
+        "pool and eviction drops instead of demoting for {} s. Last error: {}",
+        demotion_failures_unlogged_, demotion_failures_, demotion_backoff_us_ / 1'000'000,
+        last_demotion_error_);
+    demotion_failures_unlogged_ = 0;
+    next_demotion_log_us_ = now + 10'000'000;  // at most one line per 10 s
+  }
+}
+
+void CacheHostNode::MaybeCompactCatalog() {
+  if (catalog_ == nullptr) return;
+  // Every demotion appends a record; removed and re-demoted blocks leave
+  // superseded ones behind. Rewrite once they outnumber the live ones
+  // (plus slack, so small catalogs are left alone). A catalog whose failed
+  // append could not be rolled back (a full or failing disk) refuses appends
+  // until rewritten: repair it the same way once the backoff allows another
+  // try. A failure counts as a failed demotion (backoff, rate-limited log).
+  const CatalogStats c = catalog_->stats();
+  const bool repair = !catalog_->healthy();
+  if (!repair && c.records <= 2 * c.live_entries + 4096) return;
+  {
+    MutexLock lock(&demotion_mu_);
+    if (NowUs() < demotion_backoff_until_us_) return;
+  }
+  if (Status s = catalog_->Compact(); !s.ok()) {
+    NoteDemotion(s.WithContext(repair ? "repairing the NVMe catalog" : "compacting the NVMe catalog"));
+  }
+}
+
 void CacheHostNode::StartDemotions(std::vector<DemotionOrder> orders) {
   if (orders.empty()) return;
   // The catalog record goes first and is synced, so a block found on NVMe
@@ -246,10 +312,12 @@ void CacheHostNode::StartDemotions(std::vector<DemotionOrder> orders) {
     nvme_keys.push_back(*nvme_key);
     records.push_back(CatalogEntry{*nvme_key, DigestOf(o.key), tenant, o.meta.token_offset});
   }
+  if (!catalog_->healthy()) MaybeCompactCatalog();  // repair first, if the backoff allows
   if (Status s = catalog_->AppendBatch(records); !s.ok()) {
-    spdlog::error("NVMe catalog append failed; {} demotions abandoned: {}", orders.size(),
-                  s.ToString());
+    // As a failed demotion: counted, logged rate-limited, and demotion backs
+    // off (a full filesystem fails the catalog first).
     for (const DemotionOrder& o : orders) table_->AbortDemotion(o.ns, o.key).IgnoreError();
+    NoteDemotion(s.WithContext("NVMe catalog append"), orders.size());
     return;
   }
   {
@@ -273,9 +341,9 @@ void CacheHostNode::StartDemotions(std::vector<DemotionOrder> orders) {
                    tenant = records[i].tenant](StatusOr<NvmeLocation> where) {
       Status s = where.ok() ? table_->CompleteDemotion(ns, key, *where)
                             : table_->AbortDemotion(ns, key);
+      NoteDemotion(where.status());
       if (!where.ok()) {
-        spdlog::warn("demotion of {} failed, block stays in the host pool: {}", key.ToHex(),
-                     where.status().ToString());
+        // Counted and logged (rate-limited) by NoteDemotion.
       } else if (!s.ok()) {
         spdlog::error("demotion of {} completed but not applied: {}", key.ToHex(), s.ToString());
       } else if (has_sink_.load()) {

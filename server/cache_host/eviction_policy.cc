@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <tuple>
 
+#include "core/block_format.h"
 #include "core/mutex.h"
 #include "core/units.h"
 
@@ -117,6 +118,7 @@ std::vector<EvictionDecision> PlanEviction(const EvictionPolicy& policy,
              std::to_string(low) + ", pages - needed)";
 
   std::uint64_t occupied = t.occupied_pages;
+  std::uint64_t nvme_budget = t.nvme_free_bytes;
   for (std::uint32_t step = 1; step <= 2 && occupied > target; ++step) {
     std::vector<Scored> heap;
     for (const EvictionCandidate& c : candidates) {
@@ -147,10 +149,20 @@ std::vector<EvictionDecision> PlanEviction(const EvictionPolicy& policy,
         d.action = EvictionAction::kDropHostCopy;
         why = "the NVMe copy remains";
       } else if (t.nvme_enabled && policy.WorthDemoting(c, &why)) {
-        d.action = EvictionAction::kDemote;
+        // What the record takes on NVMe: header and payload, rounded up to
+        // 4 KiB (the tier pads to its direct-I/O unit).
+        const std::uint64_t stored = (kBlockHeaderBytes + c.bytes + 4095) / 4096 * 4096;
+        if (stored <= nvme_budget) {
+          d.action = EvictionAction::kDemote;
+          nvme_budget -= stored;
+        } else {
+          d.action = EvictionAction::kEvict;
+          why = "worth demoting, but the NVMe tier has " + FormatBytes(nvme_budget) +
+                " free for " + FormatBytes(stored);
+        }
       } else {
         d.action = EvictionAction::kEvict;
-        if (!t.nvme_enabled) why = "no NVMe tier";
+        if (!t.nvme_enabled) why = t.nvme_off_reason.empty() ? "no NVMe tier" : t.nvme_off_reason;
       }
       d.explanation = std::string(EvictionActionName(d.action)) + " " + c.key.ToHex() + " (" +
                       std::to_string(c.pages) + " pages): step " + std::to_string(step) +

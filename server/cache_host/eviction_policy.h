@@ -139,6 +139,13 @@ struct EvictionTrigger {
   std::uint64_t pages_needed = 0;    // a request waiting for room; 0 for a background pass
   Watermarks watermarks;
   bool nvme_enabled = false;
+  // Bytes the NVMe tier can still take (capacity less what it holds and what
+  // is being demoted): demotions beyond it become evictions, so a full tier
+  // never turns eviction into a loop of failing demotions.
+  std::uint64_t nvme_free_bytes = ~std::uint64_t{0};
+  // Why demotion is off while a tier exists (e.g. demotions failing and
+  // backing off); explains the evictions it causes. Empty: no tier.
+  std::string nvme_off_reason;
 };
 
 // Numbered explicitly: metric labels and explain output.

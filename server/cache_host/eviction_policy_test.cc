@@ -126,6 +126,29 @@ TEST(EvictionPolicyTest, CostAwareDemotesOnlyWhatIsWorthAnNvmeRead) {
   EXPECT_EQ(ds[0].action, EvictionAction::kDemote);
 }
 
+// Issue 17: a full NVMe tier turned eviction into a loop of failing
+// demotions. Demotions are budgeted by the tier's free bytes; what does not
+// fit is evicted, saying why; a tier that is backing off explains itself.
+TEST(EvictionPolicyTest, DemotionsBeyondTheNvmeTiersFreeBytesAreEvictions) {
+  LruPolicy lru;
+  std::vector<EvictionCandidate> c = {Block(1, 100, 0), Block(2, 200, 0), Block(3, 300, 0)};
+  EvictionTrigger t = Over(4, 4, /*nvme=*/true);
+  t.watermarks = {0.5, 0.25};  // take three
+  t.nvme_free_bytes = kPage + 8192;  // one record (1 MiB + header, 4 KiB aligned)
+  auto ds = PlanEviction(lru, c, t, 0);
+  ASSERT_EQ(ds.size(), 3u);
+  EXPECT_EQ(ds[0].action, EvictionAction::kDemote);
+  EXPECT_EQ(ds[1].action, EvictionAction::kEvict);
+  EXPECT_THAT(ds[1].explanation, HasSubstr("but the NVMe tier has 4 KiB free for 1.0 MiB"));
+  EXPECT_EQ(ds[2].action, EvictionAction::kEvict);
+  t.nvme_enabled = false;
+  t.nvme_off_reason = "demotions to NVMe are failing";
+  ds = PlanEviction(lru, c, t, 0);
+  ASSERT_EQ(ds.size(), 3u);
+  EXPECT_EQ(ds[0].action, EvictionAction::kEvict);
+  EXPECT_THAT(ds[0].explanation, HasSubstr("demotions to NVMe are failing"));
+}
+
 TEST(EvictionPolicyTest, ARequestThatNeedsRoomTriggersBelowTheHighWatermark) {
   LruPolicy lru;
   EvictionTrigger t = Over(10, 5);

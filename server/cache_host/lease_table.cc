@@ -590,6 +590,8 @@ StatusOr<EvictionPassResult> LeaseTable::MakeRoom(const EvictionPolicy& policy,
   trigger.pages_needed = req.pages_needed;
   trigger.watermarks = req.watermarks;
   trigger.nvme_enabled = req.nvme_enabled;
+  trigger.nvme_free_bytes = req.nvme_free_bytes;
+  trigger.nvme_off_reason = req.nvme_off_reason;
   out.decisions = PlanEviction(policy, std::move(candidates), trigger, now);
 
   for (EvictionDecision& d : out.decisions) {

@@ -192,6 +192,9 @@ struct DemotionOrder {
 struct EvictionRequest {
   Watermarks watermarks;
   bool nvme_enabled = false;
+  // See EvictionTrigger: room left on NVMe, and why demotion is off.
+  std::uint64_t nvme_free_bytes = ~std::uint64_t{0};
+  std::string nvme_off_reason;
   // Set for a pass on behalf of one namespace's request: only its blocks are
   // candidates. Unset for the background pass over every namespace.
   std::optional<Namespace> scope;

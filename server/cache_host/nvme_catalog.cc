@@ -565,6 +565,11 @@ Status NvmeCatalog::RewriteLocked(SlotMap keep) {
   return Status::OK();
 }
 
+bool NvmeCatalog::healthy() const {
+  MutexLock lock(&mu_);
+  return broken_.ok();
+}
+
 CatalogStats NvmeCatalog::stats() const {
   MutexLock lock(&mu_);
   CatalogStats s = stats_;

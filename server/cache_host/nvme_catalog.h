@@ -202,6 +202,10 @@ class NvmeCatalog {
 
   CatalogStats stats() const;
 
+  // False once a failed append could not be rolled back (the file is in an
+  // unknown state and appends fail) until a Compact() rewrites it.
+  bool healthy() const;
+
   // Appends `entries` exactly as AppendBatch does but skips the sync: what a
   // process that dies between the write and the sync leaves behind. For crash
   // tests only.
