@@ -117,7 +117,9 @@ Status CacheHostNode::Start() {
     KVF_RETURN_IF_ERROR(table_->SetQuota(Ns(tenant), bytes).WithContext("--quota " + tenant));
   }
   if (!options_.nvme.dir.empty()) KVF_RETURN_IF_ERROR(RecoverNvme());
-  KVF_ASSIGN_OR_RETURN(data_plane_, DataPlane::Start(this, transport_, options_.transport_address));
+  KVF_ASSIGN_OR_RETURN(data_plane_,
+                       DataPlane::Start(this, transport_, options_.transport_address,
+                                        options_.data_plane, [env = env_] { return env->NowMicros(); }));
   maintenance_ = std::thread([this] { MaintenanceLoop(); });
   state_.store(ServingState::kServing);
   spdlog::info("cache host {}: serving; data plane on {} ({}), eviction {}, NVMe tier {}",
@@ -731,6 +733,7 @@ CacheHostSnapshot CacheHostNode::Snapshot() const {
   s.staging_reads = staging_reads_.load();
   s.staging_crc_failures = staging_crc_failures_.load();
   s.data_plane_endpoints = data_plane_ ? data_plane_->endpoints() : 0;
+  if (data_plane_) s.data_plane = data_plane_->stats();
   s.transfers_refused = transfers_refused_.load();
   if (catalog_ != nullptr) s.catalog = catalog_->stats();
   {

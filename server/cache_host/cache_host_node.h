@@ -75,6 +75,7 @@
 #include "core/status.h"
 #include "core/statusor.h"
 #include "server/cache_host/block_index.h"
+#include "server/cache_host/data_plane.h"
 #include "server/cache_host/eviction_policy.h"
 #include "server/cache_host/host_page_pool.h"
 #include "server/cache_host/lease_table.h"
@@ -84,7 +85,6 @@
 
 namespace kvfabric::cache_host {
 
-class DataPlane;
 
 // --eviction-policy.
 enum class EvictionPolicyKind : std::uint8_t {
@@ -123,6 +123,8 @@ struct CacheHostOptions {
   LeaseTableOptions leases;
   // TTL of a request that leaves it at 0 (default_ttl_ms of the Limits).
   std::uint64_t default_ttl_us = 30'000'000;
+  // Connection limits of the data plane (server/cache_host/data_plane.h).
+  DataPlaneOptions data_plane;
   // --reservation-ttl: the default and the longest life of an uncommitted
   // write reservation (a Reserve asking for more gets this much). Short, so
   // that reservations a client abandons return their pages quickly; a save
@@ -263,6 +265,7 @@ struct CacheHostSnapshot {
   std::uint64_t staging_reads = 0;
   std::uint64_t staging_crc_failures = 0;
   std::uint64_t data_plane_endpoints = 0;
+  DataPlaneStats data_plane;  // connection refusals and closes
   std::uint64_t transfers_refused = 0;  // data-plane requests refused (token, range, lease)
   std::uint64_t demotion_failures = 0;  // demotions the NVMe tier failed (full, I/O error)
   bool demotion_backing_off = false;    // eviction drops instead of demoting for now

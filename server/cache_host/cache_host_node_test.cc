@@ -19,6 +19,7 @@
 #include "core/testing/fake_clock_env.h"
 #include "core/testing/fault_injection_env.h"
 #include "core/testing/test_seed.h"
+#include "core/testing/wait_for.h"
 #include "server/cache_host/data_plane.h"
 #include "transport/loopback_transport.h"
 
@@ -205,6 +206,17 @@ class CacheHostNodeTest : public ::testing::Test {
       if (got[i] != static_cast<std::byte>(g())) return false;
     }
     return true;
+  }
+
+  // Runs maintenance until the data plane holds no endpoint (closed ones go
+  // once their peers see the close).
+  ::testing::AssertionResult MaintainUntilNoDataEndpoints(const char* what) {
+    return WaitFor(
+        [&] {
+          node_->TEST_RunMaintenance();
+          return node_->Snapshot().data_plane_endpoints == 0;
+        },
+        std::chrono::seconds(10), what);
   }
 
   std::uint64_t seed_ = 0;
@@ -677,6 +689,84 @@ TEST_F(CacheHostNodeTest, FailingFilesystemBacksDemotionOffAndKeepsServing) {
   EXPECT_EQ(s.demotion_failures, failures);
   EXPECT_GT(s.table.demotions_completed, 0u);
   EXPECT_FALSE(s.demotion_backing_off);
+}
+
+// Issue 17: 1,000 idle connections stayed open, and nothing bounded them.
+// Connections are capped in all (and per host); idle ones are closed.
+TEST_F(CacheHostNodeTest, DataConnectionsAreCappedAndIdleOnesClosed) {
+  CacheHostOptions o = Options(8 << 20, false);
+  o.data_plane.max_connections = 3;
+  o.data_plane.idle_timeout_us = 1'000'000;
+  StartNode(std::move(o), &clock_);  // dp_'s connection is the first
+  std::vector<std::unique_ptr<transport::Endpoint>> extra;
+  for (int i = 0; i < 3; ++i) {
+    auto ep = client_transport_->Connect(node_->transport_address(),
+                                         transport::PeerFailureMode::kFailInFlight,
+                                         Clock::now() + std::chrono::seconds(5));
+    ASSERT_TRUE(ep.ok()) << ep.status();
+    extra.push_back(std::move(*ep));
+  }
+  ASSERT_TRUE(WaitFor([&] { return node_->Snapshot().data_plane.connections_refused == 1; },
+                      std::chrono::seconds(10), "the fourth connection to be refused"));
+  EXPECT_EQ(node_->Snapshot().data_plane_endpoints, 3u);
+  ASSERT_TRUE(WaitFor([&] { return !extra[2]->health().ok(); }, std::chrono::seconds(10),
+                      "the refused endpoint to fail"));
+  // Nothing happens on them for longer than the idle timeout: all closed.
+  clock_.Advance(std::chrono::milliseconds(1001));
+  node_->TEST_RunMaintenance();
+  EXPECT_EQ(node_->Snapshot().data_plane.closed_idle, 3u);
+  ASSERT_TRUE(MaintainUntilNoDataEndpoints("the closed endpoints to go"));
+}
+
+// Issue 17: a peer that sent requests and never read the replies grew the
+// daemon without bound, and a stalled transfer held its leases as long as the
+// peer stayed connected. Here the client's transport stops progressing the
+// daemon's pushes and replies: past max_requests_per_connection it is
+// disconnected, and a transfer past transfer_timeout closes its connection;
+// either way the transfers end and their lease brackets with them.
+TEST_F(CacheHostNodeTest, PeerThatStopsReadingIsDisconnectedAndItsTransfersEnd) {
+  CacheHostOptions o = Options(8 << 20, false);
+  o.data_plane.max_outstanding_per_connection = 3;
+  o.data_plane.transfer_timeout_us = 10'000'000;
+  StartNode(std::move(o), &clock_);
+  const BlockKey k = Key(1);
+  ASSERT_TRUE(Put("a", k, Meta(1), 0, 1).ok());
+  auto l = node_->Lease(Namespace{"a"}, std::span<const BlockKey>(&k, 1), {});
+  ASSERT_TRUE(l.ok() && l->results[0].status.ok());
+  auto* loopback = static_cast<transport::LoopbackTransport*>(client_transport_.get());
+  loopback->TEST_StallPeerWork(true);
+  for (int i = 0; i < 5; ++i) {  // none can complete: the client does not progress
+    Status s = dp_->Transfer(conn_.get(), DataOp::kGet, l->grant.lease_id, l->grant.token, region_,
+                             Ranges(l->results[0].extents, 0),
+                             Clock::now() + std::chrono::milliseconds(50));
+    EXPECT_FALSE(s.ok());
+  }
+  node_->TEST_RunMaintenance();
+  EXPECT_EQ(node_->Snapshot().data_plane.closed_overloaded, 1u);
+  loopback->TEST_StallPeerWork(false);
+  ASSERT_TRUE(MaintainUntilNoDataEndpoints("the overloaded connection to go"));
+  // Its transfers ended: the grant releases at once (no read in flight).
+  ReleaseEntry rel{l->grant.lease_id, l->grant.token, {}};
+  ASSERT_TRUE(node_->Release(Namespace{"a"}, std::span<const ReleaseEntry>(&rel, 1))[0].ok());
+  EXPECT_EQ(node_->Snapshot().pages.leased, 0u);
+
+  // A new connection, one stalled transfer, and time passes its deadline.
+  auto conn = dp_->Connect(node_->transport_address(), Clock::now() + std::chrono::seconds(5));
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  ASSERT_TRUE(dp_->ExportRegion(conn->get(), region_, *staging_, Clock::now() + std::chrono::seconds(5))
+                  .ok());
+  l = node_->Lease(Namespace{"a"}, std::span<const BlockKey>(&k, 1), {});
+  ASSERT_TRUE(l.ok() && l->results[0].status.ok());
+  loopback->TEST_StallPeerWork(true);
+  EXPECT_FALSE(dp_->Transfer(conn->get(), DataOp::kGet, l->grant.lease_id, l->grant.token, region_,
+                             Ranges(l->results[0].extents, 0),
+                             Clock::now() + std::chrono::milliseconds(50))
+                   .ok());
+  clock_.Advance(std::chrono::seconds(11));
+  node_->TEST_RunMaintenance();
+  EXPECT_EQ(node_->Snapshot().data_plane.closed_transfer_timeout, 1u);
+  loopback->TEST_StallPeerWork(false);
+  ASSERT_TRUE(MaintainUntilNoDataEndpoints("the timed-out connection to go"));
 }
 
 TEST_F(CacheHostNodeTest, ReportsEveryBlockEventForPlacement) {

@@ -74,6 +74,11 @@ struct Flags {
   std::uint32_t max_leases_per_namespace = 16384;
   std::uint64_t max_leased_bytes_per_namespace = 0;
   std::uint32_t eviction_log_capacity = 4096;
+  std::uint32_t max_data_connections = 4096;
+  std::uint32_t max_data_connections_per_host = 1024;
+  std::uint32_t max_requests_per_connection = 256;
+  std::chrono::microseconds data_idle_timeout{300'000'000};
+  std::chrono::microseconds transfer_timeout{30'000'000};
   std::chrono::microseconds shutdown_grace{5'000'000};
   bool no_prefault = false;
   std::string placement_address;
@@ -128,6 +133,11 @@ StatusOr<cache_host::CacheHostOptions> BuildOptions(Flags& f,
   o.leases.max_leases_per_namespace = f.max_leases_per_namespace;
   o.leases.max_leased_bytes_per_namespace = f.max_leased_bytes_per_namespace;
   o.leases.decision_log_capacity = f.eviction_log_capacity;
+  o.data_plane.max_connections = f.max_data_connections;
+  o.data_plane.max_connections_per_host = f.max_data_connections_per_host;
+  o.data_plane.max_outstanding_per_connection = f.max_requests_per_connection;
+  o.data_plane.idle_timeout_us = static_cast<std::uint64_t>(f.data_idle_timeout.count());
+  o.data_plane.transfer_timeout_us = static_cast<std::uint64_t>(f.transfer_timeout.count());
   for (const std::string& q : f.quotas) {
     const auto eq = q.rfind('=');
     if (eq == std::string::npos) {
@@ -260,6 +270,19 @@ int Run(int argc, char** argv) {
                  "most host bytes one namespace's leases may pin; 0: half the host pool");
   add_count("--eviction-log-capacity", &f.eviction_log_capacity,
             "recent eviction decisions kept for kvfabric explain", 1u << 20);
+  add_count("--max-data-connections", &f.max_data_connections,
+            "most data-plane connections, in all", 1u << 20);
+  add_count("--max-data-connections-per-host", &f.max_data_connections_per_host,
+            "most data-plane connections from one host", 1u << 20);
+  add_count("--max-requests-per-connection", &f.max_requests_per_connection,
+            "most requests in flight plus undelivered replies on one data-plane connection (a "
+            "peer past it is disconnected)",
+            1u << 16);
+  AddDurationOption(app, "--data-idle-timeout", &f.data_idle_timeout,
+                    "a data-plane connection with nothing in flight this long is closed");
+  AddDurationOption(app, "--transfer-timeout", &f.transfer_timeout,
+                    "a data-plane transfer running this long closes its connection (and so "
+                    "releases its leases)");
   app.add_option("--placement-address", f.placement_address,
                  "placement service gRPC address; empty: run without placement");
   app.add_option("--node-name", f.node_name,

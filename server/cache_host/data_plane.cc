@@ -1,5 +1,6 @@
 #include "server/cache_host/data_plane.h"
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <thread>
@@ -29,9 +30,29 @@ struct PartialImport {
 
 struct Peer {
   std::unique_ptr<Endpoint> endpoint;
+  std::string host;  // peer_address() without its port
   std::unordered_map<std::uint32_t, std::unique_ptr<transport::RemoteRegion>> regions;
   std::unordered_map<std::uint32_t, PartialImport> imports;
-  std::uint64_t in_flight = 0;  // transfer batches naming its regions
+  std::uint64_t in_flight = 0;        // transfer batches naming its regions
+  std::uint64_t pending_replies = 0;  // replies sent but not yet delivered
+  std::uint64_t last_activity_us = 0;
+  // Why Sweep must close it (overloaded, idle, a transfer past its deadline);
+  // kNone while it may stay.
+  enum class Close : std::uint8_t { kNone, kOverloaded, kIdle, kTransferTimeout } close = Close::kNone;
+  bool closed = false;  // Sweep closed it; removed once its peer is unhealthy and idle
+};
+
+// "host:port" -> "host" (IPv6 "[::1]:7441" -> "[::1]"); the whole string if
+// there is no port.
+std::string HostOf(const std::string& address) {
+  const std::size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+struct InFlightBatch {
+  std::unique_ptr<TransferBatch> batch;  // null until Submit returned
+  Endpoint* ep = nullptr;
+  std::uint64_t started_us = 0;
 };
 
 std::uint64_t NowMicros() {
@@ -68,27 +89,70 @@ std::vector<wire::TransferRange> JoinAdjacentRanges(std::span<const wire::Transf
 struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
   CacheHostNode* node = nullptr;
   transport::Transport* transport = nullptr;
+  DataPlaneOptions options;
+  std::function<std::uint64_t()> clock;
 
   mutable Mutex mu;
   bool closed KVF_GUARDED_BY(mu) = false;
   std::unordered_map<Endpoint*, Peer> peers KVF_GUARDED_BY(mu);
-  std::unordered_map<std::uint64_t, std::unique_ptr<TransferBatch>> in_flight KVF_GUARDED_BY(mu);
+  std::unordered_map<std::string, std::uint32_t> peers_per_host KVF_GUARDED_BY(mu);
+  std::unordered_map<std::uint64_t, InFlightBatch> in_flight KVF_GUARDED_BY(mu);
   // Replies, and batches that are done, until Sweep frees them.
   std::vector<std::unique_ptr<TransferBatch>> finished KVF_GUARDED_BY(mu);
   std::uint64_t next_batch KVF_GUARDED_BY(mu) = 1;
+  DataPlaneStats stats KVF_GUARDED_BY(mu);
+  std::uint64_t next_refusal_log_us KVF_GUARDED_BY(mu) = 0;
 
   void OnAccept(std::unique_ptr<Endpoint> ep) {
     std::unique_ptr<Endpoint> refused;
     {
       MutexLock lock(&mu);
+      const std::string host = HostOf(ep->peer_address());
+      const std::uint32_t from_host = peers_per_host.count(host) ? peers_per_host[host] : 0;
       if (closed) {
+        refused = std::move(ep);
+      } else if (peers.size() >= options.max_connections ||
+                 from_host >= options.max_connections_per_host) {
+        ++stats.connections_refused;
+        const std::uint64_t now = clock();
+        if (now >= next_refusal_log_us) {
+          spdlog::warn(
+              "data plane: refused a connection from {} ({} connections, {} from that host; "
+              "limits --max-data-connections {}, --max-data-connections-per-host {}; {} refused "
+              "so far)",
+              host, peers.size(), from_host, options.max_connections,
+              options.max_connections_per_host, stats.connections_refused);
+          next_refusal_log_us = now + 10'000'000;
+        }
         refused = std::move(ep);
       } else {
         Endpoint* raw = ep.get();
-        peers[raw].endpoint = std::move(ep);
+        Peer& peer = peers[raw];
+        peer.endpoint = std::move(ep);
+        peer.host = host;
+        peer.last_activity_us = clock();
+        ++peers_per_host[host];
       }
     }
     // Destroyed outside the lock: destroying an endpoint waits for its handlers.
+  }
+
+  // Counts a message from `ep` and says whether to serve it: false for a peer
+  // already marked for closing, or one that now has more requests and
+  // undelivered replies outstanding than allowed (it is marked: Sweep
+  // closes it).
+  bool Admit(Endpoint* ep) {
+    MutexLock lock(&mu);
+    auto pit = closed ? peers.end() : peers.find(ep);
+    if (pit == peers.end()) return false;
+    Peer& peer = pit->second;
+    if (peer.close != Peer::Close::kNone || peer.closed) return false;
+    peer.last_activity_us = clock();
+    if (peer.in_flight + peer.pending_replies >= options.max_outstanding_per_connection) {
+      peer.close = Peer::Close::kOverloaded;
+      return false;
+    }
+    return true;
   }
 
   void Reply(Endpoint* ep, std::uint64_t request_id, const Status& status, std::uint64_t bytes) {
@@ -107,10 +171,26 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
     transport::Transfer t;
     t.op = TransferOp::kSend;
     t.header = std::as_bytes(std::span<const char>(encoded->data(), encoded->size()));
+    {
+      MutexLock lock(&mu);
+      auto pit = closed ? peers.end() : peers.find(ep);
+      if (pit == peers.end()) return;  // gone: nobody waits for the reply
+      ++pit->second.pending_replies;   // until delivered (or failed)
+    }
     auto batch = ep->Submit(std::span<const Transfer>(&t, 1));
-    if (!batch.ok()) return;  // the peer is gone; nobody waits for the reply
+    if (!batch.ok()) {
+      ReplyDone(ep);
+      return;  // the peer is gone; nobody waits for the reply
+    }
+    (*batch)->OnDone([self = shared_from_this(), ep] { self->ReplyDone(ep); });
     MutexLock lock(&mu);
     finished.push_back(std::move(*batch));  // Sweep frees it once it is done
+  }
+
+  void ReplyDone(Endpoint* ep) {
+    MutexLock lock(&mu);
+    auto pit = peers.find(ep);
+    if (pit != peers.end() && pit->second.pending_replies > 0) --pit->second.pending_replies;
   }
 
   void OnMessage(IncomingMessage& msg) {
@@ -124,6 +204,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
       return;
     }
     wire::TransferMessage& m = *decoded;
+    if (!Admit(ep)) return;  // overloaded or closing: no reply (it would not be read)
     if (msg.payload_length() > 0) {
       Reply(ep, m.request_id,
             Status::InvalidArgument("messages to a cache host carry no payload"), 0);
@@ -281,7 +362,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
         id = next_batch++;
         // The slot exists before Submit, so Close waits for this batch's
         // callback (which uses the endpoint) before destroying endpoints.
-        in_flight.emplace(id, nullptr);
+        in_flight.emplace(id, InFlightBatch{nullptr, ep, clock()});
       }
     }
     if (id == 0) {
@@ -302,7 +383,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
     TransferBatch* raw = batch->get();
     {
       MutexLock lock(&mu);
-      in_flight[id] = std::move(*batch);
+      in_flight[id].batch = std::move(*batch);
     }
     auto self = shared_from_this();
     raw->OnDone([self, raw, ep, id, ticket = std::move(ticket), write, started,
@@ -315,7 +396,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
       MutexLock lock(&self->mu);
       auto it = self->in_flight.find(id);
       if (it != self->in_flight.end()) {
-        self->finished.push_back(std::move(it->second));
+        self->finished.push_back(std::move(it->second.batch));
         self->in_flight.erase(it);
       }
       auto pit = self->peers.find(ep);
@@ -434,10 +515,21 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
 
 StatusOr<std::unique_ptr<DataPlane>> DataPlane::Start(CacheHostNode* node,
                                                       transport::Transport* transport,
-                                                      const std::string& address) {
+                                                      const std::string& address,
+                                                      DataPlaneOptions options,
+                                                      std::function<std::uint64_t()> clock) {
+  if (options.max_connections == 0 || options.max_connections_per_host == 0 ||
+      options.max_outstanding_per_connection == 0 || options.idle_timeout_us == 0 ||
+      options.transfer_timeout_us == 0) {
+    return Status::InvalidArgument(
+        "data plane: --max-data-connections, --max-data-connections-per-host, "
+        "--max-requests-per-connection, --data-idle-timeout and --transfer-timeout must be > 0");
+  }
   auto impl = std::make_shared<Impl>();
   impl->node = node;
   impl->transport = transport;
+  impl->options = options;
+  impl->clock = clock ? std::move(clock) : [] { return NowMicros(); };
   std::weak_ptr<Impl> weak = impl;
   transport->SetMessageHandler([weak](IncomingMessage& msg) {
     if (auto self = weak.lock()) {
@@ -461,28 +553,83 @@ std::uint64_t DataPlane::endpoints() const {
   return impl_->peers.size();
 }
 
+DataPlaneStats DataPlane::stats() const {
+  MutexLock lock(&impl_->mu);
+  DataPlaneStats s = impl_->stats;
+  s.endpoints = impl_->peers.size();
+  return s;
+}
+
 void DataPlane::Sweep() {
-  std::vector<std::unique_ptr<TransferBatch>> done;
-  std::vector<Peer> dead;
+  std::vector<std::unique_ptr<TransferBatch>> finished;
   {
     MutexLock lock(&impl_->mu);
     if (impl_->closed) return;  // Close owns the endpoints now
-    for (auto it = impl_->finished.begin(); it != impl_->finished.end();) {
-      if ((*it)->Done()) {
-        done.push_back(std::move(*it));
-        it = impl_->finished.erase(it);
-      } else {
-        ++it;
+    finished.swap(impl_->finished);
+  }
+  // Outside the lock, O(1) per batch: a peer that sent a flood of requests
+  // and then vanished leaves many batches, and every handler needs the lock.
+  std::vector<std::unique_ptr<TransferBatch>> pending;
+  for (auto& b : finished) {
+    if (!b->Done()) pending.push_back(std::move(b));
+  }
+  finished.clear();  // frees the done ones, outside the lock
+
+  std::vector<Peer> dead;
+  std::vector<Endpoint*> to_close;
+  const std::uint64_t now = impl_->clock();
+  {
+    MutexLock lock(&impl_->mu);
+    if (impl_->closed) return;
+    for (auto& b : pending) impl_->finished.push_back(std::move(b));
+    // A transfer past its deadline closes its endpoint (which completes it).
+    for (auto& [id, f] : impl_->in_flight) {
+      if (now - std::min(now, f.started_us) <= impl_->options.transfer_timeout_us) continue;
+      auto pit = impl_->peers.find(f.ep);
+      if (pit != impl_->peers.end() && pit->second.close == Peer::Close::kNone) {
+        pit->second.close = Peer::Close::kTransferTimeout;
       }
     }
     for (auto it = impl_->peers.begin(); it != impl_->peers.end();) {
-      if (it->second.in_flight == 0 && !it->second.endpoint->health().ok()) {
-        dead.push_back(std::move(it->second));
+      Peer& peer = it->second;
+      if (peer.in_flight == 0 && !peer.endpoint->health().ok()) {
+        if (--impl_->peers_per_host[peer.host] == 0) impl_->peers_per_host.erase(peer.host);
+        dead.push_back(std::move(peer));
         it = impl_->peers.erase(it);
-      } else {
-        ++it;
+        continue;
       }
+      if (!peer.closed && peer.close == Peer::Close::kNone && peer.in_flight == 0 &&
+          peer.pending_replies == 0 &&
+          now - std::min(now, peer.last_activity_us) > impl_->options.idle_timeout_us) {
+        peer.close = Peer::Close::kIdle;
+      }
+      if (!peer.closed && peer.close != Peer::Close::kNone) {
+        peer.closed = true;
+        switch (peer.close) {
+          case Peer::Close::kOverloaded:
+            ++impl_->stats.closed_overloaded;
+            break;
+          case Peer::Close::kIdle:
+            ++impl_->stats.closed_idle;
+            break;
+          case Peer::Close::kTransferTimeout:
+            ++impl_->stats.closed_transfer_timeout;
+            break;
+          case Peer::Close::kNone:
+            break;
+        }
+        to_close.push_back(it->first);
+      }
+      ++it;
     }
+  }
+  // Force-closing completes the endpoint's entries (Cancelled): their
+  // callbacks end the lease brackets and free the batches. The endpoint stays
+  // in the map until a later Sweep finds it unhealthy and idle, so handlers
+  // and callbacks never see it destroyed under them.
+  for (Endpoint* ep : to_close) {
+    ep->Close(transport::CloseMode::kForce, transport::Clock::now() + std::chrono::seconds(2))
+        .IgnoreError();
   }
   // Outside the lock: an endpoint's destructor waits for its handlers, which
   // take the lock. Regions go before their endpoint.
@@ -519,7 +666,7 @@ void DataPlane::Close() {
     if (std::chrono::steady_clock::now() > give_up) {
       spdlog::error("data plane: transfer batches still running 5 s after close; leaking them");
       MutexLock lock(&impl_->mu);
-      for (auto& [id, batch] : impl_->in_flight) (void)batch.release();
+      for (auto& [id, f] : impl_->in_flight) (void)f.batch.release();
       impl_->in_flight.clear();
       break;
     }

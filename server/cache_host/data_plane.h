@@ -32,6 +32,18 @@
 // reply: payloads never travel as messages to a daemon (a put's bytes are
 // pulled with kRead).
 //
+// Connections (DataPlaneOptions, each a flag of kvfabric-cached): at most
+// max_connections endpoints in all and max_connections_per_host from one
+// host (more are closed at accept); at most max_outstanding_per_connection
+// requests in flight plus replies not yet delivered on one endpoint (a peer
+// that keeps asking without reading its replies is disconnected, so what it
+// can make the daemon hold is bounded); an endpoint with nothing in flight
+// and no message for idle_timeout is closed; a transfer still running after
+// transfer_timeout closes its endpoint, which completes the transfer
+// (Cancelled) and so ends its lease brackets: a stalled peer cannot pin
+// leases for longer than that. Closing happens in Sweep, never on the
+// progress thread.
+//
 // Threads: handlers run on the transport's progress thread and never block;
 // Sweep() (the node's maintenance thread) destroys endpoints whose peer failed
 // once nothing is in flight on them, and frees finished batches. Close()
@@ -41,6 +53,7 @@
 #define KVFABRIC_SERVER_CACHE_HOST_DATA_PLANE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -81,14 +94,34 @@ inline constexpr std::uint64_t kMaxJoinedRangeBytes = std::uint64_t{8} << 20;
 std::vector<wire::TransferRange> JoinAdjacentRanges(std::span<const wire::TransferRange> ranges,
                                                     std::uint64_t max_bytes);
 
+struct DataPlaneOptions {
+  std::uint32_t max_connections = 4096;               // --max-data-connections
+  std::uint32_t max_connections_per_host = 1024;      // --max-data-connections-per-host
+  std::uint32_t max_outstanding_per_connection = 256;  // --max-requests-per-connection
+  std::uint64_t idle_timeout_us = 300'000'000;         // --data-idle-timeout (5 min)
+  std::uint64_t transfer_timeout_us = 30'000'000;      // --transfer-timeout (30 s)
+};
+
+// Counters since Start, for metrics and tests.
+struct DataPlaneStats {
+  std::uint64_t endpoints = 0;                // connected now
+  std::uint64_t connections_refused = 0;      // over max_connections or ..._per_host
+  std::uint64_t closed_idle = 0;              // idle_timeout
+  std::uint64_t closed_overloaded = 0;        // over max_outstanding_per_connection
+  std::uint64_t closed_transfer_timeout = 0;  // a transfer past transfer_timeout
+};
+
 class DataPlane {
  public:
   // Installs the message handler on `transport` (REQUIRES: it has none yet)
   // and listens on `address`. `node` and `transport` are borrowed; the node
   // must outlive Close().
+  // `clock` gives microseconds on a monotonic clock (the node's Env).
   static StatusOr<std::unique_ptr<DataPlane>> Start(CacheHostNode* node,
                                                     transport::Transport* transport,
-                                                    const std::string& address);
+                                                    const std::string& address,
+                                                    DataPlaneOptions options,
+                                                    std::function<std::uint64_t()> clock);
   // Close()s.
   ~DataPlane();
   DataPlane(const DataPlane&) = delete;
@@ -96,6 +129,7 @@ class DataPlane {
 
   std::string address() const;
   std::uint64_t endpoints() const;
+  DataPlaneStats stats() const;
   void Sweep();
   void Close();
 
