@@ -107,9 +107,10 @@ std::uint64_t NamespaceSize(const NamespaceUsage& u) {
   return u.host_bytes + u.reserved_bytes + u.nvme_bytes;
 }
 
-void EmitNamespaces(const std::vector<NamespaceUsage>& namespaces, std::vector<MetricFamily>& out) {
-  // The kMaxNamespaceSeries largest, largest first; ties by name so that the
-  // chosen set does not flap between scrapes.
+void EmitNamespaces(const std::vector<NamespaceUsage>& namespaces, std::size_t series,
+                    std::vector<MetricFamily>& out) {
+  // The `series` largest, largest first; ties by name so that the chosen set
+  // does not flap between scrapes.
   std::vector<const NamespaceUsage*> order;
   order.reserve(namespaces.size());
   for (const NamespaceUsage& u : namespaces) order.push_back(&u);
@@ -118,7 +119,7 @@ void EmitNamespaces(const std::vector<NamespaceUsage>& namespaces, std::vector<M
     const std::uint64_t sb = NamespaceSize(*b);
     return sa != sb ? sa > sb : a->tenant < b->tenant;
   };
-  const std::size_t shown = std::min(order.size(), kMaxNamespaceSeries);
+  const std::size_t shown = std::min({order.size(), series, kMaxNamespaceSeries});
   std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(shown), order.end(),
                     larger);
 
@@ -146,7 +147,8 @@ void EmitNamespaces(const std::vector<NamespaceUsage>& namespaces, std::vector<M
         {S(namespaces.size())});
   Gauge(out, "namespace_bytes",
         "Bytes of a namespace's blocks by tier: host = resident whole pages, nvme = record bytes "
-        "on NVMe. Only the 256 largest namespaces; the rest are in namespace_other_bytes.",
+        "on NVMe. Only the largest namespaces (--metrics-namespace-series of them, at most 256; "
+        "none by default); the rest are in namespace_other_bytes.",
         std::move(bytes));
   Gauge(out, "namespace_reserved_bytes",
         "Host bytes (whole pages) a namespace has reserved for writes in flight.",
@@ -160,7 +162,8 @@ void EmitNamespaces(const std::vector<NamespaceUsage>& namespaces, std::vector<M
           "Lease entries of a namespace that found (hit) or did not find (miss) their block.",
           std::move(lookups));
   Gauge(out, "namespace_other_bytes",
-        "Bytes of the namespaces beyond the 256 largest, summed, by tier (host, nvme, reserved).",
+        "Bytes of the namespaces without series of their own, summed, by tier (host, nvme, "
+        "reserved).",
         {S(other_host, {{"tier", "host"}}), S(other_nvme, {{"tier", "nvme"}}),
          S(other_reserved, {{"tier", "reserved"}})});
 }
@@ -254,7 +257,7 @@ const std::vector<double>& TransferSizeBuckets() {
   return kBuckets;
 }
 
-std::vector<MetricFamily> SnapshotFamilies(const CacheHostSnapshot& s) {
+std::vector<MetricFamily> SnapshotFamilies(const CacheHostSnapshot& s, std::size_t namespace_series) {
   std::vector<MetricFamily> out;
   out.reserve(64);
 
@@ -403,7 +406,7 @@ std::vector<MetricFamily> SnapshotFamilies(const CacheHostSnapshot& s) {
          S(r.dropped_duplicate, {{"reason", "duplicate"}}),
          S(s.recovery_orphans, {{"reason", "orphan"}})});
 
-  EmitNamespaces(s.namespaces, out);
+  EmitNamespaces(s.namespaces, namespace_series, out);
   return out;
 }
 
@@ -415,8 +418,10 @@ std::string RenderText(const std::vector<MetricFamily>& families) {
 
 // The Build*().Register() calls throw only for invalid or duplicate names,
 // which are constants here (and every one is exercised by the tests).
-CacheHostMetrics::CacheHostMetrics(SnapshotSource source)
-    : source_(std::move(source)), registry_(std::make_shared<prometheus::Registry>()) {
+CacheHostMetrics::CacheHostMetrics(SnapshotSource source, std::size_t namespace_series)
+    : source_(std::move(source)),
+      namespace_series_(std::min(namespace_series, kMaxNamespaceSeries)),
+      registry_(std::make_shared<prometheus::Registry>()) {
   auto& seconds = prometheus::BuildHistogram()
                       .Name(std::string(kPrefix) + "transfer_seconds")
                       .Help("Duration of data-plane transfers that completed, in seconds.")
@@ -450,7 +455,7 @@ CacheHostMetrics::~CacheHostMetrics() = default;
 
 std::vector<MetricFamily> CacheHostMetrics::Collect() const {
   std::vector<MetricFamily> families;
-  if (source_) families = SnapshotFamilies(source_());
+  if (source_) families = SnapshotFamilies(source_(), namespace_series_);
   std::vector<MetricFamily> transfers = registry_->Collect();
   families.insert(families.end(), std::make_move_iterator(transfers.begin()),
                   std::make_move_iterator(transfers.end()));
@@ -487,14 +492,24 @@ MetricsServer::MetricsServer(std::unique_ptr<prometheus::Exposer> exposer, std::
 MetricsServer::~MetricsServer() = default;
 
 StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const std::string& address, std::vector<std::weak_ptr<prometheus::Collectable>> collectables) {
+    const std::string& address, std::vector<std::weak_ptr<prometheus::Collectable>> collectables,
+    MetricsServerOptions options) {
+  if (options.threads < 1 || options.request_timeout_ms < 1) {
+    return Status::InvalidArgument("/metrics server: threads and request_timeout_ms must be >= 1");
+  }
   KVF_ASSIGN_OR_RETURN(ParsedAddress parsed, ParseAddress(address));
   // prometheus-cpp reports a failed bind (and any other trouble starting
   // civetweb) by throwing; this is the one place those exceptions stop.
   std::unique_ptr<prometheus::Exposer> exposer;
   std::vector<int> ports;
   try {
-    exposer = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/2);
+    // Each request gets request_timeout_ms for every read and write: a client
+    // that opens connections and sends headers slowly (or not at all) holds a
+    // worker for that long, not forever, and with several workers a few such
+    // clients cannot make /metrics unavailable.
+    exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", address, "num_threads", std::to_string(options.threads),
+        "request_timeout_ms", std::to_string(options.request_timeout_ms)});
     // The Exposer creates the /metrics handler with its first collectable;
     // an empty weak_ptr makes sure there is one (serving an empty page).
     if (collectables.empty()) collectables.emplace_back();

@@ -20,9 +20,11 @@
 // is SnapshotFamilies in cache_host_metrics.cc.
 //
 // Cardinality. Per-namespace families (kvfabric_cache_host_namespace_*) carry a
-// `namespace` label whose value is the tenant name; only the
-// kMaxNamespaceSeries largest namespaces (host + reserved + NVMe bytes, ties by
-// name) get series, the rest are summed into
+// `namespace` label whose value is the tenant name. They are opt-in (tenant
+// names are not every scraper's business): only the `namespace_series`
+// largest namespaces (--metrics-namespace-series, default 0, at most
+// kMaxNamespaceSeries; host + reserved + NVMe bytes, ties by name) get series,
+// the rest are summed into
 // kvfabric_cache_host_namespace_other_bytes{tier} so that totals still add up,
 // and kvfabric_cache_host_namespaces gives the count of all of them. Tenant
 // names that are not valid UTF-8 are repaired (U+FFFD) for the exposition.
@@ -71,7 +73,10 @@ const std::vector<double>& TransferSizeBuckets();
 
 // Turns one snapshot into metric families (what CacheHostMetrics::Collect
 // adds to the transfer families). Pure; exposed for tests and tools.
-std::vector<prometheus::MetricFamily> SnapshotFamilies(const CacheHostSnapshot& snapshot);
+// `namespace_series`: how many of the largest namespaces get series of their
+// own (see "Cardinality").
+std::vector<prometheus::MetricFamily> SnapshotFamilies(
+    const CacheHostSnapshot& snapshot, std::size_t namespace_series = kMaxNamespaceSeries);
 
 // The Prometheus text exposition format (version 0.0.4) of `families`, as
 // served at /metrics. Pure; for tests and `kvfabric status`-style dumps.
@@ -96,7 +101,8 @@ class CacheHostMetrics final : public prometheus::Collectable {
 
   // `source` may be empty: then only the transfer families are collected
   // (tests; a daemon still starting).
-  explicit CacheHostMetrics(SnapshotSource source);
+  // `namespace_series`: see "Cardinality" (0: none, the default of the daemon).
+  explicit CacheHostMetrics(SnapshotSource source, std::size_t namespace_series = 0);
   ~CacheHostMetrics() override;
   CacheHostMetrics(const CacheHostMetrics&) = delete;
   CacheHostMetrics& operator=(const CacheHostMetrics&) = delete;
@@ -123,14 +129,24 @@ class CacheHostMetrics final : public prometheus::Collectable {
   };
 
   const SnapshotSource source_;
+  const std::size_t namespace_series_;
   // Owns the transfer families; the pointers below point into it.
   const std::shared_ptr<prometheus::Registry> registry_;
   Direction put_;
   Direction get_;
 };
 
+struct MetricsServerOptions {
+  // Serving threads, and the limit on each network read and write of a
+  // request: a client that sends its request slowly or not at all holds one
+  // thread for at most that long (a handful of such clients once made
+  // /metrics unavailable with 2 threads and no limit).
+  int threads = 8;
+  int request_timeout_ms = 2000;
+};
+
 // The HTTP endpoint (prometheus-cpp's civetweb Exposer) serving /metrics.
-// Owns the listening socket and its two serving threads; the collectables are
+// Owns the listening socket and its serving threads; the collectables are
 // held weakly. Destroying the server stops serving and joins its threads;
 // once a request has been served this takes about 2 s (civetweb's shutdown
 // polls), so destroy it early in the daemon's shutdown, or in a test expect it.
@@ -143,7 +159,8 @@ class MetricsServer {
   // address and --metrics-address, when it cannot listen there (in use, not a
   // local address). Never throws.
   static StatusOr<std::unique_ptr<MetricsServer>> Start(
-      const std::string& address, std::vector<std::weak_ptr<prometheus::Collectable>> collectables);
+      const std::string& address, std::vector<std::weak_ptr<prometheus::Collectable>> collectables,
+      MetricsServerOptions options = {});
 
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;

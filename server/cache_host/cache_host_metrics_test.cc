@@ -384,6 +384,52 @@ TEST(MetricsServerTest, ServesCollectedFamiliesOverHttp) {
               HasSubstr("kvfabric_cache_host_transfer_seconds_count{direction=\"put\"} 1"));
 }
 
+// Issue 17: /metrics listed every tenant name as a label. Per-namespace
+// series are opt-in: none by default, the N largest when asked.
+TEST(CacheHostMetricsTest, PerNamespaceSeriesAreOptIn) {
+  const auto count = [](std::size_t series) {
+    CacheHostMetrics metrics([] { return SampleSnapshot(); }, series);
+    const auto families = metrics.Collect();
+    const auto* bytes = FindFamily(families, "kvfabric_cache_host_namespace_bytes");
+    return bytes == nullptr ? std::size_t{0} : bytes->metric.size();
+  };
+  EXPECT_EQ(count(0), 0u);
+  EXPECT_EQ(count(1), 2u);  // one namespace, host and nvme
+  CacheHostMetrics none([] { return SampleSnapshot(); });
+  const auto families = none.Collect();
+  const auto* other = FindFamily(families, "kvfabric_cache_host_namespace_other_bytes");
+  ASSERT_NE(other, nullptr);
+  EXPECT_GT(other->metric[0].gauge.value, 0) << "the totals still add up";
+}
+
+// Issue 17: /metrics was unavailable while 4 connections sent their headers
+// slowly (2 serving threads, no timeout). More of them than there are threads
+// now each hold a thread for request_timeout_ms at most.
+TEST(MetricsServerTest, SlowClientsDoNotMakeMetricsUnavailable) {
+  auto metrics = std::make_shared<CacheHostMetrics>([] { return SampleSnapshot(); });
+  MetricsServerOptions options;
+  options.threads = 2;
+  options.request_timeout_ms = 500;
+  auto server = MetricsServer::Start("127.0.0.1:0", {metrics}, options);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  std::vector<int> slow;
+  for (int i = 0; i < 6; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<std::uint16_t>((*server)->port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const std::string partial = "GET /metrics HTTP/1.1\r\nHo";  // and then nothing
+    ASSERT_EQ(::send(fd, partial.data(), partial.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(partial.size()));
+    slow.push_back(fd);
+  }
+  EXPECT_THAT(HttpGet((*server)->port(), "/metrics"), HasSubstr(" 200 "));
+  for (int fd : slow) ::close(fd);
+}
+
 TEST(MetricsServerTest, SkipsCollectablesThatAreGone) {
   auto metrics = std::make_shared<CacheHostMetrics>([] { return SampleSnapshot(); });
   auto server = MetricsServer::Start("127.0.0.1:0", {metrics});

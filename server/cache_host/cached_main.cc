@@ -74,6 +74,7 @@ struct Flags {
   std::uint32_t max_leases_per_namespace = 16384;
   std::uint64_t max_leased_bytes_per_namespace = 0;
   std::uint32_t eviction_log_capacity = 4096;
+  std::uint32_t metrics_namespace_series = 0;
   std::uint32_t max_data_connections = 4096;
   std::uint32_t max_data_connections_per_host = 1024;
   std::uint32_t max_requests_per_connection = 256;
@@ -270,6 +271,11 @@ int Run(int argc, char** argv) {
                  "most host bytes one namespace's leases may pin; 0: half the host pool");
   add_count("--eviction-log-capacity", &f.eviction_log_capacity,
             "recent eviction decisions kept for kvfabric explain", 1u << 20);
+  app.add_option("--metrics-namespace-series", f.metrics_namespace_series,
+                 "how many of the largest namespaces get /metrics series of their own (their "
+                 "tenant names become label values); 0: none, only the summed totals")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, static_cast<std::uint32_t>(cache_host::kMaxNamespaceSeries)));
   add_count("--max-data-connections", &f.max_data_connections,
             "most data-plane connections, in all", 1u << 20);
   add_count("--max-data-connections-per-host", &f.max_data_connections_per_host,
@@ -345,7 +351,7 @@ int Run(int argc, char** argv) {
     return 1;
   }
   auto metrics = std::make_shared<cache_host::CacheHostMetrics>(
-      [n = node->get()] { return n->Snapshot(); });
+      [n = node->get()] { return n->Snapshot(); }, f.metrics_namespace_series);
   (*node)->set_transfer_observer(cache_host::CacheHostMetrics::ObserverFor(metrics));
   std::unique_ptr<cache_host::MetricsServer> metrics_server;
   if (!f.metrics_address.empty() && f.metrics_address != "off") {
