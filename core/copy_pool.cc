@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "core/mutex.h"
-#include "core/stream_copy.h"
+#include "core/guarded_copy.h"
 
 namespace kvfabric {
 namespace {
@@ -15,14 +15,15 @@ namespace {
 // cache lines, and no two threads write one line).
 constexpr std::size_t kCutAlign = 4096;
 
-void CopyAll(std::span<const CopyRange> ranges, bool streaming) {
+// Copies every range (guarded: core/guarded_copy.h); the first fault's
+// status, after trying the rest.
+Status CopyAll(std::span<const CopyRange> ranges, bool streaming) {
+  Status first;
   for (const CopyRange& r : ranges) {
-    if (streaming) {
-      StreamingCopy(r.dst, r.src, r.bytes);
-    } else {
-      std::memcpy(r.dst, r.src, r.bytes);
-    }
+    Status s = GuardedCopy(r.dst, r.src, r.bytes, streaming);
+    if (!s.ok() && first.ok()) first = std::move(s);
   }
+  return first;
 }
 
 // Splits `ranges` into at most `parts` lists of about equal bytes.
@@ -85,31 +86,31 @@ void CopyPool::Work() {
   }
 }
 
-void CopyPool::Copy(std::span<const CopyRange> ranges, bool streaming) {
-  if (workers_.empty() || ranges.empty()) {
-    CopyAll(ranges, streaming);
-    return;
-  }
+Status CopyPool::Copy(std::span<const CopyRange> ranges, bool streaming) {
+  if (workers_.empty() || ranges.empty()) return CopyAll(ranges, streaming);
   const std::vector<std::vector<CopyRange>> shares = Split(ranges, workers_.size() + 1);
   // Completion of the helpers' shares; lives on this stack frame, which
   // outlives every job (Copy waits for all of them).
   Mutex done_mu;
   CondVar done_cv;
   std::size_t left = shares.size() - 1;
+  Status failed;  // the first share's fault, guarded by done_mu
   {
     MutexLock lock(&mu_);
     for (std::size_t i = 1; i < shares.size(); ++i) {
       jobs_.push_back([&, i] {
-        CopyAll(shares[i], streaming);
+        Status s = CopyAll(shares[i], streaming);
         MutexLock l(&done_mu);
+        if (!s.ok() && failed.ok()) failed = std::move(s);
         if (--left == 0) done_cv.NotifyOne();
       });
     }
   }
   cv_.NotifyAll();
-  CopyAll(shares[0], streaming);
+  Status mine = CopyAll(shares[0], streaming);
   MutexLock lock(&done_mu);
   done_cv.Wait(&done_mu, [&] { return left == 0; });
+  return mine.ok() ? failed : mine;
 }
 
 }  // namespace kvfabric

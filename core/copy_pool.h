@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/mutex.h"
+#include "core/status.h"
 
 namespace kvfabric {
 
@@ -50,7 +51,10 @@ class CopyPool {
 
   // Copies every range, with streaming stores (core/stream_copy.h) when
   // `streaming`, else std::memcpy; returns when all bytes are in place.
-  void Copy(std::span<const CopyRange> ranges, bool streaming);
+  // Every copy is guarded (core/guarded_copy.h): memory that faults (a peer
+  // shrank what it shared) makes it return DataLoss, after the other ranges
+  // were copied; the faulting range's destination is then not to be trusted.
+  [[nodiscard]] Status Copy(std::span<const CopyRange> ranges, bool streaming);
 
  private:
   void Work();

@@ -42,7 +42,7 @@ TEST(CopyPoolTest, CopiesEveryRangeExactlyWithAnyNumberOfHelpers) {
         for (std::size_t i = at; i < at + n; ++i) covered[i] = true;
         at += n;
       }
-      pool.Copy(ranges, streaming);
+      ASSERT_TRUE(pool.Copy(ranges, streaming).ok());
       for (std::size_t i = 0; i < kBytes; ++i) {
         ASSERT_EQ(dst[i], covered[i] ? src[i] : 0xee)
             << "byte " << i << " threads " << threads << " streaming " << streaming;
@@ -66,7 +66,7 @@ TEST(CopyPoolTest, ConcurrentCallersShareThePool) {
         const std::size_t half = src.size() / 2;
         const CopyRange ranges[] = {{dst.data(), src.data(), half},
                                     {dst.data() + half, src.data() + half, half}};
-        pool.Copy(ranges, round % 2 == 0);
+        ASSERT_TRUE(pool.Copy(ranges, round % 2 == 0).ok());
         if (std::memcmp(dst.data(), src.data(), src.size()) != 0) ++bad[c];
       }
     });
@@ -77,10 +77,10 @@ TEST(CopyPoolTest, ConcurrentCallersShareThePool) {
 
 TEST(CopyPoolTest, EmptyCopiesReturn) {
   CopyPool pool(2);
-  pool.Copy({}, true);
+  EXPECT_TRUE(pool.Copy({}, true).ok());
   unsigned char a = 1, b = 2;
   const CopyRange zero[] = {{&b, &a, 0}};
-  pool.Copy(zero, false);
+  EXPECT_TRUE(pool.Copy(zero, false).ok());
   EXPECT_EQ(b, 2);
 }
 

@@ -295,7 +295,8 @@ class UcxCore {
   // Any thread: copies `ranges` (through mappings the caller holds stable),
   // split across the copy pool (options().copy_threads), with streaming
   // stores when they add up to options().streaming_copy_min_bytes.
-  void CopyRanges(std::span<const CopyRange> ranges);
+  // DataLoss if the memory of a range faulted (CopyPool::Copy).
+  [[nodiscard]] Status CopyRanges(std::span<const CopyRange> ranges);
   // Any thread: counts entries UcxEndpoint::Submit copied inline.
   void CountInline(std::uint64_t n) {
     inline_transfers_.fetch_add(n, std::memory_order_relaxed);

@@ -117,10 +117,10 @@ CopyRange MappedRange(const PreparedTransfer& t) {
   return {remote, t.local, t.length};
 }
 
-void UcxCore::CopyRanges(std::span<const CopyRange> ranges) {
+Status UcxCore::CopyRanges(std::span<const CopyRange> ranges) {
   std::uint64_t total = 0;
   for (const CopyRange& r : ranges) total += r.bytes;
-  copy_pool_.Copy(ranges, total >= options_.streaming_copy_min_bytes);
+  return copy_pool_.Copy(ranges, total >= options_.streaming_copy_min_bytes);
 }
 
 void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
@@ -164,7 +164,10 @@ void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
       mapped.push_back(MappedRange(t));
     }
   }
-  if (!mapped.empty()) CopyRanges(mapped);
+  // A fault in the copy (the peer shrank the memory it shared: SIGBUS)
+  // fails this batch's mapped entries, not the process.
+  Status copied;
+  if (!mapped.empty()) copied = CopyRanges(mapped);
   std::vector<std::size_t> writes;  // one-sided puts, completed by one flush
   for (std::size_t i = 0; i < n; ++i) {
     PreparedTransfer& t = op->entries[i];
@@ -193,7 +196,7 @@ void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
         if (t.rkey->mapped != nullptr) {
           // Mapped here: copied above, through the mapping (UCX's get/put
           // on these lanes are the same copy cut into bcopy fragments).
-          FinishEntry(*op, i, Status::OK());
+          FinishEntry(*op, i, copied);
           break;
         }
         if (t.op == TransferOp::kRead) {

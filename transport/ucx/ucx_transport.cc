@@ -219,11 +219,13 @@ class UcxEndpoint final : public Endpoint {
     std::vector<CopyRange> ranges;
     ranges.reserve(op.entries.size());
     for (const PreparedTransfer& t : op.entries) ranges.push_back(MappedRange(t));
-    core_->CopyRanges(ranges);
+    // A fault (the peer shrank the memory it shared: SIGBUS) fails the batch,
+    // not the process (core/guarded_copy.h).
+    const Status copied = core_->CopyRanges(ranges);
     // Complete() publishes under the completion's mutex: the bytes are in
     // place before anyone learns the batch completed.
     for (std::size_t i = 0; i < op.entries.size(); ++i) {
-      op.completion->Complete(i, Status::OK(), op.entries[i].length);
+      op.completion->Complete(i, copied, copied.ok() ? op.entries[i].length : 0);
     }
     return true;
   }
