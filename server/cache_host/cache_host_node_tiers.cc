@@ -230,15 +230,20 @@ std::uint64_t CacheHostNode::RunEviction(std::optional<Namespace> scope,
 bool CacheHostNode::MakeRoomAndWait(std::optional<Namespace> scope, std::uint64_t pages,
                                     std::chrono::steady_clock::time_point deadline) {
   std::uint64_t done_before = 0;
+  std::uint64_t failures_before = 0;
   {
     MutexLock lock(&demotion_mu_);
     done_before = demotions_done_;
+    failures_before = demotion_failures_;
   }
   const std::uint64_t freed = RunEviction(std::move(scope), pages);
   // Demotions count from the moment the table marked them (a background pass
   // may still be syncing their catalog records), hence pages_demoting.
   MutexLock lock(&demotion_mu_);
-  const bool in_flight = table_->Counters().pages_demoting > 0;
+  // Demotions that failed at once (a catalog append on a full disk) turned
+  // demotion off: the caller's next pass evicts instead, so that is progress.
+  const bool in_flight =
+      table_->Counters().pages_demoting > 0 || demotion_failures_ > failures_before;
   demotion_cv_.WaitUntil(&demotion_mu_, deadline, [&]() KVF_REQUIRES(demotion_mu_) {
     return table_->Counters().pages_demoting == 0 || demotions_done_ > done_before ||
            pool_->Counts().free >= pages;
