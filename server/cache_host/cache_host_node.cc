@@ -167,6 +167,17 @@ std::uint64_t CacheHostNode::NewGrantId() {
   }
 }
 
+namespace {
+
+// What an unknown grant, one of another namespace, and a wrong token all
+// answer: one message, so the answer tells a guesser nothing.
+Status GrantNotFound(std::uint64_t lease_id) {
+  return Status::NotFound("lease " + std::to_string(lease_id) +
+                          " is unknown or ended, or the access token is not its");
+}
+
+}  // namespace
+
 std::unordered_map<std::uint64_t, CacheHostNode::Grant>::iterator CacheHostNode::FindOwnedGrant(
     const Namespace& ns, const GrantRef& ref) {
   auto it = grants_.find(ref.lease_id);
@@ -254,7 +265,6 @@ StatusOr<ReserveBatch> CacheHostNode::Reserve(const Namespace& ns,
     grant.blocks.push_back({e.key, r->id, r->pages, e.meta.bytes});
   }
   if (grant.blocks.empty()) return out;
-  grant.ns = table_->FindNamespace(ns).value_or(0);
   MutexLock lock(&mu_);
   grant.token = NewToken();
   grant.expires_at_us = NowUs() + ttl_us;
@@ -452,7 +462,6 @@ StatusOr<LeaseBatch> CacheHostNode::Lease(const Namespace& ns, std::span<const B
   Grant grant;
   grant.write = false;
   grant.tenant = ns.tenant;
-  grant.ns = ns_id.value_or(0);
   grant.read_leases = table_leases;
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const LeaseEntryResult& r = out.results[i];
@@ -494,8 +503,7 @@ std::vector<StatusOr<std::uint64_t>> CacheHostNode::Renew(const Namespace& ns,
     const std::uint64_t id = ref.lease_id;
     auto it = FindOwnedGrant(ns, ref);
     if (it == grants_.end()) {
-      out.emplace_back(Status::NotFound("lease " + std::to_string(id) +
-                                        " is unknown or ended, or the access token is not its"));
+      out.emplace_back(GrantNotFound(id));
       continue;
     }
     Grant& g = it->second;
@@ -532,8 +540,7 @@ std::vector<Status> CacheHostNode::Release(const Namespace& ns,
       const ReleaseEntry& e = entries[i];
       auto it = FindOwnedGrant(ns, GrantRef{e.lease_id, e.token});
       if (it == grants_.end()) {
-        out[i] = Status::NotFound("lease " + std::to_string(e.lease_id) +
-                                  " is unknown or ended, or the access token is not its");
+        out[i] = GrantNotFound(e.lease_id);
         continue;
       }
       Grant& g = it->second;

@@ -406,7 +406,6 @@ class CacheHostNode {
   };
   struct Grant {
     bool write = false;
-    NamespaceId ns = 0;
     std::string tenant;
     AccessToken token{};
     std::uint64_t expires_at_us = 0;

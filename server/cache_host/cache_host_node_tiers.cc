@@ -183,14 +183,12 @@ std::uint64_t CacheHostNode::RunEviction(std::optional<Namespace> scope,
   req.watermarks = options_.watermarks;
   req.nvme_enabled = nvme_ != nullptr;
   if (nvme_ != nullptr) {
-    // Room on the tier: capacity less what it holds and what is being
-    // demoted now (a full tier makes eviction drop instead of demote).
-    const NvmeTierStats nvme = nvme_->stats();
+    // Room on the tier: its free bytes less what is being demoted now (a
+    // full tier makes eviction drop instead of demote).
+    const std::uint64_t free = nvme_free_bytes();
     const std::uint64_t in_flight = table_->Counters().pages_demoting * pool_->page_bytes();
-    const std::uint64_t used = nvme.used_bytes + in_flight;
-    req.nvme_free_bytes = used >= options_.nvme.capacity_bytes
-                              ? 0
-                              : options_.nvme.capacity_bytes - used;
+    req.nvme_free_bytes = free - std::min(free, in_flight);
+    req.nvme_record_alignment = nvme_->alignment();
     MutexLock lock(&demotion_mu_);
     const std::uint64_t now = NowUs();
     if (now < demotion_backoff_until_us_) {

@@ -149,9 +149,10 @@ std::vector<EvictionDecision> PlanEviction(const EvictionPolicy& policy,
         d.action = EvictionAction::kDropHostCopy;
         why = "the NVMe copy remains";
       } else if (t.nvme_enabled && policy.WorthDemoting(c, &why)) {
-        // What the record takes on NVMe: header and payload, rounded up to
-        // 4 KiB (the tier pads to its direct-I/O unit).
-        const std::uint64_t stored = (kBlockHeaderBytes + c.bytes + 4095) / 4096 * 4096;
+        // What the record takes on NVMe: header and payload, padded to the
+        // tier's unit.
+        const std::uint64_t unit = std::max<std::uint64_t>(1, t.nvme_record_alignment);
+        const std::uint64_t stored = (kBlockHeaderBytes + c.bytes + unit - 1) / unit * unit;
         if (stored <= nvme_budget) {
           d.action = EvictionAction::kDemote;
           nvme_budget -= stored;
@@ -184,21 +185,12 @@ void DecisionLog::Record(EvictionDecision decision) {
   ring_.push_back(std::move(decision));
 }
 
-std::vector<EvictionDecision> DecisionLog::FindTenant(const std::string& tenant,
-                                                     const BlockKey& key) const {
+std::vector<EvictionDecision> DecisionLog::Find(const std::string& tenant,
+                                              const BlockKey& key) const {
   MutexLock lock(&mu_);
   std::vector<EvictionDecision> out;
   for (auto it = ring_.rbegin(); it != ring_.rend(); ++it) {
     if (it->tenant == tenant && it->key == key) out.push_back(*it);
-  }
-  return out;
-}
-
-std::vector<EvictionDecision> DecisionLog::Find(NamespaceId ns, const BlockKey& key) const {
-  MutexLock lock(&mu_);
-  std::vector<EvictionDecision> out;
-  for (auto it = ring_.rbegin(); it != ring_.rend(); ++it) {
-    if (it->ns == ns && it->key == key) out.push_back(*it);
   }
   return out;
 }

@@ -143,6 +143,9 @@ struct EvictionTrigger {
   // is being demoted): demotions beyond it become evictions, so a full tier
   // never turns eviction into a loop of failing demotions.
   std::uint64_t nvme_free_bytes = ~std::uint64_t{0};
+  // The tier pads each record (header + payload) to this (its direct-I/O
+  // unit).
+  std::uint64_t nvme_record_alignment = 4096;
   // Why demotion is off while a tier exists (e.g. demotions failing and
   // backing off); explains the evictions it causes. Empty: no tier.
   std::string nvme_off_reason;
@@ -189,12 +192,11 @@ class DecisionLog {
   explicit DecisionLog(std::size_t capacity = 4096) : capacity_(capacity) {}
 
   void Record(EvictionDecision decision);
-  // Decisions about (ns, key) still in the log, newest first.
-  std::vector<EvictionDecision> Find(NamespaceId ns, const BlockKey& key) const;
-  // The same by tenant name: what explain uses, since a namespace's id is
-  // reused once it holds nothing (BlockIndex::ReclaimIfEmpty) and its
-  // decisions must then neither vanish nor show under the id's next owner.
-  std::vector<EvictionDecision> FindTenant(const std::string& tenant, const BlockKey& key) const;
+  // Decisions about (tenant, key) still in the log, newest first. By tenant
+  // name, not namespace id: an id is reused once its namespace holds nothing
+  // (BlockIndex::ReclaimIfEmpty), and its decisions must then neither vanish
+  // nor show under the id's next owner.
+  std::vector<EvictionDecision> Find(const std::string& tenant, const BlockKey& key) const;
   // The newest `n` decisions, newest first.
   std::vector<EvictionDecision> Recent(std::size_t n) const;
   std::uint64_t Count(EvictionAction action) const;

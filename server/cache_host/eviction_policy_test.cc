@@ -209,10 +209,10 @@ TEST(EvictionPolicyTest, DecisionLogIsBoundedAndQueryableByKey) {
   }
   EXPECT_EQ(log.Recent(10).size(), 3u);
   EXPECT_EQ(log.Recent(10)[0].sequence, 5u);
-  auto zero = log.Find(0, KeyOf(0));  // sequences 3 and 5 remain
+  auto zero = log.Find("", KeyOf(0));  // the default tenant's; sequences 3 and 5 remain
   ASSERT_EQ(zero.size(), 2u);
   EXPECT_EQ(zero[0].sequence, 5u);
-  EXPECT_TRUE(log.Find(1, KeyOf(0)).empty());  // another namespace
+  EXPECT_TRUE(log.Find("other", KeyOf(0)).empty());  // another namespace
   EXPECT_EQ(log.Count(EvictionAction::kEvict), 4u);
   EXPECT_EQ(log.Count(EvictionAction::kDemote), 1u);
 }

@@ -66,7 +66,7 @@ StatusOr<WriteReservation> LeaseTable::Reserve(const Namespace& ns, const BlockK
   if (usage.reservations >= options_.max_reservations_per_namespace) {
     ++c_.quota_refusals;
     const std::string tenant = usage.tenant;
-    MaybeReclaimLocked(id);
+    index_.ReclaimIfEmpty(id);
     return Status::ResourceExhausted(
         "namespace \"" + tenant + "\" holds " + std::to_string(options_.max_reservations_per_namespace) +
         " open reservations, the most one namespace may (--max-reservations-per-namespace): "
@@ -83,13 +83,13 @@ StatusOr<WriteReservation> LeaseTable::Reserve(const Namespace& ns, const BlockK
   }
   if (Status s = index_.CheckQuota(id, resident); !s.ok()) {
     ++c_.quota_refusals;
-    MaybeReclaimLocked(id);
+    index_.ReclaimIfEmpty(id);
     return s;
   }
   auto runs = pool_->Allocate(pages, PageState::kReserved);
   if (!runs.ok()) {
     ++c_.pool_refusals;
-    MaybeReclaimLocked(id);
+    index_.ReclaimIfEmpty(id);
     return runs.status().WithContext("reserve " + FormatBytesExact(meta.bytes) + " for block " +
                                      key.ToHex());
   }
@@ -118,10 +118,8 @@ void LeaseTable::DropReservationLocked(std::uint64_t id, bool free_pages) {
   reserved_keys_.erase({r.ns, r.key});
   reservation_expiry_.erase({r.expires_at_us, id});
   reservations_.erase(it);
-  MaybeReclaimLocked(ns);
+  index_.ReclaimIfEmpty(ns);
 }
-
-void LeaseTable::MaybeReclaimLocked(NamespaceId id) { index_.ReclaimIfEmpty(id); }
 
 Status LeaseTable::Commit(std::uint64_t reservation_id, std::uint32_t crc32c) {
   PageRuns pages;
@@ -196,8 +194,7 @@ Status LeaseTable::Abort(std::uint64_t reservation_id) {
   return Status::OK();
 }
 
-Status LeaseTable::BeginWrite(std::uint64_t reservation_id) {
-  MutexLock lock(&mu_);
+StatusOr<LeaseTable::Reservation*> LeaseTable::WritableLocked(std::uint64_t reservation_id) {
   auto it = reservations_.find(reservation_id);
   if (it == reservations_.end()) {
     return Status::NotFound("reservation " + std::to_string(reservation_id) +
@@ -207,7 +204,13 @@ Status LeaseTable::BeginWrite(std::uint64_t reservation_id) {
     return Status::FailedPrecondition("reservation " + std::to_string(reservation_id) +
                                       " is being committed");
   }
-  ++it->second.writes_in_flight;
+  return &it->second;
+}
+
+Status LeaseTable::BeginWrite(std::uint64_t reservation_id) {
+  MutexLock lock(&mu_);
+  KVF_ASSIGN_OR_RETURN(Reservation * r, WritableLocked(reservation_id));
+  ++r->writes_in_flight;
   return Status::OK();
 }
 
@@ -233,22 +236,13 @@ Status LeaseTable::CopyIn(std::uint64_t reservation_id, std::span<const std::byt
   PageRuns pages;
   {
     MutexLock lock(&mu_);
-    auto it = reservations_.find(reservation_id);
-    if (it == reservations_.end()) {
-      return Status::NotFound("reservation " + std::to_string(reservation_id) +
-                              " is unknown or expired");
-    }
-    Reservation& r = it->second;
-    if (r.committing) {
-      return Status::FailedPrecondition("reservation " + std::to_string(reservation_id) +
-                                        " is being committed");
-    }
-    if (payload.size() > r.meta.bytes) {
+    KVF_ASSIGN_OR_RETURN(Reservation * r, WritableLocked(reservation_id));
+    if (payload.size() > r->meta.bytes) {
       return Status::InvalidArgument(std::to_string(payload.size()) + " bytes for a " +
-                                     std::to_string(r.meta.bytes) + "-byte block");
+                                     std::to_string(r->meta.bytes) + "-byte block");
     }
-    ++r.writes_in_flight;
-    pages = r.pages;
+    ++r->writes_in_flight;
+    pages = r->pages;
   }
   pool_->CopyIn(pages, payload);  // outside the mutex; the bracket keeps the pages
   MutexLock lock(&mu_);
@@ -434,7 +428,7 @@ void LeaseTable::ReleaseLocked(std::uint64_t id) {
   const NamespaceId ns = l.ns;
   lease_expiry_.erase({l.expires_at_us, id});
   leases_.erase(it);
-  MaybeReclaimLocked(ns);
+  index_.ReclaimIfEmpty(ns);
 }
 
 Status LeaseTable::Release(std::uint64_t lease_id) {
@@ -539,7 +533,7 @@ StatusOr<BlockEntry> LeaseTable::Delete(const Namespace& ns, const BlockKey& key
   if (InHost(e->tier)) KVF_RETURN_IF_ERROR(pool_->Free(e->host_pages));
   ++c_.deletes;
   StatusOr<BlockEntry> removed = index_.Remove(*id, key);
-  MaybeReclaimLocked(*id);
+  index_.ReclaimIfEmpty(*id);
   return removed;
 }
 
@@ -591,6 +585,7 @@ StatusOr<EvictionPassResult> LeaseTable::MakeRoom(const EvictionPolicy& policy,
   trigger.watermarks = req.watermarks;
   trigger.nvme_enabled = req.nvme_enabled;
   trigger.nvme_free_bytes = req.nvme_free_bytes;
+  trigger.nvme_record_alignment = req.nvme_record_alignment;
   trigger.nvme_off_reason = req.nvme_off_reason;
   out.decisions = PlanEviction(policy, std::move(candidates), trigger, now);
 
@@ -622,7 +617,7 @@ StatusOr<EvictionPassResult> LeaseTable::MakeRoom(const EvictionPolicy& policy,
     decisions_.Record(d);
   }
   for (const EvictionDecision& d : out.decisions) {
-    if (d.action == EvictionAction::kEvict) MaybeReclaimLocked(d.ns);
+    if (d.action == EvictionAction::kEvict) index_.ReclaimIfEmpty(d.ns);
   }
   return out;
 }
@@ -663,7 +658,7 @@ Status LeaseTable::AbortDemotion(NamespaceId ns, const BlockKey& key) {
 }
 
 std::vector<EvictionDecision> LeaseTable::Explain(const Namespace& ns, const BlockKey& key) const {
-  return decisions_.FindTenant(ns.tenant, key);
+  return decisions_.Find(ns.tenant, key);
 }
 
 Status LeaseTable::CheckRange(const PageRuns& pages, std::uint64_t bytes, std::uint64_t offset,
@@ -692,24 +687,16 @@ bool LeaseTable::RangeInside(const PageRuns& pages, std::uint64_t bytes, std::ui
 Status LeaseTable::BeginWriteRange(std::uint64_t reservation_id, std::uint64_t offset,
                                    std::uint64_t length) {
   MutexLock lock(&mu_);
-  auto it = reservations_.find(reservation_id);
-  if (it == reservations_.end()) {
-    return Status::NotFound("reservation " + std::to_string(reservation_id) +
-                            " is unknown or expired");
-  }
-  if (it->second.committing) {
-    return Status::FailedPrecondition("reservation " + std::to_string(reservation_id) +
-                                      " is being committed");
-  }
-  KVF_RETURN_IF_ERROR(CheckRange(it->second.pages, it->second.meta.bytes, offset, length));
-  if (it->second.written.size() + it->second.writes_in_flight >= kMaxWrittenRanges) {
+  KVF_ASSIGN_OR_RETURN(Reservation * r, WritableLocked(reservation_id));
+  KVF_RETURN_IF_ERROR(CheckRange(r->pages, r->meta.bytes, offset, length));
+  if (r->written.size() + r->writes_in_flight >= kMaxWrittenRanges) {
     return Status::ResourceExhausted(
         "reservation " + std::to_string(reservation_id) + " already has " +
-        std::to_string(it->second.written.size()) + " disjoint written ranges and " +
-        std::to_string(it->second.writes_in_flight) + " writes in flight, the most one block may (" +
+        std::to_string(r->written.size()) + " disjoint written ranges and " +
+        std::to_string(r->writes_in_flight) + " writes in flight, the most one block may (" +
         std::to_string(kMaxWrittenRanges) + "); write it in larger ranges");
   }
-  ++it->second.writes_in_flight;
+  ++r->writes_in_flight;
   return Status::OK();
 }
 
@@ -782,7 +769,7 @@ StatusOr<std::optional<BlockEntry>> LeaseTable::AbortPromotion(const PromotionOr
   ++c_.promotions_failed;
   if (!remove_block) return std::optional<BlockEntry>();
   KVF_ASSIGN_OR_RETURN(BlockEntry removed, index_.Remove(order.ns, order.key));
-  MaybeReclaimLocked(order.ns);
+  index_.ReclaimIfEmpty(order.ns);
   return std::optional<BlockEntry>(std::move(removed));
 }
 

@@ -194,6 +194,7 @@ struct EvictionRequest {
   bool nvme_enabled = false;
   // See EvictionTrigger: room left on NVMe, and why demotion is off.
   std::uint64_t nvme_free_bytes = ~std::uint64_t{0};
+  std::uint64_t nvme_record_alignment = 4096;
   std::string nvme_off_reason;
   // Set for a pass on behalf of one namespace's request: only its blocks are
   // candidates. Unset for the background pass over every namespace.
@@ -404,10 +405,9 @@ class LeaseTable {
   bool RangeInside(const PageRuns& pages, std::uint64_t bytes, std::uint64_t offset,
                    std::uint64_t length) const;
   void DropReservationLocked(std::uint64_t id, bool free_pages) KVF_REQUIRES(mu_);
-  // Reclaims namespace `id` if it now holds nothing (BlockIndex::
-  // ReclaimIfEmpty). Eviction decisions are found by tenant name, so they
-  // outlive the id.
-  void MaybeReclaimLocked(NamespaceId id) KVF_REQUIRES(mu_);
+  // The reservation a write may go into: NotFound if unknown or expired,
+  // FailedPrecondition while it is being committed.
+  StatusOr<Reservation*> WritableLocked(std::uint64_t reservation_id) KVF_REQUIRES(mu_);
   // Adds [offset, offset + length) to r's written ranges, merging neighbours.
   static void RecordWritten(Reservation& r, std::uint64_t offset, std::uint64_t length);
   // OK if r's written ranges cover every payload byte; otherwise
