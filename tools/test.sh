@@ -45,7 +45,8 @@ TSAN_TARGETS=(
   # out (TSan matches a pattern against every frame, and every RPC handler
   # runs under gRPC frames, so they would also hide races in our handlers).
   # The cores these daemons serve are tested under TSan without gRPC:
-  # cache_host_node_test, the transport tests, transport_two_process_test.
+  # cache_host_node_test, cache_host_node_limits_test, the transport tests,
+  # transport_two_process_test.
   # (`bazel query 'tests(...) intersect rdeps(..., @grpc//:lib)'` finds them.)
   -//client:kvfabric_c_test
   -//tests:c_api_cluster_test

@@ -549,118 +549,6 @@ StatusOr<NamespaceUsage> LeaseTable::Usage(const Namespace& ns) const {
   return index_.Usage(*id);
 }
 
-StatusOr<EvictionPassResult> LeaseTable::MakeRoom(const EvictionPolicy& policy,
-                                                  const EvictionRequest& req) {
-  KVF_RETURN_IF_ERROR(req.watermarks.Validate());
-  const std::uint64_t now = clock_();
-  EvictionPassResult out;
-  MutexLock lock(&mu_);
-  std::optional<NamespaceId> scope;
-  if (req.scope.has_value()) {
-    scope = index_.FindNamespace(*req.scope);
-    if (!scope.has_value()) return out;  // a namespace with no blocks has nothing to give
-  }
-  std::vector<EvictionCandidate> candidates;
-  index_.ForEach(scope, [&](const BlockEntry& e) {
-    if (!InHost(e.tier) || e.read_pins > 0 || e.demoting) return;
-    candidates.push_back(EvictionCandidate{
-        .ns = e.ns,
-        .key = e.key,
-        .tier = e.tier,
-        .bytes = e.meta.bytes,
-        .pages = e.host_pages.TotalPages(),
-        .resident_bytes = e.host_resident_bytes,
-        .tokens = e.meta.tokens,
-        .token_offset = e.meta.token_offset,
-        .last_access_us = e.last_access_us,
-        .hit_count = e.hit_count,
-    });
-  });
-  const PagePoolCounts counts = pool_->Counts();
-  EvictionTrigger trigger;
-  trigger.pool_pages = counts.pages;
-  trigger.occupied_pages =
-      counts.pages - counts.free - std::min(counts.pages - counts.free, c_.pages_demoting);
-  trigger.pages_needed = req.pages_needed;
-  trigger.watermarks = req.watermarks;
-  trigger.nvme_enabled = req.nvme_enabled;
-  trigger.nvme_free_bytes = req.nvme_free_bytes;
-  trigger.nvme_record_alignment = req.nvme_record_alignment;
-  trigger.nvme_off_reason = req.nvme_off_reason;
-  out.decisions = PlanEviction(policy, std::move(candidates), trigger, now);
-
-  for (EvictionDecision& d : out.decisions) {
-    BlockEntry* e = index_.FindMutable(d.ns, d.key);
-    const PageRuns pages = e->host_pages;
-    switch (d.action) {
-      case EvictionAction::kDropHostCopy:
-        KVF_RETURN_IF_ERROR(pool_->Free(pages));
-        KVF_RETURN_IF_ERROR(index_.ReplaceLocation(d.ns, d.key, BlockTier::kNvme, {}, 0, e->nvme));
-        out.pages_freed += pages.TotalPages();
-        ++c_.dropped_host_copies;
-        break;
-      case EvictionAction::kEvict:
-        KVF_RETURN_IF_ERROR(pool_->Free(pages));
-        KVF_RETURN_IF_ERROR(index_.Remove(d.ns, d.key).status());
-        out.pages_freed += pages.TotalPages();
-        ++c_.evictions;
-        break;
-      case EvictionAction::kDemote:
-        KVF_RETURN_IF_ERROR(pool_->Pin(pages));
-        e->demoting = true;
-        c_.pages_demoting += pages.TotalPages();
-        out.demotions.push_back({d.ns, d.key, pages, e->meta, e->crc32c});
-        ++c_.demotions_started;
-        break;
-    }
-    d.tenant = index_.Usage(d.ns).tenant;
-    decisions_.Record(d);
-  }
-  for (const EvictionDecision& d : out.decisions) {
-    if (d.action == EvictionAction::kEvict) index_.ReclaimIfEmpty(d.ns);
-  }
-  return out;
-}
-
-Status LeaseTable::CompleteDemotion(NamespaceId ns, const BlockKey& key,
-                                    const NvmeLocation& location) {
-  MutexLock lock(&mu_);
-  BlockEntry* e = ns < index_.namespace_count() ? index_.FindMutable(ns, key) : nullptr;
-  if (e == nullptr || !e->demoting) {
-    return Status::FailedPrecondition("block " + key.ToHex() + " has no demotion in flight");
-  }
-  const PageRuns pages = e->host_pages;
-  KVF_RETURN_IF_ERROR(pool_->Unpin(pages));
-  e->demoting = false;
-  c_.pages_demoting -= pages.TotalPages();
-  ++c_.demotions_completed;
-  if (e->read_pins > 0) {
-    // A reader leased it meanwhile: keep the host copy; a later pass drops it
-    // (step 1) once the lease is gone.
-    return index_.ReplaceLocation(ns, key, BlockTier::kBoth, pages, e->host_resident_bytes,
-                                  location);
-  }
-  KVF_RETURN_IF_ERROR(pool_->Free(pages));
-  return index_.ReplaceLocation(ns, key, BlockTier::kNvme, {}, 0, location);
-}
-
-Status LeaseTable::AbortDemotion(NamespaceId ns, const BlockKey& key) {
-  MutexLock lock(&mu_);
-  BlockEntry* e = ns < index_.namespace_count() ? index_.FindMutable(ns, key) : nullptr;
-  if (e == nullptr || !e->demoting) {
-    return Status::FailedPrecondition("block " + key.ToHex() + " has no demotion in flight");
-  }
-  KVF_RETURN_IF_ERROR(pool_->Unpin(e->host_pages));
-  e->demoting = false;
-  c_.pages_demoting -= e->host_pages.TotalPages();
-  ++c_.demotions_aborted;
-  return Status::OK();
-}
-
-std::vector<EvictionDecision> LeaseTable::Explain(const Namespace& ns, const BlockKey& key) const {
-  return decisions_.Find(ns.tenant, key);
-}
-
 Status LeaseTable::CheckRange(const PageRuns& pages, std::uint64_t bytes, std::uint64_t offset,
                               std::uint64_t length) const {
   if (RangeInside(pages, bytes, offset, length)) return Status::OK();
@@ -721,58 +609,6 @@ Status LeaseTable::BeginReadRange(std::uint64_t lease_id, std::uint64_t offset,
                                  std::to_string(it->second.blocks.size()) + " blocks");
 }
 
-StatusOr<PromotionOrder> LeaseTable::BeginPromotion(NamespaceId ns, const BlockKey& key) {
-  MutexLock lock(&mu_);
-  BlockEntry* e = ns < index_.namespace_count() ? index_.FindMutable(ns, key) : nullptr;
-  if (e == nullptr) return Status::NotFound("block " + key.ToHex() + " is not cached");
-  if (InHost(e->tier)) {
-    return Status::FailedPrecondition("block " + key.ToHex() + " already has a host copy");
-  }
-  if (e->promoting) {
-    return Status::Aborted("block " + key.ToHex() + " is being staged by another lease");
-  }
-  auto runs = pool_->Allocate(pool_->PagesFor(e->meta.bytes), PageState::kStaging);
-  if (!runs.ok()) {
-    ++c_.pool_refusals;
-    return runs.status().WithContext("stage block " + key.ToHex() + " from NVMe");
-  }
-  e->promoting = true;
-  ++c_.promotions_started;
-  return PromotionOrder{ns, key, *runs, e->nvme, e->meta, e->crc32c};
-}
-
-Status LeaseTable::CompletePromotion(const PromotionOrder& order) {
-  MutexLock lock(&mu_);
-  BlockEntry* e = index_.FindMutable(order.ns, order.key);
-  if (e == nullptr || !e->promoting) {
-    return Status::FailedPrecondition("block " + order.key.ToHex() +
-                                      " has no staging read in flight");
-  }
-  KVF_RETURN_IF_ERROR(pool_->Transition(order.pages, PageState::kStaging, PageState::kCommitted));
-  e->promoting = false;
-  e->last_access_us = clock_();
-  ++c_.promotions_completed;
-  return index_.ReplaceLocation(order.ns, order.key, BlockTier::kBoth, order.pages,
-                                order.pages.TotalPages() * pool_->page_bytes(), e->nvme);
-}
-
-StatusOr<std::optional<BlockEntry>> LeaseTable::AbortPromotion(const PromotionOrder& order,
-                                                               bool remove_block) {
-  MutexLock lock(&mu_);
-  BlockEntry* e = index_.FindMutable(order.ns, order.key);
-  if (e == nullptr || !e->promoting) {
-    return Status::FailedPrecondition("block " + order.key.ToHex() +
-                                      " has no staging read in flight");
-  }
-  KVF_RETURN_IF_ERROR(pool_->Free(order.pages));
-  e->promoting = false;
-  ++c_.promotions_failed;
-  if (!remove_block) return std::optional<BlockEntry>();
-  KVF_ASSIGN_OR_RETURN(BlockEntry removed, index_.Remove(order.ns, order.key));
-  index_.ReclaimIfEmpty(order.ns);
-  return std::optional<BlockEntry>(std::move(removed));
-}
-
 StatusOr<std::uint64_t> LeaseTable::RenewReservation(std::uint64_t reservation_id,
                                                      std::uint64_t ttl_us) {
   KVF_RETURN_IF_ERROR(CheckTtl(ttl_us));
@@ -816,24 +652,6 @@ std::vector<NamespaceUsage> LeaseTable::Usages() const {
     if (index_.live(id)) out.push_back(index_.Usage(id));
   }
   return out;
-}
-
-Status LeaseTable::AdoptRecovered(const Namespace& ns, const BlockKey& key, const BlockMeta& meta,
-                                  std::uint32_t crc32c, const NvmeLocation& location) {
-  MutexLock lock(&mu_);
-  KVF_ASSIGN_OR_RETURN(const NamespaceId id, index_.InternNamespace(ns));
-  BlockEntry e;
-  e.ns = id;
-  e.key = key;
-  e.meta = meta;
-  e.crc32c = crc32c;
-  e.tier = BlockTier::kNvme;
-  e.nvme = location;
-  e.committed_us = clock_();
-  e.last_access_us = e.committed_us;
-  KVF_RETURN_IF_ERROR(index_.Publish(std::move(e)));
-  ++c_.recovered;
-  return Status::OK();
 }
 
 LeaseTableCounters LeaseTable::Counters() const {
