@@ -112,11 +112,10 @@ TEST_F(CacheHostNodeTest, TierFarSmallerThanThePoolEvictsInsteadOfFailingDemotio
 // failures stay bounded by the passes before the backoff, not by the blocks
 // written; once the filesystem takes writes again, demotion resumes.
 TEST_F(CacheHostNodeTest, FailingFilesystemBacksDemotionOffAndKeepsServing) {
-  FaultInjectionEnv disk(Env::Default());
   CacheHostOptions o = Options(1 << 20, true);
-  o.nvme.env = &disk;
+  o.nvme.env = &disk_;
   StartNode(std::move(o), &clock_);  // time moves only when the test says
-  disk.SetFilesystemActive(false);
+  disk_.SetFilesystemActive(false);
   for (int i = 0; i < 40; ++i) {
     Status s = Put("t", Key(i), Meta(4), 0, i);
     ASSERT_TRUE(s.ok()) << i << ": " << s.ToString();
@@ -128,7 +127,7 @@ TEST_F(CacheHostNodeTest, FailingFilesystemBacksDemotionOffAndKeepsServing) {
   EXPECT_GT(s.evictions_by_action[static_cast<int>(EvictionAction::kEvict)], 0u);
   ASSERT_TRUE(Get("t", Key(39), 4 << 20).ok());
 
-  disk.SetFilesystemActive(true);
+  disk_.SetFilesystemActive(true);
   clock_.Advance(std::chrono::seconds(31));  // past the longest backoff
   const std::uint64_t failures = s.demotion_failures;
   for (int i = 40; i < 60; ++i) ASSERT_TRUE(Put("t", Key(i), Meta(4), 0, i).ok()) << i;

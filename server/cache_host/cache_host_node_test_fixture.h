@@ -234,6 +234,9 @@ class CacheHostNodeTest : public ::testing::Test {
   std::shared_ptr<client::DaemonConnection> conn_;
   std::uint32_t region_ = 0;
   FakeClockEnv clock_;  // outlives node_, which may read it
+  // A disk a test can fail (options.nvme.env = &disk_); outlives node_, whose
+  // NVMe committer thread writes through it until the node is destroyed.
+  FaultInjectionEnv disk_{Env::Default()};
   std::unique_ptr<CacheHostNode> node_;
 };
 
