@@ -81,7 +81,9 @@ StatusOr<std::shared_ptr<CacheHostSession>> CacheHostSession::Open(
     s->admin_stub_ = v1::CacheHost::NewStub(OpenChannel(s->o_.admin_address));
   }
   if (s->o_.host_id.empty()) s->o_.host_id = s->o_.grpc_address;
-  if (s->o_.check_shared_memory) KVF_RETURN_IF_ERROR(s->CheckSharedMemory());
+  if (s->o_.check_shared_memory || s->o_.check_ucx_listener) {
+    KVF_RETURN_IF_ERROR(s->CheckSharedMemory());
+  }
   if (!s->o_.transport_address.empty()) {
     KVF_RETURN_IF_ERROR(s->Connection(s->o_.transport_address).status());
   }
@@ -96,7 +98,18 @@ Status CacheHostSession::CheckSharedMemory() {
   peer.uid = health.process().uid();
   peer.gid = health.process().gid();
   peer.ipc_namespace = health.process().ipc_namespace();
-  const Status reachable = SharedMemoryReachable(LocalProcessIdentity(), peer);
+  peer.ucx_same_user_only = health.process().ucx_same_user_only();
+  const ProcessIdentity self = LocalProcessIdentity();
+  const Status admits = UcxListenerAdmits(self, peer);
+  if (o_.check_ucx_listener && !admits.ok()) {
+    return Status::FailedPrecondition(
+        "cache host " + o_.host_id + " (" + o_.grpc_address +
+        "): " + std::string(admits.message()) +
+        ". Use the kernel-TCP data plane on both sides (data_transport \"tcp\" here, "
+        "kvfabric-cached --data-transport=tcp), or run the engine and the daemon as one user");
+  }
+  if (!o_.check_shared_memory) return Status::OK();
+  const Status reachable = SharedMemoryReachable(self, peer);
   if (reachable.ok()) return reachable;
   return Status::FailedPrecondition(
       "cache host " + o_.host_id + " (" + o_.grpc_address + "): " + std::string(reachable.message()) +

@@ -76,6 +76,11 @@ struct CacheHostSessionOptions {
   // UCX would connect, then fail every transfer (shmat, process_vm_readv:
   // permission denied).
   bool check_shared_memory = false;
+  // Set when the data plane is UCX (any transport list): Open then also
+  // refuses a daemon on this host under another user whose UCX listener
+  // admits only its own user (it would reject the connection), with
+  // FailedPrecondition naming the kernel-TCP data plane as the way out.
+  bool check_ucx_listener = false;
   std::string ucx_tls;
   std::string ucx_tls_setting = "ucx_tls";
 };
@@ -172,7 +177,8 @@ class CacheHostSession {
  private:
   CacheHostSession(DataPlaneClient* data, CacheHostSessionOptions options);
   Status Call(const char* rpc, const grpc::Status& g) const;
-  // check_shared_memory: the daemon's identity against this process's.
+  // check_shared_memory, check_ucx_listener: the daemon's identity against
+  // this process's.
   Status CheckSharedMemory();
   transport::Deadline TransferDeadline() const;
   // The data-plane connection, made (and the region exported) on first use

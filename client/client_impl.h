@@ -223,6 +223,7 @@ class Client::Impl {
   // The data plane may use shared memory (transport::UsesSharedMemory):
   // each daemon's identity is checked before its data plane is connected.
   bool shared_memory_ = false;
+  bool ucx_data_plane_ = false;  // CacheHostSessionOptions::check_ucx_listener
   std::unique_ptr<transport::MemoryRegion> staging_;
   std::unique_ptr<DataPlaneClient> data_;
   std::unique_ptr<DeviceArena> arena_;

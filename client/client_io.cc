@@ -73,6 +73,7 @@ StatusOr<std::shared_ptr<Daemon>> Client::Impl::GetDaemon(const MatchResult::Hos
   so.transfer_timeout = o_.transfer_timeout;
   so.region_id = kStagingRegionId;
   so.check_shared_memory = shared_memory_;
+  so.check_ucx_listener = ucx_data_plane_;
   so.ucx_tls = o_.ucx_tls;
   so.ucx_tls_setting = o_.ucx_tls_setting.empty() ? "ucx_tls (--ucx-tls)" : o_.ucx_tls_setting;
   StatusOr<std::shared_ptr<Daemon>> opened =

@@ -163,6 +163,7 @@ Status Client::Impl::Init() {
   topts.ucx_tls = o_.ucx_tls;
   KVF_ASSIGN_OR_RETURN(transport_, transport::CreateDataTransport(topts));
   shared_memory_ = transport::UsesSharedMemory(topts);
+  ucx_data_plane_ = topts.kind == "ucx";
   KVF_ASSIGN_OR_RETURN(staging_,
                        transport_->AllocateMemory(o_.staging_bytes, transport::MemoryKind::kHost));
   KVF_ASSIGN_OR_RETURN(data_, DataPlaneClient::Create(transport_.get()));

@@ -39,4 +39,16 @@ Status SharedMemoryReachable(const ProcessIdentity& self, const ProcessIdentity&
   return Status::OK();
 }
 
+Status UcxListenerAdmits(const ProcessIdentity& self, const ProcessIdentity& peer) {
+  if (!peer.ucx_same_user_only || peer.boot_id.empty() || peer.boot_id != self.boot_id ||
+      peer.uid == self.uid) {
+    return Status::OK();
+  }
+  return Status::FailedPrecondition(
+      "it runs as uid " + std::to_string(peer.uid) + " on this host, this process as uid " +
+      std::to_string(self.uid) +
+      ", and its UCX data plane admits only its own user from its host (its transport list "
+      "uses shared memory; kvfabric-cached --shared-memory-peers same-user)");
+}
+
 }  // namespace kvfabric

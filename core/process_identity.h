@@ -30,6 +30,10 @@ struct ProcessIdentity {
   std::uint32_t gid = 0;
   // The inode of /proc/self/ns/ipc (0 if unreadable): one IPC namespace.
   std::uint64_t ipc_namespace = 0;
+  // A daemon whose UCX listener admits only its own user from its host
+  // (ucx::SharedMemoryPeers::kSameUser with shared memory in its list).
+  // LocalProcessIdentity() leaves it false; the daemon sets it.
+  bool ucx_same_user_only = false;
 };
 
 ProcessIdentity LocalProcessIdentity();
@@ -41,6 +45,11 @@ ProcessIdentity LocalProcessIdentity();
 // FailedPrecondition saying which of these differs, e.g. "it runs as uid 0,
 // this process as uid 65534".
 Status SharedMemoryReachable(const ProcessIdentity& self, const ProcessIdentity& peer);
+
+// Whether `peer`'s UCX listener admits `self` at all: OK unless they are on
+// one host under different users and the peer admits only its own user
+// (ucx_same_user_only); then FailedPrecondition naming both uids.
+Status UcxListenerAdmits(const ProcessIdentity& self, const ProcessIdentity& peer);
 
 }  // namespace kvfabric
 

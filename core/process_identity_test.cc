@@ -60,5 +60,24 @@ TEST(ProcessIdentityTest, AnotherHostOrAnUnknownPeerIsNotJudged) {
   EXPECT_TRUE(SharedMemoryReachable(Same(), unknown).ok());
 }
 
+TEST(ProcessIdentityTest, ASameUserOnlyListenerRefusesOtherUsersOfItsHostOnly) {
+  ProcessIdentity daemon = Same();
+  daemon.uid = 0;
+  ProcessIdentity engine = Same();
+  engine.uid = 65534;
+  EXPECT_TRUE(UcxListenerAdmits(engine, daemon).ok()) << "a daemon that admits every user";
+  daemon.ucx_same_user_only = true;
+  const Status s = UcxListenerAdmits(engine, daemon);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("uid 0"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("uid 65534"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("--shared-memory-peers"), std::string::npos) << s.ToString();
+  engine.uid = 0;
+  EXPECT_TRUE(UcxListenerAdmits(engine, daemon).ok()) << "its own user";
+  engine.uid = 65534;
+  engine.boot_id = "another-host";
+  EXPECT_TRUE(UcxListenerAdmits(engine, daemon).ok()) << "another host";
+}
+
 }  // namespace
 }  // namespace kvfabric

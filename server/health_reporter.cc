@@ -33,11 +33,17 @@ void HealthReporter::SetState(v1::ServingStatus state, std::string detail) {
   detail_ = state == v1::SERVING_STATUS_SERVING ? "" : std::move(detail);
 }
 
+void HealthReporter::SetUcxSameUserOnly(bool same_user_only) {
+  MutexLock lock(&mu_);
+  ucx_same_user_only_ = same_user_only;
+}
+
 void HealthReporter::Fill(v1::HealthResponse* response) const {
   {
     MutexLock lock(&mu_);
     response->set_status(state_);
     response->set_detail(detail_);
+    response->mutable_process()->set_ucx_same_user_only(ucx_same_user_only_);
   }
   response->set_version(version_);
   response->set_uptime_us(env_->NowMicros() - start_micros_);

@@ -27,6 +27,10 @@ class HealthReporter {
 
   void Fill(v1::HealthResponse* response) const;
 
+  // Reported as process.ucx_same_user_only (a daemon whose UCX listener
+  // admits only its own user from its host). Default false.
+  void SetUcxSameUserOnly(bool same_user_only);
+
   // A random id of this process start, never 0.
   std::uint64_t incarnation() const { return incarnation_; }
 
@@ -39,6 +43,7 @@ class HealthReporter {
   mutable Mutex mu_;
   v1::ServingStatus state_ KVF_GUARDED_BY(mu_) = v1::SERVING_STATUS_STARTING;
   std::string detail_ KVF_GUARDED_BY(mu_) = "starting";
+  bool ucx_same_user_only_ KVF_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace kvfabric

@@ -5,14 +5,21 @@
 //
 // UCX's shared-memory transports cannot work between them: UCX makes its
 // segments 0660 (owner and group) and CMA's process_vm_readv needs ptrace
-// rights over the peer. Before this was detected, such an engine connected,
-// then every write-back failed with a screen of UCX errors and a status that
-// did not say what to change. Now:
-//   1. with ucx_tls "sm,self,tcp" (the default) the daemon is refused before
-//      its data plane is connected: kvf_finish returns FAILED_PRECONDITION
-//      naming options->ucx_tls and both uids, no block is written;
-//   2. with ucx_tls "tcp" the same engine saves a prompt, loads it back (all
-//      of it fetched) and every byte matches.
+// rights over the peer; and a daemon shares memory only with its own user
+// (--shared-memory-peers same-user, the default: a peer could crash it by
+// truncating what it shared; tests/shared_memory_attack_test.cc). Before
+// this was detected, such an engine connected, then every write-back failed
+// with a screen of UCX errors and a status that did not say what to change.
+// Now, each case with its own placement and daemon:
+//   1. a default daemon (UCX with shared memory, same-user peers): the
+//      engine, whatever its ucx_tls, is refused before the data plane is
+//      connected; kvf_finish returns FAILED_PRECONDITION naming both uids,
+//      the daemon's --shared-memory-peers and the kernel-TCP data plane;
+//   2. a daemon with --data-transport=tcp: the engine with data_transport
+//      "tcp" saves a prompt, loads it back (all fetched), every byte matches;
+//   3. a daemon that trusts every user (--shared-memory-peers=any): the
+//      default ucx_tls is refused naming options->ucx_tls; ucx_tls "tcp"
+//      round-trips exactly.
 //
 // Needs root (to start a child as another user); skipped otherwise.
 #include <fcntl.h>
@@ -96,8 +103,9 @@ kvf_status MatchOnceKnown(kvf_client* client, const kvf_block_key* keys, std::si
   }
 }
 
-// The engine: save a prompt under `ucx_tls`, finish, load it back, compare.
-Outcome Engine(const std::string& placement, const char* ucx_tls) {
+// The engine: save a prompt under `data_transport` ("ucx" with `ucx_tls`, or
+// "tcp"), finish, load it back, compare.
+Outcome Engine(const std::string& placement, const char* data_transport, const char* ucx_tls) {
   Outcome out;
   auto fail = [&](const char* what, kvf_status s) {
     out.status = s;
@@ -120,6 +128,7 @@ Outcome Engine(const std::string& placement, const char* ucx_tls) {
   o.staging_bytes = 1 << 20;
   o.history_pool_bytes = 2 << 20;
   o.recompute = &Recompute;
+  o.data_transport = data_transport;
   o.ucx_tls = ucx_tls;
   kvf_client* client = nullptr;
   kvf_status s = kvf_client_open(&o, &client);
@@ -217,10 +226,11 @@ std::string InChild(bool as_nobody, const std::function<std::string()>& fn) {
   return text;
 }
 
-// Engine(placement, ucx_tls) as nobody.
-Outcome EngineAsNobody(const std::string& placement, const char* ucx_tls) {
+// Engine(...) as nobody.
+Outcome EngineAsNobody(const std::string& placement, const char* data_transport,
+                       const char* ucx_tls) {
   const std::string text = InChild(true, [&] {
-    const Outcome out = Engine(placement, ucx_tls);
+    const Outcome out = Engine(placement, data_transport, ucx_tls);
     return std::to_string(out.status) + "\t" + out.what + "\t" + std::to_string(out.fetched) +
            "\t" + std::to_string(out.recomputed) + "\t" + std::to_string(out.differing_bytes) +
            "\t" + out.error;
@@ -268,44 +278,84 @@ class CrossUserTest : public ::testing::Test {
     const char* tmp = std::getenv("TEST_TMPDIR");
     dir_ = std::string(tmp != nullptr ? tmp : "/tmp") + "/cross_user";
     std::filesystem::create_directories(dir_);
+  }
+
+  // Placement and one daemon, as this test's user (root), the daemon with
+  // `daemon_flags` added.
+  void StartCluster(const std::vector<std::string>& daemon_flags) {
     auto p = testing::ServerProcess::Start(
         testing::ServerBinary("KVF_PLACEMENT", "kvfabric-placement"), "placement", dir_,
         {"--grpc-address=127.0.0.1:0", "--metrics-address=off", "--log-level=warn"});
     ASSERT_TRUE(p.ok()) << p.status().ToString();
     placement_ = std::move(*p);
-    auto d = testing::ServerProcess::Start(
-        testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), "cache", dir_,
-        {"--host-id=cache-root", "--grpc-address=127.0.0.1:0", "--transport-address=127.0.0.1:0",
-         "--metrics-address=off", "--lock-memory=off", "--log-level=warn",
-         "--host-pool-bytes=16MiB", "--host-page-bytes=16KiB",
-         "--placement-address=" + placement_->grpc()});
+    std::vector<std::string> flags = {"--host-id=cache-root",
+                                      "--grpc-address=127.0.0.1:0",
+                                      "--transport-address=127.0.0.1:0",
+                                      "--metrics-address=off",
+                                      "--lock-memory=off",
+                                      "--log-level=warn",
+                                      "--host-pool-bytes=16MiB",
+                                      "--host-page-bytes=16KiB",
+                                      "--placement-address=" + placement_->grpc()};
+    flags.insert(flags.end(), daemon_flags.begin(), daemon_flags.end());
+    auto d = testing::ServerProcess::Start(testing::ServerBinary("KVF_CACHED", "kvfabric-cached"),
+                                           "cache", dir_, flags);
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     daemon_ = std::move(*d);
     // The daemon registers after writing its ready file.
     ASSERT_EQ(InChild(false, [&] { return WaitForOneHost(placement_->grpc()); }), "1");
   }
 
+  static void Print(const char* what, const Outcome& o) {
+    std::printf("%s: %s %s: %u fetched, %u recomputed, %llu bytes differ %s\n", what,
+                kvf_status_name(o.status), o.what.c_str(), o.fetched, o.recomputed,
+                static_cast<unsigned long long>(o.differing_bytes), o.error.c_str());
+  }
+
+  static void ExpectExactRoundTrip(const Outcome& o) {
+    ASSERT_EQ(o.status, KVF_OK) << o.what << ": " << o.error;
+    EXPECT_EQ(o.differing_bytes, 0u);
+    EXPECT_EQ(o.fetched, kTokens / kTokensPerBlock) << "every block fetched, none recomputed";
+  }
+
   std::string dir_;
   std::unique_ptr<testing::ServerProcess> placement_, daemon_;
 };
 
-TEST_F(CrossUserTest, SharedMemoryIsRefusedNamingUcxTlsAndTcpRoundTripsExactly) {
-  const Outcome sm = EngineAsNobody(placement_->grpc(), "sm,self,tcp");
-  std::printf("default ucx_tls as nobody: %s %s: %s\n", kvf_status_name(sm.status), sm.what.c_str(),
-              sm.error.c_str());
+TEST_F(CrossUserTest, SameUserOnlyDaemonIsRefusedUpFrontNamingTheKernelTcpDataPlane) {
+  StartCluster({});
+  for (const char* tls : {"sm,self,tcp", "tcp"}) {
+    const Outcome o = EngineAsNobody(placement_->grpc(), "ucx", tls);
+    Print((std::string("ucx_tls ") + tls + " as nobody").c_str(), o);
+    EXPECT_EQ(o.status, KVF_FAILED_PRECONDITION) << o.what << ": " << o.error;
+    EXPECT_EQ(o.what, "kvf_finish (save)");
+    EXPECT_NE(o.error.find("--shared-memory-peers"), std::string::npos) << o.error;
+    EXPECT_NE(o.error.find("data_transport"), std::string::npos) << o.error;
+    EXPECT_NE(o.error.find("uid 0"), std::string::npos) << o.error;
+    EXPECT_NE(o.error.find("uid 65534"), std::string::npos) << o.error;
+  }
+}
+
+TEST_F(CrossUserTest, KernelTcpDataPlaneRoundTripsExactlyAcrossUsers) {
+  StartCluster({"--data-transport=tcp"});
+  const Outcome o = EngineAsNobody(placement_->grpc(), "tcp", "");
+  Print("data_transport tcp as nobody", o);
+  ExpectExactRoundTrip(o);
+}
+
+TEST_F(CrossUserTest, TrustingDaemonStillRefusesSharedMemoryNamingUcxTls) {
+  StartCluster({"--shared-memory-peers=any"});
+  const Outcome sm = EngineAsNobody(placement_->grpc(), "ucx", "sm,self,tcp");
+  Print("default ucx_tls as nobody", sm);
   EXPECT_EQ(sm.status, KVF_FAILED_PRECONDITION) << sm.what << ": " << sm.error;
   EXPECT_EQ(sm.what, "kvf_finish (save)");
   EXPECT_NE(sm.error.find("options->ucx_tls"), std::string::npos) << sm.error;
   EXPECT_NE(sm.error.find("uid 0"), std::string::npos) << sm.error;
   EXPECT_NE(sm.error.find("uid 65534"), std::string::npos) << sm.error;
 
-  const Outcome tcp = EngineAsNobody(placement_->grpc(), "tcp");
-  std::printf("ucx_tls tcp as nobody: %s %s: %u fetched, %u recomputed, %llu bytes differ %s\n",
-              kvf_status_name(tcp.status), tcp.what.c_str(), tcp.fetched, tcp.recomputed,
-              static_cast<unsigned long long>(tcp.differing_bytes), tcp.error.c_str());
-  ASSERT_EQ(tcp.status, KVF_OK) << tcp.what << ": " << tcp.error;
-  EXPECT_EQ(tcp.differing_bytes, 0u);
-  EXPECT_EQ(tcp.fetched, kTokens / kTokensPerBlock) << "every block fetched, none recomputed";
+  const Outcome tcp = EngineAsNobody(placement_->grpc(), "ucx", "tcp");
+  Print("ucx_tls tcp as nobody", tcp);
+  ExpectExactRoundTrip(tcp);
 }
 
 }  // namespace

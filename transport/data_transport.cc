@@ -1,8 +1,5 @@
 #include "transport/data_transport.h"
 
-#include <set>
-#include <sstream>
-
 #include "transport/tcp/tcp_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
@@ -16,18 +13,7 @@ Status ValidateDataTransportKind(const std::string& kind, const std::string& set
 }
 
 bool UsesSharedMemory(const DataTransportOptions& options) {
-  if (options.kind != "ucx") return false;
-  std::string list = options.ucx_tls;
-  const bool negated = !list.empty() && list.front() == '^';
-  if (negated) list.erase(0, 1);
-  std::set<std::string> names;
-  std::stringstream in(list);
-  for (std::string name; std::getline(in, name, ',');) names.insert(name);
-  if (negated) return names.count("sm") == 0 && names.count("shm") == 0;
-  for (const char* sm : {"sm", "shm", "sysv", "posix", "cma", "knem", "xpmem", "all"}) {
-    if (names.count(sm) != 0) return true;
-  }
-  return list.empty();  // UCX's default: every transport
+  return options.kind == "ucx" && ucx::TlsUsesSharedMemory(options.ucx_tls);
 }
 
 StatusOr<std::unique_ptr<Transport>> CreateDataTransport(const DataTransportOptions& options) {
@@ -43,6 +29,15 @@ StatusOr<std::unique_ptr<Transport>> CreateDataTransport(const DataTransportOpti
   }
   ucx::UcxTransportOptions u;
   u.tls = options.ucx_tls;
+  if (options.shared_memory_peers == "same-user") {
+    u.shared_memory_peers = ucx::SharedMemoryPeers::kSameUser;
+  } else if (options.shared_memory_peers == "any") {
+    u.shared_memory_peers = ucx::SharedMemoryPeers::kAnyUser;
+  } else {
+    return Status::InvalidArgument("shared memory peers \"" + options.shared_memory_peers +
+                                   "\": must be same-user or any");
+  }
+  u.on_rejected_peer = options.on_rejected_peer;
   u.copy_threads = options.copy_threads;
   u.workers = options.workers;
   StatusOr<std::unique_ptr<Transport>> created = ucx::CreateUcxTransport(u);

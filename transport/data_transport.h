@@ -8,6 +8,7 @@
 #ifndef KVFABRIC_TRANSPORT_DATA_TRANSPORT_H_
 #define KVFABRIC_TRANSPORT_DATA_TRANSPORT_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -21,6 +22,14 @@ struct DataTransportOptions {
   std::string kind = "ucx";
   // UCX only: the transport list (must include tcp) and copy helpers.
   std::string ucx_tls = "sm,self,tcp";
+  // UCX only, listeners: "same-user" (the default) accepts connections from
+  // processes of this host only when their socket belongs to this process's
+  // user, while ucx_tls uses shared memory; "any" accepts every user
+  // (ucx::SharedMemoryPeers). Peers on other hosts are not affected.
+  std::string shared_memory_peers = "same-user";
+  // UCX only: told of each connection request refused under
+  // shared_memory_peers (on a progress thread; must not block).
+  std::function<void(const std::string& peer, const Status& why)> on_rejected_peer;
   int copy_threads = 1;
   // Progress threads serving connections (both kinds).
   int workers = 1;

@@ -9,12 +9,14 @@
 // NVMe recovery counts, and refuses (exit 1, naming the setting) what cannot
 // work. Exit status: 0 after a clean shutdown, 1 when start-up failed, 2 on a
 // usage error.
-#include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -48,6 +50,7 @@ struct Flags {
   std::string ready_file;
   std::string data_transport = "ucx";
   std::string ucx_tls = "sm,self,tcp";
+  std::string shared_memory_peers = "same-user";
   std::string tcp_send_buffer = "auto";
   std::uint64_t tcp_receive_buffer_bytes = 0;
   int copy_threads = 1;
@@ -200,6 +203,14 @@ int Run(int argc, char** argv) {
       ->check(CLI::IsMember({"ucx", "tcp"}));
   app.add_option("--ucx-tls", f.ucx_tls,
                  "UCX transports: sm,self,tcp here; rc,ud,sm,self,tcp on RDMA; must include tcp");
+  app.add_option("--shared-memory-peers", f.shared_memory_peers,
+                 "with UCX shared memory in --ucx-tls: same-user (the default) accepts data-plane "
+                 "connections from processes of this host only when they run as this daemon's "
+                 "user (a peer could crash the daemon by truncating memory UCX maps from it; "
+                 "docs/security.md) | any (every user of this host is trusted). Clients on "
+                 "other hosts are not affected; other users here use --data-transport=tcp or a "
+                 "--ucx-tls without sm")
+      ->check(CLI::IsMember({"same-user", "any"}));
   app.add_option("--tcp-send-buffer", f.tcp_send_buffer,
                  "SO_SNDBUF per connection with --data-transport=tcp: auto (the default: "
                  "256KiB for clients on this host, kernel autotuning for others), kernel, or "
@@ -334,6 +345,27 @@ int Run(int argc, char** argv) {
   transport::DataTransportOptions topts;
   topts.kind = f.data_transport;
   topts.ucx_tls = f.ucx_tls;
+  topts.shared_memory_peers = f.shared_memory_peers;
+  // One line per 10 s at most, with the count: a peer retrying in a loop
+  // must not flood the log.
+  struct Rejections {
+    std::atomic<std::uint64_t> count{0};
+    std::atomic<std::int64_t> next_log_s{0};
+  };
+  topts.on_rejected_peer = [r = std::make_shared<Rejections>()](const std::string& peer,
+                                                                const Status& why) {
+    const std::uint64_t n = r->count.fetch_add(1) + 1;
+    const std::int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                                 std::chrono::steady_clock::now().time_since_epoch())
+                                 .count();
+    std::int64_t next = r->next_log_s.load();
+    if (now < next || !r->next_log_s.compare_exchange_strong(next, now + 10)) return;
+    spdlog::warn(
+        "data plane: refused a connection from {}: {} (--shared-memory-peers "
+        "same-user; that user's engines use --data-transport=tcp or a ucx_tls without "
+        "sm; {} refused so far)",
+        peer, why.message(), n);
+  };
   topts.copy_threads = f.copy_threads;
   topts.workers = f.data_workers;
   topts.tcp_send_buffer_bytes = *send_buffer;
@@ -364,6 +396,8 @@ int Run(int argc, char** argv) {
   }
 
   HealthReporter health(Env::Default(), (*node)->options().host_id, "kvfabric-cached");
+  health.SetUcxSameUserOnly(transport::UsesSharedMemory(topts) &&
+                            topts.shared_memory_peers == "same-user");
   CacheHostServiceOptions sopts;
   sopts.transport_address = (*node)->transport_address();
   // Report (and enforce at the door) what the node accepts, so a request

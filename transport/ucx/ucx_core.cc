@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -11,6 +12,7 @@
 
 #include "core/mutex.h"
 #include "core/socket_address.h"
+#include "core/socket_owner.h"
 #include "transport/ucx/ucx_status.h"
 
 namespace kvfabric::ucx::internal {
@@ -45,6 +47,8 @@ UcxCore::UcxCore(const UcxTransportOptions& options, std::shared_ptr<CoreGroup> 
     : options_(options),
       group_(std::move(group)),
       rdma_configured_(NamesRdma(options.tls)),
+      same_user_peers_only_(options.shared_memory_peers == SharedMemoryPeers::kSameUser &&
+                            TlsUsesSharedMemory(options.tls)),
       copy_pool_(std::max(0, options.copy_threads)) {}
 
 StatusOr<std::shared_ptr<UcxCore>> UcxCore::Create(const UcxTransportOptions& options,
@@ -400,6 +404,13 @@ Status UcxCore::Listen(const std::string& address) {
   ucp_listener_attr_t attr = {};
   attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
   KVF_RETURN_IF_ERROR(StatusFromUcs(ucp_listener_query(listener, &attr), "ucp_listener_query"));
+  std::uint16_t port = 0;
+  if (attr.sockaddr.ss_family == AF_INET) {
+    port = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+  } else if (attr.sockaddr.ss_family == AF_INET6) {
+    port = ntohs(reinterpret_cast<const sockaddr_in6*>(&attr.sockaddr)->sin6_port);
+  }
+  listen_port_.store(port);
   MutexLock lock(&mu_);
   listen_address_ = FormatSocketAddress(attr.sockaddr);
   return Status::OK();
@@ -414,12 +425,44 @@ void UcxCore::OnConnRequestThunk(ucp_conn_request_h request, void* arg) {
   static_cast<UcxCore*>(arg)->OnConnRequest(request);
 }
 
+Status UcxCore::AdmitPeer(const sockaddr_storage& peer) const {
+  if (!same_user_peers_only_ || !AddressIsOnThisHost(peer)) return Status::OK();
+  StatusOr<std::uint32_t> owner = TcpPeerSocketOwner(peer, listen_port_.load());
+  const std::uint32_t self = static_cast<std::uint32_t>(geteuid());
+  if (!owner.ok()) {
+    return Status::PermissionDenied(
+        "a peer on this host whose user cannot be established (" +
+        std::string(owner.status().message()) +
+        "), and shared memory is only for processes of this process's user (uid " +
+        std::to_string(self) + ")");
+  }
+  if (*owner != self) {
+    return Status::PermissionDenied(
+        "its socket belongs to uid " + std::to_string(*owner) + ", this process runs as uid " +
+        std::to_string(self) +
+        ": shared memory is only for processes of one user (a peer could crash this one by "
+        "truncating what it shared)");
+  }
+  return Status::OK();
+}
+
 void UcxCore::OnConnRequest(ucp_conn_request_h request) {
   std::string peer = "unknown";
   ucp_conn_request_attr_t attr = {};
   attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-  if (ucp_conn_request_query(request, &attr) == UCS_OK) peer = FormatSocketAddress(attr.client_address);
+  const bool known = ucp_conn_request_query(request, &attr) == UCS_OK;
+  if (known) peer = FormatSocketAddress(attr.client_address);
   if (!accept_handler_ || !endpoint_factory_) {
+    Reject(request);
+    return;
+  }
+  // Before UCX wires up a lane (and attaches the peer's shared memory).
+  const Status admitted = !same_user_peers_only_ ? Status::OK()
+                          : known                ? AdmitPeer(attr.client_address)
+                                  : Status::PermissionDenied("the peer's address is unknown");
+  if (!admitted.ok()) {
+    rejected_peers_.fetch_add(1, std::memory_order_relaxed);
+    if (options_.on_rejected_peer) options_.on_rejected_peer(peer, admitted);
     Reject(request);
     return;
   }
@@ -660,6 +703,7 @@ UcxTestCounters UcxCore::counters() const {
   c.one_sided_transfers = one_sided_transfers_.load(std::memory_order_relaxed);
   c.owner_placed_transfers = owner_placed_transfers_.load(std::memory_order_relaxed);
   c.inline_transfers = inline_transfers_.load(std::memory_order_relaxed);
+  c.rejected_peers = rejected_peers_.load(std::memory_order_relaxed);
   return c;
 }
 

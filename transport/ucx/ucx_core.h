@@ -326,6 +326,9 @@ class UcxCore {
   void StartReadyFlush(const std::shared_ptr<EpState>& s, std::function<void(Status)> done);
   // Listener core: picks the core that accepts `request` (CoreGroup).
   void OnConnRequest(ucp_conn_request_h request);
+  // Listener core: OK, or why a connection request from `peer` is refused
+  // under options_.shared_memory_peers.
+  Status AdmitPeer(const sockaddr_storage& peer) const;
   // The accepting core: creates the endpoint on its own worker. `listener`
   // is the core whose listener got the request (to reject it there).
   void Accept(ucp_conn_request_h request, const std::string& peer,
@@ -388,6 +391,10 @@ class UcxCore {
   const UcxTransportOptions options_;
   const std::shared_ptr<CoreGroup> group_;
   const bool rdma_configured_;  // options_.tls names an RDMA transport
+  // options_.tls uses shared memory and shared_memory_peers is kSameUser.
+  const bool same_user_peers_only_;
+  // The listener's port, once listening (read by OnConnRequest).
+  std::atomic<std::uint16_t> listen_port_{0};
   CopyPool copy_pool_;          // options_.copy_threads helpers (0: copies alone)
   std::size_t max_header_bytes_ = transport::kMaxMessageHeaderBytes;
   int efd_ = -1;
@@ -429,6 +436,7 @@ class UcxCore {
   std::atomic<std::uint64_t> one_sided_transfers_{0};
   std::atomic<std::uint64_t> owner_placed_transfers_{0};
   std::atomic<std::uint64_t> inline_transfers_{0};
+  std::atomic<std::uint64_t> rejected_peers_{0};
 };
 
 // The user_data of every UCX request but close: owned by the core from

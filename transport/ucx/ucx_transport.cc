@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <set>
 #include <shared_mutex>
 #include <sstream>
 #include <utility>
@@ -517,6 +518,20 @@ StatusOr<std::unique_ptr<transport::Transport>> CreateUcxTransport(
   }
   for (const auto& core : cores) group->cores.push_back(core);
   return std::unique_ptr<transport::Transport>(std::make_unique<UcxTransport>(std::move(cores)));
+}
+
+bool TlsUsesSharedMemory(const std::string& tls) {
+  std::string list = tls;
+  const bool negated = !list.empty() && list.front() == '^';
+  if (negated) list.erase(0, 1);
+  std::set<std::string> names;
+  std::stringstream in(list);
+  for (std::string name; std::getline(in, name, ',');) names.insert(name);
+  if (negated) return names.count("sm") == 0 && names.count("shm") == 0;
+  for (const char* sm : {"sm", "shm", "mm", "sysv", "posix", "cma", "knem", "xpmem", "all"}) {
+    if (names.count(sm) != 0) return true;
+  }
+  return list.empty();  // UCX's default: every transport
 }
 
 UcxTestCounters TEST_GetCounters(const transport::Transport& t) {

@@ -126,6 +126,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -136,6 +137,27 @@
 
 namespace kvfabric::ucx {
 
+// Which processes on this host a listener accepts while its transport list
+// enables shared memory (TlsUsesSharedMemory). Numbered explicitly: it is a
+// flag value.
+enum class SharedMemoryPeers : std::uint8_t {
+  // Only processes whose connecting socket belongs to this process's user
+  // (core/socket_owner.h); others on this host are rejected before UCX wires
+  // up a lane, peers on other hosts are not affected. Why: over UCX's
+  // shared memory the listener attaches the peer's FIFOs and segments, and a
+  // peer that truncates or unmaps them crashes it inside UCX, where no guard
+  // reaches; a process of the same user could kill it anyway.
+  kSameUser = 1,
+  // Every peer: for hosts whose users all trust each other.
+  kAnyUser = 2,
+};
+
+// Whether a UCX transport list lets UCX move bytes through shared memory
+// between processes of one host: any of sm, shm, mm, sysv, posix, cma,
+// knem, xpmem or all, a "^..." exclusion list that keeps sm/shm, or the
+// empty list (UCX's default: every transport).
+bool TlsUsesSharedMemory(const std::string& tls);
+
 struct UcxTransportOptions {
   // UCX transport list (UCX's TLS setting), set with ucp_config_modify and
   // never read from the environment by this library. Default "sm,self,tcp":
@@ -144,6 +166,15 @@ struct UcxTransportOptions {
   // connections need "tcp" (or "all"); a list without it is rejected with
   // InvalidArgument.
   std::string tls = "sm,self,tcp";
+
+  // Listener side: which processes on this host may connect while `tls`
+  // uses shared memory (see SharedMemoryPeers). Default kSameUser.
+  SharedMemoryPeers shared_memory_peers = SharedMemoryPeers::kSameUser;
+  // Called on a progress thread for each connection request the listener
+  // rejects under shared_memory_peers, with the peer's address and why
+  // (e.g. "its socket belongs to uid 65534, this process runs as uid 0").
+  // Must not block. Default none: rejected silently.
+  std::function<void(const std::string& peer, const Status& why)> on_rejected_peer;
 
   // UCX's NET_DEVICES: which network devices to use, e.g. "mlx5_0:1" to pin
   // a NIC per GPU (transport/verbs discovers them). Default empty: UCX's
@@ -263,6 +294,8 @@ struct UcxTestCounters {
   // shared-memory mapping (inline_copy_max_bytes); also in
   // one_sided_transfers.
   std::uint64_t inline_transfers = 0;
+  // Connection requests the listener rejected under shared_memory_peers.
+  std::uint64_t rejected_peers = 0;
 
   UcxTestCounters& operator+=(const UcxTestCounters& o) {
     eager_messages += o.eager_messages;
@@ -270,6 +303,7 @@ struct UcxTestCounters {
     one_sided_transfers += o.one_sided_transfers;
     owner_placed_transfers += o.owner_placed_transfers;
     inline_transfers += o.inline_transfers;
+    rejected_peers += o.rejected_peers;
     return *this;
   }
 };
