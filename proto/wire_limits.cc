@@ -14,6 +14,7 @@ v1::Limits DefaultLimits() {
   l.set_max_batch_payload_bytes(kMaxBatchPayloadBytes);
   l.set_max_extents_per_block(kMaxExtentsPerBlock);
   l.set_max_message_bytes(kMaxMessageBytes);
+  l.set_max_request_bytes(kMaxRequestBytes);
   l.set_max_namespace_bytes(static_cast<std::uint32_t>(kMaxNamespaceBytes));
   l.set_max_model_id_bytes(static_cast<std::uint32_t>(kMaxModelIdBytes));
   l.set_max_host_id_bytes(kMaxHostIdBytes);

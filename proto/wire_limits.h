@@ -15,6 +15,7 @@ inline constexpr std::uint32_t kMaxChainBlocks = 65536;
 inline constexpr std::uint64_t kMaxBatchPayloadBytes = std::uint64_t{4} << 30;
 inline constexpr std::uint32_t kMaxExtentsPerBlock = 256;
 inline constexpr std::uint64_t kMaxMessageBytes = std::uint64_t{16} << 20;
+inline constexpr std::uint64_t kMaxRequestBytes = std::uint64_t{4} << 20;
 inline constexpr std::uint32_t kMaxHostIdBytes = 128;
 inline constexpr std::uint32_t kMaxAddressBytes = 256;
 inline constexpr std::uint32_t kMaxTransportBlobBytes = 4096;

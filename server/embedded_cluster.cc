@@ -13,6 +13,7 @@
 #include "server/cache_host/cache_host_node.h"
 #include "server/cache_host/placement_reporter.h"
 #include "server/cache_host_service.h"
+#include "server/grpc_server_limits.h"
 #include "server/health_reporter.h"
 #include "server/placement/membership_store.h"
 #include "server/placement/placement_metrics.h"
@@ -26,7 +27,6 @@ namespace kvfabric::server {
 namespace {
 
 constexpr char kVersion[] = "kvfabric-embedded";
-constexpr int kMaxMessageBytes = 16 << 20;  // as both mains
 
 std::string Hostname() {
   char name[256] = {};
@@ -34,15 +34,15 @@ std::string Hostname() {
   return name;
 }
 
-// A gRPC server on 127.0.0.1 with a picked port, sized as the mains'.
+// A gRPC server on 127.0.0.1 with a picked port, bounded as the mains' are
+// by default (server/grpc_server_limits.h).
 // Unavailable naming `what` when it cannot listen.
 StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(grpc::Service* service, const std::string& what,
                                                   std::string* bound) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  ApplyGrpcServerLimits(GrpcServerLimits(), what, &builder);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {

@@ -38,6 +38,11 @@ void HealthReporter::SetUcxSameUserOnly(bool same_user_only) {
   ucx_same_user_only_ = same_user_only;
 }
 
+void HealthReporter::SetMaxRequestBytes(std::uint64_t bytes) {
+  MutexLock lock(&mu_);
+  max_request_bytes_ = bytes;
+}
+
 void HealthReporter::Fill(v1::HealthResponse* response) const {
   {
     MutexLock lock(&mu_);
@@ -50,6 +55,11 @@ void HealthReporter::Fill(v1::HealthResponse* response) const {
   response->set_server_id(server_id_);
   response->set_incarnation(incarnation_);
   *response->mutable_limits() = DefaultLimits();
+  {
+    MutexLock lock(&mu_);
+    if (max_request_bytes_ != 0)
+      response->mutable_limits()->set_max_request_bytes(max_request_bytes_);
+  }
   const ProcessIdentity self = LocalProcessIdentity();
   v1::ProcessIdentity* p = response->mutable_process();
   p->set_boot_id(self.boot_id);

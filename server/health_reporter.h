@@ -31,6 +31,10 @@ class HealthReporter {
   // admits only its own user from its host). Default false.
   void SetUcxSameUserOnly(bool same_user_only);
 
+  // Reported as limits.max_request_bytes (the gRPC receive limit the server
+  // was started with). Default kMaxRequestBytes.
+  void SetMaxRequestBytes(std::uint64_t bytes);
+
   // A random id of this process start, never 0.
   std::uint64_t incarnation() const { return incarnation_; }
 
@@ -44,6 +48,7 @@ class HealthReporter {
   v1::ServingStatus state_ KVF_GUARDED_BY(mu_) = v1::SERVING_STATUS_STARTING;
   std::string detail_ KVF_GUARDED_BY(mu_) = "starting";
   bool ucx_same_user_only_ KVF_GUARDED_BY(mu_) = false;
+  std::uint64_t max_request_bytes_ KVF_GUARDED_BY(mu_) = 0;  // 0: the default
 };
 
 }  // namespace kvfabric

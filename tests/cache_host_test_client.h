@@ -48,6 +48,7 @@ class CacheHostTestClient {
   client::DataPlaneClient* data() { return data_.get(); }
   client::DaemonConnection* connection() { return *session_->DataConnection(); }
   client::CacheHostSession& session() { return *session_; }
+  transport::Transport* transport() { return transport_.get(); }
 
   static v1::ModelFingerprint Fingerprint();
   // Key of block i (32 bytes), of the chain this seed defines.

@@ -285,6 +285,18 @@ std::vector<MetricFamily> SnapshotFamilies(const CacheHostSnapshot& s, std::size
         {S(Bool(s.memory_locked))});
   Gauge(out, "data_plane_endpoints", "Transport endpoints (client connections) the data plane has.",
         {S(s.data_plane_endpoints)});
+  const DataPlaneStats& dp = s.data_plane;
+  Counter(out, "data_connections_refused_total",
+          "Data-plane connections closed at accept: over --max-data-connections or "
+          "--max-data-connections-per-host.",
+          {S(dp.connections_refused)});
+  Counter(
+      out, "data_connections_closed_total",
+      "Data-plane connections the daemon closed, by reason: idle (--data-idle-timeout), "
+      "overloaded (requests plus unread replies over --max-requests-per-connection), "
+      "transfer_timeout (--transfer-timeout).",
+      {S(dp.closed_idle, {{"reason", "idle"}}), S(dp.closed_overloaded, {{"reason", "overloaded"}}),
+       S(dp.closed_transfer_timeout, {{"reason", "transfer_timeout"}})});
   Counter(out, "transfers_refused_total",
           "Data-plane requests refused before moving bytes (unknown grant, wrong token, range "
           "outside the grant).",

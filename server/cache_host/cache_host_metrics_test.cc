@@ -62,6 +62,10 @@ CacheHostSnapshot SampleSnapshot() {
   s.recovery_orphans = 4;
   s.data_plane_endpoints = 3;
   s.transfers_refused = 5;
+  s.data_plane.connections_refused = 6;
+  s.data_plane.closed_idle = 7;
+  s.data_plane.closed_overloaded = 8;
+  s.data_plane.closed_transfer_timeout = 9;
   NamespaceUsage a;
   a.tenant = "alpha";
   a.host_bytes = 4 << 20;
@@ -140,6 +144,10 @@ TEST(CacheHostMetricsTest, RendersSnapshotCountsAsExactLines) {
            "kvfabric_cache_host_memory_locked 1",
            "kvfabric_cache_host_data_plane_endpoints 3",
            "kvfabric_cache_host_transfers_refused_total 5",
+           "kvfabric_cache_host_data_connections_refused_total 6",
+           "kvfabric_cache_host_data_connections_closed_total{reason=\"idle\"} 7",
+           "kvfabric_cache_host_data_connections_closed_total{reason=\"overloaded\"} 8",
+           "kvfabric_cache_host_data_connections_closed_total{reason=\"transfer_timeout\"} 9",
            "kvfabric_cache_host_eviction_policy_info{policy=\"cost-aware\"} 1",
            "kvfabric_cache_host_namespaces 2",
            "kvfabric_cache_host_namespace_bytes{namespace=\"alpha\",tier=\"host\"} 4194304",

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/config/logging_flags.h"
@@ -33,6 +34,7 @@
 #include "server/cache_host/cache_host_node.h"
 #include "server/cache_host/placement_reporter.h"
 #include "server/cache_host_service.h"
+#include "server/grpc_server_limits.h"
 #include "server/health_reporter.h"
 #include "spdlog/spdlog.h"
 #include "transport/data_transport.h"
@@ -51,6 +53,7 @@ struct Flags {
   std::string data_transport = "ucx";
   std::string ucx_tls = "sm,self,tcp";
   std::string shared_memory_peers = "same-user";
+  GrpcServerLimits grpc_limits;
   std::string tcp_send_buffer = "auto";
   std::uint64_t tcp_receive_buffer_bytes = 0;
   int copy_threads = 1;
@@ -195,6 +198,7 @@ int Run(int argc, char** argv) {
                  "namespaces), which act on every tenant: unix:/PATH (recommended: the socket "
                  "file's permissions decide who is an operator) or HOST:PORT (:0 picks). "
                  "Default: none, and those RPCs answer PERMISSION_DENIED");
+  AddGrpcServerLimitFlags(app, &f.grpc_limits);
   app.add_option("--transport-address", o.transport_address,
                  "data-plane listen address (HOST:PORT; :0 picks)");
   app.add_option("--data-transport", f.data_transport,
@@ -317,6 +321,10 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "kvfabric-cached: %s\n", s.ToString().c_str());
     return 2;
   }
+  if (Status s = f.grpc_limits.Validate(); !s.ok()) {
+    spdlog::error("kvfabric-cached: {}", s.message());
+    return 2;
+  }
   auto options = BuildOptions(f, std::move(o));
   if (!options.ok()) {
     spdlog::error("kvfabric-cached: {}", options.status().ToString());
@@ -396,6 +404,7 @@ int Run(int argc, char** argv) {
   }
 
   HealthReporter health(Env::Default(), (*node)->options().host_id, "kvfabric-cached");
+  health.SetMaxRequestBytes(f.grpc_limits.max_request_bytes);
   health.SetUcxSameUserOnly(transport::UsesSharedMemory(topts) &&
                             topts.shared_memory_peers == "same-user");
   CacheHostServiceOptions sopts;
@@ -421,6 +430,7 @@ int Run(int argc, char** argv) {
     int admin_port = 0;
     admin_builder.AddListeningPort(f.admin_address, grpc::InsecureServerCredentials(),
                                    &admin_port);
+    ApplyGrpcServerLimits(f.grpc_limits, "kvfabric-cached-admin", &admin_builder);
     admin_builder.RegisterService(admin_service.get());
     admin_server = admin_builder.BuildAndStart();
     const bool unix_socket = f.admin_address.rfind("unix:", 0) == 0;
@@ -438,8 +448,7 @@ int Run(int argc, char** argv) {
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   builder.AddListeningPort(f.grpc_address, grpc::InsecureServerCredentials(), &grpc_port);
-  builder.SetMaxReceiveMessageSize(16 << 20);
-  builder.SetMaxSendMessageSize(16 << 20);
+  ApplyGrpcServerLimits(f.grpc_limits, "kvfabric-cached", &builder);
   builder.RegisterService(&public_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || grpc_port == 0) {
@@ -451,9 +460,9 @@ int Run(int argc, char** argv) {
   const std::string grpc_bound = grpc_host + ":" + std::to_string(grpc_port);
   health.SetState(v1::SERVING_STATUS_SERVING, "");
   const std::string metrics_url = metrics_server ? metrics_server->url() : std::string("off");
-  spdlog::info("kvfabric-cached {}: gRPC on {}, data plane on {}, metrics {}, admin {}",
-               (*node)->options().host_id, grpc_bound, (*node)->transport_address(), metrics_url,
-               admin_bound);
+  spdlog::info("kvfabric-cached {}: gRPC on {} ({}), data plane on {}, metrics {}, admin {}",
+               (*node)->options().host_id, grpc_bound, f.grpc_limits.ToString(),
+               (*node)->transport_address(), metrics_url, admin_bound);
   if (!f.ready_file.empty()) {
     const std::string tmp = f.ready_file + ".tmp";
     std::ofstream out(tmp);
@@ -494,9 +503,17 @@ int Run(int argc, char** argv) {
   (*node)->Drain(false);
   if (reporter) reporter->Stop();  // deregisters: placement stops planning here
   (*node)->Shutdown(std::chrono::duration_cast<std::chrono::milliseconds>(f.shutdown_grace));
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  if (admin_server) admin_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  metrics_server.reset();
+  // The listeners stop together, so SIGTERM ends within --shutdown-grace
+  // plus about 2 s (gRPC calls still running get that long; civetweb takes
+  // about as long to stop), not the sum.
+  {
+    const auto calls_deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
+    std::vector<std::thread> stopping;
+    stopping.emplace_back([&] { server->Shutdown(calls_deadline); });
+    if (admin_server) stopping.emplace_back([&] { admin_server->Shutdown(calls_deadline); });
+    stopping.emplace_back([&] { metrics_server.reset(); });
+    for (std::thread& t : stopping) t.join();
+  }
   node->reset();
   spdlog::info("kvfabric-cached: exit 0");
   return 0;

@@ -11,11 +11,11 @@
 //
 // Exit status: 0 after a clean shutdown, 1 when start-up failed, 2 on a usage
 // error.
-#include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -27,6 +27,7 @@
 #include "core/env.h"
 #include "core/logging.h"
 #include "server/cache_host/cache_host_metrics.h"
+#include "server/grpc_server_limits.h"
 #include "server/health_reporter.h"
 #include "server/placement/etcd_membership_store.h"
 #include "server/placement/membership_store.h"
@@ -51,7 +52,9 @@ int Run(int argc, char** argv) {
   std::string etcd_prefix = "/kvfabric/v1/";
   std::string calibration_path;
   placement::PlacementOptions o;
+  GrpcServerLimits grpc_limits;
   app.add_option("--grpc-address", grpc_address, "gRPC listen address HOST:PORT (:0 picks)");
+  AddGrpcServerLimitFlags(app, &grpc_limits);
   app.add_option("--metrics-address", metrics_address,
                  "Prometheus /metrics listen address HOST:PORT, or \"off\"");
   app.add_option("--ready-file", ready_file,
@@ -73,6 +76,10 @@ int Run(int argc, char** argv) {
   }
   if (Status s = InitLogging(log_options); !s.ok()) {
     std::fprintf(stderr, "kvfabric-placement: %s\n", s.ToString().c_str());
+    return 2;
+  }
+  if (Status s = grpc_limits.Validate(); !s.ok()) {
+    spdlog::error("kvfabric-placement: {}", s.message());
     return 2;
   }
   sigset_t signals;
@@ -133,12 +140,12 @@ int Run(int argc, char** argv) {
   }
 
   HealthReporter health(env, "placement", "kvfabric-placement");
+  health.SetMaxRequestBytes(grpc_limits.max_request_bytes);
   PlacementService service(node->get(), &health, service_options);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(grpc_address, grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(16 << 20);
-  builder.SetMaxSendMessageSize(16 << 20);
+  ApplyGrpcServerLimits(grpc_limits, "kvfabric-placement", &builder);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
@@ -150,8 +157,8 @@ int Run(int argc, char** argv) {
                             std::to_string(port);
   health.SetState(v1::SERVING_STATUS_SERVING, "");
   const std::string metrics_url = metrics_server ? metrics_server->url() : std::string("off");
-  spdlog::info("kvfabric-placement: gRPC on {}, membership {}, metrics {}", bound, store->name(),
-               metrics_url);
+  spdlog::info("kvfabric-placement: gRPC on {} ({}), membership {}, metrics {}", bound,
+               grpc_limits.ToString(), store->name(), metrics_url);
   if (!ready_file.empty()) {
     const std::string tmp = ready_file + ".tmp";
     std::ofstream out(tmp);
