@@ -217,6 +217,7 @@ StatusOr<placement::MemberRecord> MemberRecordFromRegister(const v1::RegisterReq
 
 void RegisterResultToProto(const placement::RegisterResult& result, v1::RegisterResponse* out) {
   out->set_membership_lease_id(result.lease_id);
+  out->set_membership_token(result.token);
   out->set_ttl_ms(result.ttl_ms);
   out->set_heartbeat_interval_ms(result.heartbeat_interval_ms);
   out->set_full_report_requested(result.full_report_requested);
@@ -309,6 +310,7 @@ StatusOr<placement::BlockReport> BlockReportFromProto(const v1::ReportBlocksRequ
   out.host_id = request.host_id();
   out.incarnation = request.incarnation();
   out.lease_id = request.membership_lease_id();
+  out.token = request.membership_token();
   out.sequence = request.sequence();
   out.snapshot_id = request.snapshot_id();
   out.snapshot_last = request.snapshot_last();

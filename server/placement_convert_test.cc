@@ -253,6 +253,7 @@ v1::ReportBlocksRequest ReportOf(int events) {
   req.set_host_id("h1");
   req.set_incarnation(77);
   req.set_membership_lease_id(5);
+  req.set_membership_token("0123456789abcdef");
   req.set_sequence(3);
   req.set_snapshot_id(9);
   req.set_snapshot_last(true);
@@ -275,6 +276,7 @@ TEST(PlacementConvertTest, ReportBlocksConvertsEveryEvent) {
   EXPECT_EQ(r->host_id, "h1");
   EXPECT_EQ(r->incarnation, 77u);
   EXPECT_EQ(r->lease_id, 5u);
+  EXPECT_EQ(r->token, "0123456789abcdef");
   EXPECT_EQ(r->sequence, 3u);
   EXPECT_EQ(r->snapshot_id, 9u);
   EXPECT_TRUE(r->snapshot_last);

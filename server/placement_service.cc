@@ -59,7 +59,8 @@ grpc::Status PlacementService::Register(grpc::ServerContext* context,
   KVF_GRPC_RETURN_IF_ERROR(Admit(context));
   // ttl_ms 0 is the default of the limits in force, as Health reports it.
   const std::uint32_t ttl_ms = request->ttl_ms() == 0 ? limits.default_ttl_ms() : request->ttl_ms();
-  StatusOr<placement::RegisterResult> result = node_->Register(*record, ttl_ms);
+  StatusOr<placement::RegisterResult> result =
+      node_->Register(*record, ttl_ms, request->previous_membership_token());
   if (!result.ok()) return ToGrpcStatus(result.status());
   RegisterResultToProto(*result, response);
   *response->mutable_limits() = limits;
@@ -88,8 +89,8 @@ grpc::Status PlacementService::Heartbeat(grpc::ServerContext* context,
       ApplyMemberUpdate(*update, &*record);
     }
   }
-  StatusOr<placement::HeartbeatResult> result =
-      node_->Heartbeat(request->membership_lease_id(), record ? &*record : nullptr);
+  StatusOr<placement::HeartbeatResult> result = node_->Heartbeat(
+      request->membership_lease_id(), request->membership_token(), record ? &*record : nullptr);
   if (!result.ok()) return ToGrpcStatus(result.status());
   response->set_ttl_ms(result->ttl_ms);
   response->set_full_report_requested(result->full_report_requested);
@@ -112,7 +113,7 @@ grpc::Status PlacementService::Deregister(grpc::ServerContext* context,
     // Another incarnation holds the lease now; the caller's is already gone.
     if (member->record.incarnation != request->incarnation()) return grpc::Status::OK;
   }
-  KVF_GRPC_RETURN_IF_ERROR(node_->Deregister(lease_id));
+  KVF_GRPC_RETURN_IF_ERROR(node_->Deregister(lease_id, request->membership_token()));
   return grpc::Status::OK;
 }
 

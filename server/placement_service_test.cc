@@ -155,6 +155,7 @@ class PlacementServiceTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.error_message();
     ASSERT_NE(resp.membership_lease_id(), 0u);
     leases_[host_id] = resp.membership_lease_id();
+    tokens_[host_id] = resp.membership_token();
     incarnations_[host_id] = incarnation;
     sequences_[host_id] = 0;
   }
@@ -164,6 +165,7 @@ class PlacementServiceTest : public ::testing::Test {
     req.set_host_id(host_id);
     req.set_incarnation(incarnations_[host_id]);
     req.set_membership_lease_id(leases_[host_id]);
+    req.set_membership_token(tokens_[host_id]);
     req.set_sequence(++sequences_[host_id]);
     for (v1::BlockEvent& e : events) *req.add_events() = std::move(e);
     return req;
@@ -200,6 +202,7 @@ class PlacementServiceTest : public ::testing::Test {
     req.set_host_id(host_id);
     req.set_incarnation(incarnations_[host_id]);
     req.set_membership_lease_id(leases_[host_id]);
+    req.set_membership_token(tokens_[host_id]);
     return req;
   }
 
@@ -216,6 +219,7 @@ class PlacementServiceTest : public ::testing::Test {
   std::unique_ptr<HealthReporter> health_;
   std::unique_ptr<PlacementService> service_;
   std::map<std::string, std::uint64_t> leases_, incarnations_, sequences_;
+  std::map<std::string, std::string> tokens_;  // membership tokens
 };
 
 // ---------------------------------------------------------------- membership
@@ -308,6 +312,10 @@ TEST_F(PlacementServiceTest, HeartbeatUnderAnotherHostsLeaseIsRefused) {
   beat.set_membership_lease_id(leases_["b"]);
   *beat.add_tiers() = Usage(v1::TIER_HOST, 16 * kGiB, 1 * kGiB);
   v1::HeartbeatResponse resp;
+  // With a's token, b's lease is unknown; with b's, it is b's and not a's.
+  EXPECT_EQ(Call(&PlacementService::Heartbeat, beat, &resp).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  beat.set_membership_token(tokens_["b"]);
   EXPECT_EQ(Call(&PlacementService::Heartbeat, beat, &resp).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(Hosts().hosts(1).tiers(0).free_bytes(), 8 * kGiB);  // b unchanged
@@ -320,6 +328,7 @@ TEST_F(PlacementServiceTest, HeartbeatAndReportAfterDeregisterAreNotFound) {
   leave.set_host_id("a");
   leave.set_incarnation(1);
   leave.set_membership_lease_id(leases_["a"]);
+  leave.set_membership_token(tokens_["a"]);
   v1::DeregisterResponse left;
   ASSERT_TRUE(Call(&PlacementService::Deregister, leave, &left).ok());
   ASSERT_TRUE(Call(&PlacementService::Deregister, leave, &left).ok());  // idempotent
@@ -340,6 +349,7 @@ TEST_F(PlacementServiceTest, HeartbeatAndReportAfterDeregisterAreNotFound) {
 TEST_F(PlacementServiceTest, DeregisterOfAnOlderIncarnationLeavesTheNewOne) {
   Join("a", 1);
   const std::uint64_t old_lease = leases_["a"];
+  const std::string old_token = tokens_["a"];
   // Incarnation 1 went silent (more than two heartbeats of its 30 s TTL):
   // incarnation 2 may take its place before the lease ends.
   env_.Advance(20'001'000);
@@ -351,6 +361,7 @@ TEST_F(PlacementServiceTest, DeregisterOfAnOlderIncarnationLeavesTheNewOne) {
     leave.set_host_id("a");
     leave.set_incarnation(1);
     leave.set_membership_lease_id(lease);
+    leave.set_membership_token(old_token);
     v1::DeregisterResponse left;
     ASSERT_TRUE(Call(&PlacementService::Deregister, leave, &left).ok());
   }

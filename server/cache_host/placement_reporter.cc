@@ -103,12 +103,14 @@ Status PlacementReporter::Register() {
   req.add_transfer_modes(v1::TRANSFER_MODE_OWNER_DRIVEN);
   req.set_ttl_ms(static_cast<std::uint32_t>(options_.ttl.count()));
   req.set_version(options_.version);
+  req.set_previous_membership_token(token_);
   v1::RegisterResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout);
   grpc::Status g = stub_->Register(&ctx, req, &resp);
   if (!g.ok()) return FromGrpcStatus(g).WithContext("Register with placement");
   lease_id_ = resp.membership_lease_id();
+  token_ = resp.membership_token();
   heartbeat_every_ = std::chrono::milliseconds(
       resp.heartbeat_interval_ms() > 0 ? resp.heartbeat_interval_ms() : options_.ttl.count() / 3);
   // Sequences are per incarnation and this one's numbering continues; a
@@ -127,6 +129,7 @@ Status PlacementReporter::Heartbeat() {
   req.set_host_id(options_.host_id);
   req.set_incarnation(incarnation_);
   req.set_membership_lease_id(lease_id_);
+  req.set_membership_token(token_);
   FillTiers(req.mutable_tiers());
   req.set_status(node_->state() == ServingState::kServing ? v1::SERVING_STATUS_SERVING
                                                           : v1::SERVING_STATUS_DRAINING);
@@ -147,6 +150,7 @@ Status PlacementReporter::SendEvents(std::vector<BlockEventRecord> events,
   req.set_host_id(options_.host_id);
   req.set_incarnation(incarnation_);
   req.set_membership_lease_id(lease_id_);
+  req.set_membership_token(token_);
   req.set_sequence(++sequence_);
   req.set_snapshot_id(snapshot_id);
   req.set_snapshot_last(snapshot_last);
@@ -257,6 +261,7 @@ void PlacementReporter::Run() {
     req.set_host_id(options_.host_id);
     req.set_incarnation(incarnation_);
     req.set_membership_lease_id(lease_id_);
+    req.set_membership_token(token_);
     v1::DeregisterResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout);

@@ -103,6 +103,10 @@ class PlacementReporter {
 
   // Reporter thread only.
   std::uint64_t lease_id_ = 0;
+  // The membership token of the last Register, quoted with lease_id_; kept
+  // when placement forgets the lease, so the next Register proves it is this
+  // incarnation registering again.
+  std::string token_;
   std::uint64_t sequence_ = 0;
   std::uint64_t next_snapshot_id_ = 1;
   std::chrono::milliseconds heartbeat_every_{3000};

@@ -6,6 +6,7 @@
 
 #include "core/mutex.h"
 #include "core/secure_random.h"
+#include "core/sha256.h"
 
 namespace kvfabric::placement {
 namespace {
@@ -129,6 +130,7 @@ std::string EncodeMemberRecord(const MemberRecord& r) {
   j["nvme_free_bytes"] = r.nvme_free_bytes;
   j["draining"] = r.draining;
   j["joined_unix_us"] = r.joined_unix_us;
+  if (!r.token_digest.empty()) j["token_digest"] = r.token_digest;
   // `replace` keeps dump() from throwing on invalid UTF-8 (see the header).
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
@@ -159,6 +161,9 @@ StatusOr<MemberRecord> DecodeMemberRecord(std::string_view json) {
   KVF_ASSIGN_OR_RETURN(r.nvme_free_bytes, ReadUint(j, "nvme_free_bytes"));
   KVF_ASSIGN_OR_RETURN(r.draining, ReadBool(j, "draining"));
   KVF_ASSIGN_OR_RETURN(r.joined_unix_us, ReadUint(j, "joined_unix_us"));
+  if (j.contains("token_digest")) {
+    KVF_ASSIGN_OR_RETURN(r.token_digest, ReadString(j, "token_digest"));
+  }
   KVF_RETURN_IF_ERROR(ValidateMemberRecord(r));
   return r;
 }
@@ -171,7 +176,44 @@ Status ValidateMemberRecord(const MemberRecord& r) {
   KVF_RETURN_IF_ERROR(CheckString("node_name", r.node_name, kMaxAddressBytes));
   KVF_RETURN_IF_ERROR(CheckFree("host", r.host_free_bytes, r.host_capacity_bytes));
   KVF_RETURN_IF_ERROR(CheckFree("nvme", r.nvme_free_bytes, r.nvme_capacity_bytes));
+  if (!r.token_digest.empty() &&
+      (r.token_digest.size() != 2 * kSha256DigestSize ||
+       r.token_digest.find_first_not_of("0123456789abcdef") != std::string::npos)) {
+    return Status::InvalidArgument("member record: token_digest is not 64 lower-case hex digits");
+  }
   return Status::OK();
+}
+
+std::string NewMembershipToken() {
+  std::string token(kMembershipTokenBytes, '\0');
+  SecureRandomBytes(
+      std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(token.data()), token.size()));
+  return token;
+}
+
+std::string MembershipTokenDigest(std::string_view token) {
+  const StatusOr<Sha256Digest> digest = Sha256Of(token);
+  // libcrypto failing to hash 16 bytes leaves no token to check: an empty
+  // result never matches a non-empty digest, and a record never gets one.
+  if (!digest.ok()) return "";
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex(2 * digest->size(), '0');
+  for (std::size_t i = 0; i < digest->size(); ++i) {
+    hex[2 * i] = kHex[(*digest)[i] >> 4];
+    hex[2 * i + 1] = kHex[(*digest)[i] & 15];
+  }
+  return hex;
+}
+
+bool MembershipTokenMatches(std::string_view digest, std::string_view token) {
+  if (digest.empty()) return true;
+  const std::string got = MembershipTokenDigest(token);
+  if (got.size() != digest.size()) return false;
+  unsigned char diff = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    diff |= static_cast<unsigned char>(got[i] ^ digest[i]);
+  }
+  return diff == 0;
 }
 
 Status ValidateMemberTtl(std::chrono::milliseconds ttl) {

@@ -55,12 +55,32 @@ struct MemberRecord {
   std::uint64_t nvme_free_bytes = 0;
   bool draining = false;
   std::uint64_t joined_unix_us = 0;
+  // SHA-256, in lower-case hex, of the membership token placement issued
+  // when the daemon registered (NewMembershipToken); Heartbeat, ReportBlocks
+  // and Deregister must present the token. Empty in records written before
+  // tokens existed: no token is asked of such a member.
+  std::string token_digest;
 
   friend bool operator==(const MemberRecord&, const MemberRecord&) = default;
 };
 
+// Membership tokens: the capability a daemon gets from Register and quotes
+// with its lease id, as a daemon's grants carry an access token. A lease id
+// alone could be guessed (etcd's are sequential), and with it a stranger
+// could deregister a live daemon or report blocks in its name.
+inline constexpr std::size_t kMembershipTokenBytes = 16;
+// kMembershipTokenBytes from getrandom.
+std::string NewMembershipToken();
+// Lower-case hex SHA-256 of `token` (what MemberRecord::token_digest keeps).
+std::string MembershipTokenDigest(std::string_view token);
+// Whether `token` is the one behind `digest` (compared in constant time).
+// An empty digest (a record from before tokens) accepts any token.
+bool MembershipTokenMatches(std::string_view digest, std::string_view token);
+
 // JSON with a "v":1 field, e.g.
-//   {"v":1,"host_id":"h1","incarnation":"1234",...,"draining":false,"joined_unix_us":17}
+//   {"v":1,"host_id":"h1","incarnation":"1234",...,"draining":false,"joined_unix_us":17,
+//    "token_digest":"9f86..."}
+// token_digest is optional (records written before it existed have none).
 // incarnation is a decimal string (a random 64-bit value does not survive
 // tools that read JSON numbers as doubles); byte counts are JSON numbers.
 // DecodeMemberRecord: InvalidArgument naming the field for anything missing,

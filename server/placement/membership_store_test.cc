@@ -68,11 +68,29 @@ TEST(MemberRecordTest, RandomRecordsRoundTrip) {
     r.nvme_free_bytes = r.nvme_capacity_bytes;
     r.draining = (rng() & 1) != 0;
     r.joined_unix_us = rng();
+    if (rng() & 1) r.token_digest = MembershipTokenDigest(NewMembershipToken());
     ASSERT_TRUE(ValidateMemberRecord(r).ok()) << ValidateMemberRecord(r);
     StatusOr<MemberRecord> back = DecodeMemberRecord(EncodeMemberRecord(r));
     ASSERT_TRUE(back.ok()) << back.status() << " seed " << seed;
     EXPECT_EQ(*back, r) << EncodeMemberRecord(r);
   }
+}
+
+TEST(MemberRecordTest, MembershipTokensAreRandomAndMatchOnlyTheirDigest) {
+  const std::string a = NewMembershipToken(), b = NewMembershipToken();
+  ASSERT_EQ(a.size(), kMembershipTokenBytes);
+  EXPECT_NE(a, b);
+  const std::string digest = MembershipTokenDigest(a);
+  EXPECT_EQ(digest.size(), 64u);
+  EXPECT_TRUE(MembershipTokenMatches(digest, a));
+  EXPECT_FALSE(MembershipTokenMatches(digest, b));
+  EXPECT_FALSE(MembershipTokenMatches(digest, ""));
+  EXPECT_TRUE(MembershipTokenMatches("", b)) << "a record from before tokens";
+  MemberRecord r = Record("h1");
+  r.token_digest = "not hex";
+  EXPECT_EQ(ValidateMemberRecord(r).code(), StatusCode::kInvalidArgument);
+  r.token_digest = std::string(64, 'A');
+  EXPECT_FALSE(ValidateMemberRecord(r).ok()) << "upper-case hex";
 }
 
 TEST(MemberRecordTest, DecodeNamesEachMissingField) {

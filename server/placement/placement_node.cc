@@ -211,15 +211,19 @@ void PlacementNode::RemoveMemberLocked(const std::string& host_id, bool expired)
 
 bool PlacementNode::UsableLocked(const HostState& host) const { return !host.record.draining; }
 
-Status PlacementNode::CheckNotDisplacingALiveMember(const MemberRecord& in) const {
+Status PlacementNode::CheckNotDisplacingALiveMember(const MemberRecord& in,
+                                                    std::string_view previous_token) const {
   MutexLock lock(&mu_);
   auto it = hosts_.find(in.host_id);
   if (it == hosts_.end()) return Status::OK();
   const HostState& host = it->second;
   const MemberRecord& live = host.record;
+  // The member itself, registering again: it proves it with its token (its
+  // incarnation and addresses are no secret: Health and ListHosts tell them).
   if (live.incarnation == in.incarnation && live.grpc_address == in.grpc_address &&
-      live.transport_address == in.transport_address) {
-    return Status::OK();  // the member itself, registering again
+      live.transport_address == in.transport_address &&
+      MembershipTokenMatches(live.token_digest, previous_token)) {
+    return Status::OK();
   }
   // Live: heartbeats still arrive. A member heartbeats every ttl / 3; two
   // missed heartbeats mean its process is gone and a new incarnation may take
@@ -240,7 +244,8 @@ Status PlacementNode::CheckNotDisplacingALiveMember(const MemberRecord& in) cons
       "addresses through its own Heartbeat)");
 }
 
-StatusOr<RegisterResult> PlacementNode::Register(const MemberRecord& in, std::uint32_t ttl_ms) {
+StatusOr<RegisterResult> PlacementNode::Register(const MemberRecord& in, std::uint32_t ttl_ms,
+                                                 std::string_view previous_token) {
   KVF_RETURN_IF_ERROR(ValidateMemberRecord(in));
   if (in.incarnation == 0) return Status::InvalidArgument("incarnation: must be non-zero");
   if (ttl_ms > options_.limits.max_ttl_ms) {
@@ -249,7 +254,10 @@ StatusOr<RegisterResult> PlacementNode::Register(const MemberRecord& in, std::ui
   if (ttl_ms == 0) ttl_ms = options_.limits.default_ttl_ms;
   MemberRecord record = in;
   if (record.joined_unix_us == 0) record.joined_unix_us = env_->WallMicros();
-  KVF_RETURN_IF_ERROR(CheckNotDisplacingALiveMember(in));
+  KVF_RETURN_IF_ERROR(CheckNotDisplacingALiveMember(in, previous_token));
+  std::string token = NewMembershipToken();
+  record.token_digest = MembershipTokenDigest(token);
+  if (record.token_digest.empty()) return Status::Internal("membership token: SHA-256 failed");
   // Not under mu_: the store may call OnMemberEvent from inside Join.
   KVF_ASSIGN_OR_RETURN(const std::uint64_t lease_id,
                        membership_->Join(record, std::chrono::milliseconds(ttl_ms)));
@@ -261,6 +269,7 @@ StatusOr<RegisterResult> PlacementNode::Register(const MemberRecord& in, std::ui
   ++counters_.registrations;
   RegisterResult out;
   out.lease_id = lease_id;
+  out.token = std::move(token);
   out.ttl_ms = ttl_ms;
   out.heartbeat_interval_ms = std::max<std::uint32_t>(1, ttl_ms / 3);
   out.full_report_requested = host.full_report_wanted;
@@ -268,8 +277,27 @@ StatusOr<RegisterResult> PlacementNode::Register(const MemberRecord& in, std::ui
   return out;
 }
 
-StatusOr<HeartbeatResult> PlacementNode::Heartbeat(std::uint64_t lease_id,
+Status PlacementNode::CheckTokenLocked(std::uint64_t lease_id, std::string_view token) const {
+  auto l = host_by_lease_.find(lease_id);
+  if (l != host_by_lease_.end() &&
+      MembershipTokenMatches(hosts_.at(l->second).record.token_digest, token)) {
+    return Status::OK();
+  }
+  // One answer for a lease that is gone, unknown here, or quoted with
+  // another token: nothing tells a guesser which.
+  return Status::NotFound("membership lease " + std::to_string(lease_id) +
+                          " is not known with that token: Register again and send a full report");
+}
+
+StatusOr<HeartbeatResult> PlacementNode::Heartbeat(std::uint64_t lease_id, std::string_view token,
                                                    const MemberRecord* updated) {
+  {
+    MutexLock lock(&mu_);
+    if (Status s = CheckTokenLocked(lease_id, token); !s.ok()) {
+      ++counters_.heartbeats_not_found;
+      return s;
+    }
+  }
   MemberRecord record;
   if (updated != nullptr) {
     KVF_RETURN_IF_ERROR(ValidateMemberRecord(*updated));
@@ -278,6 +306,7 @@ StatusOr<HeartbeatResult> PlacementNode::Heartbeat(std::uint64_t lease_id,
     auto l = host_by_lease_.find(lease_id);
     if (l != host_by_lease_.end()) {
       const HostState& host = hosts_.at(l->second);
+      record.token_digest = host.record.token_digest;  // a heartbeat never changes it
       if (record.host_id != host.record.host_id || record.incarnation != host.record.incarnation) {
         return Status::InvalidArgument(
             "lease " + std::to_string(lease_id) + " belongs to host_id \"" + host.record.host_id +
@@ -299,11 +328,7 @@ StatusOr<HeartbeatResult> PlacementNode::Heartbeat(std::uint64_t lease_id,
   HeartbeatResult out;
   auto l = host_by_lease_.find(lease_id);
   HostState* host = l == host_by_lease_.end() ? nullptr : &hosts_.at(l->second);
-  if (host == nullptr && updated != nullptr) {
-    // Registered through another placement replica: learn the lease now.
-    host = &UpsertMemberLocked(record, lease_id);
-  }
-  if (host == nullptr) {
+  if (host == nullptr) {  // it left between the token check and here
     out.full_report_requested = true;
     return out;
   }
@@ -315,11 +340,17 @@ StatusOr<HeartbeatResult> PlacementNode::Heartbeat(std::uint64_t lease_id,
   return out;
 }
 
-Status PlacementNode::Deregister(std::uint64_t lease_id) {
+Status PlacementNode::Deregister(std::uint64_t lease_id, std::string_view token) {
   {
     MutexLock lock(&mu_);
     auto l = host_by_lease_.find(lease_id);
-    if (l != host_by_lease_.end()) hosts_.at(l->second).leaving = true;
+    // Gone already: idempotent. Known: only with its token.
+    if (l == host_by_lease_.end()) {
+      ++counters_.deregistrations;
+      return Status::OK();
+    }
+    KVF_RETURN_IF_ERROR(CheckTokenLocked(lease_id, token));
+    hosts_.at(l->second).leaving = true;
   }
   KVF_RETURN_IF_ERROR(membership_->Leave(lease_id));
   MutexLock lock(&mu_);
@@ -396,7 +427,8 @@ StatusOr<ReportResult> PlacementNode::ReportBlocks(const BlockReport& r) {
   auto host_it = hosts_.find(r.host_id);
   auto lease_it = host_by_lease_.find(r.lease_id);
   if (host_it == hosts_.end() || lease_it == host_by_lease_.end() ||
-      lease_it->second != r.host_id || host_it->second.record.incarnation != r.incarnation) {
+      lease_it->second != r.host_id || host_it->second.record.incarnation != r.incarnation ||
+      !MembershipTokenMatches(host_it->second.record.token_digest, r.token)) {
     ++counters_.reports_not_found;
     counters_.report_events_ignored += r.events.size();
     return Status::NotFound("membership lease " + std::to_string(r.lease_id) +

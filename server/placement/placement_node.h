@@ -145,6 +145,8 @@ struct PlacementOptions {
 
 struct RegisterResult {
   std::uint64_t lease_id = 0;
+  // The membership token (kMembershipTokenBytes) to quote with lease_id.
+  std::string token;
   std::uint32_t ttl_ms = 0;
   std::uint32_t heartbeat_interval_ms = 0;  // ttl_ms / 3
   bool full_report_requested = false;
@@ -161,6 +163,7 @@ struct BlockReport {
   std::string host_id;
   std::uint64_t incarnation = 0;
   std::uint64_t lease_id = 0;
+  std::string token;              // RegisterResult::token
   std::uint64_t sequence = 0;     // 1, 2, 3, ... per incarnation
   std::uint64_t snapshot_id = 0;  // non-zero: a chunk of a full snapshot
   bool snapshot_last = false;
@@ -362,14 +365,21 @@ class PlacementNode {
   // ttl_ms 0: limits.default_ttl_ms. InvalidArgument for a bad record, a zero incarnation or a
   // TTL over limits.max_ttl_ms.
   // FailedPrecondition when `record.host_id` is a live member of another
-  // incarnation or addresses (CheckNotDisplacingALiveMember).
-  StatusOr<RegisterResult> Register(const MemberRecord& record, std::uint32_t ttl_ms);
-  // NotFound if the lease is gone (register again and send a full report). `updated` (may be
-  // null) replaces the member's record: free capacity, draining.
-  StatusOr<HeartbeatResult> Heartbeat(std::uint64_t lease_id, const MemberRecord* updated);
-  // Idempotent.
-  Status Deregister(std::uint64_t lease_id);
-  // NotFound if the lease is not the host's current one.
+  // incarnation or addresses, or of the same ones without its current token
+  // as `previous_token` (CheckNotDisplacingALiveMember). Issues a new token.
+  StatusOr<RegisterResult> Register(const MemberRecord& record, std::uint32_t ttl_ms,
+                                    std::string_view previous_token = {});
+  // NotFound if the lease is gone, unknown to this node, or `token` is not its
+  // token (one answer for all three: register again and send a full report).
+  // `updated` (may be null) replaces the member's record: free capacity,
+  // draining.
+  StatusOr<HeartbeatResult> Heartbeat(std::uint64_t lease_id, std::string_view token,
+                                      const MemberRecord* updated);
+  // Idempotent for the lease's holder; NotFound for a lease this node knows
+  // with another token.
+  Status Deregister(std::uint64_t lease_id, std::string_view token);
+  // NotFound if the lease is not the host's current one, or report.token is
+  // not its token.
   StatusOr<ReportResult> ReportBlocks(const BlockReport& report);
   // Counts as an access of every key found (hot-key detection, directory LRU).
   StatusOr<ChainLocations> Locate(std::string_view ns, std::span<const BlockKey> keys);
@@ -394,7 +404,10 @@ class PlacementNode {
   // still arrive (none missed twice) under another incarnation or address.
   // Until members authenticate, this is what keeps anyone who can reach
   // placement from redirecting a live daemon's Place and Plan traffic.
-  Status CheckNotDisplacingALiveMember(const MemberRecord& in) const;
+  Status CheckNotDisplacingALiveMember(const MemberRecord& in,
+                                       std::string_view previous_token) const;
+  // OK if this node knows `lease_id` and `token` is its token; else NotFound.
+  Status CheckTokenLocked(std::uint64_t lease_id, std::string_view token) const KVF_REQUIRES(mu_);
 
   struct HostState {
     MemberRecord record;

@@ -163,7 +163,7 @@ TEST_F(PlacementNodeTest, PlanUsesTheLocationsTheClientSawWhenGiven) {
   const std::vector<BlockKey> keys = Keys(4);
   auto seen = node_->Locate("t", keys);
   ASSERT_TRUE(seen.ok());
-  ASSERT_TRUE(node_->Deregister(la).ok());
+  ASSERT_TRUE(Deregister(la).ok());
   PlanRequest req;
   req.ns = "t";
   req.chain = Chain(4);
@@ -185,13 +185,13 @@ TEST_F(PlacementNodeTest, ListHostsReportsTheLeaseTimeLeft) {
   const std::uint64_t la = Register(Rec("a", 1), 3000);
   env_.Advance(1'000'000);
   EXPECT_EQ(node_->ListHosts()[0].lease_remaining_ms, 2000u);
-  auto hb = node_->Heartbeat(la, nullptr);
+  auto hb = Heartbeat(la, nullptr);
   ASSERT_TRUE(hb.ok());
   EXPECT_EQ(hb->ttl_ms, 3000u);
   EXPECT_EQ(node_->ListHosts()[0].lease_remaining_ms, 3000u);
   EXPECT_NE(node_->ListHosts()[0].last_heartbeat_unix_us, 0u);
   MemberRecord other = Rec("a", 2);
-  EXPECT_EQ(node_->Heartbeat(la, &other).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Heartbeat(la, &other).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(PlacementNodeTest, ExplainKeepsABoundedHistory) {

@@ -79,6 +79,7 @@ TEST_F(PlacementNodeTest, ReportBlocksIgnoresRepeatedSequencesAndAsksForASnapsho
   r.host_id = "a";
   r.incarnation = 1;
   r.lease_id = la;
+  r.token = Token(la);
   r.sequence = 1;
   r.events = {Commit(0), Commit(1)};
   ASSERT_TRUE(node_->ReportBlocks(r).ok());
@@ -142,10 +143,12 @@ TEST_F(PlacementNodeTest, ReportBlocksWithAStaleLeaseIsNotFoundAndAppliesNothing
   r.host_id = "a";
   r.incarnation = 1;
   r.lease_id = la + 100;
+  r.token = Token(la + 100);
   r.sequence = 1;
   r.events = {Commit(0)};
   EXPECT_EQ(node_->ReportBlocks(r).status().code(), StatusCode::kNotFound);
   r.lease_id = la;
+  r.token = Token(la);
   r.incarnation = 2;
   EXPECT_EQ(node_->ReportBlocks(r).status().code(), StatusCode::kNotFound);
   r.host_id = "nobody";
@@ -169,6 +172,7 @@ TEST_F(PlacementNodeTest, ANewIncarnationDropsTheOldOnesEntries) {
   auto r = node_->Register(Rec("a", 2), 3000);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->full_report_requested);
+  tokens_[r->lease_id] = r->token;
   const std::vector<BlockKey> keys = Keys(4);
   EXPECT_EQ(Holders(*node_->Locate("t", keys)),
             (std::vector<std::vector<std::string>>{{"b"}, {"b"}, {}, {}}));
@@ -177,6 +181,7 @@ TEST_F(PlacementNodeTest, ANewIncarnationDropsTheOldOnesEntries) {
   late.host_id = "a";
   late.incarnation = 1;
   late.lease_id = old_lease;
+  late.token = Token(old_lease);
   late.sequence = 2;
   late.events = Commits(0, 4);
   EXPECT_EQ(node_->ReportBlocks(late).status().code(), StatusCode::kNotFound);
@@ -192,10 +197,46 @@ TEST_F(PlacementNodeTest, ANewIncarnationDropsTheOldOnesEntries) {
 // redirecting every Place and Plan to whatever address the caller named. A
 // live member (heartbeats arriving) keeps its record; only the member itself
 // (same incarnation and addresses) may register again.
+// Issue 17: etcd's membership lease ids are sequential; with an id alone a
+// stranger could deregister a live daemon or report blocks in its name. Every
+// call after Register quotes the token it issued; a wrong one answers exactly
+// as an unknown lease does.
+TEST_F(PlacementNodeTest, MembershipCallsNeedTheLeaseTokenAndAWrongOneLooksLikeAnUnknownLease) {
+  Start();
+  const std::uint64_t la = Register(Rec("a", 1));
+  ASSERT_EQ(Token(la).size(), kMembershipTokenBytes);
+  EXPECT_EQ(node_->ListHosts()[0].record.token_digest, MembershipTokenDigest(Token(la)));
+  const std::string wrong(kMembershipTokenBytes, '\0');
+  const Status hb = node_->Heartbeat(la, wrong, nullptr).status();
+  const Status unknown = node_->Heartbeat(la + 1, Token(la), nullptr).status();
+  EXPECT_EQ(hb.code(), StatusCode::kNotFound);
+  EXPECT_EQ(unknown.code(), StatusCode::kNotFound);
+  EXPECT_EQ(hb.message().substr(hb.message().find(' ', 20)),
+            unknown.message().substr(unknown.message().find(' ', 20)))
+      << "a wrong token must read like an unknown lease";
+  EXPECT_EQ(node_->Deregister(la, wrong).code(), StatusCode::kNotFound);
+  EXPECT_EQ(node_->Deregister(la, "").code(), StatusCode::kNotFound);
+  ASSERT_EQ(node_->ListHosts().size(), 1u) << "deregistered with a wrong token";
+  BlockReport r;
+  r.host_id = "a";
+  r.incarnation = 1;
+  r.lease_id = la;
+  r.token = wrong;
+  r.sequence = 1;
+  r.events = {Commit(0)};
+  EXPECT_EQ(node_->ReportBlocks(r).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(node_->Snapshot().directory.entries, 0u);
+  r.token = Token(la);
+  EXPECT_TRUE(node_->ReportBlocks(r).ok());
+  EXPECT_TRUE(Heartbeat(la, nullptr).ok());
+  EXPECT_TRUE(Deregister(la).ok());
+  EXPECT_TRUE(node_->ListHosts().empty());
+}
+
 TEST_F(PlacementNodeTest, RegisterCannotDisplaceALiveMember) {
   Start();
   const MemberRecord real = Rec("a", 1);
-  Register(real);
+  const std::uint64_t first = Register(real);
   MemberRecord hijack = real;
   hijack.grpc_address = "10.6.6.6:7440";
   hijack.transport_address = "10.6.6.6:7441";
@@ -208,13 +249,22 @@ TEST_F(PlacementNodeTest, RegisterCannotDisplaceALiveMember) {
   EXPECT_EQ(node_->Register(newer, 3000).status().code(), StatusCode::kFailedPrecondition);
   ASSERT_EQ(node_->ListHosts().size(), 1u);
   EXPECT_EQ(node_->ListHosts()[0].record.grpc_address, real.grpc_address);
-  // The member itself re-registers (a retry): fine.
-  EXPECT_TRUE(node_->Register(real, 3000).ok());
+  // Its incarnation and addresses are public (Health, ListHosts): repeating
+  // them without the member's token is refused like any other displacement.
+  EXPECT_EQ(node_->Register(real, 3000).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(node_->Register(real, 3000, std::string(16, 'x')).status().code(),
+            StatusCode::kFailedPrecondition);
+  // The member itself re-registers (a retry), quoting its token: fine, and it
+  // gets a new one.
+  auto again = node_->Register(real, 3000, Token(first));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE(again->token, Token(first));
+  tokens_[again->lease_id] = again->token;
 
   // It keeps heartbeating through the 2 s after which a silent member could be
   // replaced: still refused.
   env_.Advance(std::chrono::milliseconds(1500));
-  ASSERT_TRUE(node_->Heartbeat(node_->ListHosts()[0].lease_id, nullptr).ok());
+  ASSERT_TRUE(Heartbeat(node_->ListHosts()[0].lease_id, nullptr).ok());
   env_.Advance(std::chrono::milliseconds(1500));
   EXPECT_EQ(node_->Register(newer, 3000).status().code(), StatusCode::kFailedPrecondition);
   // Silent for more than two heartbeat periods: a new incarnation may register.
@@ -236,13 +286,13 @@ TEST_F(PlacementNodeTest, AnExpiredHostDisappearsAndPlanFallsBackToOtherReplicas
 
   // b keeps heartbeating; a goes silent past its TTL.
   env_.Advance(600'000);
-  ASSERT_TRUE(node_->Heartbeat(lb, nullptr).ok());
+  ASSERT_TRUE(Heartbeat(lb, nullptr).ok());
   env_.Advance(600'000);
   node_->Maintain();
   EXPECT_EQ(node_->Snapshot().lease_expiries, 1u);
   ASSERT_EQ(node_->ListHosts().size(), 1u);
   EXPECT_EQ(node_->ListHosts()[0].record.host_id, "b");
-  EXPECT_EQ(node_->Heartbeat(la, nullptr).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(Heartbeat(la, nullptr).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(node_->Snapshot().heartbeats_not_found, 1u);
 
   p = MakePlan(8);
@@ -286,8 +336,8 @@ TEST_F(PlacementNodeTest, DeregisterDropsTheHostsEntriesAndCountsALeave) {
   Start();
   const std::uint64_t la = Register(Rec("a", 1));
   Report("a", 1, la, Commits(0, 3));
-  ASSERT_TRUE(node_->Deregister(la).ok());
-  ASSERT_TRUE(node_->Deregister(la).ok());  // idempotent
+  ASSERT_TRUE(Deregister(la).ok());
+  ASSERT_TRUE(Deregister(la).ok());  // idempotent
   EXPECT_TRUE(node_->ListHosts().empty());
   const PlacementSnapshot s = node_->Snapshot();
   EXPECT_EQ(s.members_left, 1u);
@@ -305,7 +355,7 @@ TEST_F(PlacementNodeTest, PlaceSkipsDrainingAndExcludedHostsAndReturnsTheReplica
   for (int h = 0; h < 5; ++h) leases.push_back(Register(Rec("h" + std::to_string(h), 1)));
   MemberRecord drain = Rec("h1", 1);
   drain.draining = true;
-  ASSERT_TRUE(node_->Heartbeat(leases[1], &drain).ok());
+  ASSERT_TRUE(Heartbeat(leases[1], &drain).ok());
   PlaceRequest req;
   req.ns = "t";
   for (int i = 0; i < 300; ++i) req.keys.push_back(Key(i));
@@ -352,7 +402,7 @@ TEST_F(PlacementNodeTest, PlaceSkipsDrainingAndExcludedHostsAndReturnsTheReplica
   req.payload_bytes = options_.limits.max_block_bytes;
   for (int h : {0, 2, 3, 4}) {
     MemberRecord full = Rec("h" + std::to_string(h), 1, "", kBlockBytes);
-    ASSERT_TRUE(node_->Heartbeat(leases[h], &full).ok());
+    ASSERT_TRUE(Heartbeat(leases[h], &full).ok());
   }
   auto no_room = node_->Place(req);
   ASSERT_TRUE(no_room.ok());
@@ -454,6 +504,7 @@ TEST_F(PlacementNodeTest, LearnsExistingMembersFromTheStoreAtStart) {
   r.host_id = "a";
   r.incarnation = 1;
   r.lease_id = *lease;
+  r.token = Token(*lease);
   r.sequence = 58;  // the daemon's sequence carried on; placement starts from nothing
   r.events = {Commit(0)};
   auto res = node_->ReportBlocks(r);
@@ -475,10 +526,11 @@ TEST_F(PlacementNodeTest, ConcurrentCallsWithTheMaintenanceThreadRunning) {
         r.host_id = host;
         r.incarnation = 1;
         r.lease_id = leases[t];
+        r.token = Token(leases[t]);
         r.sequence = static_cast<std::uint64_t>(i);
         r.events = {Commit(i % 16)};
         EXPECT_TRUE(node_->ReportBlocks(r).ok());
-        EXPECT_TRUE(node_->Heartbeat(leases[t], nullptr).ok());
+        EXPECT_TRUE(Heartbeat(leases[t], nullptr).ok());
         PlanRequest req;
         req.ns = "t";
         req.chain = Chain(16);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -99,8 +100,20 @@ class PlacementNodeTest : public ::testing::Test {
   std::uint64_t Register(const MemberRecord& r, std::uint32_t ttl_ms = 3000) {
     auto res = node_->Register(r, ttl_ms);
     EXPECT_TRUE(res.ok()) << res.status().ToString();
-    return res.ok() ? res->lease_id : 0;
+    if (!res.ok()) return 0;
+    tokens_[res->lease_id] = res->token;
+    return res->lease_id;
   }
+
+  // The membership token Register issued with `lease` ("" if none).
+  std::string Token(std::uint64_t lease) const {
+    auto it = tokens_.find(lease);
+    return it == tokens_.end() ? "" : it->second;
+  }
+  StatusOr<HeartbeatResult> Heartbeat(std::uint64_t lease, const MemberRecord* updated) {
+    return node_->Heartbeat(lease, Token(lease), updated);
+  }
+  Status Deregister(std::uint64_t lease) { return node_->Deregister(lease, Token(lease)); }
 
   // Reports `events` as host's next sequence.
   ReportResult Report(const std::string& host, std::uint64_t inc, std::uint64_t lease,
@@ -109,6 +122,7 @@ class PlacementNodeTest : public ::testing::Test {
     r.host_id = host;
     r.incarnation = inc;
     r.lease_id = lease;
+    r.token = Token(lease);
     r.sequence = ++sequence_[host + "/" + std::to_string(inc)];
     r.events = std::move(events);
     auto res = node_->ReportBlocks(r);
@@ -149,6 +163,7 @@ class PlacementNodeTest : public ::testing::Test {
   PlacementOptions options_;
   std::unique_ptr<PlacementNode> node_;
   std::map<std::string, std::uint64_t> sequence_;
+  std::map<std::uint64_t, std::string> tokens_;  // lease -> membership token
 };
 
 }  // namespace kvfabric::placement
