@@ -52,17 +52,26 @@ std::string GrpcServerLimits::ToString() const {
 }
 
 void AddGrpcServerLimitFlags(CLI::App& app, GrpcServerLimits* limits) {
+  // The defaults in the help are the values `limits` holds now (a binary may
+  // set its own before adding the flags).
   app.add_option("--grpc-max-concurrent-streams", limits->max_concurrent_streams,
-                 "gRPC calls in flight on one connection; further calls wait (default 64)");
+                 "gRPC calls in flight on one connection; further calls wait (default " +
+                     std::to_string(limits->max_concurrent_streams) + ")");
   app.add_option("--grpc-max-threads", limits->max_threads,
-                 "threads running gRPC handlers, in all; further calls queue (default 16)");
+                 "threads running gRPC handlers, in all; further calls queue (default " +
+                     std::to_string(limits->max_threads) + ")");
   AddBytesOption(app, "--grpc-memory-bytes", &limits->memory_bytes,
-                 "memory gRPC may use for every connection's buffers (default 128MiB)");
+                 "memory gRPC may use for every connection's buffers (default " +
+                     FormatBytes(limits->memory_bytes) + ")");
   AddBytesOption(app, "--grpc-max-request-bytes", &limits->max_request_bytes,
-                 "largest gRPC request accepted, refused before parsing (default 4MiB; "
-                 "responses may be up to 16MiB)");
-  AddDurationOption(app, "--grpc-idle-timeout", &limits->idle_timeout,
-                    "a gRPC connection without calls for this long is closed (default 5min)");
+                 "largest gRPC request accepted, refused before it is parsed (default " +
+                     FormatBytes(limits->max_request_bytes) + "; responses may be up to 16 MiB)");
+  AddDurationOption(
+      app, "--grpc-idle-timeout", &limits->idle_timeout,
+      "a gRPC connection without calls for this long is closed (default " +
+          std::to_string(
+              std::chrono::duration_cast<std::chrono::seconds>(limits->idle_timeout).count()) +
+          "s)");
 }
 
 void ApplyGrpcServerLimits(const GrpcServerLimits& limits, const std::string& quota_name,

@@ -54,11 +54,10 @@ struct GrpcServerLimits {
   std::uint64_t memory_bytes = std::uint64_t{128} << 20;
   // Largest request (64 KiB..16 MiB), reported as Limits.max_request_bytes.
   // Default 4 MiB (kMaxRequestBytes): a Plan of 65,536 keys is ~2.3 MiB, a
-  // Reserve of 4,096 blocks ~0.4 MiB. Why not more: a request is parsed in
-  // full before its limits are checked, and parsing a message of 32-byte
-  // keys takes ~3x its size (a heap string per key), on one handler thread;
-  // so the memory calls can make a server hold is bounded by about
-  // max_threads x 4 x max_request_bytes, plus memory_bytes.
+  // Reserve of 4,096 blocks ~0.4 MiB (kvfabric-cached sets 1 MiB). Why not more: a request is
+  // parsed in full before its limits are checked, and parsing a message of 32-byte keys takes ~3x
+  // its size (a heap string per key), on one handler thread; so the memory calls can make a server
+  // hold is bounded by about max_threads x 4 x max_request_bytes, plus memory_bytes.
   std::uint64_t max_request_bytes = std::uint64_t{4} << 20;
   // Largest metadata (headers) of a call (1 KiB..1 MiB). Default 16 KiB.
   std::uint32_t max_metadata_bytes = 16 << 10;

@@ -198,6 +198,10 @@ int Run(int argc, char** argv) {
                  "namespaces), which act on every tenant: unix:/PATH (recommended: the socket "
                  "file's permissions decide who is an operator) or HOST:PORT (:0 picks). "
                  "Default: none, and those RPCs answer PERMISSION_DENIED");
+  // A daemon's largest legitimate request is a Reserve of 4096 blocks, ~0.4
+  // MiB; parsing is where an oversized one costs (docs/benchmarks.md, the
+  // gRPC flood), so daemons accept 1 MiB by default (placement: 4 MiB).
+  f.grpc_limits.max_request_bytes = std::uint64_t{1} << 20;
   AddGrpcServerLimitFlags(app, &f.grpc_limits);
   app.add_option("--transport-address", o.transport_address,
                  "data-plane listen address (HOST:PORT; :0 picks)");
