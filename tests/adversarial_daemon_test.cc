@@ -638,10 +638,13 @@ TEST_F(AdversarialDaemonTest, EveryKindOfAbuseLeavesAWellBehavedClientServedExac
 
   const auto t0 = Clock::now();
   daemon_->Kill(SIGTERM);
-  const int exit_status = daemon_->WaitExit(std::chrono::seconds(10));
-  std::printf("SIGTERM: exit %d after %.0f ms (--shutdown-grace 5 s)\n", exit_status,
-              std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  const int exit_status = daemon_->WaitExit(std::chrono::seconds(60));
+  const double exit_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  std::printf("SIGTERM: exit %d after %.0f ms (--shutdown-grace 5 s)\n", exit_status, exit_ms);
   EXPECT_EQ(exit_status, 0);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  EXPECT_LT(exit_ms, 10'000) << "SIGTERM took longer than --shutdown-grace + 5 s";
+#endif
 }
 
 }  // namespace

@@ -49,12 +49,14 @@ TSAN_TARGETS=(
   # transport_two_process_test.
   # (`bazel query 'tests(...) intersect rdeps(..., @grpc//:lib)'` finds them.)
   -//client:kvfabric_c_test
+  -//tests:adversarial_daemon_test
   -//tests:c_api_cluster_test
   -//tests:cache_host_daemon_test
   -//tests:calibrate_daemon_test
   -//tests:client_e2e_test
   -//tests:cross_user_test
   -//tests:placement_cluster_test
+  -//tests:shared_memory_attack_test
   # Run by a second pass, without their shared-memory cases.
   "${TSAN_UCX_SHM[@]/#/-}"
 )
