@@ -23,18 +23,16 @@
 //
 // Needs root (to start a child as another user); skipped otherwise.
 #include <fcntl.h>
-#include <grp.h>
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
-#include <sys/wait.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
-#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -47,7 +45,6 @@
 namespace kvfabric {
 namespace {
 
-constexpr std::uint32_t kNobody = 65534;
 constexpr std::uint32_t kLayers = 2, kKvHeads = 2, kHeadDim = 64, kTokensPerBlock = 16;
 constexpr std::uint64_t kTokens = 512;  // 32 blocks
 constexpr std::uint64_t kBlockBytes = std::uint64_t{kLayers} * 2 * kTokensPerBlock * kKvHeads *
@@ -195,41 +192,10 @@ Outcome Engine(const std::string& placement, const char* data_transport, const c
   return out;
 }
 
-// Runs `fn` in a child process, as uid/gid nobody when `as_nobody`, and
-// returns what it returned. The child is forked before this process started
-// any gRPC or UCX thread (the parent only spawns the servers and waits for
-// their ready files): every library is initialised in the child.
-std::string InChild(bool as_nobody, const std::function<std::string()>& fn) {
-  int fds[2];
-  if (pipe(fds) != 0) return std::string("pipe: ") + std::strerror(errno);
-  std::fflush(nullptr);  // the child must not print the parent's buffered output again
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    if (as_nobody && (setgroups(0, nullptr) != 0 || setgid(kNobody) != 0 || setuid(kNobody) != 0)) {
-      _exit(3);
-    }
-    const std::string text = fn();
-    (void)!write(fds[1], text.data(), text.size());
-    _exit(0);
-  }
-  close(fds[1]);
-  std::string text;
-  char buf[4096];
-  for (ssize_t r; (r = read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, r);
-  close(fds[0]);
-  int wstatus = 0;
-  waitpid(pid, &wstatus, 0);
-  if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
-    return "child failed: wait status " + std::to_string(wstatus);
-  }
-  return text;
-}
-
 // Engine(...) as nobody.
 Outcome EngineAsNobody(const std::string& placement, const char* data_transport,
                        const char* ucx_tls) {
-  const std::string text = InChild(true, [&] {
+  const std::string text = testing::RunInChild(true, [&] {
     const Outcome out = Engine(placement, data_transport, ucx_tls);
     return std::to_string(out.status) + "\t" + out.what + "\t" + std::to_string(out.fetched) +
            "\t" + std::to_string(out.recomputed) + "\t" + std::to_string(out.differing_bytes) +
@@ -303,7 +269,7 @@ class CrossUserTest : public ::testing::Test {
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     daemon_ = std::move(*d);
     // The daemon registers after writing its ready file.
-    ASSERT_EQ(InChild(false, [&] { return WaitForOneHost(placement_->grpc()); }), "1");
+    ASSERT_EQ(testing::RunInChild(false, [&] { return WaitForOneHost(placement_->grpc()); }), "1");
   }
 
   static void Print(const char* what, const Outcome& o) {

@@ -1,19 +1,50 @@
 #include "tests/server_process.h"
 
+#include <grp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <cstring>
 #include <thread>
 
 extern char** environ;
 
 namespace kvfabric::testing {
+
+std::string RunInChild(bool as_nobody, const std::function<std::string()>& fn) {
+  int fds[2];
+  if (pipe(fds) != 0) return std::string("pipe: ") + std::strerror(errno);
+  std::fflush(nullptr);  // the child must not print the parent's buffered output again
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    if (as_nobody &&
+        (setgroups(0, nullptr) != 0 || setgid(kNobodyUid) != 0 || setuid(kNobodyUid) != 0)) {
+      _exit(3);
+    }
+    const std::string text = fn();
+    (void)!write(fds[1], text.data(), text.size());
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string text;
+  char buf[4096];
+  for (ssize_t r; (r = read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, r);
+  close(fds[0]);
+  int wstatus = 0;
+  waitpid(pid, &wstatus, 0);
+  if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
+    return "child failed: wait status " + std::to_string(wstatus) + "; it said: " + text;
+  }
+  return text;
+}
 
 std::string ServerBinary(const char* env_var, const std::string& name) {
   if (const char* p = std::getenv(env_var); p != nullptr && *p != '\0') return p;

@@ -20,6 +20,8 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,6 +30,16 @@
 #include "core/statusor.h"
 
 namespace kvfabric::testing {
+
+// uid and gid of "nobody" (Debian), the other user cross-user tests run as.
+inline constexpr std::uint32_t kNobodyUid = 65534;
+
+// Runs `fn` in a forked child, as uid/gid nobody when `as_nobody` (which
+// needs root), and returns the text `fn` returned; "child failed: ..." when
+// the child could not switch user or did not exit 0. Call it before this
+// process starts gRPC or UCX threads: the child initialises every library
+// itself.
+std::string RunInChild(bool as_nobody, const std::function<std::string()>& fn);
 
 // $env_var if set and non-empty, else `name` in the test binary's directory.
 std::string ServerBinary(const char* env_var, const std::string& name);

@@ -15,11 +15,9 @@
 //
 // Needs root (to run the attacker as another user); skipped otherwise.
 #include <dirent.h>
-#include <grp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/shm.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -38,38 +36,6 @@
 
 namespace kvfabric {
 namespace {
-
-constexpr std::uint32_t kNobody = 65534;
-
-// Runs `fn` in a forked child (as nobody when `as_nobody`) and returns what
-// it returned. The parent starts no gRPC or UCX thread of its own: every
-// library is initialised in the child.
-std::string InChild(bool as_nobody, const std::function<std::string()>& fn) {
-  int fds[2];
-  if (pipe(fds) != 0) return std::string("pipe: ") + std::strerror(errno);
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    if (as_nobody && (setgroups(0, nullptr) != 0 || setgid(kNobody) != 0 || setuid(kNobody) != 0)) {
-      _exit(3);
-    }
-    const std::string text = fn();
-    (void)!write(fds[1], text.data(), text.size());
-    _exit(0);
-  }
-  close(fds[1]);
-  std::string text;
-  char buf[4096];
-  for (ssize_t r; (r = read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, r);
-  close(fds[0]);
-  int wstatus = 0;
-  waitpid(pid, &wstatus, 0);
-  if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
-    return "child failed: wait status " + std::to_string(wstatus) + "; it said: " + text;
-  }
-  return text;
-}
 
 // Shrinks every POSIX shared-memory object this process holds open (what
 // UCX's posix transport and allocator made) to 0 bytes, and removes every
@@ -172,15 +138,18 @@ TEST_P(SharedMemoryAttackTest, AnotherUsersClientIsRefusedAndTheDaemonKeepsServi
   const std::string ucx_tls = GetParam();
   const std::string grpc = daemon_->grpc(), transport = daemon_->transport();
 
-  const std::string attack = InChild(true, [&] { return Attack(seed_, grpc, transport, ucx_tls); });
-  std::printf("attacker (uid %u, ucx_tls %s):\n%s", kNobody, ucx_tls.c_str(), attack.c_str());
+  const std::string attack =
+      testing::RunInChild(true, [&] { return Attack(seed_, grpc, transport, ucx_tls); });
+  std::printf("attacker (uid %u, ucx_tls %s):\n%s", testing::kNobodyUid, ucx_tls.c_str(),
+              attack.c_str());
   EXPECT_EQ(attack.rfind("attach: ", 0), 0u) << attack;
   EXPECT_EQ(attack.find("attach: OK"), std::string::npos)
       << "the daemon let a process of another user connect over shared memory:\n"
       << attack;
 
   ASSERT_EQ(daemon_->WaitExit(std::chrono::milliseconds(0)), -1) << "the daemon died";
-  const std::string good = InChild(false, [&] { return WellBehaved(seed_, grpc, transport); });
+  const std::string good =
+      testing::RunInChild(false, [&] { return WellBehaved(seed_, grpc, transport); });
   std::printf("well-behaved client (uid 0, sm,self,tcp): %s\n", good.c_str());
   EXPECT_EQ(good, "ok");
 

@@ -91,6 +91,13 @@
 //   RDMA-registered memory to trusted peers only (see transport.h,
 //   "Security"). kDevice memory is Unimplemented (Debian's UCX has no CUDA
 //   transports).
+//   Over shared memory the two sides also attach each other's UCX FIFOs and
+//   segments, which a peer can truncate under the other (inside UCX, where no
+//   guard reaches). So while `tls` uses shared memory a listener accepts
+//   peers of its own host only when their connecting socket belongs to its
+//   own user (UcxTransportOptions::shared_memory_peers, core/socket_owner.h),
+//   rejecting others before UCX wires up a lane; peers on other hosts are
+//   not affected.
 //
 // Cancellation and close
 //   TransferBatch::Cancel completes entries not yet posted with Cancelled,
