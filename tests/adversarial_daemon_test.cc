@@ -301,16 +301,22 @@ TEST_F(AdversarialDaemonTest, EveryKindOfAbuseLeavesAWellBehavedClientServedExac
     return "4 threads spinning (" + std::to_string(spins.load() >> 20) + " Mi spins)";
   }));
 
-  // A client that sends kFetch requests and stops reading.
+  // A client that sends kFetch requests and stops reading. Its blocks sit
+  // deep in a chain (the cost-aware policy keeps those longest) and are read
+  // back once just before it stalls, so the daemon has bytes to push: a
+  // fetch of evicted blocks is answered at once with a small reply, which
+  // the socket buffers would absorb without the daemon ever holding much.
   phases.push_back(Phase("stalled_reader", [&](const std::atomic<bool>& stop) {
     auto evil = CacheHostTestClient::Create(seed_ + 1, testing::kKernelTcp);
     if (!evil.ok()) return "create: " + evil.status().ToString();
+    constexpr int kFirst = 50000;
     Status s = (*evil)->Attach(daemon_->grpc(), daemon_->transport());
-    if (s.ok()) s = (*evil)->PutBatch(0, 4, "evil");
+    if (s.ok()) s = (*evil)->PutBatch(kFirst, 4, "evil");
+    if (s.ok()) s = (*evil)->GetBatch({kFirst, kFirst + 1, kFirst + 2, kFirst + 3}, "evil");
     if (!s.ok()) return "setup: " + s.ToString();
     static_cast<tcp::TcpTransport*>((*evil)->transport())->TEST_StallPeerWork(true);
     std::vector<wire::FetchKey> keys(4);
-    for (int i = 0; i < 4; ++i) std::memcpy(keys[i].data(), (*evil)->Key(i).data(), 32);
+    for (int i = 0; i < 4; ++i) std::memcpy(keys[i].data(), (*evil)->Key(kFirst + i).data(), 32);
     client::DaemonConnection* conn = (*evil)->connection();
     std::atomic<int> sent{0}, failed{0};
     std::vector<std::thread> senders;
