@@ -341,6 +341,24 @@ StatusOr<PathFit> FitAndJudge(const ProbeRun& a, const ProbeRun& b, const JudgeO
   return fit;
 }
 
+StatusOr<PathFit> MeasureAndFit(PathProbe& probe, std::span<const uint64_t> sizes,
+                                const ProbeRunOptions& options, const JudgeOptions& judge,
+                                int attempts, int* attempts_used) {
+  Status last;
+  for (int attempt = 1; attempt <= attempts; ++attempt) {
+    if (attempts_used != nullptr) *attempts_used = attempt;
+    KVF_ASSIGN_OR_RETURN(TwoProbeRuns runs, RunTwoProbeRuns(probe, sizes, options));
+    StatusOr<PathFit> fit = FitAndJudge(runs.a, runs.b, judge);
+    if (fit.ok() || fit.status().code() != StatusCode::kFailedPrecondition) return fit;
+    last = fit.status();
+    if (attempt < attempts && options.progress) {
+      options.progress(options.label + ": " + std::string(last.message()) + "; measuring again (" +
+                       std::to_string(attempt + 1) + " of " + std::to_string(attempts) + ")");
+    }
+  }
+  return last;
+}
+
 PathCalibration ToPathCalibration(BusPath path, std::string host_id, const PathFit& fit) {
   PathCalibration c;
   c.path = path;

@@ -165,6 +165,17 @@ struct PathFit {
 // times do not grow with size) with "run A" / "runs A+B" as context.
 StatusOr<PathFit> FitAndJudge(const ProbeRun& a, const ProbeRun& b, const JudgeOptions& options);
 
+// RunTwoProbeRuns then FitAndJudge; when the fit fails because the measured
+// time does not grow with size (FailedPrecondition: noise larger than the
+// transfers, e.g. small probes on a busy two-core machine), measures both
+// runs again, up to `attempts` in all, saying so through options.progress.
+// The probe's own errors, and the last fit error, are returned as they are.
+// `attempts_used` (may be null) gets how many attempts were made.
+// REQUIRES: attempts >= 1, and RunTwoProbeRuns' preconditions.
+StatusOr<PathFit> MeasureAndFit(PathProbe& probe, std::span<const uint64_t> sizes,
+                                const ProbeRunOptions& options, const JudgeOptions& judge,
+                                int attempts, int* attempts_used = nullptr);
+
 // The calibration file entry for `fit`: the final parameters, with the out-of-sample median and
 // worst error ratios of the run-A fit.
 PathCalibration ToPathCalibration(BusPath path, std::string host_id, const PathFit& fit);

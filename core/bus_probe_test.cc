@@ -281,6 +281,48 @@ TEST(RunTwoProbeRunsTest, ReportsTheProbesErrorWithPathAndSize) {
       << runs.status();
 }
 
+// The first `flat_calls_` transfers take a time that shrinks with size (a
+// noisy machine whose jitter swamps small probes); then the model's time.
+class NoisyThenSteadyProbe final : public PathProbe {
+ public:
+  explicit NoisyThenSteadyProbe(int flat_calls) : flat_calls_(flat_calls) {}
+  StatusOr<double> Measure(uint64_t bytes) override {
+    if (calls_++ < flat_calls_) return 5000.0 - static_cast<double>(bytes) / 1e6;
+    return FetchMicros(kRemote, static_cast<double>(bytes));
+  }
+  int calls_ = 0;
+
+ private:
+  const int flat_calls_;
+};
+
+TEST(MeasureAndFitTest, MeasuresAgainWhenNoiseHidesTheSlopeAndSaysSo) {
+  const std::vector<uint64_t> sizes = {256 << 10, 1 << 20, 4 << 20};
+  ProbeRunOptions o;
+  o.repeats = 3;
+  o.label = "remote→local h0";
+  std::vector<std::string> lines;
+  o.progress = [&](const std::string& line) { lines.push_back(line); };
+  // One attempt is 1 warm-up + 2 runs x 3 sizes x 3 repeats = 19 transfers.
+  NoisyThenSteadyProbe probe(19);
+  int used = 0;
+  auto fit = MeasureAndFit(probe, sizes, o, {}, 3, &used);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_EQ(used, 2);
+  EXPECT_NEAR(fit->final_parameters.beta_bytes_per_s, kRemote.beta_bytes_per_s,
+              0.01 * kRemote.beta_bytes_per_s);
+  bool said = false;
+  for (const std::string& l : lines)
+    said |= l.find("measuring again (2 of 3)") != std::string::npos;
+  EXPECT_TRUE(said);
+
+  // Noise on every attempt: the fit's error after the last one.
+  NoisyThenSteadyProbe always(1 << 20);
+  auto bad = MeasureAndFit(always, sizes, o, {}, 3, &used);
+  EXPECT_EQ(bad.status().code(), StatusCode::kFailedPrecondition) << bad.status();
+  EXPECT_EQ(used, 3);
+}
+
 TEST(MemcpyProbeTest, TimesCopiesUpToItsMaximum) {
   MemcpyProbeOptions o;
   o.max_bytes = kMiB;
