@@ -1,5 +1,7 @@
-// The cache-host probe of `kvfabric calibrate`: Reserve + kPut + Commit and Lease + kGet of
-// probe blocks against a cache-host daemon over its data transport, timed (UCX builds only).
+// The cache-host probe of `kvfabric calibrate`: Reserve + kPut + Commit and kFetch of probe
+// blocks against a cache-host daemon over its data transport, timed (UCX builds only). The read
+// is the client's own: one kFetch round trip on the data plane (CacheHostSession::Fetch), with
+// no gRPC call in it, so the fitted alpha is the data plane's, not a control call's.
 #ifdef KVF_HAVE_UCX
 #include <grpcpp/grpcpp.h>
 
@@ -148,15 +150,24 @@ StatusOr<double> CacheHostTarget::TimedGet(std::uint64_t bytes) {
     std::memset(staging.data() + k * split.block_bytes, 0xa5, 8);
   }
   std::vector<std::string>& keys = it->second;
+  std::vector<wire::FetchKey> fetch(keys.size());
+  for (std::size_t k = 0; k < keys.size(); ++k) {
+    if (keys[k].size() != fetch[k].size()) return Status::Internal("probe key of a wrong size");
+    std::memcpy(fetch[k].data(), keys[k].data(), fetch[k].size());
+  }
   const auto start = SteadyClock::now();
-  client::CacheHostSession::HeldLease lease;
-  KVF_ASSIGN_OR_RETURN(
-      const std::vector<client::CacheHostSession::ReadResult> got,
-      session_->LeaseGet(keys, "", TtlMs(), {0, split.block_bytes}, &lease));
+  KVF_ASSIGN_OR_RETURN(const std::vector<client::CacheHostSession::ReadResult> got,
+                       session_->Fetch(fetch, "", {0, split.block_bytes}));
   const double us = MicrosSince(start);
-  if (lease.lease_id != 0) KVF_RETURN_IF_ERROR(session_->Release(lease));
   for (std::uint64_t k = 0; k < split.blocks; ++k) {
-    KVF_RETURN_IF_ERROR(got[k].status.WithContext("Lease of probe block " + std::to_string(k)));
+    if (got[k].status.code() == StatusCode::kUnavailable) {
+      return Status::FailedPrecondition(
+          "--cache-host " + address_ +
+          " holds a probe block on NVMe only, not in its host pool: the pool is too small (or "
+          "its watermarks demote the probe blocks); lower --max-bytes or give the daemon a "
+          "larger --host-pool-bytes");
+    }
+    KVF_RETURN_IF_ERROR(got[k].status.WithContext("Fetch of probe block " + std::to_string(k)));
     if (got[k].tier != v1::TIER_HOST) {
       return Status::FailedPrecondition(
           "--cache-host " + address_ +

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "cli/calibrate_internal.h"
+#include "client/synthetic_transformer.h"
 #include "core/config/unit_flags.h"
 #include "core/units.h"
 
@@ -170,6 +171,35 @@ int CalibrationReport::targets_met() const {
   }));
 }
 
+CalibrateArgs EmbeddedClusterCalibrateArgs(const std::vector<std::string>& grpc_addresses,
+                                           const std::vector<std::string>& admin_addresses,
+                                           const std::string& dir, std::uint64_t max_bytes,
+                                           const std::string& data_transport) {
+  CalibrateArgs a;
+  a.out_path = dir + "/calibration.json";
+  a.cache_hosts = grpc_addresses;
+  a.cache_host_admins = admin_addresses;
+  a.min_bytes = std::uint64_t{256} << 10;
+  a.max_bytes = max_bytes;
+  a.repeats = 3;
+  a.cache_scrub_bytes = std::uint64_t{16} << 20;
+  a.nvme_dir = dir;
+  a.data_transport = data_transport;
+  return a;
+}
+
+std::string FormatPathCalibrationLine(const PathCalibration& p) {
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "  %-28s %-8s t = %7.1f us + bytes / %5.2f GB/s   worst out-of-sample %5.1f%%, "
+                "noise floor %5.1f%%\n",
+                std::string(BusPathName(p.path)).c_str(),
+                p.host_id.empty() ? "local" : p.host_id.c_str(), p.parameters.alpha_us,
+                p.parameters.beta_bytes_per_s / 1e9, 100 * p.worst_error_ratio,
+                100 * p.noise_floor_ratio);
+  return line;
+}
+
 CLI::App* AddCalibrateSubcommand(CLI::App& app, CalibrateArgs* args) {
   CLI::App* sub = app.add_subcommand(
       "calibrate", "measure the bus paths, fit the cost model, write the calibration file");
@@ -193,6 +223,16 @@ CLI::App* AddCalibrateSubcommand(CLI::App& app, CalibrateArgs* args) {
   sub->add_option("--data-transport", args->data_transport,
                   "the daemons' data transport: ucx (default) | tcp (kernel sockets)");
   sub->add_flag("--json", args->json, "machine-readable output");
+  sub->add_option("--prefill-probe", args->prefill_probe,
+                  "also fit the recompute model: \"synthetic\" probes kvfabric's synthetic "
+                  "transformer for the model below (for engines that do not state their own)")
+      ->check(CLI::IsMember({"", "synthetic"}));
+  sub->add_option("--model-id", args->model_id, "the probed model's id (default synthetic)");
+  sub->add_option("--model-layers", args->model_layers, "its layers (default 32)");
+  sub->add_option("--model-kv-heads", args->model_kv_heads, "its KV heads (default 8)");
+  sub->add_option("--model-head-dim", args->model_head_dim, "its head dim (default 128)");
+  sub->add_option("--tokens-per-block", args->tokens_per_block, "tokens per block (default 16)");
+  sub->add_option("--dtype", args->dtype, "fp16 | bf16 | fp32 (default fp16)");
   return sub;
 }
 
@@ -327,6 +367,15 @@ StatusOr<CalibrationReport> RunCalibrate(const CalibrateArgs& args,
   for (const PathOutcome& p : report.paths) {
     if (p.measured) calibration.paths.push_back(ToPathCalibration(p.path, p.host_id, p.fit));
   }
+  if (context.prefill) {
+    calibrator.Progress("prefill of " + context.prefill_model_id + ": probing");
+    RecomputeProbeOptions po = context.prefill_options;
+    if (!po.progress) po.progress = context.progress;
+    KVF_ASSIGN_OR_RETURN(RecomputeProbeReport probe, ProbeRecompute(context.prefill, po));
+    calibration.recompute.push_back(ToRecomputeCalibration(context.prefill_model_id, probe));
+    report.prefill = std::move(probe);
+    report.prefill_model_id = context.prefill_model_id;
+  }
   Status saved = SaveBusCalibration(env, calibration, args.out_path);
   if (!saved.ok()) return saved.WithContext("--out " + args.out_path);
   return report;
@@ -340,8 +389,8 @@ std::string FormatCalibrationText(const CalibrationReport& r) {
                     FormatBytes(r.judge_from_bytes) + ".." + FormatBytes(r.sizes.back()) +
                     " (target: worst |error| <= " + Percent(r.target_error_ratio) + "%)\n";
   char line[512];
-  std::snprintf(line, sizeof(line), "%-26s %-16s %10s %10s %13s %12s  %s\n", "path", "host",
-                "alpha_us", "beta GB/s", "median err %", "worst err %", "target met");
+  std::snprintf(line, sizeof(line), "%-26s %-16s %10s %10s %13s %12s %8s  %s\n", "path", "host",
+                "alpha_us", "beta GB/s", "median err %", "worst err %", "noise %", "target met");
   out += line;
   for (const PathOutcome& p : r.paths) {
     const std::string host = p.host_id.empty() ? "-" : p.host_id;
@@ -350,12 +399,25 @@ std::string FormatCalibrationText(const CalibrationReport& r) {
                     std::string(BusPathName(p.path)).c_str(), host.c_str(),
                     p.not_measured_reason.c_str());
     } else {
-      std::snprintf(line, sizeof(line), "%-26s %-16s %10.2f %10.3f %13s %12s  %s\n",
+      std::snprintf(line, sizeof(line), "%-26s %-16s %10.2f %10.3f %13s %12s %8s  %s\n",
                     std::string(BusPathName(p.path)).c_str(), host.c_str(),
                     p.fit.final_parameters.alpha_us, p.fit.final_parameters.beta_bytes_per_s / 1e9,
                     Percent(p.fit.median_abs_error).c_str(), Percent(p.fit.worst_abs_error).c_str(),
-                    p.fit.target_met ? "yes" : "no");
+                    Percent(p.fit.noise_floor_ratio).c_str(),
+                    p.fit.target_met ? "yes (within max(target, noise))" : "no");
     }
+    out += line;
+  }
+  if (r.prefill) {
+    const RecomputeParameters& c = r.prefill->parameters;
+    std::snprintf(line, sizeof(line),
+                  "prefill %s: t = %.1f us + %.3f us * n + %.5f us * n * (p + n/2); median err "
+                  "%s%%, worst %s%%, noise %s%% (%llu calls)\n",
+                  r.prefill_model_id.c_str(), c.c0_us, c.c1_us_per_token, c.c2_us_per_token2,
+                  Percent(r.prefill->median_abs_error).c_str(),
+                  Percent(r.prefill->worst_abs_error).c_str(),
+                  Percent(r.prefill->noise_floor_ratio).c_str(),
+                  static_cast<unsigned long long>(r.prefill->samples));
     out += line;
   }
   out += "wrote " + r.out_path + ": " + std::to_string(r.calibration.paths.size()) +
@@ -392,6 +454,7 @@ std::string FormatCalibrationJson(const CalibrationReport& r) {
     e["beta_bytes_per_s"] = f.final_parameters.beta_bytes_per_s;
     e["median_error_ratio"] = f.median_abs_error;
     e["worst_error_ratio"] = f.worst_abs_error;
+    e["noise_floor_ratio"] = f.noise_floor_ratio;
     e["target_met"] = f.target_met;
     e["samples"] = f.samples;
     e["run_a"] = {{"alpha_us", f.run_a.alpha_us}, {"beta_bytes_per_s", f.run_a.beta_bytes_per_s}};
@@ -407,8 +470,62 @@ std::string FormatCalibrationJson(const CalibrationReport& r) {
     paths.push_back(std::move(e));
   }
   j["paths"] = std::move(paths);
+  if (r.prefill) {
+    const RecomputeParameters& c = r.prefill->parameters;
+    j["prefill"] = {{"model_id", r.prefill_model_id},
+                    {"c0_us", c.c0_us},
+                    {"c1_us_per_token", c.c1_us_per_token},
+                    {"c2_us_per_token2", c.c2_us_per_token2},
+                    {"median_error_ratio", r.prefill->median_abs_error},
+                    {"worst_error_ratio", r.prefill->worst_abs_error},
+                    {"noise_floor_ratio", r.prefill->noise_floor_ratio},
+                    {"samples", r.prefill->samples}};
+  }
   return j.dump() + "\n";
 }
+
+namespace {
+
+// --prefill-probe synthetic: the synthetic transformer of the model the
+// flags name, probed over the default grid.
+class SyntheticPrefill {
+ public:
+  static StatusOr<std::unique_ptr<SyntheticPrefill>> Create(const CalibrateArgs& a) {
+    auto p = std::unique_ptr<SyntheticPrefill>(new SyntheticPrefill);
+    ModelFingerprint m;
+    m.model_id = a.model_id;
+    m.layer_count = a.model_layers;
+    m.kv_heads = a.model_kv_heads;
+    m.head_dim = a.model_head_dim;
+    m.tokens_per_block = a.tokens_per_block;
+    KVF_ASSIGN_OR_RETURN(m.dtype, ParseKvDtype(a.dtype));
+    KVF_RETURN_IF_ERROR(m.Validate().WithContext("--prefill-probe model (--model-layers, ...)"));
+    std::uint64_t max_n = 0, max_p = 0;
+    for (const RecomputeShape& s : DefaultRecomputeShapes()) {
+      max_n = std::max(max_n, s.tokens);
+      max_p = std::max(max_p, s.prefix_tokens);
+      p->shapes_.push_back(s);
+    }
+    client::SyntheticTransformerOptions o;
+    o.model = m;
+    o.depth = 1;
+    o.max_context_tokens = max_n + max_p;
+    KVF_ASSIGN_OR_RETURN(p->engine_, client::SyntheticTransformer::Create(o));
+    KVF_ASSIGN_OR_RETURN(p->probe_,
+                         client::SyntheticPrefillProbe::Create(p->engine_.get(), max_n, max_p));
+    return p;
+  }
+  const std::vector<RecomputeShape>& shapes() const { return shapes_; }
+  StatusOr<double> Run(std::uint64_t n, std::uint64_t prefix) { return probe_->Run(n, prefix); }
+
+ private:
+  SyntheticPrefill() = default;
+  std::unique_ptr<client::SyntheticTransformer> engine_;
+  std::unique_ptr<client::SyntheticPrefillProbe> probe_;
+  std::vector<RecomputeShape> shapes_;
+};
+
+}  // namespace
 
 CalibrationDevice OpenCalibrationDevice(std::uint64_t arena_bytes) {
   CalibrationDevice out;
@@ -439,6 +556,15 @@ Status RunCalibrateCommand(const CalibrateArgs& args) {
   context.progress = [](const std::string& line) {
     std::fprintf(stderr, "kvfabric calibrate: %s\n", line.c_str());
   };
+  std::unique_ptr<SyntheticPrefill> prefill;
+  if (args.prefill_probe == "synthetic") {
+    KVF_ASSIGN_OR_RETURN(prefill, SyntheticPrefill::Create(args));
+    context.prefill = [p = prefill.get()](std::uint64_t n, std::uint64_t prefix) {
+      return p->Run(n, prefix);
+    };
+    context.prefill_model_id = args.model_id;
+    context.prefill_options.shapes = prefill->shapes();
+  }
   KVF_ASSIGN_OR_RETURN(CalibrationReport report, RunCalibrate(args, context));
   const std::string out = args.json ? FormatCalibrationJson(report) : FormatCalibrationText(report);
   std::fputs(out.c_str(), stdout);

@@ -33,12 +33,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/bus_calibration.h"
 #include "core/bus_probe.h"
 #include "core/env.h"
+#include "core/recompute_probe.h"
 #include "core/status.h"
 #include "core/statusor.h"
 #include "gpu/device.h"
@@ -75,7 +77,30 @@ struct CalibrateArgs {
   // --data-transport: what the daemons' data planes speak, "ucx" (default) or
   // "tcp" (kvfabric-cached --data-transport=tcp).
   std::string data_transport = "ucx";
+  // --prefill-probe synthetic: also fit the recompute model (core/recompute_probe.h) of the
+  // synthetic transformer (client/synthetic_transformer.h) for the model below and write it to
+  // the file, for clusters whose engine does not state its own. Empty (default): no probe.
+  std::string prefill_probe;
+  // The model the prefill probe runs (--model-id, --model-layers, --model-kv-heads,
+  // --model-head-dim, --tokens-per-block, --dtype).
+  std::string model_id = "synthetic";
+  std::uint32_t model_layers = 32;
+  std::uint32_t model_kv_heads = 8;
+  std::uint32_t model_head_dim = 128;
+  std::uint32_t tokens_per_block = 16;
+  std::string dtype = "fp16";
 };
+
+// The calibration of an embedded cluster (`kvfabric demo`, bench/cluster_planner_bench): each
+// daemon's read and write paths (grpc and admin addresses in the same order), NVMe reads under
+// `dir` (where the tiers live), memcpy; probes of 256 KiB .. max_bytes, 3 repeats, a 16 MiB
+// cache scrub; the file goes to dir/calibration.json.
+CalibrateArgs EmbeddedClusterCalibrateArgs(const std::vector<std::string>& grpc_addresses,
+                                           const std::vector<std::string>& admin_addresses,
+                                           const std::string& dir, std::uint64_t max_bytes,
+                                           const std::string& data_transport);
+// One line per calibrated path: fit, worst out-of-sample error and noise floor.
+std::string FormatPathCalibrationLine(const PathCalibration& p);
 
 // Adds the `calibrate` subcommand and its flags to `app`, parsing into `*args`.
 // REQUIRES: `args` outlives parsing.
@@ -109,6 +134,10 @@ struct CalibrationReport {
   BusCalibration calibration;
   std::string out_path;
 
+  // The prefill probe's outcome, when CalibrateContext::prefill was given.
+  std::optional<RecomputeProbeReport> prefill;
+  std::string prefill_model_id;
+
   // Measured paths, and those of them that met the target.
   int measured_paths() const;
   int targets_met() const;
@@ -124,6 +153,11 @@ struct CalibrateContext {
   std::string no_device_reason = "no GPU";
   // Progress lines (one per size and run, and per phase). Default: none.
   std::function<void(const std::string&)> progress;
+  // An engine's prefill to fit the recompute model from (core/recompute_probe.h), for model
+  // `prefill_model_id`; unset: the file gets no recompute entry.
+  PrefillProbe prefill;
+  std::string prefill_model_id;
+  RecomputeProbeOptions prefill_options;
 };
 
 // Runs the calibration and writes args.out_path. Errors: ValidateCalibrateArgs'; Unavailable

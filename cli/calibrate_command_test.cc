@@ -199,6 +199,33 @@ TEST(CalibrateCommandTest, MemcpyOnlyRunWritesAFileThatLoadsBack) {
   EXPECT_TRUE(env->DeleteFile(out).ok());
 }
 
+TEST(CalibrateCommandTest, APrefillProbeWritesTheModelsRecomputeEntry) {
+  Env* env = Env::Default();
+  const std::string out = TempPath("calibrate_prefill.json");
+  env->DeleteFile(out).IgnoreError();
+  CalibrateContext ctx;
+  // An engine whose prefill costs exactly 800 us + 20 us n + 0.01 us n (p + n/2).
+  const RecomputeParameters truth{800.0, 20.0, 0.01};
+  ctx.prefill = [&](std::uint64_t n, std::uint64_t p) -> StatusOr<double> {
+    return RecomputeMicros(truth, static_cast<double>(n), static_cast<double>(p));
+  };
+  ctx.prefill_model_id = "engine/m1";
+  ctx.prefill_options.repeats = 1;
+  auto report = RunCalibrate(TinyArgs(out), ctx);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_TRUE(report->prefill.has_value());
+  EXPECT_LT(report->prefill->worst_abs_error, 1e-6);
+  EXPECT_NE(FormatCalibrationText(*report).find("prefill engine/m1"), std::string::npos);
+  EXPECT_NE(FormatCalibrationJson(*report).find("\"prefill\""), std::string::npos);
+  auto loaded = LoadBusCalibration(env, out);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->recompute.size(), 1u);
+  EXPECT_EQ(loaded->recompute[0].model_id, "engine/m1");
+  EXPECT_NEAR(loaded->recompute[0].parameters.c1_us_per_token, 20.0, 1e-6);
+  EXPECT_NEAR(loaded->recompute[0].parameters.c2_us_per_token2, 0.01, 1e-9);
+  ASSERT_TRUE(env->DeleteFile(out).ok());
+}
+
 TEST(CalibrateCommandTest, MeasuresNvmeReadsWhenGivenADirectory) {
   Env* env = Env::Default();
   const std::string dir = TempPath("calibrate_nvme");

@@ -1,8 +1,9 @@
 #include "cli/demo_command.h"
 
 #include <signal.h>
-#include <unistd.h>
+#include <spdlog/spdlog.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <bit>
 #include <chrono>
@@ -15,18 +16,19 @@
 #include <thread>
 #include <vector>
 
-#include <spdlog/spdlog.h>
-
 #include "cli/calibrate_command.h"
 #include "cli/json_text.h"
 #include "client/kvfabric_client.h"
 #include "client/synthetic_model.h"
+#include "client/synthetic_transformer.h"
 #include "core/bus_cost_model.h"
 #include "core/config/unit_flags.h"
 #include "core/mutex.h"
+#include "core/recompute_probe.h"
 #include "core/units.h"
 #include "gpu/device.h"
 #include "server/embedded_cluster.h"
+#include "server/placement/placement_node.h"
 
 namespace kvfabric::cli {
 namespace {
@@ -53,10 +55,12 @@ struct Totals {
   std::uint64_t largest_history_bytes = 0;
   // Each side of every plan: when its last run ended, predicted and measured.
   PlanStats fetch_side, recompute_side;
-  // The engine stand-in: modelled prefill time, and the generator's own time
-  // (when it exceeds the model, the call takes the generator's time).
-  double prefill_model_us = 0, prefill_generator_us = 0, prefill_over_model_us = 0;
+  // The engine stand-in's prefill calls: their time and size.
+  double prefill_us = 0;
+  std::uint64_t prefill_tokens = 0, prefill_pairs = 0;
   std::uint32_t prefill_calls = 0;
+  // measured / predicted load time of each turn.
+  std::vector<double> turn_ratios;
 };
 
 class Demo {
@@ -70,6 +74,8 @@ class Demo {
   Status StartCluster();
   Status OpenClient();
   Status Prefill(const client::RecomputeRequest& r, std::span<std::byte> out);
+  // Probes the engine stand-in's prefill and prints the fit.
+  Status ProbePrefill();
   Status RunTurn(std::uint32_t index, std::uint32_t conversation, std::uint32_t turn);
   void PrintSummary(double seconds) const;
   void PrintJson(double seconds) const;
@@ -81,17 +87,21 @@ class Demo {
   std::unique_ptr<server::EmbeddedCluster> cluster_;
   std::unique_ptr<gpu::Device> device_;
   std::unique_ptr<client::Client> client_;
+  std::unique_ptr<client::SyntheticTransformer> engine_;
+  RecomputeProbeReport prefill_probe_;
   std::vector<std::vector<std::uint32_t>> tokens_;  // per conversation, its longest history
   std::vector<std::vector<BlockKey>> keys_;         // per conversation
   std::uint32_t total_turns_ = 0;
   Mutex mu_;
-  std::map<client::ContextId, const std::vector<BlockKey>*> context_keys_ KVF_GUARDED_BY(mu_);
+  // The conversation each context serves.
+  std::map<client::ContextId, std::uint32_t> context_conversation_ KVF_GUARDED_BY(mu_);
   std::mt19937_64 rng_;
   Totals t_;
 };
 
 Demo::~Demo() {
   client_.reset();
+  engine_.reset();
   device_.reset();
   cluster_.reset();
   if (!dir_.empty()) {
@@ -125,6 +135,21 @@ Status Demo::Validate() {
     return Status::InvalidArgument("--check-layers " + std::to_string(a_.check_layers) +
                                    " exceeds --layers " + std::to_string(a_.layers));
   }
+  client::SyntheticTransformerOptions eo;
+  eo.model = model_;
+  eo.hidden = a_.prefill_hidden;
+  eo.ffn = a_.prefill_ffn;
+  eo.depth = a_.prefill_depth;
+  eo.vocab = a_.prefill_vocab;
+  eo.max_context_tokens = a_.max_history_tokens;
+  eo.tile_tokens = a_.tile_tokens;
+  eo.weight_seed = a_.seed;
+  auto engine = client::SyntheticTransformer::Create(eo);
+  if (!engine.ok()) {
+    return engine.status().WithContext(
+        "the demo's prefill (--prefill-hidden, --prefill-depth, ...)");
+  }
+  engine_ = std::move(*engine);
   // Each daemon must hold a few blocks; the client holds one history.
   if (a_.host_pool_bytes < 8 * block_bytes_) {
     return Status::InvalidArgument("--host-pool-bytes " + FormatBytes(a_.host_pool_bytes) +
@@ -163,18 +188,13 @@ Status Demo::StartCluster() {
 
   BusCalibration calibration;
   if (a_.calibrate) {
-    CalibrateArgs ca;
-    ca.out_path = dir_ + "/calibration.json";
+    std::vector<std::string> grpc, admin;
     for (const auto& d : cluster_->daemons()) {
-      ca.cache_hosts.push_back(d.grpc_address);
-      ca.cache_host_admins.push_back(d.admin_address);
+      grpc.push_back(d.grpc_address);
+      admin.push_back(d.admin_address);
     }
-    ca.min_bytes = std::uint64_t{256} << 10;
-    ca.max_bytes = a_.calibrate_max_bytes;
-    ca.repeats = 3;
-    ca.cache_scrub_bytes = std::uint64_t{16} << 20;
-    ca.nvme_dir = dir_;  // the NVMe tiers live under it
-    ca.data_transport = a_.data_transport;
+    const CalibrateArgs ca =
+        EmbeddedClusterCalibrateArgs(grpc, admin, dir_, a_.calibrate_max_bytes, a_.data_transport);
     CalibrateContext cc;
     const auto start = Clock::now();
     std::printf("calibrating the bus cost model (probes of %s to %s)...\n",
@@ -182,21 +202,12 @@ Status Demo::StartCluster() {
     std::fflush(stdout);
     KVF_ASSIGN_OR_RETURN(CalibrationReport report, RunCalibrate(ca, cc));
     for (const PathCalibration& p : report.calibration.paths) {
-      std::printf("  %-28s %-7s t = %7.1f us + bytes / %5.2f GB/s   (worst out-of-sample %4.1f%%)\n",
-                  std::string(BusPathName(p.path)).c_str(),
-                  p.host_id.empty() ? "local" : p.host_id.c_str(), p.parameters.alpha_us,
-                  p.parameters.beta_bytes_per_s / 1e9, 100 * p.worst_error_ratio);
+      std::fputs(FormatPathCalibrationLine(p).c_str(), stdout);
     }
     std::printf("  calibrated in %.1f s\n", Seconds(Clock::now() - start));
     calibration = std::move(report.calibration);
   }
-  RecomputeCalibration rc;
-  rc.model_id = model_.model_id;
-  rc.parameters = {a_.prefill_c0_us, a_.prefill_c1_us, a_.prefill_c2_us};
-  calibration.recompute.push_back(rc);
-  std::printf("  prefill model (charged for every recompute): t = %.0f us + %.1f us * n + %g us "
-              "* n * (p + n/2)\n",
-              a_.prefill_c0_us, a_.prefill_c1_us, a_.prefill_c2_us);
+  KVF_RETURN_IF_ERROR(ProbePrefill());
   return cluster_->StartPlacement(calibration);
 }
 
@@ -219,43 +230,82 @@ Status Demo::OpenClient() {
   o.recompute = [this](const client::RecomputeRequest& r, std::span<std::byte> out) {
     return Prefill(r, out);
   };
+  // The engine states what its prefill costs; placement refits it from
+  // every prefill this client measures.
+  o.prefill = prefill_probe_.parameters;
   KVF_ASSIGN_OR_RETURN(client_, client::Client::Open(std::move(o)));
   return Status::OK();
 }
 
-// The engine's prefill: the generator (a block's KV is a function of its key,
-// i.e. of its whole prefix), charged the modelled time.
-Status Demo::Prefill(const client::RecomputeRequest& r, std::span<std::byte> out) {
+Status Demo::ProbePrefill() {
+  std::printf("%s\n", engine_->Describe().c_str());
+  std::printf(
+      "probing its prefill (t = c0 + c1 n + c2 n (p + n/2); n in 16..1024, p in "
+      "0..4096)...\n");
+  std::fflush(stdout);
   const auto start = Clock::now();
-  const std::vector<BlockKey>* keys = nullptr;
+  RecomputeProbeOptions po;
+  po.repeats = a_.prefill_probe_repeats;
+  std::uint64_t max_n = 0, max_p = 0;
+  for (const RecomputeShape& sh : DefaultRecomputeShapes()) {
+    if (sh.tokens + sh.prefix_tokens > a_.max_history_tokens) continue;
+    po.shapes.push_back(sh);
+    max_n = std::max(max_n, sh.tokens);
+    max_p = std::max(max_p, sh.prefix_tokens);
+  }
+  KVF_ASSIGN_OR_RETURN(std::unique_ptr<client::SyntheticPrefillProbe> harness,
+                       client::SyntheticPrefillProbe::Create(engine_.get(), max_n, max_p));
+  auto probe = [&](std::uint64_t n, std::uint64_t p) { return harness->Run(n, p); };
+  KVF_ASSIGN_OR_RETURN(prefill_probe_, ProbeRecompute(probe, po));
+  const RecomputeParameters& r = prefill_probe_.parameters;
+  std::printf(
+      "  prefill                      t = %.0f us + %.2f us * n + %.4f us * n * (p + n/2)   "
+      "worst out-of-sample %5.1f%%, noise floor %5.1f%% (%llu calls, %.1f s)\n",
+      r.c0_us, r.c1_us_per_token, r.c2_us_per_token2, 100 * prefill_probe_.worst_abs_error,
+      100 * prefill_probe_.noise_floor_ratio,
+      static_cast<unsigned long long>(prefill_probe_.samples), Seconds(Clock::now() - start));
+  std::printf("  e.g. %s; fetching it: %s of KV\n",
+              ExplainRecompute(r, a_.tokens_per_block, a_.system_prompt_tokens).c_str(),
+              FormatBytes(block_bytes_).c_str());
+  std::fflush(stdout);
+  return Status::OK();
+}
+
+// The engine's prefill: the synthetic transformer over the context's tokens
+// (a block's stored KV is the generator's, a function of its key, i.e. of its
+// whole prefix, as a real model's is).
+Status Demo::Prefill(const client::RecomputeRequest& r, std::span<std::byte> out) {
+  std::uint32_t conversation = 0;
   {
     MutexLock l(&mu_);
-    auto it = context_keys_.find(r.context);
-    if (it == context_keys_.end()) return Status::Internal("prefill of an unknown context");
-    keys = it->second;
+    auto it = context_conversation_.find(r.context);
+    if (it == context_conversation_.end()) return Status::Internal("prefill of an unknown context");
+    conversation = it->second;
   }
-  const std::uint64_t tpb = a_.tokens_per_block;
+  const std::vector<BlockKey>& keys = keys_[conversation];
+  const std::vector<std::uint32_t>& tokens = tokens_[conversation];
+  if (r.first_token + r.tokens > tokens.size()) {
+    return Status::Internal("prefill beyond the conversation's tokens");
+  }
+  // Per loader thread, reused: a warm turn allocates nothing here.
+  thread_local std::vector<std::uint64_t> seeds;
+  seeds.clear();
   for (std::uint32_t i = 0; i < r.block_count; ++i) {
     const std::uint32_t b = r.first_block + i;
-    const auto valid = static_cast<std::uint32_t>(
-        std::min<std::uint64_t>(tpb, r.first_token + r.tokens - std::uint64_t{b} * tpb));
-    const std::uint64_t seed = b < keys->size()
-                                   ? client::SeedFromKey((*keys)[b], a_.seed)
-                                   : client::SeedFromKey(keys->back(), a_.seed + b + 1);
-    KVF_RETURN_IF_ERROR(client::SyntheticKv(model_, seed, valid,
-                                            out.subspan(i * block_bytes_, block_bytes_)));
+    seeds.push_back(b < keys.size() ? client::SeedFromKey(keys[b], a_.seed)
+                                    : client::SeedFromKey(keys.back(), a_.seed + b + 1));
   }
-  const double n = static_cast<double>(r.tokens), p = static_cast<double>(r.prefix_tokens);
-  const double us = a_.prefill_c0_us + a_.prefill_c1_us * n + a_.prefill_c2_us * n * (p + n / 2);
-  const double generator_us = Seconds(Clock::now() - start) * 1e6;
-  {
-    MutexLock l(&mu_);
-    t_.prefill_model_us += us;
-    t_.prefill_generator_us += generator_us;
-    t_.prefill_over_model_us += std::max(0.0, generator_us - us);
-    ++t_.prefill_calls;
-  }
-  std::this_thread::sleep_until(start + std::chrono::microseconds(static_cast<std::int64_t>(us)));
+  const auto start = Clock::now();
+  KVF_ASSIGN_OR_RETURN(
+      const client::PrefillResult result,
+      engine_->Prefill(r.prefix, r.first_block, std::span(tokens).subspan(r.first_token, r.tokens),
+                       seeds, out));
+  const double us = Seconds(Clock::now() - start) * 1e6;
+  MutexLock l(&mu_);
+  t_.prefill_us += us;
+  t_.prefill_tokens += r.tokens;
+  t_.prefill_pairs += result.attention_pairs;
+  ++t_.prefill_calls;
   return Status::OK();
 }
 
@@ -272,7 +322,7 @@ Status Demo::RunTurn(std::uint32_t index, std::uint32_t conversation, std::uint3
   KVF_ASSIGN_OR_RETURN(client::ContextId ctx, client_->NewContext(tokens));
   {
     MutexLock l(&mu_);
-    context_keys_[ctx] = &all;
+    context_conversation_[ctx] = conversation;
   }
   // A live line on a terminal while the turn runs; the summary line replaces it.
   const bool live = isatty(STDOUT_FILENO) != 0;
@@ -325,7 +375,7 @@ Status Demo::RunTurn(std::uint32_t index, std::uint32_t conversation, std::uint3
   KVF_ASSIGN_OR_RETURN(client::ContextReport report, client_->Finish(ctx));
   {
     MutexLock l(&mu_);
-    context_keys_.erase(ctx);
+    context_conversation_.erase(ctx);
   }
   const std::uint64_t host_tokens = report.fetch_from_host_tier_bytes / block_bytes_ * tpb;
   const std::uint64_t nvme_tokens = report.fetch_from_nvme_tier_bytes / block_bytes_ * tpb;
@@ -337,6 +387,8 @@ Status Demo::RunTurn(std::uint32_t index, std::uint32_t conversation, std::uint3
   ++ps.count;
   ps.predicted_us += report.predicted_us;
   ps.measured_us += report.load_us;
+  const double ratio = report.predicted_us > 0 ? report.load_us / report.predicted_us : 0.0;
+  t_.turn_ratios.push_back(ratio);
   PlanStats fetch_turn, recompute_turn;
   for (const client::RunOutcome& run : report.runs) {
     PlanStats& side = run.fetch ? fetch_turn : recompute_turn;
@@ -354,16 +406,15 @@ Status Demo::RunTurn(std::uint32_t index, std::uint32_t conversation, std::uint3
   t_.check_failures += failures;
   t_.largest_history_bytes = std::max(t_.largest_history_bytes, tokens / tpb * block_bytes_);
   if (live) std::printf("\r");
-  std::printf("[%u/%u] conversation %c turn %u: %6llu tokens | plan %-13s predicted %7.0f ms, "
-              "load %7.0f ms | host %6llu, nvme %6llu, recomputed %6llu tokens | exact %u/%u | "
-              "%.1f s\n",
-              index + 1, total_turns_, static_cast<char>('A' + conversation), turn + 1,
-              static_cast<unsigned long long>(tokens), report.kind.c_str(),
-              report.predicted_us / 1000, report.load_us / 1000,
-              static_cast<unsigned long long>(host_tokens),
-              static_cast<unsigned long long>(nvme_tokens),
-              static_cast<unsigned long long>(recomputed), checks - failures, checks,
-              Seconds(Clock::now() - start));
+  std::printf(
+      "[%u/%u] conversation %c turn %u: %6llu tokens | plan %-13s predicted %7.0f ms, "
+      "load %7.0f ms (x%.2f) | host %6llu, nvme %6llu, recomputed %6llu tokens | exact "
+      "%u/%u | %.1f s\n",
+      index + 1, total_turns_, static_cast<char>('A' + conversation), turn + 1,
+      static_cast<unsigned long long>(tokens), report.kind.c_str(), report.predicted_us / 1000,
+      report.load_us / 1000, ratio, static_cast<unsigned long long>(host_tokens),
+      static_cast<unsigned long long>(nvme_tokens), static_cast<unsigned long long>(recomputed),
+      checks - failures, checks, Seconds(Clock::now() - start));
   std::fflush(stdout);
   return Status::OK();
 }
@@ -398,10 +449,49 @@ void Demo::PrintSummary(double seconds) const {
                 ps->measured_us / 1000,
                 ps->predicted_us > 0 ? ps->measured_us / ps->predicted_us : 0.0);
   }
-  std::printf("  engine stand-in: %u prefill calls modelled at %.0f ms; the generator took "
-              "%.0f ms, %.0f ms of it beyond the model\n",
-              t_.prefill_calls, t_.prefill_model_us / 1000, t_.prefill_generator_us / 1000,
-              t_.prefill_over_model_us / 1000);
+  std::uint32_t within = 0;
+  double lo = 0, hi = 0;
+  for (std::size_t i = 0; i < t_.turn_ratios.size(); ++i) {
+    const double r = t_.turn_ratios[i];
+    if (r >= 0.85 && r <= 1.15) ++within;
+    lo = i == 0 ? r : std::min(lo, r);
+    hi = i == 0 ? r : std::max(hi, r);
+  }
+  std::printf(
+      "  turns within 0.85-1.15x of their prediction: %u of %zu (measured/predicted "
+      "%.2f..%.2f)\n",
+      within, t_.turn_ratios.size(), lo, hi);
+  std::printf(
+      "  engine stand-in: %u prefill calls of %llu tokens (%llu attention pairs) took "
+      "%.0f ms of real compute\n",
+      t_.prefill_calls, static_cast<unsigned long long>(t_.prefill_tokens),
+      static_cast<unsigned long long>(t_.prefill_pairs), t_.prefill_us / 1000);
+  const RecomputeParameters& stated = prefill_probe_.parameters;
+  std::printf("\nrecompute model          %10s %12s %16s %8s %10s %s\n", "c0", "c1 /token",
+              "c2 /token^2", "calls", "median err", "worst err");
+  std::printf(
+      "  stated at Open (probe) %10s %12s %16s %8llu %9.1f%% %8.1f%% (noise floor "
+      "%.1f%%)\n",
+      FormatMicros(stated.c0_us).c_str(), FormatMicros(stated.c1_us_per_token).c_str(),
+      FormatMicros(stated.c2_us_per_token2).c_str(),
+      static_cast<unsigned long long>(prefill_probe_.samples),
+      100 * prefill_probe_.median_abs_error, 100 * prefill_probe_.worst_abs_error,
+      100 * prefill_probe_.noise_floor_ratio);
+  if (const placement::PlacementNode* node = cluster_->placement_node()) {
+    for (const CalibratedCostModel::RecomputeReport& m : node->Snapshot().models) {
+      if (m.model_id != model_.model_id) continue;
+      std::printf(
+          "  placement now (%s, %llu refits) %s %12s %16s %8llu %9.1f%% %8.1f%% "
+          "(out of sample: each call against the fit before it)\n",
+          std::string(ParameterSourceName(m.provenance.source)).c_str(),
+          static_cast<unsigned long long>(m.provenance.refits),
+          FormatMicros(m.parameters.c0_us).c_str(),
+          FormatMicros(m.parameters.c1_us_per_token).c_str(),
+          FormatMicros(m.parameters.c2_us_per_token2).c_str(),
+          static_cast<unsigned long long>(m.error.count), 100 * std::fabs(m.error.median),
+          100 * m.error.worst_abs);
+    }
+  }
   std::printf("\nbytes moved            %12s %10s %10s\n", "bytes", "seconds", "GB/s");
   auto row = [](const char* what, std::uint64_t bytes, double us) {
     std::printf("  %-20s %12s %10.2f %10.2f\n", what, FormatBytes(bytes).c_str(), us / 1e6,
@@ -535,14 +625,18 @@ CLI::App* AddDemoSubcommand(CLI::App& app, DemoArgs* a) {
   d->add_option("--conversations", a->conversations, "conversations (default 3)");
   d->add_option("--turns", a->turns, "turns per conversation (default 3)");
   d->add_option("--max-history-tokens", a->max_history_tokens,
-                "longest history, conversation A's last turn (default 32768)");
+                "longest history, conversation A's last turn (default 16384)");
   d->add_option("--system-prompt-tokens", a->system_prompt_tokens,
                 "shared system prompt (default 2048)");
   d->add_option("--check-layers", a->check_layers,
                 "layers per turn checked against resident attention (default 2)");
-  d->add_option("--prefill-c0-us", a->prefill_c0_us, "modelled prefill: µs per call");
-  d->add_option("--prefill-c1-us", a->prefill_c1_us, "modelled prefill: µs per token");
-  d->add_option("--prefill-c2-us", a->prefill_c2_us, "modelled prefill: µs per token squared");
+  d->add_option("--prefill-hidden", a->prefill_hidden,
+                "the prefill's synthetic transformer: residual width (default 256)");
+  d->add_option("--prefill-ffn", a->prefill_ffn, "its MLP width (default 1024)");
+  d->add_option("--prefill-depth", a->prefill_depth, "its decoder layers (default 1)");
+  d->add_option("--prefill-vocab", a->prefill_vocab, "its vocabulary (default 16384)");
+  d->add_option("--prefill-probe-repeats", a->prefill_probe_repeats,
+                "repeats per shape of the prefill probe (default 2)");
   AddBytesOption(*d, "--host-pool-bytes", &a->host_pool_bytes, "host pool per daemon (1 GiB)");
   AddBytesOption(*d, "--nvme-capacity-bytes", &a->nvme_capacity_bytes,
                  "NVMe tier per daemon (4 GiB)");

@@ -4,14 +4,16 @@
 // It starts two cache-host daemons on loopback (small explicit host pools,
 // an NVMe tier in a temporary folder), calibrates the bus cost model against
 // them (`kvfabric calibrate`'s probes, small sizes) and starts placement with
-// that calibration and the demo model's prefill fit. Then it serves a
+// that calibration. It probes the engine stand-in's prefill (core/
+// recompute_probe.h) and states the fitted t = c0 + c1 n + c2 n (p + n/2) at
+// Open; placement refits it online from every measured prefill. Then it serves a
 // workload through the client library: a few multi-turn conversations that
 // share a system prompt, each turn's history longer than the last, the
 // longest at --max-history-tokens; the device arena (CPU backend) is far
 // smaller than one history. Per turn: Match (placement's plan), Load (fetch
-// and recompute; recompute = the deterministic generator of
-// client/synthetic_model.h, charged the modelled prefill time
-// t = c0 + c1 n + c2 n (p + n/2)), Save (write-back of what was recomputed),
+// and recompute; recompute = a real prefill by the synthetic transformer of
+// client/synthetic_transformer.h, whose stored KV is the deterministic
+// generator's), Save (write-back of what was recomputed),
 // one decode step over every layer through the bounded arena, and a sample of
 // layers checked bit for bit against fully resident attention.
 //
@@ -47,14 +49,21 @@ struct DemoArgs {
   // Workload.
   std::uint32_t conversations = 3;
   std::uint32_t turns = 3;
-  std::uint64_t max_history_tokens = 32768;
+  // 16384: a real prefill of the new tokens of every turn costs
+  // c2 n (p + n/2) on the CPU (about 0.25 us per token pair here).
+  std::uint64_t max_history_tokens = 16384;
   std::uint64_t system_prompt_tokens = 2048;
   // Layers per turn checked against resident attention (spread evenly).
   std::uint32_t check_layers = 2;
-  // Modelled prefill: c0 µs per call, c1 µs per token, c2 µs per token².
-  double prefill_c0_us = 20000;
-  double prefill_c1_us = 100;
-  double prefill_c2_us = 0.001;
+  // The engine stand-in's prefill (client/synthetic_transformer.h): a real
+  // decoder on the CPU, sized so a block near the start of a history costs
+  // about what fetching it costs here.
+  std::uint32_t prefill_hidden = 256;
+  std::uint32_t prefill_ffn = 1024;
+  std::uint32_t prefill_depth = 1;
+  std::uint32_t prefill_vocab = 16384;
+  // Repeats per shape of the prefill probe the demo states to placement.
+  int prefill_probe_repeats = 2;
   // Cluster: per daemon.
   std::uint64_t host_pool_bytes = std::uint64_t{1} << 30;
   std::uint64_t nvme_capacity_bytes = std::uint64_t{4} << 30;

@@ -67,8 +67,12 @@ struct Context {
   std::vector<v1::RecomputeObservation> recomputes KVF_GUARDED_BY(mu);
   std::vector<v1::StaleEntry> stale KVF_GUARDED_BY(mu);
   std::vector<std::uint32_t> fallback_runs KVF_GUARDED_BY(mu);
-  // Per block: µs after load_start it was in the history.
+  // Per block: µs after load_start it was in the history; negative until it
+  // landed.
   std::vector<double> landed_us KVF_GUARDED_BY(mu);
+  // Blocks [0, landed_prefix) have all landed: a recompute starting at block
+  // b waits until landed_prefix >= b (its prefill attends to them).
+  std::uint32_t landed_prefix KVF_GUARDED_BY(mu) = 0;
   std::vector<std::thread> workers KVF_GUARDED_BY(mu);  // joined by Finish
   // Saves.
   std::vector<std::uint64_t> layer_bits KVF_GUARDED_BY(mu);    // per full block: layers saved
@@ -189,6 +193,8 @@ class Client::Impl {
   // Recomputes chain blocks [first, first + count) of `c` (clipped to its
   // tokens) through options.recompute.
   Status Recompute(Context& c, std::uint32_t first, std::uint32_t count);
+  // Moves c.landed_prefix past the blocks that landed; wakes waiters if it moved.
+  void AdvanceLandedPrefix(Context& c) KVF_REQUIRES(c.mu);
   // One engine call: blocks [first, first + count), whose pages are adjacent.
   Status RecomputeRun(Context& c, std::uint32_t first, std::uint32_t count);
   // The session with `host`, made on first use (connecting outside

@@ -119,6 +119,14 @@ void Client::Impl::WorkerDone(Context& c, const Status& status) {
   c.cv.NotifyAll();
 }
 
+void Client::Impl::AdvanceLandedPrefix(Context& c) {
+  const std::uint32_t before = c.landed_prefix;
+  while (c.landed_prefix < c.landed_us.size() && c.landed_us[c.landed_prefix] >= 0) {
+    ++c.landed_prefix;
+  }
+  if (c.landed_prefix != before) c.cv.NotifyAll();
+}
+
 Status Client::Impl::Recompute(Context& c, std::uint32_t first, std::uint32_t count) {
   // One engine call per run of adjacent pages: the engine writes block
   // payloads back to back (RecomputeFn), and a history's pages are adjacent
@@ -143,6 +151,21 @@ Status Client::Impl::RecomputeRun(Context& c, std::uint32_t first, std::uint32_t
   req.prefix_tokens = req.first_token;
   req.tokens = std::min<std::uint64_t>((first + count) * tpb, c.tokens) - req.first_token;
   std::span<std::byte> out(BlockBytes(c, first).data(), std::uint64_t{count} * block_bytes_);
+  {
+    // The prefill attends to every block before `first`: wait until they
+    // landed (fetched by the other loader, or recomputed earlier), or until
+    // the load failed elsewhere.
+    MutexLock l(&c.mu);
+    c.cv.Wait(&c.mu,
+              [&]() KVF_REQUIRES(c.mu) { return c.landed_prefix >= first || !c.load_status.ok(); });
+    if (c.landed_prefix < first) {
+      return c.load_status.WithContext("client: recompute of blocks [" + std::to_string(first) +
+                                       ", " + std::to_string(first + count) +
+                                       ") not started: the blocks before it did not land");
+    }
+  }
+  req.prefix = HostHistory::Paged(
+      history_pool_->base(), std::span<const std::uint32_t>(c.pages).first(first), block_bytes_);
   const auto start = Clock::now();
   Status s = o_.recompute(req, out);
   const double us = MicrosSince(start);
@@ -162,6 +185,7 @@ Status Client::Impl::RecomputeRun(Context& c, std::uint32_t first, std::uint32_t
     for (std::uint32_t b = first; b < first + count && b < c.landed_us.size(); ++b) {
       c.landed_us[b] = landed;
     }
+    AdvanceLandedPrefix(c);
   }
   MutexLock l(&metrics_mu_);
   m_.blocks_recomputed += count;
@@ -398,6 +422,7 @@ void Client::Impl::RecordFetch(Context& c, const Daemon& d, const FetchTally& ta
     c.report.fetch_from_nvme_tier_bytes += tally.nvme_tier;
     const double now_us = MicrosSince(c.load_start);
     for (std::uint32_t b : tally.landed) c.landed_us[b] = now_us;
+    AdvanceLandedPrefix(c);
   }
   MutexLock l(&metrics_mu_);
   m_.blocks_fetched += tally.bytes / block_bytes_;

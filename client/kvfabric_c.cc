@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -291,6 +292,15 @@ Status ToClientOptions(const kvf_options& o, ClientOptions* out) {
   if (o.recompute == nullptr) {
     return NotSet("recompute", "the engine's prefill callback is required");
   }
+  for (const auto& [name, v] :
+       {std::pair{"prefill_c0_us", o.prefill_c0_us}, std::pair{"prefill_c1_us", o.prefill_c1_us},
+        std::pair{"prefill_c2_us", o.prefill_c2_us}}) {
+    if (!std::isfinite(v) || v < 0) {
+      return Status::InvalidArgument(std::string("options->") + name + " is " + std::to_string(v) +
+                                     ": the prefill constants must be finite and >= 0 (all 0: "
+                                     "not stated)");
+    }
+  }
   if (o.device_kind != KVF_DEVICE_CPU && o.device_kind != KVF_DEVICE_CUDA) {
     return Status::InvalidArgument("options->device_kind is " + std::to_string(o.device_kind) +
                                    ": use KVF_DEVICE_CPU (0) or KVF_DEVICE_CUDA (1)");
@@ -331,6 +341,11 @@ Status ToClientOptions(const kvf_options& o, ClientOptions* out) {
   options.staging_bytes = o.staging_bytes;
   options.history_pool_bytes = o.history_pool_bytes;
   options.max_context_tokens = o.max_context_tokens;
+  if (o.prefill_c0_us != 0 || o.prefill_c1_us != 0 || o.prefill_c2_us != 0) {
+    // Open refuses non-finite or negative constants, naming ClientOptions::prefill.
+    options.prefill =
+        kvfabric::RecomputeParameters{o.prefill_c0_us, o.prefill_c1_us, o.prefill_c2_us};
+  }
   options.history_pool_setting = "options->history_pool_bytes";
   options.ucx_tls_setting = "options->ucx_tls";
   options.rpc_timeout = std::chrono::milliseconds(o.rpc_timeout_ms);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -191,6 +192,15 @@ TEST(KvfabricCTest, OpenRefusesBadModelGeometryNamingTheField) {
     c.spoil(o);
     ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, c.field);
   }
+}
+
+TEST(KvfabricCTest, OpenRefusesPrefillConstantsThatAreNotFiniteAndNonNegative) {
+  kvf_options o = ValidOptions();
+  o.prefill_c1_us = -1;
+  ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, "options->prefill_c1_us");
+  o = ValidOptions();
+  o.prefill_c2_us = std::numeric_limits<double>::infinity();
+  ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, "options->prefill_c2_us");
 }
 
 TEST(KvfabricCTest, OpenRefusesZeroDeviceArenaAndMissingRecompute) {

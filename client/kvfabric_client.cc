@@ -56,6 +56,13 @@ Status Client::Impl::Init() {
     return Status::InvalidArgument("client: placement_address (--placement-address) is empty");
   }
   if (o_.device == nullptr) return Status::InvalidArgument("client: no device given");
+  if (o_.prefill &&
+      !(std::isfinite(o_.prefill->c0_us) && o_.prefill->c0_us >= 0 &&
+        std::isfinite(o_.prefill->c1_us_per_token) && o_.prefill->c1_us_per_token >= 0 &&
+        std::isfinite(o_.prefill->c2_us_per_token2) && o_.prefill->c2_us_per_token2 >= 0)) {
+    return Status::InvalidArgument(
+        "client: prefill constants (ClientOptions::prefill) c0, c1, c2 must be finite and >= 0");
+  }
   if (!o_.recompute) {
     return Status::InvalidArgument("client: no recompute function (the engine's prefill)");
   }
@@ -253,6 +260,12 @@ Status Client::Impl::Match(std::span<const BlockKey> chain, std::uint64_t suffix
   req.set_client_node(client_node_);
   req.set_suffix_tokens(suffix_tokens);
   req.set_include_explanation(explain);
+  if (o_.prefill) {
+    v1::RecomputeParameters* r = req.mutable_engine_prefill();
+    r->set_c0_us(o_.prefill->c0_us);
+    r->set_c1_us(o_.prefill->c1_us_per_token);
+    r->set_c2_us(o_.prefill->c2_us_per_token2);
+  }
   v1::PlanResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(RpcDeadline());
@@ -401,7 +414,8 @@ Status Client::Impl::Load(const MatchResult& match, ContextId id) {
   c->load_started = true;
   c->match = match;
   c->load_start = Clock::now();
-  c->landed_us.assign(c->blocks, 0.0);
+  c->landed_us.assign(c->blocks, -1.0);
+  c->landed_prefix = 0;
   c->report.plan_id = match.plan_id;
   c->report.kind = match.kind;
   c->report.predicted_us = match.predicted_us;
@@ -668,6 +682,7 @@ void Context::Reset() {
   stale.clear();
   fallback_runs.clear();
   landed_us.clear();
+  landed_prefix = 0;
   workers.clear();
   layer_bits.clear();
   layers_saved.clear();

@@ -71,6 +71,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -78,6 +79,7 @@
 #include "client/device_arena.h"
 #include "client/host_history.h"
 #include "core/block_key.h"
+#include "core/bus_cost_model.h"
 #include "core/model_fingerprint.h"
 #include "core/status.h"
 #include "core/statusor.h"
@@ -95,6 +97,11 @@ struct RecomputeRequest {
   std::uint64_t first_token = 0;    // first_block * tokens_per_block
   std::uint64_t tokens = 0;         // tokens to produce (a partial tail counts its own)
   std::uint64_t prefix_tokens = 0;  // tokens before them (= first_token)
+  // The history's blocks [0, first_block): the KV the prefill attends to.
+  // Every one has landed (fetched, or recomputed by an earlier call) before
+  // the call is made, as a serving engine's prefill after a cached prefix
+  // needs; the view is valid during the call.
+  HostHistory prefix;
 };
 
 // The engine's prefill: writes every layer of the request's blocks into `out`
@@ -159,6 +166,11 @@ struct ClientOptions {
   std::string history_pool_setting;
   // The engine's prefill. Required.
   RecomputeFn recompute;
+  // What the engine's prefill costs, if it knows: t = c0 + c1 n + c2 n (p + n/2) in µs
+  // (core/bus_cost_model.h). Sent with every plan request: placement plans with it until a
+  // calibration file or its online fit of this model (refitted from the recompute times this
+  // client measures and reports) says otherwise. Unset: placement's figures.
+  std::optional<RecomputeParameters> prefill;
   // Deadline of each gRPC call (placement and daemons). Default 5 s.
   std::chrono::milliseconds rpc_timeout{5000};
   // Deadline of each data-plane transfer. Default 30 s.

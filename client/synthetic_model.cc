@@ -10,13 +10,6 @@
 namespace kvfabric::client {
 namespace {
 
-std::uint64_t SplitMix(std::uint64_t& x) {
-  std::uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 // 16 random bits -> a value of magnitude [1/16, 1): sign, 2 exponent bits,
 // mantissa bits.
 std::uint16_t Fp16(std::uint16_t r) {
@@ -43,11 +36,18 @@ inline std::uint32_t Hash32(std::uint32_t seed, std::uint32_t i) {
 
 }  // namespace
 
+std::uint64_t NextSplitMix64(std::uint64_t& x) {
+  std::uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 std::uint64_t SeedFromKey(const BlockKey& key, std::uint64_t salt) {
   std::uint64_t s = 0;
   std::memcpy(&s, key.bytes().data(), sizeof(s));
   std::uint64_t x = s ^ (salt * 0xd1b54a32d192ed03ull);
-  return SplitMix(x);
+  return NextSplitMix64(x);
 }
 
 Status SyntheticKv(const ModelFingerprint& model, std::uint64_t seed, std::uint32_t valid_tokens,

@@ -29,6 +29,10 @@
 
 namespace kvfabric::client {
 
+// The next value of a SplitMix64 stream (advances `state`): the generator
+// behind seeds and the synthetic transformer's weights.
+std::uint64_t NextSplitMix64(std::uint64_t& state);
+
 // A block's seed from its key (the first 8 bytes mixed with `salt`).
 std::uint64_t SeedFromKey(const BlockKey& key, std::uint64_t salt);
 

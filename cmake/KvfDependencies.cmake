@@ -15,6 +15,12 @@ find_package(nlohmann_json CONFIG REQUIRED)
 find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
 find_package(prometheus-cpp CONFIG REQUIRED)
+# The synthetic transformer of the demo and the benchmarks (not libkvfabric).
+pkg_check_modules(KVF_OPENBLAS IMPORTED_TARGET openblas)
+if(NOT KVF_OPENBLAS_FOUND)
+  message(FATAL_ERROR "kvfabric: OpenBLAS not found (pkg-config openblas): run tools/setup.sh "
+                      "(Debian package libopenblas-dev)")
+endif()
 
 # Optional parts. KVF_WITH_<PART>=OFF turns a detected part off.
 foreach(part UCX VERBS URING LEVEL_ZERO CUDA)

@@ -57,6 +57,12 @@ Status CheckNonNegative(double v, const std::string& field) {
   return Status::OK();
 }
 
+// A field files written before it existed lack: 0 when absent.
+StatusOr<double> GetOptionalDouble(const Json& e, const std::string& where, const char* key) {
+  if (!e.contains(key)) return 0.0;
+  return GetDouble(e, where, key);
+}
+
 Status CheckPositive(double v, const std::string& field) {
   if (!std::isfinite(v) || !(v > 0)) {
     return Status::InvalidArgument(field + ": must be finite and > 0, got " + Num(v));
@@ -76,6 +82,7 @@ Status Validate(const BusCalibration& c) {
     KVF_RETURN_IF_ERROR(CheckPositive(p.parameters.beta_bytes_per_s, w + ".beta_bytes_per_s"));
     KVF_RETURN_IF_ERROR(CheckNonNegative(p.median_error_ratio, w + ".median_error_ratio"));
     KVF_RETURN_IF_ERROR(CheckNonNegative(p.worst_error_ratio, w + ".worst_error_ratio"));
+    KVF_RETURN_IF_ERROR(CheckNonNegative(p.noise_floor_ratio, w + ".noise_floor_ratio"));
     if (p.min_bytes > p.max_bytes) {
       return Status::InvalidArgument(w + ".min_bytes: " + std::to_string(p.min_bytes) +
                                      " > max_bytes " + std::to_string(p.max_bytes));
@@ -94,6 +101,9 @@ Status Validate(const BusCalibration& c) {
     KVF_RETURN_IF_ERROR(CheckNonNegative(r.parameters.c0_us, w + ".c0_us"));
     KVF_RETURN_IF_ERROR(CheckNonNegative(r.parameters.c1_us_per_token, w + ".c1_us_per_token"));
     KVF_RETURN_IF_ERROR(CheckNonNegative(r.parameters.c2_us_per_token2, w + ".c2_us_per_token2"));
+    KVF_RETURN_IF_ERROR(CheckNonNegative(r.median_error_ratio, w + ".median_error_ratio"));
+    KVF_RETURN_IF_ERROR(CheckNonNegative(r.worst_error_ratio, w + ".worst_error_ratio"));
+    KVF_RETURN_IF_ERROR(CheckNonNegative(r.noise_floor_ratio, w + ".noise_floor_ratio"));
     if (!seen_models.insert(r.model_id).second) {
       return Status::InvalidArgument(w + ".model_id: duplicate \"" + r.model_id + "\"");
     }
@@ -121,6 +131,7 @@ std::string BusCalibrationToJson(const BusCalibration& c) {
     e["max_bytes"] = p.max_bytes;
     e["median_error_ratio"] = p.median_error_ratio;
     e["worst_error_ratio"] = p.worst_error_ratio;
+    e["noise_floor_ratio"] = p.noise_floor_ratio;
     j["paths"].push_back(std::move(e));
   }
   j["recompute"] = Json::array();
@@ -131,6 +142,9 @@ std::string BusCalibrationToJson(const BusCalibration& c) {
     e["c1_us_per_token"] = r.parameters.c1_us_per_token;
     e["c2_us_per_token2"] = r.parameters.c2_us_per_token2;
     e["samples"] = r.samples;
+    e["median_error_ratio"] = r.median_error_ratio;
+    e["worst_error_ratio"] = r.worst_error_ratio;
+    e["noise_floor_ratio"] = r.noise_floor_ratio;
     j["recompute"].push_back(std::move(e));
   }
   // Non-finite doubles would serialise as null; Save validates first so they never get here.
@@ -176,6 +190,7 @@ StatusOr<BusCalibration> BusCalibrationFromJson(std::string_view text) {
     KVF_ASSIGN_OR_RETURN(p.max_bytes, GetUint(e, w, "max_bytes"));
     KVF_ASSIGN_OR_RETURN(p.median_error_ratio, GetDouble(e, w, "median_error_ratio"));
     KVF_ASSIGN_OR_RETURN(p.worst_error_ratio, GetDouble(e, w, "worst_error_ratio"));
+    KVF_ASSIGN_OR_RETURN(p.noise_floor_ratio, GetOptionalDouble(e, w, "noise_floor_ratio"));
     c.paths.push_back(std::move(p));
   }
   const auto recompute = j.find("recompute");
@@ -192,6 +207,9 @@ StatusOr<BusCalibration> BusCalibrationFromJson(std::string_view text) {
     KVF_ASSIGN_OR_RETURN(r.parameters.c1_us_per_token, GetDouble(e, w, "c1_us_per_token"));
     KVF_ASSIGN_OR_RETURN(r.parameters.c2_us_per_token2, GetDouble(e, w, "c2_us_per_token2"));
     KVF_ASSIGN_OR_RETURN(r.samples, GetUint(e, w, "samples"));
+    KVF_ASSIGN_OR_RETURN(r.median_error_ratio, GetOptionalDouble(e, w, "median_error_ratio"));
+    KVF_ASSIGN_OR_RETURN(r.worst_error_ratio, GetOptionalDouble(e, w, "worst_error_ratio"));
+    KVF_ASSIGN_OR_RETURN(r.noise_floor_ratio, GetOptionalDouble(e, w, "noise_floor_ratio"));
     c.recompute.push_back(std::move(r));
   }
   KVF_RETURN_IF_ERROR(Validate(c));

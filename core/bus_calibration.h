@@ -56,12 +56,20 @@ struct PathCalibration {
   uint64_t max_bytes = 0;
   double median_error_ratio = 0;
   double worst_error_ratio = 0;
+  // How far identical interleaved repeats spread (core/bus_probe.h, NoiseFloorRatio): the
+  // finest error a model of this path can be judged at. 0 if not measured (optional in files).
+  double noise_floor_ratio = 0;
 };
 
 struct RecomputeCalibration {
   std::string model_id;
   RecomputeParameters parameters;
   uint64_t samples = 0;
+  // Out-of-sample errors and noise floor of a probe fit (core/recompute_probe.h); 0 if not
+  // measured (optional in files).
+  double median_error_ratio = 0;
+  double worst_error_ratio = 0;
+  double noise_floor_ratio = 0;
 };
 
 struct BusCalibration {

@@ -100,6 +100,24 @@ TEST(BusCalibrationTest, SavesAndLoadsExactly) {
   ASSERT_TRUE(env->DeleteFile(path).ok());
 }
 
+TEST(BusCalibrationTest, ReadsFilesWrittenBeforeTheNoiseFloor) {
+  std::string j = BusCalibrationToJson(Sample());
+  for (std::string::size_type at; (at = j.find("\"noise_floor_ratio\"")) != std::string::npos;) {
+    const auto end = j.find('\n', at);
+    j.erase(at, end - at);
+    // Drop the comma the previous line now ends with, if the field was last.
+    const auto comma = j.rfind(',', at);
+    if (j.find_first_not_of(" \n", at) != std::string::npos &&
+        j[j.find_first_not_of(" \n", at)] == '}') {
+      j.erase(comma, 1);
+    }
+  }
+  auto c = BusCalibrationFromJson(j);
+  ASSERT_TRUE(c.ok()) << c.status().ToString() << "\n" << j;
+  EXPECT_EQ(c->paths[0].noise_floor_ratio, 0.0);
+  EXPECT_EQ(c->recompute[0].noise_floor_ratio, 0.0);
+}
+
 TEST(BusCalibrationTest, LoadNamesTheBadField) {
   auto json_with = [](const std::string& from, const std::string& to) {
     std::string j = BusCalibrationToJson(Sample());
@@ -183,6 +201,145 @@ TEST(CalibratedCostModelTest, ScoresOutOfSampleAndRefitsPerHost) {
   EXPECT_TRUE(found);
   EXPECT_TRUE(model.ObserveTransfer(BusPath::kHostToDevice, "", 1, 1.0).IsNotFound());
   EXPECT_TRUE(model.ObserveTransfer(BusPath::kNvmeToHost, "", 0, 1.0).IsInvalidArgument());
+}
+
+TEST(CalibratedCostModelTest, AnEngineStatementReplacesDefaultsButNotACalibration) {
+  CalibratedCostModel model;
+  ASSERT_TRUE(model.Load(Sample()).ok());  // calibrates model "llama@1"
+  const RecomputeParameters stated{1000.0, 20.0, 0.01};
+  // A calibrated model keeps its figures.
+  auto applied = model.StateRecompute("llama@1", stated);
+  ASSERT_TRUE(applied.ok());
+  EXPECT_FALSE(*applied);
+  EXPECT_NE(model.Recompute("llama@1")->c0_us, 1000.0);
+  // An unknown model, or one on placeholder defaults, takes the statement.
+  ASSERT_TRUE(model.SetRecompute("m2", {5.0, 5.0, 5.0}, ParameterSource::kDefault).ok());
+  EXPECT_TRUE(*model.StateRecompute("m2", stated));
+  EXPECT_TRUE(*model.StateRecompute("m3", stated));
+  EXPECT_EQ(model.Recompute("m2")->c1_us_per_token, 20.0);
+  EXPECT_EQ(model.RecomputeProvenance("m3")->source, ParameterSource::kStated);
+  // Restating the same figures keeps what was learned; new figures replace them.
+  EXPECT_FALSE(*model.StateRecompute("m3", stated));
+  EXPECT_TRUE(*model.StateRecompute("m3", {900.0, 20.0, 0.01}));
+  EXPECT_TRUE(model.StateRecompute("m3", {-1.0, 0, 0}).status().IsInvalidArgument());
+  EXPECT_EQ(model.model_count(), 3u);
+}
+
+TEST(CalibratedCostModelTest, RecomputeRefitsAfterAFewPrefillsFromThePrior) {
+  // The engine said c2 = 0.01 us; its prefill really costs 0.05 us per pair.
+  CalibratedCostModel model;
+  ASSERT_TRUE(*model.StateRecompute("m", {2000.0, 30.0, 0.01}));
+  const RecomputeParameters truth{2000.0, 30.0, 0.05};
+  const std::pair<uint64_t, uint64_t> calls[] = {{4096, 0},  {512, 4096},  {2048, 6144},
+                                                 {16, 8192}, {1024, 2048}, {256, 12288}};
+  for (const auto& [n, p] : calls) {
+    ASSERT_TRUE(
+        model
+            .ObserveRecompute(
+                "m", n, p, RecomputeMicros(truth, static_cast<double>(n), static_cast<double>(p)))
+            .ok());
+  }
+  const RecomputeParameters fitted = *model.Recompute("m");
+  const ParameterProvenance prov = *model.RecomputeProvenance("m");
+  EXPECT_EQ(prov.source, ParameterSource::kOnlineFit);
+  EXPECT_EQ(prov.refits, 4u);  // from the third prefill on
+  EXPECT_GT(prov.updated_unix_us, 0);
+  // Six prefills against a prior of a tenth of one: at every call, the fit's
+  // error is at most a fifth of the statement's (70% at the worst shape).
+  const RecomputeParameters stated{2000.0, 30.0, 0.01};
+  auto error = [&](const RecomputeParameters& r, uint64_t n, uint64_t p) {
+    return std::abs(RecomputeMicros(r, static_cast<double>(n), static_cast<double>(p)) /
+                        RecomputeMicros(truth, static_cast<double>(n), static_cast<double>(p)) -
+                    1);
+  };
+  for (const auto& [n, p] : calls) {
+    EXPECT_LT(error(fitted, n, p), 0.2 * error(stated, n, p)) << "n " << n << " p " << p;
+  }
+  // Thirty more and the prior is buried.
+  for (int i = 0; i < 5; ++i) {
+    for (const auto& [n, p] : calls) {
+      ASSERT_TRUE(
+          model
+              .ObserveRecompute(
+                  "m", n, p, RecomputeMicros(truth, static_cast<double>(n), static_cast<double>(p)))
+              .ok());
+    }
+  }
+  for (const auto& [n, p] : calls) {
+    EXPECT_LT(error(*model.Recompute("m"), n, p), 0.03) << "n " << n << " p " << p;
+  }
+}
+
+TEST(CalibratedCostModelTest, APathThatTurnsSlowIsRescaledAfterEightMisses) {
+  CalibratedCostModel model;
+  ASSERT_TRUE(model.SetPath(BusPath::kRemoteHostToLocalHost, "a", {20.0, 2e9}).ok());
+  const PathParameters slow{200.0, 0.2e9};  // the link now runs at a tenth
+  const uint64_t sizes[] = {1u << 20, 4u << 20, 2u << 20, 8u << 20};
+  for (int i = 0; i < 7; ++i) {
+    const uint64_t b = sizes[i % 4];
+    ASSERT_TRUE(model
+                    .ObserveTransfer(BusPath::kRemoteHostToLocalHost, "a", b,
+                                     FetchMicros(slow, static_cast<double>(b)))
+                    .ok());
+  }
+  EXPECT_EQ(model.PathProvenance(BusPath::kRemoteHostToLocalHost, "a")->change_points, 0u);
+  ASSERT_TRUE(model
+                  .ObserveTransfer(BusPath::kRemoteHostToLocalHost, "a", 1u << 20,
+                                   FetchMicros(slow, 1 << 20))
+                  .ok());
+  const ParameterProvenance p = *model.PathProvenance(BusPath::kRemoteHostToLocalHost, "a");
+  EXPECT_EQ(p.change_points, 1u);
+  EXPECT_EQ(p.source, ParameterSource::kOnlineFit);
+  const PathParameters now = *model.Path(BusPath::kRemoteHostToLocalHost, "a");
+  for (uint64_t b : sizes) {
+    const double err =
+        FetchMicros(now, static_cast<double>(b)) / FetchMicros(slow, static_cast<double>(b)) - 1;
+    EXPECT_LT(std::abs(err), 0.05) << b;
+  }
+  // Misses in both directions, or small ones, never trigger it.
+  CalibratedCostModel steady;
+  ASSERT_TRUE(steady.SetPath(BusPath::kNvmeToHost, "", {20.0, 2e9}).ok());
+  for (int i = 0; i < 64; ++i) {
+    const double f = i % 2 == 0 ? 2.0 : 0.5;
+    ASSERT_TRUE(steady
+                    .ObserveTransfer(BusPath::kNvmeToHost, "", 1u << 20,
+                                     FetchMicros({20.0, 2e9}, 1 << 20) * f)
+                    .ok());
+  }
+  EXPECT_EQ(steady.PathProvenance(BusPath::kNvmeToHost, "")->change_points, 0u);
+}
+
+TEST(CalibratedCostModelTest, ReloadReplacesTheEntriesTheFileNamesAndKeepsTheRest) {
+  CalibratedCostModel model;
+  ASSERT_TRUE(model.Load(Sample()).ok());
+  // Learned per host since the start.
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(model
+                    .ObserveTransfer(BusPath::kNvmeToHost, "cache-9", (1u << 20) << (i % 4),
+                                     500.0 * (1 + i % 4))
+                    .ok());
+  }
+  BusCalibration file = Sample();
+  file.paths.resize(1);
+  file.paths[0].parameters.alpha_us = 7.0;
+  const BusPath named = file.paths[0].path;
+  const std::string named_host = file.paths[0].host_id;
+  auto counts = model.Reload(file);
+  ASSERT_TRUE(counts.ok()) << counts.status().ToString();
+  EXPECT_EQ(counts->paths, 1u);
+  EXPECT_GE(counts->kept, 1u);
+  EXPECT_EQ(model.Path(named, named_host)->alpha_us, 7.0);
+  EXPECT_EQ(model.PathProvenance(named, named_host)->source, ParameterSource::kCalibration);
+  // The learned entry survives with its observations.
+  bool kept = false;
+  for (const auto& r : model.PathReports()) {
+    if (r.host_id == "cache-9") kept = r.error.count == 20;
+  }
+  EXPECT_TRUE(kept);
+  // An invalid file changes nothing.
+  file.paths[0].parameters.beta_bytes_per_s = -1;
+  EXPECT_TRUE(model.Reload(file).status().IsInvalidArgument());
+  EXPECT_EQ(model.Path(named, named_host)->alpha_us, 7.0);
 }
 
 }  // namespace

@@ -233,6 +233,23 @@ double MedianOf(std::vector<double> values) {
   return (lower + upper) / 2;
 }
 
+double NoiseFloorRatio(std::span<const std::vector<double>> groups) {
+  std::vector<double> ratios;
+  for (const std::vector<double>& g : groups) {
+    if (g.size() < 2) continue;
+    const double median = MedianOf(g);
+    if (!(median > 0)) continue;
+    for (double v : g) ratios.push_back(v / median);
+  }
+  if (ratios.empty()) return 0;
+  std::sort(ratios.begin(), ratios.end());
+  auto rank = [&](double q) {
+    const auto i = static_cast<size_t>(std::ceil(q * static_cast<double>(ratios.size())));
+    return ratios[std::min(ratios.size() - 1, i == 0 ? 0 : i - 1)];
+  };
+  return std::max({0.0, 1 - rank(0.10), rank(0.90) - 1});
+}
+
 StatusOr<TwoProbeRuns> RunTwoProbeRuns(PathProbe& probe, std::span<const uint64_t> sizes,
                                        const ProbeRunOptions& options) {
   if (sizes.empty() || options.repeats < 1) {
@@ -328,7 +345,16 @@ StatusOr<PathFit> FitAndJudge(const ProbeRun& a, const ProbeRun& b, const JudgeO
   // judge_from <= largest, so at least the largest size is judged.
   fit.median_abs_error = MedianOf(judged);
   fit.worst_abs_error = *std::max_element(judged.begin(), judged.end());
-  fit.target_met = fit.worst_abs_error <= options.target_error_ratio;
+  std::vector<std::vector<double>> groups;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].bytes < judge_from) continue;
+    std::vector<double> g = a[i].repeats_us;
+    g.insert(g.end(), b[i].repeats_us.begin(), b[i].repeats_us.end());
+    groups.push_back(std::move(g));
+  }
+  fit.noise_floor_ratio = NoiseFloorRatio(groups);
+  fit.target_met =
+      fit.worst_abs_error <= std::max(options.target_error_ratio, fit.noise_floor_ratio);
 
   std::vector<TransferSample> both = medians_a;
   for (const TransferSample& s : Medians(b)) both.push_back(s);
@@ -365,6 +391,7 @@ PathCalibration ToPathCalibration(BusPath path, std::string host_id, const PathF
   c.host_id = std::move(host_id);
   c.parameters = fit.final_parameters;
   c.samples = fit.samples;
+  c.noise_floor_ratio = fit.noise_floor_ratio;
   c.min_bytes = fit.min_bytes;
   c.max_bytes = fit.max_bytes;
   c.median_error_ratio = fit.median_abs_error;

@@ -89,6 +89,14 @@ StatusOr<BlockSplit> SplitIntoBlocks(uint64_t bytes, uint64_t max_block_bytes, u
 // The median (the mean of the middle two for an even count). REQUIRES: !values.empty().
 double MedianOf(std::vector<double> values);
 
+// The noise floor of a measurement: how far identical, interleaved repeats of it spread. Each
+// group holds the repeats of one measured point (one size of a path, both runs; one prefill
+// shape); every repeat is divided by its group's median, and the floor is
+// max(1 - p10, p90 - 1) over all those ratios (10th and 90th percentile, nearest rank). A
+// model cannot be judged finer than this: out-of-sample errors at or below it are the machine's
+// noise, not the model's. 0 for no repeats or groups of one.
+double NoiseFloorRatio(std::span<const std::vector<double>> groups);
+
 // One path under measurement.
 class PathProbe {
  public:
@@ -152,6 +160,10 @@ struct PathFit {
   uint64_t judged_max_bytes = 0;
   double median_abs_error = 0;
   double worst_abs_error = 0;
+  // The repeats' spread over the judged sizes (NoiseFloorRatio, runs A and B together).
+  double noise_floor_ratio = 0;
+  // worst_abs_error <= max(target_error_ratio, noise_floor_ratio): as good as the target, or as
+  // the machine's noise allows.
   bool target_met = false;
   double target_error_ratio = kCalibrationTargetErrorRatio;
   PathParameters final_parameters;  // fitted on runs A and B

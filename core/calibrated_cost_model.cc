@@ -1,5 +1,7 @@
 #include "core/calibrated_cost_model.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "core/mutex.h"
@@ -9,6 +11,29 @@ namespace {
 
 bool FiniteNonNegative(double v) { return std::isfinite(v) && v >= 0; }
 
+int64_t NowUnixMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+ParameterProvenance Fresh(ParameterSource source) {
+  ParameterProvenance p;
+  p.source = source;
+  p.updated_unix_us = NowUnixMicros();
+  return p;
+}
+
+Status CheckRecompute(std::string_view model_id, const RecomputeParameters& r) {
+  if (model_id.empty()) return Status::InvalidArgument("model_id: must be non-empty");
+  if (!FiniteNonNegative(r.c0_us) || !FiniteNonNegative(r.c1_us_per_token) ||
+      !FiniteNonNegative(r.c2_us_per_token2)) {
+    return Status::InvalidArgument("recompute parameters of \"" + std::string(model_id) +
+                                   "\": c0, c1, c2 must be finite and >= 0");
+  }
+  return Status::OK();
+}
+
 std::string PathLabel(BusPath path, std::string_view host_id) {
   std::string s(BusPathName(path));
   if (!host_id.empty()) s += " host \"" + std::string(host_id) + "\"";
@@ -17,8 +42,22 @@ std::string PathLabel(BusPath path, std::string_view host_id) {
 
 }  // namespace
 
-Status CalibratedCostModel::SetPath(BusPath path, std::string_view host_id,
-                                    const PathParameters& p) {
+std::string_view ParameterSourceName(ParameterSource source) {
+  switch (source) {
+    case ParameterSource::kDefault:
+      return "default";
+    case ParameterSource::kCalibration:
+      return "calibration";
+    case ParameterSource::kStated:
+      return "stated";
+    case ParameterSource::kOnlineFit:
+      return "online fit";
+  }
+  return "unknown";
+}
+
+Status CalibratedCostModel::SetPath(BusPath path, std::string_view host_id, const PathParameters& p,
+                                    ParameterSource source) {
   if (!IsValidBusPath(static_cast<int>(path))) return Status::InvalidArgument("unknown path");
   if (!FiniteNonNegative(p.alpha_us) || !std::isfinite(p.beta_bytes_per_s) ||
       !(p.beta_bytes_per_s > 0)) {
@@ -29,22 +68,89 @@ Status CalibratedCostModel::SetPath(BusPath path, std::string_view host_id,
   MutexLock lock(&mu_);
   PathEntry& e = paths_[PathKey(static_cast<int>(path), std::string(host_id))];
   e.parameters = p;
-  e.fit = OnlinePathFit(options_.online);
+  e.fit = NewPathFit(e.parameters, source);
+  e.provenance = Fresh(source);
   return Status::OK();
 }
 
-Status CalibratedCostModel::SetRecompute(std::string_view model_id, const RecomputeParameters& r) {
-  if (model_id.empty()) return Status::InvalidArgument("model_id: must be non-empty");
-  if (!FiniteNonNegative(r.c0_us) || !FiniteNonNegative(r.c1_us_per_token) ||
-      !FiniteNonNegative(r.c2_us_per_token2)) {
-    return Status::InvalidArgument("recompute parameters of \"" + std::string(model_id) +
-                                   "\": c0, c1, c2 must be finite and >= 0");
-  }
+Status CalibratedCostModel::SetRecompute(std::string_view model_id, const RecomputeParameters& r,
+                                         ParameterSource source) {
+  KVF_RETURN_IF_ERROR(CheckRecompute(model_id, r));
   MutexLock lock(&mu_);
   RecomputeEntry& e = models_[std::string(model_id)];
   e.parameters = r;
-  e.fit = OnlineRecomputeFit(options_.online);
+  e.fit = NewRecomputeFit(e.parameters, source);
+  e.provenance = Fresh(source);
   return Status::OK();
+}
+
+StatusOr<bool> CalibratedCostModel::StateRecompute(std::string_view model_id,
+                                                   const RecomputeParameters& r) {
+  KVF_RETURN_IF_ERROR(CheckRecompute(model_id, r));
+  MutexLock lock(&mu_);
+  auto it = models_.find(model_id);
+  if (it != models_.end() && it->second.provenance.source != ParameterSource::kDefault &&
+      it->second.provenance.source != ParameterSource::kStated) {
+    return false;
+  }
+  if (it == models_.end()) it = models_.emplace(std::string(model_id), RecomputeEntry()).first;
+  RecomputeEntry& e = it->second;
+  if (e.provenance.source == ParameterSource::kStated && e.parameters.c0_us == r.c0_us &&
+      e.parameters.c1_us_per_token == r.c1_us_per_token &&
+      e.parameters.c2_us_per_token2 == r.c2_us_per_token2) {
+    return false;  // restated unchanged: keep the fit and the errors gathered so far
+  }
+  e.parameters = r;
+  e.fit = NewRecomputeFit(e.parameters, ParameterSource::kStated);
+  e.provenance = Fresh(ParameterSource::kStated);
+  return true;
+}
+
+StatusOr<CalibratedCostModel::ReloadCounts> CalibratedCostModel::Reload(
+    const BusCalibration& calibration) {
+  KVF_RETURN_IF_ERROR(BusCalibrationFromJson(BusCalibrationToJson(calibration)).status());
+  ReloadCounts counts;
+  MutexLock lock(&mu_);
+  for (const PathCalibration& p : calibration.paths) {
+    PathEntry& e = paths_[PathKey(static_cast<int>(p.path), p.host_id)];
+    e = PathEntry();
+    e.parameters = p.parameters;
+    e.fit = NewPathFit(e.parameters, ParameterSource::kCalibration);
+    e.provenance = Fresh(ParameterSource::kCalibration);
+    e.noise_floor_ratio = p.noise_floor_ratio;
+    ++counts.paths;
+  }
+  for (const RecomputeCalibration& r : calibration.recompute) {
+    RecomputeEntry& e = models_[r.model_id];
+    e = RecomputeEntry();
+    e.parameters = r.parameters;
+    e.fit = NewRecomputeFit(e.parameters, ParameterSource::kCalibration);
+    e.provenance = Fresh(ParameterSource::kCalibration);
+    e.noise_floor_ratio = r.noise_floor_ratio;
+    ++counts.models;
+  }
+  counts.kept = paths_.size() + models_.size() - counts.paths - counts.models;
+  return counts;
+}
+
+StatusOr<ParameterProvenance> CalibratedCostModel::PathProvenance(BusPath path,
+                                                                  std::string_view host_id) const {
+  MutexLock lock(&mu_);
+  const PathEntry* e = FindPathLocked(path, host_id);
+  if (e == nullptr) {
+    return Status::NotFound("no calibration for path " + PathLabel(path, host_id));
+  }
+  return e->provenance;
+}
+
+StatusOr<ParameterProvenance> CalibratedCostModel::RecomputeProvenance(
+    std::string_view model_id) const {
+  MutexLock lock(&mu_);
+  const auto it = models_.find(model_id);
+  if (it == models_.end()) {
+    return Status::NotFound("no recompute calibration for model \"" + std::string(model_id) + "\"");
+  }
+  return it->second.provenance;
 }
 
 Status CalibratedCostModel::Load(const BusCalibration& calibration) {
@@ -56,12 +162,16 @@ Status CalibratedCostModel::Load(const BusCalibration& calibration) {
   for (const PathCalibration& p : calibration.paths) {
     PathEntry& e = paths_[PathKey(static_cast<int>(p.path), p.host_id)];
     e.parameters = p.parameters;
-    e.fit = OnlinePathFit(options_.online);
+    e.fit = NewPathFit(e.parameters, ParameterSource::kCalibration);
+    e.provenance = Fresh(ParameterSource::kCalibration);
+    e.noise_floor_ratio = p.noise_floor_ratio;
   }
   for (const RecomputeCalibration& r : calibration.recompute) {
     RecomputeEntry& e = models_[r.model_id];
     e.parameters = r.parameters;
-    e.fit = OnlineRecomputeFit(options_.online);
+    e.fit = NewRecomputeFit(e.parameters, ParameterSource::kCalibration);
+    e.provenance = Fresh(ParameterSource::kCalibration);
+    e.noise_floor_ratio = r.noise_floor_ratio;
   }
   return Status::OK();
 }
@@ -84,6 +194,41 @@ BusCalibration CalibratedCostModel::ToCalibration() const {
     c.recompute.push_back({id, e.parameters, e.error.Get().count});
   }
   return c;
+}
+
+bool CalibratedCostModel::MissRun::Add(double ratio, const Options& options, double* median) {
+  const uint32_t run = std::min<uint32_t>(options.change_point_run, 32);
+  if (run == 0 || !std::isfinite(ratio) || !(ratio > 0)) return false;
+  const int dir = ratio > 1 + options.change_point_ratio         ? +1
+                  : ratio < 1 / (1 + options.change_point_ratio) ? -1
+                                                                 : 0;
+  if (dir == 0 || dir != direction) {
+    length = 0;
+    direction = dir;
+    if (dir == 0) return false;
+  }
+  ratios[length++] = ratio;
+  if (length < run) return false;
+  std::array<double, 32> sorted = ratios;
+  std::sort(sorted.begin(), sorted.begin() + length);
+  *median = sorted[length / 2];
+  length = 0;
+  direction = 0;
+  return true;
+}
+
+OnlinePathFit CalibratedCostModel::NewPathFit(const PathParameters& p,
+                                              ParameterSource source) const {
+  OnlinePathFit fit(options_.online);
+  if (source != ParameterSource::kDefault) fit.SeedPrior(p, options_.prior_weight);
+  return fit;
+}
+
+OnlineRecomputeFit CalibratedCostModel::NewRecomputeFit(const RecomputeParameters& r,
+                                                        ParameterSource source) const {
+  OnlineRecomputeFit fit(options_.online);
+  if (source != ParameterSource::kDefault) fit.SeedPrior(r, options_.prior_weight);
+  return fit;
 }
 
 const CalibratedCostModel::PathEntry* CalibratedCostModel::FindPathLocked(
@@ -131,16 +276,36 @@ Status CalibratedCostModel::ObserveTransfer(BusPath path, std::string_view host_
     // Specialise the default for this host; its own error and fit start empty.
     PathEntry e;
     e.parameters = found->parameters;
-    e.fit = OnlinePathFit(options_.online);
+    e.fit = NewPathFit(e.parameters, found->provenance.source);
+    e.provenance = found->provenance;
+    e.provenance.refits = 0;
+    e.noise_floor_ratio = found->noise_floor_ratio;
     it = paths_.emplace(key, std::move(e)).first;
   }
   PathEntry& e = it->second;
-  e.error.Record(observed_us, FetchMicros(e.parameters, static_cast<double>(bytes)));
+  const double predicted = FetchMicros(e.parameters, static_cast<double>(bytes));
+  e.error.Record(observed_us, predicted);
+  double scale = 1;
+  if (e.misses.Add(observed_us / predicted, options_, &scale)) {
+    // A change point: the path is not what it was; start again from the scaled figures.
+    e.parameters.alpha_us *= scale;
+    e.parameters.beta_bytes_per_s /= scale;
+    e.fit = NewPathFit(e.parameters, ParameterSource::kOnlineFit);
+    e.provenance.source = ParameterSource::kOnlineFit;
+    ++e.provenance.change_points;
+    e.provenance.updated_unix_us = NowUnixMicros();
+    return Status::OK();
+  }
   e.fit.Observe(bytes, observed_us);
   if (options_.online_refit &&
       e.fit.effective_observations() >= options_.min_observations_for_refit) {
     auto fitted = e.fit.Fit();
-    if (fitted.ok()) e.parameters = *fitted;  // else: keep the parameters in force
+    if (fitted.ok()) {  // else: keep the parameters in force
+      e.parameters = *fitted;
+      e.provenance.source = ParameterSource::kOnlineFit;
+      ++e.provenance.refits;
+      e.provenance.updated_unix_us = NowUnixMicros();
+    }
   }
   return Status::OK();
 }
@@ -158,13 +323,31 @@ Status CalibratedCostModel::ObserveRecompute(std::string_view model_id, uint64_t
                             std::string(model_id) + "\"");
   }
   RecomputeEntry& e = it->second;
-  e.error.Record(observed_us, RecomputeMicros(e.parameters, static_cast<double>(tokens),
-                                              static_cast<double>(prefix_tokens)));
+  const double predicted = RecomputeMicros(e.parameters, static_cast<double>(tokens),
+                                           static_cast<double>(prefix_tokens));
+  e.error.Record(observed_us, predicted);
+  double scale = 1;
+  if (e.misses.Add(observed_us / predicted, options_, &scale)) {
+    e.parameters.c0_us *= scale;
+    e.parameters.c1_us_per_token *= scale;
+    e.parameters.c2_us_per_token2 *= scale;
+    e.fit = NewRecomputeFit(e.parameters, ParameterSource::kOnlineFit);
+    e.provenance.source = ParameterSource::kOnlineFit;
+    ++e.provenance.change_points;
+    e.provenance.updated_unix_us = NowUnixMicros();
+    return Status::OK();
+  }
   e.fit.Observe(tokens, prefix_tokens, observed_us);
   if (options_.online_refit &&
-      e.fit.effective_observations() >= options_.min_observations_for_refit) {
+      // Within 1%: decayed, the third observation counts 2.997.
+      e.fit.effective_observations() >= 0.99 * options_.min_recompute_observations_for_refit) {
     auto fitted = e.fit.Fit();
-    if (fitted.ok()) e.parameters = *fitted;
+    if (fitted.ok()) {
+      e.parameters = *fitted;
+      e.provenance.source = ParameterSource::kOnlineFit;
+      ++e.provenance.refits;
+      e.provenance.updated_unix_us = NowUnixMicros();
+    }
   }
   return Status::OK();
 }
@@ -174,16 +357,54 @@ std::vector<CalibratedCostModel::PathReport> CalibratedCostModel::PathReports() 
   MutexLock lock(&mu_);
   for (const auto& [key, e] : paths_) {
     out.push_back({static_cast<BusPath>(key.first), key.second, e.parameters, e.error.Get(),
-                   e.fit.effective_observations()});
+                   e.fit.effective_observations(), e.provenance, e.noise_floor_ratio});
   }
   return out;
+}
+
+bool CalibratedCostModel::HasOwnPath(BusPath path, std::string_view host_id) const {
+  MutexLock lock(&mu_);
+  return paths_.find(PathKey(static_cast<int>(path), std::string(host_id))) != paths_.end();
+}
+
+StatusOr<CalibratedCostModel::PathReport> CalibratedCostModel::PathReportFor(
+    BusPath path, std::string_view host_id) const {
+  MutexLock lock(&mu_);
+  auto it = paths_.find(PathKey(static_cast<int>(path), std::string(host_id)));
+  if (it == paths_.end()) it = paths_.find(PathKey(static_cast<int>(path), std::string()));
+  if (it == paths_.end()) {
+    return Status::NotFound("no calibration for path " + PathLabel(path, host_id));
+  }
+  const PathEntry& e = it->second;
+  return PathReport{
+      path,         it->first.second,   e.parameters, e.error.Get(), e.fit.effective_observations(),
+      e.provenance, e.noise_floor_ratio};
+}
+
+StatusOr<CalibratedCostModel::RecomputeReport> CalibratedCostModel::RecomputeReportFor(
+    std::string_view model_id) const {
+  MutexLock lock(&mu_);
+  const auto it = models_.find(model_id);
+  if (it == models_.end()) {
+    return Status::NotFound("no recompute calibration for model \"" + std::string(model_id) + "\"");
+  }
+  const RecomputeEntry& e = it->second;
+  return RecomputeReport{it->first,     e.parameters,
+                         e.error.Get(), e.fit.effective_observations(),
+                         e.provenance,  e.noise_floor_ratio};
+}
+
+size_t CalibratedCostModel::model_count() const {
+  MutexLock lock(&mu_);
+  return models_.size();
 }
 
 std::vector<CalibratedCostModel::RecomputeReport> CalibratedCostModel::RecomputeReports() const {
   std::vector<RecomputeReport> out;
   MutexLock lock(&mu_);
   for (const auto& [id, e] : models_) {
-    out.push_back({id, e.parameters, e.error.Get(), e.fit.effective_observations()});
+    out.push_back({id, e.parameters, e.error.Get(), e.fit.effective_observations(), e.provenance,
+                   e.noise_floor_ratio});
   }
   return out;
 }

@@ -13,6 +13,24 @@
 // parameters with the fit. The error is always scored against the parameters in force *before*
 // the observation is added, i.e. out of sample.
 //
+// Provenance: every entry remembers where its parameters came from (ParameterSource), how many
+// times the online refit replaced them and when they last changed, for `explain` and metrics.
+// Recompute entries refit sooner than paths (Options::min_recompute_observations_for_refit,
+// default 3: an engine makes few prefill calls, and three distinct (n, p) shapes determine c0,
+// c1, c2); a fit the shapes cannot separate leaves the parameters in force.
+//
+// Change points: the online fit forgets slowly (a window of 1000 observations), which is right
+// for noise and wrong for a path that suddenly got slower (a congested link, a daemon throttled,
+// a drive failing over). When Options::change_point_run consecutive observations of an entry
+// all miss by more than change_point_ratio in the same direction, the entry's parameters are
+// scaled by the median observed/predicted ratio of that run (alpha times it, beta divided by
+// it; c0, c1, c2 times it), its fit restarts from them (as a prior) and
+// ParameterProvenance::change_points counts it. Defaults: 8 observations, 50%.
+//
+// An engine may state its prefill constants (StateRecompute, from ClientOptions::prefill at
+// Open): they replace placeholder defaults or an earlier statement, never a calibration file's
+// figures or an online fit.
+//
 // Memory: one fixed-size entry per (path, host) and per model id observed or loaded; nothing
 // grows with the number of observations.
 //
@@ -21,6 +39,7 @@
 #ifndef KVFABRIC_CORE_CALIBRATED_COST_MODEL_H_
 #define KVFABRIC_CORE_CALIBRATED_COST_MODEL_H_
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -37,6 +56,27 @@
 
 namespace kvfabric {
 
+// Where an entry's parameters came from, weakest first.
+enum class ParameterSource : int {
+  kDefault = 0,      // placeholders (PlacementOptions' defaults)
+  kCalibration = 1,  // a calibration file (`kvfabric calibrate`) or SetPath/SetRecompute
+  kStated = 2,       // stated by an engine at Open (recompute only)
+  kOnlineFit = 3,    // refitted from observed transfers or prefills
+};
+// "default", "calibration", "stated", "online fit".
+std::string_view ParameterSourceName(ParameterSource source);
+
+// An entry's provenance.
+struct ParameterProvenance {
+  ParameterSource source = ParameterSource::kDefault;
+  // Times the online refit replaced the parameters.
+  uint64_t refits = 0;
+  // Times a change point rescaled them (see the file comment).
+  uint64_t change_points = 0;
+  // When the parameters last changed (wall clock, microseconds since the epoch).
+  int64_t updated_unix_us = 0;
+};
+
 class CalibratedCostModel {
  public:
   struct Options {
@@ -48,6 +88,19 @@ class CalibratedCostModel {
     // Effective observations an online fit needs before it replaces the parameters. Default 16:
     // fewer lets one noisy transfer swing the model.
     double min_observations_for_refit = 16;
+    // The same for a model's recompute fit. Default 3 (see the file comment).
+    double min_recompute_observations_for_refit = 3;
+    // Weight, in observations, of the prior an online fit starts from when its entry's
+    // parameters come from a calibration or an engine's statement (OnlinePathFit::SeedPrior).
+    // Default 0.1 (a tenth of one observation): it settles the directions the first few
+    // observations cannot separate without arguing with them. Measured (bus_cost_model_test):
+    // a statement 5x off in c2, then exact prefills of six shapes: worst error 7% after six,
+    // 2% after 36; with a weight of 2 it was 39% and 15%. Placeholder defaults seed no prior;
+    // 0 turns priors off.
+    double prior_weight = 0.1;
+    // Change points (file comment). change_point_run 0 turns detection off; at most 32.
+    uint32_t change_point_run = 8;
+    double change_point_ratio = 0.5;
   };
 
   // What the metrics layer exports per path.
@@ -57,12 +110,18 @@ class CalibratedCostModel {
     PathParameters parameters;
     PredictionErrorHistogram::Snapshot error;
     double effective_observations = 0;
+    ParameterProvenance provenance;
+    // The calibration's noise floor for this entry (PathCalibration::noise_floor_ratio); 0 if
+    // it came from no calibration file.
+    double noise_floor_ratio = 0;
   };
   struct RecomputeReport {
     std::string model_id;
     RecomputeParameters parameters;
     PredictionErrorHistogram::Snapshot error;
     double effective_observations = 0;
+    ParameterProvenance provenance;
+    double noise_floor_ratio = 0;  // RecomputeCalibration::noise_floor_ratio
   };
 
   CalibratedCostModel() : CalibratedCostModel(Options{}) {}
@@ -72,10 +131,35 @@ class CalibratedCostModel {
 
   // Sets (replaces) parameters. REQUIRES: beta > 0, every value finite and >= 0 (InvalidArgument
   // otherwise).
-  Status SetPath(BusPath path, std::string_view host_id, const PathParameters& parameters);
-  Status SetRecompute(std::string_view model_id, const RecomputeParameters& parameters);
+  Status SetPath(BusPath path, std::string_view host_id, const PathParameters& parameters,
+                 ParameterSource source = ParameterSource::kCalibration);
+  Status SetRecompute(std::string_view model_id, const RecomputeParameters& parameters,
+                      ParameterSource source = ParameterSource::kCalibration);
+  // An engine's statement of its prefill constants: applied (true) when the model has no entry
+  // or one from defaults or an earlier statement; otherwise left alone (false). InvalidArgument
+  // as SetRecompute.
+  StatusOr<bool> StateRecompute(std::string_view model_id, const RecomputeParameters& parameters);
   // Replaces every entry with the file's (validated) contents; errors and online fits restart.
   Status Load(const BusCalibration& calibration);
+  // A calibration file read again (SIGHUP, the admin RPC): the file's entries replace the ones
+  // they name (their errors and online fits restart, source kCalibration); entries the file
+  // does not name keep their parameters, fits and errors. Validated first: an invalid file
+  // changes nothing.
+  struct ReloadCounts {
+    size_t paths = 0;
+    size_t models = 0;
+    size_t kept = 0;  // entries the file did not name
+  };
+  StatusOr<ReloadCounts> Reload(const BusCalibration& calibration);
+  // Whether (path, host_id) has an entry of its own (not only the path's default).
+  bool HasOwnPath(BusPath path, std::string_view host_id) const;
+  // The report of the entry Path()/Recompute() would use (its host_id says whether it is the
+  // host's own or the path's default); NotFound as they.
+  StatusOr<PathReport> PathReportFor(BusPath path, std::string_view host_id) const;
+  StatusOr<RecomputeReport> RecomputeReportFor(std::string_view model_id) const;
+  // Provenance of the entry Path()/Recompute() would use; NotFound as they.
+  StatusOr<ParameterProvenance> PathProvenance(BusPath path, std::string_view host_id) const;
+  StatusOr<ParameterProvenance> RecomputeProvenance(std::string_view model_id) const;
   // The parameters in force, as a calibration file (error figures from the histograms).
   BusCalibration ToCalibration() const;
 
@@ -90,23 +174,42 @@ class CalibratedCostModel {
   Status ObserveRecompute(std::string_view model_id, uint64_t tokens, uint64_t prefix_tokens,
                           double observed_us);
 
+  // Models with an entry.
+  size_t model_count() const;
   std::vector<PathReport> PathReports() const;
   std::vector<RecomputeReport> RecomputeReports() const;
 
  private:
+  // The current run of same-direction misses beyond change_point_ratio.
+  struct MissRun {
+    std::array<double, 32> ratios{};  // observed / predicted
+    uint32_t length = 0;
+    int direction = 0;  // +1 slower than predicted, -1 faster
+    // Adds one observation's ratio; true when the run reached `run` (and resets it).
+    bool Add(double ratio, const Options& options, double* median);
+  };
   struct PathEntry {
     PathParameters parameters;
     PredictionErrorHistogram error;
     OnlinePathFit fit;
+    ParameterProvenance provenance;
+    MissRun misses;
+    double noise_floor_ratio = 0;
   };
   struct RecomputeEntry {
     RecomputeParameters parameters;
     PredictionErrorHistogram error;
     OnlineRecomputeFit fit;
+    ParameterProvenance provenance;
+    MissRun misses;
+    double noise_floor_ratio = 0;
   };
   using PathKey = std::pair<int, std::string>;
 
   const PathEntry* FindPathLocked(BusPath path, std::string_view host_id) const KVF_REQUIRES(mu_);
+  // A fresh online fit for parameters from `source` (with the prior, see Options::prior_weight).
+  OnlinePathFit NewPathFit(const PathParameters& p, ParameterSource source) const;
+  OnlineRecomputeFit NewRecomputeFit(const RecomputeParameters& r, ParameterSource source) const;
 
   const Options options_;
   mutable Mutex mu_;

@@ -266,6 +266,64 @@ StatusOr<RecomputeParameters> FitRecomputeParameters(std::span<const RecomputeSa
   return RecomputeFromCoefficients(*solved);
 }
 
+std::vector<RecomputeSample> RecomputeReferenceShapes() {
+  std::vector<RecomputeSample> shapes;
+  for (uint64_t p : {0, 1024, 4096}) {
+    for (uint64_t n : {16, 64, 256, 1024}) shapes.push_back({n, p, 0});
+  }
+  return shapes;
+}
+
+void OnlinePathFit::SeedPrior(const PathParameters& prior, double weight) {
+  if (!(weight > 0) || !std::isfinite(prior.alpha_us) || prior.alpha_us < 0 ||
+      !std::isfinite(prior.beta_bytes_per_s) || !(prior.beta_bytes_per_s > 0)) {
+    return;
+  }
+  constexpr int kSizes = 6;  // 64 KiB .. 64 MiB by 4x
+  for (int i = 0; i < kSizes; ++i) {
+    const uint64_t bytes = (uint64_t{64} << 10) << (2 * i);
+    const double t = FetchMicros(prior, static_cast<double>(bytes));
+    if (!GoodTime(t)) continue;
+    // One row per term (see OnlineRecomputeFit::SeedPrior).
+    const std::array<double, 2> f = PathFeatures(bytes);
+    const double terms[2] = {prior.alpha_us, t - prior.alpha_us};
+    for (int k = 0; k < 2; ++k) {
+      std::array<double, 2> row{};
+      row[k] = f[k];
+      eq_.Add(row, terms[k], weight / kSizes * Weight(options_.weighting, t));
+    }
+  }
+}
+
+void OnlineRecomputeFit::SeedPrior(const RecomputeParameters& prior, double weight) {
+  if (!(weight > 0) || !std::isfinite(prior.c0_us) || prior.c0_us < 0 ||
+      !std::isfinite(prior.c1_us_per_token) || prior.c1_us_per_token < 0 ||
+      !std::isfinite(prior.c2_us_per_token2) || prior.c2_us_per_token2 < 0) {
+    return;
+  }
+  // Each term of the prior's prediction pinned on its own row (a ridge toward the prior in the
+  // metric of relative error at the reference shapes), not the whole prediction on one row:
+  // a prior wrong in c2 alone must not drag c1 along where the observed shapes cannot
+  // separate c1 from c2 (measured: six prefills against a whole-prediction prior of weight 2
+  // left c1 at half its value).
+  const std::vector<RecomputeSample> shapes = RecomputeReferenceShapes();
+  for (const RecomputeSample& s : shapes) {
+    const double n = static_cast<double>(s.tokens);
+    const double p = static_cast<double>(s.prefix_tokens);
+    const double t = RecomputeMicros(prior, n, p);
+    if (!GoodTime(t)) continue;
+    const std::array<double, 3> f = RecomputeFeatures(s.tokens, s.prefix_tokens);
+    const double terms[3] = {prior.c0_us, prior.c1_us_per_token * n,
+                             prior.c2_us_per_token2 * n * (p + n / 2)};
+    for (int k = 0; k < 3; ++k) {
+      std::array<double, 3> row{};
+      row[k] = f[k];
+      eq_.Add(row, terms[k],
+              weight / static_cast<double>(shapes.size()) * Weight(options_.weighting, t));
+    }
+  }
+}
+
 bool OnlinePathFit::Observe(uint64_t bytes, double observed_us) {
   if (bytes == 0 || !GoodTime(observed_us)) return false;
   eq_.Decay(options_.decay);

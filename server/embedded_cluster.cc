@@ -79,10 +79,8 @@ StatusOr<cache_host::CacheHostOptions> NodeOptions(const EmbeddedDaemonOptions& 
   o.pool.lock_mode = cache_host::LockMode::kOff;
   o.transport_allocates_pool = true;
   o.policy = cache_host::EvictionPolicyKind::kCostAware;
-  // The figures cached_main uses until a calibration file feeds the daemon.
-  o.cost_aware.host_fetch = {20, 2e9};
-  o.cost_aware.nvme_fetch = {100, 1.2e9};
-  o.cost_aware.recompute = {20000, 50, 0.001};
+  // The figures cached_main uses without --calibration (core/cost_defaults.h).
+  o.cost_aware = cache_host::DefaultCostAwareOptions();
   o.transport_address = "127.0.0.1:0";
   if (!d.nvme_dir.empty()) {
     if (d.nvme_capacity_bytes == 0) {
@@ -374,6 +372,21 @@ EmbeddedCluster::~EmbeddedCluster() {
     p.store.reset();
   }
   spdlog::info("embedded cluster: stopped");
+}
+
+Status EmbeddedCluster::SetDaemonSendRate(std::size_t i, std::uint64_t bytes_per_s) {
+  if (i >= daemons_.size()) {
+    return Status::InvalidArgument("daemon " + std::to_string(i) + " of " +
+                                   std::to_string(daemons_.size()));
+  }
+  if (daemons_[i]->transport == nullptr) {
+    return Status::FailedPrecondition("daemon " + daemons_[i]->info.host_id + " was killed");
+  }
+  return transport::SetDataTransportPacingRate(daemons_[i]->transport.get(), bytes_per_s);
+}
+
+placement::PlacementNode* EmbeddedCluster::placement_node() const {
+  return placement_ == nullptr ? nullptr : placement_->node.get();
 }
 
 std::string EmbeddedCluster::placement_address() const {

@@ -43,6 +43,10 @@
 #include "core/status.h"
 #include "core/statusor.h"
 
+namespace kvfabric::placement {
+class PlacementNode;
+}  // namespace kvfabric::placement
+
 namespace kvfabric::server {
 
 struct EmbeddedDaemonOptions {
@@ -135,6 +139,16 @@ class EmbeddedCluster {
   std::string placement_metrics_url() const;
   // One per daemon, in the order of EmbeddedClusterOptions::daemons.
   std::vector<DaemonInfo> daemons() const;
+  // Placement's node, for in-process readers (its cost model, counters); null before
+  // StartPlacement. Valid until the cluster is destroyed.
+  placement::PlacementNode* placement_node() const;
+
+  // Caps daemon `i`'s data-plane sends (what clients fetch) at `bytes_per_s`
+  // from now on, 0 lifts the cap: the kernel paces its TCP data connections
+  // (SO_MAX_PACING_RATE), a slower link without root or netem.
+  // FailedPrecondition unless the cluster runs data_transport "tcp";
+  // InvalidArgument for an index out of range.
+  Status SetDaemonSendRate(std::size_t i, std::uint64_t bytes_per_s);
 
   // Stops daemon `i` abruptly as far as clients can tell: its gRPC server
   // shuts down at once (calls in flight are cancelled), its node shuts down

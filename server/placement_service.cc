@@ -249,6 +249,20 @@ grpc::Status PlacementService::Health(grpc::ServerContext* /*context*/,
   return grpc::Status::OK;
 }
 
+grpc::Status PlacementService::ReloadCalibration(grpc::ServerContext* context,
+                                                 const v1::ReloadCalibrationRequest* /*request*/,
+                                                 v1::ReloadCalibrationResponse* response) {
+  if (!options_.reload_calibration) {
+    return ToGrpcStatus(Status::FailedPrecondition(
+        "placement was started without --calibration: there is no file to reload"));
+  }
+  KVF_GRPC_RETURN_IF_ERROR(Admit(context));
+  StatusOr<v1::ReloadCalibrationResponse> r = options_.reload_calibration();
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *response = std::move(*r);
+  return grpc::Status::OK;
+}
+
 #undef KVF_GRPC_RETURN_IF_ERROR
 
 }  // namespace kvfabric

@@ -40,7 +40,10 @@
 #ifndef KVFABRIC_SERVER_PLACEMENT_SERVICE_H_
 #define KVFABRIC_SERVER_PLACEMENT_SERVICE_H_
 
+#include <functional>
+
 #include "core/status.h"
+#include "core/statusor.h"
 #include "kvfabric/v1/common.pb.h"
 #include "kvfabric/v1/placement.grpc.pb.h"
 #include "proto/wire_limits.h"
@@ -57,6 +60,9 @@ struct PlacementServiceOptions {
   // binary gives the node the same numbers (PlacementLimitsFromProto in placement_convert.h),
   // so that a request within them is never refused further down.
   v1::Limits limits = DefaultLimits();
+  // Re-reads and applies the calibration file (ReloadCalibration RPC, SIGHUP); unset: placement
+  // runs without --calibration and the RPC answers FAILED_PRECONDITION.
+  std::function<StatusOr<v1::ReloadCalibrationResponse>()> reload_calibration;
 };
 
 class PlacementService final : public v1::Placement::Service {
@@ -92,6 +98,9 @@ class PlacementService final : public v1::Placement::Service {
                          v1::ListHostsResponse* response) override;
   grpc::Status Health(grpc::ServerContext* context, const v1::HealthRequest* request,
                       v1::HealthResponse* response) override;
+  grpc::Status ReloadCalibration(grpc::ServerContext* context,
+                                 const v1::ReloadCalibrationRequest* request,
+                                 v1::ReloadCalibrationResponse* response) override;
 
   const PlacementServiceOptions& options() const { return options_; }
 

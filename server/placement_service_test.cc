@@ -485,7 +485,10 @@ TEST_F(PlacementServiceTest, PlanFetchesTheCachedPrefixWithFallbacksAndExplainGi
   EXPECT_NE(why.formula().find("t_fetch(path, bytes) = alpha_us + bytes / beta_bytes_per_s * 1e6"),
             std::string::npos)
       << why.formula();
-  EXPECT_EQ(why.text(), plan.explanation());
+  // The inputs as the plan saw them, then the plan's own explanation.
+  EXPECT_EQ(why.text().rfind("inputs (as the plan was made):", 0), 0u) << why.text();
+  ASSERT_GE(why.text().size(), plan.explanation().size());
+  EXPECT_EQ(why.text().substr(why.text().size() - plan.explanation().size()), plan.explanation());
   EXPECT_EQ(why.decided_unix_us(), env_.WallMicros());
   bool predicted = false;
   for (const v1::ExplainTerm& t : why.terms()) {

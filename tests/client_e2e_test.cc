@@ -240,6 +240,21 @@ class ClientEndToEndTest : public ::testing::Test {
       auto it = chain_of_context_.find(r.context);
       if (it != chain_of_context_.end()) chain = &it->second;
     }
+    // A prefill attends to every block before it: the client calls only once
+    // they all landed (fetched or recomputed), and hands them over.
+    if (r.prefix.blocks() != r.first_block) {
+      return Status::Internal("prefix of " + std::to_string(r.prefix.blocks()) +
+                              " blocks for a prefill from block " + std::to_string(r.first_block));
+    }
+    std::vector<std::byte> want(bytes);
+    for (std::uint32_t b = 0; b < r.first_block; ++b) {
+      KVF_RETURN_IF_ERROR(Expected(*chain, b, want));
+      if (std::memcmp(want.data(), r.prefix.block(b).data(), bytes) != 0) {
+        ++prefix_not_landed_;
+        return Status::DataLoss("prefill from block " + std::to_string(r.first_block) +
+                                " called before prefix block " + std::to_string(b) + " landed");
+      }
+    }
     for (std::uint32_t i = 0; i < r.block_count; ++i) {
       KVF_RETURN_IF_ERROR(Expected(*chain, r.first_block + i, out.subspan(i * bytes, bytes)));
     }
@@ -393,6 +408,7 @@ class ClientEndToEndTest : public ::testing::Test {
   std::uint32_t pool_pages_ = 2;  // arena pool pages (2: one context at a time)
   std::vector<BlockKey> chain_;
   std::atomic<bool> fail_prefill_{false};
+  std::atomic<int> prefix_not_landed_{0};
   std::atomic<bool> wrong_bytes_{false};
   std::mutex chains_mu_;
   std::map<ContextId, std::vector<BlockKey>> chain_of_context_;  // contexts of Serve

@@ -19,6 +19,8 @@ PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc prometheus-cpp-dev
   # optional parts: detected by both builds, installed here so CI builds all of them
   libucx-dev ucx-utils libibverbs-dev librdmacm-dev liburing-dev libze-dev
+  # the synthetic transformer's matrix multiplies (demo and benchmarks recompute for real)
+  libopenblas-dev
   # baselines the cache-host benchmark measures in the same run
   redis-server memcached
   # membership store the placement service can use (integration tests start one)

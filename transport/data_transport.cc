@@ -16,6 +16,17 @@ bool UsesSharedMemory(const DataTransportOptions& options) {
   return options.kind == "ucx" && ucx::TlsUsesSharedMemory(options.ucx_tls);
 }
 
+Status SetDataTransportPacingRate(Transport* transport, std::uint64_t bytes_per_s) {
+  auto* tcp = dynamic_cast<tcp::TcpTransport*>(transport);
+  if (tcp == nullptr) {
+    return Status::FailedPrecondition(
+        "a send-rate cap needs the kernel TCP data plane (--data-transport=tcp); this transport "
+        "is " +
+        (transport == nullptr ? std::string("none") : transport->name()));
+  }
+  return tcp->SetMaxPacingRate(bytes_per_s);
+}
+
 StatusOr<std::unique_ptr<Transport>> CreateDataTransport(const DataTransportOptions& options) {
   KVF_RETURN_IF_ERROR(ValidateDataTransportKind(options.kind, "data transport"));
   if (options.kind == "tcp") {
@@ -23,6 +34,7 @@ StatusOr<std::unique_ptr<Transport>> CreateDataTransport(const DataTransportOpti
     t.workers = options.workers;
     t.send_buffer_bytes = options.tcp_send_buffer_bytes;
     t.receive_buffer_bytes = options.tcp_receive_buffer_bytes;
+    t.max_pacing_rate_bytes_per_s = options.tcp_max_pacing_rate_bytes_per_s;
     StatusOr<std::unique_ptr<tcp::TcpTransport>> created = tcp::CreateTcpTransport(t);
     if (!created.ok()) return created.status().WithContext("kernel TCP data transport");
     return std::unique_ptr<Transport>(std::move(created).value());

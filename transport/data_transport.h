@@ -37,7 +37,14 @@ struct DataTransportOptions {
   // autotuning, else bytes) and receive_buffer_bytes (0: kernel autotuning).
   int tcp_send_buffer_bytes = 0;
   int tcp_receive_buffer_bytes = 0;
+  // tcp only: TcpTransportOptions::max_pacing_rate_bytes_per_s (0: no cap).
+  std::uint64_t tcp_max_pacing_rate_bytes_per_s = 0;
 };
+
+// Changes the send-rate cap of a "tcp" transport's connections now and later
+// (tcp::TcpTransport::SetMaxPacingRate); FailedPrecondition for any other
+// kind (UCX's sockets are its own).
+Status SetDataTransportPacingRate(Transport* transport, std::uint64_t bytes_per_s);
 
 // InvalidArgument naming `setting` unless kind is "ucx" or "tcp".
 Status ValidateDataTransportKind(const std::string& kind, const std::string& setting);

@@ -34,5 +34,22 @@ TEST(DataTransportTest, SharedMemoryIsInTheDefaultUcxListAndNotInTcpOnes) {
   EXPECT_FALSE(UsesSharedMemory(kernel));
 }
 
+TEST(DataTransportTest, ASendRateCapNeedsTheKernelTcpPlane) {
+  DataTransportOptions kernel;
+  kernel.kind = "tcp";
+  kernel.tcp_max_pacing_rate_bytes_per_s = 100'000'000;
+  auto tcp = CreateDataTransport(kernel);
+  ASSERT_TRUE(tcp.ok()) << tcp.status();
+  EXPECT_TRUE(SetDataTransportPacingRate(tcp->get(), 1'000'000).ok());
+  EXPECT_TRUE(SetDataTransportPacingRate(tcp->get(), 0).ok());
+  EXPECT_TRUE(SetDataTransportPacingRate(nullptr, 1).code() == StatusCode::kFailedPrecondition);
+  DataTransportOptions ucx = Ucx("tcp");
+  auto u = CreateDataTransport(ucx);
+  ASSERT_TRUE(u.ok()) << u.status();
+  const Status s = SetDataTransportPacingRate(u->get(), 1'000'000);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("--data-transport=tcp"), std::string::npos) << s.ToString();
+}
+
 }  // namespace
 }  // namespace kvfabric::transport

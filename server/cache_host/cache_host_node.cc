@@ -46,6 +46,15 @@ CacheHostNode::CacheHostNode(CacheHostOptions options, transport::Transport* tra
       env_(env),
       start_us_(env->NowMicros()) {}
 
+Status CacheHostNode::ReloadCostModel(const CostAwareOptions& figures) {
+  auto* cost_aware = dynamic_cast<CostAwarePolicy*>(policy_.get());
+  if (cost_aware == nullptr) {
+    return Status::FailedPrecondition("eviction policy " + std::string(policy_->name()) +
+                                      " uses no cost figures (--eviction-policy)");
+  }
+  return cost_aware->Update(figures);
+}
+
 StatusOr<std::unique_ptr<CacheHostNode>> CacheHostNode::Create(CacheHostOptions options,
                                                                transport::Transport* transport,
                                                                Env* env) {

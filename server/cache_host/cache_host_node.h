@@ -337,6 +337,10 @@ class CacheHostNode {
   std::uint64_t page_bytes() const { return pool_->page_bytes(); }
   const CacheHostOptions& options() const { return options_; }
   ServingState state() const { return state_.load(); }
+  // New cost-aware eviction figures (the calibration file read again on
+  // SIGHUP); later eviction passes score with them. FailedPrecondition under
+  // --eviction-policy=lru; InvalidArgument (nothing changes) for bad figures.
+  Status ReloadCostModel(const CostAwareOptions& figures);
 
   // ---- The CacheHost RPCs, in core types (see cache_host.proto) ----
   // Unavailable while not serving. Per-entry outcomes in the result.

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/bus_calibration.h"
 #include "core/config/logging_flags.h"
 #include "core/config/unit_flags.h"
 #include "core/config/yaml_config.h"
@@ -46,6 +47,7 @@ namespace {
 
 struct Flags {
   std::string host_id;
+  std::string calibration_path;
   std::string grpc_address = "127.0.0.1:7440";
   std::string admin_address;
   std::string metrics_address = "127.0.0.1:0";
@@ -56,6 +58,7 @@ struct Flags {
   GrpcServerLimits grpc_limits;
   std::string tcp_send_buffer = "auto";
   std::uint64_t tcp_receive_buffer_bytes = 0;
+  std::uint64_t tcp_max_pacing_rate = 0;
   int copy_threads = 1;
   int data_workers = 1;
   std::string lock_memory = "required";
@@ -110,6 +113,29 @@ StatusOr<IoEngineKind> ParseEngine(const std::string& s) {
   if (s == "uring") return IoEngineKind::kUring;
   if (s == "threads") return IoEngineKind::kThreads;
   return Status::InvalidArgument("--nvme-io-engine \"" + s + "\": expected auto, uring or threads");
+}
+
+// SIGHUP: the calibration file read again; a bad file changes nothing.
+void ReloadCalibration(const Flags& f, cache_host::CacheHostNode* node) {
+  if (f.calibration_path.empty()) {
+    spdlog::warn("kvfabric-cached: SIGHUP: no --calibration to reload");
+    return;
+  }
+  auto c = LoadBusCalibration(Env::Default(), f.calibration_path);
+  if (!c.ok()) {
+    spdlog::warn("kvfabric-cached: reloading --calibration {}: {}; eviction figures unchanged",
+                 f.calibration_path, c.status().ToString());
+    return;
+  }
+  std::string sources;
+  const cache_host::CostAwareOptions figures =
+      cache_host::CostAwareFromCalibration(*c, f.host_id, f.model_id, &sources);
+  if (Status s = node->ReloadCostModel(figures); !s.ok()) {
+    spdlog::warn("kvfabric-cached: reloading --calibration {}: {}", f.calibration_path,
+                 s.ToString());
+    return;
+  }
+  spdlog::info("kvfabric-cached: calibration {} reloaded: {}", f.calibration_path, sources);
 }
 
 StatusOr<cache_host::CacheHostOptions> BuildOptions(Flags& f,
@@ -174,13 +200,21 @@ StatusOr<cache_host::CacheHostOptions> BuildOptions(Flags& f,
     fp.layout_version = 1;
     o.models.push_back({fp, f.history_tokens});
   }
-  // Until `kvfabric calibrate` writes a calibration file (placement issue),
-  // the cost-aware policy uses conservative figures measured on these
-  // machines: TCP/shared-memory fetch ≈2 GB/s, NVMe ≈1.2 GB/s, and a prefill
-  // of ≈50 us/token plus the attention term.
-  o.cost_aware.host_fetch = {20, 2e9};
-  o.cost_aware.nvme_fetch = {100, 1.2e9};
-  o.cost_aware.recompute = {20000, 50, 0.001};
+  // The cost-aware policy's figures: the calibration file placement reads
+  // (this host's entries, else every host's), else core/cost_defaults.h,
+  // placement's own placeholders.
+  o.cost_aware = cache_host::DefaultCostAwareOptions();
+  if (!f.calibration_path.empty()) {
+    auto c = LoadBusCalibration(Env::Default(), f.calibration_path);
+    if (!c.ok()) return c.status().WithContext("--calibration " + f.calibration_path);
+    std::string sources;
+    o.cost_aware = cache_host::CostAwareFromCalibration(*c, f.host_id, f.model_id, &sources);
+    spdlog::info("calibration {}: {}", f.calibration_path, sources);
+  } else {
+    spdlog::warn(
+        "no --calibration: cost-aware eviction scores with placeholder figures "
+        "(core/cost_defaults.h); give it the file `kvfabric calibrate` writes");
+  }
   return o;
 }
 
@@ -223,6 +257,10 @@ int Run(int argc, char** argv) {
                  "SO_SNDBUF per connection with --data-transport=tcp: auto (the default: "
                  "256KiB for clients on this host, kernel autotuning for others), kernel, or "
                  "a size of 4KiB..64MiB");
+  AddBytesOption(app, "--tcp-max-pacing-rate", &f.tcp_max_pacing_rate,
+                 "--data-transport=tcp: cap each data connection's sends at this many bytes "
+                 "per second (SO_MAX_PACING_RATE; emulates a slower link for benchmarks and "
+                 "fault tests; 0: no cap)");
   AddBytesOption(app, "--tcp-receive-buffer-bytes", &f.tcp_receive_buffer_bytes,
                  "SO_RCVBUF per connection with --data-transport=tcp (0: kernel autotuning, "
                  "the default; else 4KiB..64MiB)");
@@ -259,6 +297,9 @@ int Run(int argc, char** argv) {
   app.add_option("--nvme-io-engine", f.nvme_io_engine, "auto | uring | threads");
   app.add_option("--quota", f.quotas, "NAMESPACE=BYTES host quota, repeatable");
   app.add_option("--model-id", f.model_id, "model whose arithmetic start-up prints");
+  app.add_option("--calibration", f.calibration_path,
+                 "bus calibration file written by `kvfabric calibrate` (the one placement "
+                 "reads): cost-aware eviction scores with its figures; read again on SIGHUP");
   app.add_option("--model-layers", f.model_layers, "layers per block");
   app.add_option("--model-kv-heads", f.model_kv_heads, "KV heads per block");
   app.add_option("--model-head-dim", f.model_head_dim, "elements per head");
@@ -341,6 +382,7 @@ int Run(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   StatusOr<int> send_buffer = tcp::ParseSendBuffer(f.tcp_send_buffer, "--tcp-send-buffer");
@@ -382,6 +424,7 @@ int Run(int argc, char** argv) {
   topts.workers = f.data_workers;
   topts.tcp_send_buffer_bytes = *send_buffer;
   topts.tcp_receive_buffer_bytes = static_cast<int>(f.tcp_receive_buffer_bytes);
+  topts.tcp_max_pacing_rate_bytes_per_s = f.tcp_max_pacing_rate;
   StatusOr<std::unique_ptr<transport::Transport>> transport =
       transport::CreateDataTransport(topts);
   if (!transport.ok()) {
@@ -501,7 +544,11 @@ int Run(int argc, char** argv) {
   }
 
   int sig = 0;
-  sigwait(&signals, &sig);
+  for (;;) {
+    sigwait(&signals, &sig);
+    if (sig != SIGHUP) break;
+    ReloadCalibration(f, node->get());
+  }
   spdlog::info("kvfabric-cached: signal {}: draining", sig);
   health.SetState(v1::SERVING_STATUS_DRAINING, "shutting down");
   (*node)->Drain(false);

@@ -6,6 +6,8 @@
 #include <tuple>
 
 #include "core/block_format.h"
+#include "core/bus_calibration.h"
+#include "core/cost_defaults.h"
 #include "core/mutex.h"
 #include "core/units.h"
 
@@ -56,31 +58,104 @@ bool LruPolicy::WorthDemoting(const EvictionCandidate&, std::string* why) const 
   return true;
 }
 
+CostAwareOptions DefaultCostAwareOptions() {
+  CostAwareOptions o;
+  o.host_fetch = cost_defaults::kRemoteToLocal;
+  o.nvme_fetch = cost_defaults::kNvmeToHost;
+  o.recompute = cost_defaults::kRecompute;
+  return o;
+}
+
+CostAwareOptions CostAwareFromCalibration(const BusCalibration& calibration,
+                                          std::string_view host_id, std::string_view model_id,
+                                          std::string* sources) {
+  CostAwareOptions o = DefaultCostAwareOptions();
+  std::string said;
+  auto path = [&](BusPath p, PathParameters* out) {
+    const PathCalibration* best = nullptr;
+    for (const PathCalibration& c : calibration.paths) {
+      if (c.path != p) continue;
+      if (c.host_id == host_id) {
+        best = &c;
+        break;
+      }
+      if (c.host_id.empty()) best = &c;
+    }
+    said += std::string(said.empty() ? "" : ", ") + std::string(BusPathArrowName(p)) + " ";
+    if (best == nullptr) {
+      said += "default";
+      return;
+    }
+    *out = best->parameters;
+    said += best->host_id.empty() ? "calibrated (every host)" : "calibrated (this host)";
+  };
+  path(BusPath::kRemoteHostToLocalHost, &o.host_fetch);
+  path(BusPath::kNvmeToHost, &o.nvme_fetch);
+  const RecomputeCalibration* model = nullptr;
+  for (const RecomputeCalibration& r : calibration.recompute) {
+    if (r.model_id == model_id) model = &r;
+  }
+  if (model == nullptr && calibration.recompute.size() == 1) model = &calibration.recompute[0];
+  if (model != nullptr) {
+    o.recompute = model->parameters;
+    said += ", recompute calibrated (model " + model->model_id + ")";
+  } else {
+    said += ", recompute default";
+  }
+  if (sources != nullptr) *sources = said;
+  return o;
+}
+
+Status CostAwarePolicy::Update(const CostAwareOptions& options) {
+  auto good = [](const PathParameters& p) {
+    return std::isfinite(p.alpha_us) && p.alpha_us >= 0 && std::isfinite(p.beta_bytes_per_s) &&
+           p.beta_bytes_per_s > 0;
+  };
+  const RecomputeParameters& r = options.recompute;
+  if (!good(options.host_fetch) || !good(options.nvme_fetch) || !std::isfinite(r.c0_us) ||
+      r.c0_us < 0 || !std::isfinite(r.c1_us_per_token) || r.c1_us_per_token < 0 ||
+      !std::isfinite(r.c2_us_per_token2) || r.c2_us_per_token2 < 0) {
+    return Status::InvalidArgument(
+        "cost-aware eviction figures: alphas and recompute constants must be finite and >= 0, "
+        "betas finite and > 0");
+  }
+  MutexLock l(&mu_);
+  o_ = options;
+  return Status::OK();
+}
+
+CostAwareOptions CostAwarePolicy::options() const {
+  MutexLock l(&mu_);
+  return o_;
+}
+
 double CostAwarePolicy::Score(const EvictionCandidate& c) const {
-  const double saved =
-      RecomputeMicros(o_.recompute, c.tokens, static_cast<double>(c.token_offset)) -
-      FetchMicros(o_.host_fetch, static_cast<double>(c.bytes));
+  const CostAwareOptions o = options();
+  const double saved = RecomputeMicros(o.recompute, c.tokens, static_cast<double>(c.token_offset)) -
+                       FetchMicros(o.host_fetch, static_cast<double>(c.bytes));
   return saved / static_cast<double>(std::max<std::uint64_t>(c.resident_bytes, 1));
 }
 
 std::string CostAwarePolicy::ExplainScore(const EvictionCandidate& c) const {
+  const CostAwareOptions o = options();
   const double per_mib = Score(c) * static_cast<double>(1 << 20);
-  return "cost-aware: value = (" + ExplainRecompute(o_.recompute, c.tokens, c.token_offset) +
-         " - " + ExplainFetch(o_.host_path, o_.host_fetch, c.bytes) + ") / resident " +
+  return "cost-aware: value = (" + ExplainRecompute(o.recompute, c.tokens, c.token_offset) + " - " +
+         ExplainFetch(o.host_path, o.host_fetch, c.bytes) + ") / resident " +
          FormatBytesExact(c.resident_bytes) + " = " + FormatMicros(per_mib) +
          " per MiB of residency";
 }
 
 bool CostAwarePolicy::WorthDemoting(const EvictionCandidate& c, std::string* why) const {
+  const CostAwareOptions o = options();
   const double recompute =
-      RecomputeMicros(o_.recompute, c.tokens, static_cast<double>(c.token_offset));
-  const double from_nvme = FetchMicros(o_.nvme_fetch, static_cast<double>(c.bytes)) +
-                           FetchMicros(o_.host_fetch, static_cast<double>(c.bytes));
+      RecomputeMicros(o.recompute, c.tokens, static_cast<double>(c.token_offset));
+  const double from_nvme = FetchMicros(o.nvme_fetch, static_cast<double>(c.bytes)) +
+                           FetchMicros(o.host_fetch, static_cast<double>(c.bytes));
   const bool worth = recompute > from_nvme;
   *why = std::string(worth ? "demoted" : "dropped") + ": t_recompute " + FormatMicros(recompute) +
          (worth ? " > " : " <= ") + "t_fetch(" +
          std::string(BusPathArrowName(BusPath::kNvmeToHost)) + ") + t_fetch(" +
-         std::string(BusPathArrowName(o_.host_path)) + ") = " + FormatMicros(from_nvme);
+         std::string(BusPathArrowName(o.host_path)) + ") = " + FormatMicros(from_nvme);
   return worth;
 }
 

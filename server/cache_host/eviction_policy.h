@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "core/block_key.h"
+#include "core/bus_calibration.h"
 #include "core/bus_cost_model.h"
 #include "core/mutex.h"
 #include "core/status.h"
@@ -108,6 +109,17 @@ struct CostAwareOptions {
   RecomputeParameters recompute;
 };
 
+// The figures for daemon `host_id` serving `model_id` from a calibration file (the one
+// `kvfabric calibrate` writes and placement reads): each path's entry for this host, else the
+// path's default entry (host ""), else core/cost_defaults.h; the model's recompute entry, else
+// the only one in the file, else the defaults. `sources` (may be null) gets a line naming where
+// each figure came from, for the log.
+CostAwareOptions CostAwareFromCalibration(const BusCalibration& calibration,
+                                          std::string_view host_id, std::string_view model_id,
+                                          std::string* sources);
+// core/cost_defaults.h's figures.
+CostAwareOptions DefaultCostAwareOptions();
+
 class CostAwarePolicy final : public EvictionPolicy {
  public:
   // REQUIRES: both beta_bytes_per_s > 0.
@@ -116,9 +128,15 @@ class CostAwarePolicy final : public EvictionPolicy {
   double Score(const EvictionCandidate& c) const override;
   std::string ExplainScore(const EvictionCandidate& c) const override;
   bool WorthDemoting(const EvictionCandidate& c, std::string* why) const override;
+  // Replaces the figures (a calibration file read again); later scores use them.
+  // InvalidArgument (nothing changes) unless both betas are finite and > 0 and every other
+  // figure finite and >= 0.
+  Status Update(const CostAwareOptions& options);
+  CostAwareOptions options() const;
 
  private:
-  const CostAwareOptions o_;
+  mutable Mutex mu_;
+  CostAwareOptions o_ KVF_GUARDED_BY(mu_);
 };
 
 // Occupancy thresholds, fractions of the pool's pages.

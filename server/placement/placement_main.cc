@@ -63,7 +63,8 @@ int Run(int argc, char** argv) {
                  "etcd client URL (http://HOST:PORT) for membership; empty: in-process store");
   app.add_option("--etcd-prefix", etcd_prefix, "key prefix in etcd; must end with '/'");
   app.add_option("--calibration", calibration_path,
-                 "bus calibration file written by `kvfabric calibrate`");
+                 "bus calibration file written by `kvfabric calibrate`; read again on SIGHUP and "
+                 "on the ReloadCalibration RPC");
   app.add_option("--max-directory-entries", o.max_directory_entries,
                  "blocks the directory remembers (least recently accessed dropped first)");
   app.add_option("--hot-threshold", o.hot_threshold,
@@ -86,6 +87,7 @@ int Run(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   Env* env = Env::Default();
@@ -139,6 +141,27 @@ int Run(int argc, char** argv) {
     metrics_server = std::move(*started);
   }
 
+  if (!calibration_path.empty()) {
+    service_options.reload_calibration =
+        [env, calibration_path, n = node->get()]() -> StatusOr<v1::ReloadCalibrationResponse> {
+      auto calibration = LoadBusCalibration(env, calibration_path);
+      if (!calibration.ok()) {
+        spdlog::warn(
+            "kvfabric-placement: reloading --calibration {}: {}; the cost model is "
+            "unchanged",
+            calibration_path, calibration.status().ToString());
+        return calibration.status();
+      }
+      KVF_ASSIGN_OR_RETURN(const CalibratedCostModel::ReloadCounts counts,
+                           n->ReloadCalibration(*calibration));
+      v1::ReloadCalibrationResponse r;
+      r.set_path(calibration_path);
+      r.set_paths(static_cast<std::uint32_t>(counts.paths));
+      r.set_models(static_cast<std::uint32_t>(counts.models));
+      r.set_kept(static_cast<std::uint32_t>(counts.kept));
+      return r;
+    };
+  }
   HealthReporter health(env, "placement", "kvfabric-placement");
   health.SetMaxRequestBytes(grpc_limits.max_request_bytes);
   PlacementService service(node->get(), &health, service_options);
@@ -168,7 +191,15 @@ int Run(int argc, char** argv) {
   }
 
   int sig = 0;
-  sigwait(&signals, &sig);
+  for (;;) {
+    sigwait(&signals, &sig);
+    if (sig != SIGHUP) break;
+    if (!service_options.reload_calibration) {
+      spdlog::warn("kvfabric-placement: SIGHUP: no --calibration to reload");
+    } else {
+      service.options().reload_calibration().status().IgnoreError();  // logs either way
+    }
+  }
   spdlog::info("kvfabric-placement: signal {}: stopping", sig);
   health.SetState(v1::SERVING_STATUS_NOT_SERVING, "shutting down");
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

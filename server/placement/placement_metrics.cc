@@ -119,12 +119,15 @@ void EmitPaths(const std::vector<CalibratedCostModel::PathReport>& paths,
   std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(shown), order.end(),
                     before);
 
-  std::vector<Sample> error, observations, effective, alpha, beta;
+  std::vector<Sample> error, observations, effective, alpha, beta, noise, refits, changes;
   for (std::size_t i = 0; i < shown; ++i) {
     const CalibratedCostModel::PathReport& p = *order[i];
     const std::vector<ClientMetric::Label> labels = {{"path", std::string(BusPathName(p.path))},
                                                      {"host", p.host_id}};
     AppendErrorQuantiles(p.error, labels, error);
+    noise.push_back(S(p.noise_floor_ratio, labels));
+    refits.push_back(S(D(p.provenance.refits), labels));
+    changes.push_back(S(D(p.provenance.change_points), labels));
     observations.push_back(S(D(p.error.count), labels));
     effective.push_back(S(p.effective_observations, labels));
     alpha.push_back(S(p.parameters.alpha_us / 1e6, labels));
@@ -152,6 +155,19 @@ void EmitPaths(const std::vector<CalibratedCostModel::PathReport>& paths,
   Gauge(out, "path_beta_bytes_per_second",
         "Sustained bandwidth (beta) in force for a (path, host), in bytes per second.",
         std::move(beta));
+  Gauge(out, "path_noise_floor_ratio",
+        "The calibration's noise floor of a (path, host): how far identical interleaved repeats "
+        "spread (max(1 - p10, p90 - 1) of repeat/median); an error below it is the machine's. "
+        "0 without a calibration file entry.",
+        std::move(noise));
+  Counter(out, "path_refits_total",
+          "Times the online refit replaced a (path, host)'s parameters since they were last "
+          "set.",
+          std::move(refits));
+  Counter(out, "path_change_points_total",
+          "Times a (path, host) was rescaled after eight consecutive same-direction misses "
+          "beyond 50% (a path that turned slower or faster).",
+          std::move(changes));
 }
 
 void EmitModels(const std::vector<CalibratedCostModel::RecomputeReport>& models,
@@ -168,11 +184,13 @@ void EmitModels(const std::vector<CalibratedCostModel::RecomputeReport>& models,
   std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(shown), order.end(),
                     before);
 
-  std::vector<Sample> error, observations, effective, c0, c1, c2;
+  std::vector<Sample> error, observations, effective, c0, c1, c2, noise, refits;
   for (std::size_t i = 0; i < shown; ++i) {
     const CalibratedCostModel::RecomputeReport& m = *order[i];
     const std::vector<ClientMetric::Label> labels = {{"model", m.model_id}};
     AppendErrorQuantiles(m.error, labels, error);
+    noise.push_back(S(m.noise_floor_ratio, labels));
+    refits.push_back(S(D(m.provenance.refits), labels));
     observations.push_back(S(D(m.error.count), labels));
     effective.push_back(S(m.effective_observations, labels));
     c0.push_back(S(m.parameters.c0_us / 1e6, labels));
@@ -202,6 +220,13 @@ void EmitModels(const std::vector<CalibratedCostModel::RecomputeReport>& models,
   Gauge(out, "model_c2_seconds_per_token_squared",
         "Quadratic (attention) recompute cost (c2) in force, in seconds per token squared.",
         std::move(c2));
+  Gauge(out, "model_noise_floor_ratio",
+        "The calibration's noise floor of a model's prefill probe; 0 without one.",
+        std::move(noise));
+  Counter(out, "model_refits_total",
+          "Times the online refit replaced a model's recompute constants since they were last "
+          "set.",
+          std::move(refits));
 }
 
 }  // namespace

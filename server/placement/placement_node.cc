@@ -101,7 +101,9 @@ Status PlacementNode::Start() {
       {BusPath::kNvmeToHost, options_.nvme_to_host},
       {BusPath::kHostToDevice, options_.host_to_device}};
   for (const auto& [path, p] : defaults) {
-    if (!cost_model_.Path(path, "").ok()) KVF_RETURN_IF_ERROR(cost_model_.SetPath(path, "", p));
+    if (!cost_model_.Path(path, "").ok()) {
+      KVF_RETURN_IF_ERROR(cost_model_.SetPath(path, "", p, ParameterSource::kDefault));
+    }
   }
 
   membership_->Watch([this](const MemberEvent& event) { OnMemberEvent(event); });

@@ -72,6 +72,7 @@
 #include "core/bus_calibration.h"
 #include "core/bus_cost_model.h"
 #include "core/calibrated_cost_model.h"
+#include "core/cost_defaults.h"
 #include "core/env.h"
 #include "core/mutex.h"
 #include "core/prediction_error.h"
@@ -105,12 +106,13 @@ struct PlacementOptions {
   // calibrate` file, may be empty) replaces them per path and per host, and the online refit
   // specialises them per host from observations. The defaults are placeholders for a
   // 100 Gb/s fabric, PCIe 4 x16 and a datacentre NVMe drive: calibrate.
-  PathParameters remote_to_local{25.0, 10e9};  // remote daemon host -> client host
-  PathParameters local_memcpy{5.0, 10e9};      // daemon on the client's node -> client host
-  PathParameters nvme_to_host{100.0, 3e9};     // daemon NVMe -> daemon host
-  PathParameters host_to_device{10.0, 25e9};   // client host -> device (per client)
-  // Recompute (prefill) of a model without a calibrated or refitted fit.
-  RecomputeParameters recompute{2000.0, 10.0, 0.001};
+  // core/cost_defaults.h is their one source.
+  PathParameters remote_to_local = cost_defaults::kRemoteToLocal;  // remote daemon -> client
+  PathParameters local_memcpy = cost_defaults::kLocalMemcpy;       // daemon on the client's node
+  PathParameters nvme_to_host = cost_defaults::kNvmeToHost;        // daemon NVMe -> daemon host
+  PathParameters host_to_device = cost_defaults::kHostToDevice;    // client host -> device
+  // Recompute (prefill) of a model without a calibrated, stated or refitted fit.
+  RecomputeParameters recompute = cost_defaults::kRecompute;
   BusCalibration calibration;
   CalibratedCostModel::Options cost_model;
   // Models whose recompute fit is learned online from observations. Default 64; observations
@@ -209,6 +211,8 @@ struct PlanRequest {
   // Override the model's recompute fit / the client's host->device path for this plan.
   std::optional<RecomputeParameters> recompute;
   std::optional<PathParameters> host_to_device;
+  // The engine's statement of its prefill constants (CalibratedCostModel::StateRecompute).
+  std::optional<RecomputeParameters> engine_prefill;
   // Locations from an earlier Locate of the same keys, to plan on exactly what the client saw
   // (one block per key); unset: placement locates the chain itself.
   std::optional<ChainLocations> locations;
@@ -389,6 +393,10 @@ class PlacementNode {
   void ReportPlanFinished(std::uint64_t plan_id);
   // NotFound if the plan is unknown or aged out of the history.
   StatusOr<PlanExplanation> Explain(std::uint64_t plan_id) const;
+  // A calibration file read again (SIGHUP, the ReloadCalibration RPC): its entries replace the
+  // cost model's (CalibratedCostModel::Reload); membership, the directory, plans and the path
+  // load are untouched. An invalid calibration changes nothing.
+  StatusOr<CalibratedCostModel::ReloadCounts> ReloadCalibration(const BusCalibration& calibration);
   StatusOr<PlaceResponse> Place(const PlaceRequest& request);
   // Live members, sorted by host_id.
   std::vector<HostStatus> ListHosts() const;
@@ -435,6 +443,9 @@ class PlacementNode {
     PathParameters host_to_device;
     RecomputeParameters recompute;
     std::string explanation;
+    // The cost model's inputs as they were when the plan was made (PlanInputs).
+    std::string inputs;
+    std::vector<ExplainTerm> input_terms;
     std::uint64_t ticket = 0;  // PathLoad ticket; 0 once released or if nothing was charged
     bool finished = false;
     std::optional<double> observed_total_us;
@@ -452,6 +463,10 @@ class PlacementNode {
       KVF_REQUIRES(mu_);
   void TrimPlanHistoryLocked() KVF_REQUIRES(mu_);
   const PlanRecord* FindPlanLocked(std::uint64_t plan_id) const KVF_REQUIRES(mu_);
+  // Each path's and the recompute model's parameters, provenance, error and queued bytes, as
+  // text and terms, for Explain.
+  void DescribePlanInputs(const PlanRequest& request, const PlannerInput& in,
+                          PlanRecord* record) const;
   PlanRecord* FindPlanLocked(std::uint64_t plan_id) KVF_REQUIRES(mu_);
 
   Status CheckNamespace(std::string_view ns) const;

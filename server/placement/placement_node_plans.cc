@@ -1,11 +1,16 @@
 // PlacementNode: plans (Plan, the plan history, ReportObservations, Explain).
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/mutex.h"
+#include "core/units.h"
 #include "server/placement/placement_node.h"
 #include "server/placement/placement_node_internal.h"
 
@@ -68,6 +73,9 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   if (request.recompute && !GoodRecompute(*request.recompute)) {
     return Status::InvalidArgument("recompute: c0, c1, c2 must be finite and >= 0");
   }
+  if (request.engine_prefill && !GoodRecompute(*request.engine_prefill)) {
+    return Status::InvalidArgument("engine_prefill: c0, c1, c2 must be finite and >= 0");
+  }
 
   PlanResult result;
   if (request.locations) {
@@ -91,16 +99,33 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   in.host_to_device = request.host_to_device
                           ? *request.host_to_device
                           : PathOrDefault(BusPath::kHostToDevice, request.client_id);
+  if (request.engine_prefill && !request.model_id.empty()) {
+    // Seeds (or replaces a default or earlier statement of) the model's entry; a model beyond
+    // max_models is planned with the statement without being learned.
+    const bool known = cost_model_.Recompute(request.model_id).ok();
+    if (known || cost_model_.model_count() < options_.max_models) {
+      cost_model_.StateRecompute(request.model_id, *request.engine_prefill).status().IgnoreError();
+    }
+  }
   if (request.recompute) {
     in.recompute = *request.recompute;
   } else {
     StatusOr<RecomputeParameters> fit = cost_model_.Recompute(request.model_id);
-    in.recompute = fit.ok() ? *fit : options_.recompute;
+    in.recompute = fit.ok()                 ? *fit
+                   : request.engine_prefill ? *request.engine_prefill
+                                            : options_.recompute;
   }
   for (const MemberRecord& host : result.locations.hosts) {
     PlannerHost ph;
     ph.host_id = host.host_id;
     ph.local = !request.client_node.empty() && host.node_name == request.client_node;
+    // A daemon on the client's node is read by memcpy only while nothing better is known: its
+    // own data-plane entry (calibrated against it, or learned from the transfers clients
+    // report, which are always of that path) is what reading it costs, whatever the transport
+    // (the kernel TCP data plane on one host is not a memcpy).
+    if (ph.local && cost_model_.HasOwnPath(BusPath::kRemoteHostToLocalHost, host.host_id)) {
+      ph.local = false;
+    }
     ph.transfer = PathOrDefault(ph.local ? BusPath::kLocalMemcpy : BusPath::kRemoteHostToLocalHost,
                                 host.host_id);
     ph.nvme = PathOrDefault(BusPath::kNvmeToHost, host.host_id);
@@ -146,6 +171,7 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   record.suffix_tokens = request.suffix_tokens;
   record.host_to_device = in.host_to_device;
   record.recompute = in.recompute;
+  if (in.include_explanation) DescribePlanInputs(request, in, &record);
   if (request.include_explanation) {
     record.explanation = result.plan.explanation;
   } else {
@@ -162,7 +188,8 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   MutexLock lock(&mu_);
   record.plan_id = next_plan_id_++;
   result.plan_id = record.plan_id;
-  plans_bytes_ += sizeof(PlanRecord) + record.explanation.size() +
+  plans_bytes_ += sizeof(PlanRecord) + record.explanation.size() + record.inputs.size() +
+                  record.input_terms.size() * sizeof(ExplainTerm) +
                   record.alternatives.size() * sizeof(PlanAlternative);
   plans_.push_back(std::move(record));
   TrimPlanHistoryLocked();
@@ -170,6 +197,79 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   const auto kind = static_cast<std::size_t>(result.plan.kind);
   if (kind < counters_.plans_by_kind.size()) ++counters_.plans_by_kind[kind];
   return result;
+}
+
+void PlacementNode::DescribePlanInputs(const PlanRequest& request, const PlannerInput& in,
+                                       PlanRecord* record) const {
+  // Provenance is stamped with the system clock (core/calibrated_cost_model.cc), not env_'s.
+  const double now_us = static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                                std::chrono::system_clock::now().time_since_epoch())
+                                                .count());
+  std::string& t = record->inputs;
+  t = "inputs (as the plan was made):\n";
+  auto error = [](const PredictionErrorHistogram::Snapshot& e) {
+    if (e.count == 0) return std::string("not scored yet");
+    char b[128];
+    std::snprintf(b, sizeof(b), "out-of-sample error median %+.1f%%, worst %.1f%% over %llu",
+                  100 * e.median, 100 * e.worst_abs, static_cast<unsigned long long>(e.count));
+    return std::string(b);
+  };
+  auto provenance = [&](const ParameterProvenance& p) {
+    char b[160];
+    std::snprintf(
+        b, sizeof(b), "%s, %llu refits, %llu change points, set %.1f s before",
+        std::string(ParameterSourceName(p.source)).c_str(),
+        static_cast<unsigned long long>(p.refits), static_cast<unsigned long long>(p.change_points),
+        p.updated_unix_us > 0 ? (now_us - static_cast<double>(p.updated_unix_us)) / 1e6 : 0.0);
+    return std::string(b);
+  };
+  auto path = [&](BusPath bus, const std::string& host, const PathParameters& used,
+                  const std::string& resource) {
+    const std::string label = std::string(BusPathArrowName(bus)) + (host.empty() ? "" : " " + host);
+    const std::uint64_t queued = path_load_.QueuedBytes(bus, resource);
+    t += "  " + label + ": alpha " + FormatMicros(used.alpha_us) + ", beta " +
+         FormatRate(used.beta_bytes_per_s) + ", queued " + FormatBytes(queued);
+    const std::string key = std::string(BusPathName(bus)) + (host.empty() ? "" : "[" + host + "]");
+    record->input_terms.push_back({"alpha:" + key, used.alpha_us, "us"});
+    record->input_terms.push_back({"beta:" + key, used.beta_bytes_per_s, "bytes/s"});
+    record->input_terms.push_back({"queued:" + key, static_cast<double>(queued), "bytes"});
+    StatusOr<CalibratedCostModel::PathReport> r = cost_model_.PathReportFor(bus, host);
+    if (r.ok()) {
+      t += " (" + provenance(r->provenance) + (r->host_id.empty() ? ", the path's default" : "") +
+           "; " + error(r->error) + ")";
+      record->input_terms.push_back({"error_worst:" + key, r->error.worst_abs, "ratio"});
+      record->input_terms.push_back(
+          {"fit_age:" + key,
+           r->provenance.updated_unix_us > 0
+               ? (now_us - static_cast<double>(r->provenance.updated_unix_us)) / 1e6
+               : 0.0,
+           "s"});
+    }
+    t += "\n";
+  };
+  for (const PlannerHost& h : in.hosts) {
+    path(h.local ? BusPath::kLocalMemcpy : BusPath::kRemoteHostToLocalHost, h.host_id, h.transfer,
+         h.host_id);
+    path(BusPath::kNvmeToHost, h.host_id, h.nvme, h.host_id);
+  }
+  path(BusPath::kHostToDevice, "", in.host_to_device, in.client_id);
+  t += "  recompute " + (request.model_id.empty() ? std::string("(no model)") : request.model_id) +
+       ": c0 " + FormatMicros(in.recompute.c0_us) + ", c1 " +
+       FormatMicros(in.recompute.c1_us_per_token) + "/token, c2 " +
+       FormatMicros(in.recompute.c2_us_per_token2) + "/token^2";
+  if (request.recompute) {
+    t += " (given with the request)";
+  } else if (auto r = cost_model_.RecomputeReportFor(request.model_id); r.ok()) {
+    t += " (" + provenance(r->provenance) + "; " + error(r->error) + ")";
+    record->input_terms.push_back({"recompute_error_worst", r->error.worst_abs, "ratio"});
+    record->input_terms.push_back(
+        {"recompute_refits", static_cast<double>(r->provenance.refits), "refits"});
+  } else if (request.engine_prefill) {
+    t += " (stated by the engine; the model is not learned: max_models reached)";
+  } else {
+    t += " (placement's default)";
+  }
+  t += "\n";
 }
 
 void PlacementNode::TrimPlanHistoryLocked() {
@@ -248,9 +348,9 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
   }
   if (!r.recomputes.empty()) {
     bool known = !r.model_id.empty() && cost_model_.Recompute(r.model_id).ok();
-    if (!known && !r.model_id.empty() &&
-        cost_model_.RecomputeReports().size() < options_.max_models) {
-      known = cost_model_.SetRecompute(r.model_id, options_.recompute).ok();
+    if (!known && !r.model_id.empty() && cost_model_.model_count() < options_.max_models) {
+      known =
+          cost_model_.SetRecompute(r.model_id, options_.recompute, ParameterSource::kDefault).ok();
     }
     for (const RecomputeObservation& o : r.recomputes) {
       if (!known ||
@@ -294,6 +394,16 @@ void PlacementNode::ReportPlanFinished(std::uint64_t plan_id) {
   ReportObservations(r).IgnoreError();
 }
 
+StatusOr<CalibratedCostModel::ReloadCounts> PlacementNode::ReloadCalibration(
+    const BusCalibration& calibration) {
+  KVF_ASSIGN_OR_RETURN(CalibratedCostModel::ReloadCounts counts, cost_model_.Reload(calibration));
+  spdlog::info(
+      "placement {:016x}: calibration reloaded: {} paths and {} models replaced, {} "
+      "entries kept",
+      incarnation_, counts.paths, counts.models, counts.kept);
+  return counts;
+}
+
 StatusOr<PlanExplanation> PlacementNode::Explain(std::uint64_t plan_id) const {
   MutexLock lock(&mu_);
   const PlanRecord* plan = FindPlanLocked(plan_id);
@@ -307,7 +417,7 @@ StatusOr<PlanExplanation> PlacementNode::Explain(std::uint64_t plan_id) const {
   out.plan_id = plan->plan_id;
   out.kind = plan->kind;
   out.formula = kPlanFormula;
-  out.text = plan->explanation;
+  out.text = plan->inputs.empty() ? plan->explanation : plan->inputs + plan->explanation;
   out.decided_unix_us = plan->decided_unix_us;
   out.predicted_total_us = plan->predicted_total_us;
   out.observed_total_us = plan->observed_total_us;
@@ -320,6 +430,7 @@ StatusOr<PlanExplanation> PlacementNode::Explain(std::uint64_t plan_id) const {
   t.push_back({"c0", plan->recompute.c0_us, "us"});
   t.push_back({"c1", plan->recompute.c1_us_per_token, "us/token"});
   t.push_back({"c2", plan->recompute.c2_us_per_token2, "us/token^2"});
+  t.insert(t.end(), plan->input_terms.begin(), plan->input_terms.end());
   for (const PlanAlternative& a : plan->alternatives) {
     std::string name = "t_" + std::string(PlanKindName(a.kind));
     std::replace(name.begin(), name.end(), '-', '_');

@@ -116,6 +116,18 @@ TEST_F(PlacementNodeTest, APlanLoadsItsPathsUntilFinishedOrPastItsDeadline) {
   ASSERT_TRUE(x.ok());
   ASSERT_TRUE(x->observed_total_us.has_value());
   EXPECT_DOUBLE_EQ(*x->observed_total_us, done.observed_total_us);
+  // The inputs as the plan saw them: every path with its figures, provenance
+  // and queue, and the recompute model.
+  EXPECT_NE(x->text.find("inputs (as the plan was made)"), std::string::npos) << x->text;
+  EXPECT_NE(x->text.find("nvme→host"), std::string::npos) << x->text;
+  EXPECT_NE(x->text.find("queued"), std::string::npos) << x->text;
+  EXPECT_NE(x->text.find("recompute"), std::string::npos) << x->text;
+  bool alpha = false, queued = false;
+  for (const ExplainTerm& term : x->terms) {
+    alpha = alpha || term.name.rfind("alpha:remote_host_to_local_host[", 0) == 0;
+    queued = queued || term.name.rfind("queued:", 0) == 0;
+  }
+  EXPECT_TRUE(alpha && queued);
 }
 
 TEST_F(PlacementNodeTest, AHostOnTheClientsNodeIsReadOverTheMemcpyPath) {
@@ -134,6 +146,21 @@ TEST_F(PlacementNodeTest, AHostOnTheClientsNodeIsReadOverTheMemcpyPath) {
   const double want_local = 10 + 2 + bytes / 20e9 * 1e6;  // memcpy 20 GB/s is the bottleneck
   EXPECT_NEAR(Alternative(remote.plan, PlanKind::kFetchAll), want_remote, 1e-6 * want_remote);
   EXPECT_NEAR(Alternative(local.plan, PlanKind::kFetchAll), want_local, 1e-6 * want_local);
+}
+
+TEST_F(PlacementNodeTest, ALocalHostWithItsOwnMeasuredPathIsPlannedWithIt) {
+  // The daemon on the client's node was calibrated over its real data plane
+  // (kernel TCP here: 1 GB/s, not a 20 GB/s memcpy): that is what reading it costs.
+  options_.local_memcpy = {2.0, 20e9};
+  options_.calibration.paths.push_back(
+      {BusPath::kRemoteHostToLocalHost, "a", {50.0, 1e9}, 10, 0, 0, 0, 0});
+  Start();
+  const std::uint64_t la = Register(Rec("a", 1, "gpu-node-3"));
+  Report("a", 1, la, Commits(0, 8));
+  const PlanResult local = MakePlan(8, "gpu-node-3");
+  const double bytes = 8.0 * kBlockBytes;
+  const double want = 10 + 50 + bytes / 1e9 * 1e6;
+  EXPECT_NEAR(Alternative(local.plan, PlanKind::kFetchAll), want, 1e-6 * want);
 }
 
 TEST_F(PlacementNodeTest, PlanNamesFallbackHostsThatHoldTheWholeRun) {

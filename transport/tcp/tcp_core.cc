@@ -33,6 +33,7 @@ namespace kvfabric::tcp::internal {
 // --- core ----------------------------------------------------------------
 
 Core::Core(const TcpTransportOptions& options) : options_(options) {
+  pacing_rate.store(options.max_pacing_rate_bytes_per_s);
   std::random_device rd;
   rng_.seed((std::uint64_t{rd()} << 32) ^ rd());
   while (instance_ == 0) instance_ = rng_();
@@ -123,6 +124,13 @@ void Core::ApplySocketOptions(int fd) const {
     const int b = options_.receive_buffer_bytes;
     (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof(b));
   }
+}
+
+void Core::ApplyPacingRate(int fd) const {
+  // The kernel takes 64 bits since Linux 4.20; ~0 is "no cap".
+  const std::uint64_t rate = pacing_rate.load();
+  const std::uint64_t value = rate == 0 ? ~std::uint64_t{0} : rate;
+  (void)::setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &value, sizeof(value));
 }
 
 void Core::ApplySendBuffer(int fd) const {
@@ -267,6 +275,10 @@ void Worker::FailConnsPinning(const RegionState* region) {
   for (auto& c : hit) c->Fail(s, s);
 }
 
+void Worker::ApplyPacingRate() {
+  for (auto& [raw, c] : conns_) core_->ApplyPacingRate(c->fd());
+}
+
 void Worker::RefreshInterest() {
   std::vector<std::shared_ptr<Conn>> all;
   for (auto& [raw, c] : conns_) all.push_back(c);
@@ -294,6 +306,7 @@ void Worker::AcceptAll() {
     if (fd < 0) return;  // EAGAIN, or a connection that went away meanwhile
     core_->ApplySocketOptions(fd);
     core_->ApplySendBuffer(fd);
+    if (core_->pacing_rate.load() != 0) core_->ApplyPacingRate(fd);
     std::shared_ptr<Worker> w = core_->NextWorker();
     auto conn = std::make_shared<Conn>(fd, w, FormatSocketAddress(sa), /*accepted=*/true, 0);
     auto start = [conn] {

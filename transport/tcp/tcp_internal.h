@@ -180,6 +180,11 @@ class Core {
   // The send buffer (TcpTransportOptions::send_buffer_bytes), once `fd` is
   // connected and its peer's address known.
   void ApplySendBuffer(int fd) const;
+  // SO_MAX_PACING_RATE = pacing_rate (no cap at 0).
+  void ApplyPacingRate(int fd) const;
+
+  // The cap in force (TcpTransport::SetMaxPacingRate), bytes per second.
+  std::atomic<std::uint64_t> pacing_rate{0};
 
   transport::MessageHandler handler;                    // set before Listen/Connect
   transport::AcceptHandler on_accept;                   // set by Listen
@@ -221,6 +226,8 @@ class Worker : public std::enable_shared_from_this<Worker> {
   void WatchListener(int fd);
   void FailAll(const Status& status);
   void FailConnsPinning(const RegionState* region);
+  // Core::ApplyPacingRate on every connection.
+  void ApplyPacingRate();
   void RefreshInterest();
   Core* core() const { return core_; }
 

@@ -101,6 +101,11 @@ Status TcpTransportOptions::Validate() const {
     return Status::InvalidArgument("TCP send buffer of " + std::to_string(send_buffer_bytes) +
                                    " bytes: must be auto, kernel or 4 KiB..64 MiB");
   }
+  if (max_pacing_rate_bytes_per_s > kMaxPacingRate) {
+    return Status::InvalidArgument("TCP max pacing rate of " +
+                                   std::to_string(max_pacing_rate_bytes_per_s) +
+                                   " bytes/s: must be 0 (no cap) .. 2^40");
+  }
   if (receive_buffer_bytes != 0 &&
       (receive_buffer_bytes < kMinSocketBuffer || receive_buffer_bytes > kMaxSocketBuffer)) {
     return Status::InvalidArgument("TCP receive buffer of " + std::to_string(receive_buffer_bytes) +
@@ -269,6 +274,7 @@ StatusOr<std::unique_ptr<Endpoint>> TcpTransport::Connect(const std::string& add
     if (err != 0) return fail(Status::Unavailable(StatusFromErrno(err, what).message()));
   }
   core_->ApplySendBuffer(fd);
+  if (core_->pacing_rate.load() != 0) core_->ApplyPacingRate(fd);
   const auto hello = wire::EncodeHello(core_->instance());
   std::size_t sent = 0;
   while (sent < hello.size()) {
@@ -317,6 +323,18 @@ StatusOr<std::unique_ptr<Endpoint>> TcpTransport::Connect(const std::string& add
     return Status::Unavailable("the TCP transport is shutting down");
   }
   return ep;
+}
+
+Status TcpTransport::SetMaxPacingRate(std::uint64_t bytes_per_s) {
+  if (bytes_per_s > kMaxPacingRate) {
+    return Status::InvalidArgument("TCP max pacing rate of " + std::to_string(bytes_per_s) +
+                                   " bytes/s: must be 0 (no cap) .. 2^40");
+  }
+  core_->pacing_rate.store(bytes_per_s);
+  for (const auto& w : core_->workers) {
+    w->RunAndWait([w = w.get()] { w->ApplyPacingRate(); });
+  }
+  return Status::OK();
 }
 
 void TcpTransport::TEST_StallPeerWork(bool stalled) {

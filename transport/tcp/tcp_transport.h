@@ -86,6 +86,9 @@ int SendBufferFor(int send_buffer_bytes, bool peer_on_this_host);
 // address. False when `fd` is not connected.
 bool PeerOnThisHost(int fd);
 
+// Largest SO_MAX_PACING_RATE a TcpTransport sets (1 TB/s).
+inline constexpr std::uint64_t kMaxPacingRate = std::uint64_t{1} << 40;
+
 struct TcpTransportOptions {
   // Progress threads (1..kMaxTcpWorkers). A daemon serving several clients
   // gives each core one (kvfabric-cached --data-workers).
@@ -110,6 +113,11 @@ struct TcpTransportOptions {
   // An accepted connection must send its hello within this time, or it is
   // closed: idle sockets from strangers do not pile up (1 ms..1 h).
   std::chrono::milliseconds handshake_timeout{10'000};
+  // SO_MAX_PACING_RATE of every connection, in bytes per second: the kernel
+  // paces each connection's sends to at most this rate (a link slower than
+  // the wire, for benchmarks and fault tests, as `tc tbf` would make it
+  // without root). 0 (the default): no cap. At most 2^40 (1 TB/s).
+  std::uint64_t max_pacing_rate_bytes_per_s = 0;
 
   // InvalidArgument naming the field when out of range.
   Status Validate() const;
@@ -142,6 +150,10 @@ class TcpTransport final : public transport::Transport {
   StatusOr<std::unique_ptr<transport::Endpoint>> Connect(const std::string& address,
                                                          transport::PeerFailureMode mode,
                                                          transport::Deadline deadline) override;
+
+  // Changes max_pacing_rate_bytes_per_s for every connection now open and
+  // every later one (0 lifts the cap). InvalidArgument above 2^40.
+  Status SetMaxPacingRate(std::uint64_t bytes_per_s);
 
   // Test hook. While stalled, the workers read nothing from established
   // connections, so work peers aimed at this transport stays in flight

@@ -263,6 +263,22 @@ TEST(TcpTransportTest, AutoSendBuffersAreSetOnBothEndsOfALoopbackConnection) {
   }
 }
 
+TEST(TcpTransportTest, APacingCapIsCheckedAndAppliesToOpenConnections) {
+  TcpTransportOptions o;
+  o.max_pacing_rate_bytes_per_s = kMaxPacingRate + 1;
+  EXPECT_TRUE(o.Validate().IsInvalidArgument());
+  o.max_pacing_rate_bytes_per_s = 50'000'000;
+  Server server(o);
+  auto client = NewTransport(1);
+  StatusOr<std::unique_ptr<Endpoint>> ep = client->Connect(
+      server.t->listen_address(), transport::PeerFailureMode::kFailInFlight, Soon());
+  ASSERT_TRUE(ep.ok()) << ep.status();
+  ASSERT_NE(server.WaitAccepted(1), nullptr);
+  EXPECT_TRUE(server.t->SetMaxPacingRate(kMaxPacingRate + 1).IsInvalidArgument());
+  EXPECT_TRUE(server.t->SetMaxPacingRate(10'000'000).ok());
+  EXPECT_TRUE(server.t->SetMaxPacingRate(0).ok());  // lifted
+}
+
 TEST(TcpTransportTest, AGuessedGrantReadsNothingAndABrokenFrameFailsOnlyItsConnection) {
   Server server;
   std::unique_ptr<MemoryRegion> secret = *server.t->AllocateMemory(4096, MemoryKind::kHost);

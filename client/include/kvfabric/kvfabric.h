@@ -193,7 +193,10 @@ typedef struct kvf_recompute_request {
 
 /* The engine's prefill: writes every layer of the request's blocks into `out`
  * (out_bytes bytes: block payloads back to back, laid out as
- * docs/block-format.md says; block first_block at out[0]). `out` belongs to
+ * docs/block-format.md says; block first_block at out[0]). It is called only
+ * once every block before first_block is in the context's history (fetched,
+ * or recomputed by an earlier call), as a prefill after a cached prefix
+ * needs; kvf_block_payload reads them from inside the call. `out` belongs to
  * the library and is valid during the call only. Called on a loader thread,
  * possibly several at once for different contexts; may block. Return KVF_OK,
  * or a code that fails the load (there is no further fallback). */
@@ -297,6 +300,16 @@ typedef struct kvf_options {
    * [--client-max-context-tokens]: kvf_client_open refuses a history pool
    * that cannot hold one. 0 (default): not stated (one block must fit). */
   uint64_t max_context_tokens;
+
+  /* What the engine's prefill costs, if it knows (ClientOptions::prefill):
+   * prefill_c0_us + prefill_c1_us * n + prefill_c2_us * n * (p + n / 2)
+   * microseconds for n tokens after p. Sent with every plan request;
+   * placement plans with it until a calibration file or its online fit of
+   * the model (from the recompute times this client measures) says
+   * otherwise. All three 0 (default): not stated. Each finite and >= 0. */
+  double prefill_c0_us;
+  double prefill_c1_us;
+  double prefill_c2_us;
 } kvf_options;
 
 /* Fills *options with the defaults above (required fields zero or NULL) and

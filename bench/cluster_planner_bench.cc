@@ -1,0 +1,501 @@
+// cluster_planner_bench: kvfabric's fetch-or-recompute plans judged by what they cost on a real
+// embedded cluster, against always-fetch, always-recompute and an oracle, through a slowdown.
+//
+// Setup (one process): two cache-host daemons (bench-a, bench-b) on loopback with the kernel
+// TCP data plane, small host pools and NVMe tiers under --work-dir (blocks spill to NVMe, so
+// histories mix tiers), `kvfabric calibrate`'s probes against them, placement with that
+// calibration, the real client, and the synthetic transformer of client/synthetic_transformer.h
+// as the engine (real prefill compute, probed and stated to placement at Open).
+//
+// Trace: --documents histories of mixed lengths (--min-tokens .. --max-tokens) are prefilled
+// and written back once (warm-up). Then two phases of --requests requests each, served by
+// --concurrency threads at once: a request is a prefix of a random document (at least a quarter
+// of it). Between the phases bench-a's data-plane sends are capped at --slow-rate bytes/s
+// (SO_MAX_PACING_RATE on its TCP connections): fetching from it turns slow.
+//
+// Each request runs, back to back on its thread and in a rotating order, under:
+//   kvfabric          Match (placement's plan) then Load
+//   always-fetch      every cached block fetched from its first replica (the planner's own
+//                     replica order), the rest recomputed
+//   always-recompute  every block prefilled
+// and each one's load time (Load to the last block landed, ContextReport::load_us) is recorded.
+// Oracle = per request, the fastest of the three measured times: a policy that knew after the
+// fact which would win. Nothing is written back during the phases (the warm-up cached
+// everything), so each policy sees the same cluster.
+//
+// Prints per phase: total load time per policy and kvfabric / oracle, kvfabric against each
+// fixed policy, plan kinds, blocks kvfabric fetched from bench-a; and N: the transfers placement
+// observed on bench-a's path after the cap before its model followed (fitted bandwidth within 2x
+// of the cap). Not a test (no assertions).
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/calibrate_command.h"
+#include "client/kvfabric_client.h"
+#include "client/synthetic_model.h"
+#include "client/synthetic_transformer.h"
+#include "core/bus_cost_model.h"
+#include "core/recompute_probe.h"
+#include "core/units.h"
+#include "gpu/device.h"
+#include "server/embedded_cluster.h"
+#include "server/placement/placement_node.h"
+
+namespace kvfabric {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+struct Args {
+  std::uint32_t layers = 8;
+  std::uint32_t documents = 8;
+  std::uint32_t min_tokens = 512;
+  std::uint32_t max_tokens = 4096;
+  std::uint32_t requests = 32;  // per phase
+  std::uint32_t concurrency = 2;
+  std::uint64_t slow_rate = 40'000'000;
+  std::uint64_t host_pool_bytes = std::uint64_t{96} << 20;
+  std::string work_dir = "/tmp";
+  std::uint64_t seed = 1;
+};
+
+enum Policy { kKvfabric = 0, kAlwaysFetch = 1, kAlwaysRecompute = 2, kPolicies = 3 };
+const char* const kPolicyNames[] = {"kvfabric", "always-fetch", "always-recompute"};
+
+struct Outcome {
+  double us[kPolicies] = {0, 0, 0};
+  std::string kind;
+  std::uint32_t blocks = 0;
+  std::uint32_t fetched_from_a = 0;
+  double predicted_us = 0;
+  std::string explanation;
+};
+
+class Bench {
+ public:
+  explicit Bench(const Args& a) : a_(a) {}
+  ~Bench() {
+    client_.reset();
+    device_.reset();
+    cluster_.reset();
+    if (!dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir_, ec);
+    }
+  }
+  Status Run();
+
+ private:
+  Status Start();
+  Status Prefill(const client::RecomputeRequest& r, std::span<std::byte> out);
+  StatusOr<double> Execute(Policy policy, std::uint32_t doc, std::uint32_t blocks,
+                           Outcome* outcome);
+  StatusOr<client::MatchResult> FixedPlan(Policy policy, std::span<const BlockKey> chain);
+  Status Phase(const char* name, std::vector<Outcome>* out);
+  void Report(const char* name, const std::vector<Outcome>& o) const;
+  double FittedBetaOfA() const;
+  std::uint64_t ObservationsOfA() const;
+
+  const Args a_;
+  ModelFingerprint model_;
+  std::uint64_t block_bytes_ = 0;
+  std::string dir_;
+  std::unique_ptr<server::EmbeddedCluster> cluster_;
+  std::unique_ptr<gpu::Device> device_;
+  std::unique_ptr<client::Client> client_;
+  std::unique_ptr<client::SyntheticTransformer> engine_;
+  std::vector<std::vector<std::uint32_t>> tokens_;
+  std::vector<std::vector<BlockKey>> keys_;
+  std::mutex mu_;
+  std::map<client::ContextId, std::uint32_t> doc_of_;
+  std::mt19937_64 rng_;
+};
+
+Status Bench::Start() {
+  model_.model_id = "kvfabric-bench/synthetic-" + std::to_string(a_.layers) + "L";
+  model_.layer_count = a_.layers;
+  model_.kv_heads = 8;
+  model_.head_dim = 128;
+  model_.tokens_per_block = 16;
+  model_.dtype = KvDtype::kFp16;
+  KVF_ASSIGN_OR_RETURN(block_bytes_, model_.BlockBytes());
+  std::string tmpl = a_.work_dir + "/kvfabric-cluster-bench-XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    return Status::FailedPrecondition("cannot make a folder under " + a_.work_dir);
+  }
+  dir_ = tmpl;
+  server::EmbeddedClusterOptions co;
+  for (const char* name : {"bench-a", "bench-b"}) {
+    server::EmbeddedDaemonOptions d;
+    d.host_id = name;
+    d.host_pool_bytes = a_.host_pool_bytes;
+    d.host_page_bytes = block_bytes_;
+    d.nvme_dir = dir_ + "/" + name;
+    d.nvme_capacity_bytes = std::uint64_t{2} << 30;
+    d.nvme_segment_bytes = std::uint64_t{64} << 20;
+    d.model = model_;
+    d.history_tokens = a_.max_tokens;
+    d.data_transport = "tcp";
+    co.daemons.push_back(std::move(d));
+  }
+  co.membership_ttl = std::chrono::seconds(10);
+  KVF_ASSIGN_OR_RETURN(cluster_, server::EmbeddedCluster::StartDaemons(co));
+
+  std::vector<std::string> grpc, admin;
+  for (const auto& d : cluster_->daemons()) {
+    grpc.push_back(d.grpc_address);
+    admin.push_back(d.admin_address);
+  }
+  const cli::CalibrateArgs ca =
+      cli::EmbeddedClusterCalibrateArgs(grpc, admin, dir_, std::uint64_t{16} << 20, "tcp");
+  cli::CalibrateContext cc;
+  KVF_ASSIGN_OR_RETURN(cli::CalibrationReport report, cli::RunCalibrate(ca, cc));
+  std::printf("calibration (probes 256 KiB .. 16 MiB):\n");
+  for (const PathCalibration& p : report.calibration.paths) {
+    std::fputs(cli::FormatPathCalibrationLine(p).c_str(), stdout);
+  }
+  KVF_RETURN_IF_ERROR(cluster_->StartPlacement(report.calibration));
+
+  client::SyntheticTransformerOptions eo;
+  eo.model = model_;
+  eo.depth = 1;
+  eo.max_context_tokens = a_.max_tokens;
+  eo.concurrency = a_.concurrency + 1;
+  eo.weight_seed = a_.seed;
+  KVF_ASSIGN_OR_RETURN(engine_, client::SyntheticTransformer::Create(eo));
+  std::printf("%s\n", engine_->Describe().c_str());
+
+  // The engine's prefill, probed on a scratch history, stated at Open.
+  const std::uint64_t tpb = model_.tokens_per_block;
+  RecomputeProbeOptions po;
+  std::uint64_t max_n = 0, max_p = 0;
+  for (const RecomputeShape& s : DefaultRecomputeShapes()) {
+    if (s.tokens + s.prefix_tokens > a_.max_tokens) continue;
+    po.shapes.push_back(s);
+    max_n = std::max(max_n, s.tokens);
+    max_p = std::max(max_p, s.prefix_tokens);
+  }
+  po.repeats = 2;
+  KVF_ASSIGN_OR_RETURN(std::unique_ptr<client::SyntheticPrefillProbe> harness,
+                       client::SyntheticPrefillProbe::Create(engine_.get(), max_n, max_p));
+  auto probe = [&](std::uint64_t n, std::uint64_t p) { return harness->Run(n, p); };
+  KVF_ASSIGN_OR_RETURN(const RecomputeProbeReport pr, ProbeRecompute(probe, po));
+  std::printf(
+      "prefill probe: t = %.0f us + %.1f us * n + %.4f us * n * (p + n/2), worst "
+      "out-of-sample %.1f%%, noise floor %.1f%%\n",
+      pr.parameters.c0_us, pr.parameters.c1_us_per_token, pr.parameters.c2_us_per_token2,
+      100 * pr.worst_abs_error, 100 * pr.noise_floor_ratio);
+
+  gpu::DeviceOptions dopts;
+  dopts.arena_bytes = std::uint64_t{16} << 20;
+  KVF_ASSIGN_OR_RETURN(device_, gpu::CreateCpuDevice(dopts));
+  client::ClientOptions o;
+  o.placement_address = cluster_->placement_address();
+  o.model = model_;
+  o.device = device_.get();
+  o.num_q_heads = 8;
+  o.data_transport = "tcp";
+  o.staging_bytes = std::uint64_t{64} << 20;
+  o.history_pool_bytes = (a_.concurrency + 1) * (a_.max_tokens / tpb) * block_bytes_;
+  o.max_context_tokens = a_.max_tokens;
+  o.recompute = [this](const client::RecomputeRequest& r, std::span<std::byte> out) {
+    return Prefill(r, out);
+  };
+  o.prefill = pr.parameters;
+  KVF_ASSIGN_OR_RETURN(client_, client::Client::Open(std::move(o)));
+  return Status::OK();
+}
+
+Status Bench::Prefill(const client::RecomputeRequest& r, std::span<std::byte> out) {
+  std::uint32_t doc = 0;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    doc = doc_of_.at(r.context);
+  }
+  const std::vector<BlockKey>& keys = keys_[doc];
+  thread_local std::vector<std::uint64_t> seeds;
+  seeds.clear();
+  for (std::uint32_t i = 0; i < r.block_count; ++i) {
+    seeds.push_back(client::SeedFromKey(keys[r.first_block + i], a_.seed));
+  }
+  return engine_
+      ->Prefill(r.prefix, r.first_block, std::span(tokens_[doc]).subspan(r.first_token, r.tokens),
+                seeds, out)
+      .status();
+}
+
+StatusOr<client::MatchResult> Bench::FixedPlan(Policy policy, std::span<const BlockKey> chain) {
+  client::MatchResult m;
+  m.chain.assign(chain.begin(), chain.end());
+  const auto n = static_cast<std::uint32_t>(chain.size());
+  std::uint32_t first_recompute = 0;
+  if (policy == kAlwaysFetch) {
+    m.kind = "fetch_all";
+    KVF_ASSIGN_OR_RETURN(placement::ChainLocations loc,
+                         cluster_->placement_node()->Locate("", chain));
+    for (const placement::MemberRecord& h : loc.hosts) {
+      m.hosts.push_back({h.host_id, h.grpc_address, h.transport_address});
+    }
+    for (std::uint32_t b = 0; b < loc.cached_prefix_blocks; ++b) {
+      const placement::LocatedReplica& r = loc.blocks[b].front();
+      const std::string tier = r.tier == Tier::kNvme ? "nvme" : "host";
+      if (!m.runs.empty() && m.runs.back().fetch && m.runs.back().host == r.host_index &&
+          m.runs.back().tier == tier) {
+        ++m.runs.back().block_count;
+        continue;
+      }
+      client::MatchResult::Run run;
+      run.first_block = b;
+      run.block_count = 1;
+      run.fetch = true;
+      run.host = r.host_index;
+      run.tier = tier;
+      m.runs.push_back(run);
+    }
+    first_recompute = loc.cached_prefix_blocks;
+    m.cached_prefix_blocks = loc.cached_prefix_blocks;
+  } else {
+    m.kind = "recompute_all";
+  }
+  if (first_recompute < n) {
+    client::MatchResult::Run run;
+    run.first_block = first_recompute;
+    run.block_count = n - first_recompute;
+    m.runs.push_back(run);
+  }
+  return m;
+}
+
+StatusOr<double> Bench::Execute(Policy policy, std::uint32_t doc, std::uint32_t blocks,
+                                Outcome* outcome) {
+  const std::span<const BlockKey> chain(keys_[doc].data(), blocks);
+  client::MatchResult match;
+  if (policy == kKvfabric) {
+    KVF_ASSIGN_OR_RETURN(match, client_->Match(chain, 0, /*explain=*/true));
+  } else {
+    KVF_ASSIGN_OR_RETURN(match, FixedPlan(policy, chain));
+  }
+  KVF_ASSIGN_OR_RETURN(const client::ContextId ctx,
+                       client_->NewContext(std::uint64_t{blocks} * model_.tokens_per_block));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    doc_of_[ctx] = doc;
+  }
+  Status s = client_->Load(match, ctx);
+  for (std::uint32_t l = 0; s.ok() && l < a_.layers; ++l) s = client_->WaitLayer(ctx, l);
+  StatusOr<client::ContextReport> report = client_->Finish(ctx);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    doc_of_.erase(ctx);
+  }
+  KVF_RETURN_IF_ERROR(s);
+  if (!report.ok()) return report.status();
+  if (policy == kKvfabric) {
+    outcome->kind = report->kind;
+    outcome->predicted_us = report->predicted_us;
+    outcome->explanation = match.explanation;
+    for (const client::RunOutcome& r : report->runs) {
+      if (r.fetch && r.host_id == "bench-a") outcome->fetched_from_a += r.block_count;
+    }
+  }
+  return report->load_us;
+}
+
+Status Bench::Phase(const char* name, std::vector<Outcome>* out) {
+  out->assign(a_.requests, Outcome{});
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> reqs;  // (doc, blocks)
+  for (std::uint32_t i = 0; i < a_.requests; ++i) {
+    const auto doc = static_cast<std::uint32_t>(rng_() % keys_.size());
+    const auto all = static_cast<std::uint32_t>(keys_[doc].size());
+    const std::uint32_t lo = std::max<std::uint32_t>(1, all / 4);
+    reqs.emplace_back(doc, lo + static_cast<std::uint32_t>(rng_() % (all - lo + 1)));
+  }
+  std::atomic<std::uint32_t> next{0};
+  Status first_error;
+  std::mutex error_mu;
+  std::vector<std::thread> threads;
+  for (std::uint32_t t = 0; t < a_.concurrency; ++t) {
+    threads.emplace_back([&] {
+      for (std::uint32_t i; (i = next.fetch_add(1)) < reqs.size();) {
+        Outcome& o = (*out)[i];
+        o.blocks = reqs[i].second;
+        for (int k = 0; k < kPolicies; ++k) {
+          const auto p = static_cast<Policy>((i + static_cast<std::uint32_t>(k)) % kPolicies);
+          StatusOr<double> us = Execute(p, reqs[i].first, reqs[i].second, &o);
+          if (!us.ok()) {
+            std::lock_guard<std::mutex> l(error_mu);
+            if (first_error.ok()) first_error = us.status().WithContext(kPolicyNames[p]);
+            return;
+          }
+          o.us[p] = *us;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  KVF_RETURN_IF_ERROR(first_error);
+  Report(name, *out);
+  return Status::OK();
+}
+
+double Bench::FittedBetaOfA() const {
+  auto p = cluster_->placement_node()->Snapshot().paths;
+  for (const auto& r : p) {
+    if (r.path == BusPath::kRemoteHostToLocalHost && r.host_id == "bench-a") {
+      return r.parameters.beta_bytes_per_s;
+    }
+  }
+  return 0;
+}
+
+std::uint64_t Bench::ObservationsOfA() const {
+  for (const auto& r : cluster_->placement_node()->Snapshot().paths) {
+    if (r.path == BusPath::kRemoteHostToLocalHost && r.host_id == "bench-a") return r.error.count;
+  }
+  return 0;
+}
+
+void Bench::Report(const char* name, const std::vector<Outcome>& o) const {
+  double total[kPolicies] = {0, 0, 0}, oracle = 0;
+  std::map<std::string, int> kinds;
+  std::uint64_t blocks = 0, from_a = 0, within = 0;
+  for (const Outcome& x : o) {
+    for (int p = 0; p < kPolicies; ++p) total[p] += x.us[p];
+    oracle += *std::min_element(std::begin(x.us), std::end(x.us));
+    ++kinds[x.kind];
+    blocks += x.blocks;
+    from_a += x.fetched_from_a;
+    const double r = x.predicted_us > 0 ? x.us[kKvfabric] / x.predicted_us : 0;
+    if (r >= 0.85 && r <= 1.15) ++within;
+  }
+  std::printf("\n%s: %zu requests, %llu blocks\n", name, o.size(),
+              static_cast<unsigned long long>(blocks));
+  std::printf("  %-18s %12s %14s\n", "policy", "load s", "vs oracle");
+  for (int p = 0; p < kPolicies; ++p) {
+    std::printf("  %-18s %12.2f %13.2fx\n", kPolicyNames[p], total[p] / 1e6, total[p] / oracle);
+  }
+  std::printf("  %-18s %12.2f %13.2fx\n", "oracle", oracle / 1e6, 1.0);
+  std::printf(
+      "  kvfabric / always-fetch %.2fx, / always-recompute %.2fx; measured/predicted "
+      "within 0.85-1.15 for %llu of %zu\n",
+      total[kKvfabric] / total[kAlwaysFetch], total[kKvfabric] / total[kAlwaysRecompute],
+      static_cast<unsigned long long>(within), o.size());
+  if (!o.empty()) {
+    std::printf("  the last kvfabric plan (measured %.1f ms, predicted %.1f ms):\n%s\n",
+                o.back().us[kKvfabric] / 1e3, o.back().predicted_us / 1e3,
+                o.back().explanation.c_str());
+  }
+  std::printf("  kvfabric plans:");
+  for (const auto& [k, n] : kinds) std::printf(" %s %d", k.c_str(), n);
+  std::printf("; blocks fetched from bench-a: %llu (%.0f%%)\n",
+              static_cast<unsigned long long>(from_a), blocks ? 100.0 * from_a / blocks : 0.0);
+}
+
+Status Bench::Run() {
+  if (a_.min_tokens < 16 || a_.max_tokens < a_.min_tokens || a_.documents == 0 ||
+      a_.requests == 0 || a_.concurrency == 0) {
+    return Status::InvalidArgument(
+        "need 16 <= --min-tokens <= --max-tokens, --documents, "
+        "--requests and --concurrency >= 1");
+  }
+  KVF_RETURN_IF_ERROR(Start());
+  rng_.seed(a_.seed);
+  std::printf("seed %llu\n", static_cast<unsigned long long>(a_.seed));
+  // Documents, prefilled and written back once.
+  const auto start = Clock::now();
+  for (std::uint32_t d = 0; d < a_.documents; ++d) {
+    const std::uint32_t span = (a_.max_tokens - a_.min_tokens) / 16;
+    const std::uint32_t tokens = a_.min_tokens + 16 * (span == 0 ? 0 : rng_() % (span + 1));
+    std::vector<std::uint32_t> t(tokens);
+    for (auto& x : t) x = static_cast<std::uint32_t>(rng_() % 128000);
+    KVF_ASSIGN_OR_RETURN(std::vector<BlockKey> keys, client_->KeyTokens(t));
+    tokens_.push_back(std::move(t));
+    keys_.push_back(std::move(keys));
+    KVF_ASSIGN_OR_RETURN(const client::MatchResult m, FixedPlan(kAlwaysRecompute, keys_.back()));
+    KVF_ASSIGN_OR_RETURN(const client::ContextId ctx, client_->NewContext(tokens));
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      doc_of_[ctx] = d;
+    }
+    KVF_RETURN_IF_ERROR(client_->Load(m, ctx));
+    for (std::uint32_t l = 0; l < a_.layers; ++l) {
+      KVF_RETURN_IF_ERROR(client_->WaitLayer(ctx, l));
+      KVF_RETURN_IF_ERROR(client_->Save(ctx, l, 0, keys_.back()));
+    }
+    KVF_RETURN_IF_ERROR(client_->Finish(ctx).status());
+  }
+  std::printf("warm-up: %u documents of %u..%u tokens prefilled and written back in %.1f s\n",
+              a_.documents, a_.min_tokens, a_.max_tokens, Seconds(Clock::now() - start));
+
+  std::vector<Outcome> before, after;
+  KVF_RETURN_IF_ERROR(Phase("phase 1 (both daemons at full speed)", &before));
+  const std::uint64_t obs_at_cap = ObservationsOfA();
+  KVF_RETURN_IF_ERROR(cluster_->SetDaemonSendRate(0, a_.slow_rate));
+  std::printf("\nbench-a's sends capped at %s/s (fitted remote->local beta of bench-a: %s)\n",
+              FormatBytes(a_.slow_rate).c_str(), FormatRate(FittedBetaOfA()).c_str());
+  // Adaptation: transfers observed on bench-a's path until its fitted bandwidth is within 2x of
+  // the cap, watched while phase 2 runs.
+  std::atomic<bool> done{false};
+  std::atomic<std::uint64_t> adapted_after{0};
+  std::thread watch([&] {
+    while (!done.load()) {
+      const double beta = FittedBetaOfA();
+      if (beta > 0 && beta <= 2.0 * static_cast<double>(a_.slow_rate) && adapted_after == 0) {
+        adapted_after = ObservationsOfA() - obs_at_cap;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  Status s = Phase("phase 2 (bench-a slowed)", &after);
+  done = true;
+  watch.join();
+  KVF_RETURN_IF_ERROR(s);
+  std::printf(
+      "\nN = %llu transfers on bench-a's path after the cap before placement's model "
+      "followed (fitted beta %s, cap %s/s)\n",
+      static_cast<unsigned long long>(adapted_after.load()), FormatRate(FittedBetaOfA()).c_str(),
+      FormatBytes(a_.slow_rate).c_str());
+  return Status::OK();
+}
+
+}  // namespace
+}  // namespace kvfabric
+
+int main(int argc, char** argv) {
+  kvfabric::Args a;
+  CLI::App app{"cluster_planner_bench: plans judged by what they cost on an embedded cluster"};
+  app.add_option("--layers", a.layers, "model layers (default 8; blocks of 512 KiB)");
+  app.add_option("--documents", a.documents, "histories cached at warm-up (default 8)");
+  app.add_option("--min-tokens", a.min_tokens, "shortest history (default 512)");
+  app.add_option("--max-tokens", a.max_tokens, "longest history (default 4096)");
+  app.add_option("--requests", a.requests, "requests per phase (default 32)");
+  app.add_option("--concurrency", a.concurrency, "contexts loading at once (default 2)");
+  app.add_option("--slow-rate", a.slow_rate, "bench-a's send cap in phase 2, bytes/s (40e6)");
+  app.add_option("--host-pool-bytes", a.host_pool_bytes, "host pool per daemon (96 MiB)");
+  app.add_option("--work-dir", a.work_dir, "where the NVMe tiers go (/tmp)");
+  app.add_option("--seed", a.seed, "trace seed (default 1)");
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::warn);
+  kvfabric::Bench bench(a);
+  const kvfabric::Status s = bench.Run();
+  if (!s.ok()) {
+    std::fprintf(stderr, "cluster_planner_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

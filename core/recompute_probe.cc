@@ -1,0 +1,114 @@
+#include "core/recompute_probe.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/bus_probe.h"
+#include "core/cost_fit.h"
+
+namespace kvfabric {
+
+std::vector<RecomputeShape> DefaultRecomputeShapes() {
+  std::vector<RecomputeShape> shapes;
+  for (const RecomputeSample& s : RecomputeReferenceShapes()) {
+    shapes.push_back({s.tokens, s.prefix_tokens});
+  }
+  return shapes;
+}
+
+StatusOr<RecomputeProbeReport> ProbeRecompute(const PrefillProbe& probe,
+                                              const RecomputeProbeOptions& options) {
+  const std::vector<RecomputeShape> shapes =
+      options.shapes.empty() ? DefaultRecomputeShapes() : options.shapes;
+  if (options.repeats < 1 || options.repeats > 100) {
+    return Status::InvalidArgument("recompute probe: repeats " + std::to_string(options.repeats) +
+                                   " must be in [1, 100]");
+  }
+  size_t largest = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    if (shapes[i].tokens == 0) {
+      return Status::InvalidArgument("recompute probe: shape " + std::to_string(i) +
+                                     " has 0 tokens");
+    }
+    const auto cost = [](const RecomputeShape& s) {
+      return static_cast<double>(s.tokens) * static_cast<double>(s.prefix_tokens + s.tokens);
+    };
+    if (cost(shapes[i]) > cost(shapes[largest])) largest = i;
+  }
+  auto call = [&](const RecomputeShape& s) -> StatusOr<double> {
+    StatusOr<double> us = probe(s.tokens, s.prefix_tokens);
+    if (!us.ok()) {
+      return us.status().WithContext("recompute probe n=" + std::to_string(s.tokens) +
+                                     " p=" + std::to_string(s.prefix_tokens));
+    }
+    if (!std::isfinite(*us) || !(*us > 0)) {
+      return Status::Internal("recompute probe n=" + std::to_string(s.tokens) +
+                              ": the probe returned a time that is not finite and > 0");
+    }
+    return us;
+  };
+  KVF_RETURN_IF_ERROR(call(shapes[largest]).status());  // warm-up: pages, caches, BLAS threads
+  std::vector<std::vector<double>> a(shapes.size()), b(shapes.size());
+  for (int r = 0; r < options.repeats; ++r) {
+    for (size_t k = 0; k < shapes.size(); ++k) {
+      const size_t i = (k + static_cast<size_t>(r)) % shapes.size();
+      for (int side = 0; side < 2; ++side) {
+        const bool run_a = (side == 0) == (r % 2 == 0);
+        KVF_ASSIGN_OR_RETURN(const double us, call(shapes[i]));
+        (run_a ? a : b)[i].push_back(us);
+      }
+    }
+  }
+  std::vector<RecomputeSample> medians_a, both;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    medians_a.push_back({shapes[i].tokens, shapes[i].prefix_tokens, MedianOf(a[i])});
+  }
+  RecomputeProbeReport report;
+  StatusOr<RecomputeParameters> fit_a = FitRecomputeParameters(medians_a);
+  if (!fit_a.ok()) return fit_a.status().WithContext("recompute probe: fit on run A");
+  report.run_a = *fit_a;
+  std::vector<double> errors;
+  std::vector<std::vector<double>> groups;
+  both = medians_a;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    ShapeError e;
+    e.shape = shapes[i];
+    e.observed_us = MedianOf(b[i]);
+    e.predicted_us = RecomputeMicros(report.run_a, static_cast<double>(shapes[i].tokens),
+                                     static_cast<double>(shapes[i].prefix_tokens));
+    e.error = e.observed_us / e.predicted_us - 1;
+    errors.push_back(std::fabs(e.error));
+    report.run_b.push_back(e);
+    both.push_back({shapes[i].tokens, shapes[i].prefix_tokens, e.observed_us});
+    std::vector<double> g = a[i];
+    g.insert(g.end(), b[i].begin(), b[i].end());
+    groups.push_back(std::move(g));
+    if (options.progress) {
+      options.progress("prefill n=" + std::to_string(shapes[i].tokens) +
+                       " p=" + std::to_string(shapes[i].prefix_tokens) + ": run A median " +
+                       FormatMicros(MedianOf(a[i])) + ", run B " + FormatMicros(e.observed_us));
+    }
+  }
+  report.median_abs_error = MedianOf(errors);
+  report.worst_abs_error = *std::max_element(errors.begin(), errors.end());
+  report.noise_floor_ratio = NoiseFloorRatio(groups);
+  StatusOr<RecomputeParameters> final_fit = FitRecomputeParameters(both);
+  if (!final_fit.ok()) return final_fit.status().WithContext("recompute probe: fit on runs A+B");
+  report.parameters = *final_fit;
+  report.samples = 2 * shapes.size() * static_cast<uint64_t>(options.repeats);
+  return report;
+}
+
+RecomputeCalibration ToRecomputeCalibration(std::string model_id,
+                                            const RecomputeProbeReport& report) {
+  RecomputeCalibration c;
+  c.model_id = std::move(model_id);
+  c.parameters = report.parameters;
+  c.samples = report.samples;
+  c.median_error_ratio = report.median_abs_error;
+  c.worst_error_ratio = report.worst_abs_error;
+  c.noise_floor_ratio = report.noise_floor_ratio;
+  return c;
+}
+
+}  // namespace kvfabric

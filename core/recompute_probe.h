@@ -1,0 +1,84 @@
+// Measuring an engine's prefill and fitting the recompute model
+//   t_recompute(n, p) = c0 + c1 n + c2 n (p + n/2)        (core/bus_cost_model.h)
+// judged out of sample, the way core/bus_probe.h judges a bus path.
+//
+// Method:
+//   shapes  (n, p) pairs: by default n in {16, 64, 256, 1024} x p in {0, 1024, 4096}, which
+//           separate the three terms (c0 from the n = 16 calls, c1 from n at p = 0, c2 from p).
+//   runs    one untimed warm-up call of the largest shape, then `repeats` rounds; each round
+//           calls every shape once for run A and once for run B, back to back (A first in even
+//           rounds), starting at a different shape each round. A shape's figure in a run is the
+//           median of its repeats.
+//   fit     FitRecomputeParameters (relative weighting) on run A's medians.
+//   judge   every shape of run B against the run-A fit: error = observed / predicted - 1; the
+//           median and worst |error| are the out-of-sample figures. The noise floor is
+//           NoiseFloorRatio over each shape's repeats (runs A and B together).
+//   final   FitRecomputeParameters on the medians of A and B together.
+// The callback is the engine's prefill (or a stand-in such as client/synthetic_transformer.h);
+// `kvfabric demo` and `kvfabric calibrate --recompute-probe` use it.
+//
+// Thread safety: ProbeRecompute calls the probe from the calling thread only.
+#ifndef KVFABRIC_CORE_RECOMPUTE_PROBE_H_
+#define KVFABRIC_CORE_RECOMPUTE_PROBE_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/bus_calibration.h"
+#include "core/bus_cost_model.h"
+#include "core/statusor.h"
+
+namespace kvfabric {
+
+struct RecomputeShape {
+  uint64_t tokens = 0;         // n, >= 1
+  uint64_t prefix_tokens = 0;  // p
+};
+
+// Runs one prefill of `tokens` after `prefix_tokens` and returns its time in microseconds
+// (finite, > 0).
+using PrefillProbe = std::function<StatusOr<double>(uint64_t tokens, uint64_t prefix_tokens)>;
+
+struct RecomputeProbeOptions {
+  // Empty: the default grid (file comment).
+  std::vector<RecomputeShape> shapes;
+  // Timed calls per shape and run. Default 3. In [1, 100].
+  int repeats = 3;
+  // One line per shape and run; may be empty.
+  std::function<void(const std::string&)> progress;
+};
+
+struct ShapeError {
+  RecomputeShape shape;
+  double observed_us = 0;
+  double predicted_us = 0;
+  double error = 0;  // observed / predicted - 1
+};
+
+struct RecomputeProbeReport {
+  RecomputeParameters run_a;       // fitted on run A
+  RecomputeParameters parameters;  // fitted on runs A and B
+  std::vector<ShapeError> run_b;
+  double median_abs_error = 0;
+  double worst_abs_error = 0;
+  double noise_floor_ratio = 0;
+  uint64_t samples = 0;  // timed calls behind `parameters`
+};
+
+// The default grid.
+std::vector<RecomputeShape> DefaultRecomputeShapes();
+
+// InvalidArgument for repeats out of range, an empty or n = 0 shape; the probe's first error
+// with the shape as context; FailedPrecondition when the shapes cannot separate c0, c1, c2.
+StatusOr<RecomputeProbeReport> ProbeRecompute(const PrefillProbe& probe,
+                                              const RecomputeProbeOptions& options);
+
+// The calibration file entry: final parameters and the out-of-sample figures.
+RecomputeCalibration ToRecomputeCalibration(std::string model_id,
+                                            const RecomputeProbeReport& report);
+
+}  // namespace kvfabric
+
+#endif  // KVFABRIC_CORE_RECOMPUTE_PROBE_H_

@@ -1,0 +1,85 @@
+#include "core/recompute_probe.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "core/bus_probe.h"
+#include "core/testing/test_seed.h"
+
+namespace kvfabric {
+namespace {
+
+TEST(RecomputeProbeTest, RecoversTheConstantsOfANoisyPrefill) {
+  const uint64_t seed = TestSeed("RecomputeProbeTest");
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> noise(-0.01, 0.01);
+  const RecomputeParameters truth{1500.0, 40.0, 0.05};
+  int calls = 0;
+  auto probe = [&](uint64_t n, uint64_t p) -> StatusOr<double> {
+    ++calls;
+    return RecomputeMicros(truth, static_cast<double>(n), static_cast<double>(p)) *
+           (1 + noise(rng));
+  };
+  RecomputeProbeOptions o;
+  o.repeats = 3;
+  auto r = ProbeRecompute(probe, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString() << " seed " << seed;
+  EXPECT_EQ(calls, 1 + 2 * 3 * 12);  // warm-up + both runs of the 12-shape grid
+  EXPECT_EQ(r->samples, 72u);
+  EXPECT_NEAR(r->parameters.c0_us, truth.c0_us, 0.05 * truth.c0_us) << "seed " << seed;
+  EXPECT_NEAR(r->parameters.c1_us_per_token, truth.c1_us_per_token, 0.05 * truth.c1_us_per_token);
+  EXPECT_NEAR(r->parameters.c2_us_per_token2, truth.c2_us_per_token2,
+              0.05 * truth.c2_us_per_token2);
+  EXPECT_LE(r->worst_abs_error, 0.03) << "seed " << seed;
+  // Repeats spread by +-1%: the floor is about that, never more than 2%.
+  EXPECT_GT(r->noise_floor_ratio, 0.0);
+  EXPECT_LE(r->noise_floor_ratio, 0.02);
+  const RecomputeCalibration c = ToRecomputeCalibration("m", *r);
+  EXPECT_EQ(c.model_id, "m");
+  EXPECT_EQ(c.worst_error_ratio, r->worst_abs_error);
+  EXPECT_EQ(c.noise_floor_ratio, r->noise_floor_ratio);
+}
+
+TEST(RecomputeProbeTest, PassesTheProbesErrorWithTheShape) {
+  auto probe = [](uint64_t n, uint64_t) -> StatusOr<double> {
+    if (n == 64) return Status::Unavailable("engine busy");
+    return 100.0 * static_cast<double>(n);
+  };
+  auto r = ProbeRecompute(probe, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(r.status().ToString().find("n=64"), std::string::npos) << r.status().ToString();
+}
+
+TEST(RecomputeProbeTest, RefusesShapesThatCannotSeparateTheTerms) {
+  RecomputeProbeOptions o;
+  o.shapes = {{16, 0}, {16, 0}};
+  auto probe = [](uint64_t, uint64_t) -> StatusOr<double> { return 1000.0; };
+  auto r = ProbeRecompute(probe, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  o.shapes = {{0, 0}};
+  EXPECT_EQ(ProbeRecompute(probe, o).status().code(), StatusCode::kInvalidArgument);
+  o.shapes = {};
+  o.repeats = 0;
+  EXPECT_EQ(ProbeRecompute(probe, o).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(NoiseFloorTest, IsTheTenToNinetyPercentSpreadAroundEachMedian) {
+  // Ten repeats 95 .. 104, median 99.5. Nearest rank: p10 is the 1st of 10
+  // (95), p90 the 9th (103); 1 - 95 / 99.5 is the larger side.
+  std::vector<std::vector<double>> groups(1);
+  for (int k = -5; k < 5; ++k) groups[0].push_back(100.0 + k);
+  EXPECT_NEAR(NoiseFloorRatio(groups), 1 - 95.0 / 99.5, 1e-12);
+  // One outlier in twenty does not move it: p90 and p10 ignore the extremes.
+  std::vector<std::vector<double>> quiet(1, std::vector<double>(19, 50.0));
+  quiet[0].push_back(500.0);
+  EXPECT_EQ(NoiseFloorRatio(quiet), 0.0);
+  EXPECT_EQ(NoiseFloorRatio({}), 0.0);
+  std::vector<std::vector<double>> single = {{5.0}};
+  EXPECT_EQ(NoiseFloorRatio(single), 0.0);
+}
+
+}  // namespace
+}  // namespace kvfabric
