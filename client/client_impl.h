@@ -23,15 +23,17 @@
 #include <vector>
 
 #include "client/cache_host_session.h"
+#include "client/client_prometheus.h"
 #include "client/data_plane_client.h"
 #include "client/device_arena.h"
 #include "client/history_pool.h"
 #include "client/host_history.h"
 #include "client/kvfabric_client.h"
-#include "core/mutex.h"
 #include "client/streaming_attention.h"
+#include "core/mutex.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
 #include "kvfabric/v1/placement.grpc.pb.h"
+#include "metrics/metrics_server.h"
 #include "transport/transport.h"
 
 namespace kvfabric::client {
@@ -136,6 +138,8 @@ class Client::Impl {
                 std::span<float> out, std::span<float> lse);
   Status Finish(ContextId id, ContextReport* report);
   ClientMetrics metrics() const;
+  std::shared_ptr<prometheus::Collectable> metrics_collectable() const { return prom_; }
+  std::string metrics_url() const { return metrics_server_ ? metrics_server_->url() : ""; }
   const ClientOptions& options() const { return o_; }
   std::string DescribeArena() const { return arena_->DescribeLayout(); }
   std::string DescribeHistoryPool() const { return history_pool_->DescribeLayout(); }
@@ -261,6 +265,10 @@ class Client::Impl {
   bool save_stop_ KVF_GUARDED_BY(save_mu_) = false;
   std::thread saver_;
 
+  // Prometheus view (metrics_collectable) and, with o_.metrics_address,
+  // its listener. Both made by Init.
+  std::shared_ptr<ClientPrometheus> prom_;
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;
   mutable Mutex metrics_mu_;
   ClientMetrics m_ KVF_GUARDED_BY(metrics_mu_);
 };

@@ -110,6 +110,8 @@ void Client::Impl::WorkerDone(Context& c, const Status& status) {
   if (--c.load_workers == 0) {
     c.load_done = true;
     c.report.load_us = MicrosSince(c.load_start);
+    prom_->ObserveLoad(c.match.kind, c.match.plan_id != 0 ? c.match.predicted_us : -1.0,
+                       c.report.load_us);
     for (RunOutcome& r : c.report.runs) {
       for (std::uint32_t b = r.first_block; b < r.first_block + r.block_count; ++b) {
         r.measured_end_us = std::max(r.measured_end_us, c.landed_us[b]);
@@ -187,6 +189,7 @@ Status Client::Impl::RecomputeRun(Context& c, std::uint32_t first, std::uint32_t
     }
     AdvanceLandedPrefix(c);
   }
+  prom_->ObserveRecompute(us);
   MutexLock l(&metrics_mu_);
   m_.blocks_recomputed += count;
   m_.tokens_recomputed += req.tokens;
@@ -424,6 +427,7 @@ void Client::Impl::RecordFetch(Context& c, const Daemon& d, const FetchTally& ta
     for (std::uint32_t b : tally.landed) c.landed_us[b] = now_us;
     AdvanceLandedPrefix(c);
   }
+  if (moved > 0) prom_->ObserveTransfer(/*save=*/false, moved, us);
   MutexLock l(&metrics_mu_);
   m_.blocks_fetched += tally.bytes / block_bytes_;
   m_.bytes_fetched += tally.bytes;
@@ -597,6 +601,7 @@ Status Client::Impl::SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs
   Context& c = *jobs.front()->context;
   MutexLock l(&c.mu);
   c.transfers.push_back(Observation(v1::BUS_PATH_LOCAL_HOST_TO_REMOTE_HOST, h.host_id, written, us));
+  prom_->ObserveTransfer(/*save=*/true, written, us);
   MutexLock ml(&metrics_mu_);
   m_.save_us += static_cast<std::uint64_t>(us);
   return Status::OK();

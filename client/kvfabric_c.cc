@@ -5,6 +5,7 @@
 // vector, one thrown by a C++ recompute callback) becomes KVF_INTERNAL, so
 // nothing unwinds into the caller's C frames. Argument checks here name the C
 // argument or kvf_options field; everything else is Client's to validate.
+#include <prometheus/collectable.h>
 #include <spdlog/common.h>
 
 #include <chrono>
@@ -29,6 +30,7 @@
 #include "gpu/cpu/cpu_device.h"
 #include "gpu/device.h"
 #include "kvfabric/kvfabric.h"
+#include "metrics/exposition.h"
 
 #ifdef KVF_HAVE_CUDA
 #include "gpu/cuda/cuda_device.h"
@@ -346,6 +348,7 @@ Status ToClientOptions(const kvf_options& o, ClientOptions* out) {
     options.prefill =
         kvfabric::RecomputeParameters{o.prefill_c0_us, o.prefill_c1_us, o.prefill_c2_us};
   }
+  if (o.metrics_address != nullptr) options.metrics_address = o.metrics_address;
   options.history_pool_setting = "options->history_pool_bytes";
   options.ucx_tls_setting = "options->ucx_tls";
   options.rpc_timeout = std::chrono::milliseconds(o.rpc_timeout_ms);
@@ -703,6 +706,41 @@ kvf_status kvf_client_metrics(kvf_client* client, kvf_metrics* out) {
     out->history_pool_pages = m.history_pool_pages;
     out->history_pages_in_use = m.history_pages_in_use;
     return Status::OK();
+  });
+}
+
+// Copies `text` into the caller's buffer (the contract of kvf_client_metrics_text).
+static Status CopyOut(const std::string& text, char* buffer, size_t capacity, size_t* length,
+                      const char* what) {
+  *length = text.size();
+  if (buffer == nullptr || capacity < text.size() + 1) {
+    return Status::ResourceExhausted(std::string(what) + ": needs " +
+                                     std::to_string(text.size() + 1) + " bytes, buffer has " +
+                                     std::to_string(buffer == nullptr ? 0 : capacity));
+  }
+  std::memcpy(buffer, text.data(), text.size());
+  buffer[text.size()] = '\0';
+  return Status::OK();
+}
+
+kvf_status kvf_client_metrics_text(kvf_client* client, char* buffer, size_t capacity,
+                                   size_t* length) {
+  return Guard("kvf_client_metrics_text", [&]() -> Status {
+    KVF_C_REQUIRE(client);
+    KVF_C_REQUIRE(length);
+    const std::string text =
+        kvfabric::metrics::RenderText(client->client->metrics_collectable()->Collect());
+    return CopyOut(text, buffer, capacity, length, "kvf_client_metrics_text");
+  });
+}
+
+kvf_status kvf_client_metrics_url(kvf_client* client, char* buffer, size_t capacity,
+                                  size_t* length) {
+  return Guard("kvf_client_metrics_url", [&]() -> Status {
+    KVF_C_REQUIRE(client);
+    KVF_C_REQUIRE(length);
+    return CopyOut(client->client->metrics_url(), buffer, capacity, length,
+                   "kvf_client_metrics_url");
   });
 }
 

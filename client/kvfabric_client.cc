@@ -174,12 +174,26 @@ Status Client::Impl::Init() {
   KVF_ASSIGN_OR_RETURN(staging_,
                        transport_->AllocateMemory(o_.staging_bytes, transport::MemoryKind::kHost));
   KVF_ASSIGN_OR_RETURN(data_, DataPlaneClient::Create(transport_.get()));
+  prom_ = std::make_shared<ClientPrometheus>([this] {
+    ClientPrometheus::Snapshot s;
+    s.client = metrics();
+    s.arena = arena_->metrics();
+    s.block_bytes = block_bytes_;
+    return s;
+  });
+  if (!o_.metrics_address.empty()) {
+    KVF_ASSIGN_OR_RETURN(metrics_server_,
+                         metrics::MetricsServer::Start(o_.metrics_address, {prom_}));
+    Log().info("kvfabric client: metrics at {}", metrics_server_->url());
+  }
   saver_ = std::thread([this] { SaverLoop(); });
   return Status::OK();
 }
 
 Client::Impl::~Impl() {
   Close().IgnoreError();
+  metrics_server_.reset();
+  if (prom_) prom_->Detach();  // an engine may hold it longer than this client
   // Sessions, then the data plane, then the transport they borrow.
   std::map<std::string, std::shared_ptr<DaemonSlot>> daemons;
   {
@@ -715,6 +729,10 @@ StatusOr<std::unique_ptr<Client>> Client::Open(ClientOptions options) {
 }
 
 Status Client::Close() { return impl_->Close(); }
+std::shared_ptr<prometheus::Collectable> Client::metrics_collectable() const {
+  return impl_->metrics_collectable();
+}
+std::string Client::metrics_url() const { return impl_->metrics_url(); }
 StatusOr<std::vector<BlockKey>> Client::KeyTokens(std::span<const std::uint32_t> tokens) const {
   return impl_->KeyTokens(tokens);
 }

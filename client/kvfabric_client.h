@@ -85,6 +85,10 @@
 #include "core/statusor.h"
 #include "gpu/device.h"
 
+namespace prometheus {
+class Collectable;
+}  // namespace prometheus
+
 namespace kvfabric::client {
 
 using ContextId = std::uint64_t;
@@ -177,6 +181,10 @@ struct ClientOptions {
   std::chrono::milliseconds transfer_timeout{30000};
   // Read-lease TTL asked of daemons. Default 30 s.
   std::uint32_t lease_ttl_ms = 30000;
+  // Where the client serves its own Prometheus /metrics (HOST:PORT, port 0
+  // picks; --client-metrics-address). Empty (default): no listener; the
+  // engine serves metrics_collectable() from its own endpoint instead.
+  std::string metrics_address;
 };
 
 // Counters since Open (a snapshot).
@@ -361,6 +369,14 @@ class Client {
   Status Finish(ContextId context, ContextReport* report);
 
   ClientMetrics metrics() const;
+  // The client's Prometheus families (kvfabric_client_*, docs/metrics.md),
+  // for the engine to register with its own prometheus-cpp Exposer or
+  // Registry collection. Valid for as long as the engine holds it; after
+  // the Client is destroyed it serves only the families observed until
+  // then (no snapshot of a gone client).
+  std::shared_ptr<prometheus::Collectable> metrics_collectable() const;
+  // "http://HOST:PORT/metrics" when options.metrics_address is set, else "".
+  std::string metrics_url() const;
   const ClientOptions& options() const;
   // The arena's layout, one line (DeviceArena::DescribeLayout).
   std::string DescribeArena() const;

@@ -9,6 +9,8 @@
 #include <utility>
 
 #include "core/env.h"
+#include "metrics/exposition.h"
+#include "metrics/rpc_metrics.h"
 #include "server/cache_host/cache_host_metrics.h"
 #include "server/cache_host/cache_host_node.h"
 #include "server/cache_host/placement_reporter.h"
@@ -37,12 +39,15 @@ std::string Hostname() {
 // A gRPC server on 127.0.0.1 with a picked port, bounded as the mains' are
 // by default (server/grpc_server_limits.h).
 // Unavailable naming `what` when it cannot listen.
+// Its calls are counted in `rpc_metrics`.
 StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(grpc::Service* service, const std::string& what,
+                                                  metrics::RpcServerMetrics* rpc_metrics,
                                                   std::string* bound) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
   ApplyGrpcServerLimits(GrpcServerLimits(), what, &builder);
+  rpc_metrics->Instrument(&builder);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
@@ -104,6 +109,8 @@ struct EmbeddedCluster::Daemon {
   std::unique_ptr<transport::Transport> transport;
   std::unique_ptr<cache_host::CacheHostNode> node;
   std::shared_ptr<cache_host::CacheHostMetrics> metrics;
+  std::shared_ptr<metrics::RpcServerMetrics> rpc_metrics;
+  std::shared_ptr<prometheus::Collectable> build_info;
   std::unique_ptr<cache_host::MetricsServer> metrics_server;
   std::unique_ptr<HealthReporter> health;
   std::unique_ptr<CacheHostService> service;
@@ -122,6 +129,8 @@ struct EmbeddedCluster::Placement {
   std::unique_ptr<placement::MemoryMembershipStore> store;
   std::unique_ptr<placement::PlacementNode> node;
   std::shared_ptr<placement::PlacementMetrics> metrics;
+  std::shared_ptr<metrics::RpcServerMetrics> rpc_metrics;
+  std::shared_ptr<prometheus::Collectable> build_info;
   std::unique_ptr<cache_host::MetricsServer> metrics_server;
   std::unique_ptr<HealthReporter> health;
   PlacementServiceOptions service_options;
@@ -172,9 +181,12 @@ Status EmbeddedCluster::StartDaemon(const EmbeddedDaemonOptions& options, Daemon
   d->metrics =
       std::make_shared<cache_host::CacheHostMetrics>([n = d->node.get()] { return n->Snapshot(); });
   d->node->set_transfer_observer(cache_host::CacheHostMetrics::ObserverFor(d->metrics));
+  d->rpc_metrics = metrics::RpcServerMetrics::Create("cached");
+  d->build_info = metrics::NewBuildInfo("cached");
   if (options.metrics) {
     KVF_ASSIGN_OR_RETURN(d->metrics_server,
-                         cache_host::MetricsServer::Start("127.0.0.1:0", {d->metrics}));
+                         cache_host::MetricsServer::Start(
+                             "127.0.0.1:0", {d->metrics, d->rpc_metrics, d->build_info}));
     d->info.metrics_url = d->metrics_server->url();
   }
 
@@ -192,11 +204,11 @@ Status EmbeddedCluster::StartDaemon(const EmbeddedDaemonOptions& options, Daemon
   aopts.admin = true;
   d->admin_service = std::make_unique<CacheHostService>(d->node.get(), d->health.get(), aopts);
   KVF_ASSIGN_OR_RETURN(d->admin_server, StartGrpc(d->admin_service.get(), "CacheHost admin",
-                                                  &d->info.admin_address));
+                                                  d->rpc_metrics.get(), &d->info.admin_address));
   sopts.admin_address = d->info.admin_address;
   d->service = std::make_unique<CacheHostService>(d->node.get(), d->health.get(), sopts);
-  KVF_ASSIGN_OR_RETURN(d->server,
-                       StartGrpc(d->service.get(), "CacheHost service", &d->info.grpc_address));
+  KVF_ASSIGN_OR_RETURN(d->server, StartGrpc(d->service.get(), "CacheHost service",
+                                            d->rpc_metrics.get(), &d->info.grpc_address));
   d->info.transport_address = d->node->transport_address();
   d->health->SetState(v1::SERVING_STATUS_SERVING, "");
   spdlog::info("embedded daemon {}: gRPC on {}, data plane on {}, metrics {}", options.host_id,
@@ -223,14 +235,18 @@ Status EmbeddedCluster::StartPlacement(const BusCalibration& calibration) {
   KVF_ASSIGN_OR_RETURN(p.node, placement::PlacementNode::Create(std::move(o), p.store.get(), env));
   p.metrics =
       std::make_shared<placement::PlacementMetrics>([n = p.node.get()] { return n->Snapshot(); });
+  p.rpc_metrics = metrics::RpcServerMetrics::Create("placement");
+  p.build_info = metrics::NewBuildInfo("placement");
   if (options_.placement_metrics) {
-    KVF_ASSIGN_OR_RETURN(p.metrics_server,
-                         cache_host::MetricsServer::Start("127.0.0.1:0", {p.metrics}));
+    KVF_ASSIGN_OR_RETURN(
+        p.metrics_server,
+        cache_host::MetricsServer::Start("127.0.0.1:0", {p.metrics, p.rpc_metrics, p.build_info}));
     p.metrics_url = p.metrics_server->url();
   }
   p.health = std::make_unique<HealthReporter>(env, "placement", kVersion);
   p.service = std::make_unique<PlacementService>(p.node.get(), p.health.get(), p.service_options);
-  KVF_ASSIGN_OR_RETURN(p.server, StartGrpc(p.service.get(), "placement", &p.address));
+  KVF_ASSIGN_OR_RETURN(p.server,
+                       StartGrpc(p.service.get(), "placement", p.rpc_metrics.get(), &p.address));
   p.health->SetState(v1::SERVING_STATUS_SERVING, "");
   spdlog::info("embedded placement: gRPC on {}, membership {}, metrics {}", p.address,
                p.store->name(), p.metrics_url.empty() ? std::string("off") : p.metrics_url);
@@ -247,8 +263,8 @@ Status EmbeddedCluster::Register(Daemon* d) {
   d->uplink_service =
       std::make_unique<PlacementService>(p.node.get(), p.health.get(), p.service_options);
   std::string uplink;
-  KVF_ASSIGN_OR_RETURN(d->uplink_server,
-                       StartGrpc(d->uplink_service.get(), "placement uplink", &uplink));
+  KVF_ASSIGN_OR_RETURN(d->uplink_server, StartGrpc(d->uplink_service.get(), "placement uplink",
+                                                   p.rpc_metrics.get(), &uplink));
   cache_host::PlacementReporterOptions ro;
   ro.placement_address = uplink;
   ro.host_id = d->info.host_id;

@@ -25,6 +25,9 @@ PACKAGES=(
   redis-server memcached
   # membership store the placement service can use (integration tests start one)
   etcd-server
+  # a real Prometheus scrapes a test cluster; promtool checks /metrics, rules and
+  # alert tests (tests/observability_test.cc, deploy/prometheus/)
+  prometheus
 )
 
 missing=()

@@ -55,6 +55,7 @@ TSAN_TARGETS=(
   -//tests:calibrate_daemon_test
   -//tests:client_e2e_test
   -//tests:cross_user_test
+  -//tests:observability_test
   -//tests:placement_cluster_test
   -//tests:shared_memory_attack_test
   # Run by a second pass, without their shared-memory cases.

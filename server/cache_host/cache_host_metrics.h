@@ -53,11 +53,9 @@
 
 #include "core/status.h"
 #include "core/statusor.h"
+#include "metrics/exposition.h"
+#include "metrics/metrics_server.h"
 #include "server/cache_host/cache_host_node.h"
-
-namespace prometheus {
-class Exposer;
-}  // namespace prometheus
 
 namespace kvfabric::cache_host {
 
@@ -77,23 +75,6 @@ const std::vector<double>& TransferSizeBuckets();
 // own (see "Cardinality").
 std::vector<prometheus::MetricFamily> SnapshotFamilies(
     const CacheHostSnapshot& snapshot, std::size_t namespace_series = kMaxNamespaceSeries);
-
-// The Prometheus text exposition format (version 0.0.4) of `families`, as
-// served at /metrics. Pure; for tests and `kvfabric status`-style dumps.
-std::string RenderText(const std::vector<prometheus::MetricFamily>& families);
-
-// One sample of a metric family being built: its value and labels.
-struct MetricSample {
-  double value = 0;
-  std::vector<prometheus::ClientMetric::Label> labels;
-};
-
-// Appends the family `prefix` + `name` (gauge or counter) with `samples` to
-// `out`; nothing when there are no samples (a HELP line over nothing is noise
-// to a reader). Shared by the cache host's and placement's collectors.
-void AppendFamily(std::vector<prometheus::MetricFamily>& out, std::string_view prefix,
-                  prometheus::MetricType type, std::string_view name, std::string_view help,
-                  std::vector<MetricSample> samples);
 
 class CacheHostMetrics final : public prometheus::Collectable {
  public:
@@ -136,49 +117,13 @@ class CacheHostMetrics final : public prometheus::Collectable {
   Direction get_;
 };
 
-struct MetricsServerOptions {
-  // Serving threads, and the limit on each network read and write of a
-  // request: a client that sends its request slowly or not at all holds one
-  // thread for at most that long (a handful of such clients once made
-  // /metrics unavailable with 2 threads and no limit).
-  int threads = 8;
-  int request_timeout_ms = 2000;
-};
-
-// The HTTP endpoint (prometheus-cpp's civetweb Exposer) serving /metrics.
-// Owns the listening socket and its serving threads; the collectables are
-// held weakly. Destroying the server stops serving and joins its threads;
-// once a request has been served this takes about 2 s (civetweb's shutdown
-// polls), so destroy it early in the daemon's shutdown, or in a test expect it.
-// Thread safety: the accessors may be called from any thread.
-class MetricsServer {
- public:
-  // Listens on `address` ("HOST:PORT", "[V6]:PORT"; port 0 picks a free
-  // port) and serves the families of `collectables` at /metrics.
-  // InvalidArgument for an address of another shape; Unavailable, naming the
-  // address and --metrics-address, when it cannot listen there (in use, not a
-  // local address). Never throws.
-  static StatusOr<std::unique_ptr<MetricsServer>> Start(
-      const std::string& address, std::vector<std::weak_ptr<prometheus::Collectable>> collectables,
-      MetricsServerOptions options = {});
-
-  ~MetricsServer();
-  MetricsServer(const MetricsServer&) = delete;
-  MetricsServer& operator=(const MetricsServer&) = delete;
-
-  // The port it listens on (the chosen one when started with port 0).
-  int port() const { return port_; }
-  // "http://HOST:PORT/metrics"; a wildcard host (0.0.0.0, [::]) is written as
-  // the loopback address, which always reaches it.
-  std::string url() const;
-
- private:
-  MetricsServer(std::unique_ptr<prometheus::Exposer> exposer, std::string host, int port);
-
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  const std::string host_;  // as in the address, brackets kept for IPv6
-  const int port_;
-};
+// Served by metrics::MetricsServer (metrics/metrics_server.h); these names
+// are kept for the daemon's code.
+using metrics::AppendFamily;
+using metrics::MetricSample;
+using metrics::MetricsServer;
+using metrics::MetricsServerOptions;
+using metrics::RenderText;
 
 }  // namespace kvfabric::cache_host
 

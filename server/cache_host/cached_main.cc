@@ -31,6 +31,8 @@
 #include "core/env.h"
 #include "core/logging.h"
 #include "core/model_fingerprint.h"
+#include "metrics/exposition.h"
+#include "metrics/rpc_metrics.h"
 #include "server/cache_host/cache_host_metrics.h"
 #include "server/cache_host/cache_host_node.h"
 #include "server/cache_host/placement_reporter.h"
@@ -440,9 +442,12 @@ int Run(int argc, char** argv) {
   auto metrics = std::make_shared<cache_host::CacheHostMetrics>(
       [n = node->get()] { return n->Snapshot(); }, f.metrics_namespace_series);
   (*node)->set_transfer_observer(cache_host::CacheHostMetrics::ObserverFor(metrics));
+  auto rpc_metrics = metrics::RpcServerMetrics::Create("cached");
+  auto build_info = metrics::NewBuildInfo("cached");
   std::unique_ptr<cache_host::MetricsServer> metrics_server;
   if (!f.metrics_address.empty() && f.metrics_address != "off") {
-    auto started = cache_host::MetricsServer::Start(f.metrics_address, {metrics});
+    auto started =
+        cache_host::MetricsServer::Start(f.metrics_address, {metrics, rpc_metrics, build_info});
     if (!started.ok()) {
       spdlog::error("kvfabric-cached: {}", started.status().ToString());
       return 1;
@@ -478,6 +483,7 @@ int Run(int argc, char** argv) {
     admin_builder.AddListeningPort(f.admin_address, grpc::InsecureServerCredentials(),
                                    &admin_port);
     ApplyGrpcServerLimits(f.grpc_limits, "kvfabric-cached-admin", &admin_builder);
+    rpc_metrics->Instrument(&admin_builder);
     admin_builder.RegisterService(admin_service.get());
     admin_server = admin_builder.BuildAndStart();
     const bool unix_socket = f.admin_address.rfind("unix:", 0) == 0;
@@ -496,6 +502,7 @@ int Run(int argc, char** argv) {
   int grpc_port = 0;
   builder.AddListeningPort(f.grpc_address, grpc::InsecureServerCredentials(), &grpc_port);
   ApplyGrpcServerLimits(f.grpc_limits, "kvfabric-cached", &builder);
+  rpc_metrics->Instrument(&builder);
   builder.RegisterService(&public_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || grpc_port == 0) {

@@ -26,6 +26,8 @@
 #include "core/config/yaml_config.h"
 #include "core/env.h"
 #include "core/logging.h"
+#include "metrics/exposition.h"
+#include "metrics/rpc_metrics.h"
 #include "server/cache_host/cache_host_metrics.h"
 #include "server/grpc_server_limits.h"
 #include "server/health_reporter.h"
@@ -131,9 +133,12 @@ int Run(int argc, char** argv) {
   }
   auto metrics = std::make_shared<placement::PlacementMetrics>(
       [n = node->get()] { return n->Snapshot(); });
+  auto rpc_metrics = metrics::RpcServerMetrics::Create("placement");
+  auto build_info = metrics::NewBuildInfo("placement");
   std::unique_ptr<cache_host::MetricsServer> metrics_server;
   if (!metrics_address.empty() && metrics_address != "off") {
-    auto started = cache_host::MetricsServer::Start(metrics_address, {metrics});
+    auto started =
+        cache_host::MetricsServer::Start(metrics_address, {metrics, rpc_metrics, build_info});
     if (!started.ok()) {
       spdlog::error("kvfabric-placement: {}", started.status().ToString());
       return 1;
@@ -169,6 +174,7 @@ int Run(int argc, char** argv) {
   int port = 0;
   builder.AddListeningPort(grpc_address, grpc::InsecureServerCredentials(), &port);
   ApplyGrpcServerLimits(grpc_limits, "kvfabric-placement", &builder);
+  rpc_metrics->Instrument(&builder);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {

@@ -57,8 +57,8 @@ std::uint64_t Minus(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0
 // planner uses for its fetch-prefix plans (PlanKindName spells it "fetch-prefix"); the label
 // follows the wire enum so that it stays right if the planner makes other mixes.
 constexpr std::array<std::pair<PlanKind, std::string_view>, 4> kPlanKinds = {{
-    {PlanKind::kRecomputeAll, "recompute-all"},
-    {PlanKind::kFetchAll, "fetch-all"},
+    {PlanKind::kRecomputeAll, "recompute_all"},
+    {PlanKind::kFetchAll, "fetch_all"},
     {PlanKind::kSplit, "split"},
     {PlanKind::kMixed, "mixed"},
 }};
@@ -84,17 +84,17 @@ ClientMetric ErrorHistogram(const PredictionErrorHistogram::Snapshot& h,
   return metric;
 }
 
-// The two error figures of `h` as samples labelled quantile="0.5" (estimated signed median) and
-// quantile="max" (worst |error|) on top of `labels`; none without scored samples, where both
+// The two error figures of `h` as samples labelled stat="median" (estimated signed median) and
+// stat="max" (worst |error|) on top of `labels`; none without scored samples, where both
 // would read 0 and look like a perfect model.
 void AppendErrorQuantiles(const PredictionErrorHistogram::Snapshot& h,
                           const std::vector<ClientMetric::Label>& labels,
                           std::vector<Sample>& out) {
   if (h.count == 0) return;
   std::vector<ClientMetric::Label> median = labels;
-  median.push_back({"quantile", "0.5"});
+  median.push_back({"stat", "median"});
   std::vector<ClientMetric::Label> worst = labels;
-  worst.push_back({"quantile", "max"});
+  worst.push_back({"stat", "max"});
   out.push_back(S(h.median, std::move(median)));
   out.push_back(S(h.worst_abs, std::move(worst)));
 }
@@ -140,7 +140,7 @@ void EmitPaths(const std::vector<CalibratedCostModel::PathReport>& paths,
         {S(D(paths.size()))});
   Gauge(out, "path_error_ratio",
         "Out-of-sample error observed / predicted - 1 of the cost model per (path, host): "
-        "quantile 0.5 = estimated median (signed), max = worst |error|. Only pairs with scored "
+        "stat median = estimated median (signed), max = worst |error|. Only pairs with scored "
         "observations; host \"\" = the path's default entry.",
         std::move(error));
   Counter(out, "path_observations_total",
@@ -204,7 +204,7 @@ void EmitModels(const std::vector<CalibratedCostModel::RecomputeReport>& models,
         {S(D(models.size()))});
   Gauge(out, "model_error_ratio",
         "Out-of-sample error observed / predicted - 1 of a model's recompute (prefill) time: "
-        "quantile 0.5 = estimated median (signed), max = worst |error|. Only models with scored "
+        "stat median = estimated median (signed), max = worst |error|. Only models with scored "
         "observations.",
         std::move(error));
   Counter(out, "model_observations_total",
@@ -333,7 +333,7 @@ std::vector<MetricFamily> PlacementFamilies(const PlacementSnapshot& s) {
       s.plans_by_kind[static_cast<std::size_t>(PlanKind::kUnspecified)];
   if (unspecified != 0) plans.push_back(S(D(unspecified), {{"kind", "unspecified"}}));
   Counter(out, "plans_total",
-          "Plans made, by kind: recompute-all, fetch-all (fetch the cached prefix), split "
+          "Plans made, by kind: recompute_all, fetch_all (fetch the cached prefix), split "
           "(recompute a head while fetching the rest), mixed (any other mix, e.g. fetch a shorter "
           "prefix).",
           std::move(plans));
@@ -359,8 +359,8 @@ std::vector<MetricFamily> PlacementFamilies(const PlacementSnapshot& s) {
   out.push_back(std::move(plan_error));
   std::vector<Sample> plan_quantiles;
   AppendErrorQuantiles(s.plan_error, {}, plan_quantiles);
-  Gauge(out, "plan_error_quantile_ratio",
-        "Error observed / predicted - 1 of finished plans: quantile 0.5 = estimated median "
+  Gauge(out, "plan_error_stat_ratio",
+        "Error observed / predicted - 1 of finished plans: stat median = estimated median "
         "(signed), max = worst |error|. Absent before the first scored plan.",
         std::move(plan_quantiles));
   Counter(out, "plan_error_unscored_total",

@@ -15,7 +15,7 @@
 //                                      mixed (the planner's fetch-prefix plans, PLAN_KIND_MIXED)
 //   plan_error_ratio                   histogram of observed / predicted - 1 of finished plans,
 //                                      buckets PredictionErrorHistogram::kUpperBounds
-//   path_error_ratio{path,host,quantile="0.5"|"max"}
+//   path_error_ratio{path,host,stat="median"|"max"}
 //                                      the cost model's out-of-sample error per (path, host):
 //                                      0.5 = estimated signed median, max = worst |error|
 //   path_alpha_seconds, path_beta_bytes_per_second
@@ -30,7 +30,7 @@
 // hosts without their own; "" is never a host_id); a `model` label names a model_id. At most
 // kMaxPathSeries (path, host) pairs get series, defaults first, then the pairs with the most
 // scored observations (ties by host, then path), so every path_* family has at most 256 series,
-// except path_error_ratio, which has two per pair (quantile 0.5 and max) and only for pairs with
+// except path_error_ratio, which has two per pair (stat median and max) and only for pairs with
 // at least one scored observation. kvfabric_placement_path_entries counts all pairs, shown or
 // not. Models alike, with kMaxModelSeries. The label values are UTF-8: host ids are checked at
 // Register, model ids arrive in protobuf strings or calibration JSON, both UTF-8.

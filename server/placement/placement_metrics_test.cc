@@ -160,8 +160,8 @@ TEST(PlacementMetricsTest, RendersSnapshotCountsAsExactLines) {
            "kvfabric_placement_directory_events_total{result=\"ignored_incarnation\"} 12",
            "kvfabric_placement_directory_replicas_dropped_total{reason=\"host\"} 300",
            "kvfabric_placement_directory_replicas_dropped_total{reason=\"stale\"} 9",
-           "kvfabric_placement_plans_total{kind=\"recompute-all\"} 3",
-           "kvfabric_placement_plans_total{kind=\"fetch-all\"} 10",
+           "kvfabric_placement_plans_total{kind=\"recompute_all\"} 3",
+           "kvfabric_placement_plans_total{kind=\"fetch_all\"} 10",
            "kvfabric_placement_plans_total{kind=\"split\"} 6",
            "kvfabric_placement_plans_total{kind=\"mixed\"} 2",
            "kvfabric_placement_plans_in_flight 4",
@@ -173,7 +173,7 @@ TEST(PlacementMetricsTest, RendersSnapshotCountsAsExactLines) {
            "kvfabric_placement_plan_error_ratio_bucket{le=\"0.03\"} 3",
            "kvfabric_placement_plan_error_ratio_bucket{le=\"0.5\"} 4",
            "kvfabric_placement_plan_error_ratio_bucket{le=\"+Inf\"} 4",
-           "kvfabric_placement_plan_error_quantile_ratio{quantile=\"max\"} 0.5",
+           "kvfabric_placement_plan_error_stat_ratio{stat=\"max\"} 0.5",
            "kvfabric_placement_plan_error_unscored_total 1",
            "kvfabric_placement_stale_reports_total 13",
            "kvfabric_placement_fallback_runs_total 3",
@@ -186,12 +186,12 @@ TEST(PlacementMetricsTest, RendersSnapshotCountsAsExactLines) {
            "kvfabric_placement_path_beta_bytes_per_second{path=\"remote_host_to_local_host\","
            "host=\"host-a\"} 11500000000",
            "kvfabric_placement_path_error_ratio{path=\"remote_host_to_local_host\","
-           "host=\"host-a\",quantile=\"max\"} 0.1",
+           "host=\"host-a\",stat=\"max\"} 0.1",
            "kvfabric_placement_path_observations_total{path=\"remote_host_to_local_host\","
            "host=\"host-a\"} 2",
            "kvfabric_placement_path_observations_total{path=\"nvme_to_host\",host=\"host-a\"} 0",
            "kvfabric_placement_models 1",
-           "kvfabric_placement_model_error_ratio{model=\"llama-3-8b\",quantile=\"max\"} 0.05",
+           "kvfabric_placement_model_error_ratio{model=\"llama-3-8b\",stat=\"max\"} 0.05",
            "kvfabric_placement_model_c0_seconds{model=\"llama-3-8b\"} 0.002",
            "kvfabric_placement_model_c1_seconds_per_token{model=\"llama-3-8b\"} 1e-05",
        }) {
@@ -269,7 +269,7 @@ TEST(PlacementMetricsTest, PlanErrorHistogramIsCumulativeOverTheErrorBounds) {
 
 TEST(PlacementMetricsTest, EmptySnapshotHasNoErrorFiguresButAnEmptyHistogram) {
   const auto families = PlacementFamilies(PlacementSnapshot{});
-  EXPECT_EQ(FindFamily(families, "kvfabric_placement_plan_error_quantile_ratio"), nullptr);
+  EXPECT_EQ(FindFamily(families, "kvfabric_placement_plan_error_stat_ratio"), nullptr);
   EXPECT_EQ(FindFamily(families, "kvfabric_placement_path_error_ratio"), nullptr);
   EXPECT_EQ(FindFamily(families, "kvfabric_placement_path_alpha_seconds"), nullptr);
   const auto* hist = FindFamily(families, "kvfabric_placement_plan_error_ratio");
@@ -385,9 +385,9 @@ TEST(PlacementMetricsTest, CollectCallsTheSourceAtEveryScrape) {
     return s;
   });
   EXPECT_THAT(Lines(RenderText(metrics.Collect())),
-              Contains("kvfabric_placement_plans_total{kind=\"fetch-all\"} 1"));
+              Contains("kvfabric_placement_plans_total{kind=\"fetch_all\"} 1"));
   EXPECT_THAT(Lines(RenderText(metrics.Collect())),
-              Contains("kvfabric_placement_plans_total{kind=\"fetch-all\"} 2"));
+              Contains("kvfabric_placement_plans_total{kind=\"fetch_all\"} 2"));
 }
 
 TEST(PlacementMetricsTest, WithoutSourceCollectsNothing) {

@@ -310,6 +310,13 @@ typedef struct kvf_options {
   double prefill_c0_us;
   double prefill_c1_us;
   double prefill_c2_us;
+
+  /* Where the client serves Prometheus /metrics, HOST:PORT (port 0 picks
+   * one; kvf_client_metrics_url says which) [--client-metrics-address].
+   * NULL or "" (default): no listener; kvf_client_metrics_text gives the
+   * same page for the engine's own endpoint. The families are catalogued in
+   * docs/metrics.md (kvfabric_client_*). */
+  const char* metrics_address;
 } kvf_options;
 
 /* Fills *options with the defaults above (required fields zero or NULL) and
@@ -461,6 +468,21 @@ typedef struct kvf_metrics {
 } kvf_metrics;
 
 kvf_status kvf_client_metrics(kvf_client* client, kvf_metrics* out);
+
+/* The client's metrics in the Prometheus text exposition format (0.0.4),
+ * as its /metrics would serve them, for an engine that serves its own
+ * endpoint. Writes at most `capacity` bytes, NUL-terminated, into `buffer`
+ * and sets *length to the page's length without the NUL. When the page does
+ * not fit (or buffer is NULL with capacity 0, to ask the size) it answers
+ * KVF_RESOURCE_EXHAUSTED with *length set and writes nothing. */
+kvf_status kvf_client_metrics_text(kvf_client* client, char* buffer, size_t capacity,
+                                   size_t* length);
+
+/* The URL of the client's own /metrics ("http://HOST:PORT/metrics") when
+ * kvf_options.metrics_address was set, else "". Same buffer contract as
+ * kvf_client_metrics_text. */
+kvf_status kvf_client_metrics_url(kvf_client* client, char* buffer, size_t capacity,
+                                  size_t* length);
 
 #ifdef __cplusplus
 } /* extern "C" */
