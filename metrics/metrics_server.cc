@@ -70,6 +70,8 @@ StatusOr<ParsedAddress> ParseAddress(const std::string& address) {
 
 }  // namespace
 
+Status ValidateMetricsAddress(const std::string& address) { return ParseAddress(address).status(); }
+
 // ---- MetricsServer ----
 
 MetricsServer::MetricsServer(std::unique_ptr<prometheus::Exposer> exposer, std::string host,

@@ -34,6 +34,11 @@ struct MetricsServerOptions {
 // once a request has been served this takes about 2 s (civetweb's shutdown
 // polls), so destroy it early in the daemon's shutdown, or in a test expect it.
 // Thread safety: the accessors may be called from any thread.
+// OK when `address` has the shape MetricsServer::Start accepts ("off" is not
+// an address); InvalidArgument naming --metrics-address otherwise. Binds
+// nothing (--check-config).
+Status ValidateMetricsAddress(const std::string& address);
+
 class MetricsServer {
  public:
   // Listens on `address` ("HOST:PORT", "[V6]:PORT"; port 0 picks a free

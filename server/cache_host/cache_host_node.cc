@@ -55,9 +55,7 @@ Status CacheHostNode::ReloadCostModel(const CostAwareOptions& figures) {
   return cost_aware->Update(figures);
 }
 
-StatusOr<std::unique_ptr<CacheHostNode>> CacheHostNode::Create(CacheHostOptions options,
-                                                               transport::Transport* transport,
-                                                               Env* env) {
+StatusOr<std::string> CacheHostNode::CheckOptions(const CacheHostOptions& options) {
   if (options.host_id.empty()) return Status::InvalidArgument("--host-id must not be empty");
   KVF_RETURN_IF_ERROR(options.watermarks.Validate());
   KVF_RETURN_IF_ERROR(ValidatePoolSizes(options.pool));
@@ -70,6 +68,16 @@ StatusOr<std::unique_ptr<CacheHostNode>> CacheHostNode::Create(CacheHostOptions 
                                    std::to_string(options.reservation_ttl_us) +
                                    " us must be in (0, --max-lease-ttl]");
   }
+  if (!options.nvme.dir.empty() && options.nvme.capacity_bytes == 0) {
+    return Status::InvalidArgument("--nvme-capacity-bytes is required with --nvme-dir");
+  }
+  return DescribePoolArithmetic(options.pool, options.models, options.watermarks.high);
+}
+
+StatusOr<std::unique_ptr<CacheHostNode>> CacheHostNode::Create(CacheHostOptions options,
+                                                               transport::Transport* transport,
+                                                               Env* env) {
+  KVF_RETURN_IF_ERROR(CheckOptions(options).status());
   std::unique_ptr<CacheHostNode> node(new CacheHostNode(std::move(options), transport, env));
   KVF_RETURN_IF_ERROR(node->Start());
   return node;

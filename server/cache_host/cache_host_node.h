@@ -322,6 +322,11 @@ class CacheHostNode {
   // recovery counts as log lines. Refuses (InvalidArgument / FailedPrecondition
   // naming the setting) what cannot work. `transport` and `env` are borrowed
   // and must outlive the node.
+  // The checks Create makes before it allocates or opens anything, and the
+  // start-up arithmetic lines it would print (kvfabric-cached
+  // --check-config). InvalidArgument naming the setting otherwise.
+  static StatusOr<std::string> CheckOptions(const CacheHostOptions& options);
+
   static StatusOr<std::unique_ptr<CacheHostNode>> Create(CacheHostOptions options,
                                                          transport::Transport* transport,
                                                          Env* env);

@@ -31,6 +31,7 @@
 #include "core/env.h"
 #include "core/logging.h"
 #include "core/model_fingerprint.h"
+#include "core/units.h"
 #include "metrics/exposition.h"
 #include "metrics/rpc_metrics.h"
 #include "server/cache_host/cache_host_metrics.h"
@@ -220,8 +221,49 @@ StatusOr<cache_host::CacheHostOptions> BuildOptions(Flags& f,
   return o;
 }
 
+// --check-config: what Create would refuse, and the arithmetic it would
+// print, on stdout; nothing is allocated, bound or opened.
+int CheckConfig(const Flags& f, const cache_host::CacheHostOptions& o) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "kvfabric-cached: --check-config: %s\n", s.ToString().c_str());
+    return 2;
+  };
+  StatusOr<std::string> arithmetic = cache_host::CacheHostNode::CheckOptions(o);
+  if (!arithmetic.ok()) return fail(arithmetic.status());
+  if (Status s = transport::ValidateDataTransportKind(f.data_transport, "--data-transport");
+      !s.ok()) {
+    return fail(s);
+  }
+  if (!f.metrics_address.empty() && f.metrics_address != "off") {
+    if (Status s = metrics::ValidateMetricsAddress(f.metrics_address); !s.ok()) return fail(s);
+  }
+  std::printf("%s\n", arithmetic->c_str());
+  std::printf("grpc %s, admin %s, data plane %s over %s%s, metrics %s\n", f.grpc_address.c_str(),
+              f.admin_address.empty() ? "off" : f.admin_address.c_str(),
+              o.transport_address.c_str(), f.data_transport.c_str(),
+              f.data_transport == "ucx" ? (" (" + f.ucx_tls + ")").c_str() : "",
+              f.metrics_address.c_str());
+  if (o.nvme.dir.empty()) {
+    std::printf("NVMe tier: none (--nvme-dir)\n");
+  } else {
+    std::printf("NVMe tier: %s, up to %s\n", o.nvme.dir.c_str(),
+                FormatBytes(o.nvme.capacity_bytes).c_str());
+  }
+  std::printf("placement %s, membership TTL %llds\n",
+              f.placement_address.empty() ? "none" : f.placement_address.c_str(),
+              static_cast<long long>(
+                  std::chrono::duration_cast<std::chrono::seconds>(f.membership_ttl).count()));
+  std::printf("kvfabric-cached: configuration OK (--check-config: nothing was started)\n");
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   CLI::App app{"kvfabric-cached: the kvfabric cache-host daemon", "kvfabric-cached"};
+  app.option_defaults()->always_capture_default();  // --help shows every default
+  bool check_config = false;
+  app.add_flag("--check-config", check_config,
+               "validate the flags (and --config YAML), print the start-up arithmetic and exit "
+               "without starting: 0 when the daemon would start, 2 naming the setting otherwise");
   AddYamlConfigOption(&app);
   LogOptions log_options;
   AddLoggingFlags(app, &log_options);
@@ -398,6 +440,7 @@ int Run(int argc, char** argv) {
                   "autotuning) or 4KiB..64MiB", f.tcp_receive_buffer_bytes);
     return 2;
   }
+  if (check_config) return CheckConfig(f, *options);
   transport::DataTransportOptions topts;
   topts.kind = f.data_transport;
   topts.ucx_tls = f.ucx_tls;
