@@ -48,6 +48,12 @@ int main(int argc, char** argv) {
   status->add_option("--cache-host", status_args.cache_hosts,
                      "a daemon's gRPC address HOST:PORT (repeatable), without placement");
   status->add_flag("--json", status_args.json, "machine-readable output");
+  status
+      ->add_option("--interval", status_args.interval_s,
+                   "seconds between the two samples rates are computed from (0: averages "
+                   "since placement started only)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 600.0));
 
   CLI::App* explain = app.add_subcommand("explain", "explain a decision with its formula");
   explain->require_subcommand(1);

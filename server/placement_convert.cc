@@ -296,6 +296,33 @@ void HostStatusToProto(const placement::HostStatus& status, v1::HostStatus* out)
   out->set_directory_blocks(status.directory_blocks);
 }
 
+void DepartedHostToProto(const placement::DepartedHost& departed, v1::DepartedHost* out) {
+  HostRefFromRecord(departed.record, out->mutable_host());
+  out->set_reason(departed.lease_expired ? "lease_expired" : "deregistered");
+  out->set_departed_unix_us(departed.departed_unix_us);
+  out->set_directory_blocks_dropped(departed.directory_blocks_dropped);
+}
+
+void ClusterSummaryToProto(const placement::PlacementSnapshot& s, v1::ClusterSummary* out) {
+  for (PlanKind kind :
+       {PlanKind::kRecomputeAll, PlanKind::kFetchAll, PlanKind::kSplit, PlanKind::kMixed}) {
+    v1::PlanKindCount* c = out->add_plans();
+    c->set_kind(std::string(PlanKindLabel(kind)));
+    c->set_plans(s.plans_by_kind[static_cast<std::size_t>(kind)]);
+  }
+  for (int p = 1; p <= kMaxBusPath; ++p) {
+    const placement::PathTraffic& t = s.traffic[static_cast<std::size_t>(p)];
+    if (t.transfers == 0 || !v1::BusPath_IsValid(p)) continue;
+    v1::PathTrafficSummary* path = out->add_paths();
+    path->set_path(static_cast<v1::BusPath>(p));
+    path->set_transfers(t.transfers);
+    path->set_bytes(t.bytes);
+    path->set_observed_seconds(t.observed_us / 1e6);
+  }
+  out->set_plans_in_flight(s.plans_admitted);
+  out->set_uptime_us(s.uptime_us);
+}
+
 // ---------------------------------------------------------------- reports
 
 StatusOr<placement::BlockReport> BlockReportFromProto(const v1::ReportBlocksRequest& request,

@@ -133,6 +133,9 @@ void TierUsageFromRecord(const placement::MemberRecord& record,
 // A draining member reads SERVING_STATUS_DRAINING (the core does not tell starting from
 // draining), every other SERVING.
 void HostStatusToProto(const placement::HostStatus& status, v1::HostStatus* out);
+void DepartedHostToProto(const placement::DepartedHost& departed, v1::DepartedHost* out);
+// The headline figures of ListHosts from a snapshot.
+void ClusterSummaryToProto(const placement::PlacementSnapshot& snapshot, v1::ClusterSummary* out);
 
 // ---------------------------------------------------------------- reports
 

@@ -235,6 +235,10 @@ grpc::Status PlacementService::ListHosts(grpc::ServerContext* context,
   const std::vector<placement::HostStatus> hosts = node_->ListHosts();
   response->mutable_hosts()->Reserve(static_cast<int>(hosts.size()));
   for (const placement::HostStatus& host : hosts) HostStatusToProto(host, response->add_hosts());
+  for (const placement::DepartedHost& d : node_->RecentlyDeparted()) {
+    DepartedHostToProto(d, response->add_departed());
+  }
+  ClusterSummaryToProto(node_->Snapshot(), response->mutable_summary());
   return grpc::Status::OK;
 }
 

@@ -344,6 +344,14 @@ TEST_F(PlacementServiceTest, HeartbeatAndReportAfterDeregisterAreNotFound) {
   ASSERT_EQ(hosts.hosts_size(), 1);
   EXPECT_EQ(hosts.hosts(0).host().host_id(), "b");
   EXPECT_EQ(node_->Snapshot().deregistrations, 2u);
+  // The departed member and the cluster summary travel with the list.
+  ASSERT_EQ(hosts.departed_size(), 1);
+  EXPECT_EQ(hosts.departed(0).host().host_id(), "a");
+  EXPECT_EQ(hosts.departed(0).reason(), "deregistered");
+  EXPECT_GT(hosts.departed(0).departed_unix_us(), 0u);
+  ASSERT_EQ(hosts.summary().plans_size(), 4);
+  EXPECT_EQ(hosts.summary().plans(0).kind(), "recompute_all");
+  EXPECT_EQ(hosts.summary().paths_size(), 0);  // nothing reported yet
 }
 
 TEST_F(PlacementServiceTest, DeregisterOfAnOlderIncarnationLeavesTheNewOne) {

@@ -334,6 +334,36 @@ TEST_F(CacheHostDaemonTest, SigkillDuringWritesThenRestartRecoversNvmeBlocks) {
   EXPECT_GE(stats.recovered_blocks(), durable.size());
 }
 
+// An operator watches a drain on the dashboard: /metrics answers (with the
+// draining state) for as long as the daemon waits for its clients' leases,
+// until it exits.
+TEST_F(CacheHostDaemonTest, MetricsServeThroughoutTheDrain) {
+  StartDaemon({"--host-pool-bytes=64MiB", "--host-page-bytes=2MiB", "--shutdown-grace=4s"});
+  ASSERT_TRUE(PutBatch(0, 2).ok());
+  // A read lease the client holds across the SIGTERM: the drain waits for it.
+  v1::LeaseRequest lreq;
+  lreq.add_keys(Key(0));
+  lreq.set_ttl_ms(20000);
+  v1::LeaseResponse lresp;
+  grpc::ClientContext lctx;
+  ASSERT_TRUE(stub()->Lease(&lctx, lreq, &lresp).ok());
+  ASSERT_EQ(lresp.results(0).status().code(), 0);
+  const auto start = Clock::now();
+  daemon_->Kill(SIGTERM);
+  int answered = 0;
+  bool saw_draining = false;
+  while (Clock::now() - start < std::chrono::seconds(3)) {
+    const std::string page = HttpGet(daemon_->metrics());
+    if (page.find(" 200 ") != std::string::npos) ++answered;
+    saw_draining = saw_draining || page.find("kvfabric_cache_host_serving{state=\"draining\"} 1") !=
+                                       std::string::npos;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_GE(answered, 10) << "/metrics stopped answering during the drain";
+  EXPECT_TRUE(saw_draining);
+  EXPECT_EQ(daemon_->WaitExit(std::chrono::seconds(30)), 0);
+}
+
 TEST_F(CacheHostDaemonTest, StalledClientsLeasesExpireAndTheirPagesReturn) {
   StartDaemon({"--host-pool-bytes=64MiB", "--host-page-bytes=2MiB"});
   ASSERT_TRUE(PutBatch(0, 4).ok());

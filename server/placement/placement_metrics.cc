@@ -53,15 +53,9 @@ double D(std::uint64_t v) { return static_cast<double>(v); }
 // `a - b`, or 0 if the counters were read at different moments and b overtook a.
 std::uint64_t Minus(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; }
 
-// Plan kinds and their label values, in enum order. "mixed" is PLAN_KIND_MIXED, which the
-// planner uses for its fetch-prefix plans (PlanKindName spells it "fetch-prefix"); the label
-// follows the wire enum so that it stays right if the planner makes other mixes.
-constexpr std::array<std::pair<PlanKind, std::string_view>, 4> kPlanKinds = {{
-    {PlanKind::kRecomputeAll, "recompute_all"},
-    {PlanKind::kFetchAll, "fetch_all"},
-    {PlanKind::kSplit, "split"},
-    {PlanKind::kMixed, "mixed"},
-}};
+// Plan kinds with series, in enum order (PlanKindLabel names them).
+constexpr std::array<PlanKind, 4> kPlanKinds = {PlanKind::kRecomputeAll, PlanKind::kFetchAll,
+                                                PlanKind::kSplit, PlanKind::kMixed};
 
 // The Prometheus histogram of `h` (bucket counts made cumulative; the last bucket is +Inf).
 ClientMetric ErrorHistogram(const PredictionErrorHistogram::Snapshot& h,
@@ -325,9 +319,9 @@ std::vector<MetricFamily> PlacementFamilies(const PlacementSnapshot& s) {
   // ---- Locate, Plan, Place ----
   Counter(out, "locates_total", "Locate calls answered.", {S(D(s.locates))});
   std::vector<Sample> plans;
-  for (const auto& [kind, name] : kPlanKinds) {
-    plans.push_back(
-        S(D(s.plans_by_kind[static_cast<std::size_t>(kind)]), {{"kind", std::string(name)}}));
+  for (const PlanKind kind : kPlanKinds) {
+    plans.push_back(S(D(s.plans_by_kind[static_cast<std::size_t>(kind)]),
+                      {{"kind", std::string(PlanKindLabel(kind))}}));
   }
   const std::uint64_t unspecified =
       s.plans_by_kind[static_cast<std::size_t>(PlanKind::kUnspecified)];
@@ -384,6 +378,25 @@ std::vector<MetricFamily> PlacementFamilies(const PlacementSnapshot& s) {
           "Directory entries clients reported stale (the daemon answered NOT_FOUND).",
           {S(D(s.stale_reports))});
   Counter(out, "places_total", "Place calls answered.", {S(D(s.places))});
+  std::vector<Sample> traffic_bytes, traffic_seconds, traffic_transfers;
+  for (int p = 1; p <= kMaxBusPath; ++p) {
+    const PathTraffic& t = s.traffic[static_cast<std::size_t>(p)];
+    if (t.transfers == 0) continue;
+    const std::vector<ClientMetric::Label> labels = {
+        {"path", std::string(BusPathName(static_cast<BusPath>(p)))}};
+    traffic_bytes.push_back(S(D(t.bytes), labels));
+    traffic_seconds.push_back(S(t.observed_us / 1e6, labels));
+    traffic_transfers.push_back(S(D(t.transfers), labels));
+  }
+  Counter(out, "path_traffic_bytes_total",
+          "Bytes clients reported moving per bus path, every member summed (the cluster's "
+          "bandwidth per path: rate of this over rate of path_traffic_seconds_total).",
+          std::move(traffic_bytes));
+  Counter(out, "path_traffic_seconds_total",
+          "Time the reported transfers took per bus path, summed, in seconds.",
+          std::move(traffic_seconds));
+  Counter(out, "path_traffic_transfers_total", "Transfers clients reported per bus path.",
+          std::move(traffic_transfers));
   Counter(out, "place_hot_keys_total",
           "Keys in Place calls the directory counts as hot (given extra replicas).",
           {S(D(s.place_hot_keys))});

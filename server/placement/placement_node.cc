@@ -200,6 +200,13 @@ void PlacementNode::RemoveMemberLocked(const std::string& host_id, bool expired)
   ++member_epoch_;
   const std::string id = it->first;  // `host_id` may alias the key
   const std::size_t dropped = directory_.DropHost(id);
+  DepartedHost gone;
+  gone.record = it->second.record;
+  gone.lease_expired = expired;
+  gone.departed_unix_us = env_->WallMicros();
+  gone.directory_blocks_dropped = dropped;
+  departed_.push_back(std::move(gone));
+  if (departed_.size() > kMaxDeparted) departed_.pop_front();
   if (it->second.lease_id != 0) host_by_lease_.erase(it->second.lease_id);
   hosts_.erase(it);
   if (expired) {
@@ -639,6 +646,11 @@ std::vector<HostStatus> PlacementNode::ListHosts() const {
     out.push_back(std::move(s));
   }
   return out;
+}
+
+std::vector<DepartedHost> PlacementNode::RecentlyDeparted() const {
+  MutexLock lock(&mu_);
+  return std::vector<DepartedHost>(departed_.rbegin(), departed_.rend());
 }
 
 PlacementSnapshot PlacementNode::Snapshot() const {

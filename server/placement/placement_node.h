@@ -309,6 +309,23 @@ struct HostStatus {
   bool full_report_requested = false;
 };
 
+// Traffic clients reported on one bus path (every member, summed): what the
+// cluster moved and how long it took, for `kvfabric status` and /metrics.
+struct PathTraffic {
+  std::uint64_t transfers = 0;
+  std::uint64_t bytes = 0;
+  double observed_us = 0;
+};
+
+// A member that left (deregistered, or its lease expired) recently: what
+// `kvfabric status` shows as departed. Kept for the last kMaxDeparted.
+struct DepartedHost {
+  MemberRecord record;
+  bool lease_expired = false;  // false: it deregistered (or left the store)
+  std::uint64_t departed_unix_us = 0;
+  std::uint64_t directory_blocks_dropped = 0;
+};
+
 // Everything /metrics reports.
 struct PlacementSnapshot {
   std::uint64_t uptime_us = 0;
@@ -343,6 +360,9 @@ struct PlacementSnapshot {
   std::uint64_t stale_reports = 0;
   std::uint64_t places = 0;
   std::uint64_t place_hot_keys = 0;
+  // Indexed by BusPath (0..kMaxBusPath); transfers of members' and
+  // client-local paths that were scored or not.
+  std::array<PathTraffic, kMaxBusPath + 1> traffic{};
   // observed_total_us / predicted_total_us - 1 of finished plans.
   PredictionErrorHistogram::Snapshot plan_error;
   std::vector<CalibratedCostModel::PathReport> paths;
@@ -400,6 +420,9 @@ class PlacementNode {
   StatusOr<PlaceResponse> Place(const PlaceRequest& request);
   // Live members, sorted by host_id.
   std::vector<HostStatus> ListHosts() const;
+  // Members that left lately, newest first (at most kMaxDeparted).
+  static constexpr std::size_t kMaxDeparted = 32;
+  std::vector<DepartedHost> RecentlyDeparted() const;
   PlacementSnapshot Snapshot() const;
 
   // Reconciles membership with the store (List) and releases expired plans' path load. Runs on
@@ -494,6 +517,8 @@ class PlacementNode {
   std::uint64_t member_epoch_ KVF_GUARDED_BY(mu_) = 0;
   PredictionErrorHistogram plan_error_ KVF_GUARDED_BY(mu_);
   PlacementSnapshot counters_ KVF_GUARDED_BY(mu_);  // counters only
+  // Recently departed members, oldest first, at most kMaxDeparted.
+  std::deque<DepartedHost> departed_ KVF_GUARDED_BY(mu_);
 
   Mutex maintenance_mu_;
   CondVar maintenance_cv_;

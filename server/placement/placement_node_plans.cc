@@ -363,6 +363,15 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
 
   MutexLock lock(&mu_);
   counters_.observations_unscored += unscored;
+  for (std::size_t i = 0; i < r.transfers.size(); ++i) {
+    const TransferObservation& t = r.transfers[i];
+    const int path = static_cast<int>(t.path);
+    if (!member[i] || path <= 0 || path > kMaxBusPath) continue;
+    PathTraffic& traffic = counters_.traffic[static_cast<std::size_t>(path)];
+    ++traffic.transfers;
+    traffic.bytes += t.bytes;
+    traffic.observed_us += t.observed_us;
+  }
   counters_.fallback_runs += r.fallback_runs.size();
   for (const StaleEntry& s : r.stale_entries) {
     directory_.ReportStale(r.ns, s.key, s.host_id);

@@ -291,6 +291,11 @@ TEST_F(PlacementNodeTest, ObservationsScorePathsAndDropStaleEntries) {
   EXPECT_EQ(s.stale_reports, 1u);
   EXPECT_EQ(s.fallback_runs, 1u);
   EXPECT_EQ(s.directory.stale_replicas_removed, 1u);
+  // Traffic per path counts the member's four transfers, not the stranger's.
+  const PathTraffic& t = s.traffic[static_cast<std::size_t>(BusPath::kRemoteHostToLocalHost)];
+  EXPECT_EQ(t.transfers, 4u);
+  EXPECT_EQ(t.bytes, kBlockBytes * (1 + 2 + 4 + 8));
+  EXPECT_GT(t.observed_us, 0.0);
   const std::vector<BlockKey> keys = Keys(2);
   EXPECT_EQ(Holders(*node_->Locate("t", keys)),
             (std::vector<std::vector<std::string>>{{"b"}, {"a", "b"}}));

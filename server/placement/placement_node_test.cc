@@ -319,6 +319,14 @@ TEST_F(PlacementNodeTest, AnExpiredHostDisappearsAndPlanFallsBackToOtherReplicas
   EXPECT_EQ(p.plan.kind, PlanKind::kRecomputeAll);
   EXPECT_EQ(node_->Snapshot().lease_expiries, 2u);
   EXPECT_EQ(node_->Snapshot().directory.entries, 0u);
+  // Both are listed as departed, newest first, with what they took along.
+  const std::vector<DepartedHost> gone = node_->RecentlyDeparted();
+  ASSERT_EQ(gone.size(), 2u);
+  EXPECT_EQ(gone[0].record.host_id, "b");
+  EXPECT_EQ(gone[1].record.host_id, "a");
+  EXPECT_TRUE(gone[0].lease_expired);
+  EXPECT_EQ(gone[1].directory_blocks_dropped, 8u);
+  EXPECT_GT(gone[0].departed_unix_us, gone[1].departed_unix_us);
 }
 
 TEST_F(PlacementNodeTest, ExpiryHeardThroughTheWatchAloneDropsTheHost) {
@@ -343,6 +351,23 @@ TEST_F(PlacementNodeTest, DeregisterDropsTheHostsEntriesAndCountsALeave) {
   EXPECT_EQ(s.members_left, 1u);
   EXPECT_EQ(s.lease_expiries, 0u);
   EXPECT_EQ(s.directory.entries, 0u);
+  const std::vector<DepartedHost> gone = node_->RecentlyDeparted();
+  ASSERT_EQ(gone.size(), 1u);  // the repeated Deregister is not a second departure
+  EXPECT_EQ(gone[0].record.host_id, "a");
+  EXPECT_FALSE(gone[0].lease_expired);
+  EXPECT_EQ(gone[0].directory_blocks_dropped, 3u);
+}
+
+TEST_F(PlacementNodeTest, TheDepartedListKeepsTheNewestOnly) {
+  Start();
+  for (std::size_t i = 0; i < PlacementNode::kMaxDeparted + 5; ++i) {
+    const std::uint64_t lease = Register(Rec("h" + std::to_string(i), 1));
+    ASSERT_TRUE(Deregister(lease).ok());
+  }
+  const std::vector<DepartedHost> gone = node_->RecentlyDeparted();
+  ASSERT_EQ(gone.size(), PlacementNode::kMaxDeparted);
+  EXPECT_EQ(gone.front().record.host_id, "h" + std::to_string(PlacementNode::kMaxDeparted + 4));
+  EXPECT_EQ(gone.back().record.host_id, "h5");
 }
 
 // Random clusters, reports and cost parameters: the chosen plan is never predicted slower than

@@ -397,6 +397,21 @@ std::string_view PlanKindName(PlanKind kind) {
   }
 }
 
+std::string_view PlanKindLabel(PlanKind kind) {
+  switch (kind) {
+    case PlanKind::kRecomputeAll:
+      return "recompute_all";
+    case PlanKind::kFetchAll:
+      return "fetch_all";
+    case PlanKind::kSplit:
+      return "split";
+    case PlanKind::kMixed:
+      return "mixed";
+    default:
+      return "unspecified";
+  }
+}
+
 StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
   KVF_RETURN_IF_ERROR(Validate(in));
   Work w;

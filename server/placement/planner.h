@@ -82,6 +82,10 @@ enum class RunAction : int {
 };
 
 std::string_view PlanKindName(PlanKind kind);
+// The label of a kind in metrics and summaries, as the client names it:
+// "recompute_all", "fetch_all", "split", "mixed" (the wire enum's name, so
+// the planner's fetch-prefix plans are "mixed"), "unspecified".
+std::string_view PlanKindLabel(PlanKind kind);
 
 // A daemon as the planner sees it: the parameters of its paths to this client.
 struct PlannerHost {
