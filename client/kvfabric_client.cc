@@ -168,6 +168,12 @@ Status Client::Impl::Init() {
   transport::DataTransportOptions topts;
   topts.kind = o_.data_transport;
   topts.ucx_tls = o_.ucx_tls;
+  topts.ucx_tls_setting =
+      o_.ucx_tls_setting.empty() ? std::string("ucx_tls (--ucx-tls)") : o_.ucx_tls_setting;
+  // UCX's messages go where the engine sends the library's (client_log.h).
+  topts.ucx_log_sink = [](spdlog::level::level_enum level, std::string_view line) {
+    Log().log(level, "{}", line);
+  };
   KVF_ASSIGN_OR_RETURN(transport_, transport::CreateDataTransport(topts));
   shared_memory_ = transport::UsesSharedMemory(topts);
   ucx_data_plane_ = topts.kind == "ucx";

@@ -337,6 +337,27 @@ TEST_F(CacheHostDaemonTest, SigkillDuringWritesThenRestartRecoversNvmeBlocks) {
 // An operator watches a drain on the dashboard: /metrics answers (with the
 // draining state) for as long as the daemon waits for its clients' leases,
 // until it exits.
+// A transport list naming what this machine lacks (ugni: Cray's network)
+// gets one warning in the daemon's log while it runs, naming the missing
+// item and what UCX found; UCX's own message is not printed at exit.
+TEST_F(CacheHostDaemonTest, AMissingUcxTransportIsOneWarningInTheLogAtStartUp) {
+  const std::string log = dir_ + "/cached.log";
+  StartDaemon({"--host-pool-bytes=64MiB", "--host-page-bytes=2MiB", "--ucx-tls=ugni,sm,self,tcp",
+               "--log-file=" + log});
+  ASSERT_TRUE(PutBatch(0, 2).ok());
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string warning =
+      "--ucx-tls \"ugni,sm,self,tcp\": ugni is not available on this machine (UCX finds: ";
+  const std::size_t at = text.find(warning);
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_EQ(text.find(warning, at + 1), std::string::npos) << "warned twice:\n" << text;
+  EXPECT_NE(text.find("using sm, self, tcp only"), std::string::npos) << text;
+  EXPECT_EQ(text.find("UCX  WARN"), std::string::npos) << text;
+  daemon_->Kill(SIGTERM);
+  EXPECT_EQ(daemon_->WaitExit(std::chrono::seconds(30)), 0);
+}
+
 TEST_F(CacheHostDaemonTest, MetricsServeThroughoutTheDrain) {
   StartDaemon({"--host-pool-bytes=64MiB", "--host-page-bytes=2MiB", "--shutdown-grace=4s"});
   ASSERT_TRUE(PutBatch(0, 2).ok());

@@ -41,6 +41,8 @@ StatusOr<std::unique_ptr<Transport>> CreateDataTransport(const DataTransportOpti
   }
   ucx::UcxTransportOptions u;
   u.tls = options.ucx_tls;
+  u.tls_setting = options.ucx_tls_setting;
+  u.log_sink = options.ucx_log_sink;
   if (options.shared_memory_peers == "same-user") {
     u.shared_memory_peers = ucx::SharedMemoryPeers::kSameUser;
   } else if (options.shared_memory_peers == "any") {

@@ -14,6 +14,7 @@
 
 #include "core/statusor.h"
 #include "transport/transport.h"
+#include "transport/ucx/ucx_log.h"
 
 namespace kvfabric::transport {
 
@@ -22,6 +23,12 @@ struct DataTransportOptions {
   std::string kind = "ucx";
   // UCX only: the transport list (must include tcp) and copy helpers.
   std::string ucx_tls = "sm,self,tcp";
+  // UCX only: the setting ucx_tls came from, named in the one warning about
+  // transports of the list this machine lacks (ucx/ucx_log.h).
+  std::string ucx_tls_setting = "--ucx-tls";
+  // UCX only: receives UCX's own messages and that warning (default:
+  // spdlog's default logger; libkvfabric passes its own logger).
+  ucx::UcxLogSink ucx_log_sink;
   // UCX only, listeners: "same-user" (the default) accepts connections from
   // processes of this host only when their socket belongs to this process's
   // user, while ucx_tls uses shared memory; "any" accepts every user

@@ -243,6 +243,23 @@ int CheckConfig(const Flags& f, const cache_host::CacheHostOptions& o) {
               o.transport_address.c_str(), f.data_transport.c_str(),
               f.data_transport == "ucx" ? (" (" + f.ucx_tls + ")").c_str() : "",
               f.metrics_address.c_str());
+  if (f.data_transport == "ucx") {
+    // What UCX finds here against --ucx-tls: the warning the daemon would log.
+    StatusOr<ucx::UcxTransportCheck> check = ucx::CheckUcxTransports(f.ucx_tls);
+    if (!check.ok()) {
+      std::printf("UCX transports: cannot list this machine's (%s)\n",
+                  check.status().ToString().c_str());
+    } else if (check->missing.empty()) {
+      std::string found;
+      for (const std::string& t : check->available) found += (found.empty() ? "" : ", ") + t;
+      std::printf("UCX transports: every item of --ucx-tls is available (UCX finds: %s)\n",
+                  found.c_str());
+    } else {
+      const std::string warning = ucx::UcxTransportWarning(*check, f.ucx_tls, "--ucx-tls");
+      if (check->usable.empty()) return fail(Status::InvalidArgument(warning));
+      std::printf("warning: %s\n", warning.c_str());
+    }
+  }
   if (o.nvme.dir.empty()) {
     std::printf("NVMe tier: none (--nvme-dir)\n");
   } else {

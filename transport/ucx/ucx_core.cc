@@ -96,6 +96,11 @@ static bool NamesRdma(const std::string& tls) {
 }
 
 Status UcxCore::InitContext() {
+  // UCX's messages go to the process's logger from here on (not to stdout,
+  // where a daemon's buffered output held them until exit), and a list naming
+  // transports this machine lacks gets one warning saying which.
+  RouteUcxLogs(options_.log_sink);
+  (void)WarnAboutMissingUcxTransports(options_.tls, options_.tls_setting);
   ucp_config_t* raw_config = nullptr;
   // ucp_config_read also applies UCX_* variables of the process environment;
   // every key this transport depends on is then overridden below from Options.

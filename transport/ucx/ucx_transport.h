@@ -141,6 +141,7 @@
 
 #include "core/statusor.h"
 #include "transport/transport.h"
+#include "transport/ucx/ucx_log.h"
 
 namespace kvfabric::ucx {
 
@@ -173,6 +174,13 @@ struct UcxTransportOptions {
   // connections need "tcp" (or "all"); a list without it is rejected with
   // InvalidArgument.
   std::string tls = "sm,self,tcp";
+  // Where `tls` came from, for the one warning naming the transports of the
+  // list this machine lacks (ucx_log.h). Default "--ucx-tls".
+  std::string tls_setting = "--ucx-tls";
+  // Receives UCX's own log messages and that warning, one line each
+  // (ucx_log.h; process-wide: the last transport created with a sink sets
+  // it). Default empty: spdlog's default logger.
+  UcxLogSink log_sink;
 
   // Listener side: which processes on this host may connect while `tls`
   // uses shared memory (see SharedMemoryPeers). Default kSameUser.
