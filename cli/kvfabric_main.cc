@@ -4,11 +4,13 @@
 //       this build, and the optional parts it detected
 //   kvfabric demo [--max-history-tokens N] [--layers L] ... [--keep-running] [--json]
 //       a long-context workload end to end on an embedded local cluster
-//   kvfabric explain eviction --cache-host HOST:PORT [--namespace NS] --key HEX [--json]
+//   kvfabric explain eviction --cache-host HOST:PORT [--namespace NS] [--key HEX]
+//       [--all-namespaces] [--last N] [--json]
 //       why a cache host evicted, demoted or dropped a block, with the formula
 //   kvfabric status (--placement HOST:PORT | --cache-host HOST:PORT ...) [--json]
 //       live cache hosts: state, capacity and use per tier, blocks, leases
-//   kvfabric explain plan --placement HOST:PORT --plan-id N [--json]
+//   kvfabric explain plan --placement HOST:PORT [--plan-id N] [--namespace NS] [--last N]
+//       [--json]
 //       a fetch-or-recompute plan's formula with its numbers
 //   kvfabric calibrate --out FILE [--cache-host HOST:PORT]... [--nvme-dir DIR]
 //                      [--min-bytes B] [--max-bytes B] [--repeats N] [--json]
@@ -63,15 +65,27 @@ int main(int argc, char** argv) {
   eviction->add_option("--cache-host", eviction_args.cache_host, "daemon gRPC address HOST:PORT")
       ->required();
   eviction->add_option("--namespace", eviction_args.tenant, "the block's namespace");
-  eviction->add_option("--key", eviction_args.key_hex, "the block key, 64 hex characters")
-      ->required();
+  eviction->add_option("--key", eviction_args.key_hex,
+                       "the block key, 64 hex characters; without it, the daemon's most recent "
+                       "decisions are listed");
+  eviction->add_flag("--all-namespaces", eviction_args.all_namespaces,
+                     "list every namespace's decisions (--cache-host must be the daemon's "
+                     "--admin-address)");
+  eviction->add_option("--last", eviction_args.last, "how many recent decisions to list")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
   eviction->add_flag("--json", eviction_args.json, "machine-readable output");
   kvfabric::cli::ExplainPlanArgs plan_args;
   CLI::App* plan = explain->add_subcommand("plan", "a placement plan's formula with its numbers");
   plan->add_option("--placement", plan_args.placement, "placement gRPC address HOST:PORT")
       ->required();
-  plan->add_option("--plan-id", plan_args.plan_id, "the plan's id (PlanResponse.plan_id)")
-      ->required();
+  plan->add_option("--plan-id", plan_args.plan_id,
+                   "the plan's id (PlanResponse.plan_id); without it, the most recent plans "
+                   "are listed");
+  plan->add_option("--namespace", plan_args.tenant, "list only this namespace's plans");
+  plan->add_option("--last", plan_args.last, "how many recent plans to list")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
   plan->add_flag("--json", plan_args.json, "machine-readable output");
 
   kvfabric::cli::CalibrateArgs calibrate_args;

@@ -23,6 +23,10 @@ inline constexpr std::uint32_t kMaxTtlMs = 600000;
 inline constexpr std::uint32_t kDefaultTtlMs = 30000;
 inline constexpr std::uint32_t kMaxReplicas = 8;
 inline constexpr std::uint32_t kMaxExplanationBytes = 65536;
+// Decisions one ListEvictions or ListPlans call returns at most (their
+// `limit`; 0 asks for kDefaultListedDecisions).
+inline constexpr std::uint32_t kMaxListedDecisions = 1000;
+inline constexpr std::uint32_t kDefaultListedDecisions = 20;
 
 // The defaults above plus the format limits from core (block payload, tokens
 // per block, namespace and model id lengths).

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "proto/grpc_status.h"
+#include "proto/wire_limits.h"
 #include "server/cache_host_convert.h"
 
 namespace kvfabric {
@@ -317,6 +318,26 @@ grpc::Status CacheHostService::Lookup(grpc::ServerContext* context,
 
 // ---------------------------------------------------------------- ExplainEviction
 
+namespace {
+
+v1::EvictionPolicy PolicyToProto(cache_host::EvictionPolicyKind policy) {
+  return policy == cache_host::EvictionPolicyKind::kLru ? v1::EVICTION_POLICY_LRU
+                                                        : v1::EVICTION_POLICY_COST_AWARE;
+}
+
+void ExplanationToProto(const cache_host::EvictionDecision& d, v1::EvictionExplanation* r) {
+  r->set_sequence(d.sequence);
+  r->set_time_us(d.time_us);
+  r->set_action(std::string(cache_host::EvictionActionName(d.action)));
+  r->set_step(d.step);
+  r->set_rank(d.rank);
+  r->set_candidates(d.candidates);
+  r->set_score(d.score);
+  r->set_explanation(d.explanation);
+}
+
+}  // namespace
+
 grpc::Status CacheHostService::ExplainEviction(grpc::ServerContext* context,
                                                const v1::ExplainEvictionRequest* request,
                                                v1::ExplainEvictionResponse* response) {
@@ -326,19 +347,40 @@ grpc::Status CacheHostService::ExplainEviction(grpc::ServerContext* context,
   KVF_GRPC_RETURN_IF_ERROR(Admit(context));
   for (const cache_host::EvictionDecision& d :
        node_->ExplainEviction(NamespaceOf(request->namespace_()), *key)) {
-    v1::EvictionExplanation* r = response->add_decisions();
-    r->set_sequence(d.sequence);
-    r->set_time_us(d.time_us);
-    r->set_action(std::string(cache_host::EvictionActionName(d.action)));
-    r->set_step(d.step);
-    r->set_rank(d.rank);
-    r->set_candidates(d.candidates);
-    r->set_score(d.score);
-    r->set_explanation(d.explanation);
+    ExplanationToProto(d, response->add_decisions());
   }
-  response->set_eviction_policy(node_->options().policy == cache_host::EvictionPolicyKind::kLru
-                                    ? v1::EVICTION_POLICY_LRU
-                                    : v1::EVICTION_POLICY_COST_AWARE);
+  response->set_eviction_policy(PolicyToProto(node_->options().policy));
+  return grpc::Status::OK;
+}
+
+grpc::Status CacheHostService::ListEvictions(grpc::ServerContext* context,
+                                             const v1::ListEvictionsRequest* request,
+                                             v1::ListEvictionsResponse* response) {
+  if (request->all_namespaces()) {
+    KVF_GRPC_RETURN_IF_ERROR(CheckAdmin("ListEvictions of every namespace"));
+  } else {
+    KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), options_.limits));
+  }
+  if (request->limit() > kMaxListedDecisions) {
+    return ToGrpcStatus(Status::InvalidArgument(
+        "ListEvictions limit " + std::to_string(request->limit()) +
+        " is over kMaxListedDecisions " + std::to_string(kMaxListedDecisions)));
+  }
+  KVF_GRPC_RETURN_IF_ERROR(Admit(context));
+  const std::size_t limit = request->limit() == 0 ? kDefaultListedDecisions : request->limit();
+  const std::vector<cache_host::EvictionDecision> decisions =
+      node_->RecentEvictions(limit, request->all_namespaces() ? nullptr : &request->namespace_());
+  response->mutable_decisions()->Reserve(static_cast<int>(decisions.size()));
+  for (const cache_host::EvictionDecision& d : decisions) {
+    v1::ListedEviction* r = response->add_decisions();
+    r->set_namespace_(d.tenant);
+    r->set_key(
+        std::string(reinterpret_cast<const char*>(d.key.bytes().data()), d.key.bytes().size()));
+    r->set_pages(d.pages);
+    ExplanationToProto(d, r->mutable_decision());
+  }
+  response->set_eviction_policy(PolicyToProto(node_->options().policy));
+  response->set_log_capacity(node_->eviction_log_capacity());
   return grpc::Status::OK;
 }
 

@@ -82,6 +82,8 @@ class CacheHostService final : public v1::CacheHost::Service {
   grpc::Status ExplainEviction(grpc::ServerContext* context,
                                const v1::ExplainEvictionRequest* request,
                                v1::ExplainEvictionResponse* response) override;
+  grpc::Status ListEvictions(grpc::ServerContext* context, const v1::ListEvictionsRequest* request,
+                             v1::ListEvictionsResponse* response) override;
   grpc::Status Delete(grpc::ServerContext* context, const v1::DeleteRequest* request,
                       v1::DeleteResponse* response) override;
   grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,

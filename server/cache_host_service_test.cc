@@ -682,6 +682,64 @@ TEST_F(CacheHostServiceTest, PublicListenerRefusesTheAdministrativeRpcs) {
       << s.error_message();
 }
 
+// `kvfabric explain eviction` without --key: a tenant lists its own recent
+// decisions; every tenant's only on the admin listener (keys are tenants').
+TEST_F(CacheHostServiceTest, ListEvictionsShowsOneTenantsDecisionsOrEveryOnesToTheAdmin) {
+  const std::uint64_t blocks = 2 * kPoolBytes / kPageBytes;  // twice the pool: evictions
+  for (std::uint64_t i = 0; i < blocks; ++i) {
+    ASSERT_NO_FATAL_FAILURE(Publish(i % 2 == 0 ? "a" : "b", static_cast<int>(i)));
+  }
+  v1::ListEvictionsRequest req;
+  req.set_namespace_("a");
+  req.set_limit(5);
+  v1::ListEvictionsResponse list;
+  ASSERT_TRUE(Call(&CacheHostService::ListEvictions, req, &list).ok());
+  ASSERT_EQ(list.decisions_size(), 5);
+  EXPECT_EQ(list.log_capacity(), 4096u);
+  for (int i = 0; i < list.decisions_size(); ++i) {
+    const v1::ListedEviction& e = list.decisions(i);
+    EXPECT_EQ(e.namespace_(), "a");
+    EXPECT_EQ(e.key().size(), 32u);
+    EXPECT_FALSE(e.decision().explanation().empty());
+    if (i > 0) EXPECT_LT(e.decision().sequence(), list.decisions(i - 1).decision().sequence());
+  }
+  // The same block, asked by key, has the decision listed first.
+  v1::ExplainEvictionRequest explain;
+  explain.set_namespace_("a");
+  explain.set_key(list.decisions(0).key());
+  v1::ExplainEvictionResponse why;
+  ASSERT_TRUE(Call(&CacheHostService::ExplainEviction, explain, &why).ok());
+  ASSERT_GE(why.decisions_size(), 1);
+  EXPECT_EQ(why.decisions(0).sequence(), list.decisions(0).decision().sequence());
+
+  v1::ListEvictionsRequest all;
+  all.set_all_namespaces(true);
+  all.set_limit(1000);
+  v1::ListEvictionsResponse every;
+  ASSERT_TRUE(Call(&CacheHostService::ListEvictions, all, &every).ok());
+  bool saw_a = false, saw_b = false;
+  for (const v1::ListedEviction& e : every.decisions()) {
+    saw_a = saw_a || e.namespace_() == "a";
+    saw_b = saw_b || e.namespace_() == "b";
+  }
+  EXPECT_TRUE(saw_a && saw_b);
+
+  CacheHostServiceOptions options;
+  options.transport_address = node_->transport_address();
+  CacheHostService open(node_.get(), health_.get(), options);
+  v1::ListEvictionsResponse refused;
+  grpc::Status s = Call(&CacheHostService::ListEvictions, all, &refused, &open);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(refused.decisions_size(), 0);
+  v1::ListEvictionsResponse own;
+  EXPECT_TRUE(Call(&CacheHostService::ListEvictions, req, &own, &open).ok());
+  EXPECT_EQ(own.decisions_size(), 5);
+  all.set_limit(1001);
+  v1::ListEvictionsResponse too_many;
+  s = Call(&CacheHostService::ListEvictions, all, &too_many);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 TEST_F(CacheHostServiceTest, DrainRefusesNewReservationsAndLeasesUntilResumed) {
   Publish("a", 1);
   v1::DrainRequest drain;

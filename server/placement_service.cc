@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "proto/grpc_status.h"
+#include "proto/wire_limits.h"
 #include "server/cache_host_convert.h"
 #include "server/placement/placement_node.h"
 #include "server/placement_convert.h"
@@ -203,6 +204,40 @@ grpc::Status PlacementService::Explain(grpc::ServerContext* context,
   StatusOr<placement::PlanExplanation> explanation = node_->Explain(request->plan_id());
   if (!explanation.ok()) return ToGrpcStatus(explanation.status());
   PlanExplanationToProto(*explanation, options_.limits, response);
+  return grpc::Status::OK;
+}
+
+grpc::Status PlacementService::ListPlans(grpc::ServerContext* context,
+                                         const v1::ListPlansRequest* request,
+                                         v1::ListPlansResponse* response) {
+  if (!request->namespace_().empty()) {
+    KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), options_.limits));
+  }
+  if (request->limit() > kMaxListedDecisions) {
+    return ToGrpcStatus(Status::InvalidArgument(
+        "ListPlans limit " + std::to_string(request->limit()) + " is over kMaxListedDecisions " +
+        std::to_string(kMaxListedDecisions)));
+  }
+  KVF_GRPC_RETURN_IF_ERROR(Admit(context));
+  const std::size_t limit = request->limit() == 0 ? kDefaultListedDecisions : request->limit();
+  const std::vector<placement::PlanSummary> plans =
+      node_->RecentPlans(limit, request->namespace_().empty() ? nullptr : &request->namespace_());
+  response->mutable_plans()->Reserve(static_cast<int>(plans.size()));
+  for (const placement::PlanSummary& p : plans) {
+    v1::PlanSummary* out = response->add_plans();
+    out->set_plan_id(p.plan_id);
+    out->set_decided_unix_us(p.decided_unix_us);
+    out->set_kind(PlanKindToProto(p.kind));
+    out->set_namespace_(p.ns);
+    out->set_model_id(p.model_id);
+    out->set_chain_blocks(p.chain_blocks);
+    out->set_cached_prefix_blocks(p.cached_prefix_blocks);
+    out->set_suffix_tokens(p.suffix_tokens);
+    out->set_predicted_total_us(p.predicted_total_us);
+    out->set_finished(p.finished);
+    out->set_observed_total_us(p.observed_total_us.value_or(0.0));
+  }
+  response->set_history_plans(node_->Snapshot().plan_history);
   return grpc::Status::OK;
 }
 

@@ -92,6 +92,8 @@ class PlacementService final : public v1::Placement::Service {
                                   v1::ReportObservationsResponse* response) override;
   grpc::Status Explain(grpc::ServerContext* context, const v1::ExplainRequest* request,
                        v1::ExplainResponse* response) override;
+  grpc::Status ListPlans(grpc::ServerContext* context, const v1::ListPlansRequest* request,
+                         v1::ListPlansResponse* response) override;
   grpc::Status Place(grpc::ServerContext* context, const v1::PlaceRequest* request,
                      v1::PlaceResponse* response) override;
   grpc::Status ListHosts(grpc::ServerContext* context, const v1::ListHostsRequest* request,

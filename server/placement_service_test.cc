@@ -4,7 +4,6 @@
 //
 // Blocks are of TestFingerprint(): 2 layers x 2 (K, V) x 16 tokens x 2 heads x 16 dims x bf16 =
 // 4096 bytes. The cost model makes fetching a cached block far cheaper than recomputing it.
-#include "core/testing/fake_clock_env.h"
 #include "server/placement_service.h"
 
 #include <grpcpp/grpcpp.h>
@@ -20,6 +19,8 @@
 #include <vector>
 
 #include "core/env.h"
+#include "core/testing/fake_clock_env.h"
+#include "proto/wire_limits.h"
 #include "server/placement/membership_store.h"
 #include "server/placement/placement_node.h"
 #include "server/placement_convert.h"
@@ -507,6 +508,46 @@ TEST_F(PlacementServiceTest, PlanFetchesTheCachedPrefixWithFallbacksAndExplainGi
     }
   }
   EXPECT_TRUE(predicted);
+}
+
+TEST_F(PlacementServiceTest, ListPlansGivesTheNewestPlansWithTheirIdsAndNamespaces) {
+  JoinThreeHostsAndReport();
+  std::vector<std::uint64_t> ids;
+  for (int i = 0; i < 3; ++i) {
+    v1::PlanResponse plan;
+    ASSERT_TRUE(Call(&PlacementService::Plan, PlanOf(6), &plan).ok());
+    ids.push_back(plan.plan_id());
+  }
+  v1::ListPlansRequest req;
+  req.set_limit(2);
+  v1::ListPlansResponse list;
+  ASSERT_TRUE(Call(&PlacementService::ListPlans, req, &list).ok());
+  ASSERT_EQ(list.plans_size(), 2);
+  EXPECT_EQ(list.plans(0).plan_id(), ids[2]);
+  EXPECT_EQ(list.plans(1).plan_id(), ids[1]);
+  EXPECT_EQ(list.plans(0).kind(), v1::PLAN_KIND_FETCH_ALL);
+  EXPECT_EQ(list.plans(0).chain_blocks(), 6u);
+  EXPECT_EQ(list.plans(0).cached_prefix_blocks(), 4u);
+  EXPECT_GT(list.plans(0).predicted_total_us(), 0.0);
+  EXPECT_FALSE(list.plans(0).finished());
+  EXPECT_EQ(list.history_plans(), 3u);
+  const std::string ns = list.plans(0).namespace_();
+
+  req.set_namespace_(ns + "-other");
+  v1::ListPlansResponse other;
+  ASSERT_TRUE(Call(&PlacementService::ListPlans, req, &other).ok());
+  EXPECT_EQ(other.plans_size(), 0);
+  req.set_namespace_(ns);
+  req.set_limit(0);  // the default, 20
+  v1::ListPlansResponse mine;
+  ASSERT_TRUE(Call(&PlacementService::ListPlans, req, &mine).ok());
+  EXPECT_EQ(mine.plans_size(), 3);
+
+  req.set_limit(kMaxListedDecisions + 1);
+  const grpc::Status s = Call(&PlacementService::ListPlans, req, &list);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("kMaxListedDecisions 1000"), std::string::npos)
+      << s.error_message();
 }
 
 TEST_F(PlacementServiceTest, ExplainOfAnUnknownPlanIsNotFoundAndEvictionsPointAtTheDaemon) {

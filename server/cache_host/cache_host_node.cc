@@ -574,6 +574,13 @@ std::vector<EvictionDecision> CacheHostNode::ExplainEviction(const Namespace& ns
   return table_->Explain(ns, key);
 }
 
+std::vector<EvictionDecision> CacheHostNode::RecentEvictions(std::size_t n,
+                                                             const std::string* tenant) const {
+  return table_->decisions().Recent(n, tenant);
+}
+
+std::size_t CacheHostNode::eviction_log_capacity() const { return table_->decisions().capacity(); }
+
 ServingState CacheHostNode::Drain(bool resume) {
   ServingState expected = resume ? ServingState::kDraining : ServingState::kServing;
   const ServingState next = resume ? ServingState::kServing : ServingState::kDraining;

@@ -369,6 +369,11 @@ class CacheHostNode {
   CacheHostSnapshot Snapshot() const;
   // Why (ns, key) left the host pool, newest first.
   std::vector<EvictionDecision> ExplainEviction(const Namespace& ns, const BlockKey& key) const;
+  // The newest `n` eviction and demotion decisions in the log, newest first:
+  // `tenant`'s only, or every tenant's when it is null.
+  std::vector<EvictionDecision> RecentEvictions(std::size_t n, const std::string* tenant) const;
+  // How many decisions the log keeps (--eviction-log-capacity).
+  std::size_t eviction_log_capacity() const;
   // false: start draining; true: serve again. Returns the state after.
   ServingState Drain(bool resume);
   // See the class comment. `grace` bounds the wait for grants in use.

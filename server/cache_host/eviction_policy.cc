@@ -270,10 +270,12 @@ std::vector<EvictionDecision> DecisionLog::Find(const std::string& tenant,
   return out;
 }
 
-std::vector<EvictionDecision> DecisionLog::Recent(std::size_t n) const {
+std::vector<EvictionDecision> DecisionLog::Recent(std::size_t n, const std::string* tenant) const {
   MutexLock lock(&mu_);
   std::vector<EvictionDecision> out;
-  for (auto it = ring_.rbegin(); it != ring_.rend() && out.size() < n; ++it) out.push_back(*it);
+  for (auto it = ring_.rbegin(); it != ring_.rend() && out.size() < n; ++it) {
+    if (tenant == nullptr || it->tenant == *tenant) out.push_back(*it);
+  }
   return out;
 }
 

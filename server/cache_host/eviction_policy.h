@@ -215,8 +215,9 @@ class DecisionLog {
   // (BlockIndex::ReclaimIfEmpty), and its decisions must then neither vanish
   // nor show under the id's next owner.
   std::vector<EvictionDecision> Find(const std::string& tenant, const BlockKey& key) const;
-  // The newest `n` decisions, newest first.
-  std::vector<EvictionDecision> Recent(std::size_t n) const;
+  // The newest `n` decisions, newest first; only `tenant`'s if it is given.
+  std::vector<EvictionDecision> Recent(std::size_t n, const std::string* tenant = nullptr) const;
+  std::size_t capacity() const { return capacity_; }
   std::uint64_t Count(EvictionAction action) const;
 
  private:

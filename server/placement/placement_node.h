@@ -266,6 +266,21 @@ struct ExplainTerm {
   std::string unit;
 };
 
+// One plan of the history, for `kvfabric explain plan` without an id.
+struct PlanSummary {
+  std::uint64_t plan_id = 0;
+  std::uint64_t decided_unix_us = 0;
+  PlanKind kind = PlanKind::kUnspecified;
+  std::string ns;
+  std::string model_id;
+  std::uint32_t chain_blocks = 0;
+  std::uint32_t cached_prefix_blocks = 0;
+  std::uint64_t suffix_tokens = 0;
+  double predicted_total_us = 0;
+  bool finished = false;
+  std::optional<double> observed_total_us;  // once the client reported it finished
+};
+
 struct PlanExplanation {
   std::uint64_t plan_id = 0;
   PlanKind kind = PlanKind::kUnspecified;
@@ -413,6 +428,8 @@ class PlacementNode {
   void ReportPlanFinished(std::uint64_t plan_id);
   // NotFound if the plan is unknown or aged out of the history.
   StatusOr<PlanExplanation> Explain(std::uint64_t plan_id) const;
+  // The newest `n` plans of the history, newest first; `ns`'s only if given.
+  std::vector<PlanSummary> RecentPlans(std::size_t n, const std::string* ns = nullptr) const;
   // A calibration file read again (SIGHUP, the ReloadCalibration RPC): its entries replace the
   // cost model's (CalibratedCostModel::Reload); membership, the directory, plans and the path
   // load are untouched. An invalid calibration changes nothing.
@@ -457,6 +474,8 @@ class PlacementNode {
   struct PlanRecord {
     std::uint64_t plan_id = 0;
     std::uint64_t decided_unix_us = 0;
+    std::string ns;
+    std::string model_id;
     PlanKind kind = PlanKind::kUnspecified;
     double predicted_total_us = 0;
     std::vector<PlanAlternative> alternatives;
@@ -485,6 +504,8 @@ class PlacementNode {
   ChainLocations LocateLocked(std::string_view ns, std::span<const BlockKey> keys)
       KVF_REQUIRES(mu_);
   void TrimPlanHistoryLocked() KVF_REQUIRES(mu_);
+  // What a record counts against plan_history_bytes (added and removed alike).
+  static std::size_t PlanRecordBytes(const PlanRecord& record);
   const PlanRecord* FindPlanLocked(std::uint64_t plan_id) const KVF_REQUIRES(mu_);
   // Each path's and the recompute model's parameters, provenance, error and queued bytes, as
   // text and terms, for Explain.

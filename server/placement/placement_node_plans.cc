@@ -164,6 +164,8 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   PlanRecord record;
   record.decided_unix_us = env_->WallMicros();
   record.kind = result.plan.kind;
+  record.ns = request.ns;
+  record.model_id = request.model_id;
   record.predicted_total_us = result.plan.predicted_total_us;
   record.alternatives = result.plan.alternatives;
   record.chain_blocks = static_cast<std::uint32_t>(chain.size());
@@ -188,9 +190,7 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   MutexLock lock(&mu_);
   record.plan_id = next_plan_id_++;
   result.plan_id = record.plan_id;
-  plans_bytes_ += sizeof(PlanRecord) + record.explanation.size() + record.inputs.size() +
-                  record.input_terms.size() * sizeof(ExplainTerm) +
-                  record.alternatives.size() * sizeof(PlanAlternative);
+  plans_bytes_ += PlanRecordBytes(record);
   plans_.push_back(std::move(record));
   TrimPlanHistoryLocked();
   ++counters_.plans;
@@ -272,14 +272,45 @@ void PlacementNode::DescribePlanInputs(const PlanRequest& request, const Planner
   t += "\n";
 }
 
+std::size_t PlacementNode::PlanRecordBytes(const PlanRecord& record) {
+  std::size_t terms = 0;
+  for (const ExplainTerm& t : record.input_terms) terms += t.name.size() + t.unit.size();
+  return sizeof(PlanRecord) + record.ns.size() + record.model_id.size() +
+         record.explanation.size() + record.inputs.size() +
+         record.input_terms.size() * sizeof(ExplainTerm) + terms +
+         record.alternatives.size() * sizeof(PlanAlternative);
+}
+
 void PlacementNode::TrimPlanHistoryLocked() {
+  // The same PlanRecordBytes on the way out as on the way in: otherwise the
+  // count drifts up and the history shrinks to one plan over time.
   while (plans_.size() > 1 &&
          (plans_.size() > options_.plan_history || plans_bytes_ > options_.plan_history_bytes)) {
-    const PlanRecord& old = plans_.front();
-    plans_bytes_ -= sizeof(PlanRecord) + old.explanation.size() +
-                    old.alternatives.size() * sizeof(PlanAlternative);
+    plans_bytes_ -= PlanRecordBytes(plans_.front());
     plans_.pop_front();
   }
+}
+
+std::vector<PlanSummary> PlacementNode::RecentPlans(std::size_t n, const std::string* ns) const {
+  MutexLock lock(&mu_);
+  std::vector<PlanSummary> out;
+  for (auto it = plans_.rbegin(); it != plans_.rend() && out.size() < n; ++it) {
+    if (ns != nullptr && it->ns != *ns) continue;
+    PlanSummary s;
+    s.plan_id = it->plan_id;
+    s.decided_unix_us = it->decided_unix_us;
+    s.kind = it->kind;
+    s.ns = it->ns;
+    s.model_id = it->model_id;
+    s.chain_blocks = it->chain_blocks;
+    s.cached_prefix_blocks = it->cached_prefix_blocks;
+    s.suffix_tokens = it->suffix_tokens;
+    s.predicted_total_us = it->predicted_total_us;
+    s.finished = it->finished;
+    s.observed_total_us = it->observed_total_us;
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 const PlacementNode::PlanRecord* PlacementNode::FindPlanLocked(std::uint64_t plan_id) const {

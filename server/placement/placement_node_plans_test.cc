@@ -253,6 +253,30 @@ TEST_F(PlacementNodeTest, ExplainKeepsABoundedHistory) {
   EXPECT_EQ(node_->Snapshot().plan_history, 2u);
 }
 
+// The byte bound counts a plan the same going out as coming in: the history
+// held under plan_history_bytes stays the same size however many plans pass
+// (it used to subtract less than it added and shrink toward one plan).
+TEST_F(PlacementNodeTest, ThePlanHistoryByteBoundDoesNotDrift) {
+  options_.plan_history = 100000;
+  options_.plan_history_bytes = 256 << 10;
+  Start();
+  const std::uint64_t la = Register(Rec("a", 1));
+  Report("a", 1, la, Commits(0, 4));
+  for (int i = 0; i < 2000; ++i) MakePlan(4);
+  const std::uint64_t kept = node_->Snapshot().plan_history;
+  ASSERT_GT(kept, 10u);
+  for (int i = 0; i < 20000; ++i) MakePlan(4);
+  EXPECT_GE(node_->Snapshot().plan_history + 1, kept);
+  // RecentPlans lists them newest first, filtered by namespace.
+  const std::vector<PlanSummary> recent = node_->RecentPlans(3);
+  ASSERT_EQ(recent.size(), 3u);
+  EXPECT_GT(recent[0].plan_id, recent[1].plan_id);
+  EXPECT_EQ(recent[0].ns, "t");
+  EXPECT_EQ(recent[0].chain_blocks, 4u);
+  const std::string other = "u";
+  EXPECT_TRUE(node_->RecentPlans(3, &other).empty());
+}
+
 TEST_F(PlacementNodeTest, ObservationsScorePathsAndDropStaleEntries) {
   Start();
   const std::uint64_t la = Register(Rec("a", 1));
