@@ -27,6 +27,7 @@
 #include "core/recompute_probe.h"
 #include "core/units.h"
 #include "gpu/device.h"
+#include "metrics/scrape_config.h"
 #include "server/embedded_cluster.h"
 #include "server/placement/placement_node.h"
 
@@ -78,6 +79,8 @@ class Demo {
   Status ProbePrefill();
   Status RunTurn(std::uint32_t index, std::uint32_t conversation, std::uint32_t turn);
   void PrintSummary(double seconds) const;
+  // --keep-running: a prometheus.yml scraping every process of the demo.
+  void PrintScrapeConfig() const;
   void PrintJson(double seconds) const;
 
   const DemoArgs a_;
@@ -211,6 +214,29 @@ Status Demo::StartCluster() {
   return cluster_->StartPlacement(calibration);
 }
 
+void Demo::PrintScrapeConfig() const {
+  std::vector<metrics::ScrapeJob> jobs = {
+      {"kvfabric-placement", {}}, {"kvfabric-cached", {}}, {"kvfabric-client", {}}};
+  if (!cluster_->placement_metrics_url().empty()) {
+    jobs[0].targets.push_back(metrics::HostPortOfUrl(cluster_->placement_metrics_url()));
+  }
+  for (const auto& d : cluster_->daemons()) {
+    if (!d.metrics_url.empty()) jobs[1].targets.push_back(metrics::HostPortOfUrl(d.metrics_url));
+  }
+  if (!client_->metrics_url().empty()) {
+    jobs[2].targets.push_back(metrics::HostPortOfUrl(client_->metrics_url()));
+  }
+  metrics::ScrapeConfigOptions o;
+  o.interval_s = 5;
+  o.rule_files = {"deploy/prometheus/kvfabric-rules.yml", "deploy/prometheus/kvfabric-alerts.yml"};
+  std::printf(
+      "\nPrometheus scrape config for this cluster: save it as kvfabric-demo.yml in the "
+      "repository root and run\n  prometheus --config.file=kvfabric-demo.yml\n(the dashboard: "
+      "deploy/grafana/kvfabric.json; the jobs are deploy/prometheus/prometheus.yml's)\n"
+      "---\n%s---\n",
+      metrics::PrometheusScrapeConfig(jobs, o).c_str());
+}
+
 Status Demo::OpenClient() {
   gpu::DeviceOptions dopts;
   dopts.arena_bytes = a_.device_arena_bytes;
@@ -233,6 +259,8 @@ Status Demo::OpenClient() {
   // The engine states what its prefill costs; placement refits it from
   // every prefill this client measures.
   o.prefill = prefill_probe_.parameters;
+  // A cluster kept running for Prometheus gets the engine's view too.
+  if (a_.keep_running) o.metrics_address = "127.0.0.1:0";
   KVF_ASSIGN_OR_RETURN(client_, client::Client::Open(std::move(o)));
   return Status::OK();
 }
@@ -595,6 +623,7 @@ Status Demo::Run() {
   if (a_.keep_running) {
     std::printf("--keep-running: the cluster stays up; placement at %s. Ctrl-C to stop.\n",
                 cluster_->placement_address().c_str());
+    PrintScrapeConfig();
     std::fflush(stdout);
     sigset_t signals;
     sigemptyset(&signals);

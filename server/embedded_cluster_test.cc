@@ -13,6 +13,7 @@
 
 #include "kvfabric/v1/cache_host.grpc.pb.h"
 #include "kvfabric/v1/placement.grpc.pb.h"
+#include "tests/http_client.h"
 
 namespace kvfabric::server {
 namespace {
@@ -67,6 +68,15 @@ TEST(EmbeddedClusterTest, DaemonsServeRegisterAndAKilledOneStopsAnswering) {
   ASSERT_TRUE(c.StartPlacement(BusCalibration()).ok());
   EXPECT_NE(c.placement_address(), "");
   EXPECT_NE(c.placement_metrics_url(), "");
+  // Every process of the cluster answers /metrics (what `kvfabric demo
+  // --keep-running` tells Prometheus to scrape).
+  {
+    StatusOr<testing::HttpResponse> page =
+        testing::HttpRequest(testing::HostPort(c.placement_metrics_url()), "GET", "/metrics");
+    ASSERT_TRUE(page.ok()) << page.status().ToString();
+    EXPECT_EQ(page->status, 200);
+    EXPECT_NE(page->body.find("kvfabric_placement_hosts"), std::string::npos);
+  }
 
   auto placement = PlacementStub(c.placement_address());
   EXPECT_EQ(ListedHosts(placement.get()), (std::set<std::string>{"test-a", "test-b"}));
@@ -78,6 +88,11 @@ TEST(EmbeddedClusterTest, DaemonsServeRegisterAndAKilledOneStopsAnswering) {
     EXPECT_FALSE(d.killed);
     EXPECT_NE(d.transport_address, "");
     EXPECT_NE(d.metrics_url, "");
+    StatusOr<testing::HttpResponse> page =
+        testing::HttpRequest(testing::HostPort(d.metrics_url), "GET", "/metrics");
+    ASSERT_TRUE(page.ok()) << page.status().ToString();
+    EXPECT_EQ(page->status, 200);
+    EXPECT_NE(page->body.find("kvfabric_cache_host_"), std::string::npos);
     auto stub = CacheHostStub(d.grpc_address);
     {
       grpc::ClientContext ctx;

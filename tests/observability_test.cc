@@ -54,6 +54,7 @@
 #include "client/synthetic_model.h"
 #include "core/testing/test_seed.h"
 #include "gpu/cpu/cpu_device.h"
+#include "metrics/scrape_config.h"
 #include "tests/http_client.h"
 #include "tests/server_process.h"
 
@@ -159,7 +160,7 @@ std::map<std::string, CatalogueEntry> ParseCatalogue(const std::string& markdown
   std::map<std::string, CatalogueEntry> out;
   std::istringstream in(markdown);
   for (std::string line; std::getline(in, line);) {
-    if (line.rfind("| `kvfabric_", 0) != 0 && line.rfind("| `exposer_", 0) != 0) continue;
+    if (line.rfind("| `kvfabric_", 0) != 0) continue;
     std::vector<std::string> cells;
     std::size_t start = 1;
     for (std::size_t bar; (bar = line.find('|', start)) != std::string::npos; start = bar + 1) {
@@ -481,8 +482,7 @@ TEST_F(ObservabilityTest, CatalogueMatchesEveryProcess) {
         problems.push_back(name + ": exported by " + e.process + ", catalogued for " +
                            Join(it->second.processes));
       }
-      // Conventions (not for prometheus-cpp's own exposer_* families).
-      if (name.rfind("exposer_", 0) == 0) continue;
+      // Conventions.
       if (name.rfind("kvfabric_", 0) != 0) problems.push_back(name + ": no kvfabric_ prefix");
       const bool total = name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0;
       if ((family.type == "counter") != total) {
@@ -569,24 +569,20 @@ TEST_F(ObservabilityTest, PrometheusScrapesTheCluster) {
       std::filesystem::absolute(SourceFile("deploy/prometheus/kvfabric-rules.yml")).string();
   const std::string alerts =
       std::filesystem::absolute(SourceFile("deploy/prometheus/kvfabric-alerts.yml")).string();
-  // The same jobs as deploy/prometheus/prometheus.yml; every second, so a
-  // short test sees rates.
-  std::ostringstream config;
-  config << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-         << "rule_files: ['" << rules << "', '" << alerts << "']\n"
-         << "scrape_configs:\n";
+  // The generator `kvfabric demo --keep-running` prints with (the jobs of
+  // deploy/prometheus/prometheus.yml); every second, so a short test sees
+  // rates.
   std::map<std::string, std::vector<std::string>> jobs;
   for (const Endpoint& e : s_->Endpoints()) {
-    jobs["kvfabric-" + e.process].push_back(testing::HostPort(e.url));
+    jobs["kvfabric-" + e.process].push_back(metrics::HostPortOfUrl(e.url));
   }
-  for (const auto& [job, targets] : jobs) {
-    config << "  - job_name: " << job << "\n    static_configs:\n      - targets: [";
-    for (std::size_t i = 0; i < targets.size(); ++i)
-      config << (i ? ", " : "") << "'" << targets[i] << "'";
-    config << "]\n";
-  }
+  std::vector<metrics::ScrapeJob> scrape;
+  for (const auto& [job, targets] : jobs) scrape.push_back({job, targets});
+  metrics::ScrapeConfigOptions scrape_options;
+  scrape_options.interval_s = 1;
+  scrape_options.rule_files = {rules, alerts};
   const std::string config_file = s_->dir + "/prometheus.yml";
-  std::ofstream(config_file) << config.str();
+  std::ofstream(config_file) << metrics::PrometheusScrapeConfig(scrape, scrape_options);
   auto prom = PrometheusProcess::Start(config_file, s_->dir);
   ASSERT_TRUE(prom.ok()) << prom.status().ToString();
 

@@ -411,12 +411,12 @@ TEST(CacheHostMetricsTest, PerNamespaceSeriesAreOptIn) {
 }
 
 // Issue 17: /metrics was unavailable while 4 connections sent their headers
-// slowly (2 serving threads, no timeout). More of them than there are threads
-// now each hold a thread for request_timeout_ms at most.
+// slowly (2 serving threads, no timeout). The server multiplexes its
+// connections, and each may live request_timeout_ms at most.
 TEST(MetricsServerTest, SlowClientsDoNotMakeMetricsUnavailable) {
   auto metrics = std::make_shared<CacheHostMetrics>([] { return SampleSnapshot(); });
   MetricsServerOptions options;
-  options.threads = 2;
+  options.max_connections = 8;
   options.request_timeout_ms = 500;
   auto server = MetricsServer::Start("127.0.0.1:0", {metrics}, options);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
@@ -436,6 +436,87 @@ TEST(MetricsServerTest, SlowClientsDoNotMakeMetricsUnavailable) {
   }
   EXPECT_THAT(HttpGet((*server)->port(), "/metrics"), HasSubstr(" 200 "));
   for (int fd : slow) ::close(fd);
+}
+
+// More connections than max_connections are closed at once and counted; a
+// request over max_request_bytes is answered 431; other paths 404, other
+// methods 405, HEAD the headers only.
+TEST(MetricsServerTest, BoundsConnectionsAndRequestSizeAndAnswersOtherRequestsPlainly) {
+  auto metrics = std::make_shared<CacheHostMetrics>([] { return SampleSnapshot(); });
+  MetricsServerOptions options;
+  options.max_connections = 4;
+  options.request_timeout_ms = 5000;
+  options.max_request_bytes = 1024;
+  auto server = MetricsServer::Start("127.0.0.1:0", {metrics}, options);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const int port = (*server)->port();
+  auto connect_one = [&] {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<std::uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    return fd;
+  };
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) idle.push_back(connect_one());
+  // The fifth is closed by the server without an answer.
+  const int fifth = connect_one();
+  char c;
+  EXPECT_LE(::recv(fifth, &c, 1, 0), 0);
+  ::close(fifth);
+  EXPECT_GE((*server)->connections_refused(), 1u);
+  for (int fd : idle) ::close(fd);
+  // Once those are gone, it serves again (the loop notices the closes).
+  std::string page;
+  for (int i = 0; i < 50 && page.find(" 200 ") == std::string::npos; ++i) {
+    page = HttpGet(port, "/metrics");
+    if (page.find(" 200 ") == std::string::npos) usleep(20000);
+  }
+  EXPECT_THAT(page, HasSubstr(" 200 "));
+  EXPECT_THAT(page, HasSubstr("text/plain; version=0.0.4"));
+  EXPECT_THAT(HttpGet(port, "/other"), HasSubstr(" 404 "));
+  EXPECT_THAT(HttpGet(port, "/metrics?x=1"), HasSubstr(" 200 "));
+
+  auto raw = [&](const std::string& request) {
+    const int fd = connect_one();
+    EXPECT_EQ(::send(fd, request.data(), request.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(request.size()));
+    std::string out;
+    char buf[65536];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, n);
+    ::close(fd);
+    return out;
+  };
+  EXPECT_THAT(raw("POST /metrics HTTP/1.1\r\n\r\n"), HasSubstr(" 405 "));
+  const std::string head = raw("HEAD /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_THAT(head, HasSubstr(" 200 "));
+  EXPECT_THAT(head, Not(HasSubstr("kvfabric_cache_host_pool_pages")));
+  EXPECT_THAT(raw("GET /metrics HTTP/1.1\r\nX: " + std::string(2000, 'a') + "\r\n\r\n"),
+              HasSubstr(" 431 "));
+  EXPECT_THAT(raw("nonsense\r\n\r\n"), HasSubstr(" 400 "));
+}
+
+// glibc carves a thread's static TLS out of its stack. civetweb (the server
+// this replaced) ran on 100 KiB stacks, so in a process with 60 KiB of TLS
+// (OpenBLAS, linked by `kvfabric demo` and many engines) the first scrape
+// overflowed the stack and killed the process. This test binary carries
+// 96 KiB of static TLS of its own.
+thread_local char big_tls[96 << 10];
+
+TEST(MetricsServerTest, ServesInAProcessWithLargeThreadLocalStorage) {
+  big_tls[0] = 1;
+  auto metrics = std::make_shared<CacheHostMetrics>([] {
+    big_tls[sizeof big_tls - 1] = 1;  // the serving thread has the TLS too
+    return SampleSnapshot();
+  });
+  auto server = MetricsServer::Start("127.0.0.1:0", {metrics});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_THAT(HttpGet((*server)->port(), "/metrics"),
+                HasSubstr("kvfabric_cache_host_pool_pages"));
+  }
 }
 
 TEST(MetricsServerTest, SkipsCollectablesThatAreGone) {

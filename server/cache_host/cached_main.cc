@@ -622,8 +622,7 @@ int Run(int argc, char** argv) {
   if (reporter) reporter->Stop();  // deregisters: placement stops planning here
   (*node)->Shutdown(std::chrono::duration_cast<std::chrono::milliseconds>(f.shutdown_grace));
   // The listeners stop together, so SIGTERM ends within --shutdown-grace
-  // plus about 2 s (gRPC calls still running get that long; civetweb takes
-  // about as long to stop), not the sum.
+  // plus about 2 s (gRPC calls still running get that long), not the sum.
   {
     const auto calls_deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
     std::vector<std::thread> stopping;
