@@ -237,6 +237,22 @@ std::vector<MetricFamily> PlacementFamilies(const PlacementSnapshot& s) {
         "not chosen by Locate, Plan or Place). The states sum to the live daemons.",
         {S(D(Minus(s.live_hosts, s.draining_hosts)), {{"state", "serving"}}),
          S(D(s.draining_hosts), {{"state", "draining"}})});
+  std::vector<Sample> heartbeat_age, lease_left;
+  for (const MemberLiveness& m : s.members) {
+    const std::vector<ClientMetric::Label> host = {{"host", m.host_id}};
+    if (m.last_heartbeat_unix_us != 0) {
+      heartbeat_age.push_back(S(D(Minus(s.wall_unix_us, m.last_heartbeat_unix_us)) / 1e6, host));
+    }
+    if (m.lease_remaining_us) lease_left.push_back(S(D(*m.lease_remaining_us) / 1e6, host));
+  }
+  Gauge(out, "member_heartbeat_age_seconds",
+        "Seconds since placement last heard a heartbeat from each live daemon (its liveness as "
+        "placement sees it; the first 256 members by host id).",
+        std::move(heartbeat_age));
+  Gauge(out, "member_lease_remaining_seconds",
+        "Seconds left of each live daemon's membership lease granted through this placement "
+        "replica; at 0 the daemon is dropped with its directory entries.",
+        std::move(lease_left));
   Counter(out, "registrations_total", "Register calls that granted a membership lease.",
           {S(D(s.registrations))});
   Counter(out, "heartbeats_total",

@@ -288,6 +288,32 @@ TEST(PlacementMetricsTest, PlansOfUnspecifiedKindGetASeriesOnlyWhenThereAreSome)
   EXPECT_THAT(lines, Contains("kvfabric_placement_plans_total{kind=\"unspecified\"} 2"));
 }
 
+TEST(PlacementMetricsTest, MemberLivenessAndPathTrafficPerSeries) {
+  PlacementSnapshot s;
+  s.wall_unix_us = 100'000'000;
+  MemberLiveness a;
+  a.host_id = "cache-a";
+  a.last_heartbeat_unix_us = 97'500'000;
+  a.lease_remaining_us = 7'500'000;
+  MemberLiveness b;  // learned from another replica: no heartbeat here, no lease known
+  b.host_id = "cache-b";
+  s.members = {a, b};
+  s.traffic[static_cast<std::size_t>(BusPath::kNvmeToHost)] = {3, 3u << 20, 1500.0};
+  const std::set<std::string> lines = Lines(RenderText(PlacementFamilies(s)));
+  EXPECT_THAT(lines,
+              Contains("kvfabric_placement_member_heartbeat_age_seconds{host=\"cache-a\"} 2.5"));
+  EXPECT_THAT(lines,
+              Contains("kvfabric_placement_member_lease_remaining_seconds{host=\"cache-a\"} 7.5"));
+  for (const std::string& line : lines) EXPECT_EQ(line.find("cache-b"), std::string::npos) << line;
+  EXPECT_THAT(lines, Contains("kvfabric_placement_path_traffic_bytes_total{path=\"nvme_to_host\"} "
+                              "3145728"));
+  EXPECT_THAT(lines,
+              Contains("kvfabric_placement_path_traffic_transfers_total{path=\"nvme_to_host\"} 3"));
+  EXPECT_THAT(lines,
+              Contains("kvfabric_placement_path_traffic_seconds_total{path=\"nvme_to_host\"} "
+                       "0.0015"));
+}
+
 TEST(PlacementMetricsTest, CountersReadAtDifferentMomentsNeverGoNegative) {
   PlacementSnapshot s;
   s.live_hosts = 1;

@@ -660,7 +660,20 @@ PlacementSnapshot PlacementNode::Snapshot() const {
     s = counters_;
     s.uptime_us = env_->NowMicros() - start_us_;
     s.live_hosts = hosts_.size();
-    for (const auto& [id, host] : hosts_) s.draining_hosts += host.record.draining ? 1 : 0;
+    const std::uint64_t now = env_->NowMicros();
+    s.wall_unix_us = env_->WallMicros();
+    for (const auto& [id, host] : hosts_) {
+      s.draining_hosts += host.record.draining ? 1 : 0;
+      if (s.members.size() >= kMaxMemberSeries) continue;
+      MemberLiveness m;
+      m.host_id = id;
+      m.last_heartbeat_unix_us = host.last_heartbeat_unix_us;
+      if (host.ttl_ms != 0) {
+        const std::uint64_t end = host.renewed_at_us + std::uint64_t{host.ttl_ms} * 1000;
+        m.lease_remaining_us = end > now ? end - now : 0;
+      }
+      s.members.push_back(std::move(m));
+    }
     s.directory = directory_.counters();
     s.plan_history = plans_.size();
     s.plan_error = plan_error_.Get();

@@ -341,6 +341,13 @@ struct DepartedHost {
   std::uint64_t directory_blocks_dropped = 0;
 };
 
+// One live member's liveness as placement sees it (/metrics).
+struct MemberLiveness {
+  std::string host_id;
+  std::uint64_t last_heartbeat_unix_us = 0;         // 0: none through this node yet
+  std::optional<std::uint64_t> lease_remaining_us;  // unknown for a member of another replica
+};
+
 // Everything /metrics reports.
 struct PlacementSnapshot {
   std::uint64_t uptime_us = 0;
@@ -378,6 +385,9 @@ struct PlacementSnapshot {
   // Indexed by BusPath (0..kMaxBusPath); transfers of members' and
   // client-local paths that were scored or not.
   std::array<PathTraffic, kMaxBusPath + 1> traffic{};
+  // Live members by host_id, the first kMaxMemberSeries of them.
+  std::vector<MemberLiveness> members;
+  std::uint64_t wall_unix_us = 0;  // when the snapshot was taken
   // observed_total_us / predicted_total_us - 1 of finished plans.
   PredictionErrorHistogram::Snapshot plan_error;
   std::vector<CalibratedCostModel::PathReport> paths;
@@ -439,6 +449,8 @@ class PlacementNode {
   std::vector<HostStatus> ListHosts() const;
   // Members that left lately, newest first (at most kMaxDeparted).
   static constexpr std::size_t kMaxDeparted = 32;
+  // Members with liveness series of their own in Snapshot (sorted by id).
+  static constexpr std::size_t kMaxMemberSeries = 256;
   std::vector<DepartedHost> RecentlyDeparted() const;
   PlacementSnapshot Snapshot() const;
 
