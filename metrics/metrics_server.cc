@@ -303,9 +303,9 @@ void MetricsServer::Loop() {
     }
     for (Conn& c : conns) {
       if (c.fd >= 0 && c.deadline <= now) {
+        refused_.fetch_add(1);
         ::close(c.fd);
         c.fd = -1;
-        refused_.fetch_add(1);
       }
     }
     conns.erase(std::remove_if(conns.begin(), conns.end(), [](const Conn& c) { return c.fd < 0; }),
@@ -315,8 +315,8 @@ void MetricsServer::Loop() {
         const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;
         if (conns.size() >= static_cast<std::size_t>(options_.max_connections)) {
+          refused_.fetch_add(1);  // before the close a caller may be waiting on
           ::close(fd);
-          refused_.fetch_add(1);
           continue;
         }
         Conn c;
