@@ -151,6 +151,28 @@ class Client::Impl {
   std::chrono::system_clock::time_point RpcDeadline() const {
     return std::chrono::system_clock::now() + o_.rpc_timeout;
   }
+  // Placement's reachability. After a Plan or Place call fails with
+  // Unavailable or DeadlineExceeded, further calls are skipped for a backoff
+  // (1 s, doubling to 30 s, jittered +-25%; the next success resets it):
+  // Match plans locally at once and the write-back fails its batch at once,
+  // instead of each waiting rpc_timeout (a cut link made one 256-block
+  // write-back take 16 x rpc_timeout), and many clients do not retry in step.
+  // OK when a call may be made now; else Unavailable naming the last error.
+  Status PlacementBackoff();
+  void PlacementCallDone(const grpc::Status& g);
+  // Runs `call(&ctx)` with rpc_timeout unless placement is backing off (then
+  // UNAVAILABLE saying so, without a call), and records how it went.
+  template <typename Call>
+  grpc::Status CallPlacement(Call&& call) {
+    if (Status backoff = PlacementBackoff(); !backoff.ok()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(backoff.message()));
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(RpcDeadline());
+    grpc::Status g = call(&ctx);
+    PlacementCallDone(g);
+    return g;
+  }
   void ReportObservations(Context& c) KVF_REQUIRES(c.mu);
   // Block `b` of `c`'s history: its page of the history pool.
   std::span<std::byte> BlockBytes(const Context& c, std::uint32_t b) const {
@@ -269,6 +291,12 @@ class Client::Impl {
   // its listener. Both made by Init.
   std::shared_ptr<ClientPrometheus> prom_;
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
+  Mutex placement_mu_;
+  std::chrono::steady_clock::time_point placement_retry_at_ KVF_GUARDED_BY(placement_mu_);
+  std::chrono::milliseconds placement_backoff_ KVF_GUARDED_BY(placement_mu_){0};
+  std::string placement_last_error_ KVF_GUARDED_BY(placement_mu_);
+  std::uint64_t placement_jitter_ KVF_GUARDED_BY(placement_mu_) = 0x9e3779b97f4a7c15ull;
+
   mutable Mutex metrics_mu_;
   ClientMetrics m_ KVF_GUARDED_BY(metrics_mu_);
 };

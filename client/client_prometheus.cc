@@ -160,6 +160,10 @@ std::vector<MetricFamily> ClientPrometheus::Collect() const {
     Counter(out, "plans_local_total",
             "Matches planned locally (recompute everything) because placement did not answer.",
             {S(m.placement_unavailable)});
+    Counter(out, "placement_calls_skipped_total",
+            "Plan and Place calls not made while placement was backing off after it did not "
+            "answer (1 s doubling to 30 s, jittered).",
+            {S(m.placement_calls_skipped)});
     Counter(out, "blocks_fetched_total", "Blocks fetched from daemons into histories.",
             {S(m.blocks_fetched)});
     Counter(out, "blocks_recomputed_total",

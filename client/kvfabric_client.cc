@@ -287,9 +287,8 @@ Status Client::Impl::Match(std::span<const BlockKey> chain, std::uint64_t suffix
     r->set_c2_us(o_.prefill->c2_us_per_token2);
   }
   v1::PlanResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(RpcDeadline());
-  grpc::Status g = placement_->Plan(&ctx, req, &resp);
+  const grpc::Status g =
+      CallPlacement([&](grpc::ClientContext* ctx) { return placement_->Plan(ctx, req, &resp); });
   MutexLock l(&metrics_mu_);
   ++m_.matches;
   if (g.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
@@ -784,5 +783,42 @@ ClientMetrics Client::metrics() const { return impl_->metrics(); }
 const ClientOptions& Client::options() const { return impl_->options(); }
 std::string Client::DescribeArena() const { return impl_->DescribeArena(); }
 std::string Client::DescribeHistoryPool() const { return impl_->DescribeHistoryPool(); }
+
+Status Client::Impl::PlacementBackoff() {
+  std::string why;
+  {
+    MutexLock l(&placement_mu_);
+    const auto now = std::chrono::steady_clock::now();
+    if (placement_backoff_.count() == 0 || now >= placement_retry_at_) return Status::OK();
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(placement_retry_at_ - now);
+    why = "placement at " + o_.placement_address + " did not answer (" + placement_last_error_ +
+          "); next try in " + std::to_string(left.count()) + " ms";
+  }
+  MutexLock m(&metrics_mu_);
+  ++m_.placement_calls_skipped;
+  return Status::Unavailable(why);
+}
+
+void Client::Impl::PlacementCallDone(const grpc::Status& g) {
+  MutexLock l(&placement_mu_);
+  if (g.error_code() != grpc::StatusCode::UNAVAILABLE &&
+      g.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+    placement_backoff_ = std::chrono::milliseconds(0);  // it answered
+    return;
+  }
+  placement_backoff_ = placement_backoff_.count() == 0
+                           ? std::chrono::milliseconds(1000)
+                           : std::min(placement_backoff_ * 2, std::chrono::milliseconds(30000));
+  placement_last_error_ = g.error_message();
+  // xorshift: +-25% so that clients cut off together do not come back together.
+  placement_jitter_ ^= placement_jitter_ << 13;
+  placement_jitter_ ^= placement_jitter_ >> 7;
+  placement_jitter_ ^= placement_jitter_ << 17;
+  const double factor = 0.75 + 0.5 * static_cast<double>(placement_jitter_ % 1000) / 1000.0;
+  placement_retry_at_ =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(static_cast<std::int64_t>(placement_backoff_.count() * factor));
+}
 
 }  // namespace kvfabric::client

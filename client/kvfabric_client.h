@@ -195,6 +195,9 @@ struct ClientMetrics {
   std::uint64_t plans_split = 0;
   std::uint64_t plans_mixed = 0;
   std::uint64_t placement_unavailable = 0;  // Match planned locally
+  // Plan and Place calls not made because placement was backing off after
+  // it did not answer (see ClientOptions::rpc_timeout).
+  std::uint64_t placement_calls_skipped = 0;
   std::uint64_t blocks_fetched = 0;
   std::uint64_t bytes_fetched = 0;
   std::uint64_t fetch_us = 0;  // wall time of fetch batches

@@ -25,9 +25,9 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <new>
 #include <random>
 #include <thread>
@@ -39,6 +39,7 @@
 #include "core/testing/test_seed.h"
 #include "kvfabric/v1/placement.grpc.pb.h"
 #include "tests/server_process.h"
+#include "tests/test_engine.h"
 
 // Every allocation through operator new is counted while g_counting is set:
 // how many, and how many of at least kLargeAllocation bytes (the size at
@@ -128,16 +129,7 @@ constexpr std::uint32_t kTileTokens = 256;
 // faster than any model), so fetching the cached prefix is the better plan.
 constexpr double kPrefillUsPerToken = 20.0;
 
-ModelFingerprint TestModel() {
-  ModelFingerprint m;
-  m.model_id = "e2e/synthetic@1";
-  m.layer_count = 4;
-  m.kv_heads = 2;
-  m.head_dim = 64;
-  m.dtype = KvDtype::kFp16;
-  m.tokens_per_block = 16;
-  return m;
-}
+ModelFingerprint TestModel() { return testing::SyntheticTestModel("e2e/synthetic@1"); }
 
 class ClientEndToEndTest : public ::testing::Test {
  protected:
@@ -191,23 +183,10 @@ class ClientEndToEndTest : public ::testing::Test {
   }
 
   void OpenClient() {
-    client::HistoryLayout layout;
-    layout.layers = model_.layer_count;
-    layout.tokens_per_block = model_.tokens_per_block;
-    layout.kv_heads = model_.kv_heads;
-    layout.head_dim = model_.head_dim;
-    layout.dtype = model_.dtype;
-    client::StreamingAttentionOptions ao;
-    ao.num_q_heads = kQHeads;
-    ao.tile_tokens = kTileTokens;
-    page_bytes_ = std::uint64_t{kTileTokens} * model_.kv_heads * model_.head_dim * 2 * 2;
-    const std::uint64_t scratch = (client::StreamingAttention::ScratchBytes(layout, ao) + 255) /
-                                  256 * 256;
-    gpu::DeviceOptions dopts;
-    dopts.arena_bytes = scratch + (2 + pool_pages_) * page_bytes_;  // 2 staging + the pool
-    auto device = gpu::CreateCpuDevice(dopts);
+    auto device = testing::CreateTestDevice(model_, kQHeads, kTileTokens, pool_pages_);
     ASSERT_TRUE(device.ok()) << device.status().ToString();
-    device_ = std::move(*device);
+    device_ = std::move(device->device);
+    page_bytes_ = device->page_bytes;
 
     client::ClientOptions o;
     o.placement_address = placement_->grpc();

@@ -57,6 +57,7 @@
 #include "metrics/scrape_config.h"
 #include "tests/http_client.h"
 #include "tests/server_process.h"
+#include "tests/test_engine.h"
 
 extern char** environ;
 
@@ -85,16 +86,7 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-ModelFingerprint TestModel() {
-  ModelFingerprint m;
-  m.model_id = "observability/synthetic@1";
-  m.layer_count = 4;
-  m.kv_heads = 2;
-  m.head_dim = 64;
-  m.dtype = KvDtype::kFp16;
-  m.tokens_per_block = 16;
-  return m;
-}
+ModelFingerprint TestModel() { return testing::SyntheticTestModel("observability/synthetic@1"); }
 
 // One exported family, as a /metrics page declares it.
 struct Family {

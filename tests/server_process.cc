@@ -59,10 +59,18 @@ StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(const std::string&
                                                               const std::string& dir,
                                                               std::vector<std::string> args,
                                                               std::chrono::milliseconds timeout) {
+  return StartWrapped({}, binary, name, dir, std::move(args), timeout);
+}
+
+StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::StartWrapped(
+    const std::vector<std::string>& wrapper, const std::string& binary, const std::string& name,
+    const std::string& dir, std::vector<std::string> args, std::chrono::milliseconds timeout) {
   std::unique_ptr<ServerProcess> p(new ServerProcess);
   const std::string ready = dir + "/" + name + ".ready";
   std::filesystem::remove(ready);
-  std::vector<std::string> argv = {binary, "--ready-file=" + ready};
+  std::vector<std::string> argv = wrapper;
+  argv.push_back(binary);
+  argv.push_back("--ready-file=" + ready);
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<char*> cargv;
   for (std::string& a : argv) cargv.push_back(a.data());

@@ -52,6 +52,13 @@ class ServerProcess {
       const std::string& binary, const std::string& name, const std::string& dir,
       std::vector<std::string> args,
       std::chrono::milliseconds timeout = std::chrono::seconds(120));
+  // As Start, run through `wrapper` (e.g. {"/usr/sbin/ip", "netns", "exec",
+  // NS}: in a network namespace), which must exec the binary in place so that
+  // the pid signalled is the server's.
+  static StatusOr<std::unique_ptr<ServerProcess>> StartWrapped(
+      const std::vector<std::string>& wrapper, const std::string& binary, const std::string& name,
+      const std::string& dir, std::vector<std::string> args,
+      std::chrono::milliseconds timeout = std::chrono::seconds(120));
 
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;

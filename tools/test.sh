@@ -58,6 +58,7 @@ TSAN_TARGETS=(
   -//tests:observability_test
   -//tests:placement_cluster_test
   -//tests:shared_memory_attack_test
+  -//tests/fault:network_fault_test
   # Run by a second pass, without their shared-memory cases.
   "${TSAN_UCX_SHM[@]/#/-}"
 )

@@ -1,0 +1,411 @@
+// Faults across hosts: placement and two cache hosts, each in its own network
+// namespace behind a switch (tests/fault/netns_cluster.h); this test process
+// is the engine on the client host. The data plane is kernel TCP, so cutting
+// or shaping a link cuts or shapes exactly that host's traffic.
+//
+//   DaemonPartitionedMidLoad  a load is under way when cache-a's link goes
+//       down: the load completes exactly (the blocks on cache-a recomputed
+//       within the transfer deadline), placement expires cache-a's lease and
+//       plans route around it; on heal cache-a rejoins and its full report
+//       puts its blocks back in the directory.
+//   PlacementPartitioned  the client cannot reach placement: it plans
+//       recompute-all locally and stays exact; when placement returns (having
+//       expired and re-admitted the daemons meanwhile) plans fetch again.
+//   SlowLinkShiftsPlans  cache-a's link is capped at 20 Mbit/s: the
+//       transfers observed from it miss the model, the model rescales, and the
+//       plans stop fetching from cache-a (recompute or the other daemon).
+//
+// Each prints its figures. Needs root for the namespaces; skips saying why
+// otherwise. Binaries: $KVF_CACHED, $KVF_PLACEMENT or beside this test.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <map>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "client/kvfabric_client.h"
+#include "client/streaming_attention.h"
+#include "client/synthetic_model.h"
+#include "core/testing/test_seed.h"
+#include "gpu/cpu/cpu_device.h"
+#include "kvfabric/v1/placement.grpc.pb.h"
+#include "tests/fault/netns_cluster.h"
+#include "tests/server_process.h"
+#include "tests/test_engine.h"
+
+namespace kvfabric {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using client::Client;
+using client::ContextReport;
+
+constexpr std::uint32_t kTokens = 4096;  // 256 blocks of 16 tokens, 32 KiB each
+constexpr std::uint32_t kQHeads = 4;
+constexpr std::uint32_t kTileTokens = 256;
+// The engine's prefill is charged at this many µs per token: fetching over an
+// unshaped veth is the better plan, fetching at 20 Mbit/s is not.
+constexpr double kPrefillUsPerToken = 20.0;
+constexpr auto kMembershipTtl = std::chrono::seconds(2);
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return condition();
+}
+
+ModelFingerprint TestModel() { return testing::SyntheticTestModel("fault/synthetic@1"); }
+
+class NetworkFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    seed_ = TestSeed(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    const std::string skip = testing::NetnsCluster::SkipReason();
+    if (!skip.empty()) GTEST_SKIP() << skip;
+    char tmpl[] = "/tmp/kvf_fault_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    auto net = testing::NetnsCluster::Create({"placement", "cache-a", "cache-b"});
+    ASSERT_TRUE(net.ok()) << net.status().ToString();
+    net_ = std::move(*net);
+    placement_address_ = net_->Address("placement") + ":7450";
+    auto p = net_->StartIn(
+        "placement", testing::ServerBinary("KVF_PLACEMENT", "kvfabric-placement"), "placement",
+        dir_,
+        {"--grpc-address=" + placement_address_, "--metrics-address=off", "--log-level=warn"});
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    placement_ = std::move(*p);
+    for (const char* host : {"cache-a", "cache-b"}) StartDaemon(host);
+    stub_ = v1::Placement::NewStub(
+        grpc::CreateChannel(placement_address_, grpc::InsecureChannelCredentials()));
+    ASSERT_TRUE(WaitFor([&] { return Hosts().size() == 2; }, std::chrono::seconds(20)))
+        << "the daemons did not join";
+    OpenClient();
+    std::vector<std::uint32_t> ids(kTokens);
+    std::mt19937_64 rng(seed_);
+    for (std::uint32_t& t : ids) t = static_cast<std::uint32_t>(rng() % 128000);
+    auto keys = client_->KeyTokens(ids);
+    ASSERT_TRUE(keys.ok());
+    chain_ = *keys;
+  }
+
+  void TearDown() override {
+    client_.reset();
+    device_.reset();
+    daemons_.clear();
+    placement_.reset();
+    net_.reset();  // deletes the namespaces, also after a failure
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  void StartDaemon(const std::string& host) {
+    auto d = net_->StartIn(host, testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), host, dir_,
+                           {"--host-id=" + host, "--grpc-address=" + net_->Address(host) + ":7440",
+                            "--transport-address=" + net_->Address(host) + ":0",
+                            "--data-transport=tcp", "--metrics-address=off", "--lock-memory=off",
+                            "--log-level=warn", "--host-pool-bytes=32MiB",
+                            "--host-page-bytes=32KiB", "--placement-address=" + placement_address_,
+                            "--membership-ttl=" + std::to_string(kMembershipTtl.count()) + "s"});
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    daemons_[host] = std::move(*d);
+  }
+
+  void OpenClient() {
+    auto device = testing::CreateTestDevice(model_, kQHeads, kTileTokens, 2);
+    ASSERT_TRUE(device.ok()) << device.status().ToString();
+    device_ = std::move(device->device);
+    const std::uint64_t page_bytes = device->page_bytes;
+    client::ClientOptions o;
+    o.placement_address = placement_address_;
+    o.data_transport = "tcp";
+    o.model = model_;
+    o.device = device_.get();
+    o.num_q_heads = kQHeads;
+    o.tile_tokens = kTileTokens;
+    o.arena.page_bytes = page_bytes;
+    o.arena.staging_pages = 2;
+    o.staging_bytes = 4 << 20;
+    o.history_pool_bytes = 12 << 20;
+    o.max_context_tokens = kTokens;
+    // A cut link shows as a hung connection: these bound how long the client
+    // waits for a call or a transfer before it falls back.
+    o.rpc_timeout = std::chrono::milliseconds(1500);
+    o.transfer_timeout = std::chrono::milliseconds(3000);
+    o.recompute = [this](const client::RecomputeRequest& r, std::span<std::byte> out) {
+      const auto start = Clock::now();
+      const std::uint64_t bytes = *model_.BlockBytes();
+      for (std::uint32_t i = 0; i < r.block_count; ++i) {
+        KVF_RETURN_IF_ERROR(Expected(r.first_block + i, out.subspan(i * bytes, bytes)));
+      }
+      std::this_thread::sleep_until(start + std::chrono::microseconds(static_cast<std::int64_t>(
+                                                kPrefillUsPerToken * r.tokens)));
+      return Status::OK();
+    };
+    o.prefill = RecomputeParameters{0.0, kPrefillUsPerToken, 0.0};
+    auto c = Client::Open(std::move(o));
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    client_ = std::move(*c);
+  }
+
+  Status Expected(std::uint32_t block, std::span<std::byte> out) {
+    return client::SyntheticKv(model_, client::SeedFromKey(chain_[block], seed_), 16, out);
+  }
+
+  std::vector<v1::HostStatus> Hosts() {
+    v1::ListHostsResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (!stub_->ListHosts(&ctx, v1::ListHostsRequest(), &resp).ok()) return {};
+    return {resp.hosts().begin(), resp.hosts().end()};
+  }
+  bool Listed(const std::string& host) {
+    for (const v1::HostStatus& h : Hosts()) {
+      if (h.host().host_id() == host) return true;
+    }
+    return false;
+  }
+  std::uint64_t DirectoryBlocks(const std::string& host) {
+    for (const v1::HostStatus& h : Hosts()) {
+      if (h.host().host_id() == host) return h.directory_blocks();
+    }
+    return 0;
+  }
+
+  struct Served {
+    Status status;
+    std::string kind;
+    std::uint32_t cached_prefix_blocks = 0;
+    std::map<std::string, std::uint32_t> fetched_by_host;  // planned fetch runs' blocks
+    ContextReport report;
+    double seconds = 0;
+    int wrong_blocks = 0;
+  };
+
+  // One request: match, load (prefilling what is not fetched), check every
+  // byte, save every layer, finish.
+  Served Serve() {
+    Served out;
+    const auto start = Clock::now();
+    auto match = client_->Match(chain_, 0);
+    if (!match.ok()) {
+      out.status = match.status();
+      return out;
+    }
+    out.kind = match->kind;
+    out.cached_prefix_blocks = match->cached_prefix_blocks;
+    for (const auto& run : match->runs) {
+      if (run.fetch && run.host < match->hosts.size()) {
+        out.fetched_by_host[match->hosts[run.host].host_id] += run.block_count;
+      }
+    }
+    auto ctx = client_->NewContext(kTokens);
+    if (!ctx.ok()) {
+      out.status = ctx.status();
+      return out;
+    }
+    Status s = client_->Load(*match, *ctx);
+    for (std::uint32_t l = 0; s.ok() && l < model_.layer_count; ++l)
+      s = client_->WaitLayer(*ctx, l);
+    if (s.ok()) {
+      auto history = client_->History(*ctx);
+      s = history.status();
+      const std::uint64_t bytes = *model_.BlockBytes();
+      std::vector<std::byte> want(bytes);
+      for (std::uint32_t b = 0; s.ok() && b < chain_.size(); ++b) {
+        s = Expected(b, want);
+        if (s.ok() && std::memcmp(want.data(), history->block(b).data(), bytes) != 0) {
+          ++out.wrong_blocks;
+        }
+      }
+    }
+    for (std::uint32_t l = 0; s.ok() && l < model_.layer_count; ++l) {
+      s = client_->Save(*ctx, l, 0, chain_);
+    }
+    Status finished = client_->Finish(*ctx, &out.report);
+    out.status = s.ok() ? finished : s;
+    out.seconds = Seconds(Clock::now() - start);
+    return out;
+  }
+
+  static std::uint32_t Fetched(const Served& s, const std::string& host) {
+    auto it = s.fetched_by_host.find(host);
+    return it == s.fetched_by_host.end() ? 0 : it->second;
+  }
+
+  static void Print(const char* what, const Served& s) {
+    std::string hosts;
+    for (const auto& [h, n] : s.fetched_by_host) hosts += " " + h + ":" + std::to_string(n);
+    std::uint32_t from_replica = 0, recomputed_after_failure = 0, failed_runs = 0;
+    for (const client::RunOutcome& r : s.report.runs) {
+      from_replica += r.blocks_from_fallback_host;
+      recomputed_after_failure += r.blocks_recomputed_after_failure;
+      failed_runs += r.failure.empty() ? 0 : 1;
+    }
+    std::printf(
+        "%-26s %-14s cached %3u, fetch plan{%s }, fetched %u, recomputed %u (%u after "
+        "a failure), from replica %u, failed runs %u, %.3f s, %s\n",
+        what, s.kind.c_str(), s.cached_prefix_blocks, hosts.c_str(), s.report.blocks_fetched,
+        s.report.blocks_recomputed, recomputed_after_failure, from_replica, failed_runs, s.seconds,
+        s.status.ToString().c_str());
+  }
+
+  std::uint64_t seed_ = 0;
+  std::string dir_;
+  ModelFingerprint model_ = TestModel();
+  std::unique_ptr<testing::NetnsCluster> net_;
+  std::string placement_address_;
+  std::unique_ptr<testing::ServerProcess> placement_;
+  std::map<std::string, std::unique_ptr<testing::ServerProcess>> daemons_;
+  std::unique_ptr<v1::Placement::Stub> stub_;
+  std::unique_ptr<gpu::Device> device_;
+  std::unique_ptr<Client> client_;
+  std::vector<BlockKey> chain_;
+};
+
+TEST_F(NetworkFaultTest, DaemonPartitionedMidLoadFallsBackExactlyAndRejoinsOnHeal) {
+  const Served first = Serve();  // prefill and write back across both daemons
+  Print("prefill + save", first);
+  ASSERT_TRUE(first.status.ok()) << first.status.ToString();
+  ASSERT_TRUE(
+      WaitFor([&] { return DirectoryBlocks("cache-a") > 0 && DirectoryBlocks("cache-b") > 0; },
+              std::chrono::seconds(10)));
+  const std::uint64_t on_a = DirectoryBlocks("cache-a");
+  std::printf("directory: cache-a %llu blocks, cache-b %llu blocks\n",
+              static_cast<unsigned long long>(on_a),
+              static_cast<unsigned long long>(DirectoryBlocks("cache-b")));
+
+  // Cut cache-a while the next load is fetching from it: its link is slowed
+  // to 10 Mbit/s first (the model does not know yet, so the plan still
+  // fetches there; its ~4 MiB then take ~3 s), and cut 400 ms in.
+  ASSERT_TRUE(net_->RateLimit("cache-a", 10'000'000).ok());
+  auto load = std::async(std::launch::async, [&] { return Serve(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  const auto cut = Clock::now();
+  ASSERT_TRUE(net_->Partition("cache-a").ok());
+  const Served during = load.get();
+  ASSERT_TRUE(net_->RateLimit("cache-a", 0).ok());
+  Print("cache-a cut mid-load", during);
+  EXPECT_GT(Fetched(during, "cache-a"), 0u) << "the plan did not fetch from cache-a";
+  std::uint32_t recovered = 0;
+  for (const client::RunOutcome& r : during.report.runs) {
+    recovered += r.blocks_recomputed_after_failure + r.blocks_from_fallback_host;
+  }
+  EXPECT_GT(recovered, 0u) << "nothing fell back: the cut came after the load";
+  EXPECT_EQ(during.wrong_blocks, 0);
+  // Bounded by the client's deadlines (transfer_timeout 3 s), not by TCP's
+  // own retransmission timeouts (minutes).
+  EXPECT_LT(during.seconds, 15.0);
+  EXPECT_TRUE(during.status.ok() || during.status.code() != StatusCode::kDataLoss)
+      << during.status.ToString();
+
+  // Placement stops hearing cache-a and drops it; plans route around it.
+  ASSERT_TRUE(WaitFor([&] { return !Listed("cache-a"); }, std::chrono::seconds(20)))
+      << "placement still lists cache-a";
+  std::printf("placement dropped cache-a %.2f s after the cut (membership TTL %llds)\n",
+              Seconds(Clock::now() - cut), static_cast<long long>(kMembershipTtl.count()));
+  const Served around = Serve();
+  Print("cache-a gone", around);
+  EXPECT_TRUE(around.status.ok()) << around.status.ToString();
+  EXPECT_EQ(around.wrong_blocks, 0);
+  EXPECT_EQ(around.fetched_by_host.count("cache-a"), 0u) << "a plan fetched from cache-a";
+
+  // Heal: cache-a registers again and its full report restores its blocks.
+  const auto healed = Clock::now();
+  ASSERT_TRUE(net_->Heal("cache-a").ok());
+  ASSERT_TRUE(WaitFor([&] { return DirectoryBlocks("cache-a") == on_a; }, std::chrono::seconds(30)))
+      << "cache-a did not rejoin with its " << on_a << " blocks (now " << DirectoryBlocks("cache-a")
+      << ")";
+  std::printf("cache-a rejoined with %llu directory blocks %.2f s after the heal\n",
+              static_cast<unsigned long long>(DirectoryBlocks("cache-a")),
+              Seconds(Clock::now() - healed));
+  const Served after = Serve();
+  Print("healed", after);
+  EXPECT_TRUE(after.status.ok()) << after.status.ToString();
+  EXPECT_EQ(after.wrong_blocks, 0);
+  // The directory holds exactly what cache-a kept (its full report), no more
+  // and no less: nothing was written to it while it was away.
+  EXPECT_EQ(DirectoryBlocks("cache-a"), on_a);
+}
+
+TEST_F(NetworkFaultTest, PlacementPartitionedFromTheClientMeansLocalRecomputeUntilItReturns) {
+  const Served first = Serve();
+  Print("prefill + save", first);
+  ASSERT_TRUE(first.status.ok()) << first.status.ToString();
+  ASSERT_TRUE(net_->Partition("placement").ok());
+  const client::ClientMetrics m0 = client_->metrics();
+  const Served cut = Serve();
+  Print("placement cut", cut);
+  EXPECT_EQ(cut.kind, "recompute_all");
+  EXPECT_EQ(cut.wrong_blocks, 0);
+  // The load is exact; the write-back cannot be placed and Finish says so,
+  // at once: one Plan waits rpc_timeout, then placement is backed off and the
+  // 16 Place batches are not each another rpc_timeout.
+  EXPECT_TRUE(cut.status.ok() || cut.status.code() == StatusCode::kUnavailable ||
+              cut.status.code() == StatusCode::kDeadlineExceeded)
+      << cut.status.ToString();
+  EXPECT_LT(cut.seconds, 6.0);
+  const client::ClientMetrics m1 = client_->metrics();
+  std::printf(
+      "while cut: %llu placement calls skipped by the backoff, %llu local plans\n",
+      static_cast<unsigned long long>(m1.placement_calls_skipped - m0.placement_calls_skipped),
+      static_cast<unsigned long long>(m1.placement_unavailable - m0.placement_unavailable));
+  EXPECT_GT(m1.placement_calls_skipped, m0.placement_calls_skipped);
+
+  const auto healed = Clock::now();
+  ASSERT_TRUE(net_->Heal("placement").ok());
+  // Placement may have expired the daemons meanwhile; they register again and
+  // report in full, and plans fetch again.
+  Served back;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        back = Serve();
+        return back.status.ok() && back.cached_prefix_blocks > 0;
+      },
+      std::chrono::seconds(40)))
+      << "plans never fetched again";
+  Print("placement back", back);
+  std::printf("fetching again %.2f s after the heal\n", Seconds(Clock::now() - healed));
+  EXPECT_EQ(back.wrong_blocks, 0);
+}
+
+TEST_F(NetworkFaultTest, SlowLinkShiftsPlansAwayFromThatDaemon) {
+  const Served first = Serve();
+  Print("prefill + save", first);
+  ASSERT_TRUE(first.status.ok()) << first.status.ToString();
+  ASSERT_TRUE(WaitFor([&] { return DirectoryBlocks("cache-a") > 0; }, std::chrono::seconds(10)));
+  const Served before = Serve();
+  Print("before the cap", before);
+  ASSERT_TRUE(before.status.ok());
+  EXPECT_GT(Fetched(before, "cache-a"), 0u);
+
+  ASSERT_TRUE(net_->RateLimit("cache-a", 20'000'000).ok());  // 20 Mbit/s
+  std::vector<Served> after;
+  for (int i = 0; i < 8; ++i) {
+    after.push_back(Serve());
+    Print(("capped, request " + std::to_string(i + 1)).c_str(), after.back());
+    EXPECT_TRUE(after.back().status.ok()) << after.back().status.ToString();
+    EXPECT_EQ(after.back().wrong_blocks, 0);
+    if (Fetched(after.back(), "cache-a") * 10 <= Fetched(before, "cache-a")) break;
+  }
+  // The model rescaled cache-a's path: plans fetch at most a tenth of what
+  // they did (a run's first block may still come from it).
+  EXPECT_LE(Fetched(after.back(), "cache-a") * 10, Fetched(before, "cache-a"))
+      << "after " << after.size() << " requests plans still fetch from the capped daemon";
+  ASSERT_TRUE(net_->RateLimit("cache-a", 0).ok());
+}
+
+}  // namespace
+}  // namespace kvfabric
