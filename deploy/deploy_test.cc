@@ -270,6 +270,11 @@ TEST_F(DeployTest, CheckConfigRefusesNamingTheSetting) {
                                   "--host-page-bytes=3MiB", "--check-config"});
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("--host-page-bytes"), std::string::npos) << out;
+  // The NVMe tier's own limits are checked too (they used to fail only at start-up).
+  const auto [nrc, nout] = RunArgv({cached_, "--config=" + Source("deploy/config/cached.yaml"),
+                                    "--nvme-segment-bytes=8MiB", "--check-config"});
+  EXPECT_EQ(nrc, 2) << nout;
+  EXPECT_NE(nout.find("--nvme-segment-bytes"), std::string::npos) << nout;
   const auto [prc, pout] =
       RunArgv({placement_, "--config=" + Source("deploy/config/placement.yaml"),
                "--etcd-prefix=/no-slash", "--check-config"});

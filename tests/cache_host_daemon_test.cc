@@ -513,7 +513,20 @@ TEST_F(CacheHostDaemonTest, FullPoolRefusesWithResourceExhaustedAndKeepsServingR
 // while it believes it has 1 GiB: demotions fail with ENOSPC, demotion backs
 // off, eviction drops blocks instead, and the daemon keeps taking writes and
 // serving reads from its host pool. Needs root (mount); CI runs as root.
-TEST_F(CacheHostDaemonTest, FullNvmeFilesystemLeavesTheDaemonServing) {
+// The value of the sample `series` (name and labels, exactly as exported) on
+// a /metrics page; -1 if absent.
+double MetricValue(const std::string& page, const std::string& series) {
+  const std::size_t at = page.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::strtod(page.c_str() + at + series.size() + 2, nullptr);
+}
+
+// Issue 20: a real full filesystem under the NVMe tier. The daemon keeps
+// serving from host memory (eviction drops instead of demoting), says so in
+// one log line per 10 s and in a metric, loses none of the blocks it reported
+// on NVMe before the disk filled, and demotes again once there is room (the
+// tmpfs is remounted larger).
+TEST_F(CacheHostDaemonTest, FullNvmeFilesystemDegradesToHostOnlyLosesNothingAndRecovers) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
   const std::string nvme = dir_ + "/nvme";
   std::filesystem::create_directories(nvme);
@@ -523,17 +536,74 @@ TEST_F(CacheHostDaemonTest, FullNvmeFilesystemLeavesTheDaemonServing) {
     std::string dir;
     ~Unmount() { (void)!std::system(("umount -l " + dir).c_str()); }
   } unmount{nvme};
+  const std::string log = dir_ + "/cached.log";
   StartDaemon({"--host-pool-bytes=64MiB", "--host-page-bytes=2MiB", "--nvme-dir=" + nvme,
                "--nvme-capacity-bytes=1GiB", "--nvme-segment-bytes=64MiB",
-               "--nvme-io-engine=threads", "--eviction-policy=lru"});
+               "--nvme-io-engine=threads", "--eviction-policy=lru", "--log-file=" + log});
   constexpr int kBlocks = 96;  // 192 MiB through a 64 MiB pool and a 24 MiB disk
   for (int i = 0; i < kBlocks; i += 8) {
     Status s = PutBatch(i, 8);
     ASSERT_TRUE(s.ok()) << "put " << i << ": " << s.ToString();
   }
+  // Every block the daemon reports on NVMe (acknowledged durable) reads back
+  // intact; the newest are served from host memory.
+  v1::LookupRequest lreq;
+  for (int i = 0; i < kBlocks; ++i) lreq.add_keys(Key(i));
+  v1::LookupResponse lresp;
+  grpc::ClientContext lctx;
+  ASSERT_TRUE(stub()->Lookup(&lctx, lreq, &lresp).ok());
+  std::vector<int> on_nvme;
+  for (int i = 0; i < kBlocks; ++i) {
+    if (lresp.results(i).status().code() == 0 && lresp.results(i).tier() == v1::TIER_NVME) {
+      on_nvme.push_back(i);
+    }
+  }
+  ASSERT_FALSE(on_nvme.empty()) << "nothing reached NVMe before the disk filled";
+  for (std::size_t k = 0; k < on_nvme.size(); k += 8) {
+    std::vector<int> batch(on_nvme.begin() + k, on_nvme.begin() + std::min(on_nvme.size(), k + 8));
+    Status s = GetBatch(batch);
+    EXPECT_TRUE(s.ok()) << "a block acknowledged on NVMe: " << s.ToString();
+  }
   EXPECT_TRUE(GetBatch({88, 89, 90, 91, 92, 93, 94, 95}).ok());
-  const std::string metrics = HttpGet(daemon_->metrics());
-  EXPECT_NE(metrics.find("kvfabric_cache_host"), std::string::npos);
+  std::string page = HttpGet(daemon_->metrics());
+  const double failed = MetricValue(page, "kvfabric_cache_host_nvme_demotions_failed_total");
+  const double completed =
+      MetricValue(page, "kvfabric_cache_host_demotions_total{result=\"completed\"}");
+  EXPECT_GT(failed, 0) << "the disk never filled";
+  EXPECT_EQ(MetricValue(page, "kvfabric_cache_host_nvme_demotion_backing_off"), 1.0);
+  {
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::size_t lines = 0;
+    for (std::size_t at = 0;
+         (at = text.find("demotions failed since the last report", at)) != std::string::npos;
+         ++at) {
+      ++lines;
+    }
+    EXPECT_EQ(lines, 1u) << "one warning, not one per failed demotion:\n" << text;
+  }
+  std::printf(
+      "disk full: %zu blocks on NVMe read back intact, %.0f demotions failed, "
+      "%.0f completed\n",
+      on_nvme.size(), failed, completed);
+
+  // Room again: demotion resumes after its backoff (at most 30 s).
+  ASSERT_EQ(std::system(("mount -o remount,size=256m " + nvme).c_str()), 0);
+  const auto room = std::chrono::steady_clock::now();
+  int next = kBlocks;
+  bool resumed = false;
+  while (!resumed && std::chrono::steady_clock::now() - room < std::chrono::seconds(60)) {
+    ASSERT_TRUE(PutBatch(next, 8).ok());
+    next += 8;
+    page = HttpGet(daemon_->metrics());
+    resumed = MetricValue(page, "kvfabric_cache_host_demotions_total{result=\"completed\"}") >
+                  completed &&
+              MetricValue(page, "kvfabric_cache_host_nvme_demotion_backing_off") == 0.0;
+    if (!resumed) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  EXPECT_TRUE(resumed) << "demotion did not resume once the disk had room";
+  std::printf("room again: demotions completed again %.1f s after the remount\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - room).count());
   daemon_->Kill(SIGTERM);
   EXPECT_EQ(daemon_->WaitExit(std::chrono::seconds(30)), 0) << "SIGTERM did not drain";
   daemon_.reset();

@@ -329,6 +329,11 @@ std::vector<MetricFamily> SnapshotFamilies(const CacheHostSnapshot& s, std::size
           {S(n.groups)});
   Counter(out, "nvme_demotions_failed_total", "Demotions the NVMe tier failed to make durable.",
           {S(n.demotions_failed)});
+  Gauge(out, "nvme_demotion_backing_off",
+        "1 while demotion to NVMe is off after failures (a full or failing disk: eviction drops "
+        "host-only blocks instead, retried after 1 s doubling to 30 s); 0 when the tier takes "
+        "blocks.",
+        {S(s.demotion_backing_off ? 1.0 : 0.0)});
   Counter(out, "nvme_read_errors_total", "NVMe reads that failed with an I/O error (block kept).",
           {S(n.read_errors)});
   Gauge(out, "nvme_segments", "NVMe segment files.", {S(n.segments)});

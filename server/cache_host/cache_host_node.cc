@@ -71,6 +71,11 @@ StatusOr<std::string> CacheHostNode::CheckOptions(const CacheHostOptions& option
   if (!options.nvme.dir.empty() && options.nvme.capacity_bytes == 0) {
     return Status::InvalidArgument("--nvme-capacity-bytes is required with --nvme-dir");
   }
+  if (!options.nvme.dir.empty()) {
+    // The tier's own checks, at the smallest alignment a device may ask for
+    // (Open repeats them with the device's).
+    KVF_RETURN_IF_ERROR(ValidateNvmeTierOptions(options.nvme, Env::kDefaultDirectIoAlignment));
+  }
   return DescribePoolArithmetic(options.pool, options.models, options.watermarks.high);
 }
 

@@ -61,25 +61,6 @@ StatusOr<std::unique_ptr<IoEngine>> NewIoEngine(const NvmeTierOptions& options) 
   return NewThreadPoolIoEngine(options.env, options.io_threads);
 }
 
-Status ValidateOptions(const NvmeTierOptions& o, size_t alignment) {
-  if (o.dir.empty()) return Status::InvalidArgument("NVMe tier: dir is required");
-  if (o.capacity_bytes == 0) {
-    return Status::InvalidArgument("NVMe tier: capacity_bytes is required (> 0)");
-  }
-  if (o.max_group_bytes < alignment || o.max_group_bytes % alignment != 0) {
-    return Status::InvalidArgument("NVMe tier: max_group_bytes " +
-                                   std::to_string(o.max_group_bytes) +
-                                   " must be a positive multiple of " + std::to_string(alignment));
-  }
-  if (o.segment_bytes < alignment + o.max_group_bytes) {
-    return Status::InvalidArgument("NVMe tier: segment_bytes " + std::to_string(o.segment_bytes) +
-                                   " must be at least alignment + max_group_bytes = " +
-                                   std::to_string(alignment + o.max_group_bytes));
-  }
-  if (o.io_threads < 0) return Status::InvalidArgument("NVMe tier: io_threads must be >= 0");
-  return Status::OK();
-}
-
 FileOptions SegmentFileOptions(bool create) {
   FileOptions f;
   f.direct_io = true;
@@ -100,6 +81,26 @@ std::string HexPrefix(const BlockDigest& key) {
 
 }  // namespace
 
+Status ValidateNvmeTierOptions(const NvmeTierOptions& o, size_t alignment) {
+  if (o.dir.empty()) return Status::InvalidArgument("NVMe tier: dir is required");
+  if (o.capacity_bytes == 0) {
+    return Status::InvalidArgument("NVMe tier: capacity_bytes is required (> 0)");
+  }
+  if (o.max_group_bytes < alignment || o.max_group_bytes % alignment != 0) {
+    return Status::InvalidArgument("NVMe tier: max_group_bytes " +
+                                   std::to_string(o.max_group_bytes) +
+                                   " must be a positive multiple of " + std::to_string(alignment));
+  }
+  if (o.segment_bytes < alignment + o.max_group_bytes) {
+    return Status::InvalidArgument("NVMe tier: segment_bytes (--nvme-segment-bytes) " +
+                                   std::to_string(o.segment_bytes) +
+                                   " must be at least alignment + max_group_bytes = " +
+                                   std::to_string(alignment + o.max_group_bytes));
+  }
+  if (o.io_threads < 0) return Status::InvalidArgument("NVMe tier: io_threads must be >= 0");
+  return Status::OK();
+}
+
 NvmeTier::NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> engine,
                    AlignedBuffer staging, AlignedBuffer remove_unit)
     : options_(options),
@@ -111,7 +112,7 @@ NvmeTier::NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> eng
 StatusOr<NvmeTier::OpenResult> NvmeTier::Open(const NvmeTierOptions& options) {
   if (options.env == nullptr) return Status::InvalidArgument("NVMe tier: env is required");
   const size_t alignment = options.env->DirectIoAlignment();
-  KVF_RETURN_IF_ERROR(ValidateOptions(options, alignment));
+  KVF_RETURN_IF_ERROR(ValidateNvmeTierOptions(options, alignment));
   KVF_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> engine, NewIoEngine(options));
   KVF_ASSIGN_OR_RETURN(AlignedBuffer staging,
                        AlignedBuffer::Allocate(options.max_group_bytes, alignment));

@@ -131,6 +131,11 @@ struct NvmeTierStats {
   uint64_t live_bytes = 0;  // padded record bytes of live blocks
 };
 
+// InvalidArgument naming the option when `options` cannot work with records
+// aligned to `alignment` (the device's direct-I/O alignment; --check-config
+// uses Env::kDefaultDirectIoAlignment). NvmeTier::Open checks the same.
+Status ValidateNvmeTierOptions(const NvmeTierOptions& options, size_t alignment);
+
 class NvmeTier {
  public:
   struct OpenResult {
