@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -158,20 +159,39 @@ class Client::Impl {
   // instead of each waiting rpc_timeout (a cut link made one 256-block
   // write-back take 16 x rpc_timeout), and many clients do not retry in step.
   // OK when a call may be made now; else Unavailable naming the last error.
+  // With several replicas (placement_address "a,b"): the calls start at the
+  // replica that answered last and go on to the next that is not backing off.
+  //
+  // The index of the `attempt`-th replica to try from the current one, or
+  // none if it is backing off.
+  std::optional<std::size_t> PlacementToTry(std::size_t attempt);
+  // Unavailable naming every replica and its last error (all backing off);
+  // counts the skipped call.
   Status PlacementBackoff();
-  void PlacementCallDone(const grpc::Status& g);
-  // Runs `call(&ctx)` with rpc_timeout unless placement is backing off (then
-  // UNAVAILABLE saying so, without a call), and records how it went.
+  void PlacementCallDone(std::size_t replica, const grpc::Status& g);
+  // Runs `call(stub, &ctx)` with rpc_timeout on the replicas in turn until
+  // one answers (anything but UNAVAILABLE or DEADLINE_EXCEEDED), skipping
+  // those backing off; UNAVAILABLE without a call if all are.
   template <typename Call>
   grpc::Status CallPlacement(Call&& call) {
-    if (Status backoff = PlacementBackoff(); !backoff.ok()) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(backoff.message()));
+    grpc::Status last;
+    bool called = false;
+    for (std::size_t attempt = 0; attempt < placement_stubs_.size(); ++attempt) {
+      const std::optional<std::size_t> replica = PlacementToTry(attempt);
+      if (!replica) continue;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(RpcDeadline());
+      grpc::Status g = call(placement_stubs_[*replica].get(), &ctx);
+      PlacementCallDone(*replica, g);
+      called = true;
+      if (g.error_code() != grpc::StatusCode::UNAVAILABLE &&
+          g.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+        return g;
+      }
+      last = std::move(g);
     }
-    grpc::ClientContext ctx;
-    ctx.set_deadline(RpcDeadline());
-    grpc::Status g = call(&ctx);
-    PlacementCallDone(g);
-    return g;
+    if (called) return last;
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(PlacementBackoff().message()));
   }
   void ReportObservations(Context& c) KVF_REQUIRES(c.mu);
   // Block `b` of `c`'s history: its page of the history pool.
@@ -250,7 +270,10 @@ class Client::Impl {
   std::size_t blocks_per_batch_ = 1;
   std::string client_node_;
 
-  std::unique_ptr<v1::Placement::Stub> placement_;
+  // One stub per placement replica (placement_address split at commas);
+  // fixed after Open.
+  std::vector<std::string> placement_addresses_;
+  std::vector<std::unique_ptr<v1::Placement::Stub>> placement_stubs_;
   std::unique_ptr<transport::Transport> transport_;
   // The data plane may use shared memory (transport::UsesSharedMemory):
   // each daemon's identity is checked before its data plane is connected.
@@ -291,10 +314,14 @@ class Client::Impl {
   // its listener. Both made by Init.
   std::shared_ptr<ClientPrometheus> prom_;
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
+  struct ReplicaState {
+    std::chrono::steady_clock::time_point retry_at;
+    std::chrono::milliseconds backoff{0};  // 0: answering
+    std::string last_error;
+  };
   Mutex placement_mu_;
-  std::chrono::steady_clock::time_point placement_retry_at_ KVF_GUARDED_BY(placement_mu_);
-  std::chrono::milliseconds placement_backoff_ KVF_GUARDED_BY(placement_mu_){0};
-  std::string placement_last_error_ KVF_GUARDED_BY(placement_mu_);
+  std::vector<ReplicaState> placement_state_ KVF_GUARDED_BY(placement_mu_);
+  std::size_t placement_current_ KVF_GUARDED_BY(placement_mu_) = 0;
   std::uint64_t placement_jitter_ KVF_GUARDED_BY(placement_mu_) = 0x9e3779b97f4a7c15ull;
 
   mutable Mutex metrics_mu_;

@@ -502,8 +502,9 @@ void Client::Impl::SaveBatch(std::vector<SaveJob>& jobs) {
   req.set_replicas(1);
   req.set_client_node(client_node_);
   v1::PlaceResponse resp;
-  const grpc::Status g =
-      CallPlacement([&](grpc::ClientContext* ctx) { return placement_->Place(ctx, req, &resp); });
+  const grpc::Status g = CallPlacement([&](v1::Placement::Stub* stub, grpc::ClientContext* ctx) {
+    return stub->Place(ctx, req, &resp);
+  });
   std::vector<SaveJob*> all;
   for (SaveJob& j : jobs) all.push_back(&j);
   if (!g.ok() || resp.results_size() != static_cast<int>(jobs.size())) {

@@ -150,13 +150,37 @@ Status Client::Impl::Init() {
   Log().info("kvfabric client: {}", arena_->DescribeLayout());
 
   // Placement: it must answer before Open succeeds.
-  placement_ = v1::Placement::NewStub(OpenChannel(o_.placement_address));
+  for (std::size_t start = 0; start <= o_.placement_address.size();) {
+    std::size_t end = o_.placement_address.find(',', start);
+    if (end == std::string::npos) end = o_.placement_address.size();
+    std::string address = o_.placement_address.substr(start, end - start);
+    address.erase(0, address.find_first_not_of(" \t"));
+    address.erase(address.find_last_not_of(" \t") + 1);
+    if (address.empty()) {
+      return Status::InvalidArgument("client: placement_address (--placement-address) \"" +
+                                     o_.placement_address + "\" has an empty entry");
+    }
+    placement_addresses_.push_back(address);
+    start = end + 1;
+  }
+  if (placement_addresses_.size() > 8) {
+    return Status::InvalidArgument("client: placement_address (--placement-address) names " +
+                                   std::to_string(placement_addresses_.size()) +
+                                   " replicas; at most 8");
+  }
+  for (const std::string& a : placement_addresses_) {
+    placement_stubs_.push_back(v1::Placement::NewStub(OpenChannel(a)));
+  }
   {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(RpcDeadline());
-    v1::HealthRequest req;
+    MutexLock l(&placement_mu_);
+    placement_state_.resize(placement_addresses_.size());
+  }
+  // One replica must answer before Open succeeds.
+  {
     v1::HealthResponse resp;
-    grpc::Status g = placement_->Health(&ctx, req, &resp);
+    const grpc::Status g = CallPlacement([&](v1::Placement::Stub* stub, grpc::ClientContext* ctx) {
+      return stub->Health(ctx, v1::HealthRequest(), &resp);
+    });
     if (!g.ok()) {
       return Status::Unavailable("client: placement at " + o_.placement_address +
                                  " (--placement-address) does not answer: " + g.error_message());
@@ -287,8 +311,9 @@ Status Client::Impl::Match(std::span<const BlockKey> chain, std::uint64_t suffix
     r->set_c2_us(o_.prefill->c2_us_per_token2);
   }
   v1::PlanResponse resp;
-  const grpc::Status g =
-      CallPlacement([&](grpc::ClientContext* ctx) { return placement_->Plan(ctx, req, &resp); });
+  const grpc::Status g = CallPlacement([&](v1::Placement::Stub* stub, grpc::ClientContext* ctx) {
+    return stub->Plan(ctx, req, &resp);
+  });
   MutexLock l(&metrics_mu_);
   ++m_.matches;
   if (g.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
@@ -615,9 +640,9 @@ void Client::Impl::ReportObservations(Context& c) {
     req.set_plan_finished(last && c.match.plan_id != 0);
     if (last && c.match.plan_id != 0) req.set_observed_total_us(c.report.load_us);
     v1::ReportObservationsResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(RpcDeadline());
-    grpc::Status g = placement_->ReportObservations(&ctx, req, &resp);
+    const grpc::Status g = CallPlacement([&](v1::Placement::Stub* stub, grpc::ClientContext* ctx) {
+      return stub->ReportObservations(ctx, req, &resp);
+    });
     if (!g.ok()) {
       Log().warn("kvfabric client: reporting plan {}'s observations: {}", c.match.plan_id,
                    g.error_message());
@@ -784,41 +809,51 @@ const ClientOptions& Client::options() const { return impl_->options(); }
 std::string Client::DescribeArena() const { return impl_->DescribeArena(); }
 std::string Client::DescribeHistoryPool() const { return impl_->DescribeHistoryPool(); }
 
+std::optional<std::size_t> Client::Impl::PlacementToTry(std::size_t attempt) {
+  MutexLock l(&placement_mu_);
+  const std::size_t i = (placement_current_ + attempt) % placement_state_.size();
+  const ReplicaState& r = placement_state_[i];
+  if (r.backoff.count() != 0 && std::chrono::steady_clock::now() < r.retry_at) return std::nullopt;
+  return i;
+}
+
 Status Client::Impl::PlacementBackoff() {
   std::string why;
   {
     MutexLock l(&placement_mu_);
     const auto now = std::chrono::steady_clock::now();
-    if (placement_backoff_.count() == 0 || now >= placement_retry_at_) return Status::OK();
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(placement_retry_at_ - now);
-    why = "placement at " + o_.placement_address + " did not answer (" + placement_last_error_ +
-          "); next try in " + std::to_string(left.count()) + " ms";
+    for (std::size_t i = 0; i < placement_state_.size(); ++i) {
+      const ReplicaState& r = placement_state_[i];
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(r.retry_at - now);
+      why += std::string(why.empty() ? "" : "; ") + "placement at " + placement_addresses_[i] +
+             " did not answer (" + r.last_error + "), next try in " +
+             std::to_string(std::max<std::int64_t>(0, left.count())) + " ms";
+    }
   }
   MutexLock m(&metrics_mu_);
   ++m_.placement_calls_skipped;
   return Status::Unavailable(why);
 }
 
-void Client::Impl::PlacementCallDone(const grpc::Status& g) {
+void Client::Impl::PlacementCallDone(std::size_t replica, const grpc::Status& g) {
   MutexLock l(&placement_mu_);
+  ReplicaState& r = placement_state_[replica];
   if (g.error_code() != grpc::StatusCode::UNAVAILABLE &&
       g.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-    placement_backoff_ = std::chrono::milliseconds(0);  // it answered
+    r.backoff = std::chrono::milliseconds(0);  // it answered: calls start here
+    placement_current_ = replica;
     return;
   }
-  placement_backoff_ = placement_backoff_.count() == 0
-                           ? std::chrono::milliseconds(1000)
-                           : std::min(placement_backoff_ * 2, std::chrono::milliseconds(30000));
-  placement_last_error_ = g.error_message();
+  r.backoff = r.backoff.count() == 0 ? std::chrono::milliseconds(1000)
+                                     : std::min(r.backoff * 2, std::chrono::milliseconds(30000));
+  r.last_error = g.error_message();
   // xorshift: +-25% so that clients cut off together do not come back together.
   placement_jitter_ ^= placement_jitter_ << 13;
   placement_jitter_ ^= placement_jitter_ >> 7;
   placement_jitter_ ^= placement_jitter_ << 17;
   const double factor = 0.75 + 0.5 * static_cast<double>(placement_jitter_ % 1000) / 1000.0;
-  placement_retry_at_ =
-      std::chrono::steady_clock::now() +
-      std::chrono::milliseconds(static_cast<std::int64_t>(placement_backoff_.count() * factor));
+  r.retry_at = std::chrono::steady_clock::now() +
+               std::chrono::milliseconds(static_cast<std::int64_t>(r.backoff.count() * factor));
 }
 
 }  // namespace kvfabric::client

@@ -116,7 +116,11 @@ using RecomputeFn = std::function<Status(const RecomputeRequest&, std::span<std:
 
 // The flag names are the settings a refusal names.
 struct ClientOptions {
-  // Placement's gRPC address HOST:PORT (--placement-address). Required.
+  // Placement's gRPC address HOST:PORT (--placement-address), or several
+  // replicas' separated by commas (at most 8): a call that gets no answer
+  // from one (Unavailable, DeadlineExceeded) goes to the next at once, and
+  // the one that does not answer is backed off (1 s doubling to 30 s). Open
+  // needs one to answer. Required.
   std::string placement_address;
   // Tenant of every key (empty: the default tenant).
   std::string namespace_name;

@@ -411,7 +411,8 @@ int Run(int argc, char** argv) {
                     "a data-plane transfer running this long closes its connection (and so "
                     "releases its leases)");
   app.add_option("--placement-address", f.placement_address,
-                 "placement service gRPC address; empty: run without placement");
+                 "placement service gRPC address, or several replicas' separated by commas "
+                 "(the next is tried when one does not answer); empty: run without placement");
   app.add_option("--node-name", f.node_name,
                  "machine name clients compare with theirs to pick local paths (default hostname)");
   AddDurationOption(app, "--membership-ttl", &f.membership_ttl,

@@ -48,11 +48,30 @@ StatusOr<std::unique_ptr<PlacementReporter>> PlacementReporter::Start(
     return Status::InvalidArgument("--placement-address is empty");
   }
   std::unique_ptr<PlacementReporter> r(new PlacementReporter(node, std::move(options)));
+  const std::string& list = r->options_.placement_address;
+  for (std::size_t start = 0; start <= list.size();) {
+    std::size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    std::string address = list.substr(start, end - start);
+    address.erase(0, address.find_first_not_of(" \t"));
+    address.erase(address.find_last_not_of(" \t") + 1);
+    if (address.empty()) {
+      return Status::InvalidArgument("--placement-address \"" + list + "\" has an empty entry");
+    }
+    r->addresses_.push_back(std::move(address));
+    start = end + 1;
+  }
+  if (r->addresses_.size() > 8) {
+    return Status::InvalidArgument("--placement-address names " +
+                                   std::to_string(r->addresses_.size()) + " replicas; at most 8");
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
   args.SetMaxSendMessageSize(16 << 20);
-  r->stub_ = v1::Placement::NewStub(grpc::CreateCustomChannel(
-      r->options_.placement_address, grpc::InsecureChannelCredentials(), args));
+  for (const std::string& address : r->addresses_) {
+    r->stubs_.push_back(v1::Placement::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+  }
   PlacementReporter* raw = r.get();
   node->set_block_event_sink([raw](std::vector<BlockEventRecord> events) {
     raw->OnEvents(std::move(events));
@@ -107,7 +126,7 @@ Status PlacementReporter::Register() {
   v1::RegisterResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout);
-  grpc::Status g = stub_->Register(&ctx, req, &resp);
+  grpc::Status g = stub()->Register(&ctx, req, &resp);
   if (!g.ok()) return FromGrpcStatus(g).WithContext("Register with placement");
   lease_id_ = resp.membership_lease_id();
   token_ = resp.membership_token();
@@ -120,7 +139,7 @@ Status PlacementReporter::Register() {
   ++stats_.registrations;
   stats_.registered = true;
   spdlog::info("placement: registered {} with {} (lease {}, heartbeat every {} ms)",
-               options_.host_id, options_.placement_address, lease_id_, heartbeat_every_.count());
+               options_.host_id, addresses_[current_], lease_id_, heartbeat_every_.count());
   return Status::OK();
 }
 
@@ -136,7 +155,7 @@ Status PlacementReporter::Heartbeat() {
   v1::HeartbeatResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout);
-  grpc::Status g = stub_->Heartbeat(&ctx, req, &resp);
+  grpc::Status g = stub()->Heartbeat(&ctx, req, &resp);
   if (!g.ok()) return FromGrpcStatus(g).WithContext("Heartbeat");
   MutexLock lock(&mu_);
   ++stats_.heartbeats;
@@ -161,7 +180,7 @@ Status PlacementReporter::SendEvents(std::vector<BlockEventRecord> events,
     v1::ReportBlocksResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout);
-    grpc::Status g = stub_->ReportBlocks(&ctx, req, &resp);
+    grpc::Status g = stub()->ReportBlocks(&ctx, req, &resp);
     if (g.ok()) {
       MutexLock lock(&mu_);
       ++stats_.reports;
@@ -243,16 +262,29 @@ void PlacementReporter::Run() {
         snapshot_owed_ = true;
       }
       // Back off a little while placement is unreachable; say so once, then
-      // at most every 30 s.
+      // at most every 30 s. With replicas, the next one gets the retry (the
+      // membership lease lives in the shared store; a replica that does not
+      // know its token answers NotFound, and the reporter registers again).
       const auto now = std::chrono::steady_clock::now();
       next_heartbeat = now + std::chrono::milliseconds(500);
+      const std::string& tried = addresses_[current_];
+      const bool silent =
+          s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded;
+      ++failures_in_a_row_;
+      if (silent && stubs_.size() > 1) {
+        current_ = (current_ + 1) % stubs_.size();
+        // The next replica at once, unless every one failed since the last answer.
+        if (failures_in_a_row_ % stubs_.size() != 0) next_heartbeat = now;
+      }
       if (now >= next_warning_) {
-        spdlog::warn("placement {}: {} (retrying every 500 ms)", options_.placement_address,
-                     s.ToString());
+        spdlog::warn("placement {}: {} ({})", tried, s.ToString(),
+                     silent && stubs_.size() > 1 ? "trying " + addresses_[current_]
+                                                 : std::string("retrying every 500 ms"));
         next_warning_ = now + std::chrono::seconds(30);
       }
     } else {
       next_warning_ = {};
+      failures_in_a_row_ = 0;
     }
     if (stopping) break;
   }
@@ -265,7 +297,7 @@ void PlacementReporter::Run() {
     v1::DeregisterResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout);
-    stub_->Deregister(&ctx, req, &resp);
+    stub()->Deregister(&ctx, req, &resp);
   }
 }
 

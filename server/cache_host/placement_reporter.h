@@ -35,7 +35,10 @@
 namespace kvfabric::cache_host {
 
 struct PlacementReporterOptions {
-  // --placement-address: placement's gRPC address. Required.
+  // --placement-address: placement's gRPC address, or several replicas'
+  // separated by commas (at most 8; they share one membership store): when
+  // one does not answer (Unavailable, DeadlineExceeded) the reporter moves to
+  // the next, registers there if it must, and reports in full. Required.
   std::string placement_address;
   // This daemon, as clients reach it.
   std::string host_id;
@@ -92,7 +95,13 @@ class PlacementReporter {
   CacheHostNode* const node_;
   const PlacementReporterOptions options_;
   const std::uint64_t incarnation_;
-  std::unique_ptr<v1::Placement::Stub> stub_;
+  // One stub per replica; the reporter thread uses stubs_[current_] and moves
+  // on when it does not answer.
+  std::vector<std::string> addresses_;
+  std::vector<std::unique_ptr<v1::Placement::Stub>> stubs_;
+  std::size_t current_ = 0;  // the reporter thread's only
+  std::size_t failures_in_a_row_ = 0;
+  v1::Placement::Stub* stub() const { return stubs_[current_].get(); }
 
   mutable Mutex mu_;
   CondVar cv_;
