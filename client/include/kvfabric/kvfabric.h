@@ -210,7 +210,9 @@ typedef struct kvf_options {
   /* sizeof(kvf_options), set by kvf_options_init. Do not change. */
   uint32_t struct_size;
 
-  /* Placement's gRPC address HOST:PORT [--placement-address]. Required. */
+  /* Placement's gRPC address HOST:PORT [--placement-address], or up to 8
+   * replicas' separated by commas (the next is used when one does not
+   * answer). Required. */
   const char* placement_address;
   /* Tenant of every key. NULL or "": the default tenant. */
   const char* namespace_name;
