@@ -759,7 +759,9 @@ TEST_F(PlacementFailoverTest, ClientsAndDaemonsFailOverToTheOtherPlacementReplic
   o.staging_bytes = 4 << 20;
   o.history_pool_bytes = 9 << 20;
   o.max_context_tokens = kTokens;
-  o.rpc_timeout = std::chrono::milliseconds(1000);
+  // Generous for a loaded CI machine: a dead replica refuses connections at
+  // once, so this bounds only a slow live one.
+  o.rpc_timeout = std::chrono::milliseconds(3000);
   o.recompute = [&](const client::RecomputeRequest& r, std::span<std::byte> out) {
     const std::uint64_t bytes = *model.BlockBytes();
     for (std::uint32_t i = 0; i < r.block_count; ++i) {
@@ -840,7 +842,8 @@ TEST_F(PlacementFailoverTest, ClientsAndDaemonsFailOverToTheOtherPlacementReplic
   EXPECT_TRUE(after.first.ok()) << after.first.ToString();
   EXPECT_EQ(after.second.cached_prefix_blocks, chain.size());
   EXPECT_EQ(Listed(placements_[1]).size(), 2u);
-  // The dead replica is tried once, then backed off: no call per request.
+  // The dead replica is tried, then backed off: matches fail over instead
+  // of planning locally (at most one may if placement-2 was still starting).
   EXPECT_LE(m1.placement_unavailable - m0.placement_unavailable, 1u);
 }
 
