@@ -167,6 +167,11 @@ TEST(KvfabricCTest, OpenRefusesMissingPlacementAddress) {
   ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, "options->placement_address");
   o.placement_address = "";
   ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, "options->placement_address");
+  // A list of replicas: no empty entry, at most 8.
+  o.placement_address = "127.0.0.1:1,,127.0.0.1:2";
+  ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, "has an empty entry");
+  o.placement_address = "h:1,h:2,h:3,h:4,h:5,h:6,h:7,h:8,h:9";
+  ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, "9 replicas; at most 8");
 }
 
 TEST(KvfabricCTest, OpenRefusesBadModelGeometryNamingTheField) {
