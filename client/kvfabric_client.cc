@@ -10,6 +10,7 @@
 
 #include "client/client_impl.h"
 #include "client/client_log.h"
+#include "core/socket_address.h"
 #include "proto/grpc_status.h"
 #include "proto/model_proto.h"
 #include "transport/data_transport.h"
@@ -150,24 +151,9 @@ Status Client::Impl::Init() {
   Log().info("kvfabric client: {}", arena_->DescribeLayout());
 
   // Placement: it must answer before Open succeeds.
-  for (std::size_t start = 0; start <= o_.placement_address.size();) {
-    std::size_t end = o_.placement_address.find(',', start);
-    if (end == std::string::npos) end = o_.placement_address.size();
-    std::string address = o_.placement_address.substr(start, end - start);
-    address.erase(0, address.find_first_not_of(" \t"));
-    address.erase(address.find_last_not_of(" \t") + 1);
-    if (address.empty()) {
-      return Status::InvalidArgument("client: placement_address (--placement-address) \"" +
-                                     o_.placement_address + "\" has an empty entry");
-    }
-    placement_addresses_.push_back(address);
-    start = end + 1;
-  }
-  if (placement_addresses_.size() > 8) {
-    return Status::InvalidArgument("client: placement_address (--placement-address) names " +
-                                   std::to_string(placement_addresses_.size()) +
-                                   " replicas; at most 8");
-  }
+  KVF_ASSIGN_OR_RETURN(
+      placement_addresses_,
+      SplitAddressList(o_.placement_address, "client: placement_address (--placement-address)", 8));
   for (const std::string& a : placement_addresses_) {
     placement_stubs_.push_back(v1::Placement::NewStub(OpenChannel(a)));
   }

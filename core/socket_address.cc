@@ -51,4 +51,26 @@ std::string FormatSocketAddress(const sockaddr_storage& sa) {
   return "unknown";
 }
 
+StatusOr<std::vector<std::string>> SplitAddressList(const std::string& list,
+                                                    const std::string& setting, std::size_t max) {
+  std::vector<std::string> out;
+  for (std::size_t start = 0; start <= list.size();) {
+    std::size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    std::string address = list.substr(start, end - start);
+    address.erase(0, address.find_first_not_of(" \t"));
+    address.erase(address.find_last_not_of(" \t") + 1);
+    if (address.empty()) {
+      return Status::InvalidArgument(setting + " \"" + list + "\" has an empty entry");
+    }
+    out.push_back(std::move(address));
+    start = end + 1;
+  }
+  if (out.size() > max) {
+    return Status::InvalidArgument(setting + " names " + std::to_string(out.size()) +
+                                   " replicas; at most " + std::to_string(max));
+  }
+  return out;
+}
+
 }  // namespace kvfabric

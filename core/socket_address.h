@@ -6,9 +6,12 @@
 
 #include <sys/socket.h>
 
+#include <cstddef>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
+#include "core/statusor.h"
 
 namespace kvfabric {
 
@@ -18,6 +21,13 @@ Status ParseSocketAddress(const std::string& address, sockaddr_storage* out, soc
 
 // sockaddr -> "ip:port" / "[ipv6]:port"; "unknown" for other families.
 std::string FormatSocketAddress(const sockaddr_storage& sa);
+
+// The entries of a comma-separated address list ("a:1, b:2", spaces around
+// entries dropped), as clients and daemons take placement replicas.
+// InvalidArgument naming `setting` (and the list) for an empty entry or more
+// than `max` entries. Checks no entry's shape.
+StatusOr<std::vector<std::string>> SplitAddressList(const std::string& list,
+                                                    const std::string& setting, std::size_t max);
 
 }  // namespace kvfabric
 

@@ -38,5 +38,18 @@ TEST(SocketAddressTest, UnknownFamilyPrintsUnknown) {
   EXPECT_EQ(FormatSocketAddress(sa), "unknown");
 }
 
+TEST(SocketAddressTest, AddressListsSplitAtCommasAndRefuseEmptyEntriesAndTooMany) {
+  auto two = SplitAddressList(" a:1 ,b:2", "--x", 8);
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(*two, (std::vector<std::string>{"a:1", "b:2"}));
+  auto empty = SplitAddressList("a:1,,b:2", "--x", 8);
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.status().message().find("--x \"a:1,,b:2\" has an empty entry"),
+            std::string::npos);
+  auto many = SplitAddressList("a:1,b:2,c:3", "--x", 2);
+  ASSERT_FALSE(many.ok());
+  EXPECT_NE(many.status().message().find("3 replicas; at most 2"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kvfabric

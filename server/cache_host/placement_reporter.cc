@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/mutex.h"
+#include "core/socket_address.h"
 #include "proto/grpc_status.h"
 #include "server/cache_host_convert.h"
 #include "spdlog/spdlog.h"
@@ -48,23 +49,8 @@ StatusOr<std::unique_ptr<PlacementReporter>> PlacementReporter::Start(
     return Status::InvalidArgument("--placement-address is empty");
   }
   std::unique_ptr<PlacementReporter> r(new PlacementReporter(node, std::move(options)));
-  const std::string& list = r->options_.placement_address;
-  for (std::size_t start = 0; start <= list.size();) {
-    std::size_t end = list.find(',', start);
-    if (end == std::string::npos) end = list.size();
-    std::string address = list.substr(start, end - start);
-    address.erase(0, address.find_first_not_of(" \t"));
-    address.erase(address.find_last_not_of(" \t") + 1);
-    if (address.empty()) {
-      return Status::InvalidArgument("--placement-address \"" + list + "\" has an empty entry");
-    }
-    r->addresses_.push_back(std::move(address));
-    start = end + 1;
-  }
-  if (r->addresses_.size() > 8) {
-    return Status::InvalidArgument("--placement-address names " +
-                                   std::to_string(r->addresses_.size()) + " replicas; at most 8");
-  }
+  KVF_ASSIGN_OR_RETURN(r->addresses_,
+                       SplitAddressList(r->options_.placement_address, "--placement-address", 8));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
   args.SetMaxSendMessageSize(16 << 20);
