@@ -59,6 +59,7 @@ TSAN_TARGETS=(
   -//tests:placement_cluster_test
   -//tests:shared_memory_attack_test
   -//tests/fault:network_fault_test
+  -//tests/fault:placement_failover_test
   # Run by a second pass, without their shared-memory cases.
   "${TSAN_UCX_SHM[@]/#/-}"
 )
