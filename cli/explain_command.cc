@@ -31,17 +31,6 @@ std::string Hex(const std::string& bytes) {
   return out;
 }
 
-std::string Fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
-
-std::string Pad(std::string s, std::size_t width) {
-  if (s.size() < width) s.append(width - s.size(), ' ');
-  return s + " ";
-}
-
 // "fetch_all" for PLAN_KIND_FETCH_ALL: the label /metrics uses.
 std::string KindLabel(v1::PlanKind kind) {
   std::string name = v1::PlanKind_Name(kind);

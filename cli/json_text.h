@@ -1,5 +1,6 @@
-// JSON string escaping for the CLI's --json output (the commands build small
-// objects by hand; nlohmann is used where documents are parsed).
+// Text helpers of the CLI's output: JSON string escaping for --json (the
+// commands build small objects by hand; nlohmann is used where documents are
+// parsed), and the padding and fixed-point numbers of its tables.
 #ifndef KVFABRIC_CLI_JSON_TEXT_H_
 #define KVFABRIC_CLI_JSON_TEXT_H_
 
@@ -28,6 +29,19 @@ inline std::string JsonEscape(const std::string& s) {
     }
   }
   return out;
+}
+
+// `s` padded with spaces to `width`, then one space: a table column.
+inline std::string Pad(std::string s, std::size_t width) {
+  if (s.size() < width) s.append(width - s.size(), ' ');
+  return s + " ";
+}
+
+// `v` with `digits` digits after the point.
+inline std::string Fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
 }
 
 }  // namespace kvfabric::cli

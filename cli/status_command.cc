@@ -46,11 +46,6 @@ std::string Use(const v1::TierUsage* t) {
   return FormatBytes(t->committed_bytes()) + " / " + FormatBytes(t->capacity_bytes());
 }
 
-std::string Pad(std::string s, std::size_t width) {
-  if (s.size() < width) s.append(width - s.size(), ' ');
-  return s + " ";
-}
-
 template <typename T>
 std::string Num(T v) {
   return std::to_string(v);
@@ -68,12 +63,6 @@ std::string TierJson(const v1::TierUsage* t) {
 std::string Rate(double bytes, double seconds) {
   if (!(seconds > 0)) return "-";
   return FormatBytes(static_cast<std::uint64_t>(bytes / seconds)) + "/s";
-}
-
-std::string Fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
 }
 
 const v1::PathTrafficSummary* FindPath(const v1::ListHostsResponse& r, v1::BusPath path) {

@@ -237,7 +237,7 @@ grpc::Status PlacementService::ListPlans(grpc::ServerContext* context,
     out->set_finished(p.finished);
     out->set_observed_total_us(p.observed_total_us.value_or(0.0));
   }
-  response->set_history_plans(node_->Snapshot().plan_history);
+  response->set_history_plans(node_->PlanHistorySize());
   return grpc::Status::OK;
 }
 

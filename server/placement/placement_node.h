@@ -440,6 +440,8 @@ class PlacementNode {
   StatusOr<PlanExplanation> Explain(std::uint64_t plan_id) const;
   // The newest `n` plans of the history, newest first; `ns`'s only if given.
   std::vector<PlanSummary> RecentPlans(std::size_t n, const std::string* ns = nullptr) const;
+  // Plans the history holds now (Snapshot().plan_history, without the rest).
+  std::size_t PlanHistorySize() const;
   // A calibration file read again (SIGHUP, the ReloadCalibration RPC): its entries replace the
   // cost model's (CalibratedCostModel::Reload); membership, the directory, plans and the path
   // load are untouched. An invalid calibration changes nothing.

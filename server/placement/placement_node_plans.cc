@@ -291,6 +291,11 @@ void PlacementNode::TrimPlanHistoryLocked() {
   }
 }
 
+std::size_t PlacementNode::PlanHistorySize() const {
+  MutexLock lock(&mu_);
+  return plans_.size();
+}
+
 std::vector<PlanSummary> PlacementNode::RecentPlans(std::size_t n, const std::string* ns) const {
   MutexLock lock(&mu_);
   std::vector<PlanSummary> out;
