@@ -33,10 +33,7 @@ std::string Hex(const std::string& bytes) {
 
 // "fetch_all" for PLAN_KIND_FETCH_ALL: the label /metrics uses.
 std::string KindLabel(v1::PlanKind kind) {
-  std::string name = v1::PlanKind_Name(kind);
-  if (name.rfind("PLAN_KIND_", 0) == 0) name = name.substr(10);
-  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return name;
+  return EnumLabel(v1::PlanKind_Name(kind), "PLAN_KIND_");
 }
 
 // "1.25 ms" from microseconds.

@@ -4,6 +4,7 @@
 #ifndef KVFABRIC_CLI_JSON_TEXT_H_
 #define KVFABRIC_CLI_JSON_TEXT_H_
 
+#include <cctype>
 #include <cstdio>
 #include <string>
 
@@ -42,6 +43,14 @@ inline std::string Fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
   return buf;
+}
+
+// A protobuf enum value's name as a label: `prefix` dropped, lower case
+// ("BUS_PATH_NVME_TO_HOST", "BUS_PATH_" -> "nvme_to_host").
+inline std::string EnumLabel(std::string name, const std::string& prefix) {
+  if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
 }
 
 }  // namespace kvfabric::cli

@@ -79,12 +79,7 @@ std::uint64_t PlansOf(const v1::ListHostsResponse& r, const std::string& kind) {
   return 0;
 }
 
-std::string PathName(v1::BusPath p) {
-  std::string name = v1::BusPath_Name(p);
-  if (name.rfind("BUS_PATH_", 0) == 0) name = name.substr(9);
-  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return name;
-}
+std::string PathName(v1::BusPath p) { return EnumLabel(v1::BusPath_Name(p), "BUS_PATH_"); }
 
 // Seconds since `unix_us` on this machine's clock ("-" when unknown).
 std::string Ago(std::uint64_t now_unix_us, std::uint64_t unix_us) {
