@@ -1,304 +1,208 @@
 #include "server/placement/etcd_client.h"
 
-#include <cstring>
-#include <limits>
-#include <nlohmann/json.hpp>
+#include <grpcpp/grpcpp.h>
+
+#include <charconv>
+#include <climits>
+#include <system_error>
 #include <utility>
 
-#include "server/placement/etcd_http.h"
+#include "core/socket_address.h"
+#include "etcd/etcdserverpb/rpc.grpc.pb.h"
 
 namespace kvfabric::placement {
 
-using Clock = std::chrono::steady_clock;
-using Json = nlohmann::json;
-
-using etcd_http::Ms;
-using etcd_http::ParseDecimal;
+namespace pb = etcdserverpb;
 
 namespace {
 
-constexpr char kBase64Alphabet[] =
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+// A cluster of more members than this is not an etcd cluster anyone runs
+// (etcd recommends 3, 5 or 7).
+constexpr std::size_t kMaxMembers = 16;
 
-// "etcd <endpoint> POST <path>": the prefix of every error message.
-std::string Context(const std::string& endpoint, std::string_view path) {
-  return "etcd " + endpoint + " POST " + std::string(path);
+// HTTP/2 keepalive on every channel, so that a watch on a member that went
+// silent (partitioned, its host frozen) ends within ~kKeepaliveTime +
+// kKeepaliveTimeout instead of waiting forever. etcd refuses pings more often
+// than every 5 s (--grpc-keepalive-min-time).
+constexpr int kKeepaliveTimeMs = 10'000;
+constexpr int kKeepaliveTimeoutMs = 5'000;
+
+std::string Ms(std::chrono::milliseconds d) { return std::to_string(d.count()) + " ms"; }
+
+// "etcd <url> <Service.Method>": the prefix of every error message.
+std::string Context(const std::string& url, std::string_view method) {
+  return "etcd " + url + " " + std::string(method);
 }
 
-Status Malformed(const std::string& context, std::string_view what) {
-  return Status::Unavailable(context + ": malformed reply: " + std::string(what));
-}
-
-// etcd's gRPC code, as the gateway reports it, to ours.
-Status EtcdError(const std::string& context, std::int64_t code, const std::string& message) {
-  const std::string m = context + ": " + message + " (etcd gRPC code " + std::to_string(code) + ")";
-  switch (code) {
-    case 3:
+// A failed call's status, ours. `timed_out`: the call's own deadline
+// (request_timeout) had passed, so a DEADLINE_EXCEEDED is ours, not etcd's.
+Status FromEtcd(const std::string& context, const grpc::Status& s, bool timed_out,
+                std::chrono::milliseconds request_timeout) {
+  const std::string m = context + ": " + s.error_message() + " (gRPC code " +
+                        std::to_string(static_cast<int>(s.error_code())) + ")";
+  switch (s.error_code()) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
       return Status::InvalidArgument(m);
-    case 4:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      if (timed_out) {
+        return Status::Unavailable(context + ": no answer within request_timeout " +
+                                   Ms(request_timeout));
+      }
       return Status::DeadlineExceeded(m);
-    case 5:
+    case grpc::StatusCode::NOT_FOUND:
       return Status::NotFound(m);
-    case 8:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
       return Status::ResourceExhausted(m);
-    case 11:
+    case grpc::StatusCode::OUT_OF_RANGE:
       return Status::OutOfRange(m);
-    case 14:
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::CANCELLED:  // the channel or the connection went away
       return Status::Unavailable(m);
     default:
       return Status::FailedPrecondition(m);
   }
 }
 
-StatusOr<Json> ParseObject(const std::string& context, std::string_view text) {
-  if (!etcd_http::NestingWithin(text, etcd_http::kMaxJsonDepth)) {
-    return Malformed(context, "JSON nests deeper than " + std::to_string(etcd_http::kMaxJsonDepth));
-  }
-  Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return Malformed(context, "not a JSON object");
-  return j;
+EtcdKeyValue ToKv(const mvccpb::KeyValue& kv) {
+  EtcdKeyValue out;
+  out.key = kv.key();
+  out.value = kv.value();
+  out.create_revision = kv.create_revision();
+  out.mod_revision = kv.mod_revision();
+  out.version = kv.version();
+  out.lease = kv.lease();
+  return out;
 }
 
-// Field readers: proto3 JSON leaves out defaults, so a missing field is 0 / ""
-// / false; a present one of the wrong type is an error. Never throw.
-StatusOr<std::int64_t> Int64Field(const std::string& context, const Json& obj, const char* key) {
-  const auto it = obj.find(key);
-  if (it == obj.end()) return std::int64_t{0};
-  std::int64_t v = 0;
-  if (it->is_number_integer()) {
-    if (it->is_number_unsigned() &&
-        it->get<std::uint64_t>() > std::uint64_t{std::numeric_limits<std::int64_t>::max()}) {
-      return Malformed(context, std::string(key) + " out of range");
-    }
-    return it->get<std::int64_t>();
-  }
-  if (!it->is_string() || !ParseDecimal(it->get_ref<const std::string&>(), &v)) {
-    return Malformed(context, std::string(key) + " is not an int64");
-  }
-  return v;
+EtcdRangeResult ToRange(const pb::RangeResponse& r) {
+  EtcdRangeResult out;
+  out.revision = r.header().revision();
+  out.more = r.more();
+  out.count = r.count();
+  out.kvs.reserve(static_cast<std::size_t>(r.kvs_size()));
+  for (const mvccpb::KeyValue& kv : r.kvs()) out.kvs.push_back(ToKv(kv));
+  return out;
 }
 
-StatusOr<std::string> BytesField(const std::string& context, const Json& obj, const char* key) {
-  const auto it = obj.find(key);
-  if (it == obj.end()) return std::string();
-  if (!it->is_string()) return Malformed(context, std::string(key) + " is not a string");
-  std::optional<std::string> bytes = Base64Decode(it->get_ref<const std::string&>());
-  if (!bytes) return Malformed(context, std::string(key) + " is not base64");
-  return *std::move(bytes);
-}
-
-StatusOr<bool> BoolField(const std::string& context, const Json& obj, const char* key) {
-  const auto it = obj.find(key);
-  if (it == obj.end()) return false;
-  if (!it->is_boolean()) return Malformed(context, std::string(key) + " is not a boolean");
-  return it->get<bool>();
-}
-
-StatusOr<std::string> StringField(const std::string& context, const Json& obj, const char* key) {
-  const auto it = obj.find(key);
-  if (it == obj.end()) return std::string();
-  if (!it->is_string()) return Malformed(context, std::string(key) + " is not a string");
-  return it->get<std::string>();
-}
-
-const Json& ObjectField(const Json& obj, const char* key) {
-  static const Json* const kEmpty = new Json(Json::object());  // never destroyed
-  const auto it = obj.find(key);
-  return it != obj.end() && it->is_object() ? *it : *kEmpty;
-}
-
-StatusOr<std::int64_t> HeaderRevision(const std::string& context, const Json& obj) {
-  return Int64Field(context, ObjectField(obj, "header"), "revision");
-}
-
-StatusOr<EtcdKeyValue> ParseKv(const std::string& context, const Json& j) {
-  if (!j.is_object()) return Malformed(context, "kv is not an object");
-  EtcdKeyValue kv;
-  KVF_ASSIGN_OR_RETURN(kv.key, BytesField(context, j, "key"));
-  KVF_ASSIGN_OR_RETURN(kv.value, BytesField(context, j, "value"));
-  KVF_ASSIGN_OR_RETURN(kv.create_revision, Int64Field(context, j, "create_revision"));
-  KVF_ASSIGN_OR_RETURN(kv.mod_revision, Int64Field(context, j, "mod_revision"));
-  KVF_ASSIGN_OR_RETURN(kv.version, Int64Field(context, j, "version"));
-  KVF_ASSIGN_OR_RETURN(kv.lease, Int64Field(context, j, "lease"));
-  return kv;
-}
-
-StatusOr<EtcdRangeResult> ParseRange(const std::string& context, const Json& j) {
-  EtcdRangeResult r;
-  KVF_ASSIGN_OR_RETURN(r.revision, HeaderRevision(context, j));
-  KVF_ASSIGN_OR_RETURN(r.more, BoolField(context, j, "more"));
-  KVF_ASSIGN_OR_RETURN(r.count, Int64Field(context, j, "count"));
-  const auto kvs = j.find("kvs");
-  if (kvs != j.end()) {
-    if (!kvs->is_array()) return Malformed(context, "kvs is not an array");
-    for (const Json& e : *kvs) {
-      KVF_ASSIGN_OR_RETURN(EtcdKeyValue kv, ParseKv(context, e));
-      r.kvs.push_back(std::move(kv));
-    }
-  }
-  return r;
-}
-
-// An error object: {"error":"..","message":"..","code":5} from a unary call,
-// or {"grpc_code":5,"message":".."} inside a stream's {"error":{...}}.
-Status ErrorFromObject(const std::string& context, const Json& j) {
-  std::int64_t code = 2;
-  for (const char* key : {"code", "grpc_code"}) {
-    const auto it = j.find(key);
-    if (it != j.end() && it->is_number_integer()) code = it->get<std::int64_t>();
-  }
-  std::string message = "unknown error";
-  for (const char* key : {"error", "message"}) {
-    const auto it = j.find(key);
-    if (it != j.end() && it->is_string() && !it->get_ref<const std::string&>().empty()) {
-      message = it->get<std::string>();
-    }
-  }
-  return EtcdError(context, code, message);
-}
-
-// A streamed message: {"result": {...}} -> the result; {"error": ...} -> Status.
-StatusOr<Json> StreamResult(const std::string& context, const std::string& text) {
-  KVF_ASSIGN_OR_RETURN(Json j, ParseObject(context, text));
-  const auto error = j.find("error");
-  if (error != j.end()) {
-    return ErrorFromObject(context, error->is_object() ? *error : j);
-  }
-  const auto result = j.find("result");
-  if (result == j.end() || !result->is_object()) return Malformed(context, "no result");
-  return Json(std::move(*result));
-}
-
-Json KvRequest(std::string_view key, std::string_view range_end) {
-  Json j;
-  j["key"] = Base64Encode(key);
-  if (!range_end.empty()) j["range_end"] = Base64Encode(range_end);
-  return j;
-}
-
-Json OpToJson(const EtcdOp& op) {
-  Json j = KvRequest(op.key, op.kind == EtcdOp::Kind::kPut ? std::string_view() : op.range_end);
+void ToOp(const EtcdOp& op, pb::RequestOp* out) {
   switch (op.kind) {
-    case EtcdOp::Kind::kPut:
-      j["value"] = Base64Encode(op.value);
-      if (op.lease != 0) j["lease"] = std::to_string(op.lease);
-      return Json{{"request_put", j}};
-    case EtcdOp::Kind::kRange:
-      return Json{{"request_range", j}};
-    case EtcdOp::Kind::kDeleteRange:
-      return Json{{"request_delete_range", j}};
+    case EtcdOp::Kind::kPut: {
+      pb::PutRequest* put = out->mutable_request_put();
+      put->set_key(op.key);
+      put->set_value(op.value);
+      put->set_lease(op.lease);
+      return;
+    }
+    case EtcdOp::Kind::kRange: {
+      pb::RangeRequest* range = out->mutable_request_range();
+      range->set_key(op.key);
+      range->set_range_end(op.range_end);
+      return;
+    }
+    case EtcdOp::Kind::kDeleteRange: {
+      pb::DeleteRangeRequest* del = out->mutable_request_delete_range();
+      del->set_key(op.key);
+      del->set_range_end(op.range_end);
+      return;
+    }
   }
-  return Json::object();
 }
 
-Json CompareToJson(const EtcdCompare& c) {
-  static constexpr const char* kTargets[] = {"VALUE", "VERSION", "CREATE", "MOD", "LEASE"};
-  static constexpr const char* kFields[] = {"value", "version", "create_revision", "mod_revision",
-                                            "lease"};
-  static constexpr const char* kResults[] = {"EQUAL", "NOT_EQUAL", "GREATER", "LESS"};
-  const auto target = static_cast<std::size_t>(c.target);
-  Json j;
-  j["key"] = Base64Encode(c.key);
-  j["target"] = kTargets[target];
-  j["result"] = kResults[static_cast<std::size_t>(c.result)];
-  if (c.target == EtcdCompare::Target::kValue) {
-    j["value"] = Base64Encode(c.value);
+void ToCompare(const EtcdCompare& c, pb::Compare* out) {
+  out->set_key(c.key);
+  switch (c.result) {
+    case EtcdCompare::Result::kEqual:
+      out->set_result(pb::Compare::EQUAL);
+      break;
+    case EtcdCompare::Result::kNotEqual:
+      out->set_result(pb::Compare::NOT_EQUAL);
+      break;
+    case EtcdCompare::Result::kGreater:
+      out->set_result(pb::Compare::GREATER);
+      break;
+    case EtcdCompare::Result::kLess:
+      out->set_result(pb::Compare::LESS);
+      break;
+  }
+  switch (c.target) {
+    case EtcdCompare::Target::kValue:
+      out->set_target(pb::Compare::VALUE);
+      out->set_value(c.value);
+      break;
+    case EtcdCompare::Target::kVersion:
+      out->set_target(pb::Compare::VERSION);
+      out->set_version(c.number);
+      break;
+    case EtcdCompare::Target::kCreateRevision:
+      out->set_target(pb::Compare::CREATE);
+      out->set_create_revision(c.number);
+      break;
+    case EtcdCompare::Target::kModRevision:
+      out->set_target(pb::Compare::MOD);
+      out->set_mod_revision(c.number);
+      break;
+    case EtcdCompare::Target::kLease:
+      out->set_target(pb::Compare::LEASE);
+      out->set_lease(c.number);
+      break;
+  }
+}
+
+// Why etcd cancelled a watch (r.canceled() is true).
+Status WatchCancelled(const std::string& context, const pb::WatchResponse& r) {
+  if (r.compact_revision() != 0) {
+    return Status::OutOfRange(context + ": the watch's start revision was compacted (etcd kept " +
+                              "revisions from " + std::to_string(r.compact_revision()) + ")");
+  }
+  return Status::FailedPrecondition(
+      context + ": etcd cancelled the watch: " +
+      (r.cancel_reason().empty() ? "no reason given" : r.cancel_reason()));
+}
+
+// "http://host:port" or "host:port" to the gRPC target "host:port"; empty for
+// anything else, with `why` saying what.
+std::string ParseMemberUrl(std::string_view url, std::string* why) {
+  std::string_view authority = url;
+  if (authority.rfind("https://", 0) == 0) {
+    *why = "https is not supported";
+    return {};
+  }
+  if (authority.rfind("http://", 0) == 0) authority.remove_prefix(7);
+  if (!authority.empty() && authority.back() == '/') authority.remove_suffix(1);
+  if (authority.find('/') != std::string_view::npos) {
+    *why = "has a path or an unknown scheme";
+    return {};
+  }
+  std::string_view host;
+  std::string_view port;
+  if (!authority.empty() && authority[0] == '[') {
+    const std::size_t close = authority.find(']');
+    if (close == std::string_view::npos || authority.substr(close + 1, 1) != ":") {
+      *why = "bad IPv6 address or no port";
+      return {};
+    }
+    host = authority.substr(1, close - 1);
+    port = authority.substr(close + 2);
   } else {
-    j[kFields[target]] = std::to_string(c.number);
-  }
-  return j;
-}
-
-// One watch response: events appended to `events`; `created` set for the
-// creation confirmation; an error if etcd cancelled the watch.
-Status ParseWatchResult(const std::string& context, const Json& r, bool* created,
-                        std::int64_t* revision, std::vector<EtcdEvent>* events) {
-  KVF_ASSIGN_OR_RETURN(*created, BoolField(context, r, "created"));
-  KVF_ASSIGN_OR_RETURN(*revision, HeaderRevision(context, r));
-  KVF_ASSIGN_OR_RETURN(const bool canceled, BoolField(context, r, "canceled"));
-  if (canceled) {
-    KVF_ASSIGN_OR_RETURN(const std::int64_t compacted, Int64Field(context, r, "compact_revision"));
-    if (compacted != 0) {
-      return Status::OutOfRange(context + ": the watch's start revision was compacted (etcd " +
-                                "kept revisions from " + std::to_string(compacted) + ")");
+    const std::size_t colon = authority.rfind(':');
+    if (colon == std::string_view::npos) {
+      *why = "no port";
+      return {};
     }
-    KVF_ASSIGN_OR_RETURN(const std::string reason, StringField(context, r, "cancel_reason"));
-    return Status::FailedPrecondition(context + ": etcd cancelled the watch: " + reason);
+    host = authority.substr(0, colon);
+    port = authority.substr(colon + 1);
   }
-  const auto list = r.find("events");
-  if (list == r.end()) return Status::OK();
-  if (!list->is_array()) return Malformed(context, "events is not an array");
-  for (const Json& e : *list) {
-    if (!e.is_object()) return Malformed(context, "event is not an object");
-    EtcdEvent event;
-    KVF_ASSIGN_OR_RETURN(const std::string type, StringField(context, e, "type"));
-    if (type == "DELETE") {
-      event.type = EtcdEvent::Type::kDelete;
-    } else if (!type.empty() && type != "PUT") {
-      return Malformed(context, "unknown event type " + type.substr(0, 20));
-    }
-    KVF_ASSIGN_OR_RETURN(event.kv, ParseKv(context, ObjectField(e, "kv")));
-    if (const auto prev = e.find("prev_kv"); prev != e.end()) {
-      KVF_ASSIGN_OR_RETURN(event.prev_kv, ParseKv(context, *prev));
-    }
-    events->push_back(std::move(event));
+  int number = 0;
+  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), number);
+  if (host.empty() || port.empty() || port[0] == '+' || ec != std::errc() ||
+      end != port.data() + port.size() || number < 1 || number > 65535) {
+    *why = "bad host or port";
+    return {};
   }
-  return Status::OK();
+  return std::string(authority);
 }
 
 }  // namespace
-
-// ---- Base64, range ends ----
-
-std::string Base64Encode(std::string_view bytes) {
-  std::string out;
-  out.reserve((bytes.size() + 2) / 3 * 4);
-  std::size_t i = 0;
-  for (; i + 3 <= bytes.size(); i += 3) {
-    const std::uint32_t v = (std::uint32_t{static_cast<unsigned char>(bytes[i])} << 16) |
-                            (std::uint32_t{static_cast<unsigned char>(bytes[i + 1])} << 8) |
-                            static_cast<unsigned char>(bytes[i + 2]);
-    for (int shift : {18, 12, 6, 0}) out += kBase64Alphabet[(v >> shift) & 63];
-  }
-  if (i < bytes.size()) {
-    std::uint32_t v = std::uint32_t{static_cast<unsigned char>(bytes[i])} << 16;
-    if (i + 1 < bytes.size()) v |= std::uint32_t{static_cast<unsigned char>(bytes[i + 1])} << 8;
-    out += kBase64Alphabet[(v >> 18) & 63];
-    out += kBase64Alphabet[(v >> 12) & 63];
-    out += i + 1 < bytes.size() ? kBase64Alphabet[(v >> 6) & 63] : '=';
-    out += '=';
-  }
-  return out;
-}
-
-std::optional<std::string> Base64Decode(std::string_view text) {
-  if (text.size() % 4 != 0) return std::nullopt;
-  std::size_t padding = 0;
-  if (!text.empty() && text.back() == '=') padding = text[text.size() - 2] == '=' ? 2 : 1;
-  std::string out;
-  out.reserve(text.size() / 4 * 3);
-  std::uint32_t v = 0;
-  for (std::size_t i = 0; i < text.size() - padding; ++i) {
-    const char* p = std::strchr(kBase64Alphabet, text[i]);
-    if (text[i] == '\0' || p == nullptr) return std::nullopt;  // '=' inside lands here too
-    v = (v << 6) | static_cast<std::uint32_t>(p - kBase64Alphabet);
-    if (i % 4 == 3) {
-      out += static_cast<char>(v >> 16);
-      out += static_cast<char>(v >> 8);
-      out += static_cast<char>(v);
-      v = 0;
-    }
-  }
-  if (padding == 2) {  // 2 characters = 12 bits: one byte and 4 bits that must be 0
-    if ((v & 0xF) != 0) return std::nullopt;
-    out += static_cast<char>(v >> 4);
-  } else if (padding == 1) {  // 3 characters = 18 bits: two bytes and 2 zero bits
-    if ((v & 0x3) != 0) return std::nullopt;
-    out += static_cast<char>(v >> 10);
-    out += static_cast<char>(v >> 2);
-  }
-  return out;
-}
 
 std::string EtcdPrefixRangeEnd(std::string_view prefix) {
   std::string end(prefix);
@@ -314,6 +218,13 @@ std::string EtcdPrefixRangeEnd(std::string_view prefix) {
 
 // ---- EtcdWatch ----
 
+struct EtcdWatch::Call {
+  std::unique_ptr<pb::Watch::Stub> stub;  // its own, so the watch may outlive the client
+  pb::WatchRequest create;
+  std::chrono::milliseconds request_timeout{0};
+  grpc::ClientContext ctx;  // TryCancel from Cancel; everything else on the reader
+};
+
 EtcdWatch::EtcdWatch() = default;
 
 EtcdWatch::~EtcdWatch() { Cancel(); }
@@ -321,231 +232,294 @@ EtcdWatch::~EtcdWatch() { Cancel(); }
 void EtcdWatch::Cancel() {
   std::lock_guard<std::mutex> lock(cancel_mu_);
   cancelled_.store(true, std::memory_order_release);
-  if (stream_ != nullptr) stream_->Shutdown();
+  if (call_ != nullptr) call_->ctx.TryCancel();  // also cancels a call not started yet
   if (reader_.joinable()) reader_.join();
 }
 
 void EtcdWatch::Run() {
-  const std::string& context = stream_->context();
-  for (;;) {
-    StatusOr<std::optional<std::string>> message = stream_->NextMessage();
-    if (cancelled_.load(std::memory_order_acquire)) return;
-    Status end;
-    if (!message.ok()) {
-      end = message.status();
-    } else if (!message->has_value()) {
-      end = Status::Unavailable(context + ": etcd ended the watch stream");
-    } else {
-      std::vector<EtcdEvent> events;
-      bool created = false;
-      std::int64_t revision = 0;
-      StatusOr<Json> result = StreamResult(context, **message);
-      end = result.ok() ? ParseWatchResult(context, *result, &created, &revision, &events)
-                        : result.status();
-      if (on_event_) {
-        for (const EtcdEvent& e : events) on_event_(e);
+  Call& c = *call_;
+  const std::unique_ptr<grpc::ClientReaderWriter<pb::WatchRequest, pb::WatchResponse>> stream =
+      c.stub->Watch(&c.ctx);
+  bool confirmed = false;
+  Status end;  // OK while the stream runs
+  if (!stream->Write(c.create)) {
+    end = Status::Unavailable(context_ + ": the create request could not be sent");
+  } else {
+    pb::WatchResponse r;
+    while (stream->Read(&r)) {
+      if (r.canceled()) {
+        end = WatchCancelled(context_, r);
+        break;
       }
-      if (end.ok()) continue;
+      if (!confirmed) {
+        if (!r.created()) {
+          end = Status::Unavailable(context_ + ": events before etcd confirmed the watch");
+          break;
+        }
+        created_revision_ = r.header().revision();
+        confirmed = true;
+        std::lock_guard<std::mutex> lock(create_mu_);
+        create_done_ = true;
+        create_status_ = Status::OK();
+        create_cv_.notify_all();
+        continue;
+      }
+      if (cancelled_.load(std::memory_order_acquire)) break;
+      if (!on_event_) continue;
+      for (const mvccpb::Event& e : r.events()) {
+        EtcdEvent event;
+        event.type =
+            e.type() == mvccpb::Event::DELETE ? EtcdEvent::Type::kDelete : EtcdEvent::Type::kPut;
+        event.kv = ToKv(e.kv());
+        if (e.has_prev_kv()) event.prev_kv = ToKv(e.prev_kv());
+        on_event_(event);
+      }
     }
-    ended_.store(true, std::memory_order_release);
-    if (on_end_) on_end_(end);
+  }
+  if (!end.ok()) c.ctx.TryCancel();  // we stop reading: end the call before Finish
+  const grpc::Status finish = stream->Finish();
+  if (end.ok()) {
+    end = finish.ok() ? Status::Unavailable(context_ + ": etcd ended the watch stream")
+                      : FromEtcd(context_, finish, /*timed_out=*/false, c.request_timeout);
+  }
+  if (!confirmed) {
+    std::lock_guard<std::mutex> lock(create_mu_);
+    create_done_ = true;
+    create_status_ = end;
+    create_cv_.notify_all();
     return;
   }
+  if (cancelled_.load(std::memory_order_acquire)) return;
+  ended_.store(true, std::memory_order_release);
+  if (on_end_) on_end_(end);
 }
 
 // ---- EtcdClient ----
 
+struct EtcdClient::Member {
+  std::string url;  // as listed
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::KV::Stub> kv;
+  std::unique_ptr<pb::Lease::Stub> lease;
+};
+
 EtcdClient::EtcdClient(const EtcdClientOptions& options) : options_(options) {}
 
+EtcdClient::~EtcdClient() = default;
+
 StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const EtcdClientOptions& options) {
-  const std::string& url = options.endpoint;
-  const auto bad = [&](std::string_view why) {
-    return Status::InvalidArgument("etcd endpoint \"" + url + "\": " + std::string(why) +
-                                   "; want http://host:port");
-  };
-  if (url.rfind("http://", 0) != 0) return bad("not an http:// URL (https is not supported)");
-  std::string authority = url.substr(7);
-  if (!authority.empty() && authority.back() == '/') authority.pop_back();
-  if (authority.find('/') != std::string::npos) return bad("has a path");
-  std::string host;
-  std::string port;
-  if (!authority.empty() && authority[0] == '[') {
-    const std::size_t close = authority.find(']');
-    if (close == std::string::npos || authority.compare(close + 1, 1, ":") != 0) {
-      return bad("bad IPv6 address or no port");
-    }
-    host = authority.substr(1, close - 1);
-    port = authority.substr(close + 2);
-  } else {
-    const std::size_t colon = authority.rfind(':');
-    if (colon == std::string::npos) return bad("no port");
-    host = authority.substr(0, colon);
-    port = authority.substr(colon + 1);
-  }
-  int port_number = 0;
-  if (host.empty() || !ParseDecimal(port, &port_number) || port_number < 1 || port_number > 65535) {
-    return bad("bad host or port");
-  }
-  if (options.connect_timeout.count() <= 0 || options.request_timeout.count() <= 0 ||
+  if (options.max_reconnect_backoff.count() <= 0 || options.request_timeout.count() <= 0 ||
       options.max_response_bytes == 0) {
-    return Status::InvalidArgument("etcd client: connect_timeout " + Ms(options.connect_timeout) +
-                                   ", request_timeout " + Ms(options.request_timeout) +
-                                   " and max_response_bytes " +
+    return Status::InvalidArgument("etcd client: max_reconnect_backoff " +
+                                   Ms(options.max_reconnect_backoff) + ", request_timeout " +
+                                   Ms(options.request_timeout) + " and max_response_bytes " +
                                    std::to_string(options.max_response_bytes) + " must all be > 0");
   }
+  KVF_ASSIGN_OR_RETURN(const std::vector<std::string> urls,
+                       SplitAddressList(options.endpoint, "etcd endpoint", kMaxMembers));
   auto client = std::unique_ptr<EtcdClient>(new EtcdClient(options));
-  client->host_ = host;
-  client->port_ = port;
-  client->host_header_ = authority;
+  for (const std::string& url : urls) {
+    std::string why;
+    const std::string target = ParseMemberUrl(url, &why);
+    if (target.empty()) {
+      return Status::InvalidArgument("etcd endpoint \"" + url + "\": " + why +
+                                     "; want http://host:port or host:port");
+    }
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(
+        static_cast<int>(std::min<std::size_t>(options.max_response_bytes, INT_MAX)));
+    args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);  // a member is reached directly
+    // Connecting is bounded by each call's deadline; GRPC_ARG_MIN_RECONNECT_
+    // BACKOFF_MS is left alone (below its 20 s default, gRPC 1.51 cut every
+    // later connection attempt short and never reconnected).
+    const int backoff_ms =
+        static_cast<int>(std::min<std::int64_t>(options.max_reconnect_backoff.count(), INT_MAX));
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(100, backoff_ms));
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, backoff_ms);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // an idle watch keeps pinging
+    auto member = std::make_unique<Member>();
+    member->url = url;
+    member->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+    member->kv = pb::KV::NewStub(member->channel);
+    member->lease = pb::Lease::NewStub(member->channel);
+    client->members_.push_back(std::move(member));
+  }
   return client;
 }
 
-StatusOr<std::unique_ptr<EtcdHttpStream>> EtcdClient::Open(std::string_view path,
-                                                           const std::string& body) const {
-  KVF_ASSIGN_OR_RETURN(
-      std::unique_ptr<EtcdHttpStream> stream,
-      EtcdHttpStream::Connect(host_, port_, options_.connect_timeout,
-                              Context(options_.endpoint, path), options_.max_response_bytes));
-  stream->SetDeadline(Clock::now() + options_.request_timeout, options_.request_timeout);
-  const std::string request =
-      "POST " + std::string(path) + " HTTP/1.1\r\nHost: " + host_header_ +
-      "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-      "\r\nConnection: close\r\n\r\n" + body;
-  KVF_RETURN_IF_ERROR(stream->Send(request));
-  KVF_RETURN_IF_ERROR(stream->ReadHead());
-  if (stream->status_code() != 200) {
-    KVF_ASSIGN_OR_RETURN(const std::string text, stream->ReadAll());
-    const StatusOr<Json> j = ParseObject(stream->context(), text);
-    if (j.ok() && (j->contains("code") || j->contains("error"))) {
-      return ErrorFromObject(stream->context(), *j);
-    }
-    return Status::Unavailable(stream->context() + ": HTTP " +
-                               std::to_string(stream->status_code()) + ": " + text.substr(0, 200));
-  }
-  return stream;
+std::string EtcdClient::current_member() const { return members_[CurrentIndex()]->url; }
+
+void EtcdClient::MemberFailed(std::size_t index) {
+  std::size_t expected = index;
+  current_.compare_exchange_strong(expected, (index + 1) % members_.size(),
+                                   std::memory_order_relaxed);
 }
 
-StatusOr<std::string> EtcdClient::Call(std::string_view path, const std::string& body) const {
-  KVF_ASSIGN_OR_RETURN(std::unique_ptr<EtcdHttpStream> stream, Open(path, body));
-  return stream->ReadAll();
+template <typename Invoke>
+Status EtcdClient::Unary(std::string_view method, Invoke invoke) {
+  const std::size_t index = CurrentIndex();
+  const Member& member = *members_[index];
+  grpc::ClientContext ctx;
+  const auto deadline = std::chrono::system_clock::now() + options_.request_timeout;
+  ctx.set_deadline(deadline);
+  const grpc::Status s = invoke(member, &ctx);
+  if (s.ok()) return Status::OK();
+  Status status = FromEtcd(Context(member.url, method), s,
+                           std::chrono::system_clock::now() >= deadline, options_.request_timeout);
+  if (status.IsUnavailable()) MemberFailed(index);
+  return status;
 }
 
 StatusOr<std::int64_t> EtcdClient::Put(std::string_view key, std::string_view value,
                                        std::int64_t lease) {
-  constexpr std::string_view kPath = "/v3/kv/put";
-  Json request = KvRequest(key, {});
-  request["value"] = Base64Encode(value);
-  if (lease != 0) request["lease"] = std::to_string(lease);
-  KVF_ASSIGN_OR_RETURN(const std::string text, Call(kPath, request.dump()));
-  const std::string context = Context(options_.endpoint, kPath);
-  KVF_ASSIGN_OR_RETURN(const Json reply, ParseObject(context, text));
-  return HeaderRevision(context, reply);
+  pb::PutRequest request;
+  request.set_key(std::string(key));
+  request.set_value(std::string(value));
+  request.set_lease(lease);
+  pb::PutResponse reply;
+  KVF_RETURN_IF_ERROR(Unary("KV.Put", [&](const Member& m, grpc::ClientContext* ctx) {
+    return m.kv->Put(ctx, request, &reply);
+  }));
+  return reply.header().revision();
 }
 
 StatusOr<EtcdRangeResult> EtcdClient::Range(std::string_view key, std::string_view range_end,
                                             std::int64_t limit) {
-  constexpr std::string_view kPath = "/v3/kv/range";
-  Json request = KvRequest(key, range_end);
-  if (limit != 0) request["limit"] = std::to_string(limit);
-  KVF_ASSIGN_OR_RETURN(const std::string text, Call(kPath, request.dump()));
-  const std::string context = Context(options_.endpoint, kPath);
-  KVF_ASSIGN_OR_RETURN(const Json reply, ParseObject(context, text));
-  return ParseRange(context, reply);
+  pb::RangeRequest request;
+  request.set_key(std::string(key));
+  request.set_range_end(std::string(range_end));
+  request.set_limit(limit);
+  pb::RangeResponse reply;
+  KVF_RETURN_IF_ERROR(Unary("KV.Range", [&](const Member& m, grpc::ClientContext* ctx) {
+    return m.kv->Range(ctx, request, &reply);
+  }));
+  return ToRange(reply);
 }
 
 StatusOr<std::int64_t> EtcdClient::DeleteRange(std::string_view key, std::string_view range_end) {
-  constexpr std::string_view kPath = "/v3/kv/deleterange";
-  KVF_ASSIGN_OR_RETURN(const std::string text, Call(kPath, KvRequest(key, range_end).dump()));
-  const std::string context = Context(options_.endpoint, kPath);
-  KVF_ASSIGN_OR_RETURN(const Json reply, ParseObject(context, text));
-  return Int64Field(context, reply, "deleted");
+  pb::DeleteRangeRequest request;
+  request.set_key(std::string(key));
+  request.set_range_end(std::string(range_end));
+  pb::DeleteRangeResponse reply;
+  KVF_RETURN_IF_ERROR(Unary("KV.DeleteRange", [&](const Member& m, grpc::ClientContext* ctx) {
+    return m.kv->DeleteRange(ctx, request, &reply);
+  }));
+  return reply.deleted();
 }
 
 StatusOr<EtcdTxnResult> EtcdClient::Txn(const EtcdTxn& txn) {
-  constexpr std::string_view kPath = "/v3/kv/txn";
-  Json request = Json::object();
-  for (const EtcdCompare& c : txn.compare) request["compare"].push_back(CompareToJson(c));
-  for (const EtcdOp& op : txn.success) request["success"].push_back(OpToJson(op));
-  for (const EtcdOp& op : txn.failure) request["failure"].push_back(OpToJson(op));
-  KVF_ASSIGN_OR_RETURN(const std::string text, Call(kPath, request.dump()));
-  const std::string context = Context(options_.endpoint, kPath);
-  KVF_ASSIGN_OR_RETURN(const Json reply, ParseObject(context, text));
+  pb::TxnRequest request;
+  for (const EtcdCompare& c : txn.compare) ToCompare(c, request.add_compare());
+  for (const EtcdOp& op : txn.success) ToOp(op, request.add_success());
+  for (const EtcdOp& op : txn.failure) ToOp(op, request.add_failure());
+  pb::TxnResponse reply;
+  KVF_RETURN_IF_ERROR(Unary("KV.Txn", [&](const Member& m, grpc::ClientContext* ctx) {
+    return m.kv->Txn(ctx, request, &reply);
+  }));
   EtcdTxnResult result;
-  KVF_ASSIGN_OR_RETURN(result.succeeded, BoolField(context, reply, "succeeded"));
-  KVF_ASSIGN_OR_RETURN(result.revision, HeaderRevision(context, reply));
-  const auto responses = reply.find("responses");
-  if (responses != reply.end()) {
-    if (!responses->is_array()) return Malformed(context, "responses is not an array");
-    for (const Json& r : *responses) {
-      // Only ranges have kvs; a put or delete yields an empty result.
-      KVF_ASSIGN_OR_RETURN(EtcdRangeResult one,
-                           ParseRange(context, ObjectField(r, "response_range")));
-      result.responses.push_back(std::move(one));
-    }
+  result.succeeded = reply.succeeded();
+  result.revision = reply.header().revision();
+  result.responses.reserve(static_cast<std::size_t>(reply.responses_size()));
+  for (const pb::ResponseOp& r : reply.responses()) {
+    // Only ranges have kvs; a put or delete yields an empty result.
+    result.responses.push_back(r.has_response_range() ? ToRange(r.response_range())
+                                                      : EtcdRangeResult{});
   }
   return result;
 }
 
 StatusOr<EtcdLease> EtcdClient::LeaseGrant(std::int64_t ttl_seconds) {
-  constexpr std::string_view kPath = "/v3/lease/grant";
   if (ttl_seconds < 1) {
     return Status::InvalidArgument("etcd lease TTL " + std::to_string(ttl_seconds) +
                                    " s: must be >= 1");
   }
-  KVF_ASSIGN_OR_RETURN(const std::string text,
-                       Call(kPath, Json{{"TTL", std::to_string(ttl_seconds)}}.dump()));
-  const std::string context = Context(options_.endpoint, kPath);
-  KVF_ASSIGN_OR_RETURN(const Json reply, ParseObject(context, text));
-  KVF_ASSIGN_OR_RETURN(const std::string error, StringField(context, reply, "error"));
-  if (!error.empty()) return Status::FailedPrecondition(context + ": " + error);
-  EtcdLease lease;
-  KVF_ASSIGN_OR_RETURN(lease.id, Int64Field(context, reply, "ID"));
-  KVF_ASSIGN_OR_RETURN(lease.ttl_seconds, Int64Field(context, reply, "TTL"));
-  if (lease.id == 0) return Malformed(context, "no lease ID");
-  return lease;
+  pb::LeaseGrantRequest request;
+  request.set_ttl(ttl_seconds);
+  pb::LeaseGrantResponse reply;
+  const std::size_t index = CurrentIndex();
+  KVF_RETURN_IF_ERROR(Unary("Lease.LeaseGrant", [&](const Member& m, grpc::ClientContext* ctx) {
+    return m.lease->LeaseGrant(ctx, request, &reply);
+  }));
+  const std::string context = Context(members_[index]->url, "Lease.LeaseGrant");
+  if (!reply.error().empty()) return Status::FailedPrecondition(context + ": " + reply.error());
+  if (reply.id() == 0) return Status::Unavailable(context + ": malformed reply: no lease ID");
+  return EtcdLease{reply.id(), reply.ttl()};
 }
 
 StatusOr<std::int64_t> EtcdClient::LeaseKeepAlive(std::int64_t id) {
-  constexpr std::string_view kPath = "/v3/lease/keepalive";
-  KVF_ASSIGN_OR_RETURN(std::unique_ptr<EtcdHttpStream> stream,
-                       Open(kPath, Json{{"ID", std::to_string(id)}}.dump()));
-  KVF_ASSIGN_OR_RETURN(const std::optional<std::string> message, stream->NextMessage());
-  if (!message) return Malformed(stream->context(), "empty keep-alive stream");
-  KVF_ASSIGN_OR_RETURN(const Json result, StreamResult(stream->context(), *message));
-  KVF_ASSIGN_OR_RETURN(const std::int64_t ttl, Int64Field(stream->context(), result, "TTL"));
-  if (ttl <= 0) {
-    return Status::NotFound(stream->context() + ": lease " + std::to_string(id) +
-                            " expired or unknown");
+  const std::size_t index = CurrentIndex();
+  const Member& member = *members_[index];
+  const std::string context = Context(member.url, "Lease.LeaseKeepAlive");
+  grpc::ClientContext ctx;
+  const auto deadline = std::chrono::system_clock::now() + options_.request_timeout;
+  ctx.set_deadline(deadline);
+  const std::unique_ptr<
+      grpc::ClientReaderWriter<pb::LeaseKeepAliveRequest, pb::LeaseKeepAliveResponse>>
+      stream = member.lease->LeaseKeepAlive(&ctx);
+  pb::LeaseKeepAliveRequest request;
+  request.set_id(id);
+  pb::LeaseKeepAliveResponse reply;
+  if (!stream->Write(request) || !stream->Read(&reply)) {
+    const grpc::Status s = stream->Finish();
+    Status status = s.ok() ? Status::Unavailable(context + ": the stream ended without a reply")
+                           : FromEtcd(context, s, std::chrono::system_clock::now() >= deadline,
+                                      options_.request_timeout);
+    if (status.IsUnavailable()) MemberFailed(index);
+    return status;
   }
-  return ttl;
+  ctx.TryCancel();  // one renewal per call: end the stream without waiting on etcd
+  (void)stream->Finish();
+  if (reply.ttl() <= 0) {
+    return Status::NotFound(context + ": lease " + std::to_string(id) + " expired or unknown");
+  }
+  return reply.ttl();
 }
 
 Status EtcdClient::LeaseRevoke(std::int64_t id) {
-  return Call("/v3/lease/revoke", Json{{"ID", std::to_string(id)}}.dump()).status();
+  pb::LeaseRevokeRequest request;
+  request.set_id(id);
+  pb::LeaseRevokeResponse reply;
+  return Unary("Lease.LeaseRevoke", [&](const Member& m, grpc::ClientContext* ctx) {
+    return m.lease->LeaseRevoke(ctx, request, &reply);
+  });
 }
 
 StatusOr<std::unique_ptr<EtcdWatch>> EtcdClient::Watch(const EtcdWatchRequest& request,
                                                        EtcdWatch::EventCallback on_event,
                                                        EtcdWatch::EndCallback on_end) {
-  Json create = KvRequest(request.key, request.range_end);
-  if (request.start_revision != 0)
-    create["start_revision"] = std::to_string(request.start_revision);
-  if (request.prev_kv) create["prev_kv"] = true;
+  const std::size_t index = CurrentIndex();
+  const Member& member = *members_[index];
   auto watch = std::unique_ptr<EtcdWatch>(new EtcdWatch());
-  KVF_ASSIGN_OR_RETURN(watch->stream_, Open("/v3/watch", Json{{"create_request", create}}.dump()));
-  EtcdHttpStream& stream = *watch->stream_;
-  for (bool created = false; !created;) {  // still under request_timeout
-    KVF_ASSIGN_OR_RETURN(const std::optional<std::string> message, stream.NextMessage());
-    if (!message) return stream.Error("watch stream ended before etcd confirmed the watch");
-    KVF_ASSIGN_OR_RETURN(const Json result, StreamResult(stream.context(), *message));
-    std::vector<EtcdEvent> events;  // none come before the confirmation
-    KVF_RETURN_IF_ERROR(
-        ParseWatchResult(stream.context(), result, &created, &watch->created_revision_, &events));
-  }
-  stream.SetDeadline(std::nullopt, std::chrono::milliseconds(0));
+  watch->context_ = Context(member.url, "Watch.Watch");
+  watch->call_ = std::make_unique<EtcdWatch::Call>();
+  watch->call_->stub = pb::Watch::NewStub(member.channel);
+  watch->call_->request_timeout = options_.request_timeout;
+  pb::WatchCreateRequest* create = watch->call_->create.mutable_create_request();
+  create->set_key(request.key);
+  create->set_range_end(request.range_end);
+  create->set_start_revision(request.start_revision);
+  create->set_prev_kv(request.prev_kv);
   watch->on_event_ = std::move(on_event);
   watch->on_end_ = std::move(on_end);
   watch->reader_ = std::thread([w = watch.get()] { w->Run(); });
+  Status created;
+  {
+    std::unique_lock<std::mutex> lock(watch->create_mu_);
+    if (watch->create_cv_.wait_for(lock, options_.request_timeout,
+                                   [&] { return watch->create_done_; })) {
+      created = watch->create_status_;
+    } else {
+      created = Status::Unavailable(watch->context_ + ": etcd did not confirm the watch within " +
+                                    "request_timeout " + Ms(options_.request_timeout));
+    }
+  }
+  if (!created.ok()) {
+    watch->Cancel();
+    if (created.IsUnavailable()) MemberFailed(index);
+    return created;
+  }
   return watch;
 }
 

@@ -1,27 +1,27 @@
-// EtcdClient: a small client of etcd 3.4's v3 JSON gateway (grpc-gateway)
-// over plain HTTP/1.1 on POSIX sockets: key-value put/range/delete, txn,
-// leases, and watches.
+// EtcdClient: a small client of etcd's v3 gRPC API (the subset declared in
+// proto/etcd/etcdserverpb/rpc.proto): key-value put/range/delete, txn,
+// leases, and watches, over stubs generated from that file.
 //
-// Wire format. Every call is a POST of a JSON body to /v3/...; keys and values
-// travel base64-encoded, int64 fields come back as JSON strings, and fields
-// at their default (0, "", false) are left out by the gateway. Unary calls
-// use one connection each ("Connection: close"): the placement service makes a
-// few calls a second, and etcd's gateway tops out near 1-2k/s anyway. Lease
-// keep-alive and watch are gRPC streams; the gateway answers them with a
-// chunked stream of {"result": ...} or {"error": ...} objects.
+// Members. The endpoint option lists one or more client URLs of one etcd
+// cluster; the client talks to one member at a time and moves to the next
+// when a call fails as Unavailable (the member is down, partitioned, or did
+// not answer within the timeouts), so a cluster that keeps a quorum keeps
+// answering. The failed call itself is not retried: a Txn that timed out may
+// have been applied, and only the caller knows whether repeating it is safe.
 //
-// Limits. Every size read from the network is checked: headers at most 64 KiB,
-// a response body (or one streamed message) at most
-// EtcdClientOptions::max_response_bytes, Content-Length and chunk sizes parsed
-// strictly. Connect and each unary request are bounded by the timeouts in
-// the options.
+// Limits. A reply larger than EtcdClientOptions::max_response_bytes is
+// refused by gRPC before it is buffered. Each unary call, a keep-alive, and a
+// watch's creation are bounded by request_timeout (connecting included); a
+// member that went away is retried at most max_reconnect_backoff apart. An
+// idle watch is kept honest by HTTP/2 keepalive pings (every 10 s, 5 s to
+// answer), so a watch on a member that went silent ends within ~15 s.
 //
-// Errors. Unavailable, naming the endpoint, for network failures (timeouts
-// included), malformed HTTP and malformed replies. For an error reported by
+// Errors. Unavailable, naming the member's URL and the method, for network
+// failures and for no answer within request_timeout. For an error reported by
 // etcd, its gRPC code mapped to ours with etcd's message: NotFound (e.g.
-// "requested lease not found"), InvalidArgument, DeadlineExceeded,
-// ResourceExhausted, OutOfRange (a compacted revision), Unavailable, and
-// FailedPrecondition for every other code.
+// "requested lease not found"), InvalidArgument, DeadlineExceeded (etcd's own
+// request timeout), ResourceExhausted, OutOfRange (a compacted revision),
+// Unavailable, and FailedPrecondition for every other code.
 //
 // Threads: every method may be called from any number of threads at once.
 // An EtcdWatch runs one reader thread of its own.
@@ -30,6 +30,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -46,38 +47,29 @@
 
 namespace kvfabric::placement {
 
-class EtcdHttpStream;  // one HTTP exchange on one connection (etcd_http.h)
-
-// Standard base64 (RFC 4648 section 4) with padding, as Go's encoding/json
-// writes []byte. Base64Decode is strict: the length must be a multiple of 4,
-// '=' only as the last one or two characters, no whitespace, and the unused
-// bits of the last character must be zero. nullopt for anything else.
-std::string Base64Encode(std::string_view bytes);
-std::optional<std::string> Base64Decode(std::string_view text);
-
 // The range_end that makes a range or watch cover every key starting with
 // `prefix` (etcd's rule: increment the last byte below 0xff, dropping trailing
 // 0xff bytes; "\0" = every key when nothing is left).
 std::string EtcdPrefixRangeEnd(std::string_view prefix);
 
 struct EtcdClientOptions {
-  // Client URL of one etcd member, "http://host:port" (IPv6 as "[::1]:2379").
-  // https is not supported: run etcd on loopback or a private network.
+  // Client URLs of the members of one etcd cluster, comma-separated:
+  // "http://host:port" or "host:port" each (IPv6 as "[::1]:2379"). https is
+  // not supported: run etcd on loopback or a private network.
   std::string endpoint = "http://127.0.0.1:2379";
 
-  // Bound on establishing a TCP connection. Default 2 s: on a LAN a connect
-  // takes well under a millisecond, so waiting longer only delays failover.
-  std::chrono::milliseconds connect_timeout{2000};
+  // Longest wait between attempts to reconnect to a member that went away
+  // (gRPC's reconnect backoff starts at 100 ms and doubles up to this).
+  // Default 1 s: a restarted member is used again within about a second.
+  std::chrono::milliseconds max_reconnect_backoff{1000};
 
-  // Bound on one unary call after connecting (send the request, read the
-  // whole response), and on a watch's creation. Default 5 s: above etcd's own
-  // request timeout for a slow disk (its fsync can take seconds), below the
-  // member lease TTLs callers use.
+  // Bound on one unary call, a keep-alive, and a watch's creation. Default
+  // 5 s: above etcd's own request timeout for a slow disk (its fsync can take
+  // seconds), below the member lease TTLs callers use.
   std::chrono::milliseconds request_timeout{5000};
 
-  // Largest response body, or one streamed message, accepted. Default 16 MiB:
-  // far above a membership listing; a larger one is refused (Unavailable)
-  // rather than buffered.
+  // Largest reply (one gRPC message) accepted. Default 16 MiB: far above a
+  // membership listing; a larger one is refused rather than buffered.
   std::size_t max_response_bytes = std::size_t{16} << 20;
 };
 
@@ -150,7 +142,7 @@ struct EtcdWatchRequest {
   bool prev_kv = false;
 };
 
-// A running watch: one HTTP stream and the thread that reads it.
+// A running watch: one gRPC stream and the thread that reads it.
 //
 // The reader calls on_event once per event, in revision order, and, if the
 // stream ends for any reason but Cancel(), on_end once with why: never OK
@@ -169,8 +161,8 @@ class EtcdWatch {
   EtcdWatch& operator=(const EtcdWatch&) = delete;
   ~EtcdWatch();
 
-  // Closes the stream and joins the reader: no callback runs after it
-  // returns. Idempotent.
+  // Ends the stream and joins the reader: no callback runs after it returns.
+  // Idempotent.
   // REQUIRES: not called from a callback of this watch.
   void Cancel();
 
@@ -182,29 +174,47 @@ class EtcdWatch {
 
  private:
   friend class EtcdClient;
+  struct Call;  // the gRPC context and stream (etcd_client.cc)
+
   EtcdWatch();
+  // The reader thread: opens the stream, sends the create request, reports
+  // the creation (or why it failed) through `created_`/`create_status_`, then
+  // delivers events.
   void Run();
 
-  std::unique_ptr<EtcdHttpStream> stream_;
+  std::unique_ptr<Call> call_;
+  std::string context_;  // "etcd <url> Watch.Watch": prefix of every error
   EventCallback on_event_;
   EndCallback on_end_;
-  std::int64_t created_revision_ = 0;
+  std::int64_t created_revision_ = 0;   // written by Run before it signals creation
   std::atomic<bool> cancelled_{false};  // release by Cancel, acquire by Run
   std::atomic<bool> ended_{false};      // release by Run, acquire by ended()
   std::mutex cancel_mu_;                // serialises Cancel
+
+  // Creation handshake between Run and EtcdClient::Watch.
+  std::mutex create_mu_;
+  std::condition_variable create_cv_;
+  bool create_done_ = false;  // guarded by create_mu_
+  Status create_status_;      // guarded by create_mu_; OK once etcd confirmed
+
   std::thread reader_;
 };
 
 class EtcdClient {
  public:
-  // InvalidArgument for an endpoint that is not "http://host:port" or for
-  // zero timeouts / size limit. Does not connect.
+  // InvalidArgument for an endpoint list with an entry that is not
+  // "[http://]host:port", or for zero timeouts / size limit. Does not connect.
   static StatusOr<std::unique_ptr<EtcdClient>> Create(const EtcdClientOptions& options);
 
   EtcdClient(const EtcdClient&) = delete;
   EtcdClient& operator=(const EtcdClient&) = delete;
+  ~EtcdClient();
 
+  // The endpoint list as given.
   const std::string& endpoint() const { return options_.endpoint; }
+
+  // The member the next call goes to (its URL as listed).
+  std::string current_member() const;
 
   // Sets `key` to `value`, attached to `lease` (0: none). Returns the new
   // revision. NotFound if the lease does not exist (any more).
@@ -236,19 +246,25 @@ class EtcdClient {
                                              EtcdWatch::EndCallback on_end);
 
  private:
+  struct Member;  // one etcd member's URL, channel and stubs (etcd_client.cc)
+
   explicit EtcdClient(const EtcdClientOptions& options);
 
-  // Connects, sends a POST of `body` to `path` and reads the response head.
-  // For a status other than 200, reads the body and returns etcd's error.
-  StatusOr<std::unique_ptr<EtcdHttpStream>> Open(std::string_view path,
-                                                 const std::string& body) const;
-  // Open + the whole body (at most max_response_bytes).
-  StatusOr<std::string> Call(std::string_view path, const std::string& body) const;
+  // The member calls go to now, and its index (for MemberFailed).
+  std::size_t CurrentIndex() const { return current_.load(std::memory_order_relaxed); }
+  // After a call to member `index` failed as Unavailable: the next call goes
+  // to the member after it (unless another thread moved on already).
+  void MemberFailed(std::size_t index);
+
+  // A unary call through `invoke` (which calls one stub method with the
+  // context it is given) on the current member, under request_timeout.
+  // `method` names it in errors ("KV.Range").
+  template <typename Invoke>
+  Status Unary(std::string_view method, Invoke invoke);
 
   const EtcdClientOptions options_;
-  std::string host_;  // for connect, brackets removed
-  std::string port_;
-  std::string host_header_;
+  std::vector<std::unique_ptr<Member>> members_;
+  std::atomic<std::size_t> current_{0};
 };
 
 }  // namespace kvfabric::placement

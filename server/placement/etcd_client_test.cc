@@ -1,18 +1,19 @@
 #include "server/placement/etcd_client.h"
 
 #include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
-#include <random>
 #include <thread>
 
-#include "core/testing/test_seed.h"
 #include "core/testing/wait_for.h"
+#include "etcd/etcdserverpb/rpc.grpc.pb.h"
 #include "server/placement/testing/etcd_process.h"
 
 namespace kvfabric::placement {
@@ -20,6 +21,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+namespace pb = etcdserverpb;
 
 EtcdWatchRequest WatchOf(const std::string& key, const std::string& range_end = "",
                          bool prev_kv = false) {
@@ -29,139 +31,6 @@ EtcdWatchRequest WatchOf(const std::string& key, const std::string& range_end = 
   request.prev_kv = prev_kv;
   return request;
 }
-
-// ---- Pure functions ----
-
-TEST(Base64Test, MatchesRfc4648Vectors) {
-  const std::vector<std::pair<std::string, std::string>> vectors = {{"", ""},
-                                                                    {"f", "Zg=="},
-                                                                    {"fo", "Zm8="},
-                                                                    {"foo", "Zm9v"},
-                                                                    {"foob", "Zm9vYg=="},
-                                                                    {"fooba", "Zm9vYmE="},
-                                                                    {"foobar", "Zm9vYmFy"}};
-  for (const auto& [plain, encoded] : vectors) {
-    EXPECT_EQ(Base64Encode(plain), encoded);
-    EXPECT_EQ(Base64Decode(encoded), std::optional<std::string>(plain)) << encoded;
-  }
-}
-
-TEST(Base64Test, RandomBytesRoundTrip) {
-  const uint64_t seed = TestSeed("Base64Test.RandomBytesRoundTrip");
-  std::mt19937_64 rng(seed);
-  for (int i = 0; i < 2000; ++i) {
-    std::string bytes(rng() % 70, '\0');
-    for (char& c : bytes) c = static_cast<char>(rng());
-    ASSERT_EQ(Base64Decode(Base64Encode(bytes)), std::optional<std::string>(bytes))
-        << "seed " << seed;
-  }
-}
-
-TEST(Base64Test, DecodeRejectsAnythingButCanonicalPaddedBase64) {
-  for (const std::string& bad :
-       std::vector<std::string>{"Zg=", "Zg", "Zh==", "Zm9=", "=Zg=", "Zg==Zg==", "Zm 9v", "Zm9v\n",
-                                "Zm-v", "Zm_v", "====", "Z===", std::string("Zm\0v", 4)}) {
-    EXPECT_FALSE(Base64Decode(bad).has_value()) << bad;
-  }
-}
-
-TEST(EtcdPrefixRangeEndTest, IncrementsTheLastByteBelowFf) {
-  EXPECT_EQ(EtcdPrefixRangeEnd("/kvf/"), "/kvf0");
-  EXPECT_EQ(EtcdPrefixRangeEnd("a\xff"), "b");
-  EXPECT_EQ(EtcdPrefixRangeEnd("\xff\xff"), std::string(1, '\0'));
-  EXPECT_EQ(EtcdPrefixRangeEnd(""), std::string(1, '\0'));
-}
-
-TEST(EtcdClientTest, CreateRefusesEndpointsThatAreNotHttpHostPort) {
-  for (const char* bad :
-       {"https://127.0.0.1:2379", "http://127.0.0.1", "http://h:0", "http://h:65536",
-        "http://:2379", "http://h:2379/v3", "h:2379", "http://[::1]2379", "http://h:+80"}) {
-    EtcdClientOptions options;
-    options.endpoint = bad;
-    EXPECT_TRUE(EtcdClient::Create(options).status().IsInvalidArgument()) << bad;
-  }
-  for (const char* good : {"http://[::1]:2379", "http://localhost:2379/", "http://10.1.2.3:1"}) {
-    EtcdClientOptions options;
-    options.endpoint = good;
-    EXPECT_TRUE(EtcdClient::Create(options).ok()) << good;
-  }
-  EtcdClientOptions options;
-  options.request_timeout = 0ms;
-  EXPECT_TRUE(EtcdClient::Create(options).status().IsInvalidArgument());
-}
-
-// ---- Against a scripted HTTP server ----
-
-// Accepts connections on 127.0.0.1 and answers each with `response`, written
-// in pieces (split at random offsets when a seed is given), then closes.
-// `hold` keeps the connection open after writing instead.
-class ScriptedServer {
- public:
-  explicit ScriptedServer(std::string response, uint64_t split_seed = 0, bool hold = false)
-      : response_(std::move(response)), rng_(split_seed), split_(split_seed != 0), hold_(hold) {
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    EXPECT_EQ(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    EXPECT_EQ(::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-    EXPECT_EQ(::listen(listen_fd_, 8), 0);
-    endpoint_ = "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
-    thread_ = std::thread([this] { Serve(); });
-  }
-  ~ScriptedServer() {
-    ::shutdown(listen_fd_, SHUT_RDWR);
-    thread_.join();
-    ::close(listen_fd_);
-    for (int fd : held_) ::close(fd);
-  }
-  const std::string& endpoint() const { return endpoint_; }
-  std::string last_request() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return last_request_;
-  }
-
- private:
-  void Serve() {
-    for (;;) {
-      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) return;
-      std::string request;
-      char buf[4096];
-      while (request.find("\r\n\r\n") == std::string::npos) {
-        const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-        if (n <= 0) break;
-        request.append(buf, static_cast<size_t>(n));
-      }
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        last_request_ = request;
-      }
-      for (size_t pos = 0; pos < response_.size();) {
-        const size_t n = split_ ? 1 + rng_() % 7 : response_.size();
-        ::send(fd, response_.data() + pos, std::min(n, response_.size() - pos), MSG_NOSIGNAL);
-        pos += n;
-      }
-      if (hold_) {
-        held_.push_back(fd);
-      } else {
-        ::close(fd);
-      }
-    }
-  }
-
-  const std::string response_;
-  std::mt19937_64 rng_;
-  const bool split_;
-  const bool hold_;
-  int listen_fd_ = -1;
-  std::string endpoint_;
-  std::vector<int> held_;  // touched by Serve, then by the destructor after join
-  std::mutex mu_;
-  std::string last_request_;
-  std::thread thread_;
-};
 
 std::unique_ptr<EtcdClient> ClientFor(const std::string& endpoint,
                                       std::chrono::milliseconds request_timeout = 2000ms,
@@ -173,161 +42,403 @@ std::unique_ptr<EtcdClient> ClientFor(const std::string& endpoint,
   return std::move(EtcdClient::Create(options)).value();
 }
 
-std::string Chunked(const std::vector<std::string>& chunks, const std::string& head_extra = "") {
-  std::string r = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + head_extra +
-                  "Transfer-Encoding: chunked\r\n\r\n";
-  for (const std::string& c : chunks) {
-    char size[32];
-    std::snprintf(size, sizeof(size), "%zx", c.size());
-    r += std::string(size) + "\r\n" + c + "\r\n";
-  }
-  return r + "0\r\nGrpc-Trailer-Content-Type: application/grpc\r\n\r\n";
+// A port nothing listens on: bound, then closed.
+std::string DeadEndpoint() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  ::close(fd);
+  return "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
 }
 
-const char kRangeReply[] =
-    R"({"header":{"revision":"9"},"kvs":[{"key":"YQ==","create_revision":"2",)"
-    R"("mod_revision":"3","version":"2","value":"eA==","lease":"77"}],"count":"1"})";
+// ---- Pure functions ----
 
-TEST(EtcdClientTest, ParsesChunkedReplyDeliveredInRandomPieces) {
-  const uint64_t seed = TestSeed("EtcdClientTest.ParsesChunkedReplyDeliveredInRandomPieces");
-  const std::string body = kRangeReply;
-  ScriptedServer server(Chunked({body.substr(0, 10), body.substr(10, 50), body.substr(60)}),
-                        seed | 1);
-  StatusOr<EtcdRangeResult> r = ClientFor(server.endpoint())->Range("a");
-  ASSERT_TRUE(r.ok()) << r.status() << " seed " << seed;
+TEST(EtcdPrefixRangeEndTest, IncrementsTheLastByteBelowFf) {
+  EXPECT_EQ(EtcdPrefixRangeEnd("/kvf/"), "/kvf0");
+  EXPECT_EQ(EtcdPrefixRangeEnd("a\xff"), "b");
+  EXPECT_EQ(EtcdPrefixRangeEnd("\xff\xff"), std::string(1, '\0'));
+  EXPECT_EQ(EtcdPrefixRangeEnd(""), std::string(1, '\0'));
+}
+
+TEST(EtcdClientTest, CreateRefusesEndpointsThatAreNotHostPort) {
+  for (const char* bad : {"https://127.0.0.1:2379", "http://127.0.0.1", "http://h:0",
+                          "http://h:65536", "http://:2379", "http://h:2379/v3", "unix:///tmp/s",
+                          "http://[::1]2379", "http://h:+80", "h:1,,h:2", "", "h:1,http://h"}) {
+    EtcdClientOptions options;
+    options.endpoint = bad;
+    const Status s = EtcdClient::Create(options).status();
+    EXPECT_TRUE(s.IsInvalidArgument()) << bad << ": " << s;
+  }
+  for (const char* good : {"http://[::1]:2379", "http://localhost:2379/", "http://10.1.2.3:1",
+                           "h:2379", "http://a:1, http://b:2,c:3"}) {
+    EtcdClientOptions options;
+    options.endpoint = good;
+    EXPECT_TRUE(EtcdClient::Create(options).ok()) << good;
+  }
+  EtcdClientOptions options;
+  options.request_timeout = 0ms;
+  EXPECT_TRUE(EtcdClient::Create(options).status().IsInvalidArgument());
+}
+
+// ---- Against a scripted etcd: the same gRPC services, answers set by tests ----
+
+class FakeEtcd final : public pb::KV::Service,
+                       public pb::Lease::Service,
+                       public pb::Watch::Service {
+ public:
+  FakeEtcd() {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(static_cast<pb::KV::Service*>(this));
+    builder.RegisterService(static_cast<pb::Lease::Service*>(this));
+    builder.RegisterService(static_cast<pb::Watch::Service*>(this));
+    builder.SetMaxSendMessageSize(64 << 20);
+    server_ = builder.BuildAndStart();
+    endpoint_ = "http://127.0.0.1:" + std::to_string(port);
+  }
+  ~FakeEtcd() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    server_->Shutdown(std::chrono::system_clock::now() + 2s);
+  }
+  const std::string& endpoint() const { return endpoint_; }
+
+  // What the next calls answer.
+  std::function<grpc::Status(const pb::RangeRequest&, pb::RangeResponse*)> on_range;
+  std::function<grpc::Status(const pb::TxnRequest&, pb::TxnResponse*)> on_txn;
+  grpc::Status revoke_status;
+  int64_t keepalive_ttl = 0;
+  std::vector<pb::WatchResponse> watch_replies;  // sent in order after the create request
+  bool watch_hold = false;  // keep the watch stream open (silent) after the replies
+
+  grpc::Status Range(grpc::ServerContext* ctx, const pb::RangeRequest* request,
+                     pb::RangeResponse* reply) override {
+    if (!on_range) return Silent(ctx);
+    return on_range(*request, reply);
+  }
+  grpc::Status Txn(grpc::ServerContext*, const pb::TxnRequest* request,
+                   pb::TxnResponse* reply) override {
+    return on_txn(*request, reply);
+  }
+  grpc::Status LeaseRevoke(grpc::ServerContext*, const pb::LeaseRevokeRequest*,
+                           pb::LeaseRevokeResponse*) override {
+    return revoke_status;
+  }
+  grpc::Status LeaseKeepAlive(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<pb::LeaseKeepAliveResponse, pb::LeaseKeepAliveRequest>* stream)
+      override {
+    pb::LeaseKeepAliveRequest request;
+    while (stream->Read(&request)) {
+      pb::LeaseKeepAliveResponse reply;
+      reply.set_id(request.id());
+      reply.set_ttl(keepalive_ttl);
+      stream->Write(reply);
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status Watch(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<pb::WatchResponse, pb::WatchRequest>* stream) override {
+    pb::WatchRequest request;
+    if (!stream->Read(&request)) return grpc::Status::OK;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_watch_ = request;
+    }
+    for (const pb::WatchResponse& r : watch_replies) stream->Write(r);
+    if (watch_hold) return Silent(ctx);
+    return grpc::Status::OK;
+  }
+
+  pb::WatchRequest last_watch() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_watch_;
+  }
+
+ private:
+  // Answers nothing until the client gives up or the server stops.
+  grpc::Status Silent(grpc::ServerContext* ctx) {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_ && !ctx->IsCancelled()) cv_.wait_for(lock, 20ms);
+    return grpc::Status(grpc::StatusCode::CANCELLED, "gave up");
+  }
+
+  std::unique_ptr<grpc::Server> server_;
+  std::string endpoint_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  pb::WatchRequest last_watch_;
+};
+
+TEST(EtcdClientTest, RangeTranslatesRequestAndReply) {
+  FakeEtcd etcd;
+  pb::RangeRequest seen;
+  etcd.on_range = [&](const pb::RangeRequest& request, pb::RangeResponse* reply) {
+    seen = request;
+    reply->mutable_header()->set_revision(9);
+    mvccpb::KeyValue* kv = reply->add_kvs();
+    kv->set_key(std::string("a\0b", 3));
+    kv->set_value("x");
+    kv->set_create_revision(2);
+    kv->set_mod_revision(3);
+    kv->set_version(2);
+    kv->set_lease(77);
+    reply->set_more(true);
+    reply->set_count(5);
+    return grpc::Status::OK;
+  };
+  StatusOr<EtcdRangeResult> r = ClientFor(etcd.endpoint())->Range("k", "l", 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(seen.key(), "k");
+  EXPECT_EQ(seen.range_end(), "l");
+  EXPECT_EQ(seen.limit(), 1);
+  EXPECT_FALSE(seen.serializable());  // linearizable: membership must not read stale
   EXPECT_EQ(r->revision, 9);
+  EXPECT_TRUE(r->more);
+  EXPECT_EQ(r->count, 5);
   ASSERT_EQ(r->kvs.size(), 1u);
-  EXPECT_EQ(r->kvs[0].key, "a");
+  EXPECT_EQ(r->kvs[0].key, std::string("a\0b", 3));
   EXPECT_EQ(r->kvs[0].value, "x");
   EXPECT_EQ(r->kvs[0].create_revision, 2);
+  EXPECT_EQ(r->kvs[0].mod_revision, 3);
   EXPECT_EQ(r->kvs[0].version, 2);
   EXPECT_EQ(r->kvs[0].lease, 77);
-  EXPECT_NE(server.last_request().find("POST /v3/kv/range HTTP/1.1\r\n"), std::string::npos);
 }
 
-TEST(EtcdClientTest, RefusesMalformedOrOversizedResponses) {
-  const std::string ok_head = "HTTP/1.1 200 OK\r\n";
-  const auto with_length = [&](const std::string& body) {
-    return ok_head + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+TEST(EtcdClientTest, TxnTranslatesComparesAndOps) {
+  FakeEtcd etcd;
+  pb::TxnRequest seen;
+  etcd.on_txn = [&](const pb::TxnRequest& request, pb::TxnResponse* reply) {
+    seen = request;
+    reply->mutable_header()->set_revision(12);
+    reply->set_succeeded(true);
+    reply->add_responses()->mutable_response_put();
+    reply->add_responses()->mutable_response_range()->add_kvs()->set_key("r");
+    return grpc::Status::OK;
   };
-  const std::vector<std::string> bad = {
-      ok_head + "Content-Length: 2000000\r\n\r\n{}",  // over max_response_bytes
-      ok_head + "Content-Length: -1\r\n\r\n{}",
-      ok_head + "Content-Length: +2\r\n\r\n{}",
-      ok_head + "Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
-      ok_head + "Transfer-Encoding: gzip\r\n\r\n{}",
-      ok_head + "Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
-      ok_head + "Transfer-Encoding: chunked\r\n\r\n200000\r\n",  // chunk over the limit
-      ok_head + "Transfer-Encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n",
-      ok_head + "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n",  // closed: no last chunk
-      ok_head + "Content-Length: 10\r\n\r\n{}",                   // closed before the end
-      with_length("nope!"),
-      with_length("[]"),
-      with_length(R"({"header":"x","k":})"),
-      with_length(R"({"kvs":[{"key":"Z"}]})"),  // not base64
-      with_length(R"({"kvs":{}})"),
-      with_length(R"({"count":"12345678901234567890"})"),  // over int64
-      with_length(R"({"count":"1e3"})"),
-      with_length(R"({"more":"yes"})"),
-      with_length("{\"a\":" + std::string(100, '[') + std::string(100, ']') + "}"),
-      "HTTP/2 200 OK\r\n\r\n",
-      "garbage\r\n\r\n",
-      ok_head + "NoColonHere\r\n\r\n",
-  };
-  for (const std::string& response : bad) {
-    ScriptedServer server(response);
-    const Status s = ClientFor(server.endpoint())->Range("a").status();
-    EXPECT_TRUE(s.IsUnavailable()) << s << " for " << response;
-    EXPECT_NE(s.message().find(server.endpoint()), std::string::npos) << s;
-  }
+  using T = EtcdCompare::Target;
+  using R = EtcdCompare::Result;
+  EtcdTxn txn;
+  txn.compare = {{"a", T::kValue, R::kNotEqual, "v", 0},
+                 {"b", T::kVersion, R::kGreater, "", 3},
+                 {"c", T::kCreateRevision, R::kEqual, "", 0},
+                 {"d", T::kModRevision, R::kLess, "", 7},
+                 {"e", T::kLease, R::kEqual, "", 99}};
+  txn.success = {{EtcdOp::Kind::kPut, "p", "pv", 5, ""}, {EtcdOp::Kind::kRange, "r", "", 0, "s"}};
+  txn.failure = {{EtcdOp::Kind::kDeleteRange, "x", "", 0, "y"}};
+  StatusOr<EtcdTxnResult> r = ClientFor(etcd.endpoint())->Txn(txn);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->succeeded);
+  EXPECT_EQ(r->revision, 12);
+  ASSERT_EQ(r->responses.size(), 2u);
+  EXPECT_TRUE(r->responses[0].kvs.empty());
+  ASSERT_EQ(r->responses[1].kvs.size(), 1u);
+  EXPECT_EQ(r->responses[1].kvs[0].key, "r");
+
+  ASSERT_EQ(seen.compare_size(), 5);
+  EXPECT_EQ(seen.compare(0).target(), pb::Compare::VALUE);
+  EXPECT_EQ(seen.compare(0).result(), pb::Compare::NOT_EQUAL);
+  EXPECT_EQ(seen.compare(0).value(), "v");
+  EXPECT_EQ(seen.compare(1).target(), pb::Compare::VERSION);
+  EXPECT_EQ(seen.compare(1).result(), pb::Compare::GREATER);
+  EXPECT_EQ(seen.compare(1).version(), 3);
+  EXPECT_EQ(seen.compare(2).target(), pb::Compare::CREATE);
+  // A compare against 0 must still carry its target field (etcd reads the
+  // oneof case, not the value).
+  EXPECT_EQ(seen.compare(2).target_union_case(), pb::Compare::kCreateRevision);
+  EXPECT_EQ(seen.compare(3).target(), pb::Compare::MOD);
+  EXPECT_EQ(seen.compare(3).result(), pb::Compare::LESS);
+  EXPECT_EQ(seen.compare(3).mod_revision(), 7);
+  EXPECT_EQ(seen.compare(4).target(), pb::Compare::LEASE);
+  EXPECT_EQ(seen.compare(4).lease(), 99);
+  ASSERT_EQ(seen.success_size(), 2);
+  EXPECT_EQ(seen.success(0).request_put().key(), "p");
+  EXPECT_EQ(seen.success(0).request_put().value(), "pv");
+  EXPECT_EQ(seen.success(0).request_put().lease(), 5);
+  EXPECT_EQ(seen.success(1).request_range().key(), "r");
+  EXPECT_EQ(seen.success(1).request_range().range_end(), "s");
+  ASSERT_EQ(seen.failure_size(), 1);
+  EXPECT_EQ(seen.failure(0).request_delete_range().key(), "x");
+  EXPECT_EQ(seen.failure(0).request_delete_range().range_end(), "y");
 }
 
 TEST(EtcdClientTest, MapsEtcdErrorCodes) {
-  const std::string body = R"({"error":"etcdserver: requested lease not found",)"
-                           R"("message":"etcdserver: requested lease not found","code":5})";
-  ScriptedServer server("HTTP/1.1 404 Not Found\r\nContent-Length: " + std::to_string(body.size()) +
-                        "\r\n\r\n" + body);
-  const Status s = ClientFor(server.endpoint())->LeaseRevoke(42);
-  EXPECT_TRUE(s.IsNotFound()) << s;
-  EXPECT_NE(s.message().find("requested lease not found"), std::string::npos) << s;
+  FakeEtcd etcd;
+  const std::unique_ptr<EtcdClient> client = ClientFor(etcd.endpoint());
+  const struct {
+    grpc::StatusCode code;
+    StatusCode want;
+  } cases[] = {
+      {grpc::StatusCode::NOT_FOUND, StatusCode::kNotFound},
+      {grpc::StatusCode::INVALID_ARGUMENT, StatusCode::kInvalidArgument},
+      {grpc::StatusCode::DEADLINE_EXCEEDED, StatusCode::kDeadlineExceeded},  // etcd's own
+      {grpc::StatusCode::OUT_OF_RANGE, StatusCode::kOutOfRange},
+      {grpc::StatusCode::UNAVAILABLE, StatusCode::kUnavailable},
+      {grpc::StatusCode::PERMISSION_DENIED, StatusCode::kFailedPrecondition},
+  };
+  for (const auto& c : cases) {
+    etcd.revoke_status = grpc::Status(c.code, "etcdserver: requested lease not found");
+    const Status s = client->LeaseRevoke(42);
+    EXPECT_EQ(s.code(), c.want) << s;
+    EXPECT_NE(s.message().find("requested lease not found"), std::string::npos) << s;
+    EXPECT_NE(s.message().find(etcd.endpoint() + " Lease.LeaseRevoke"), std::string::npos) << s;
+  }
 }
 
-TEST(EtcdClientTest, NonJsonHttpErrorIsUnavailable) {
-  ScriptedServer server("HTTP/1.1 502 Bad Gateway\r\nContent-Length: 3\r\n\r\nbad");
-  const Status s = ClientFor(server.endpoint())->Put("k", "v").status();
-  EXPECT_TRUE(s.IsUnavailable()) << s;
-  EXPECT_NE(s.message().find("HTTP 502"), std::string::npos) << s;
+TEST(EtcdClientTest, RefusesAReplyOverMaxResponseBytes) {
+  FakeEtcd etcd;
+  etcd.on_range = [](const pb::RangeRequest&, pb::RangeResponse* reply) {
+    reply->add_kvs()->set_value(std::string(2 << 20, 'v'));
+    return grpc::Status::OK;
+  };
+  const Status s = ClientFor(etcd.endpoint(), 2000ms, 1 << 20)->Range("a").status();
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find(etcd.endpoint()), std::string::npos) << s;
 }
 
 TEST(EtcdClientTest, SilentServerTimesOutNamingTheSetting) {
-  ScriptedServer server("", 0, /*hold=*/true);
-  const Status s = ClientFor(server.endpoint(), 200ms)->Range("a").status();
+  FakeEtcd etcd;  // no on_range: Range never answers
+  const auto start = Clock::now();
+  const Status s = ClientFor(etcd.endpoint(), 300ms)->Range("a").status();
   EXPECT_TRUE(s.IsUnavailable()) << s;
-  EXPECT_NE(s.message().find("request_timeout"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("request_timeout 300 ms"), std::string::npos) << s;
+  EXPECT_LT(Clock::now() - start, 10s);
 }
 
 TEST(EtcdClientTest, ConnectionRefusedIsUnavailableNamingTheEndpoint) {
-  std::string endpoint;
-  {
-    ScriptedServer server("");
-    endpoint = server.endpoint();
-  }  // closed: nothing listens on the port now
+  const std::string endpoint = DeadEndpoint();
   const Status s = ClientFor(endpoint)->Range("a").status();
   EXPECT_TRUE(s.IsUnavailable()) << s;
   EXPECT_NE(s.message().find(endpoint), std::string::npos) << s;
 }
 
-TEST(EtcdClientTest, KeepAliveWithoutTtlIsNotFound) {
-  ScriptedServer server(Chunked({R"({"result":{"header":{"revision":"2"},"ID":"5"}})", "\n"}));
-  EXPECT_TRUE(ClientFor(server.endpoint())->LeaseKeepAlive(5).status().IsNotFound());
+TEST(EtcdClientTest, UnavailableMemberMovesCallsToTheNextOne) {
+  FakeEtcd etcd;
+  etcd.on_range = [](const pb::RangeRequest&, pb::RangeResponse* reply) {
+    reply->mutable_header()->set_revision(4);
+    return grpc::Status::OK;
+  };
+  const std::string dead = DeadEndpoint();
+  const std::unique_ptr<EtcdClient> client = ClientFor(dead + "," + etcd.endpoint());
+  EXPECT_EQ(client->current_member(), dead);
+  const Status first = client->Range("a").status();
+  EXPECT_TRUE(first.IsUnavailable()) << first;
+  EXPECT_NE(first.message().find(dead), std::string::npos) << first;
+  EXPECT_EQ(client->current_member(), etcd.endpoint());
+  StatusOr<EtcdRangeResult> second = client->Range("a");
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->revision, 4);
+  // An error etcd answered is not the member's failure: calls stay.
+  etcd.revoke_status = grpc::Status(grpc::StatusCode::NOT_FOUND, "no lease");
+  EXPECT_TRUE(client->LeaseRevoke(1).IsNotFound());
+  EXPECT_EQ(client->current_member(), etcd.endpoint());
 }
 
-TEST(EtcdClientTest, WatchSplitsStreamIntoEventsAndReportsItsEnd) {
-  const uint64_t seed = TestSeed("EtcdClientTest.WatchSplitsStreamIntoEventsAndReportsItsEnd");
-  const std::string stream =
-      R"({"result":{"header":{"revision":"10"},"created":true}})"
-      "\n"
-      R"({"result":{"header":{"revision":"11"},"events":[{"kv":{"key":"dzE=","value":"e30=",)"
-      R"("mod_revision":"11"}},{"type":"DELETE","kv":{"key":"dzI=","mod_revision":"11"}}]}})"
-      "\n";
-  // Chunk boundaries fall inside the JSON objects.
-  ScriptedServer server(Chunked({stream.substr(0, 30), stream.substr(30, 77), stream.substr(107)}),
-                        seed | 1);
+TEST(EtcdClientTest, KeepAliveWithoutTtlIsNotFound) {
+  FakeEtcd etcd;
+  etcd.keepalive_ttl = 0;
+  EXPECT_TRUE(ClientFor(etcd.endpoint())->LeaseKeepAlive(5).status().IsNotFound());
+  etcd.keepalive_ttl = 7;
+  EXPECT_EQ(ClientFor(etcd.endpoint())->LeaseKeepAlive(5).value(), 7);
+}
+
+pb::WatchResponse Created(int64_t revision) {
+  pb::WatchResponse r;
+  r.mutable_header()->set_revision(revision);
+  r.set_created(true);
+  return r;
+}
+
+TEST(EtcdClientTest, WatchDeliversEventsInOrderAndReportsItsEnd) {
+  FakeEtcd etcd;
+  pb::WatchResponse events;
+  events.mutable_header()->set_revision(11);
+  mvccpb::Event* put = events.add_events();
+  put->mutable_kv()->set_key("w1");
+  put->mutable_kv()->set_value("{}");
+  put->mutable_kv()->set_mod_revision(11);
+  mvccpb::Event* del = events.add_events();
+  del->set_type(mvccpb::Event::DELETE);
+  del->mutable_kv()->set_key("w2");
+  del->mutable_prev_kv()->set_value("old");
+  etcd.watch_replies = {Created(10), events};
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<EtcdEvent> events;
+  std::vector<EtcdEvent> seen;
   std::optional<Status> end;
-  StatusOr<std::unique_ptr<EtcdWatch>> watch = ClientFor(server.endpoint())
+  StatusOr<std::unique_ptr<EtcdWatch>> watch = ClientFor(etcd.endpoint())
                                                    ->Watch(
-                                                       WatchOf("w", "x"),
+                                                       WatchOf("w", "x", /*prev_kv=*/true),
                                                        [&](const EtcdEvent& e) {
                                                          std::lock_guard<std::mutex> lock(mu);
-                                                         events.push_back(e);
+                                                         seen.push_back(e);
                                                        },
                                                        [&](const Status& s) {
                                                          std::lock_guard<std::mutex> lock(mu);
                                                          end = s;
                                                          cv.notify_all();
                                                        });
-  ASSERT_TRUE(watch.ok()) << watch.status() << " seed " << seed;
+  ASSERT_TRUE(watch.ok()) << watch.status();
   EXPECT_EQ((*watch)->created_revision(), 10);
   std::unique_lock<std::mutex> lock(mu);
   ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return end.has_value(); }));
-  EXPECT_TRUE(end->IsUnavailable()) << *end;
-  ASSERT_EQ(events.size(), 2u);
-  EXPECT_EQ(events[0].type, EtcdEvent::Type::kPut);
-  EXPECT_EQ(events[0].kv.key, "w1");
-  EXPECT_EQ(events[0].kv.value, "{}");
-  EXPECT_EQ(events[1].type, EtcdEvent::Type::kDelete);
-  EXPECT_EQ(events[1].kv.key, "w2");
+  EXPECT_TRUE(end->IsUnavailable()) << *end;  // the fake ended the stream
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].type, EtcdEvent::Type::kPut);
+  EXPECT_EQ(seen[0].kv.key, "w1");
+  EXPECT_EQ(seen[0].kv.value, "{}");
+  EXPECT_EQ(seen[0].kv.mod_revision, 11);
+  EXPECT_FALSE(seen[0].prev_kv.has_value());
+  EXPECT_EQ(seen[1].type, EtcdEvent::Type::kDelete);
+  EXPECT_EQ(seen[1].kv.key, "w2");
+  ASSERT_TRUE(seen[1].prev_kv.has_value());
+  EXPECT_EQ(seen[1].prev_kv->value, "old");
   EXPECT_TRUE((*watch)->ended());
+  const pb::WatchRequest sent = etcd.last_watch();
+  EXPECT_EQ(sent.create_request().key(), "w");
+  EXPECT_EQ(sent.create_request().range_end(), "x");
+  EXPECT_TRUE(sent.create_request().prev_kv());
 }
 
-TEST(EtcdClientTest, WatchRefusedByEtcdIsAnError) {
-  ScriptedServer server(Chunked({R"({"result":{"header":{"revision":"3"},"created":true,)"
-                                 R"("canceled":true,"compact_revision":"8"}})"}));
-  EXPECT_EQ(ClientFor(server.endpoint())->Watch(WatchOf("w"), nullptr, nullptr).status().code(),
+TEST(EtcdClientTest, WatchCancelledByEtcdIsAnError) {
+  FakeEtcd etcd;
+  pb::WatchResponse compacted = Created(3);
+  compacted.set_canceled(true);
+  compacted.set_compact_revision(8);
+  etcd.watch_replies = {compacted};
+  EXPECT_EQ(ClientFor(etcd.endpoint())->Watch(WatchOf("w"), nullptr, nullptr).status().code(),
             StatusCode::kOutOfRange);
+  pb::WatchResponse refused;
+  refused.set_canceled(true);
+  refused.set_cancel_reason("permission denied");
+  etcd.watch_replies = {refused};
+  const Status s = ClientFor(etcd.endpoint())->Watch(WatchOf("w"), nullptr, nullptr).status();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("permission denied"), std::string::npos) << s;
+}
+
+TEST(EtcdClientTest, UnconfirmedWatchTimesOutAndCallsNothing) {
+  FakeEtcd etcd;
+  etcd.watch_hold = true;  // reads the create request, never confirms
+  std::atomic<int> calls{0};
+  const Status s =
+      ClientFor(etcd.endpoint(), 300ms)
+          ->Watch(
+              WatchOf("w"), [&](const EtcdEvent&) { ++calls; }, [&](const Status&) { ++calls; })
+          .status();
+  EXPECT_TRUE(s.IsUnavailable()) << s;
+  EXPECT_NE(s.message().find("request_timeout 300 ms"), std::string::npos) << s;
+  EXPECT_EQ(calls.load(), 0);
 }
 
 // ---- Against a real etcd ----

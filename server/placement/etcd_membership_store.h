@@ -59,15 +59,17 @@
 namespace kvfabric::placement {
 
 struct EtcdMembershipStoreOptions {
-  // Client URL of an etcd member (EtcdClientOptions::endpoint).
+  // Client URLs of the etcd cluster's members, comma-separated
+  // (EtcdClientOptions::endpoint).
   std::string endpoint = "http://127.0.0.1:2379";
 
   // Key prefix of everything this store writes; must end with '/'. Default
   // "/kvfabric/v1/". Clusters sharing one etcd use different prefixes.
   std::string prefix = "/kvfabric/v1/";
 
-  // Bound on a TCP connect to etcd. Default 2 s (EtcdClientOptions).
-  std::chrono::milliseconds connect_timeout{2000};
+  // Longest wait between attempts to reconnect to an etcd member. Default
+  // 1 s (EtcdClientOptions).
+  std::chrono::milliseconds max_reconnect_backoff{1000};
 
   // Bound on one etcd call. Default 5 s (EtcdClientOptions). A store call
   // makes at most three etcd calls (Join: range, grant, put, then a revoke).

@@ -31,6 +31,7 @@
 #include "server/cache_host/cache_host_metrics.h"
 #include "server/grpc_server_limits.h"
 #include "server/health_reporter.h"
+#include "server/placement/etcd_client.h"
 #include "server/placement/etcd_membership_store.h"
 #include "server/placement/membership_store.h"
 #include "server/placement/placement_metrics.h"
@@ -67,7 +68,9 @@ int Run(int argc, char** argv) {
   app.add_option("--ready-file", ready_file,
                  "write the listen addresses here once serving (for scripts and tests)");
   app.add_option("--etcd-endpoint", etcd_endpoint,
-                 "etcd client URL (http://HOST:PORT) for membership; empty: in-process store");
+                 "etcd members' client URLs for membership, comma-separated "
+                 "(http://HOST:PORT,...; reached through etcd's gRPC API, the next member "
+                 "when one fails); empty: in-process store");
   app.add_option("--etcd-prefix", etcd_prefix, "key prefix in etcd; must end with '/'");
   app.add_option("--calibration", calibration_path,
                  "bus calibration file written by `kvfabric calibrate`; read again on SIGHUP and "
@@ -103,9 +106,11 @@ int Run(int argc, char** argv) {
     if (etcd_prefix.empty() || etcd_prefix.back() != '/') {
       return fail("--etcd-prefix \"" + etcd_prefix + "\" must end with '/'");
     }
-    if (!etcd_endpoint.empty() && etcd_endpoint.rfind("http://", 0) != 0 &&
-        etcd_endpoint.rfind("https://", 0) != 0) {
-      return fail("--etcd-endpoint \"" + etcd_endpoint + "\": expected http://HOST:PORT");
+    if (!etcd_endpoint.empty()) {
+      placement::EtcdClientOptions eo;
+      eo.endpoint = etcd_endpoint;
+      const Status s = placement::EtcdClient::Create(eo).status();
+      if (!s.ok()) return fail("--etcd-endpoint: " + s.ToString());
     }
     std::string calibration = "none (placeholder figures until observations refit them)";
     if (!calibration_path.empty()) {

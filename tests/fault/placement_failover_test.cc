@@ -1,8 +1,10 @@
 // Placement replicated: a 3-member etcd cluster and two placement replicas
-// (each on its own etcd member), two daemons and the engine (this test), each
-// in its own network namespace (tests/fault/netns_cluster.h). The placement
-// the client and the daemons use is SIGKILLed with its etcd member: both fail
+// (each given all three members, its own first), two daemons and the engine
+// (this test), each in its own network namespace (tests/fault/netns_cluster.h).
+// The placement the client and the daemons use is SIGKILLed, and with it the
+// etcd member the other replica talks to: the client and the daemons fail
 // over to the other replica (placement_address / --placement-address "a,b"),
+// that replica fails over to a live etcd member (--etcd-endpoint "a,b,c"),
 // membership survives in etcd's quorum, the directory is rebuilt from the
 // daemons' full reports, and the next Match fetches the whole chain.
 //
@@ -143,16 +145,21 @@ class PlacementFailoverTest : public ::testing::Test {
 
   void StartPlacement(int i) {
     const std::string host = "placement-" + std::to_string(i);
-    // Each replica talks to its own etcd member. The cluster needs a moment
-    // to elect a leader; placement refuses to start without etcd, so retry.
+    // Each replica lists every etcd member, its own first. The cluster needs
+    // a moment to elect a leader; placement refuses to start without etcd,
+    // so retry.
+    std::string members;
+    for (int k = 0; k < 3; ++k) {
+      members += (k == 0 ? "" : ",") + std::string("http://") +
+                 net_->Address("etcd-" + std::to_string((i - 1 + k) % 3 + 1)) + ":2379";
+    }
     StatusOr<std::unique_ptr<testing::ServerProcess>> p = Status::Unavailable("not started");
     for (int attempt = 0; attempt < 40 && !p.ok(); ++attempt) {
       if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(250));
       p = net_->StartIn(
           host, testing::ServerBinary("KVF_PLACEMENT", "kvfabric-placement"), host, dir_,
           {"--grpc-address=" + placements_[static_cast<std::size_t>(i - 1)],
-           "--metrics-address=off", "--log-level=warn",
-           "--etcd-endpoint=http://" + net_->Address("etcd-" + std::to_string(i)) + ":2379"});
+           "--metrics-address=off", "--log-level=warn", "--etcd-endpoint=" + members});
     }
     ASSERT_TRUE(p.ok()) << p.status().ToString();
     placement_procs_.push_back(std::move(*p));
@@ -192,9 +199,10 @@ class PlacementFailoverTest : public ::testing::Test {
   std::unique_ptr<Client> client_;
 };
 
-// The placement the client and the daemons use, and its etcd member, are
-// SIGKILLed: the client's next calls go to the other replica, the daemons
-// register there, membership survives in etcd's quorum, the directory is
+// The placement the client and the daemons use, and the etcd member the
+// other replica uses, are SIGKILLed: the client's next calls go to the other
+// replica, which moves to a live etcd member, the daemons register there,
+// membership survives in etcd's quorum, the directory is
 // rebuilt from the daemons' full reports, and the client's calls stay few
 // (it backs the dead replica off instead of retrying it per call).
 TEST_F(PlacementFailoverTest, ClientsAndDaemonsFailOverToTheOtherPlacementReplica) {
@@ -267,12 +275,12 @@ TEST_F(PlacementFailoverTest, ClientsAndDaemonsFailOverToTheOtherPlacementReplic
   ASSERT_TRUE(WaitFor([&] { return DirectoryBlocks(placements_[0]) == chain.size(); },
                       std::chrono::seconds(10)));
 
-  // Kill placement-1 and its etcd member.
+  // Kill placement-1, and etcd-2: the member placement-2 talks to.
   const auto killed = Clock::now();
   placement_procs_[0]->Kill(SIGKILL);
-  kill(etcd_pids_[0], SIGKILL);
-  waitpid(etcd_pids_[0], nullptr, 0);
-  etcd_pids_[0] = -1;
+  kill(etcd_pids_[1], SIGKILL);
+  waitpid(etcd_pids_[1], nullptr, 0);
+  etcd_pids_[1] = -1;
   const client::ClientMetrics m0 = client_->metrics();
 
   // The daemons move to placement-2 and report in full: plans fetch again.
@@ -289,7 +297,7 @@ TEST_F(PlacementFailoverTest, ClientsAndDaemonsFailOverToTheOtherPlacementReplic
   } while (after.second.cached_prefix_blocks == 0 && requests < 20);
   const client::ClientMetrics m1 = client_->metrics();
   std::printf(
-      "placement-1 and etcd-1 killed: placement-2 lists %zu daemons and %llu directory "
+      "placement-1 and etcd-2 killed: placement-2 lists %zu daemons and %llu directory "
       "blocks %.2f s later; %d requests until a plan fetched again (%s, cached %u); "
       "client placement calls skipped by backoff %llu, local plans %llu\n",
       Listed(placements_[1]).size(),

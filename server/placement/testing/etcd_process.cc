@@ -157,9 +157,7 @@ Status EtcdProcess::Spawn() {
 Status EtcdProcess::WaitReady(Clock::time_point deadline) {
   EtcdClientOptions options;
   options.endpoint = endpoint_;
-  options.connect_timeout = 200ms;
-  options.request_timeout = 1000ms;
-  KVF_ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> client, EtcdClient::Create(options));
+  options.request_timeout = 500ms;
   Status last = Status::Unavailable("not tried");
   while (Clock::now() < deadline) {
     int wstatus = 0;
@@ -168,6 +166,9 @@ Status EtcdProcess::WaitReady(Clock::time_point deadline) {
       return Status::Unavailable("etcd on " + endpoint_ + " exited (wait status " +
                                  std::to_string(wstatus) + ") before answering");
     }
+    // A fresh client (and connection) per probe: a connection etcd accepted
+    // before it was ready to serve stays silent for ~10 s.
+    KVF_ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> client, EtcdClient::Create(options));
     last = client->Range("kvf-etcd-process-probe").status();
     if (last.ok()) return Status::OK();
     std::this_thread::sleep_for(50ms);
