@@ -322,7 +322,7 @@ class Client::Impl {
   Mutex placement_mu_;
   std::vector<ReplicaState> placement_state_ KVF_GUARDED_BY(placement_mu_);
   std::size_t placement_current_ KVF_GUARDED_BY(placement_mu_) = 0;
-  std::uint64_t placement_jitter_ KVF_GUARDED_BY(placement_mu_) = 0x9e3779b97f4a7c15ull;
+  std::uint64_t placement_jitter_ KVF_GUARDED_BY(placement_mu_) = 1;  // seeded in Open
 
   mutable Mutex metrics_mu_;
   ClientMetrics m_ KVF_GUARDED_BY(metrics_mu_);

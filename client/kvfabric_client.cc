@@ -10,6 +10,7 @@
 
 #include "client/client_impl.h"
 #include "client/client_log.h"
+#include "core/secure_random.h"
 #include "core/socket_address.h"
 #include "proto/grpc_status.h"
 #include "proto/model_proto.h"
@@ -160,6 +161,10 @@ Status Client::Impl::Init() {
   {
     MutexLock l(&placement_mu_);
     placement_state_.resize(placement_addresses_.size());
+    // Each client its own jitter sequence: with one fixed seed every engine
+    // cut off at the same moment drew the same factors and came back at the
+    // same moment (xorshift needs a nonzero state).
+    placement_jitter_ = SecureRandomU64() | 1;
   }
   // One replica must answer before Open succeeds.
   {

@@ -129,15 +129,22 @@ class NetworkFaultTest : public ::testing::Test {
   }
 
   void OpenClient() {
+    auto c = NewClient(&device_);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    client_ = std::move(*c);
+  }
+
+  // A client of this cluster (an engine of its own) on a device it creates.
+  StatusOr<std::unique_ptr<Client>> NewClient(std::unique_ptr<gpu::Device>* device_out) {
     auto device = testing::CreateTestDevice(model_, kQHeads, kTileTokens, 2 * Concurrency());
-    ASSERT_TRUE(device.ok()) << device.status().ToString();
-    device_ = std::move(device->device);
+    if (!device.ok()) return device.status();
+    *device_out = std::move(device->device);
     const std::uint64_t page_bytes = device->page_bytes;
     client::ClientOptions o;
     o.placement_address = placement_address_;
     o.data_transport = "tcp";
     o.model = model_;
-    o.device = device_.get();
+    o.device = device_out->get();
     o.num_q_heads = kQHeads;
     o.tile_tokens = kTileTokens;
     o.arena.page_bytes = page_bytes;
@@ -167,9 +174,7 @@ class NetworkFaultTest : public ::testing::Test {
       return Status::OK();
     };
     o.prefill = RecomputeParameters{0.0, kPrefillUsPerToken, 0.0};
-    auto c = Client::Open(std::move(o));
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    client_ = std::move(*c);
+    return Client::Open(std::move(o));
   }
 
   Status Expected(const std::vector<BlockKey>& chain, std::uint32_t block,
@@ -411,6 +416,79 @@ TEST_F(NetworkFaultTest, PlacementPartitionedFromTheClientMeansLocalRecomputeUnt
   Print("placement back", back);
   std::printf("fetching again %.2f s after the heal\n", Seconds(Clock::now() - healed));
   EXPECT_EQ(back.wrong_blocks, 0);
+}
+
+// Four engines keep asking for plans while placement is cut off for 12 s:
+// each tries placement, waits rpc_timeout (1.5 s), then backs off (1 s
+// doubling, jittered) and plans locally without calling; the RPCs they make
+// stay a handful each instead of one per Match, and all plan through
+// placement again after the heal.
+TEST_F(NetworkFaultTest, EnginesBackOffAPartitionedPlacementInsteadOfStampeding) {
+  constexpr int kEngines = 4;
+  constexpr auto kOutage = std::chrono::seconds(12);
+  std::vector<std::unique_ptr<gpu::Device>> devices(kEngines);
+  std::vector<std::unique_ptr<Client>> engines;
+  for (int i = 0; i < kEngines; ++i) {
+    auto c = NewClient(&devices[static_cast<std::size_t>(i)]);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    engines.push_back(std::move(*c));
+  }
+  ASSERT_TRUE(net_->Partition("placement").ok());
+  std::vector<client::ClientMetrics> before, after;
+  for (const auto& e : engines) before.push_back(e->metrics());
+  const auto end = Clock::now() + kOutage;
+  std::vector<std::thread> threads;
+  for (auto& e : engines) {
+    threads.emplace_back([&, c = e.get()] {
+      while (Clock::now() < end) {
+        (void)c->Match(chain_, 0);  // no context: only Plan calls, no Place
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const auto& e : engines) after.push_back(e->metrics());
+  ASSERT_TRUE(net_->Heal("placement").ok());
+  std::uint64_t total_matches = 0, total_calls = 0;
+  for (int i = 0; i < kEngines; ++i) {
+    const auto& b = before[static_cast<std::size_t>(i)];
+    const auto& a = after[static_cast<std::size_t>(i)];
+    const std::uint64_t matches = a.matches - b.matches;
+    const std::uint64_t skipped = a.placement_calls_skipped - b.placement_calls_skipped;
+    const std::uint64_t local = a.placement_unavailable - b.placement_unavailable;
+    const std::uint64_t calls = local - skipped;  // Plan calls made, each failed
+    std::printf(
+        "engine %d: %llu matches in %lld s of outage, %llu planned locally, %llu Plan "
+        "calls made, %llu skipped by the backoff\n",
+        i, static_cast<unsigned long long>(matches), static_cast<long long>(kOutage.count()),
+        static_cast<unsigned long long>(local), static_cast<unsigned long long>(calls),
+        static_cast<unsigned long long>(skipped));
+    EXPECT_EQ(local, matches);
+    // Attempts at 0, then ~1, 2, 4 s (jittered) after each failure, each
+    // failing after 1.5 s: about 4 in 12 s. Without the backoff a call per
+    // Match would go out: ~8 here, hundreds with a faster rpc_timeout.
+    EXPECT_LE(calls, 6u) << "engine " << i;
+    EXPECT_GE(calls, 1u) << "engine " << i;
+    total_matches += matches;
+    total_calls += calls;
+  }
+  std::printf("%d engines: %llu matches, %llu Plan calls to the partitioned placement (%.1f%%)\n",
+              kEngines, static_cast<unsigned long long>(total_matches),
+              static_cast<unsigned long long>(total_calls),
+              100.0 * static_cast<double>(total_calls) / static_cast<double>(total_matches));
+  // After the heal every engine plans through placement again (its backoff
+  // expires within 30 s at most; here within the next few seconds).
+  for (int i = 0; i < kEngines; ++i) {
+    Client* c = engines[static_cast<std::size_t>(i)].get();
+    EXPECT_TRUE(WaitFor(
+        [&] {
+          const std::uint64_t local = c->metrics().placement_unavailable;
+          (void)c->Match(chain_, 0);
+          return c->metrics().placement_unavailable == local;
+        },
+        std::chrono::seconds(40)))
+        << "engine " << i << " never planned through placement again";
+  }
 }
 
 TEST_F(NetworkFaultTest, SlowLinkShiftsPlansAwayFromThatDaemon) {
