@@ -70,6 +70,11 @@ constexpr std::uint32_t kTileTokens = 256;
 constexpr std::uint32_t kChainTokens = 1024;  // 64 blocks of 16 tokens, 32 KiB each
 constexpr int kChains = 12;                   // 24 MiB of KV in all
 constexpr std::uint64_t kSlowBitsPerSecond = 20'000'000;
+// The engines' prefill cost: the recompute callback generates the synthetic
+// KV (far faster) and then waits out this much per token, standing in for a
+// GPU's prefill, as the fault tests do. Without it recomputing is nearly free,
+// placement learns so, plans stop fetching, and no fault touches a transfer.
+constexpr double kPrefillUsPerToken = 200.0;
 constexpr const char* kDaemons[] = {"cache-a", "cache-b", "cache-c"};
 constexpr const char* kFaults[] = {"kill", "partition", "slow", "disk"};
 
@@ -117,6 +122,7 @@ int RunWorker(const WorkerOptions& w) {
   o.rpc_timeout = std::chrono::milliseconds(1500);
   o.transfer_timeout = std::chrono::milliseconds(3000);
   o.recompute = [&](const client::RecomputeRequest& r, std::span<std::byte> out) {
+    const auto start = Clock::now();
     const std::vector<BlockKey>* chain = nullptr;
     {
       std::lock_guard<std::mutex> l(chains_mu);
@@ -130,9 +136,11 @@ int RunWorker(const WorkerOptions& w) {
           client::SyntheticKv(model, client::SeedFromKey((*chain)[r.first_block + i], w.seed), 16,
                               out.subspan(i * bytes, bytes)));
     }
+    std::this_thread::sleep_until(start + std::chrono::microseconds(static_cast<std::int64_t>(
+                                              kPrefillUsPerToken * r.tokens)));
     return Status::OK();
   };
-  o.prefill = RecomputeParameters{0.0, 20.0, 0.0};
+  o.prefill = RecomputeParameters{0.0, kPrefillUsPerToken, 0.0};
   auto opened = Client::Open(std::move(o));
   if (!opened.ok()) {
     std::fprintf(stderr, "worker: open: %s\n", opened.status().ToString().c_str());
