@@ -17,9 +17,11 @@
 // Printed per phase: requests served, errors by code, p50/p99 load latency
 // (match to last layer ready), blocks fetched from a replica or recomputed
 // after a failed fetch (fallbacks). At the end: blocks the faulted daemon
-// held on NVMe before each kill or fill and after its recovery (lost must be
-// 0) and blocks that loaded wrong or failed their CRC (corrupt must be 0);
-// the exit status is 1 if either is not.
+// held on NVMe before each kill or fill, and how many of them it still holds
+// after its recovery (on any tier: a block read since is on both, and Lookup
+// names the host copy); lost (must be 0) is the difference. Also blocks that
+// loaded wrong or failed their CRC (corrupt, must be 0). The exit status is 1
+// if either is not 0.
 //
 // Needs root (namespaces, tmpfs mounts); says so in one line and exits 77
 // otherwise. Binaries: $KVF_CACHED, $KVF_PLACEMENT, or beside this one.
@@ -400,9 +402,11 @@ class Driver {
     return Status::OK();
   }
 
-  // The keys of every chain that `host` holds on NVMe (what it acknowledged
-  // durable), by a Lookup over all of them.
-  std::vector<std::string> OnNvme(const std::string& host, const std::vector<std::string>& keys) {
+  // The keys of `keys` that `host` holds on NVMe (what it acknowledged
+  // durable), by one Lookup; with `any_tier`, those it holds at all (a block
+  // read since is on both tiers, and Lookup names the host one).
+  std::vector<std::string> Held(const std::string& host, const std::vector<std::string>& keys,
+                                bool any_tier) {
     auto stub = v1::CacheHost::NewStub(
         grpc::CreateChannel(net_->Address(host) + ":7440", grpc::InsecureChannelCredentials()));
     v1::LookupRequest req;
@@ -413,7 +417,8 @@ class Driver {
     std::vector<std::string> out;
     if (!stub->Lookup(&ctx, req, &resp).ok()) return out;
     for (int i = 0; i < resp.results_size() && i < static_cast<int>(keys.size()); ++i) {
-      if (resp.results(i).status().code() == 0 && resp.results(i).tier() == v1::TIER_NVME) {
+      if (resp.results(i).status().code() == 0 &&
+          (any_tier || resp.results(i).tier() == v1::TIER_NVME)) {
         out.push_back(keys[static_cast<std::size_t>(i)]);
       }
     }
@@ -441,7 +446,7 @@ class Driver {
   std::string Inject(const Phase& ph, std::int64_t heal_ms) {
     const std::string& host = ph.daemon;
     if (ph.fault == "kill" || ph.fault == "disk") {
-      const std::vector<std::string> before = OnNvme(host, AllKeys());
+      const std::vector<std::string> before = Held(host, AllKeys(), /*any_tier=*/false);
       if (ph.fault == "kill") {
         daemons_[host]->Kill(SIGKILL);
         SleepUntil(heal_ms);
@@ -457,12 +462,12 @@ class Driver {
         SleepUntil(heal_ms);
         std::filesystem::remove(filler);
       }
-      const std::vector<std::string> after = OnNvme(host, before);
+      const std::vector<std::string> after = Held(host, before, /*any_tier=*/true);
       acknowledged_ += before.size();
       recovered_ += after.size();
       lost_ += before.size() - after.size();
       return std::to_string(before.size()) + " on NVMe before, " + std::to_string(after.size()) +
-             " after";
+             " held after";
     }
     if (ph.fault == "partition") {
       (void)net_->Partition(host);
