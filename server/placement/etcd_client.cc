@@ -34,6 +34,13 @@ std::string Context(const std::string& url, std::string_view method) {
   return "etcd " + url + " " + std::string(method);
 }
 
+// Whether a call's own deadline has (about) passed. gRPC's timers fire on
+// their own clock, rounded: its DEADLINE_EXCEEDED can come a little before
+// system_clock reaches the deadline it was given.
+bool PastDeadline(std::chrono::system_clock::time_point deadline) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(100) >= deadline;
+}
+
 // A failed call's status, ours. `timed_out`: the call's own deadline
 // (request_timeout) had passed, so a DEADLINE_EXCEEDED is ours, not etcd's.
 Status FromEtcd(const std::string& context, const grpc::Status& s, bool timed_out,
@@ -367,7 +374,7 @@ Status EtcdClient::Unary(std::string_view method, Invoke invoke) {
   const grpc::Status s = invoke(member, &ctx);
   if (s.ok()) return Status::OK();
   Status status = FromEtcd(Context(member.url, method), s,
-                           std::chrono::system_clock::now() >= deadline, options_.request_timeout);
+                           PastDeadline(deadline), options_.request_timeout);
   if (status.IsUnavailable()) MemberFailed(index);
   return status;
 }
@@ -464,7 +471,7 @@ StatusOr<std::int64_t> EtcdClient::LeaseKeepAlive(std::int64_t id) {
   if (!stream->Write(request) || !stream->Read(&reply)) {
     const grpc::Status s = stream->Finish();
     Status status = s.ok() ? Status::Unavailable(context + ": the stream ended without a reply")
-                           : FromEtcd(context, s, std::chrono::system_clock::now() >= deadline,
+                           : FromEtcd(context, s, PastDeadline(deadline),
                                       options_.request_timeout);
     if (status.IsUnavailable()) MemberFailed(index);
     return status;
