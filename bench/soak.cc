@@ -52,6 +52,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_stats.h"
 #include "client/kvfabric_client.h"
 #include "client/synthetic_model.h"
 #include "core/status.h"
@@ -263,11 +264,7 @@ struct Phase {
   std::string note;
 };
 
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())))];
-}
+using bench::Percentile;
 
 class Driver {
  public:

@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_stats.h"
 #include "core/units.h"
 #include "transport/ucx/ucx_transport.h"
 
@@ -141,12 +142,7 @@ std::string Unhex(const std::string& h) {
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t i = std::min(v.size() - 1, static_cast<std::size_t>(p * (v.size() - 1) + 0.5));
-  return v[i];
-}
+using bench::Percentile;
 
 // Server role: a transport listening on loopback with one exported region;
 // prints "READY <address> <hex export>" and serves until stdin closes.

@@ -518,6 +518,11 @@ void Demo::PrintSummary(double seconds) const {
           FormatMicros(m.parameters.c2_us_per_token2).c_str(),
           static_cast<unsigned long long>(m.error.count), 100 * std::fabs(m.error.median),
           100 * m.error.worst_abs);
+      std::printf(
+          "  split overlap s = %.2f (0: prefill and fetch overlap, 1: serial) from %.0f finished "
+          "splits; split plans measured/predicted median %+.1f%%, worst %.1f%%\n",
+          m.parameters.split_serial_fraction, m.split_effective_observations,
+          100 * m.split_error.median, 100 * m.split_error.worst_abs);
     }
   }
   std::printf("\nbytes moved            %12s %10s %10s\n", "bytes", "seconds", "GB/s");

@@ -303,6 +303,11 @@ Status ToClientOptions(const kvf_options& o, ClientOptions* out) {
                                      "not stated)");
     }
   }
+  if (!(o.prefill_split_serial_fraction >= 0 && o.prefill_split_serial_fraction <= 1)) {
+    return Status::InvalidArgument("options->prefill_split_serial_fraction is " +
+                                   std::to_string(o.prefill_split_serial_fraction) +
+                                   ": it must be in [0, 1] (0: the default, full overlap)");
+  }
   if (o.device_kind != KVF_DEVICE_CPU && o.device_kind != KVF_DEVICE_CUDA) {
     return Status::InvalidArgument("options->device_kind is " + std::to_string(o.device_kind) +
                                    ": use KVF_DEVICE_CPU (0) or KVF_DEVICE_CUDA (1)");
@@ -345,8 +350,8 @@ Status ToClientOptions(const kvf_options& o, ClientOptions* out) {
   options.max_context_tokens = o.max_context_tokens;
   if (o.prefill_c0_us != 0 || o.prefill_c1_us != 0 || o.prefill_c2_us != 0) {
     // Open refuses non-finite or negative constants, naming ClientOptions::prefill.
-    options.prefill =
-        kvfabric::RecomputeParameters{o.prefill_c0_us, o.prefill_c1_us, o.prefill_c2_us};
+    options.prefill = kvfabric::RecomputeParameters{
+        o.prefill_c0_us, o.prefill_c1_us, o.prefill_c2_us, o.prefill_split_serial_fraction};
   }
   if (o.metrics_address != nullptr) options.metrics_address = o.metrics_address;
   options.history_pool_setting = "options->history_pool_bytes";

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -206,6 +207,12 @@ TEST(KvfabricCTest, OpenRefusesPrefillConstantsThatAreNotFiniteAndNonNegative) {
   o = ValidOptions();
   o.prefill_c2_us = std::numeric_limits<double>::infinity();
   ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, "options->prefill_c2_us");
+  o = ValidOptions();
+  o.prefill_split_serial_fraction = 1.5;
+  ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, "options->prefill_split_serial_fraction");
+  o = ValidOptions();
+  o.prefill_split_serial_fraction = std::nan("");
+  ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, "options->prefill_split_serial_fraction");
 }
 
 TEST(KvfabricCTest, OpenRefusesZeroDeviceArenaAndMissingRecompute) {

@@ -65,6 +65,12 @@ Status Client::Impl::Init() {
     return Status::InvalidArgument(
         "client: prefill constants (ClientOptions::prefill) c0, c1, c2 must be finite and >= 0");
   }
+  if (o_.prefill &&
+      !(o_.prefill->split_serial_fraction >= 0 && o_.prefill->split_serial_fraction <= 1)) {
+    return Status::InvalidArgument(
+        "client: ClientOptions::prefill.split_serial_fraction must be in [0, 1], got " +
+        std::to_string(o_.prefill->split_serial_fraction));
+  }
   if (!o_.recompute) {
     return Status::InvalidArgument("client: no recompute function (the engine's prefill)");
   }
@@ -300,6 +306,7 @@ Status Client::Impl::Match(std::span<const BlockKey> chain, std::uint64_t suffix
     r->set_c0_us(o_.prefill->c0_us);
     r->set_c1_us(o_.prefill->c1_us_per_token);
     r->set_c2_us(o_.prefill->c2_us_per_token2);
+    r->set_split_serial_fraction(o_.prefill->split_serial_fraction);
   }
   v1::PlanResponse resp;
   const grpc::Status g = CallPlacement([&](v1::Placement::Stub* stub, grpc::ClientContext* ctx) {

@@ -101,6 +101,10 @@ Status Validate(const BusCalibration& c) {
     KVF_RETURN_IF_ERROR(CheckNonNegative(r.parameters.c0_us, w + ".c0_us"));
     KVF_RETURN_IF_ERROR(CheckNonNegative(r.parameters.c1_us_per_token, w + ".c1_us_per_token"));
     KVF_RETURN_IF_ERROR(CheckNonNegative(r.parameters.c2_us_per_token2, w + ".c2_us_per_token2"));
+    if (!(r.parameters.split_serial_fraction >= 0 && r.parameters.split_serial_fraction <= 1)) {
+      return Status::InvalidArgument(w + ".split_serial_fraction: must be in [0, 1], got " +
+                                     std::to_string(r.parameters.split_serial_fraction));
+    }
     KVF_RETURN_IF_ERROR(CheckNonNegative(r.median_error_ratio, w + ".median_error_ratio"));
     KVF_RETURN_IF_ERROR(CheckNonNegative(r.worst_error_ratio, w + ".worst_error_ratio"));
     KVF_RETURN_IF_ERROR(CheckNonNegative(r.noise_floor_ratio, w + ".noise_floor_ratio"));
@@ -141,6 +145,7 @@ std::string BusCalibrationToJson(const BusCalibration& c) {
     e["c0_us"] = r.parameters.c0_us;
     e["c1_us_per_token"] = r.parameters.c1_us_per_token;
     e["c2_us_per_token2"] = r.parameters.c2_us_per_token2;
+    e["split_serial_fraction"] = r.parameters.split_serial_fraction;
     e["samples"] = r.samples;
     e["median_error_ratio"] = r.median_error_ratio;
     e["worst_error_ratio"] = r.worst_error_ratio;
@@ -206,6 +211,8 @@ StatusOr<BusCalibration> BusCalibrationFromJson(std::string_view text) {
     KVF_ASSIGN_OR_RETURN(r.parameters.c0_us, GetDouble(e, w, "c0_us"));
     KVF_ASSIGN_OR_RETURN(r.parameters.c1_us_per_token, GetDouble(e, w, "c1_us_per_token"));
     KVF_ASSIGN_OR_RETURN(r.parameters.c2_us_per_token2, GetDouble(e, w, "c2_us_per_token2"));
+    KVF_ASSIGN_OR_RETURN(r.parameters.split_serial_fraction,
+                         GetOptionalDouble(e, w, "split_serial_fraction"));
     KVF_ASSIGN_OR_RETURN(r.samples, GetUint(e, w, "samples"));
     KVF_ASSIGN_OR_RETURN(r.median_error_ratio, GetOptionalDouble(e, w, "median_error_ratio"));
     KVF_ASSIGN_OR_RETURN(r.worst_error_ratio, GetOptionalDouble(e, w, "worst_error_ratio"));

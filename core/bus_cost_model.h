@@ -78,7 +78,20 @@ struct RecomputeParameters {
   double c1_us_per_token = 0;
   // Quadratic (attention) cost, in microseconds per token squared (>= 0).
   double c2_us_per_token2 = 0;
+  // How much of a split plan's shorter side fails to overlap its longer one, in [0, 1]: a split
+  // prefills blocks [0, k) while it fetches [k, m), and takes max(A, B) + s × min(A, B) (A, B the
+  // two sides). 0 when the prefill and the fetch use separate resources (a GPU prefill beside a
+  // NIC or DMA fetch); near 1 when they share the same cores (a CPU prefill beside a kernel-TCP
+  // fetch on a small host). Placement fits it from finished split plans
+  // (CalibratedCostModel::ObserveSplit); an engine may state it.
+  double split_serial_fraction = 0;
 };
+
+// A split plan's two overlapped sides (recompute front `a`, fetch `b`), in microseconds:
+// max(a, b) + s × min(a, b).
+inline double SplitSidesMicros(const RecomputeParameters& r, double a, double b) {
+  return (a > b ? a : b) + r.split_serial_fraction * (a < b ? a : b);
+}
 
 // t_fetch in microseconds. REQUIRES: p.beta_bytes_per_s > 0.
 inline double FetchMicros(const PathParameters& p, double bytes) {

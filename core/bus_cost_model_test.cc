@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 #include <string>
 
@@ -340,6 +342,87 @@ TEST(CalibratedCostModelTest, ReloadReplacesTheEntriesTheFileNamesAndKeepsTheRes
   file.paths[0].parameters.beta_bytes_per_s = -1;
   EXPECT_TRUE(model.Reload(file).status().IsInvalidArgument());
   EXPECT_EQ(model.Path(named, named_host)->alpha_us, 7.0);
+}
+
+TEST(BusCostModelTest, SplitSidesOverlapByTheSerialFraction) {
+  RecomputeParameters r;
+  EXPECT_EQ(SplitSidesMicros(r, 300, 500), 500);
+  r.split_serial_fraction = 1;
+  EXPECT_EQ(SplitSidesMicros(r, 300, 500), 800);
+  r.split_serial_fraction = 0.5;
+  EXPECT_EQ(SplitSidesMicros(r, 500, 300), 650);
+}
+
+TEST(BusCalibrationTest, SplitSerialFractionRoundTripsIsOptionalAndIsChecked) {
+  BusCalibration c = Sample();
+  c.recompute[0].parameters.split_serial_fraction = 0.75;
+  auto back = BusCalibrationFromJson(BusCalibrationToJson(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->recompute[0].parameters.split_serial_fraction, 0.75);
+  // A file written before the field existed reads as 0 (full overlap, the old formula).
+  std::string j = BusCalibrationToJson(c);
+  const auto at = j.find("\"split_serial_fraction\"");
+  ASSERT_NE(at, std::string::npos);
+  j.erase(at, j.find('\n', at) + 1 - at);
+  auto old = BusCalibrationFromJson(j);
+  ASSERT_TRUE(old.ok()) << old.status() << "\n" << j;
+  EXPECT_EQ(old->recompute[0].parameters.split_serial_fraction, 0.0);
+  c.recompute[0].parameters.split_serial_fraction = 1.5;
+  auto bad = BusCalibrationFromJson(BusCalibrationToJson(c));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("recompute[0].split_serial_fraction"),
+            std::string_view::npos)
+      << bad.status();
+}
+
+TEST(CalibratedCostModelTest, SplitOverlapIsFittedFromFinishedSplitPlans) {
+  const uint64_t seed =
+      TestSeed("CalibratedCostModelTest.SplitOverlapIsFittedFromFinishedSplitPlans");
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0, 1);
+  CalibratedCostModel model;
+  ASSERT_TRUE(*model.StateRecompute("m", {2000.0, 30.0, 0.05}));
+  EXPECT_EQ(model.Recompute("m")->split_serial_fraction, 0);
+  // This host runs the two sides 70% serially; each plan's time is off by up to 5%.
+  auto observe = [&](double s_true) {
+    const double a = 1000 + 50000 * u(rng), b = 1000 + 50000 * u(rng), rest = 20000 * u(rng);
+    const double t = std::max(a, b) + s_true * std::min(a, b) + rest;
+    return model.ObserveSplit("m", a, b, rest, t * (0.95 + 0.1 * u(rng)));
+  };
+  ASSERT_TRUE(observe(0.7).ok());
+  ASSERT_TRUE(observe(0.7).ok());
+  EXPECT_EQ(model.Recompute("m")->split_serial_fraction, 0) << "refits from the third plan on";
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(observe(0.7).ok());
+  EXPECT_NEAR(model.Recompute("m")->split_serial_fraction, 0.7, 0.1);
+  const CalibratedCostModel::RecomputeReport report = *model.RecomputeReportFor("m");
+  EXPECT_EQ(report.split_error.count, 42u);
+  EXPECT_GT(report.split_effective_observations, 41);
+  EXPECT_EQ(report.provenance.source, ParameterSource::kOnlineFit);
+  // The prefill refit leaves s as the splits fitted it.
+  const double s = model.Recompute("m")->split_serial_fraction;
+  const RecomputeParameters truth{2000.0, 30.0, 0.05};
+  for (const auto& [n, p] : {std::pair<uint64_t, uint64_t>{4096, 0}, {512, 4096}, {2048, 6144}}) {
+    ASSERT_TRUE(
+        model
+            .ObserveRecompute(
+                "m", n, p, RecomputeMicros(truth, static_cast<double>(n), static_cast<double>(p)))
+            .ok());
+  }
+  EXPECT_EQ(model.Recompute("m")->split_serial_fraction, s);
+  // Plans faster than a full overlap would allow pin s at 0, slower than serial at 1.
+  CalibratedCostModel fast;
+  ASSERT_TRUE(fast.SetRecompute("m", {2000.0, 30.0, 0.05, 0.5}).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(fast.ObserveSplit("m", 1000, 2000, 0, 1500).ok());
+  EXPECT_EQ(fast.Recompute("m")->split_serial_fraction, 0);
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(fast.ObserveSplit("m", 1000, 2000, 0, 9000).ok());
+  EXPECT_EQ(fast.Recompute("m")->split_serial_fraction, 1);
+  // Bad input names what was wrong and changes nothing.
+  EXPECT_TRUE(fast.ObserveSplit("m", 0, 2000, 0, 100).IsInvalidArgument());
+  EXPECT_TRUE(fast.ObserveSplit("m", 1000, 2000, 0, std::nan("")).IsInvalidArgument());
+  EXPECT_TRUE(fast.ObserveSplit("m", -1, 2000, 0, 100).IsInvalidArgument());
+  EXPECT_EQ(fast.ObserveSplit("other", 1000, 2000, 0, 100).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(fast.SetRecompute("m", {2000.0, 30.0, 0.05, 1.5}).IsInvalidArgument());
+  EXPECT_EQ(fast.Recompute("m")->split_serial_fraction, 1);
 }
 
 }  // namespace

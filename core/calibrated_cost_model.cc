@@ -31,6 +31,11 @@ Status CheckRecompute(std::string_view model_id, const RecomputeParameters& r) {
     return Status::InvalidArgument("recompute parameters of \"" + std::string(model_id) +
                                    "\": c0, c1, c2 must be finite and >= 0");
   }
+  if (!(r.split_serial_fraction >= 0 && r.split_serial_fraction <= 1)) {
+    return Status::InvalidArgument("recompute parameters of \"" + std::string(model_id) +
+                                   "\": split_serial_fraction must be in [0, 1], got " +
+                                   std::to_string(r.split_serial_fraction));
+  }
   return Status::OK();
 }
 
@@ -97,7 +102,8 @@ StatusOr<bool> CalibratedCostModel::StateRecompute(std::string_view model_id,
   RecomputeEntry& e = it->second;
   if (e.provenance.source == ParameterSource::kStated && e.parameters.c0_us == r.c0_us &&
       e.parameters.c1_us_per_token == r.c1_us_per_token &&
-      e.parameters.c2_us_per_token2 == r.c2_us_per_token2) {
+      e.parameters.c2_us_per_token2 == r.c2_us_per_token2 &&
+      e.parameters.split_serial_fraction == r.split_serial_fraction) {
     return false;  // restated unchanged: keep the fit and the errors gathered so far
   }
   e.parameters = r;
@@ -343,11 +349,59 @@ Status CalibratedCostModel::ObserveRecompute(std::string_view model_id, uint64_t
       e.fit.effective_observations() >= 0.99 * options_.min_recompute_observations_for_refit) {
     auto fitted = e.fit.Fit();
     if (fitted.ok()) {
+      // The prefill fit knows nothing of splits: s stays as ObserveSplit left it.
+      fitted->split_serial_fraction = e.parameters.split_serial_fraction;
       e.parameters = *fitted;
       e.provenance.source = ParameterSource::kOnlineFit;
       ++e.provenance.refits;
       e.provenance.updated_unix_us = NowUnixMicros();
     }
+  }
+  return Status::OK();
+}
+
+Status CalibratedCostModel::ObserveSplit(std::string_view model_id, double front_us,
+                                         double fetch_us, double rest_us,
+                                         double observed_total_us) {
+  for (double v : {front_us, fetch_us, rest_us}) {
+    if (!std::isfinite(v) || v < 0) {
+      return Status::InvalidArgument("split observation for \"" + std::string(model_id) +
+                                     "\": predicted sides must be finite and >= 0");
+    }
+  }
+  if (!std::isfinite(observed_total_us) || !(observed_total_us > 0)) {
+    return Status::InvalidArgument("split observation for \"" + std::string(model_id) +
+                                   "\": observed_total_us must be finite and > 0");
+  }
+  const double shorter = std::min(front_us, fetch_us);
+  if (!(shorter > 0)) {
+    return Status::InvalidArgument("split observation for \"" + std::string(model_id) +
+                                   "\": both sides must be > 0");
+  }
+  MutexLock lock(&mu_);
+  const auto it = models_.find(model_id);
+  if (it == models_.end()) {
+    return Status::NotFound("split observation: no calibration for model \"" +
+                            std::string(model_id) + "\"");
+  }
+  RecomputeEntry& e = it->second;
+  const double predicted = SplitSidesMicros(e.parameters, front_us, fetch_us) + rest_us;
+  e.split_error.Record(observed_total_us, predicted);
+  // Least squares through the origin of y = s × x, each plan weighted by 1/observed² (relative
+  // error, like the other fits), with the same forgetting.
+  const double x = shorter;
+  const double y = observed_total_us - rest_us - std::max(front_us, fetch_us);
+  const double w = 1 / (observed_total_us * observed_total_us);
+  const double decay = options_.online.decay;
+  e.split.sxx = decay * e.split.sxx + w * x * x;
+  e.split.sxy = decay * e.split.sxy + w * x * y;
+  e.split.count = decay * e.split.count + 1;
+  if (options_.online_refit &&
+      e.split.count >= 0.99 * options_.min_recompute_observations_for_refit && e.split.sxx > 0) {
+    e.parameters.split_serial_fraction = std::clamp(e.split.sxy / e.split.sxx, 0.0, 1.0);
+    e.provenance.source = ParameterSource::kOnlineFit;
+    ++e.provenance.refits;
+    e.provenance.updated_unix_us = NowUnixMicros();
   }
   return Status::OK();
 }
@@ -389,9 +443,9 @@ StatusOr<CalibratedCostModel::RecomputeReport> CalibratedCostModel::RecomputeRep
     return Status::NotFound("no recompute calibration for model \"" + std::string(model_id) + "\"");
   }
   const RecomputeEntry& e = it->second;
-  return RecomputeReport{it->first,     e.parameters,
-                         e.error.Get(), e.fit.effective_observations(),
-                         e.provenance,  e.noise_floor_ratio};
+  return RecomputeReport{
+      it->first,    e.parameters,        e.error.Get(),       e.fit.effective_observations(),
+      e.provenance, e.noise_floor_ratio, e.split_error.Get(), e.split.count};
 }
 
 size_t CalibratedCostModel::model_count() const {
@@ -404,7 +458,7 @@ std::vector<CalibratedCostModel::RecomputeReport> CalibratedCostModel::Recompute
   MutexLock lock(&mu_);
   for (const auto& [id, e] : models_) {
     out.push_back({id, e.parameters, e.error.Get(), e.fit.effective_observations(), e.provenance,
-                   e.noise_floor_ratio});
+                   e.noise_floor_ratio, e.split_error.Get(), e.split.count});
   }
   return out;
 }

@@ -27,6 +27,15 @@
 // it; c0, c1, c2 times it), its fit restarts from them (as a prior) and
 // ParameterProvenance::change_points counts it. Defaults: 8 observations, 50%.
 //
+// Split overlap: a split plan prefills a front of the chain while it fetches the rest of the
+// cached prefix, and is predicted as max(A, B) + s × min(A, B) + rest (RecomputeParameters::
+// split_serial_fraction s). Each finished split plan (ObserveSplit: its predicted A, B, rest
+// and its measured total T) adds x = min(A, B), y = T - rest - max(A, B) to a least-squares fit
+// through the origin, weighted by 1/T² and forgotten like the other fits; once it rests on
+// min_recompute_observations_for_refit plans, s = clamp(Σxy / Σx², 0, 1). y also carries the
+// sides' own errors, so s absorbs whatever makes split plans slower than their sides predict.
+// The prefill refit and change points leave s alone.
+//
 // An engine may state its prefill constants (StateRecompute, from ClientOptions::prefill at
 // Open): they replace placeholder defaults or an earlier statement, never a calibration file's
 // figures or an online fit.
@@ -122,6 +131,10 @@ class CalibratedCostModel {
     double effective_observations = 0;
     ParameterProvenance provenance;
     double noise_floor_ratio = 0;  // RecomputeCalibration::noise_floor_ratio
+    // Finished split plans scored against their prediction (ObserveSplit), and how many the
+    // fit of split_serial_fraction rests on (decayed).
+    PredictionErrorHistogram::Snapshot split_error;
+    double split_effective_observations = 0;
   };
 
   CalibratedCostModel() : CalibratedCostModel(Options{}) {}
@@ -173,6 +186,12 @@ class CalibratedCostModel {
                          double observed_us);
   Status ObserveRecompute(std::string_view model_id, uint64_t tokens, uint64_t prefix_tokens,
                           double observed_us);
+  // A finished split plan of `model_id`: its predicted sides (PlanAlternative front_us,
+  // fetch_us, rest_us) and its measured total. Scores the split prediction and refits
+  // split_serial_fraction (file comment). InvalidArgument for values that are not finite, a
+  // side <= 0 or a total <= 0; NotFound as Recompute.
+  Status ObserveSplit(std::string_view model_id, double front_us, double fetch_us, double rest_us,
+                      double observed_total_us);
 
   // Models with an entry.
   size_t model_count() const;
@@ -203,6 +222,13 @@ class CalibratedCostModel {
     ParameterProvenance provenance;
     MissRun misses;
     double noise_floor_ratio = 0;
+    // split_serial_fraction's fit: decayed weighted sums (ObserveSplit).
+    struct {
+      double sxx = 0;
+      double sxy = 0;
+      double count = 0;
+    } split;
+    PredictionErrorHistogram split_error;
   };
   using PathKey = std::pair<int, std::string>;
 

@@ -488,7 +488,8 @@ StatusOr<placement::PlanRequest> PlanRequestFromProto(const v1::PlanRequest& req
   if (request.has_engine_prefill()) {
     // The node refuses non-finite or negative constants, naming engine_prefill.
     const v1::RecomputeParameters& r = request.engine_prefill();
-    out.engine_prefill = RecomputeParameters{r.c0_us(), r.c1_us(), r.c2_us()};
+    out.engine_prefill =
+        RecomputeParameters{r.c0_us(), r.c1_us(), r.c2_us(), r.split_serial_fraction()};
   }
   return out;
 }

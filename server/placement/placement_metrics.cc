@@ -178,7 +178,7 @@ void EmitModels(const std::vector<CalibratedCostModel::RecomputeReport>& models,
   std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(shown), order.end(),
                     before);
 
-  std::vector<Sample> error, observations, effective, c0, c1, c2, noise, refits;
+  std::vector<Sample> error, observations, effective, c0, c1, c2, noise, refits, split, split_error;
   for (std::size_t i = 0; i < shown; ++i) {
     const CalibratedCostModel::RecomputeReport& m = *order[i];
     const std::vector<ClientMetric::Label> labels = {{"model", m.model_id}};
@@ -190,6 +190,8 @@ void EmitModels(const std::vector<CalibratedCostModel::RecomputeReport>& models,
     c0.push_back(S(m.parameters.c0_us / 1e6, labels));
     c1.push_back(S(m.parameters.c1_us_per_token / 1e6, labels));
     c2.push_back(S(m.parameters.c2_us_per_token2 / 1e6, labels));
+    split.push_back(S(m.parameters.split_serial_fraction, labels));
+    AppendErrorQuantiles(m.split_error, labels, split_error);
   }
 
   Gauge(out, "models",
@@ -214,6 +216,16 @@ void EmitModels(const std::vector<CalibratedCostModel::RecomputeReport>& models,
   Gauge(out, "model_c2_seconds_per_token_squared",
         "Quadratic (attention) recompute cost (c2) in force, in seconds per token squared.",
         std::move(c2));
+  Gauge(out, "model_split_serial_fraction",
+        "Part of a split plan's shorter side (prefill front or fetch) that does not overlap the "
+        "longer one, in force: 0 = separate resources, 1 = serial. Fitted from finished split "
+        "plans.",
+        std::move(split));
+  Gauge(out, "model_split_error_ratio",
+        "Out-of-sample error observed / predicted - 1 of finished split plans' total time per "
+        "model: stat median = estimated median (signed), max = worst |error|. Only models with "
+        "scored split plans.",
+        std::move(split_error));
   Gauge(out, "model_noise_floor_ratio",
         "The calibration's noise floor of a model's prefill probe; 0 without one.",
         std::move(noise));
@@ -353,6 +365,10 @@ std::vector<MetricFamily> PlacementFamilies(const PlacementSnapshot& s) {
         {S(D(s.plans_admitted))});
   Counter(out, "plans_finished_total", "Plans the client reported finished.",
           {S(D(s.plans_finished))});
+  Counter(out, "split_observations_total",
+          "Finished split plans (no fallbacks, planned with the model's own entry) that scored "
+          "and refitted their model's split overlap.",
+          {S(D(s.split_observations))});
   Counter(out, "plans_expired_total",
           "Plans whose path load was released at their deadline (the client did not report "
           "them finished in time).",

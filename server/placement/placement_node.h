@@ -373,6 +373,7 @@ struct PlacementSnapshot {
   std::array<std::uint64_t, 5> plans_by_kind{};  // indexed by PlanKind
   std::uint64_t plans_admitted = 0;              // gauge: plans holding path load
   std::uint64_t plans_finished = 0;
+  std::uint64_t split_observations = 0;  // CalibratedCostModel::ObserveSplit calls that counted
   std::uint64_t plans_expired = 0;  // path load released by deadline
   std::uint64_t plan_history = 0;   // gauge
   std::uint64_t observations_unknown_plan = 0;
@@ -505,6 +506,10 @@ class PlacementNode {
     std::uint64_t ticket = 0;  // PathLoad ticket; 0 once released or if nothing was charged
     bool finished = false;
     std::optional<double> observed_total_us;
+    // A split planned with the model's own cost-model entry: its measured total refits the
+    // model's split overlap when it finishes.
+    bool learn_split = false;
+    bool fell_back = false;  // a report named fallback runs of this plan
   };
 
   PlacementNode(PlacementOptions options, MembershipStore* membership, Env* env);

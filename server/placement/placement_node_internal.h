@@ -30,7 +30,7 @@ inline bool GoodRecompute(const RecomputeParameters& r) {
   for (double v : {r.c0_us, r.c1_us_per_token, r.c2_us_per_token2}) {
     if (!std::isfinite(v) || v < 0) return false;
   }
-  return true;
+  return r.split_serial_fraction >= 0 && r.split_serial_fraction <= 1;
 }
 
 }  // namespace kvfabric::placement::internal

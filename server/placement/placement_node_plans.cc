@@ -26,10 +26,17 @@ constexpr char kPlanFormula[] =
     "t_recompute(n, p) = c0 + c1 * n + c2 * n * (p + n / 2)\n"
     "recompute-all = t_recompute(T + S, 0)\n"
     "fetch-all = F(0, m) + t_recompute(T - P_m + S, P_m)\n"
-    "split(k) = max(t_recompute(P_k, 0), F(k, m)) + t_recompute(T - P_m + S, P_m)\n"
+    "split(k) = max(A, B) + s * min(A, B) + t_recompute(T - P_m + S, P_m), A = t_recompute(P_k, "
+    "0), B = F(k, m)\n"
     "fetch-prefix(j) = F(0, j) + t_recompute(T - P_j + S, P_j)\n"
     "F(a, b) = alpha_h2d + wait_h2d + sum over runs of (daemon alphas + queue wait + bytes / "
     "bottleneck beta)";
+
+std::string SplitFractionText(double s) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.2f", s);
+  return b;
+}
 
 }  // namespace
 
@@ -74,7 +81,8 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
     return Status::InvalidArgument("recompute: c0, c1, c2 must be finite and >= 0");
   }
   if (request.engine_prefill && !GoodRecompute(*request.engine_prefill)) {
-    return Status::InvalidArgument("engine_prefill: c0, c1, c2 must be finite and >= 0");
+    return Status::InvalidArgument(
+        "engine_prefill: c0, c1, c2 must be finite and >= 0, split_serial_fraction in [0, 1]");
   }
 
   PlanResult result;
@@ -173,6 +181,10 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   record.suffix_tokens = request.suffix_tokens;
   record.host_to_device = in.host_to_device;
   record.recompute = in.recompute;
+  // A split plan planned with the model's own entry teaches that entry its overlap when it
+  // finishes (CalibratedCostModel::ObserveSplit).
+  record.learn_split =
+      result.plan.kind == PlanKind::kSplit && !request.recompute && !request.model_id.empty();
   if (in.include_explanation) DescribePlanInputs(request, in, &record);
   if (request.include_explanation) {
     record.explanation = result.plan.explanation;
@@ -256,7 +268,8 @@ void PlacementNode::DescribePlanInputs(const PlanRequest& request, const Planner
   t += "  recompute " + (request.model_id.empty() ? std::string("(no model)") : request.model_id) +
        ": c0 " + FormatMicros(in.recompute.c0_us) + ", c1 " +
        FormatMicros(in.recompute.c1_us_per_token) + "/token, c2 " +
-       FormatMicros(in.recompute.c2_us_per_token2) + "/token^2";
+       FormatMicros(in.recompute.c2_us_per_token2) + "/token^2, split overlap s " +
+       SplitFractionText(in.recompute.split_serial_fraction);
   if (request.recompute) {
     t += " (given with the request)";
   } else if (auto r = cost_model_.RecomputeReportFor(request.model_id); r.ok()) {
@@ -419,6 +432,7 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
     ++counters_.observations_unknown_plan;
     return Status::OK();
   }
+  if (!r.fallback_runs.empty()) plan->fell_back = true;
   if (r.plan_finished && !plan->finished) {
     plan->finished = true;
     ++counters_.plans_finished;
@@ -427,6 +441,18 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
     if (std::isfinite(r.observed_total_us) && r.observed_total_us > 0) {
       plan->observed_total_us = r.observed_total_us;
       plan_error_.Record(r.observed_total_us, plan->predicted_total_us);
+      // A plan whose runs fell back did other work than planned: it says nothing of overlap.
+      if (plan->learn_split && !plan->fell_back) {
+        for (const PlanAlternative& a : plan->alternatives) {
+          if (!a.chosen || a.kind != PlanKind::kSplit) continue;
+          if (cost_model_
+                  .ObserveSplit(plan->model_id, a.front_us, a.fetch_us, a.rest_us,
+                                r.observed_total_us)
+                  .ok()) {
+            ++counters_.split_observations;
+          }
+        }
+      }
     }
   }
   return Status::OK();
@@ -475,6 +501,7 @@ StatusOr<PlanExplanation> PlacementNode::Explain(std::uint64_t plan_id) const {
   t.push_back({"c0", plan->recompute.c0_us, "us"});
   t.push_back({"c1", plan->recompute.c1_us_per_token, "us/token"});
   t.push_back({"c2", plan->recompute.c2_us_per_token2, "us/token^2"});
+  t.push_back({"s", plan->recompute.split_serial_fraction, "ratio"});
   t.insert(t.end(), plan->input_terms.begin(), plan->input_terms.end());
   for (const PlanAlternative& a : plan->alternatives) {
     std::string name = "t_" + std::string(PlanKindName(a.kind));

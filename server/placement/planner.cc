@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <utility>
@@ -44,6 +45,10 @@ Status Validate(const PlannerInput& in) {
     if (!std::isfinite(v) || v < 0) {
       return Status::InvalidArgument("recompute: c0, c1, c2 must be finite and >= 0");
     }
+  }
+  if (!(r.split_serial_fraction >= 0 && r.split_serial_fraction <= 1)) {
+    return Status::InvalidArgument("recompute: split_serial_fraction must be in [0, 1], got " +
+                                   std::to_string(r.split_serial_fraction));
   }
   for (size_t h = 0; h < in.hosts.size(); ++h) {
     if (!GoodParameters(in.hosts[h].transfer) || !GoodParameters(in.hosts[h].nvme)) {
@@ -357,6 +362,12 @@ std::string RestText(const Work& w, uint32_t j) {
   return RecomputeText(w, n, p);
 }
 
+std::string FormatFraction(double v) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.2f", v);
+  return b;
+}
+
 std::string FetchText(uint32_t first, uint32_t end, double us) {
   return "t_fetch(" + Blocks(first, end) + ") = " + FormatMicros(us);
 }
@@ -436,13 +447,17 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
     double best_split = kInf;
     uint32_t best_k = 1;
     for (uint32_t k = 1; k < w.m; ++k) {
-      const double t = std::max(w.Front(k), w.FetchSuffix(k)) + rest_m;
+      const double t = SplitSidesMicros(in.recompute, w.Front(k), w.FetchSuffix(k)) + rest_m;
       if (t < best_split) {
         best_split = t;
         best_k = k;
       }
     }
-    plan.alternatives.push_back({PlanKind::kSplit, best_split, best_k, w.m, false});
+    PlanAlternative split{PlanKind::kSplit, best_split, best_k, w.m, false};
+    split.front_us = w.Front(best_k);
+    split.fetch_us = w.FetchSuffix(best_k);
+    split.rest_us = rest_m;
+    plan.alternatives.push_back(split);
     double best_prefix = kInf;
     uint32_t best_j = 1;
     for (uint32_t j = 1; j < w.m; ++j) {
@@ -483,7 +498,8 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
       ChooseSuffix(w, k, &choice);
       const double fetched = AppendFetchRuns(w, k, choice, &plan.runs);
       if (w.m < n) {
-        plan.runs.push_back(RecomputeRun(w, w.m, n, std::max(w.Front(k), fetched), c.predicted_us));
+        plan.runs.push_back(RecomputeRun(
+            w, w.m, n, SplitSidesMicros(in.recompute, w.Front(k), fetched), c.predicted_us));
       }
       break;
     }
@@ -512,9 +528,10 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
           x += ": " + FetchText(0, w.m, w.FetchSuffix(0)) + ", then " + RestText(w, w.m);
           break;
         case PlanKind::kSplit:
-          x += " k=" + std::to_string(a.split_blocks) + ": max(" +
-               RecomputeText(w, static_cast<uint64_t>(w.PrefixTokens(a.split_blocks)), 0) + ", " +
-               FetchText(a.split_blocks, w.m, w.FetchSuffix(a.split_blocks)) + "), then " +
+          x += " k=" + std::to_string(a.split_blocks) + ": max(A, B) + s × min(A, B), A = " +
+               RecomputeText(w, static_cast<uint64_t>(w.PrefixTokens(a.split_blocks)), 0) +
+               ", B = " + FetchText(a.split_blocks, w.m, w.FetchSuffix(a.split_blocks)) +
+               ", s = " + FormatFraction(in.recompute.split_serial_fraction) + "; then " +
                RestText(w, w.m);
           break;
         case PlanKind::kMixed:

@@ -17,9 +17,11 @@
 // rest(j) = t_recompute(T - P_j + S, P_j), F(k, j) = fetch time of blocks [k, j):
 //   recompute-all   t_recompute(T + S, 0)
 //   fetch-all       F(0, m) + rest(m)
-//   split(k)        max(t_recompute(P_k, 0), F(k, m)) + rest(m),   0 < k < m
+//   split(k)        max(A, B) + s × min(A, B) + rest(m),   0 < k < m,
+//                   A = t_recompute(P_k, 0), B = F(k, m), s = split_serial_fraction
 //                   (the first k blocks are prefilled while blocks k..m-1 are fetched; both
-//                   finish before the rest runs)
+//                   finish before the rest runs; s is the part of the shorter side that does not
+//                   overlap, 0 for separate resources, fitted from finished split plans)
 //   fetch-prefix(j) F(0, j) + rest(j),   0 < j < m  (use a shorter prefix when the tail of the
 //                   cached prefix is slow to fetch; reported as PlanKind::kMixed)
 // The chosen plan is the minimum, so it is never predicted slower than recompute-all or
@@ -155,6 +157,11 @@ struct PlanAlternative {
   // split, j for fetch-prefix, 0 for recompute-all.
   uint32_t prefix_blocks = 0;
   bool chosen = false;
+  // kSplit: the sides as predicted (A, B and rest(m) above), for fitting s from the measured
+  // plan time (CalibratedCostModel::ObserveSplit).
+  double front_us = 0;
+  double fetch_us = 0;
+  double rest_us = 0;
 };
 
 struct Plan {

@@ -103,9 +103,10 @@ double OracleBest(const PlannerInput& in) {
   double best = RecomputeMicros(in.recompute, total + s, 0);
   for (uint32_t j = 1; j <= m; ++j) best = std::min(best, OracleBestFetch(in, 0, j) + rest(j));
   for (uint32_t k = 1; k < m; ++k) {
-    best = std::min(best, std::max(RecomputeMicros(in.recompute, tokens_before(k), 0),
-                                   OracleBestFetch(in, k, m)) +
-                              rest(m));
+    const double a = RecomputeMicros(in.recompute, tokens_before(k), 0);
+    const double b = OracleBestFetch(in, k, m);
+    best = std::min(best,
+                    std::max(a, b) + in.recompute.split_serial_fraction * std::min(a, b) + rest(m));
   }
   return best;
 }
@@ -122,7 +123,8 @@ PlannerInput RandomChain(std::mt19937_64& rng) {
   }
   in.client_id = "client";
   in.host_to_device = {u(rng) * 20, log_uniform(10e9, 50e9)};
-  in.recompute = {u(rng) * 5000, log_uniform(1, 50), u(rng) < 0.5 ? 0.0 : log_uniform(1e-4, 1e-1)};
+  in.recompute = {u(rng) * 5000, log_uniform(1, 50), u(rng) < 0.5 ? 0.0 : log_uniform(1e-4, 1e-1),
+                  u(rng) < 0.5 ? 0.0 : u(rng)};
   const uint32_t n = 1 + static_cast<uint32_t>(u(rng) * 7);
   const uint64_t bytes = static_cast<uint64_t>(log_uniform(64 << 10, 16 << 20));
   const double gap_chance = u(rng) * 0.3;
@@ -194,6 +196,44 @@ TEST(PlannerTest, SplitBeatsBothPurePlansWhenFetchAndRecomputeAreComparable) {
   EXPECT_EQ(plan->runs[0].action, RunAction::kRecompute);
   EXPECT_EQ(plan->runs[1].action, RunAction::kFetch);
   EXPECT_EQ(plan->runs[1].first_block, plan->runs[0].block_count);
+}
+
+// The same chain on a host where the prefill and the fetch share the cores (s = 1): a split
+// costs both sides one after the other, so a pure plan wins, and the split alternative is
+// predicted as the sum of its sides.
+TEST(PlannerTest, ASerialSplitCostsBothSidesAndLosesToAPurePlan) {
+  Planner planner(nullptr);
+  PlannerInput in = Chain(64, 64, 1 << 20, {20.0, 6.4e9});
+  in.recompute.split_serial_fraction = 1;
+  in.include_explanation = true;
+  auto plan = planner.MakePlan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_NE(plan->kind, PlanKind::kSplit);
+  const PlanAlternative* split = nullptr;
+  for (const PlanAlternative& a : plan->alternatives) {
+    if (a.kind == PlanKind::kSplit) split = &a;
+  }
+  ASSERT_NE(split, nullptr);
+  EXPECT_GT(split->front_us, 0);
+  EXPECT_GT(split->fetch_us, 0);
+  EXPECT_NEAR(split->predicted_us, split->front_us + split->fetch_us + split->rest_us,
+              1e-9 * split->predicted_us);
+  EXPECT_NE(plan->explanation.find("s = 1.00"), std::string::npos) << plan->explanation;
+  // Half serial: between the overlapped and the serial prediction.
+  in.recompute.split_serial_fraction = 0.5;
+  auto half = planner.MakePlan(in);
+  ASSERT_TRUE(half.ok());
+  for (const PlanAlternative& a : half->alternatives) {
+    if (a.kind != PlanKind::kSplit) continue;
+    EXPECT_NEAR(
+        a.predicted_us,
+        std::max(a.front_us, a.fetch_us) + 0.5 * std::min(a.front_us, a.fetch_us) + a.rest_us,
+        1e-9 * a.predicted_us);
+  }
+  in.recompute.split_serial_fraction = 1.5;
+  auto bad = planner.MakePlan(in);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("split_serial_fraction"), std::string_view::npos);
 }
 
 // Fetching 64 MiB takes ≈2.7 ms (host→device at 25 GB/s is the bottleneck); recomputing even one

@@ -319,6 +319,14 @@ typedef struct kvf_options {
    * same page for the engine's own endpoint. The families are catalogued in
    * docs/metrics.md (kvfabric_client_*). */
   const char* metrics_address;
+
+  /* With the prefill constants above: how much of a split plan's shorter
+   * side (prefilling the front while fetching the rest) fails to overlap the
+   * longer one, in [0, 1]. 0 (default): they overlap fully, e.g. a GPU
+   * prefill beside a NIC/DMA fetch; 1: serial, e.g. a CPU prefill on the
+   * cores the data plane uses. Placement learns it from finished split plans
+   * unless a calibration file says otherwise (docs/placement.md). */
+  double prefill_split_serial_fraction;
 } kvf_options;
 
 /* Fills *options with the defaults above (required fields zero or NULL) and
