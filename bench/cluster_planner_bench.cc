@@ -83,6 +83,7 @@ struct Args {
   std::string work_dir = "/tmp";
   std::uint64_t seed = 1;
   bool per_request = false;
+  bool learn_split_overlap = true;
 };
 
 // kKvfabricAgain runs kvfabric's plan a second time; it is not a policy of its own.
@@ -182,6 +183,7 @@ Status Bench::Start() {
     co.daemons.push_back(std::move(d));
   }
   co.membership_ttl = std::chrono::seconds(10);
+  co.placement_learns_split_overlap = a_.learn_split_overlap;
   KVF_ASSIGN_OR_RETURN(cluster_, server::EmbeddedCluster::StartDaemons(co));
 
   std::vector<std::string> grpc, admin;
@@ -579,7 +581,11 @@ int main(int argc, char** argv) {
   app.add_option("--work-dir", a.work_dir, "where the NVMe tiers go (/tmp)");
   app.add_option("--seed", a.seed, "trace seed (default 1)");
   app.add_flag("--per-request", a.per_request, "print every request's figures");
+  bool fixed_overlap = false;
+  app.add_flag("--no-split-learning", fixed_overlap,
+               "placement keeps split overlap s = 0 (the model before it learned s)");
   CLI11_PARSE(app, argc, argv);
+  a.learn_split_overlap = !fixed_overlap;
   spdlog::set_level(spdlog::level::warn);
   kvfabric::Bench bench(a);
   const kvfabric::Status s = bench.Run();

@@ -423,6 +423,14 @@ TEST(CalibratedCostModelTest, SplitOverlapIsFittedFromFinishedSplitPlans) {
   EXPECT_EQ(fast.ObserveSplit("other", 1000, 2000, 0, 100).code(), StatusCode::kNotFound);
   EXPECT_TRUE(fast.SetRecompute("m", {2000.0, 30.0, 0.05, 1.5}).IsInvalidArgument());
   EXPECT_EQ(fast.Recompute("m")->split_serial_fraction, 1);
+  // Learning off: splits are scored, s stays.
+  CalibratedCostModel::Options fixed_options;
+  fixed_options.learn_split_overlap = false;
+  CalibratedCostModel fixed(fixed_options);
+  ASSERT_TRUE(fixed.SetRecompute("m", {2000.0, 30.0, 0.05, 0.25}).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(fixed.ObserveSplit("m", 1000, 2000, 0, 3000).ok());
+  EXPECT_EQ(fixed.Recompute("m")->split_serial_fraction, 0.25);
+  EXPECT_EQ(fixed.RecomputeReportFor("m")->split_error.count, 5u);
 }
 
 }  // namespace

@@ -396,7 +396,7 @@ Status CalibratedCostModel::ObserveSplit(std::string_view model_id, double front
   e.split.sxx = decay * e.split.sxx + w * x * x;
   e.split.sxy = decay * e.split.sxy + w * x * y;
   e.split.count = decay * e.split.count + 1;
-  if (options_.online_refit &&
+  if (options_.online_refit && options_.learn_split_overlap &&
       e.split.count >= 0.99 * options_.min_recompute_observations_for_refit && e.split.sxx > 0) {
     e.parameters.split_serial_fraction = std::clamp(e.split.sxy / e.split.sxx, 0.0, 1.0);
     e.provenance.source = ParameterSource::kOnlineFit;

@@ -107,6 +107,9 @@ class CalibratedCostModel {
     // 2% after 36; with a weight of 2 it was 39% and 15%. Placeholder defaults seed no prior;
     // 0 turns priors off.
     double prior_weight = 0.1;
+    // Refit split_serial_fraction from finished split plans (ObserveSplit still scores them).
+    // Default true; false keeps the calibrated, stated or default s (an A/B of the term).
+    bool learn_split_overlap = true;
     // Change points (file comment). change_point_run 0 turns detection off; at most 32.
     uint32_t change_point_run = 8;
     double change_point_ratio = 0.5;

@@ -224,6 +224,7 @@ Status EmbeddedCluster::StartPlacement(const BusCalibration& calibration) {
   Placement& p = *placement_;
   placement::PlacementOptions o;
   o.calibration = calibration;
+  o.cost_model.learn_split_overlap = options_.placement_learns_split_overlap;
   // The node refuses at the same numbers the service advertises.
   o.limits = PlacementLimitsFromProto(p.service_options.limits);
   if (calibration.paths.empty() && calibration.recompute.empty()) {

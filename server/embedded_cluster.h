@@ -100,6 +100,9 @@ struct EmbeddedClusterOptions {
   // How long StartPlacement waits for placement to list every daemon.
   // Default 10 s.
   std::chrono::milliseconds registration_timeout{10000};
+  // Placement refits each model's split overlap from finished split plans
+  // (CalibratedCostModel::Options::learn_split_overlap). Default true.
+  bool placement_learns_split_overlap = true;
 };
 
 class EmbeddedCluster {
