@@ -19,7 +19,7 @@
 //                     replica order), the rest recomputed
 //   always-recompute  every block prefilled
 // and each one's load time (Load to the last block landed, ContextReport::load_us) is recorded.
-//   kvfabric again    the same plan executed a second time (no new Match): the noise floor
+//   kvfabric again    the same plan executed again right after (no new Match): the noise floor
 // and each one's load time (Load to the last block landed, ContextReport::load_us) is recorded.
 // Oracle = per request, the fastest of the three policies' measured times: a policy that knew
 // after the fact which would win. Nothing is written back during the phases (the warm-up cached
@@ -384,25 +384,32 @@ Status Bench::Phase(const char* name, std::vector<Outcome>* out) {
       for (std::uint32_t i; (i = next.fetch_add(1)) < reqs.size();) {
         Outcome& o = (*out)[i];
         o.blocks = reqs[i].second;
-        // kvfabric's plan is made first (Match is not part of the load time); then the four
-        // runs in a rotating order, so no policy always runs first or last.
-        const std::span<const BlockKey> chain(keys_[reqs[i].first].data(), reqs[i].second);
-        StatusOr<client::MatchResult> match = client_->Match(chain, 0, /*explain=*/true);
-        if (!match.ok()) {
-          std::lock_guard<std::mutex> l(error_mu);
-          if (first_error.ok()) first_error = match.status().WithContext("Match");
-          return;
-        }
-        o.match = *std::move(match);
-        for (int k = 0; k < kRuns; ++k) {
-          const auto p = static_cast<Policy>((i + static_cast<std::uint32_t>(k)) % kRuns);
-          StatusOr<double> us = Execute(p, reqs[i].first, reqs[i].second, &o);
-          if (!us.ok()) {
-            std::lock_guard<std::mutex> l(error_mu);
-            if (first_error.ok()) first_error = us.status().WithContext(kPolicyNames[p]);
-            return;
+        // The three policies in a rotating order, so none always runs first or last.
+        // kvfabric's Match comes right before its load, as in an engine: the plan holds its
+        // bytes on placement's path load until the load finishes, and other plans queue
+        // behind them. Its repeat runs right after it, on the same plan.
+        for (int k = 0; k < kPolicies; ++k) {
+          const auto p = static_cast<Policy>((i + static_cast<std::uint32_t>(k)) % kPolicies);
+          if (p == kKvfabric) {
+            const std::span<const BlockKey> chain(keys_[reqs[i].first].data(), reqs[i].second);
+            StatusOr<client::MatchResult> match = client_->Match(chain, 0, /*explain=*/true);
+            if (!match.ok()) {
+              std::lock_guard<std::mutex> l(error_mu);
+              if (first_error.ok()) first_error = match.status().WithContext("Match");
+              return;
+            }
+            o.match = *std::move(match);
           }
-          o.us[p] = *us;
+          for (const Policy run : {p, kKvfabricAgain}) {
+            if (run == kKvfabricAgain && p != kKvfabric) break;
+            StatusOr<double> us = Execute(run, reqs[i].first, reqs[i].second, &o);
+            if (!us.ok()) {
+              std::lock_guard<std::mutex> l(error_mu);
+              if (first_error.ok()) first_error = us.status().WithContext(kPolicyNames[run]);
+              return;
+            }
+            o.us[run] = *us;
+          }
         }
       }
     });

@@ -17,8 +17,8 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // The cost of fetching from one source (host, tier); see the FETCH MODEL in planner.h.
 struct SourceCost {
-  double fixed_us = 0;     // alphas of the daemon stages + queue wait, paid once per run
-  double wait_us = 0;      // the queue-wait part of fixed_us (for the explanation)
+  double fixed_us = 0;     // alphas of the daemon stages + queue wait: what the choice pays per run
+  double wait_us = 0;      // the queue-wait part of fixed_us: the price pays it once per plan
   double per_byte_us = 0;  // 1 / bottleneck beta, in µs per byte
   BusPath bottleneck = BusPath::kUnspecified;
   double bottleneck_beta = 0;
@@ -107,7 +107,9 @@ struct Work {
   // Flat per-(block, replica) arrays over blocks [0, m).
   std::vector<uint32_t> offset;  // m + 1 entries
   std::vector<double> cost;      // bytes × per_byte
-  std::vector<double> fixed;
+  std::vector<double> fixed;     // alphas + queue wait (the choice)
+  std::vector<double> alpha;     // alphas only (the price)
+  std::vector<double> wait;      // queue wait of the replica's source
   std::vector<int32_t> next_same, prev_same;
   // Backward pass: g (cost of i..m-1 given this replica, its run already paid for) and whether
   // the best continuation keeps the source.
@@ -115,11 +117,15 @@ struct Work {
   std::vector<uint8_t> keeps_source;
   std::vector<double> best_start;  // m + 1: min over r of fixed + g; best_start[m] = 0
   std::vector<int32_t> best_start_arg;
+  // The price of the chosen continuation: alphas + bytes (g_price), and the largest queue wait
+  // of a source it uses (g_wait); the same per suffix start.
+  std::vector<double> g_price, g_wait, start_price, start_wait;
   // Forward pass: h (cost of 0..i given this replica, including its run's fixed cost).
   std::vector<double> h;
   std::vector<int32_t> pred;  // -1: a run starts here
   std::vector<double> best_end;
   std::vector<int32_t> best_end_arg;
+  std::vector<double> h_price, h_wait, end_price, end_wait;
 
   const SourceCost& Source(const BlockReplica& r) const {
     return sources[r.host_index][r.tier == Tier::kNvme ? 1 : 0];
@@ -129,8 +135,14 @@ struct Work {
                                   : static_cast<double>(in->blocks[i].prefix_tokens);
   }
   // Fetch time of blocks [k, m) and [0, j), including the per-plan host→device cost.
-  double FetchSuffix(uint32_t k) const { return k >= m ? 0 : best_start[k] + plan_fixed_us; }
-  double FetchPrefix(uint32_t j) const { return j == 0 ? 0 : best_end[j - 1] + plan_fixed_us; }
+  // Priced with each source's queue wait once (the largest of them: queues at different daemons
+  // drain at the same time), not once per run.
+  double FetchSuffix(uint32_t k) const {
+    return k >= m ? 0 : start_price[k] + start_wait[k] + plan_fixed_us;
+  }
+  double FetchPrefix(uint32_t j) const {
+    return j == 0 ? 0 : end_price[j - 1] + end_wait[j - 1] + plan_fixed_us;
+  }
   double Rest(uint32_t j) const {
     const double p = PrefixTokens(j);
     return RecomputeMicros(
@@ -188,6 +200,8 @@ void RunPasses(Work* w) {
   const size_t total = w->offset[m];
   w->cost.resize(total);
   w->fixed.resize(total);
+  w->alpha.resize(total);
+  w->wait.resize(total);
   w->next_same.assign(total, -1);
   w->prev_same.assign(total, -1);
   for (uint32_t i = 0; i < m; ++i) {
@@ -197,6 +211,8 @@ void RunPasses(Work* w) {
       const size_t idx = w->offset[i] + r;
       w->cost[idx] = static_cast<double>(b.bytes) * s.per_byte_us;
       w->fixed[idx] = s.fixed_us;
+      w->alpha[idx] = s.fixed_us - s.wait_us;
+      w->wait[idx] = s.wait_us;
       if (i + 1 < m) {
         const int id = SourceId(b.replicas[r]);
         const ChainBlock& nb = in.blocks[i + 1];
@@ -215,22 +231,32 @@ void RunPasses(Work* w) {
   w->keeps_source.assign(total, 0);
   w->best_start.assign(m + 1, 0);
   w->best_start_arg.assign(m + 1, -1);
+  w->g_price.resize(total);
+  w->g_wait.resize(total);
+  w->start_price.assign(m + 1, 0);
+  w->start_wait.assign(m + 1, 0);
   for (int64_t i = static_cast<int64_t>(m) - 1; i >= 0; --i) {
     double best = kInf;
     int32_t arg = -1;
     for (uint32_t idx = w->offset[i]; idx < w->offset[i + 1]; ++idx) {
-      double tail = 0;
+      double tail = 0, tail_price = 0, tail_wait = 0;
       if (static_cast<uint32_t>(i) + 1 < m) {
         const double fresh = w->best_start[i + 1];
         const int32_t same = w->next_same[idx];
         if (same >= 0 && w->g[same] <= fresh) {
           tail = w->g[same];
+          tail_price = w->g_price[same];
+          tail_wait = w->g_wait[same];
           w->keeps_source[idx] = 1;
         } else {
           tail = fresh;
+          tail_price = w->start_price[i + 1];
+          tail_wait = w->start_wait[i + 1];
         }
       }
       w->g[idx] = w->cost[idx] + tail;
+      w->g_price[idx] = w->cost[idx] + tail_price;
+      w->g_wait[idx] = std::max(w->wait[idx], tail_wait);
       const double start = w->fixed[idx] + w->g[idx];
       if (start < best) {
         best = start;
@@ -239,23 +265,35 @@ void RunPasses(Work* w) {
     }
     w->best_start[i] = best;
     w->best_start_arg[i] = arg;
+    w->start_price[i] = w->alpha[arg] + w->g_price[arg];
+    w->start_wait[i] = w->g_wait[arg];
   }
   // Forward pass: prefixes [0, j).
   w->h.resize(total);
   w->pred.assign(total, -1);
   w->best_end.assign(m, 0);
   w->best_end_arg.assign(m, -1);
+  w->h_price.resize(total);
+  w->h_wait.resize(total);
+  w->end_price.assign(m, 0);
+  w->end_wait.assign(m, 0);
   for (uint32_t i = 0; i < m; ++i) {
     double best = kInf;
     int32_t arg = -1;
     for (uint32_t idx = w->offset[i]; idx < w->offset[i + 1]; ++idx) {
       double head = w->fixed[idx] + (i == 0 ? 0 : w->best_end[i - 1]);
+      double head_price = w->alpha[idx] + (i == 0 ? 0 : w->end_price[i - 1]);
+      double head_wait = std::max(w->wait[idx], i == 0 ? 0.0 : w->end_wait[i - 1]);
       const int32_t same = w->prev_same[idx];
       if (same >= 0 && w->h[same] <= head) {
         head = w->h[same];
+        head_price = w->h_price[same];
+        head_wait = w->h_wait[same];
         w->pred[idx] = same;
       }
       w->h[idx] = w->cost[idx] + head;
+      w->h_price[idx] = w->cost[idx] + head_price;
+      w->h_wait[idx] = head_wait;
       if (w->h[idx] < best) {
         best = w->h[idx];
         arg = static_cast<int32_t>(idx);
@@ -263,6 +301,8 @@ void RunPasses(Work* w) {
     }
     w->best_end[i] = best;
     w->best_end_arg[i] = arg;
+    w->end_price[i] = w->h_price[arg];
+    w->end_wait[i] = w->h_wait[arg];
   }
 }
 
@@ -294,7 +334,12 @@ const BlockReplica& ReplicaAt(const Work& w, uint32_t block, int32_t flat) {
 // end time of the last run (== the fetch time).
 double AppendFetchRuns(const Work& w, uint32_t first, const std::vector<int32_t>& choice,
                        std::vector<PlanRun>* runs) {
-  double t = w.plan_fixed_us;
+  // The largest queue wait of a source used, once; then each run's alphas and bytes.
+  double wait = 0;
+  for (size_t a = 0; a < choice.size(); ++a) {
+    wait = std::max(wait, w.Source(ReplicaAt(w, first + a, choice[a])).wait_us);
+  }
+  double t = w.plan_fixed_us + wait;
   for (size_t a = 0; a < choice.size();) {
     const BlockReplica& r = ReplicaAt(w, first + a, choice[a]);
     size_t b = a + 1;
@@ -310,7 +355,7 @@ double AppendFetchRuns(const Work& w, uint32_t first, const std::vector<int32_t>
                                  ? 0
                                  : runs->back().predicted_end_us;
     const SourceCost& s = w.Source(r);
-    t += s.fixed_us + static_cast<double>(run.payload_bytes) * s.per_byte_us;
+    t += s.fixed_us - s.wait_us + static_cast<double>(run.payload_bytes) * s.per_byte_us;
     run.predicted_end_us = t;
     runs->push_back(run);
     a = b;
@@ -383,11 +428,12 @@ std::string SourceText(const Work& w, const PlanRun& run) {
                                                             : BusPath::kRemoteHostToLocalHost)) +
                     ")";
   if (run.tier == Tier::kNvme) out += " + " + FormatMicros(host.nvme.alpha_us) + " (nvme→host)";
-  out += " + wait " + FormatMicros(s.wait_us) + " + " + std::to_string(run.payload_bytes) +
-         " B / " + FormatRate(s.bottleneck_beta) + " (" +
-         std::string(BusPathArrowName(s.bottleneck)) + " bottleneck) = " +
-         FormatMicros(s.fixed_us + static_cast<double>(run.payload_bytes) * s.per_byte_us) +
-         "; ends at " + FormatMicros(run.predicted_end_us);
+  out += " + " + std::to_string(run.payload_bytes) + " B / " + FormatRate(s.bottleneck_beta) +
+         " (" + std::string(BusPathArrowName(s.bottleneck)) + " bottleneck) = " +
+         FormatMicros(s.fixed_us - s.wait_us +
+                      static_cast<double>(run.payload_bytes) * s.per_byte_us) +
+         " (queue wait " + FormatMicros(s.wait_us) + ", paid once per plan)" + "; ends at " +
+         FormatMicros(run.predicted_end_us);
   return out;
 }
 
@@ -516,7 +562,8 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
         std::to_string(static_cast<uint64_t>(w.PrefixTokens(w.m))) + " tokens)\n";
     x += "fetch: once per plan " + FormatMicros(in.host_to_device.alpha_us) +
          " (host→device alpha) + wait " + FormatMicros(w.h2d_wait_us) +
-         "; per run alpha of each stage + queue wait + bytes / bottleneck beta\n";
+         "; + the largest queue wait of a source used, once; per run alpha of each stage + "
+         "bytes / bottleneck beta\n";
     for (const PlanAlternative& a : plan.alternatives) {
       x += a.chosen ? "* " : "  ";
       x += std::string(PlanKindName(a.kind));

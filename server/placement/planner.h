@@ -32,14 +32,16 @@
 // [NVMe→host on the daemon, if tier NVMe] → [daemon→client host: remote→local over the
 // transport, or memcpy for a daemon on the client's node] → [host→device on the client]. Stages
 // pipeline, so a run of B bytes from one source takes
-//   run(s, B) = sum of alpha over the daemon stages + queue wait + B × max over stages of 1/beta
-// where queue wait = max over the daemon stages of QueuedBytes / beta (PathLoad). Runs of one
-// plan are serialised on the client, and the host→device stage adds alpha_h2d + its own queue
-// wait once per plan that fetches anything:
-//   F = alpha_h2d + wait_h2d + sum over runs of run(source, bytes).
-// A run is a maximal stretch of consecutive blocks fetched from one source; the replica of each
-// block is chosen to minimise F exactly (a dynamic program over blocks × replicas that pays a
-// source's fixed cost when a run starts), not greedily.
+//   run(s, B) = sum of alpha over the daemon stages + B × max over stages of 1/beta.
+// Runs of one plan are serialised on the client, and the host→device stage adds alpha_h2d + its
+// own queue wait once per plan that fetches anything. Bytes other plans have queued at a source
+// delay the plan once, not once per run (queue wait(s) = max over the daemon stages of
+// QueuedBytes / beta, PathLoad; queues at different daemons drain at the same time):
+//   F = alpha_h2d + wait_h2d + max over sources used of wait(s) + sum over runs of run(s, bytes).
+// A run is a maximal stretch of consecutive blocks fetched from one source. The replica of each
+// block is chosen by a dynamic program over blocks × replicas that pays a source's alphas and
+// its queue wait when a run starts (so it avoids loaded daemons and alternation); without load
+// that choice minimises F exactly. The chosen assignment is then priced as F above.
 //
 // COST. O(m × R) time and memory for m cached blocks and R replicas per block (R <= 8): one
 // backward pass gives F(k, m) for every k, one forward pass F(0, j) for every j; every

@@ -287,6 +287,31 @@ TEST(PlannerTest, ChoosesTheFasterReplicaPerBlock) {
   EXPECT_EQ(plan->runs[1].first_block, 4u);
 }
 
+// Even blocks live only on cache-0, odd ones only on cache-1, so a fetch alternates between 8
+// runs. Bytes queued at both daemons delay the fetch once (the larger queue), not once per run.
+TEST(PlannerTest, QueuedBytesDelayAPlanOnceNotOncePerRun) {
+  PathLoad load;
+  Planner planner(&load);
+  PlannerInput in = Chain(8, 8, 1 << 20, {20.0, 1e9});
+  in.hosts.push_back({"cache-1", false, {20.0, 1e9}, {100.0, 2e9}});
+  for (uint32_t i = 0; i < 8; ++i) in.blocks[i].replicas = {{i % 2, Tier::kHost}};
+  auto idle = planner.MakePlan(in);
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  const uint64_t ticket = load.Admit({{BusPath::kRemoteHostToLocalHost, "cache-0", 10'000'000},
+                                      {BusPath::kRemoteHostToLocalHost, "cache-1", 5'000'000}},
+                                     /*deadline_us=*/1'000'000);
+  auto busy = planner.MakePlan(in);
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  // 10 MB queued at 1 GB/s: 10 ms, once.
+  EXPECT_NEAR(Alternative(*busy, PlanKind::kFetchAll) - Alternative(*idle, PlanKind::kFetchAll),
+              10'000, 1e-6);
+  if (busy->kind == PlanKind::kFetchAll) {
+    EXPECT_NEAR(busy->runs.back().predicted_end_us, busy->predicted_total_us,
+                1e-9 * busy->predicted_total_us);
+  }
+  EXPECT_TRUE(load.Release(ticket));
+}
+
 TEST(PlannerTest, AdmittedLoadSlowsTheNextPlanUntilReleased) {
   PathLoad load;
   Planner planner(&load);
