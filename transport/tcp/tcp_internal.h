@@ -15,7 +15,6 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <random>
 #include <set>
 #include <span>
 #include <string>
@@ -199,7 +198,6 @@ class Core {
   std::uint64_t instance_ = 0;
   std::atomic<unsigned> next_worker_{0};
   std::unordered_map<std::uint64_t, Grant> grants_ KVF_GUARDED_BY(mu);
-  std::mt19937_64 rng_ KVF_GUARDED_BY(mu);
 };
 
 class Worker : public std::enable_shared_from_this<Worker> {

@@ -17,7 +17,6 @@
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <random>
 #include <set>
 #include <thread>
 #include <unordered_map>

@@ -3,10 +3,10 @@
 // workers: CoreGroup). Progress thread, except GrantRange and RevokeRegion
 // (any thread).
 #include <cstring>
-#include <random>
 #include <utility>
 
 #include "core/mutex.h"
+#include "core/secure_random.h"
 #include "transport/ucx/ucx_core.h"
 #include "transport/ucx/ucx_status.h"
 
@@ -32,13 +32,10 @@ std::uint64_t UcxCore::GrantRange(const std::shared_ptr<OwnedRegion>& region, st
   MutexLock lock(&group_->grants_mu);
   auto [it, inserted] = region->grant_ids.try_emplace({offset, length}, 0);
   if (!inserted) return it->second;
-  // A grant id is a capability: random, so a peer cannot name a range that
-  // was exported to someone else by guessing.
-  std::random_device rd;
+  // A grant id is a capability: from the kernel's CSPRNG, so a peer cannot
+  // name a range that was exported to someone else by guessing.
   std::uint64_t id = 0;
-  while (id == 0 || group_->grants.count(id) != 0) {
-    id = (std::uint64_t{rd()} << 32) | rd();
-  }
+  while (id == 0 || group_->grants.count(id) != 0) id = SecureRandomU64();
   it->second = id;
   group_->grants[id] = Grant{region, offset, length};
   return id;
