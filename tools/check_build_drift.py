@@ -32,6 +32,7 @@ SOURCE_SUFFIXES = (".h", ".hpp", ".cc", ".cu", ".cuh", ".proto")
 # Sources that neither build compiles, on purpose.
 EXCLUDED_PREFIXES = (
     "tests/cmake_consumer/",  # built only against an installed kvfabric by .ci/run
+    "tests/fuzz/",  # libFuzzer targets, built by tools/fuzz.sh with clang (.ci/run step 2c)
     "tools/bazel/stand_ins/",  # Bazel rule stand-ins, no C++ sources
     "build/",
     "bazel-",

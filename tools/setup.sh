@@ -8,8 +8,9 @@ PACKAGES=(
   # toolchain and builds
   build-essential pkg-config cmake ninja-build bazel-bootstrap default-jdk-headless
   clang-format clang-tidy
-  # clang++ for tools/thread_safety_check.sh (-Wthread-safety; Debian's clang 14)
-  clang
+  # clang++ for tools/thread_safety_check.sh (-Wthread-safety; Debian's clang 14) and
+  # tools/fuzz.sh (libFuzzer's runtime is in libclang-rt-14-dev)
+  clang libclang-rt-14-dev
   # compiler cache of the CMake build (CMakeLists.txt; Bazel has its disk cache)
   ccache
   # core libraries
