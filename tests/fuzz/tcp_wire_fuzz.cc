@@ -16,7 +16,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto* bytes = reinterpret_cast<const std::byte*>(data);
   (void)DecodeHello(std::span<const std::byte>(bytes, size));
   if (size >= kFrameHeaderBytes) {
-    auto h = DecodeFrameHeader(std::span<const std::byte, kFrameHeaderBytes>(bytes, kFrameHeaderBytes));
+    auto h =
+        DecodeFrameHeader(std::span<const std::byte, kFrameHeaderBytes>(bytes, kFrameHeaderBytes));
     if (h.ok()) {
       std::byte again[kFrameHeaderBytes];
       EncodeFrameHeader(*h, again);
