@@ -17,8 +17,9 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // The cost of fetching from one source (host, tier); see the FETCH MODEL in planner.h.
 struct SourceCost {
-  double fixed_us = 0;     // alphas of the daemon stages + queue wait: what the choice pays per run
-  double wait_us = 0;      // the queue-wait part of fixed_us: the price pays it once per plan
+  double alpha_us = 0;     // alphas of the daemon stages: paid per run
+  double wait_us = 0;      // queue wait: the choice pays it per run, the price once per plan
+  double fixed_us = 0;     // alpha_us + wait_us: what the choice pays per run
   double per_byte_us = 0;  // 1 / bottleneck beta, in µs per byte
   BusPath bottleneck = BusPath::kUnspecified;
   double bottleneck_beta = 0;
@@ -168,7 +169,8 @@ void ComputeSources(const PlannerInput& in, const PathLoad* load, Work* w) {
     const double n_per_byte = 1e6 / host.nvme.beta_bytes_per_s;
     SourceCost hs;
     hs.wait_us = qt * t_per_byte;
-    hs.fixed_us = host.transfer.alpha_us + hs.wait_us;
+    hs.alpha_us = host.transfer.alpha_us;
+    hs.fixed_us = hs.alpha_us + hs.wait_us;
     if (t_per_byte >= h2d_per_byte) {
       hs.per_byte_us = t_per_byte;
       hs.bottleneck = tp;
@@ -180,7 +182,8 @@ void ComputeSources(const PlannerInput& in, const PathLoad* load, Work* w) {
     }
     SourceCost ns = hs;
     ns.wait_us = std::max(hs.wait_us, qn * n_per_byte);
-    ns.fixed_us = host.transfer.alpha_us + host.nvme.alpha_us + ns.wait_us;
+    ns.alpha_us = host.transfer.alpha_us + host.nvme.alpha_us;
+    ns.fixed_us = ns.alpha_us + ns.wait_us;
     if (n_per_byte > hs.per_byte_us) {
       ns.per_byte_us = n_per_byte;
       ns.bottleneck = BusPath::kNvmeToHost;
@@ -211,7 +214,7 @@ void RunPasses(Work* w) {
       const size_t idx = w->offset[i] + r;
       w->cost[idx] = static_cast<double>(b.bytes) * s.per_byte_us;
       w->fixed[idx] = s.fixed_us;
-      w->alpha[idx] = s.fixed_us - s.wait_us;
+      w->alpha[idx] = s.alpha_us;
       w->wait[idx] = s.wait_us;
       if (i + 1 < m) {
         const int id = SourceId(b.replicas[r]);
@@ -355,7 +358,7 @@ double AppendFetchRuns(const Work& w, uint32_t first, const std::vector<int32_t>
                                  ? 0
                                  : runs->back().predicted_end_us;
     const SourceCost& s = w.Source(r);
-    t += s.fixed_us - s.wait_us + static_cast<double>(run.payload_bytes) * s.per_byte_us;
+    t += s.alpha_us + static_cast<double>(run.payload_bytes) * s.per_byte_us;
     run.predicted_end_us = t;
     runs->push_back(run);
     a = b;
@@ -430,8 +433,7 @@ std::string SourceText(const Work& w, const PlanRun& run) {
   if (run.tier == Tier::kNvme) out += " + " + FormatMicros(host.nvme.alpha_us) + " (nvme→host)";
   out += " + " + std::to_string(run.payload_bytes) + " B / " + FormatRate(s.bottleneck_beta) +
          " (" + std::string(BusPathArrowName(s.bottleneck)) + " bottleneck) = " +
-         FormatMicros(s.fixed_us - s.wait_us +
-                      static_cast<double>(run.payload_bytes) * s.per_byte_us) +
+         FormatMicros(s.alpha_us + static_cast<double>(run.payload_bytes) * s.per_byte_us) +
          " (queue wait " + FormatMicros(s.wait_us) + ", paid once per plan)" + "; ends at " +
          FormatMicros(run.predicted_end_us);
   return out;
