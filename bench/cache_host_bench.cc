@@ -121,27 +121,27 @@ class Daemon {
   Daemon(const Args& a, const std::string& path, const std::string& dir) {
     const std::string ready = dir + "/ready";
     std::filesystem::remove(ready);
-    std::vector<std::string> argv = {a.daemon,
-                                     "--host-id=bench",
-                                     "--grpc-address=127.0.0.1:0",
-                                     "--transport-address=127.0.0.1:0",
-                                     "--metrics-address=off",
-                                     "--admin-address=127.0.0.1:0",  // Delete between repeats
-                                     "--lock-memory=off",
-                                     "--data-transport=" +
-                                         std::string(path == "ktcp" ? "tcp" : "ucx"),
-                                     "--ucx-tls=" + UcxTls(path),
-                                     "--tcp-send-buffer=" + a.ktcp_send_buffer,
-                                     "--host-pool-bytes=" + std::to_string(2 * a.total_mib + 64) +
-                                         "MiB",
-                                     "--host-page-bytes=256KiB",
-                                     "--host-high-watermark=1.0",
-                                     "--host-low-watermark=1.0",
-                                     "--eviction-policy=lru",
-                                     "--copy-threads=" + std::to_string(a.copy_threads),
-                                     "--data-workers=" + std::to_string(a.data_workers),
-                                     "--ready-file=" + ready,
-                                     "--log-level=warn"};
+    std::vector<std::string> argv = {
+        a.daemon,
+        "--host-id=bench",
+        "--insecure",
+        "--grpc-address=127.0.0.1:0",
+        "--transport-address=127.0.0.1:0",
+        "--metrics-address=off",
+        "--admin-address=127.0.0.1:0",  // Delete between repeats
+        "--lock-memory=off",
+        "--data-transport=" + std::string(path == "ktcp" ? "tcp" : "ucx"),
+        "--ucx-tls=" + UcxTls(path),
+        "--tcp-send-buffer=" + a.ktcp_send_buffer,
+        "--host-pool-bytes=" + std::to_string(2 * a.total_mib + 64) + "MiB",
+        "--host-page-bytes=256KiB",
+        "--host-high-watermark=1.0",
+        "--host-low-watermark=1.0",
+        "--eviction-policy=lru",
+        "--copy-threads=" + std::to_string(a.copy_threads),
+        "--data-workers=" + std::to_string(a.data_workers),
+        "--ready-file=" + ready,
+        "--log-level=warn"};
     std::vector<char*> c;
     for (auto& s : argv) c.push_back(s.data());
     c.push_back(nullptr);
@@ -199,6 +199,7 @@ std::unique_ptr<Conn> Connect(const Args& a, Daemon& d, const std::string& path,
   c->data = std::move(*client::DataPlaneClient::Create(c->t.get()));
   client::CacheHostSessionOptions so;
   so.grpc_address = d.grpc();
+  so.security.insecure = true;
   so.admin_address = d.admin();
   so.transport_address = d.transport();
   so.rpc_timeout = std::chrono::seconds(10);

@@ -236,6 +236,7 @@ Status Bench::Start() {
   KVF_ASSIGN_OR_RETURN(device_, gpu::CreateCpuDevice(dopts));
   client::ClientOptions o;
   o.placement_address = cluster_->placement_address();
+  o.security.insecure = true;  // the embedded cluster: plaintext on 127.0.0.1
   o.model = model_;
   o.device = device_.get();
   o.num_q_heads = 8;

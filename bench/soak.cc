@@ -112,6 +112,8 @@ int RunWorker(const WorkerOptions& w) {
   std::map<client::ContextId, const std::vector<BlockKey>*> chain_of_context;
   client::ClientOptions o;
   o.placement_address = w.placement;
+  o.security.insecure = true;  // the namespaces' addresses are not loopback
+  o.security.allow_insecure_remote = true;
   o.data_transport = "tcp";
   o.model = model;
   o.device = device->device.get();
@@ -284,7 +286,8 @@ class Driver {
     auto p = net_->StartIn(
         "placement", testing::ServerBinary("KVF_PLACEMENT", "kvfabric-placement"), "placement",
         dir_,
-        {"--grpc-address=" + placement_address_, "--metrics-address=off", "--log-level=warn"});
+        {"--insecure", "--allow-insecure-remote", "--grpc-address=" + placement_address_,
+         "--metrics-address=off", "--log-level=warn"});
     if (!p.ok()) return Fail("placement: " + p.status().ToString());
     placement_ = std::move(*p);
     for (const char* host : kDaemons) {
@@ -344,7 +347,9 @@ class Driver {
   std::string NvmeDir(const std::string& host) const { return dir_ + "/" + host + "-nvme"; }
 
   std::vector<std::string> DaemonFlags(const std::string& host) const {
-    return {"--host-id=" + host,
+    return {"--insecure",
+            "--allow-insecure-remote",
+            "--host-id=" + host,
             "--grpc-address=" + net_->Address(host) + ":7440",
             "--transport-address=" + net_->Address(host) + ":0",
             "--data-transport=tcp",

@@ -71,14 +71,15 @@ StatusOr<std::unique_ptr<ClientFabric>> ClientFabric::Create(std::uint64_t stagi
 
 StatusOr<std::unique_ptr<CacheHostTarget>> CacheHostTarget::Open(
     const std::string& address, const std::string& admin_address,
-    std::span<const std::uint64_t> sizes, int timeout_ms) {
+    std::span<const std::uint64_t> sizes, int timeout_ms, const GrpcSecurityOptions& security) {
   auto s = std::unique_ptr<CacheHostTarget>(
-      new CacheHostTarget(address, admin_address, timeout_ms));
+      new CacheHostTarget(address, admin_address, timeout_ms, security));
   grpc::ChannelArguments ch;
   ch.SetMaxReceiveMessageSize(16 << 20);
   ch.SetMaxSendMessageSize(16 << 20);
-  s->stub_ = v1::CacheHost::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), ch));
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                       OpenSecureChannel(address, security, ch));
+  s->stub_ = v1::CacheHost::NewStub(channel);
   v1::HealthResponse health;
   KVF_RETURN_IF_ERROR(
       s->Call("Health", s->stub_->Health(s->Context().get(), v1::HealthRequest(), &health)));
@@ -126,6 +127,7 @@ Status CacheHostTarget::PrepareGets(ClientFabric* fabric, std::span<const std::u
   o.grpc_address = address_;
   o.admin_address = admin_address_;
   o.ns = kProbeNamespace;
+  o.security = security_;
   o.rpc_timeout = std::chrono::milliseconds(timeout_ms_);
   o.transfer_timeout = kTransferTimeout;
   o.region_id = kRegionId;

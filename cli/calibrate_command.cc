@@ -185,6 +185,7 @@ CalibrateArgs EmbeddedClusterCalibrateArgs(const std::vector<std::string>& grpc_
   a.cache_scrub_bytes = std::uint64_t{16} << 20;
   a.nvme_dir = dir;
   a.data_transport = data_transport;
+  a.security.insecure = true;  // the embedded cluster's default: plaintext on 127.0.0.1
   return a;
 }
 
@@ -289,9 +290,9 @@ StatusOr<CalibrationReport> RunCalibrate(const CalibrateArgs& args,
   std::map<std::string, std::string> host_ids;  // host_id -> address
   for (std::size_t h = 0; h < args.cache_hosts.size(); ++h) {
     const std::string& address = args.cache_hosts[h];
-    KVF_ASSIGN_OR_RETURN(
-        std::unique_ptr<CacheHostTarget> session,
-        CacheHostTarget::Open(address, args.cache_host_admins[h], sizes, args.rpc_timeout_ms));
+    KVF_ASSIGN_OR_RETURN(std::unique_ptr<CacheHostTarget> session,
+                         CacheHostTarget::Open(address, args.cache_host_admins[h], sizes,
+                                               args.rpc_timeout_ms, args.security));
     auto [it, fresh] = host_ids.emplace(session->host_id(), address);
     if (!fresh) {
       return Status::InvalidArgument("--cache-host " + address + " and " + it->second +

@@ -44,10 +44,14 @@
 #include "core/status.h"
 #include "core/statusor.h"
 #include "gpu/device.h"
+#include "security/grpc_security.h"
 
 namespace kvfabric::cli {
 
 struct CalibrateArgs {
+  // How the gRPC connections are secured (--tls-ca, --tls-cert, --tls-key,
+  // --tls-token-file, --insecure; security/grpc_security.h).
+  GrpcSecurityOptions security;
   // --out: where the calibration file goes (written atomically). Required.
   std::string out_path;
   // --cache-host: gRPC address HOST:PORT of a cache-host daemon; repeatable. The data-plane

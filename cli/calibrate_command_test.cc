@@ -27,6 +27,7 @@ CalibrateArgs TinyArgs(const std::string& out) {
   a.repeats = 3;
   a.cache_scrub_bytes = 1 * kMiB;
   a.machine = "test-machine";
+  a.security.insecure = true;
   return a;
 }
 

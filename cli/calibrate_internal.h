@@ -24,6 +24,7 @@
 #include "core/statusor.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
 #include "proto/transfer_wire.h"
+#include "security/grpc_security.h"
 #include "transport/transport.h"
 #endif
 
@@ -59,9 +60,10 @@ class CacheHostTarget {
   // Health (serving, host_id, limits) and Stats (room in the host pool); no data moves yet.
   // `admin_address` is the daemon's admin listener, where the probe deletes the blocks it put.
   static StatusOr<std::unique_ptr<CacheHostTarget>> Open(const std::string& address,
-                                                          const std::string& admin_address,
-                                                          std::span<const std::uint64_t> sizes,
-                                                          int timeout_ms);
+                                                         const std::string& admin_address,
+                                                         std::span<const std::uint64_t> sizes,
+                                                         int timeout_ms,
+                                                         const GrpcSecurityOptions& security);
 
   ~CacheHostTarget();
 
@@ -79,10 +81,12 @@ class CacheHostTarget {
   StatusOr<double> TimedPut(std::uint64_t bytes);
 
  private:
-  CacheHostTarget(std::string address, std::string admin_address, int timeout_ms)
+  CacheHostTarget(std::string address, std::string admin_address, int timeout_ms,
+                  GrpcSecurityOptions security)
       : address_(std::move(address)),
         admin_address_(std::move(admin_address)),
         timeout_ms_(timeout_ms),
+        security_(std::move(security)),
         rng_(std::random_device{}()) {}
 
   std::unique_ptr<grpc::ClientContext> Context() const;
@@ -108,6 +112,7 @@ class CacheHostTarget {
   const std::string address_;
   const std::string admin_address_;
   const int timeout_ms_;
+  const GrpcSecurityOptions security_;
   std::string host_id_;
   v1::Limits limits_;
   std::uint64_t max_block_bytes_ = kMaxProbeBlockBytes;

@@ -67,6 +67,19 @@ struct Totals {
 class Demo {
  public:
   explicit Demo(const DemoArgs& a) : a_(a) {}
+
+  // Plaintext on 127.0.0.1, or mutual TLS with the --tls-* files.
+  GrpcSecurityOptions Security() const {
+    GrpcSecurityOptions s;
+    if (a_.tls_ca.empty() && a_.tls_cert.empty()) {
+      s.insecure = true;
+    } else {
+      s.cert_file = a_.tls_cert;
+      s.key_file = a_.tls_key;
+      s.ca_file = a_.tls_ca;
+    }
+    return s;
+  }
   ~Demo();
   Status Run();
 
@@ -183,6 +196,8 @@ Status Demo::StartCluster() {
     co.daemons.push_back(std::move(d));
   }
   co.membership_ttl = std::chrono::seconds(10);
+  co.security = Security();
+  std::printf("gRPC: %s\n", DescribeSecurity(co.security, "127.0.0.1", /*server=*/true).c_str());
   std::printf("starting 2 cache-host daemons (host pool %s each, NVMe tier %s each under %s)\n",
               FormatBytes(a_.host_pool_bytes).c_str(),
               FormatBytes(a_.nvme_capacity_bytes).c_str(), dir_.c_str());
@@ -196,8 +211,9 @@ Status Demo::StartCluster() {
       grpc.push_back(d.grpc_address);
       admin.push_back(d.admin_address);
     }
-    const CalibrateArgs ca =
+    CalibrateArgs ca =
         EmbeddedClusterCalibrateArgs(grpc, admin, dir_, a_.calibrate_max_bytes, a_.data_transport);
+    ca.security = Security();
     CalibrateContext cc;
     const auto start = Clock::now();
     std::printf("calibrating the bus cost model (probes of %s to %s)...\n",
@@ -243,6 +259,8 @@ Status Demo::OpenClient() {
   KVF_ASSIGN_OR_RETURN(device_, gpu::CreateCpuDevice(dopts));
   client::ClientOptions o;
   o.placement_address = cluster_->placement_address();
+  o.security = Security();
+  o.security.client_auth.clear();
   o.model = model_;
   o.device = device_.get();
   o.num_q_heads = a_.num_q_heads;
@@ -651,6 +669,11 @@ CLI::App* AddDemoSubcommand(CLI::App& app, DemoArgs* a) {
   CLI::App* d = app.add_subcommand(
       "demo", "a long-context workload end to end on an embedded local cluster");
   d->add_option("--layers", a->layers, "model layers (default 32)");
+  d->add_option("--tls-cert", a->tls_cert,
+                "mutual TLS: PEM certificate (naming IP:127.0.0.1) of every embedded server and "
+                "of the demo engine; with --tls-key and --tls-ca");
+  d->add_option("--tls-key", a->tls_key, "PEM key of --tls-cert");
+  d->add_option("--tls-ca", a->tls_ca, "PEM CA bundle that signed --tls-cert");
   d->add_option("--kv-heads", a->kv_heads, "KV heads (default 8)");
   d->add_option("--head-dim", a->head_dim, "elements per head (default 128)");
   d->add_option("--tokens-per-block", a->tokens_per_block, "tokens per block (default 16)");

@@ -37,6 +37,14 @@
 namespace kvfabric::cli {
 
 struct DemoArgs {
+  // Mutual TLS for every gRPC listener and connection of the embedded
+  // cluster (--tls-cert, --tls-key, --tls-ca): one certificate, naming
+  // IP:127.0.0.1, serves as both the daemons' and placement's identity and
+  // the demo engine's client identity. Empty (default): plaintext on
+  // 127.0.0.1.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;
   // The synthetic model (defaults: a Llama-3-8B-like shape, fp16).
   std::uint32_t layers = 32;
   std::uint32_t kv_heads = 8;

@@ -171,7 +171,8 @@ std::string FormatExplainEviction(const ExplainEvictionArgs& args,
 }
 
 Status RunExplainEviction(const ExplainEvictionArgs& args) {
-  auto channel = grpc::CreateChannel(args.cache_host, grpc::InsecureChannelCredentials());
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                       OpenSecureChannel(args.cache_host, args.security, {}));
   auto stub = v1::CacheHost::NewStub(channel);
   if (args.key_hex.empty()) {
     v1::ListEvictionsRequest req;
@@ -228,8 +229,9 @@ std::string FormatExplainPlan(const ExplainPlanArgs& args, const v1::ExplainResp
 }
 
 Status RunExplainPlan(const ExplainPlanArgs& args) {
-  auto stub = v1::Placement::NewStub(
-      grpc::CreateChannel(args.placement, grpc::InsecureChannelCredentials()));
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                       OpenSecureChannel(args.placement, args.security, {}));
+  auto stub = v1::Placement::NewStub(channel);
   if (args.plan_id == 0) {
     v1::ListPlansRequest req;
     req.set_namespace_(args.tenant);

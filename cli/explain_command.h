@@ -16,10 +16,14 @@
 #include "core/status.h"
 #include "kvfabric/v1/cache_host.pb.h"
 #include "kvfabric/v1/placement.pb.h"
+#include "security/grpc_security.h"
 
 namespace kvfabric::cli {
 
 struct ExplainEvictionArgs {
+  // How the gRPC connections are secured (--tls-ca, --tls-cert, --tls-key,
+  // --tls-token-file, --insecure; security/grpc_security.h).
+  GrpcSecurityOptions security;
   std::string cache_host;  // gRPC address of the daemon, HOST:PORT
   std::string tenant;      // namespace ("" is the default tenant)
   std::string key_hex;     // 64 hex characters; empty: list recent decisions
@@ -43,6 +47,9 @@ std::string FormatEvictionList(const ExplainEvictionArgs& args,
 Status RunExplainEviction(const ExplainEvictionArgs& args);
 
 struct ExplainPlanArgs {
+  // How the gRPC connections are secured (--tls-ca, --tls-cert, --tls-key,
+  // --tls-token-file, --insecure; security/grpc_security.h).
+  GrpcSecurityOptions security;
   std::string placement;  // gRPC address of the placement service, HOST:PORT
   std::uint64_t plan_id = 0;  // 0: list recent plans
   std::string tenant;         // list only this namespace's plans ("": all)

@@ -90,6 +90,10 @@ int main(int argc, char** argv) {
 
   kvfabric::cli::CalibrateArgs calibrate_args;
   CLI::App* calibrate = kvfabric::cli::AddCalibrateSubcommand(app, &calibrate_args);
+  kvfabric::AddClientSecurityFlags(*status, &status_args.security);
+  kvfabric::AddClientSecurityFlags(*eviction, &eviction_args.security);
+  kvfabric::AddClientSecurityFlags(*plan, &plan_args.security);
+  kvfabric::AddClientSecurityFlags(*calibrate, &calibrate_args.security);
 #ifdef KVF_HAVE_UCX
   kvfabric::cli::DemoArgs demo_args;
   CLI::App* demo = kvfabric::cli::AddDemoSubcommand(app, &demo_args);

@@ -254,8 +254,9 @@ Status RunStatus(const StatusArgs& args) {
   };
   const auto first_at = std::chrono::steady_clock::now();
   if (!args.placement.empty()) {
-    placement = v1::Placement::NewStub(
-        grpc::CreateChannel(args.placement, grpc::InsecureChannelCredentials()));
+    KVF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                         OpenSecureChannel(args.placement, args.security, {}));
+    placement = v1::Placement::NewStub(channel);
     KVF_ASSIGN_OR_RETURN(v1::ListHostsResponse hosts, list_hosts());
     cluster.last = hosts;
     for (const v1::HostStatus& h : hosts.hosts()) {
@@ -273,8 +274,9 @@ Status RunStatus(const StatusArgs& args) {
     daemons.push_back(std::move(d));
   }
   for (DaemonStatus& d : daemons) {
-    auto stub = v1::CacheHost::NewStub(
-        grpc::CreateChannel(d.grpc_address, grpc::InsecureChannelCredentials()));
+    KVF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                         OpenSecureChannel(d.grpc_address, args.security, {}));
+    auto stub = v1::CacheHost::NewStub(channel);
     v1::StatsResponse stats;
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline());

@@ -29,10 +29,14 @@
 #include "core/status.h"
 #include "kvfabric/v1/cache_host.pb.h"
 #include "kvfabric/v1/placement.pb.h"
+#include "security/grpc_security.h"
 
 namespace kvfabric::cli {
 
 struct StatusArgs {
+  // How the gRPC connections are secured (--tls-ca, --tls-cert, --tls-key,
+  // --tls-token-file, --insecure; security/grpc_security.h).
+  GrpcSecurityOptions security;
   std::string placement;                // placement gRPC address; empty: use cache_hosts
   std::vector<std::string> cache_hosts;  // daemon gRPC addresses, repeatable
   bool json = false;

@@ -53,11 +53,12 @@ std::string Count(std::size_t n, const char* what) {
 
 }  // namespace
 
-std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address) {
+StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const std::string& address,
+                                                     const GrpcSecurityOptions& security) {
   grpc::ChannelArguments ch;
   ch.SetMaxReceiveMessageSize(16 << 20);
   ch.SetMaxSendMessageSize(16 << 20);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), ch);
+  return OpenSecureChannel(address, security, ch);
 }
 
 CacheHostSession::CacheHostSession(DataPlaneClient* data, CacheHostSessionOptions options)
@@ -76,9 +77,15 @@ StatusOr<std::shared_ptr<CacheHostSession>> CacheHostSession::Open(
     MutexLock l(&s->conn_mu_);
     s->ns_ = s->o_.ns;
   }
-  s->stub_ = v1::CacheHost::NewStub(OpenChannel(s->o_.grpc_address));
+  StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      OpenChannel(s->o_.grpc_address, s->o_.security);
+  if (!channel.ok()) return channel.status().WithContext("daemon " + s->o_.grpc_address);
+  s->stub_ = v1::CacheHost::NewStub(*channel);
   if (!s->o_.admin_address.empty()) {
-    s->admin_stub_ = v1::CacheHost::NewStub(OpenChannel(s->o_.admin_address));
+    StatusOr<std::shared_ptr<grpc::Channel>> admin =
+        OpenChannel(s->o_.admin_address, s->o_.security);
+    if (!admin.ok()) return admin.status().WithContext("daemon admin " + s->o_.admin_address);
+    s->admin_stub_ = v1::CacheHost::NewStub(*admin);
   }
   if (s->o_.host_id.empty()) s->o_.host_id = s->o_.grpc_address;
   if (s->o_.check_shared_memory || s->o_.check_ucx_listener) {

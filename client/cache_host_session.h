@@ -45,6 +45,7 @@
 #include "core/statusor.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
 #include "proto/transfer_wire.h"
+#include "security/grpc_security.h"
 #include "transport/transport.h"
 
 namespace kvfabric::client {
@@ -62,6 +63,9 @@ struct CacheHostSessionOptions {
   std::string admin_address;
   // Namespace (tenant) of every request; empty: the default tenant.
   std::string ns;
+  // How the gRPC channels are secured (security/grpc_security.h); Open
+  // fails naming the settings when neither TLS nor insecure is set.
+  GrpcSecurityOptions security;
   // Deadline of each gRPC call and of each data-plane request.
   std::chrono::milliseconds rpc_timeout{5000};
   std::chrono::milliseconds transfer_timeout{30000};
@@ -200,7 +204,8 @@ class CacheHostSession {
 
 // The gRPC channel every kvfabric client opens to a daemon or placement:
 // 16 MiB messages each way.
-std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address);
+StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const std::string& address,
+                                                     const GrpcSecurityOptions& security);
 
 }  // namespace kvfabric::client
 

@@ -69,6 +69,7 @@ StatusOr<std::shared_ptr<Daemon>> Client::Impl::GetDaemon(const MatchResult::Hos
   so.grpc_address = host.grpc_address;
   so.transport_address = host.transport_address;
   so.ns = o_.namespace_name;
+  so.security = o_.security;
   so.rpc_timeout = o_.rpc_timeout;
   so.transfer_timeout = o_.transfer_timeout;
   so.region_id = kStagingRegionId;

@@ -354,6 +354,13 @@ Status ToClientOptions(const kvf_options& o, ClientOptions* out) {
         o.prefill_c0_us, o.prefill_c1_us, o.prefill_c2_us, o.prefill_split_serial_fraction};
   }
   if (o.metrics_address != nullptr) options.metrics_address = o.metrics_address;
+  if (o.tls_ca_file != nullptr) options.security.ca_file = o.tls_ca_file;
+  if (o.tls_cert_file != nullptr) options.security.cert_file = o.tls_cert_file;
+  if (o.tls_key_file != nullptr) options.security.key_file = o.tls_key_file;
+  if (o.tls_token_file != nullptr) options.security.token_file = o.tls_token_file;
+  if (o.tls_server_name != nullptr) options.security.server_name = o.tls_server_name;
+  options.security.insecure = o.insecure != 0;
+  options.security.allow_insecure_remote = o.allow_insecure_remote != 0;
   options.history_pool_setting = "options->history_pool_bytes";
   options.ucx_tls_setting = "options->ucx_tls";
   options.rpc_timeout = std::chrono::milliseconds(o.rpc_timeout_ms);

@@ -41,6 +41,7 @@ kvf_options ValidOptions() {
   kvf_options o;
   kvf_options_init(&o);
   o.placement_address = "127.0.0.1:1";
+  o.insecure = 1;
   o.model_id = "kvfabric/c-api-test";
   o.layer_count = 2;
   o.dtype = KVF_DTYPE_FP16;

@@ -161,8 +161,12 @@ Status Client::Impl::Init() {
   KVF_ASSIGN_OR_RETURN(
       placement_addresses_,
       SplitAddressList(o_.placement_address, "client: placement_address (--placement-address)", 8));
+  KVF_RETURN_IF_ERROR(ValidateClientSecurity(o_.security, o_.placement_address)
+                          .WithContext("client: security (ClientOptions::security)"));
   for (const std::string& a : placement_addresses_) {
-    placement_stubs_.push_back(v1::Placement::NewStub(OpenChannel(a)));
+    StatusOr<std::shared_ptr<grpc::Channel>> channel = OpenChannel(a, o_.security);
+    if (!channel.ok()) return channel.status().WithContext("client: placement " + a);
+    placement_stubs_.push_back(v1::Placement::NewStub(*channel));
   }
   {
     MutexLock l(&placement_mu_);

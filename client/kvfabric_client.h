@@ -84,6 +84,7 @@
 #include "core/status.h"
 #include "core/statusor.h"
 #include "gpu/device.h"
+#include "security/grpc_security.h"
 
 namespace prometheus {
 class Collectable;
@@ -122,6 +123,14 @@ struct ClientOptions {
   // the one that does not answer is backed off (1 s doubling to 30 s). Open
   // needs one to answer. Required.
   std::string placement_address;
+  // How gRPC to placement and every daemon is secured
+  // (security/grpc_security.h, docs/security.md): security.ca_file for TLS
+  // (with cert_file/key_file for mutual TLS, or token_file for a bearer
+  // token), or security.insecure for plaintext to loopback addresses
+  // (allow_insecure_remote for others). Open refuses neither, naming the
+  // settings; a daemon's address from placement is checked the same way
+  // when the client first reaches it. Required.
+  GrpcSecurityOptions security;
   // Tenant of every key (empty: the default tenant).
   std::string namespace_name;
   // Model and shard: block geometry and recompute fit. Required (validated).

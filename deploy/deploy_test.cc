@@ -32,6 +32,8 @@
 #include <string>
 #include <vector>
 
+#include "security/testing/test_pki.h"
+
 namespace kvfabric {
 namespace {
 
@@ -87,6 +89,32 @@ class DeployTest : public ::testing::Test {
     char tmpl[] = "/tmp/kvf_deploy_XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
+    // The certificates the examples name under /etc/kvfabric/tls/, issued
+    // here by a throw-away CA, and the example tenants file.
+    fs::create_directories(dir_ + "/tls");
+    testing::TestPki pki(dir_ + "/tls", "deploy test CA");
+    fs::copy_file(pki.ca_file(), dir_ + "/tls/ca.pem");
+    for (const char* name : {"cached", "placement"}) {
+      const testing::TestPki::Files f =
+          pki.Issue(name, {"DNS:" + std::string(name) + ".kvfabric.svc"});
+      fs::copy_file(f.cert, dir_ + "/tls/" + name + ".pem");
+      fs::copy_file(f.key, dir_ + "/tls/" + name + ".key");
+    }
+    fs::copy_file(Source("deploy/config/tenants.yaml"), dir_ + "/tenants.yaml");
+  }
+
+  // `text` with the examples' /etc/kvfabric/tls/ and tenants file pointed at
+  // this test's.
+  std::string Localize(const std::string& text) const {
+    std::string out = std::regex_replace(text, std::regex("/etc/kvfabric/tls/"), dir_ + "/tls/");
+    return std::regex_replace(out, std::regex("/etc/kvfabric/tenants.yaml"),
+                              dir_ + "/tenants.yaml");
+  }
+  // A copy of the example config `source` with Localize applied.
+  std::string LocalConfig(const std::string& source) const {
+    const std::string path = dir_ + "/" + fs::path(source).filename().string();
+    std::ofstream(path) << Localize(Read(Source(source)));
+    return path;
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -214,11 +242,11 @@ TEST_F(DeployTest, KubernetesManifestsAreComplete) {
           const std::string key = mounts[mount] + "/" + path.substr(path.rfind('/') + 1);
           ASSERT_EQ(config_maps.count(key), 1u) << "no ConfigMap key " << key;
           const std::string file = dir_ + "/" + std::to_string(kvfabric_containers) + ".yaml";
-          std::ofstream(file) << config_maps[key];
+          std::ofstream(file) << Localize(config_maps[key]);
           a = "--config=" + file;
         }
         check = check || a == "--check-config";
-        run.push_back(a);
+        run.push_back(Localize(a));
       }
       if (!check) run.push_back("--check-config");
       const auto [rc, out] = RunArgv(run);
@@ -259,24 +287,24 @@ TEST_F(DeployTest, KubernetesManifestsAreComplete) {
 TEST_F(DeployTest, ExampleConfigsPassCheckConfig) {
   for (const auto& [binary, config] : {std::pair{cached_, "deploy/config/cached.yaml"},
                                        std::pair{placement_, "deploy/config/placement.yaml"}}) {
-    const auto [rc, out] = RunArgv({binary, "--config=" + Source(config), "--check-config"});
+    const auto [rc, out] = RunArgv({binary, "--config=" + LocalConfig(config), "--check-config"});
     EXPECT_EQ(rc, 0) << config << ":\n" << out;
     EXPECT_NE(out.find("configuration OK"), std::string::npos) << out;
   }
 }
 
 TEST_F(DeployTest, CheckConfigRefusesNamingTheSetting) {
-  const auto [rc, out] = RunArgv({cached_, "--config=" + Source("deploy/config/cached.yaml"),
+  const auto [rc, out] = RunArgv({cached_, "--config=" + LocalConfig("deploy/config/cached.yaml"),
                                   "--host-page-bytes=3MiB", "--check-config"});
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("--host-page-bytes"), std::string::npos) << out;
   // The NVMe tier's own limits are checked too (they used to fail only at start-up).
-  const auto [nrc, nout] = RunArgv({cached_, "--config=" + Source("deploy/config/cached.yaml"),
+  const auto [nrc, nout] = RunArgv({cached_, "--config=" + LocalConfig("deploy/config/cached.yaml"),
                                     "--nvme-segment-bytes=8MiB", "--check-config"});
   EXPECT_EQ(nrc, 2) << nout;
   EXPECT_NE(nout.find("--nvme-segment-bytes"), std::string::npos) << nout;
   const auto [prc, pout] =
-      RunArgv({placement_, "--config=" + Source("deploy/config/placement.yaml"),
+      RunArgv({placement_, "--config=" + LocalConfig("deploy/config/placement.yaml"),
                "--etcd-prefix=/no-slash", "--check-config"});
   EXPECT_EQ(prc, 2) << pout;
   EXPECT_NE(pout.find("--etcd-prefix"), std::string::npos) << pout;
@@ -299,7 +327,7 @@ TEST_F(DeployTest, SystemdUnitsVerify) {
     }
     // The ExecStartPre check, as the unit runs it, with this tree's files.
     const std::string binary = BinaryFor(unit);
-    const std::string conf = fs::absolute(Source("deploy/config/" + config)).string();
+    const std::string conf = fs::absolute(LocalConfig("deploy/config/" + config)).string();
     const auto [rc, out] = RunArgv({binary, "--config=" + conf, "--check-config"});
     EXPECT_EQ(rc, 0) << out;
     if (access("/usr/bin/systemd-analyze", X_OK) != 0) {
@@ -333,7 +361,7 @@ TEST_F(DeployTest, ReadmeDeploymentExampleRuns) {
     command = std::regex_replace(command, std::regex(R"(\$\(hostname\))"), "node-a");
     std::vector<std::string> argv = {BinaryFor(name)};
     std::istringstream words(command.substr(name.size()));
-    for (std::string w; words >> w;) argv.push_back(w);
+    for (std::string w; words >> w;) argv.push_back(Localize(w));
     argv.push_back("--check-config");
     const auto [rc, out] = RunArgv(argv);
     EXPECT_EQ(rc, 0) << command << "\n" << out;

@@ -378,4 +378,18 @@ void ApplyChannelSecurityArgs(const GrpcSecurityOptions& o, grpc::ChannelArgumen
   }
 }
 
+StatusOr<std::shared_ptr<grpc::Channel>> OpenSecureChannel(const std::string& target,
+                                                           const GrpcSecurityOptions& options,
+                                                           grpc::ChannelArguments args) {
+  GrpcSecurityOptions o = options;
+  if (target.rfind("unix:", 0) == 0) {
+    o = GrpcSecurityOptions();
+    o.insecure = true;
+  }
+  ApplyChannelSecurityArgs(o, &args);
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> creds,
+                       MakeChannelCredentials(o, target));
+  return grpc::CreateCustomChannel(target, creds, args);
+}
+
 }  // namespace kvfabric

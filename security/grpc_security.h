@@ -41,6 +41,7 @@ class App;
 }  // namespace CLI
 
 namespace grpc {
+class Channel;
 class ChannelArguments;
 class ChannelCredentials;
 class ServerCredentials;
@@ -122,6 +123,14 @@ StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
 // Sets the channel arguments security needs on `args` (the server name to
 // check when server_name is set). Call before creating the channel.
 void ApplyChannelSecurityArgs(const GrpcSecurityOptions& options, grpc::ChannelArguments* args);
+
+// A channel to `target` with `args`, secured by `options`; a unix: target
+// (a daemon's admin socket, whose file permissions decide who may connect)
+// is plaintext whatever `options` say. InvalidArgument as
+// ValidateClientSecurity.
+StatusOr<std::shared_ptr<grpc::Channel>> OpenSecureChannel(const std::string& target,
+                                                           const GrpcSecurityOptions& options,
+                                                           grpc::ChannelArguments args);
 
 }  // namespace kvfabric
 

@@ -51,6 +51,7 @@ Status CacheHostService::Admit(grpc::ServerContext* context) const {
 grpc::Status CacheHostService::Reserve(grpc::ServerContext* context,
                                        const v1::ReserveRequest* request,
                                        v1::ReserveResponse* response) {
+  if (grpc::Status a = Authorize(*context, "Reserve", request->namespace_()); !a.ok()) return a;
   const v1::Limits& limits = options_.limits;
   KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), limits));
   KVF_GRPC_RETURN_IF_ERROR(CheckBatchSize("blocks", request->blocks_size(), limits));
@@ -115,6 +116,7 @@ grpc::Status CacheHostService::Reserve(grpc::ServerContext* context,
 grpc::Status CacheHostService::Commit(grpc::ServerContext* context,
                                       const v1::CommitRequest* request,
                                       v1::CommitResponse* response) {
+  if (grpc::Status a = Authorize(*context, "Commit", request->namespace_()); !a.ok()) return a;
   const v1::Limits& limits = options_.limits;
   KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), limits));
   KVF_GRPC_RETURN_IF_ERROR(CheckBatchSize("entries", request->entries_size(), limits));
@@ -148,6 +150,7 @@ grpc::Status CacheHostService::Commit(grpc::ServerContext* context,
 
 grpc::Status CacheHostService::Lease(grpc::ServerContext* context, const v1::LeaseRequest* request,
                                      v1::LeaseResponse* response) {
+  if (grpc::Status a = Authorize(*context, "Lease", request->namespace_()); !a.ok()) return a;
   const v1::Limits& limits = options_.limits;
   KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), limits));
   KVF_GRPC_RETURN_IF_ERROR(CheckBatchSize("keys", request->keys_size(), limits));
@@ -220,6 +223,7 @@ grpc::Status CacheHostService::Lease(grpc::ServerContext* context, const v1::Lea
 
 grpc::Status CacheHostService::Renew(grpc::ServerContext* context, const v1::RenewRequest* request,
                                      v1::RenewResponse* response) {
+  if (grpc::Status a = Authorize(*context, "Renew", request->namespace_()); !a.ok()) return a;
   const v1::Limits& limits = options_.limits;
   KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), limits));
   KVF_GRPC_RETURN_IF_ERROR(CheckBatchSize("lease_ids", request->lease_ids_size(), limits));
@@ -256,6 +260,7 @@ grpc::Status CacheHostService::Renew(grpc::ServerContext* context, const v1::Ren
 grpc::Status CacheHostService::Release(grpc::ServerContext* context,
                                        const v1::ReleaseRequest* request,
                                        v1::ReleaseResponse* response) {
+  if (grpc::Status a = Authorize(*context, "Release", request->namespace_()); !a.ok()) return a;
   const v1::Limits& limits = options_.limits;
   KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), limits));
   KVF_GRPC_RETURN_IF_ERROR(CheckBatchSize("entries", request->entries_size(), limits));
@@ -292,6 +297,7 @@ grpc::Status CacheHostService::Release(grpc::ServerContext* context,
 grpc::Status CacheHostService::Lookup(grpc::ServerContext* context,
                                       const v1::LookupRequest* request,
                                       v1::LookupResponse* response) {
+  if (grpc::Status a = Authorize(*context, "Lookup", request->namespace_()); !a.ok()) return a;
   const v1::Limits& limits = options_.limits;
   KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), limits));
   KVF_GRPC_RETURN_IF_ERROR(CheckBatchSize("keys", request->keys_size(), limits));
@@ -341,6 +347,9 @@ void ExplanationToProto(const cache_host::EvictionDecision& d, v1::EvictionExpla
 grpc::Status CacheHostService::ExplainEviction(grpc::ServerContext* context,
                                                const v1::ExplainEvictionRequest* request,
                                                v1::ExplainEvictionResponse* response) {
+  if (grpc::Status a = Authorize(*context, "ExplainEviction", request->namespace_()); !a.ok()) {
+    return a;
+  }
   KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), options_.limits));
   StatusOr<BlockKey> key = BlockKeyFromProto(request->key(), "key");
   if (!key.ok()) return ToGrpcStatus(key.status());
@@ -357,8 +366,11 @@ grpc::Status CacheHostService::ListEvictions(grpc::ServerContext* context,
                                              const v1::ListEvictionsRequest* request,
                                              v1::ListEvictionsResponse* response) {
   if (request->all_namespaces()) {
-    KVF_GRPC_RETURN_IF_ERROR(CheckAdmin("ListEvictions of every namespace"));
+    KVF_GRPC_RETURN_IF_ERROR(CheckAdmin(*context, "ListEvictions of every namespace"));
   } else {
+    if (grpc::Status a = Authorize(*context, "ListEvictions", request->namespace_()); !a.ok()) {
+      return a;
+    }
     KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), options_.limits));
   }
   if (request->limit() > kMaxListedDecisions) {
@@ -386,8 +398,17 @@ grpc::Status CacheHostService::ListEvictions(grpc::ServerContext* context,
 
 // ---------------------------------------------------------------- Delete
 
-Status CacheHostService::CheckAdmin(const char* what) const {
+grpc::Status CacheHostService::Authorize(const grpc::ServerContext& context, const char* method,
+                                         const std::string& ns) const {
+  if (options_.authorizer == nullptr) return grpc::Status::OK;
+  return options_.authorizer->AuthorizeNamespace(context, method, ns);
+}
+
+Status CacheHostService::CheckAdmin(const grpc::ServerContext& context, const char* what) const {
   if (options_.admin) return Status::OK();
+  if (options_.authorizer != nullptr && !options_.authorizer->policy().open()) {
+    return FromGrpcStatus(options_.authorizer->AuthorizeAdmin(context, what));
+  }
   return Status::PermissionDenied(
       std::string(what) + " is administrative (it acts on every tenant): it is served only on the "
                           "daemon's admin listener, " +
@@ -399,7 +420,13 @@ Status CacheHostService::CheckAdmin(const char* what) const {
 grpc::Status CacheHostService::Delete(grpc::ServerContext* context,
                                       const v1::DeleteRequest* request,
                                       v1::DeleteResponse* response) {
-  KVF_GRPC_RETURN_IF_ERROR(CheckAdmin("Delete"));
+  // With tenants, a tenant deletes its own namespace's keys; without, Delete
+  // is administrative (the caller's namespace proves nothing).
+  if (!options_.admin && options_.authorizer != nullptr && !options_.authorizer->policy().open()) {
+    if (grpc::Status a = Authorize(*context, "Delete", request->namespace_()); !a.ok()) return a;
+  } else {
+    KVF_GRPC_RETURN_IF_ERROR(CheckAdmin(*context, "Delete"));
+  }
   const v1::Limits& limits = options_.limits;
   KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), limits));
   KVF_GRPC_RETURN_IF_ERROR(CheckBatchSize("keys", request->keys_size(), limits));
@@ -419,7 +446,12 @@ grpc::Status CacheHostService::Delete(grpc::ServerContext* context,
 grpc::Status CacheHostService::Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
                                      v1::StatsResponse* response) {
   if (request->include_namespaces()) {
-    KVF_GRPC_RETURN_IF_ERROR(CheckAdmin("Stats with include_namespaces"));
+    KVF_GRPC_RETURN_IF_ERROR(CheckAdmin(*context, "Stats with include_namespaces"));
+  } else if (options_.authorizer != nullptr && !options_.admin) {
+    const TenantSpec* tenant = nullptr;
+    if (grpc::Status a = options_.authorizer->Authenticate(*context, "Stats", &tenant); !a.ok()) {
+      return a;
+    }
   }
   KVF_GRPC_RETURN_IF_ERROR(Admit(context));
   StatsContext stats;
@@ -447,7 +479,7 @@ grpc::Status CacheHostService::Health(grpc::ServerContext* /*context*/,
 
 grpc::Status CacheHostService::Drain(grpc::ServerContext* context, const v1::DrainRequest* request,
                                      v1::DrainResponse* response) {
-  KVF_GRPC_RETURN_IF_ERROR(CheckAdmin("Drain"));
+  KVF_GRPC_RETURN_IF_ERROR(CheckAdmin(*context, "Drain"));
   KVF_GRPC_RETURN_IF_ERROR(Admit(context));
   const cache_host::ServingState state = node_->Drain(request->resume());
   health_->SetState(ServingStateToProto(state),

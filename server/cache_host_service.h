@@ -29,10 +29,12 @@
 #ifndef KVFABRIC_SERVER_CACHE_HOST_SERVICE_H_
 #define KVFABRIC_SERVER_CACHE_HOST_SERVICE_H_
 
+#include <memory>
 #include <string>
 
 #include "kvfabric/v1/cache_host.grpc.pb.h"
 #include "proto/wire_limits.h"
+#include "security/grpc_authorizer.h"
 #include "server/cache_host/cache_host_node.h"
 #include "server/health_reporter.h"
 
@@ -55,6 +57,14 @@ struct CacheHostServiceOptions {
   bool admin = false;
   // The admin listener's address, for that message ("" when there is none).
   std::string admin_address;
+  // Who may do what (security/grpc_authorizer.h). Null: the open policy,
+  // nothing checked beyond the admin listener. With a tenants file every
+  // data RPC is authenticated and its namespace authorized before anything
+  // else, so existing and missing keys of another tenant get the same
+  // PERMISSION_DENIED; Stats needs any tenant; Health is open (probes);
+  // Drain, Stats with namespaces and ListEvictions of all namespaces need an
+  // admin identity (or the admin listener); Delete needs the namespace.
+  std::shared_ptr<const GrpcAuthorizer> authorizer;
 };
 
 class CacheHostService final : public v1::CacheHost::Service {
@@ -101,7 +111,10 @@ class CacheHostService final : public v1::CacheHost::Service {
   Status Admit(grpc::ServerContext* context) const;
   // OK on the admin instance; PERMISSION_DENIED naming `what` and where it is
   // served otherwise.
-  Status CheckAdmin(const char* what) const;
+  Status CheckAdmin(const grpc::ServerContext& context, const char* what) const;
+  // The tenant check of a data RPC on `ns` (see CacheHostServiceOptions::authorizer).
+  grpc::Status Authorize(const grpc::ServerContext& context, const char* method,
+                         const std::string& ns) const;
 
   cache_host::CacheHostNode* const node_;
   HealthReporter* const health_;

@@ -11,6 +11,7 @@
 #include "core/env.h"
 #include "metrics/exposition.h"
 #include "metrics/rpc_metrics.h"
+#include "security/grpc_authorizer.h"
 #include "server/cache_host/cache_host_metrics.h"
 #include "server/cache_host/cache_host_node.h"
 #include "server/cache_host/placement_reporter.h"
@@ -41,11 +42,14 @@ std::string Hostname() {
 // Unavailable naming `what` when it cannot listen.
 // Its calls are counted in `rpc_metrics`.
 StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(grpc::Service* service, const std::string& what,
+                                                  const GrpcSecurityOptions& security,
                                                   metrics::RpcServerMetrics* rpc_metrics,
                                                   std::string* bound) {
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds,
+                       MakeServerCredentials(security, "127.0.0.1:0"));
+  builder.AddListeningPort("127.0.0.1:0", creds, &port);
   ApplyGrpcServerLimits(GrpcServerLimits(), what, &builder);
   rpc_metrics->Instrument(&builder);
   builder.RegisterService(service);
@@ -159,7 +163,7 @@ StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::StartDaemons(
   for (const EmbeddedDaemonOptions& d : options.daemons) {
     cluster->daemons_.push_back(std::make_unique<Daemon>());
     // On error the cluster's destructor stops the daemons already started.
-    KVF_RETURN_IF_ERROR(StartDaemon(d, cluster->daemons_.back().get())
+    KVF_RETURN_IF_ERROR(cluster->StartDaemon(d, cluster->daemons_.back().get())
                             .WithContext("embedded daemon \"" + d.host_id + "\""));
   }
   return cluster;
@@ -193,6 +197,7 @@ Status EmbeddedCluster::StartDaemon(const EmbeddedDaemonOptions& options, Daemon
   d->health = std::make_unique<HealthReporter>(env, options.host_id, kVersion);
   CacheHostServiceOptions sopts;
   sopts.transport_address = d->node->transport_address();
+  sopts.authorizer = std::make_shared<GrpcAuthorizer>(options_.tenants, "cached");
   // As cached_main: advertise (and enforce at the door) what the node accepts.
   const cache_host::CacheHostOptions& no = d->node->options();
   sopts.limits.set_max_ttl_ms(static_cast<std::uint32_t>(
@@ -203,12 +208,14 @@ Status EmbeddedCluster::StartDaemon(const EmbeddedDaemonOptions& options, Daemon
   CacheHostServiceOptions aopts = sopts;
   aopts.admin = true;
   d->admin_service = std::make_unique<CacheHostService>(d->node.get(), d->health.get(), aopts);
-  KVF_ASSIGN_OR_RETURN(d->admin_server, StartGrpc(d->admin_service.get(), "CacheHost admin",
-                                                  d->rpc_metrics.get(), &d->info.admin_address));
+  KVF_ASSIGN_OR_RETURN(d->admin_server,
+                       StartGrpc(d->admin_service.get(), "CacheHost admin", options_.security,
+                                 d->rpc_metrics.get(), &d->info.admin_address));
   sopts.admin_address = d->info.admin_address;
   d->service = std::make_unique<CacheHostService>(d->node.get(), d->health.get(), sopts);
-  KVF_ASSIGN_OR_RETURN(d->server, StartGrpc(d->service.get(), "CacheHost service",
-                                            d->rpc_metrics.get(), &d->info.grpc_address));
+  KVF_ASSIGN_OR_RETURN(d->server,
+                       StartGrpc(d->service.get(), "CacheHost service", options_.security,
+                                 d->rpc_metrics.get(), &d->info.grpc_address));
   d->info.transport_address = d->node->transport_address();
   d->health->SetState(v1::SERVING_STATUS_SERVING, "");
   spdlog::info("embedded daemon {}: gRPC on {}, data plane on {}, metrics {}", options.host_id,
@@ -245,9 +252,10 @@ Status EmbeddedCluster::StartPlacement(const BusCalibration& calibration) {
     p.metrics_url = p.metrics_server->url();
   }
   p.health = std::make_unique<HealthReporter>(env, "placement", kVersion);
+  p.service_options.authorizer = std::make_shared<GrpcAuthorizer>(options_.tenants, "placement");
   p.service = std::make_unique<PlacementService>(p.node.get(), p.health.get(), p.service_options);
-  KVF_ASSIGN_OR_RETURN(p.server,
-                       StartGrpc(p.service.get(), "placement", p.rpc_metrics.get(), &p.address));
+  KVF_ASSIGN_OR_RETURN(p.server, StartGrpc(p.service.get(), "placement", options_.security,
+                                           p.rpc_metrics.get(), &p.address));
   p.health->SetState(v1::SERVING_STATUS_SERVING, "");
   spdlog::info("embedded placement: gRPC on {}, membership {}, metrics {}", p.address,
                p.store->name(), p.metrics_url.empty() ? std::string("off") : p.metrics_url);
@@ -264,8 +272,9 @@ Status EmbeddedCluster::Register(Daemon* d) {
   d->uplink_service =
       std::make_unique<PlacementService>(p.node.get(), p.health.get(), p.service_options);
   std::string uplink;
-  KVF_ASSIGN_OR_RETURN(d->uplink_server, StartGrpc(d->uplink_service.get(), "placement uplink",
-                                                   p.rpc_metrics.get(), &uplink));
+  KVF_ASSIGN_OR_RETURN(d->uplink_server,
+                       StartGrpc(d->uplink_service.get(), "placement uplink", options_.security,
+                                 p.rpc_metrics.get(), &uplink));
   cache_host::PlacementReporterOptions ro;
   ro.placement_address = uplink;
   ro.host_id = d->info.host_id;
@@ -274,6 +283,8 @@ Status EmbeddedCluster::Register(Daemon* d) {
   ro.node_name = d->node_name;
   ro.version = kVersion;
   ro.ttl = options_.membership_ttl;
+  ro.security = options_.security;
+  ro.security.client_auth.clear();
   KVF_ASSIGN_OR_RETURN(d->reporter, cache_host::PlacementReporter::Start(d->node.get(), ro));
   return Status::OK();
 }

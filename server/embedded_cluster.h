@@ -42,6 +42,8 @@
 #include "core/model_fingerprint.h"
 #include "core/status.h"
 #include "core/statusor.h"
+#include "security/grpc_security.h"
+#include "security/tenant_policy.h"
 
 namespace kvfabric::placement {
 class PlacementNode;
@@ -103,6 +105,17 @@ struct EmbeddedClusterOptions {
   // Placement refits each model's split overlap from finished split plans
   // (CalibratedCostModel::Options::learn_split_overlap). Default true.
   bool placement_learns_split_overlap = true;
+  // How every listener is secured (security/grpc_security.h). Default:
+  // plaintext, which the embedded cluster may use since it listens on
+  // 127.0.0.1 only; with certificates, every listener is TLS (mutual with a
+  // CA) and each daemon reaches placement with the same certificate.
+  GrpcSecurityOptions security = [] {
+    GrpcSecurityOptions o;
+    o.insecure = true;
+    return o;
+  }();
+  // Tenants (security/tenant_policy.h); null: one open tenant.
+  std::shared_ptr<const TenantPolicy> tenants;
 };
 
 class EmbeddedCluster {
@@ -166,7 +179,7 @@ class EmbeddedCluster {
   struct Placement;
 
   explicit EmbeddedCluster(EmbeddedClusterOptions options);
-  static Status StartDaemon(const EmbeddedDaemonOptions& options, Daemon* daemon);
+  Status StartDaemon(const EmbeddedDaemonOptions& options, Daemon* daemon);
   // The orderly stop of the destructor.
   void StopDaemon(Daemon* daemon);
   // Starts daemon `d`'s uplink and reporter.

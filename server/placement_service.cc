@@ -35,6 +35,28 @@ std::optional<placement::HostStatus> MemberOfLease(const placement::PlacementNod
 
 }  // namespace
 
+grpc::Status PlacementService::Authorize(const grpc::ServerContext& context, const char* method,
+                                         const std::string& ns) const {
+  if (options_.authorizer == nullptr) return grpc::Status::OK;
+  return options_.authorizer->AuthorizeNamespace(context, method, ns);
+}
+
+grpc::Status PlacementService::AuthorizeDaemon(const grpc::ServerContext& context,
+                                               const char* method) const {
+  if (options_.authorizer == nullptr) return grpc::Status::OK;
+  return options_.authorizer->AuthorizeDaemon(context, method);
+}
+
+grpc::Status PlacementService::AuthorizeAdmin(const grpc::ServerContext& context,
+                                              const char* method) const {
+  // Under the open policy placement has no admin listener: everything is
+  // served, as before tenants existed.
+  if (options_.authorizer == nullptr || options_.authorizer->policy().open()) {
+    return grpc::Status::OK;
+  }
+  return options_.authorizer->AuthorizeAdmin(context, method);
+}
+
 PlacementService::PlacementService(placement::PlacementNode* node, HealthReporter* health,
                                    PlacementServiceOptions options)
     : node_(node), health_(health), options_(std::move(options)) {}
@@ -52,6 +74,7 @@ Status PlacementService::Admit(grpc::ServerContext* context) const {
 grpc::Status PlacementService::Register(grpc::ServerContext* context,
                                         const v1::RegisterRequest* request,
                                         v1::RegisterResponse* response) {
+  if (grpc::Status a = AuthorizeDaemon(*context, "Register"); !a.ok()) return a;
   const v1::Limits& limits = options_.limits;
   StatusOr<placement::MemberRecord> record = MemberRecordFromRegister(*request, limits);
   if (!record.ok()) return ToGrpcStatus(record.status());
@@ -71,6 +94,7 @@ grpc::Status PlacementService::Register(grpc::ServerContext* context,
 grpc::Status PlacementService::Heartbeat(grpc::ServerContext* context,
                                          const v1::HeartbeatRequest* request,
                                          v1::HeartbeatResponse* response) {
+  if (grpc::Status a = AuthorizeDaemon(*context, "Heartbeat"); !a.ok()) return a;
   StatusOr<MemberUpdate> update = HeartbeatUpdateFromProto(*request, options_.limits);
   if (!update.ok()) return ToGrpcStatus(update.status());
 
@@ -101,6 +125,7 @@ grpc::Status PlacementService::Heartbeat(grpc::ServerContext* context,
 grpc::Status PlacementService::Deregister(grpc::ServerContext* context,
                                           const v1::DeregisterRequest* request,
                                           v1::DeregisterResponse* /*response*/) {
+  if (grpc::Status a = AuthorizeDaemon(*context, "Deregister"); !a.ok()) return a;
   KVF_GRPC_RETURN_IF_ERROR(CheckHostId(request->host_id(), "host_id", options_.limits));
 
   KVF_GRPC_RETURN_IF_ERROR(Admit(context));
@@ -123,6 +148,7 @@ grpc::Status PlacementService::Deregister(grpc::ServerContext* context,
 grpc::Status PlacementService::ReportBlocks(grpc::ServerContext* context,
                                             const v1::ReportBlocksRequest* request,
                                             v1::ReportBlocksResponse* response) {
+  if (grpc::Status a = AuthorizeDaemon(*context, "ReportBlocks"); !a.ok()) return a;
   StatusOr<placement::BlockReport> report = BlockReportFromProto(*request, options_.limits);
   if (!report.ok()) return ToGrpcStatus(report.status());
 
@@ -137,6 +163,7 @@ grpc::Status PlacementService::ReportBlocks(grpc::ServerContext* context,
 grpc::Status PlacementService::Locate(grpc::ServerContext* context,
                                       const v1::LocateRequest* request,
                                       v1::LocateResponse* response) {
+  if (grpc::Status a = Authorize(*context, "Locate", request->namespace_()); !a.ok()) return a;
   const v1::Limits& limits = options_.limits;
   KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), limits));
   KVF_GRPC_RETURN_IF_ERROR(CheckChainSize(static_cast<std::size_t>(request->keys_size()), limits));
@@ -155,6 +182,7 @@ grpc::Status PlacementService::Locate(grpc::ServerContext* context,
 
 grpc::Status PlacementService::Plan(grpc::ServerContext* context, const v1::PlanRequest* request,
                                     v1::PlanResponse* response) {
+  if (grpc::Status a = Authorize(*context, "Plan", request->namespace_()); !a.ok()) return a;
   // The client's host->device link: one per client connection.
   std::string client_id = context->peer();
   if (client_id.empty()) client_id = request->client_node();
@@ -172,6 +200,8 @@ grpc::Status PlacementService::Plan(grpc::ServerContext* context, const v1::Plan
 grpc::Status PlacementService::ReportObservations(grpc::ServerContext* context,
                                                   const v1::ReportObservationsRequest* request,
                                                   v1::ReportObservationsResponse* /*response*/) {
+  if (grpc::Status a = Authorize(*context, "ReportObservations", request->namespace_()); !a.ok())
+    return a;
   StatusOr<placement::ObservationReport> report =
       ObservationReportFromProto(*request, options_.limits);
   if (!report.ok()) return ToGrpcStatus(report.status());
@@ -184,6 +214,12 @@ grpc::Status PlacementService::ReportObservations(grpc::ServerContext* context,
 grpc::Status PlacementService::Explain(grpc::ServerContext* context,
                                        const v1::ExplainRequest* request,
                                        v1::ExplainResponse* response) {
+  const TenantSpec* tenant = nullptr;
+  if (options_.authorizer != nullptr) {
+    if (grpc::Status a = options_.authorizer->Authenticate(*context, "Explain", &tenant); !a.ok()) {
+      return a;
+    }
+  }
   switch (request->target_case()) {
     case v1::ExplainRequest::kPlanId:
       break;
@@ -203,6 +239,12 @@ grpc::Status PlacementService::Explain(grpc::ServerContext* context,
   KVF_GRPC_RETURN_IF_ERROR(Admit(context));
   StatusOr<placement::PlanExplanation> explanation = node_->Explain(request->plan_id());
   if (!explanation.ok()) return ToGrpcStatus(explanation.status());
+  // Another tenant's plan reads as one that does not exist, so plan ids
+  // tell nothing about other tenants' traffic.
+  if (tenant != nullptr && !tenant->HoldsNamespace(explanation->ns) && !tenant->admin) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "plan " + std::to_string(request->plan_id()) +
+                                                         " is unknown or aged out of the history");
+  }
   PlanExplanationToProto(*explanation, options_.limits, response);
   return grpc::Status::OK;
 }
@@ -210,6 +252,13 @@ grpc::Status PlacementService::Explain(grpc::ServerContext* context,
 grpc::Status PlacementService::ListPlans(grpc::ServerContext* context,
                                          const v1::ListPlansRequest* request,
                                          v1::ListPlansResponse* response) {
+  // An empty namespace lists every namespace's plans.
+  if (grpc::Status a = request->namespace_().empty()
+                           ? AuthorizeAdmin(*context, "ListPlans of every namespace")
+                           : Authorize(*context, "ListPlans", request->namespace_());
+      !a.ok()) {
+    return a;
+  }
   if (!request->namespace_().empty()) {
     KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), options_.limits));
   }
@@ -245,6 +294,7 @@ grpc::Status PlacementService::ListPlans(grpc::ServerContext* context,
 
 grpc::Status PlacementService::Place(grpc::ServerContext* context, const v1::PlaceRequest* request,
                                      v1::PlaceResponse* response) {
+  if (grpc::Status a = Authorize(*context, "Place", request->namespace_()); !a.ok()) return a;
   StatusOr<placement::PlaceRequest> place = PlaceRequestFromProto(*request, options_.limits);
   if (!place.ok()) return ToGrpcStatus(place.status());
 
@@ -266,6 +316,13 @@ grpc::Status PlacementService::Place(grpc::ServerContext* context, const v1::Pla
 grpc::Status PlacementService::ListHosts(grpc::ServerContext* context,
                                          const v1::ListHostsRequest* /*request*/,
                                          v1::ListHostsResponse* response) {
+  if (options_.authorizer != nullptr) {
+    const TenantSpec* tenant = nullptr;
+    if (grpc::Status a = options_.authorizer->Authenticate(*context, "ListHosts", &tenant);
+        !a.ok()) {
+      return a;
+    }
+  }
   KVF_GRPC_RETURN_IF_ERROR(Admit(context));
   const std::vector<placement::HostStatus> hosts = node_->ListHosts();
   response->mutable_hosts()->Reserve(static_cast<int>(hosts.size()));
@@ -291,6 +348,7 @@ grpc::Status PlacementService::Health(grpc::ServerContext* /*context*/,
 grpc::Status PlacementService::ReloadCalibration(grpc::ServerContext* context,
                                                  const v1::ReloadCalibrationRequest* /*request*/,
                                                  v1::ReloadCalibrationResponse* response) {
+  if (grpc::Status a = AuthorizeAdmin(*context, "ReloadCalibration"); !a.ok()) return a;
   if (!options_.reload_calibration) {
     return ToGrpcStatus(Status::FailedPrecondition(
         "placement was started without --calibration: there is no file to reload"));

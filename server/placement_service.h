@@ -41,12 +41,14 @@
 #define KVFABRIC_SERVER_PLACEMENT_SERVICE_H_
 
 #include <functional>
+#include <memory>
 
 #include "core/status.h"
 #include "core/statusor.h"
 #include "kvfabric/v1/common.pb.h"
 #include "kvfabric/v1/placement.grpc.pb.h"
 #include "proto/wire_limits.h"
+#include "security/grpc_authorizer.h"
 #include "server/health_reporter.h"
 
 namespace kvfabric {
@@ -63,6 +65,14 @@ struct PlacementServiceOptions {
   // Re-reads and applies the calibration file (ReloadCalibration RPC, SIGHUP); unset: placement
   // runs without --calibration and the RPC answers FAILED_PRECONDITION.
   std::function<StatusOr<v1::ReloadCalibrationResponse>()> reload_calibration;
+  // Who may do what (security/grpc_authorizer.h). Null: the open policy, nothing checked. With
+  // a tenants file: Register, Heartbeat, Deregister and ReportBlocks need a daemon identity (a
+  // tenant must not announce a fake cache host that would attract others' saves); Locate,
+  // Plan, ReportObservations and Place need the request's namespace; Explain answers a plan of
+  // another tenant's namespace as NOT_FOUND, like a plan that does not exist; ListPlans of
+  // every namespace and ReloadCalibration need an admin identity; ListHosts any tenant;
+  // Health is open.
+  std::shared_ptr<const GrpcAuthorizer> authorizer;
 };
 
 class PlacementService final : public v1::Placement::Service {
@@ -110,6 +120,11 @@ class PlacementService final : public v1::Placement::Service {
   // OK if the node may be called for this call now: UNAVAILABLE without a node, CANCELLED /
   // DEADLINE_EXCEEDED for a call that is already over.
   Status Admit(grpc::ServerContext* context) const;
+  // The checks of PlacementServiceOptions::authorizer; OK without one.
+  grpc::Status Authorize(const grpc::ServerContext& context, const char* method,
+                         const std::string& ns) const;
+  grpc::Status AuthorizeDaemon(const grpc::ServerContext& context, const char* method) const;
+  grpc::Status AuthorizeAdmin(const grpc::ServerContext& context, const char* method) const;
 
   placement::PlacementNode* const node_;
   HealthReporter* const health_;

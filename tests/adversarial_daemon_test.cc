@@ -197,12 +197,12 @@ class AdversarialDaemonTest : public ::testing::Test {
     dir_ = tmpl;
     auto d = testing::ServerProcess::Start(
         testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), "cached", dir_,
-        {"--host-id=adversarial", "--grpc-address=127.0.0.1:0", "--transport-address=127.0.0.1:0",
-         "--data-transport=tcp", "--metrics-address=127.0.0.1:0", "--admin-address=127.0.0.1:0",
-         "--lock-memory=off", "--log-level=warn", "--log-file=" + dir_ + "/cached.log",
-         "--host-pool-bytes=256MiB", "--host-page-bytes=2MiB", "--data-idle-timeout=2s",
-         "--reservation-ttl=2s", "--max-requests-per-connection=64", "--transfer-timeout=5s",
-         "--shutdown-grace=5s"});
+        {"--host-id=adversarial", "--insecure", "--grpc-address=127.0.0.1:0",
+         "--transport-address=127.0.0.1:0", "--data-transport=tcp", "--metrics-address=127.0.0.1:0",
+         "--admin-address=127.0.0.1:0", "--lock-memory=off", "--log-level=warn",
+         "--log-file=" + dir_ + "/cached.log", "--host-pool-bytes=256MiB", "--host-page-bytes=2MiB",
+         "--data-idle-timeout=2s", "--reservation-ttl=2s", "--max-requests-per-connection=64",
+         "--transfer-timeout=5s", "--shutdown-grace=5s"});
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     daemon_ = std::move(*d);
     pid_ = static_cast<pid_t>(std::stol(daemon_->Get("pid")));

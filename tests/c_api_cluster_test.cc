@@ -79,6 +79,7 @@ class CApiClusterTest : public ::testing::TestWithParam<const char*> {
     kvf_options o;
     kvf_options_init(&o);
     o.placement_address = address_.c_str();
+    o.insecure = 1;
     o.model_id = engine_.model.model_id.c_str();
     o.layer_count = kLayers;
     o.dtype = KVF_DTYPE_FP16;

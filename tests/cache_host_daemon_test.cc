@@ -95,11 +95,10 @@ class CacheHostDaemonTest : public ::testing::Test {
   void StartDaemon(std::vector<std::string> args) {
     std::vector<std::string> all;
     // Defaults, unless `args` names the flag itself.
-    for (std::string d : {"--host-id=test-daemon", "--grpc-address=127.0.0.1:0",
+    for (std::string d : {"--host-id=test-daemon", "--insecure", "--grpc-address=127.0.0.1:0",
                           "--transport-address=127.0.0.1:0", "--metrics-address=127.0.0.1:0",
-                          "--admin-address=127.0.0.1:0", "--lock-memory=off",
-                          "--log-level=warn"}) {
-      const std::string flag = d.substr(0, d.find('=') + 1);
+                          "--admin-address=127.0.0.1:0", "--lock-memory=off", "--log-level=warn"}) {
+      const std::string flag = d.find('=') == std::string::npos ? d : d.substr(0, d.find('=') + 1);
       if (std::none_of(args.begin(), args.end(),
                        [&](const std::string& a) { return a.rfind(flag, 0) == 0; })) {
         all.push_back(d);

@@ -54,6 +54,7 @@ Status CacheHostTestClient::Attach(const std::string& grpc_address,
   if (session_ != nullptr) session_->Close();
   client::CacheHostSessionOptions o;
   o.grpc_address = grpc_address;
+  o.security = security_;
   o.transport_address = transport_address;
   o.rpc_timeout = std::chrono::seconds(30);
   o.transfer_timeout = std::chrono::seconds(60);

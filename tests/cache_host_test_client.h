@@ -43,6 +43,9 @@ class CacheHostTestClient {
   // Connects to a daemon (gRPC address, transport address) and exports the
   // staging region to it; replaces an earlier daemon.
   Status Attach(const std::string& grpc_address, const std::string& transport_address);
+  // How Attach secures gRPC (default: plaintext, for daemons started with
+  // --insecure).
+  void set_security(const GrpcSecurityOptions& security) { security_ = security; }
 
   v1::CacheHost::Stub* stub() { return &session_->stub(); }
   client::DataPlaneClient* data() { return data_.get(); }
@@ -64,6 +67,11 @@ class CacheHostTestClient {
   std::span<std::byte> Staging(std::uint64_t offset, std::uint64_t bytes);
 
   std::uint64_t seed_ = 0;
+  GrpcSecurityOptions security_ = [] {
+    GrpcSecurityOptions o;
+    o.insecure = true;
+    return o;
+  }();
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<transport::MemoryRegion> staging_;
   std::unique_ptr<client::DataPlaneClient> data_;

@@ -27,15 +27,16 @@ TEST_P(CalibrateDaemonTest, MeasuresBothDirectionsOfADaemonAndWritesAFileService
   const std::string dir = tmpl;
   auto daemon = testing::ServerProcess::Start(
       testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), "cached", dir,
-      {"--host-id=calib-host", "--grpc-address=127.0.0.1:0", "--transport-address=127.0.0.1:0",
-       "--metrics-address=off", "--admin-address=127.0.0.1:0", "--lock-memory=off",
-       "--log-level=warn", "--host-pool-bytes=384MiB", "--host-page-bytes=1MiB",
-       std::string("--data-transport=") + GetParam()});
+      {"--host-id=calib-host", "--insecure", "--grpc-address=127.0.0.1:0",
+       "--transport-address=127.0.0.1:0", "--metrics-address=off", "--admin-address=127.0.0.1:0",
+       "--lock-memory=off", "--log-level=warn", "--host-pool-bytes=384MiB",
+       "--host-page-bytes=1MiB", std::string("--data-transport=") + GetParam()});
   ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
 
   cli::CalibrateArgs args;
   args.out_path = dir + "/calibration.json";
   args.cache_hosts = {(*daemon)->grpc()};
+  args.security.insecure = true;
   args.cache_host_admins = {(*daemon)->Get("admin")};
   // Up to 64 MiB, so that bytes (not the RPC round trips) dominate the
   // largest probes and the fit always sees time grow with size.

@@ -140,17 +140,22 @@ class ClientEndToEndTest : public ::testing::Test {
     dir_ = tmpl;
     auto p = testing::ServerProcess::Start(
         testing::ServerBinary("KVF_PLACEMENT", "kvfabric-placement"), "placement", dir_,
-        {"--grpc-address=127.0.0.1:0", "--metrics-address=off", "--log-level=warn"});
+        {"--insecure", "--grpc-address=127.0.0.1:0", "--metrics-address=off", "--log-level=warn"});
     ASSERT_TRUE(p.ok()) << p.status().ToString();
     placement_ = std::move(*p);
     for (int i = 0; i < 2; ++i) {
       // 32 MiB of 32 KiB blocks per daemon: the 16K-token history (32 MiB)
       // fits across both.
-      std::vector<std::string> flags = {
-          "--host-id=cache-" + std::to_string(i), "--grpc-address=127.0.0.1:0",
-          "--transport-address=127.0.0.1:0", "--metrics-address=off", "--lock-memory=off",
-          "--log-level=warn", "--host-page-bytes=32KiB",
-          "--placement-address=" + placement_->grpc(), "--membership-ttl=120s"};
+      std::vector<std::string> flags = {"--host-id=cache-" + std::to_string(i),
+                                        "--insecure",
+                                        "--grpc-address=127.0.0.1:0",
+                                        "--transport-address=127.0.0.1:0",
+                                        "--metrics-address=off",
+                                        "--lock-memory=off",
+                                        "--log-level=warn",
+                                        "--host-page-bytes=32KiB",
+                                        "--placement-address=" + placement_->grpc(),
+                                        "--membership-ttl=120s"};
       for (std::string& f : PoolFlags(i)) flags.push_back(std::move(f));
       auto d = testing::ServerProcess::Start(
           testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), "cache-" + std::to_string(i),
@@ -190,6 +195,7 @@ class ClientEndToEndTest : public ::testing::Test {
 
     client::ClientOptions o;
     o.placement_address = placement_->grpc();
+    o.security.insecure = true;
     o.model = model_;
     o.device = device_.get();
     o.num_q_heads = kQHeads;

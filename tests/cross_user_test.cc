@@ -113,6 +113,7 @@ Outcome Engine(const std::string& placement, const char* data_transport, const c
   kvf_options o;
   kvf_options_init(&o);
   o.placement_address = placement.c_str();
+  o.insecure = 1;
   o.model_id = "cross-user/synthetic@1";
   o.layer_count = kLayers;
   o.dtype = KVF_DTYPE_FP16;
@@ -251,18 +252,15 @@ class CrossUserTest : public ::testing::Test {
   void StartCluster(const std::vector<std::string>& daemon_flags) {
     auto p = testing::ServerProcess::Start(
         testing::ServerBinary("KVF_PLACEMENT", "kvfabric-placement"), "placement", dir_,
-        {"--grpc-address=127.0.0.1:0", "--metrics-address=off", "--log-level=warn"});
+        {"--insecure", "--grpc-address=127.0.0.1:0", "--metrics-address=off", "--log-level=warn"});
     ASSERT_TRUE(p.ok()) << p.status().ToString();
     placement_ = std::move(*p);
-    std::vector<std::string> flags = {"--host-id=cache-root",
-                                      "--grpc-address=127.0.0.1:0",
-                                      "--transport-address=127.0.0.1:0",
-                                      "--metrics-address=off",
-                                      "--lock-memory=off",
-                                      "--log-level=warn",
-                                      "--host-pool-bytes=16MiB",
-                                      "--host-page-bytes=16KiB",
-                                      "--placement-address=" + placement_->grpc()};
+    std::vector<std::string> flags = {
+        "--host-id=cache-root",       "--insecure",
+        "--grpc-address=127.0.0.1:0", "--transport-address=127.0.0.1:0",
+        "--metrics-address=off",      "--lock-memory=off",
+        "--log-level=warn",           "--host-pool-bytes=16MiB",
+        "--host-page-bytes=16KiB",    "--placement-address=" + placement_->grpc()};
     flags.insert(flags.end(), daemon_flags.begin(), daemon_flags.end());
     auto d = testing::ServerProcess::Start(testing::ServerBinary("KVF_CACHED", "kvfabric-cached"),
                                            "cache", dir_, flags);

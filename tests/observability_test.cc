@@ -314,15 +314,17 @@ class ObservabilityTest : public ::testing::Test {
       char tmpl[] = "/tmp/kvf_observability_XXXXXX";
       if (mkdtemp(tmpl) == nullptr) return "mkdtemp failed";
       dir = tmpl;
-      auto p = ServerProcess::Start(
-          testing::ServerBinary("KVF_PLACEMENT", "kvfabric-placement"), "placement", dir,
-          {"--grpc-address=127.0.0.1:0", "--metrics-address=127.0.0.1:0", "--log-level=warn"});
+      auto p = ServerProcess::Start(testing::ServerBinary("KVF_PLACEMENT", "kvfabric-placement"),
+                                    "placement", dir,
+                                    {"--insecure", "--grpc-address=127.0.0.1:0",
+                                     "--metrics-address=127.0.0.1:0", "--log-level=warn"});
       if (!p.ok()) return p.status().ToString();
       placement = std::move(*p);
       for (int i = 0; i < 2; ++i) {
         // Daemon 0 has an NVMe tier and small host pool (so blocks demote and
         // the NVMe families have data); daemon 1 gives per-namespace series.
         std::vector<std::string> flags = {"--host-id=cache-" + std::to_string(i),
+                                          "--insecure",
                                           "--grpc-address=127.0.0.1:0",
                                           "--transport-address=127.0.0.1:0",
                                           "--metrics-address=127.0.0.1:0",
@@ -351,6 +353,7 @@ class ObservabilityTest : public ::testing::Test {
       device = std::move(*dev);
       client::ClientOptions o;
       o.placement_address = placement->grpc();
+      o.security.insecure = true;
       o.model = model;
       o.device = device.get();
       o.num_q_heads = 4;

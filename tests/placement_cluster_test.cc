@@ -70,7 +70,7 @@ class PlacementClusterTest : public ::testing::Test {
   void StartPlacement(const std::string& address = "127.0.0.1:0") {
     auto p = testing::ServerProcess::Start(
         testing::ServerBinary("KVF_PLACEMENT", "kvfabric-placement"), "placement", dir_,
-        {"--grpc-address=" + address, "--metrics-address=off", "--log-level=warn",
+        {"--insecure", "--grpc-address=" + address, "--metrics-address=off", "--log-level=warn",
          "--etcd-endpoint=" + etcd_->endpoint()});
     ASSERT_TRUE(p.ok()) << p.status().ToString();
     placement_ = std::move(*p);
@@ -81,9 +81,8 @@ class PlacementClusterTest : public ::testing::Test {
   // Daemon `i` ("cache-i"), registered with placement.
   void StartDaemon(int i) {
     auto d = testing::ServerProcess::Start(
-        testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), "cache-" + std::to_string(i),
-        dir_,
-        {"--host-id=cache-" + std::to_string(i), "--grpc-address=127.0.0.1:0",
+        testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), "cache-" + std::to_string(i), dir_,
+        {"--host-id=cache-" + std::to_string(i), "--insecure", "--grpc-address=127.0.0.1:0",
          "--transport-address=127.0.0.1:0", "--metrics-address=off", "--lock-memory=off",
          "--log-level=warn", "--host-pool-bytes=64MiB", "--host-page-bytes=2MiB",
          "--placement-address=" + placement_->grpc(), "--membership-ttl=3s"});
@@ -147,6 +146,7 @@ TEST_F(PlacementClusterTest, DaemonDeathChangesPlansAndPlacementRecoversFromEtcd
   // `kvfabric status` reaches placement and every daemon it lists.
   cli::StatusArgs status;
   status.placement = placement_->grpc();
+  status.security.insecure = true;
   EXPECT_TRUE(cli::RunStatus(status).ok());
 
   // A chain of 8 blocks on cache-0, another on cache-1.

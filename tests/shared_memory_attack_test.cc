@@ -110,9 +110,10 @@ class SharedMemoryAttackTest : public ::testing::TestWithParam<const char*> {
     log_ = dir_ + "/cached.log";
     auto d = testing::ServerProcess::Start(
         testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), "cached", dir_,
-        {"--host-id=attacked", "--grpc-address=127.0.0.1:0", "--transport-address=127.0.0.1:0",
-         "--metrics-address=off", "--lock-memory=off", "--log-level=info", "--log-file=" + log_,
-         "--host-pool-bytes=64MiB", "--host-page-bytes=2MiB", "--ucx-tls=sm,self,tcp"});
+        {"--host-id=attacked", "--insecure", "--grpc-address=127.0.0.1:0",
+         "--transport-address=127.0.0.1:0", "--metrics-address=off", "--lock-memory=off",
+         "--log-level=info", "--log-file=" + log_, "--host-pool-bytes=64MiB",
+         "--host-page-bytes=2MiB", "--ucx-tls=sm,self,tcp"});
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     daemon_ = std::move(*d);
   }

@@ -34,6 +34,9 @@
 #include "core/units.h"
 #include "metrics/exposition.h"
 #include "metrics/rpc_metrics.h"
+#include "security/grpc_authorizer.h"
+#include "security/grpc_security.h"
+#include "security/tenant_policy.h"
 #include "server/cache_host/cache_host_metrics.h"
 #include "server/cache_host/cache_host_node.h"
 #include "server/cache_host/placement_reporter.h"
@@ -97,7 +100,55 @@ struct Flags {
   std::string placement_address;
   std::string node_name;
   std::chrono::microseconds membership_ttl{10'000'000};
+  GrpcSecurityOptions security;
+  std::string tenants_file;
+  std::string placement_token_file;
+  std::string placement_server_name;
+  std::shared_ptr<const TenantPolicy> tenants;  // loaded from tenants_file
 };
+
+// The admin listener on a Unix socket is plaintext (the socket file's
+// permissions decide who is an operator); on TCP it is secured as the public
+// listener is.
+GrpcSecurityOptions AdminSecurity(const Flags& f) {
+  if (f.admin_address.rfind("unix:", 0) != 0) return f.security;
+  GrpcSecurityOptions o;
+  o.insecure = true;
+  return o;
+}
+
+GrpcSecurityOptions PlacementSecurity(const Flags& f) {
+  GrpcSecurityOptions o = f.security;
+  o.client_auth.clear();
+  o.token_file = f.placement_token_file;
+  o.server_name = f.placement_server_name;
+  return o;
+}
+
+// Every security setting, checked before anything starts.
+Status ValidateSecurity(Flags& f) {
+  if (Status s = ValidateServerSecurity(f.security, f.grpc_address); !s.ok()) {
+    return s.WithContext("--grpc-address " + f.grpc_address);
+  }
+  if (!f.admin_address.empty()) {
+    if (Status s = ValidateServerSecurity(AdminSecurity(f), f.admin_address); !s.ok()) {
+      return s.WithContext("--admin-address " + f.admin_address);
+    }
+  }
+  if (!f.placement_address.empty()) {
+    if (Status s = ValidateClientSecurity(PlacementSecurity(f), f.placement_address); !s.ok()) {
+      return s.WithContext("--placement-address " + f.placement_address);
+    }
+  }
+  if (f.tenants_file.empty()) {
+    f.tenants = TenantPolicy::Open();
+    return Status::OK();
+  }
+  StatusOr<std::shared_ptr<const TenantPolicy>> p = TenantPolicy::LoadFile(f.tenants_file);
+  if (!p.ok()) return p.status();
+  f.tenants = *p;
+  return Status::OK();
+}
 
 StatusOr<KvDtype> ParseDtype(const std::string& s) {
   if (s == "fp16") return KvDtype::kFp16;
@@ -188,6 +239,17 @@ StatusOr<cache_host::CacheHostOptions> BuildOptions(Flags& f,
       return Status::InvalidArgument("--quota \"" + q + "\": bad size");
     }
     o.quotas.emplace_back(q.substr(0, eq), bytes);
+  }
+  if (f.tenants != nullptr) {
+    for (const auto& [ns, bytes] : f.tenants->NamespaceQuotas()) {
+      for (const auto& q : o.quotas) {
+        if (q.first == ns) {
+          return Status::InvalidArgument("namespace \"" + ns +
+                                         "\" has a quota in both --quota and --tenants-file");
+        }
+      }
+      o.quotas.emplace_back(ns, bytes);
+    }
   }
   if (!f.model_id.empty()) {
     ModelFingerprint fp;
@@ -288,6 +350,15 @@ int Run(int argc, char** argv) {
   cache_host::CacheHostOptions o;
   app.add_option("--host-id", o.host_id, "name of this daemon (default: the hostname)");
   app.add_option("--grpc-address", f.grpc_address, "gRPC listen address (HOST:PORT; :0 picks)");
+  AddServerSecurityFlags(app, &f.security);
+  app.add_option("--tenants-file", f.tenants_file,
+                 "YAML mapping authenticated identities to namespaces, quotas, admin and daemon "
+                 "roles (docs/security.md); default: one open tenant");
+  app.add_option("--placement-token-file", f.placement_token_file,
+                 "bearer token this daemon presents to placement (when placement does not "
+                 "require client certificates)");
+  app.add_option("--placement-server-name", f.placement_server_name,
+                 "name placement's certificate must carry (default: the host dialled)");
   app.add_option("--admin-address", f.admin_address,
                  "gRPC listener for the administrative RPCs (Drain, Delete, Stats with "
                  "namespaces), which act on every tenant: unix:/PATH (recommended: the socket "
@@ -432,6 +503,10 @@ int Run(int argc, char** argv) {
     spdlog::error("kvfabric-cached: {}", s.message());
     return 2;
   }
+  if (Status s = ValidateSecurity(f); !s.ok()) {
+    spdlog::error("kvfabric-cached: {}", s.ToString());
+    return 2;
+  }
   auto options = BuildOptions(f, std::move(o));
   if (!options.ok()) {
     spdlog::error("kvfabric-cached: {}", options.status().ToString());
@@ -505,10 +580,11 @@ int Run(int argc, char** argv) {
   (*node)->set_transfer_observer(cache_host::CacheHostMetrics::ObserverFor(metrics));
   auto rpc_metrics = metrics::RpcServerMetrics::Create("cached");
   auto build_info = metrics::NewBuildInfo("cached");
+  auto authorizer = std::make_shared<GrpcAuthorizer>(f.tenants, "cached");
   std::unique_ptr<cache_host::MetricsServer> metrics_server;
   if (!f.metrics_address.empty() && f.metrics_address != "off") {
-    auto started =
-        cache_host::MetricsServer::Start(f.metrics_address, {metrics, rpc_metrics, build_info});
+    auto started = cache_host::MetricsServer::Start(f.metrics_address,
+                                                    {metrics, rpc_metrics, build_info, authorizer});
     if (!started.ok()) {
       spdlog::error("kvfabric-cached: {}", started.status().ToString());
       return 1;
@@ -522,6 +598,7 @@ int Run(int argc, char** argv) {
                             topts.shared_memory_peers == "same-user");
   CacheHostServiceOptions sopts;
   sopts.transport_address = (*node)->transport_address();
+  sopts.authorizer = authorizer;
   // Report (and enforce at the door) what the node accepts, so a request
   // within the advertised limits is never refused further down.
   const cache_host::CacheHostOptions& no = (*node)->options();
@@ -541,8 +618,13 @@ int Run(int argc, char** argv) {
     admin_service = std::make_unique<CacheHostService>(node->get(), &health, aopts);
     grpc::ServerBuilder admin_builder;
     int admin_port = 0;
-    admin_builder.AddListeningPort(f.admin_address, grpc::InsecureServerCredentials(),
-                                   &admin_port);
+    StatusOr<std::shared_ptr<grpc::ServerCredentials>> admin_creds =
+        MakeServerCredentials(AdminSecurity(f), f.admin_address);
+    if (!admin_creds.ok()) {
+      spdlog::error("kvfabric-cached: --admin-address: {}", admin_creds.status().ToString());
+      return 2;
+    }
+    admin_builder.AddListeningPort(f.admin_address, *admin_creds, &admin_port);
     ApplyGrpcServerLimits(f.grpc_limits, "kvfabric-cached-admin", &admin_builder);
     rpc_metrics->Instrument(&admin_builder);
     admin_builder.RegisterService(admin_service.get());
@@ -561,7 +643,13 @@ int Run(int argc, char** argv) {
   CacheHostService public_service(node->get(), &health, sopts);
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(f.grpc_address, grpc::InsecureServerCredentials(), &grpc_port);
+  StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
+      MakeServerCredentials(f.security, f.grpc_address);
+  if (!creds.ok()) {
+    spdlog::error("kvfabric-cached: {}", creds.status().ToString());
+    return 2;
+  }
+  builder.AddListeningPort(f.grpc_address, *creds, &grpc_port);
   ApplyGrpcServerLimits(f.grpc_limits, "kvfabric-cached", &builder);
   rpc_metrics->Instrument(&builder);
   builder.RegisterService(&public_service);
@@ -573,6 +661,14 @@ int Run(int argc, char** argv) {
   }
   const std::string grpc_host = f.grpc_address.substr(0, f.grpc_address.rfind(':'));
   const std::string grpc_bound = grpc_host + ":" + std::to_string(grpc_port);
+  if (f.security.insecure) {
+    spdlog::warn("kvfabric-cached: gRPC security: {}", DescribeSecurity(f.security, grpc_bound,
+                                                                        /*server=*/true));
+  } else {
+    spdlog::info("kvfabric-cached: gRPC security: {}", DescribeSecurity(f.security, grpc_bound,
+                                                                        /*server=*/true));
+  }
+  spdlog::info("kvfabric-cached: tenants: {}", f.tenants->Summary());
   health.SetState(v1::SERVING_STATUS_SERVING, "");
   const std::string metrics_url = metrics_server ? metrics_server->url() : std::string("off");
   spdlog::info("kvfabric-cached {}: gRPC on {} ({}), data plane on {}, metrics {}, admin {}",
@@ -595,6 +691,7 @@ int Run(int argc, char** argv) {
     ro.host_id = (*node)->options().host_id;
     ro.grpc_address = grpc_bound;
     ro.transport_address = (*node)->transport_address();
+    ro.security = PlacementSecurity(f);
     ro.node_name = f.node_name;
     if (ro.node_name.empty()) {
       char name[256] = {};

@@ -54,9 +54,12 @@ StatusOr<std::unique_ptr<PlacementReporter>> PlacementReporter::Start(
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
   args.SetMaxSendMessageSize(16 << 20);
+  ApplyChannelSecurityArgs(r->options_.security, &args);
   for (const std::string& address : r->addresses_) {
-    r->stubs_.push_back(v1::Placement::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+        MakeChannelCredentials(r->options_.security, address);
+    if (!creds.ok()) return creds.status().WithContext("placement " + address);
+    r->stubs_.push_back(v1::Placement::NewStub(grpc::CreateCustomChannel(address, *creds, args)));
   }
   PlacementReporter* raw = r.get();
   node->set_block_event_sink([raw](std::vector<BlockEventRecord> events) {

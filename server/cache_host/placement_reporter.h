@@ -30,6 +30,7 @@
 #include "core/mutex.h"
 #include "core/status.h"
 #include "kvfabric/v1/placement.grpc.pb.h"
+#include "security/grpc_security.h"
 #include "server/cache_host/cache_host_node.h"
 
 namespace kvfabric::cache_host {
@@ -54,6 +55,10 @@ struct PlacementReporterOptions {
   std::size_t max_queued_events = 1 << 20;
   // Per-call deadline. Default 5 s.
   std::chrono::milliseconds rpc_timeout{5000};
+  // How the daemon reaches placement (security/grpc_security.h): the
+  // daemon's own certificate as its client identity, --tls-ca to verify
+  // placement, or --insecure. Start fails naming the flag when unset.
+  GrpcSecurityOptions security;
 };
 
 struct PlacementReporterStats {

@@ -166,13 +166,14 @@ Status WatchCancelled(const std::string& context, const pb::WatchResponse& r) {
       (r.cancel_reason().empty() ? "no reason given" : r.cancel_reason()));
 }
 
-// "http://host:port" or "host:port" to the gRPC target "host:port"; empty for
-// anything else, with `why` saying what.
-std::string ParseMemberUrl(std::string_view url, std::string* why) {
+// "http://host:port", "https://host:port" (*tls set) or "host:port" to the
+// gRPC target "host:port"; empty for anything else, with `why` saying what.
+std::string ParseMemberUrl(std::string_view url, bool* tls, std::string* why) {
   std::string_view authority = url;
+  *tls = false;
   if (authority.rfind("https://", 0) == 0) {
-    *why = "https is not supported";
-    return {};
+    *tls = true;
+    authority.remove_prefix(8);
   }
   if (authority.rfind("http://", 0) == 0) authority.remove_prefix(7);
   if (!authority.empty() && authority.back() == '/') authority.remove_suffix(1);
@@ -327,10 +328,23 @@ StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const EtcdClientOptions
   auto client = std::unique_ptr<EtcdClient>(new EtcdClient(options));
   for (const std::string& url : urls) {
     std::string why;
-    const std::string target = ParseMemberUrl(url, &why);
+    bool tls = false;
+    const std::string target = ParseMemberUrl(url, &tls, &why);
     if (target.empty()) {
       return Status::InvalidArgument("etcd endpoint \"" + url + "\": " + why +
-                                     "; want http://host:port or host:port");
+                                     "; want http://host:port, https://host:port or host:port");
+    }
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (tls) {
+      if (options.tls.ca_file.empty()) {
+        return Status::InvalidArgument("etcd endpoint \"" + url +
+                                       "\" is https: give --etcd-ca (the CA that signs etcd's "
+                                       "certificate), and --etcd-cert/--etcd-key if etcd "
+                                       "requires client certificates");
+      }
+      GrpcSecurityOptions t = options.tls;
+      t.insecure = false;
+      KVF_ASSIGN_OR_RETURN(creds, MakeChannelCredentials(t, target));
     }
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(
@@ -346,9 +360,10 @@ StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const EtcdClientOptions
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
     args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // an idle watch keeps pinging
+    if (tls) ApplyChannelSecurityArgs(options.tls, &args);
     auto member = std::make_unique<Member>();
     member->url = url;
-    member->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+    member->channel = grpc::CreateCustomChannel(target, creds, args);
     member->kv = pb::KV::NewStub(member->channel);
     member->lease = pb::Lease::NewStub(member->channel);
     client->members_.push_back(std::move(member));

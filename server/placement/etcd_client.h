@@ -44,6 +44,7 @@
 
 #include "core/status.h"
 #include "core/statusor.h"
+#include "security/grpc_security.h"
 
 namespace kvfabric::placement {
 
@@ -54,9 +55,14 @@ std::string EtcdPrefixRangeEnd(std::string_view prefix);
 
 struct EtcdClientOptions {
   // Client URLs of the members of one etcd cluster, comma-separated:
-  // "http://host:port" or "host:port" each (IPv6 as "[::1]:2379"). https is
-  // not supported: run etcd on loopback or a private network.
+  // "http://host:port" or "host:port" each (plaintext; IPv6 as
+  // "[::1]:2379"), or "https://host:port" (TLS with `tls`).
   std::string endpoint = "http://127.0.0.1:2379";
+
+  // For https:// members (--etcd-ca, --etcd-cert, --etcd-key): ca_file
+  // verifies etcd's certificate; cert_file/key_file are placement's client
+  // certificate when etcd runs with --client-cert-auth. Ignored for http://.
+  GrpcSecurityOptions tls;
 
   // Longest wait between attempts to reconnect to a member that went away
   // (gRPC's reconnect backoff starts at 100 ms and doubles up to this).

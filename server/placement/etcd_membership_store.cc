@@ -23,6 +23,7 @@ StatusOr<std::unique_ptr<EtcdMembershipStore>> EtcdMembershipStore::Create(
   }
   EtcdClientOptions client_options;
   client_options.endpoint = options.endpoint;
+  client_options.tls = options.tls;
   client_options.max_reconnect_backoff = options.max_reconnect_backoff;
   client_options.request_timeout = options.request_timeout;
   KVF_ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> client, EtcdClient::Create(client_options));

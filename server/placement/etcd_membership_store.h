@@ -62,6 +62,8 @@ struct EtcdMembershipStoreOptions {
   // Client URLs of the etcd cluster's members, comma-separated
   // (EtcdClientOptions::endpoint).
   std::string endpoint = "http://127.0.0.1:2379";
+  // TLS for https:// members (EtcdClientOptions::tls).
+  GrpcSecurityOptions tls;
 
   // Key prefix of everything this store writes; must end with '/'. Default
   // "/kvfabric/v1/". Clusters sharing one etcd use different prefixes.

@@ -28,6 +28,9 @@
 #include "core/logging.h"
 #include "metrics/exposition.h"
 #include "metrics/rpc_metrics.h"
+#include "security/grpc_authorizer.h"
+#include "security/grpc_security.h"
+#include "security/tenant_policy.h"
 #include "server/cache_host/cache_host_metrics.h"
 #include "server/grpc_server_limits.h"
 #include "server/health_reporter.h"
@@ -61,7 +64,18 @@ int Run(int argc, char** argv) {
   std::string calibration_path;
   placement::PlacementOptions o;
   GrpcServerLimits grpc_limits;
+  GrpcSecurityOptions security;
+  GrpcSecurityOptions etcd_tls;
+  std::string tenants_file;
   app.add_option("--grpc-address", grpc_address, "gRPC listen address HOST:PORT (:0 picks)");
+  AddServerSecurityFlags(app, &security);
+  app.add_option("--tenants-file", tenants_file,
+                 "YAML mapping authenticated identities to namespaces, admin and daemon roles "
+                 "(docs/security.md); default: one open tenant");
+  app.add_option("--etcd-ca", etcd_tls.ca_file, "PEM CA bundle verifying https:// etcd members");
+  app.add_option("--etcd-cert", etcd_tls.cert_file,
+                 "PEM client certificate for etcd (--client-cert-auth); with --etcd-key");
+  app.add_option("--etcd-key", etcd_tls.key_file, "PEM key of --etcd-cert");
   AddGrpcServerLimitFlags(app, &grpc_limits);
   app.add_option("--metrics-address", metrics_address,
                  "Prometheus /metrics listen address HOST:PORT, or \"off\"");
@@ -93,6 +107,19 @@ int Run(int argc, char** argv) {
     spdlog::error("kvfabric-placement: {}", s.message());
     return 2;
   }
+  if (Status s = ValidateServerSecurity(security, grpc_address); !s.ok()) {
+    spdlog::error("kvfabric-placement: --grpc-address {}: {}", grpc_address, s.ToString());
+    return 2;
+  }
+  std::shared_ptr<const TenantPolicy> tenants = TenantPolicy::Open();
+  if (!tenants_file.empty()) {
+    auto loaded = TenantPolicy::LoadFile(tenants_file);
+    if (!loaded.ok()) {
+      spdlog::error("kvfabric-placement: {}", loaded.status().ToString());
+      return 2;
+    }
+    tenants = *loaded;
+  }
   if (check_config) {
     auto fail = [](const std::string& what) {
       std::fprintf(stderr, "kvfabric-placement: --check-config: %s\n", what.c_str());
@@ -109,6 +136,7 @@ int Run(int argc, char** argv) {
     if (!etcd_endpoint.empty()) {
       placement::EtcdClientOptions eo;
       eo.endpoint = etcd_endpoint;
+      eo.tls = etcd_tls;
       const Status s = placement::EtcdClient::Create(eo).status();
       if (!s.ok()) return fail("--etcd-endpoint: " + s.ToString());
     }
@@ -161,6 +189,7 @@ int Run(int argc, char** argv) {
   } else {
     placement::EtcdMembershipStoreOptions eo;
     eo.endpoint = etcd_endpoint;
+    eo.tls = etcd_tls;
     eo.prefix = etcd_prefix;
     auto etcd = placement::EtcdMembershipStore::Create(eo);
     if (!etcd.ok()) {
@@ -182,10 +211,12 @@ int Run(int argc, char** argv) {
       [n = node->get()] { return n->Snapshot(); });
   auto rpc_metrics = metrics::RpcServerMetrics::Create("placement");
   auto build_info = metrics::NewBuildInfo("placement");
+  auto authorizer = std::make_shared<GrpcAuthorizer>(tenants, "placement");
+  service_options.authorizer = authorizer;
   std::unique_ptr<cache_host::MetricsServer> metrics_server;
   if (!metrics_address.empty() && metrics_address != "off") {
-    auto started =
-        cache_host::MetricsServer::Start(metrics_address, {metrics, rpc_metrics, build_info});
+    auto started = cache_host::MetricsServer::Start(metrics_address,
+                                                    {metrics, rpc_metrics, build_info, authorizer});
     if (!started.ok()) {
       spdlog::error("kvfabric-placement: {}", started.status().ToString());
       return 1;
@@ -219,7 +250,13 @@ int Run(int argc, char** argv) {
   PlacementService service(node->get(), &health, service_options);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(grpc_address, grpc::InsecureServerCredentials(), &port);
+  StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
+      MakeServerCredentials(security, grpc_address);
+  if (!creds.ok()) {
+    spdlog::error("kvfabric-placement: {}", creds.status().ToString());
+    return 2;
+  }
+  builder.AddListeningPort(grpc_address, *creds, &port);
   ApplyGrpcServerLimits(grpc_limits, "kvfabric-placement", &builder);
   rpc_metrics->Instrument(&builder);
   builder.RegisterService(&service);
@@ -231,6 +268,14 @@ int Run(int argc, char** argv) {
   }
   const std::string bound = grpc_address.substr(0, grpc_address.rfind(':')) + ":" +
                             std::to_string(port);
+  if (security.insecure) {
+    spdlog::warn("kvfabric-placement: gRPC security: {}",
+                 DescribeSecurity(security, bound, /*server=*/true));
+  } else {
+    spdlog::info("kvfabric-placement: gRPC security: {}",
+                 DescribeSecurity(security, bound, /*server=*/true));
+  }
+  spdlog::info("kvfabric-placement: tenants: {}", tenants->Summary());
   health.SetState(v1::SERVING_STATUS_SERVING, "");
   const std::string metrics_url = metrics_server ? metrics_server->url() : std::string("off");
   spdlog::info("kvfabric-placement: gRPC on {} ({}), membership {}, metrics {}", bound,

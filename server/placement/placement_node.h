@@ -283,6 +283,7 @@ struct PlanSummary {
 
 struct PlanExplanation {
   std::uint64_t plan_id = 0;
+  std::string ns;  // the namespace planned for (who may read the explanation)
   PlanKind kind = PlanKind::kUnspecified;
   std::string formula;
   std::string text;  // empty if Options::explain_every_plan is off and the request did not ask

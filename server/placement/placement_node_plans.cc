@@ -486,6 +486,7 @@ StatusOr<PlanExplanation> PlacementNode::Explain(std::uint64_t plan_id) const {
   }
   PlanExplanation out;
   out.plan_id = plan->plan_id;
+  out.ns = plan->ns;
   out.kind = plan->kind;
   out.formula = kPlanFormula;
   out.text = plan->inputs.empty() ? plan->explanation : plan->inputs + plan->explanation;

@@ -45,6 +45,7 @@ int MatchAgainst(const char* placement) {
   }
   kvfabric::client::ClientOptions o;
   o.placement_address = placement;
+  o.security.insecure = true;  // the daemons listen on 127.0.0.1 with --insecure
   o.namespace_name = "consumer-cc";
   o.model = fp;
   o.device = device->get();

@@ -97,13 +97,13 @@ wait_ready() {  # wait_ready FILE PID NAME: the server wrote FILE (60 s at most)
   die "$3 not ready after 60 s"
 }
 
-"$prefix/bin/kvfabric-placement" --grpc-address=127.0.0.1:0 --metrics-address=off \
+"$prefix/bin/kvfabric-placement" --insecure --grpc-address=127.0.0.1:0 --metrics-address=off \
   --log-level=warn --ready-file="$tmp/placement.ready" >"$tmp/placement.log" 2>&1 &
 pids+=($!)
 wait_ready "$tmp/placement.ready" "$!" kvfabric-placement
 placement=$(sed -n 's/^grpc=//p' "$tmp/placement.ready")
 for i in 0 1; do
-  "$prefix/bin/kvfabric-cached" --host-id="consumer-$i" --grpc-address=127.0.0.1:0 \
+  "$prefix/bin/kvfabric-cached" --host-id="consumer-$i" --insecure --grpc-address=127.0.0.1:0 \
     --transport-address=127.0.0.1:0 --metrics-address=off --lock-memory=off --log-level=warn \
     --host-pool-bytes=32MiB --host-page-bytes=32KiB --placement-address="$placement" \
     --ready-file="$tmp/cache-$i.ready" >"$tmp/cache-$i.log" 2>&1 &

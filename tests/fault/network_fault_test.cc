@@ -76,7 +76,8 @@ class NetworkFaultTest : public ::testing::Test {
     auto p = net_->StartIn(
         "placement", testing::ServerBinary("KVF_PLACEMENT", "kvfabric-placement"), "placement",
         dir_,
-        {"--grpc-address=" + placement_address_, "--metrics-address=off", "--log-level=warn"});
+        {"--insecure", "--allow-insecure-remote", "--grpc-address=" + placement_address_,
+         "--metrics-address=off", "--log-level=warn"});
     ASSERT_TRUE(p.ok()) << p.status().ToString();
     placement_ = std::move(*p);
     for (const char* host : {"cache-a", "cache-b"}) StartDaemon(host);
@@ -107,6 +108,8 @@ class NetworkFaultTest : public ::testing::Test {
 
   std::vector<std::string> DaemonFlags(const std::string& host) {
     std::vector<std::string> flags = {
+        "--insecure",
+        "--allow-insecure-remote",
         "--host-id=" + host,
         "--grpc-address=" + net_->Address(host) + ":7440",
         "--transport-address=" + net_->Address(host) + ":0",
@@ -142,6 +145,8 @@ class NetworkFaultTest : public ::testing::Test {
     const std::uint64_t page_bytes = device->page_bytes;
     client::ClientOptions o;
     o.placement_address = placement_address_;
+    o.security.insecure = true;  // the namespaces' addresses are not loopback
+    o.security.allow_insecure_remote = true;
     o.data_transport = "tcp";
     o.model = model_;
     o.device = device_out->get();

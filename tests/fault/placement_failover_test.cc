@@ -73,13 +73,14 @@ class PlacementFailoverTest : public ::testing::Test {
     }
     const std::string both = placements_[0] + "," + placements_[1];
     for (const char* host : {"cache-a", "cache-b"}) {
-      auto d = net_->StartIn(
-          host, testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), host, dir_,
-          {"--host-id=" + std::string(host), "--grpc-address=" + net_->Address(host) + ":7440",
-           "--transport-address=" + net_->Address(host) + ":0", "--data-transport=tcp",
-           "--metrics-address=off", "--lock-memory=off", "--log-level=warn",
-           "--host-pool-bytes=32MiB", "--host-page-bytes=32KiB", "--placement-address=" + both,
-           "--membership-ttl=3s"});
+      auto d =
+          net_->StartIn(host, testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), host, dir_,
+                        {"--insecure", "--allow-insecure-remote", "--host-id=" + std::string(host),
+                         "--grpc-address=" + net_->Address(host) + ":7440",
+                         "--transport-address=" + net_->Address(host) + ":0",
+                         "--data-transport=tcp", "--metrics-address=off", "--lock-memory=off",
+                         "--log-level=warn", "--host-pool-bytes=32MiB", "--host-page-bytes=32KiB",
+                         "--placement-address=" + both, "--membership-ttl=3s"});
       ASSERT_TRUE(d.ok()) << d.status().ToString();
       daemons_.push_back(std::move(*d));
     }
@@ -158,7 +159,8 @@ class PlacementFailoverTest : public ::testing::Test {
       if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(250));
       p = net_->StartIn(
           host, testing::ServerBinary("KVF_PLACEMENT", "kvfabric-placement"), host, dir_,
-          {"--grpc-address=" + placements_[static_cast<std::size_t>(i - 1)],
+          {"--insecure", "--allow-insecure-remote",
+           "--grpc-address=" + placements_[static_cast<std::size_t>(i - 1)],
            "--metrics-address=off", "--log-level=warn", "--etcd-endpoint=" + members});
     }
     ASSERT_TRUE(p.ok()) << p.status().ToString();
@@ -215,6 +217,8 @@ TEST_F(PlacementFailoverTest, ClientsAndDaemonsFailOverToTheOtherPlacementReplic
   std::vector<BlockKey> chain;
   client::ClientOptions o;
   o.placement_address = placements_[0] + "," + placements_[1];
+  o.security.insecure = true;  // the namespaces' addresses are not loopback
+  o.security.allow_insecure_remote = true;
   o.data_transport = "tcp";
   o.model = model;
   o.device = device_.get();

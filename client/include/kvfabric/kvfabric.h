@@ -327,6 +327,24 @@ typedef struct kvf_options {
    * cores the data plane uses. Placement learns it from finished split plans
    * unless a calibration file says otherwise (docs/placement.md). */
   double prefill_split_serial_fraction;
+
+  /* How gRPC to placement and the daemons is secured (docs/security.md).
+   * TLS: tls_ca_file, the PEM CA bundle that signs the servers' certificates
+   * [--tls-ca]; mutual TLS adds tls_cert_file and tls_key_file, this
+   * engine's certificate and key [--tls-cert, --tls-key]; or, without a
+   * client certificate, tls_token_file, a file holding a bearer token sent
+   * with every call [--tls-token-file]. tls_server_name: the name the
+   * servers' certificates carry when it is not the host dialled.
+   * insecure = 1: plaintext, only to loopback addresses unless
+   * allow_insecure_remote = 1 too [--insecure, --allow-insecure-remote].
+   * With none of these kvf_client_open fails, naming the settings. */
+  const char* tls_ca_file;
+  const char* tls_cert_file;
+  const char* tls_key_file;
+  const char* tls_token_file;
+  const char* tls_server_name;
+  int insecure;
+  int allow_insecure_remote;
 } kvf_options;
 
 /* Fills *options with the defaults above (required fields zero or NULL) and

@@ -126,6 +126,7 @@ int main(int argc, char** argv) {
 
   kvf_options_init(&o);
   o.placement_address = argv[1];
+  o.insecure = 1; /* the daemons listen on 127.0.0.1 with --insecure */
   o.namespace_name = "consumer-c";
   o.model_id = "consumer-c/synthetic@1";
   o.layer_count = kLayers;
