@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "core/process_identity.h"
@@ -137,7 +138,35 @@ StatusOr<DaemonConnection*> CacheHostSession::Connection(const std::string& gran
                                       "and no grant named one)");
   }
   const auto deadline = Clock::now() + o_.rpc_timeout;
-  auto conn = data_->Connect(address, deadline);
+  // A fresh data-plane session for each new connection (sessions expire; a
+  // daemon that binds none answers UNIMPLEMENTED and takes the connection
+  // as it is).
+  std::optional<DataSessionCredentials> session;
+  {
+    v1::OpenDataSessionResponse r;
+    grpc::Status g;
+    // A connection that just died (a daemon restarted on its address) fails
+    // the first call on it with UNAVAILABLE; the next reconnects. Opening a
+    // session twice is harmless (the unused one expires).
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      std::unique_ptr<grpc::ClientContext> ctx = RpcContext();
+      ctx->set_wait_for_ready(true);
+      g = stub_->OpenDataSession(ctx.get(), v1::OpenDataSessionRequest{}, &r);
+      if (g.error_code() != grpc::StatusCode::UNAVAILABLE || Clock::now() >= deadline) break;
+    }
+    if (g.ok()) {
+      if (r.secret().size() != 32 || r.session_id() == 0) {
+        return Status::Internal("cache host " + o_.host_id +
+                                ": OpenDataSession answered a malformed session");
+      }
+      session.emplace();
+      session->id = r.session_id();
+      std::memcpy(session->secret.data(), r.secret().data(), 32);
+    } else if (g.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
+      return Call("OpenDataSession", g);
+    }
+  }
+  auto conn = data_->Connect(address, deadline, session ? &*session : nullptr);
   if (!conn.ok()) {
     return conn.status().WithContext("cache host " + o_.host_id + " data plane at " + address);
   }

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <utility>
 
+#include "core/sha256.h"
+
 namespace kvfabric::client {
 
 class DaemonConnection {
@@ -69,6 +71,14 @@ DataPlaneClient::~DataPlaneClient() {
 void DataPlaneClient::OnMessage(transport::IncomingMessage& msg) {
   auto m = wire::DecodeTransferMessage(msg.header());
   if (!m.ok()) return;
+  if (m->op == wire::TransferOpCode::kChallenge) {
+    MutexLock lock(&mu_);
+    // At most one per connection, and connections are bounded by the
+    // daemons this client talks to.
+    challenges_[msg.endpoint()] = m->hello;
+    cv_.NotifyAll();
+    return;
+  }
   const bool fetch_reply = m->op == wire::TransferOpCode::kFetchReply;
   if (m->op != wire::TransferOpCode::kReply && !fetch_reply) return;
   MutexLock lock(&mu_);
@@ -82,7 +92,8 @@ void DataPlaneClient::OnMessage(transport::IncomingMessage& msg) {
 }
 
 StatusOr<std::shared_ptr<DaemonConnection>> DataPlaneClient::Connect(
-    const std::string& address, transport::Deadline deadline) {
+    const std::string& address, transport::Deadline deadline,
+    const DataSessionCredentials* session) {
   std::shared_ptr<Slot> slot;
   {
     MutexLock lock(&mu_);
@@ -99,12 +110,61 @@ StatusOr<std::shared_ptr<DaemonConnection>> DataPlaneClient::Connect(
   KVF_ASSIGN_OR_RETURN(
       auto ep, transport_->Connect(address, transport::PeerFailureMode::kFailInFlight, deadline));
   auto conn = std::make_shared<DaemonConnection>(address, std::move(ep));
+  if (session != nullptr) {
+    if (Status s = Hello(conn.get(), *session, deadline); !s.ok()) {
+      conn->endpoint->Close(transport::CloseMode::kForce, transport::Clock::now()).IgnoreError();
+      MutexLock lock(&mu_);
+      challenges_.erase(conn->endpoint.get());
+      return s.WithContext("data-plane session with " + address);
+    }
+  }
   MutexLock lock(&mu_);
   // A failed connection is replaced; whoever still holds it sees it fail.
+  if (slot->conn != nullptr) challenges_.erase(slot->conn->endpoint.get());
   slot->conn = conn;
   auto it = connections_.find(address);
   if (it == connections_.end() || it->second != slot) connections_[address] = slot;
   return conn;
+}
+
+Status DataPlaneClient::Hello(DaemonConnection* conn, const DataSessionCredentials& session,
+                              transport::Deadline deadline) {
+  std::array<std::uint8_t, wire::kHelloBytes> nonce{};
+  {
+    MutexLock lock(&mu_);
+    for (;;) {
+      auto it = challenges_.find(conn->endpoint.get());
+      if (it != challenges_.end()) {
+        nonce = it->second;
+        challenges_.erase(it);
+        break;
+      }
+      Status health = conn->endpoint->health();
+      if (!health.ok()) return health.WithContext("waiting for the daemon's challenge");
+      if (transport::Clock::now() >= deadline) {
+        return Status::DeadlineExceeded(
+            "the daemon sent no data-plane challenge in time (does it bind sessions?)");
+      }
+      cv_.WaitFor(&mu_, std::chrono::milliseconds(10));
+    }
+  }
+  StatusOr<Sha256Digest> proof =
+      HmacSha256(session.secret, wire::HelloProofInput(nonce, session.id));
+  if (!proof.ok()) return proof.status();
+  wire::TransferMessage m;
+  m.op = wire::TransferOpCode::kHello;
+  m.lease_id = session.id;
+  m.hello = *proof;
+  KVF_ASSIGN_OR_RETURN(const std::uint64_t id, Send(conn, m));
+  Status s = Wait(conn, id, deadline);
+  // A daemon that refuses the proof closes the connection without a reply.
+  if (s.IsUnavailable()) {
+    return Status::PermissionDenied(
+        "the daemon closed the connection: it refused the session "
+        "proof (" +
+        std::string(s.message()) + ")");
+  }
+  return s;
 }
 
 void DataPlaneClient::Disconnect(DaemonConnection* conn) {
@@ -112,6 +172,7 @@ void DataPlaneClient::Disconnect(DaemonConnection* conn) {
   std::shared_ptr<DaemonConnection> keep;  // closed outside the lock
   {
     MutexLock lock(&mu_);
+    challenges_.erase(conn->endpoint.get());
     auto it = connections_.find(conn->address);
     if (it != connections_.end() && it->second->conn.get() == conn) {
       keep = std::move(it->second->conn);

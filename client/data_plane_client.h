@@ -50,6 +50,13 @@ namespace kvfabric::client {
 // One daemon's data-plane connection (shared; see Ownership above).
 class DaemonConnection;
 
+// A data-plane session opened over gRPC (CacheHost.OpenDataSession,
+// server/cache_host/data_sessions.h).
+struct DataSessionCredentials {
+  std::uint64_t id = 0;
+  std::array<std::uint8_t, 32> secret{};
+};
+
 enum class DataOp : std::uint8_t {
   kPut = 1,  // client region -> daemon pool
   kGet = 2,  // daemon pool -> client region
@@ -67,9 +74,13 @@ class DataPlaneClient {
   // The connection to the daemon listening at `address` (made on first use,
   // then reused while healthy). Unavailable if it cannot be reached by
   // `deadline`. Connects to different addresses run concurrently; two
-  // threads connecting to one address make one connection.
-  StatusOr<std::shared_ptr<DaemonConnection>> Connect(const std::string& address,
-                                                      transport::Deadline deadline);
+  // threads connecting to one address make one connection. With `session`,
+  // a new connection first proves it (waits for the daemon's kChallenge,
+  // answers kHello with the HMAC, waits for OK); PermissionDenied or
+  // Unavailable when the daemon refuses it.
+  StatusOr<std::shared_ptr<DaemonConnection>> Connect(
+      const std::string& address, transport::Deadline deadline,
+      const DataSessionCredentials* session = nullptr);
 
   // Exports `region` (whole) to the daemon of `conn` as `region_id` and waits
   // for the daemon to import it. Done once per (connection, region).
@@ -135,6 +146,13 @@ class DataPlaneClient {
   std::map<std::string, std::shared_ptr<Slot>> connections_ KVF_GUARDED_BY(mu_);
   // A Pending's fields are under mu_ too.
   std::unordered_map<std::uint64_t, std::shared_ptr<Pending>> pending_ KVF_GUARDED_BY(mu_);
+  // kChallenge nonces by endpoint, until a Connect with a session uses them
+  // (or the connection is dropped).
+  std::unordered_map<const transport::Endpoint*, std::array<std::uint8_t, wire::kHelloBytes>>
+      challenges_ KVF_GUARDED_BY(mu_);
+  // Proves `session` on `conn` (see Connect).
+  Status Hello(DaemonConnection* conn, const DataSessionCredentials& session,
+               transport::Deadline deadline);
   std::uint64_t next_request_ KVF_GUARDED_BY(mu_) = 1;
   std::shared_ptr<bool> alive_;  // handlers check it (the transport may outlive us)
 };

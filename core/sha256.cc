@@ -2,6 +2,7 @@
 
 #include <openssl/err.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include <string>
 
@@ -89,6 +90,20 @@ StatusOr<Sha256Digest> Sha256Of(const void* data, std::size_t size) {
   if (len != digest.size()) {
     return Status::Internal("SHA-256 returned " + std::to_string(len) + " bytes, expected " +
                             std::to_string(digest.size()));
+  }
+  return digest;
+}
+
+StatusOr<Sha256Digest> HmacSha256(std::span<const std::uint8_t> key, std::string_view data) {
+  Sha256Digest digest;
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest.data(),
+           &len) == nullptr) {
+    return StatusFromOpenSsl("HMAC(SHA-256)");
+  }
+  if (len != digest.size()) {
+    return Status::Internal("HMAC-SHA-256 returned " + std::to_string(len) + " bytes");
   }
   return digest;
 }

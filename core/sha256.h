@@ -100,6 +100,9 @@ inline StatusOr<Sha256Digest> Sha256Of(std::string_view data) {
   return Sha256Of(data.data(), data.size());
 }
 
+// HMAC-SHA256 of `data` under `key` (RFC 2104). Internal if libcrypto fails.
+StatusOr<Sha256Digest> HmacSha256(std::span<const std::uint8_t> key, std::string_view data);
+
 }  // namespace kvfabric
 
 #endif  // KVFABRIC_CORE_SHA256_H_

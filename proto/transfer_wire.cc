@@ -101,6 +101,10 @@ StatusOr<std::string> EncodeTransferMessage(const TransferMessage& m) {
       count = static_cast<std::uint32_t>(n);
       break;
     }
+    case TransferOpCode::kChallenge:
+    case TransferOpCode::kHello:
+      count = kHelloBytes;
+      break;
     case TransferOpCode::kFetchReply:
       if (m.fetch_results.size() > kMaxFetchKeys) {
         return Status::InvalidArgument("fetch reply with " +
@@ -122,10 +126,11 @@ StatusOr<std::string> EncodeTransferMessage(const TransferMessage& m) {
   Put64(&out, m.request_id);
   // Only kPut and kGet present a grant; replies name no region.
   const bool granted = m.op == TransferOpCode::kPut || m.op == TransferOpCode::kGet;
+  const bool hello = m.op == TransferOpCode::kChallenge || m.op == TransferOpCode::kHello;
   const bool reply = m.op == TransferOpCode::kReply || m.op == TransferOpCode::kFetchReply;
-  Put64(&out, granted ? m.lease_id : 0);
+  Put64(&out, granted || m.op == TransferOpCode::kHello ? m.lease_id : 0);
   for (std::uint8_t b : m.token) Put8(&out, granted ? b : 0);
-  Put32(&out, reply ? 0 : m.region_id);
+  Put32(&out, reply || hello ? 0 : m.region_id);
   Put32(&out, count);
   switch (m.op) {
     case TransferOpCode::kPut:
@@ -150,6 +155,10 @@ StatusOr<std::string> EncodeTransferMessage(const TransferMessage& m) {
       out += msg;
       break;
     }
+    case TransferOpCode::kChallenge:
+    case TransferOpCode::kHello:
+      for (std::uint8_t b : m.hello) Put8(&out, b);
+      break;
     case TransferOpCode::kFetch:
       Put64(&out, m.fetch_region_offset);
       Put64(&out, m.fetch_slot_bytes);
@@ -206,7 +215,7 @@ StatusOr<TransferMessage> DecodeTransferMessage(std::span<const std::byte> bytes
                                    ", this build reads " + std::to_string(kTransferVersion));
   }
   if (reserved != 0) return Status::InvalidArgument("transfer message: reserved bits set");
-  if (op < 1 || op > 6) {
+  if (op < 1 || op > 8) {
     return Status::InvalidArgument("transfer message: unknown op " + std::to_string(op));
   }
   m.op = static_cast<TransferOpCode>(op);
@@ -297,6 +306,17 @@ StatusOr<TransferMessage> DecodeTransferMessage(std::span<const std::byte> bytes
       for (FetchKey& k : m.fetch_keys) r.Bytes(kFetchKeyBytes, k.data());
       break;
     }
+    case TransferOpCode::kChallenge:
+    case TransferOpCode::kHello: {
+      const bool challenge = m.op == TransferOpCode::kChallenge;
+      if (region != 0 || (challenge && m.lease_id != 0) ||
+          m.token != std::array<std::uint8_t, 16>{} || count != kHelloBytes ||
+          r.left() != kHelloBytes) {
+        return Status::InvalidArgument(challenge ? "challenge: malformed" : "hello: malformed");
+      }
+      r.Bytes(kHelloBytes, m.hello.data());
+      break;
+    }
     case TransferOpCode::kFetchReply: {
       std::uint64_t code = 0, len = 0;
       if (region != 0 || m.lease_id != 0 || m.token != std::array<std::uint8_t, 16>{} ||
@@ -331,6 +351,14 @@ StatusOr<TransferMessage> DecodeTransferMessage(std::span<const std::byte> bytes
     }
   }
   return m;
+}
+
+std::string HelloProofInput(const std::array<std::uint8_t, kHelloBytes>& nonce,
+                            std::uint64_t session_id) {
+  std::string out = "kvfabric data-plane hello v1";
+  out.append(reinterpret_cast<const char*>(nonce.data()), nonce.size());
+  Put64(&out, session_id);
+  return out;
 }
 
 }  // namespace kvfabric::wire

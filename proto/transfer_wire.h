@@ -21,6 +21,15 @@
 //                                    data path; others answer Unavailable and
 //                                    go through gRPC Lease, which stages them).
 //   daemon -> client  kFetchReply    a kFetch's outcome and one result per key.
+//   daemon -> client  kChallenge     sent once when a connection is accepted: a
+//                                    32-byte random nonce (request_id 0).
+//   client -> daemon  kHello         proves the connection belongs to a gRPC
+//                                    session (CacheHost.OpenDataSession): the
+//                                    session id and HMAC-SHA256(session secret,
+//                                    HelloProofInput(nonce, session id)).
+//                                    Answered by kReply; a daemon that requires
+//                                    sessions reads nothing else first and closes
+//                                    the connection on a bad proof.
 //
 // Layout (little-endian), common header of 48 bytes:
 //   0  u32 magic "KVFT"     4 u8 version (1)   5 u8 op   6 u16 reserved (0)
@@ -38,6 +47,9 @@
 //   u16 namespace length (<= kMaxFetchNamespaceBytes), u8 flags (bit 0: a
 //   32-byte expected fingerprint digest follows; other bits 0), u8 reserved
 //   (0), [digest], namespace bytes, then `count` keys of 32 bytes.
+// kChallenge: lease_id, token, region_id zero; count 32; the 32-byte nonce.
+// kHello: lease_id is the session id; token and region_id zero; count 32; the
+//   32-byte proof.
 // kFetchReply: lease_id, token and region_id zero; `count` results (0 when the
 //   whole request failed, else exactly the request's key count): i32 code,
 //   u64 bytes_moved, u16 message length (<= kMaxFetchReplyMessageBytes), then
@@ -69,6 +81,8 @@ enum class TransferOpCode : std::uint8_t {
   kReply = 4,
   kFetch = 5,
   kFetchReply = 6,
+  kChallenge = 7,
+  kHello = 8,
 };
 
 inline constexpr std::uint32_t kTransferMagic = 0x5446564bu;  // "KVFT" little-endian
@@ -91,6 +105,7 @@ inline constexpr std::size_t kMaxFetchNamespaceBytes = 256;
 // kFetchReply: 48 + 14 + 16 x 16 (results) + 512 = 830.
 inline constexpr std::uint32_t kMaxFetchReplyMessageBytes = 512;
 inline constexpr std::size_t kFetchResultBytes = 16;
+inline constexpr std::size_t kHelloBytes = 32;  // a kChallenge nonce, a kHello proof
 
 using FetchKey = std::array<std::uint8_t, kFetchKeyBytes>;
 
@@ -134,7 +149,15 @@ struct TransferMessage {
   std::vector<FetchKey> fetch_keys;
   // kFetchReply.
   std::vector<FetchKeyResult> fetch_results;
+  // kChallenge (the nonce) and kHello (the proof; lease_id is the session id).
+  std::array<std::uint8_t, kHelloBytes> hello{};
 };
+
+// What a kHello proof authenticates: a domain label, the daemon's nonce and
+// the session id (little-endian), so a proof is good for one connection of
+// one session only.
+std::string HelloProofInput(const std::array<std::uint8_t, kHelloBytes>& nonce,
+                            std::uint64_t session_id);
 
 // InvalidArgument for a message that breaks the layout's bounds (too many
 // ranges or keys, an empty or oversized chunk, a chunk past total_bytes, slots

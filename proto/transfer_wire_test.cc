@@ -281,3 +281,56 @@ TEST(TransferWireTest, RandomBytesNeverCrashTheFetchDecoder) {
 
 }  // namespace
 }  // namespace kvfabric::wire
+
+namespace kvfabric::wire {
+namespace {
+
+TEST(TransferWireTest, ChallengeAndHelloRoundTripAndRefuseExtras) {
+  TransferMessage c;
+  c.op = TransferOpCode::kChallenge;
+  for (std::size_t i = 0; i < kHelloBytes; ++i) c.hello[i] = static_cast<std::uint8_t>(i * 7);
+  auto ce = EncodeTransferMessage(c);
+  ASSERT_TRUE(ce.ok()) << ce.status().ToString();
+  EXPECT_EQ(ce->size(), kTransferHeaderBytes + kHelloBytes);
+  auto cd = DecodeTransferMessage(std::as_bytes(std::span<const char>(ce->data(), ce->size())));
+  ASSERT_TRUE(cd.ok()) << cd.status().ToString();
+  EXPECT_EQ(cd->op, TransferOpCode::kChallenge);
+  EXPECT_EQ(cd->hello, c.hello);
+
+  TransferMessage h;
+  h.op = TransferOpCode::kHello;
+  h.request_id = 9;
+  h.lease_id = 0x1122334455667788ull;  // the session id
+  h.hello = c.hello;
+  auto he = EncodeTransferMessage(h);
+  ASSERT_TRUE(he.ok());
+  auto hd = DecodeTransferMessage(std::as_bytes(std::span<const char>(he->data(), he->size())));
+  ASSERT_TRUE(hd.ok()) << hd.status().ToString();
+  EXPECT_EQ(hd->lease_id, h.lease_id);
+  EXPECT_EQ(hd->request_id, 9u);
+  EXPECT_EQ(hd->hello, h.hello);
+
+  // A byte more or less, or a session id on a challenge, is refused.
+  std::string longer = *he + "x";
+  EXPECT_FALSE(
+      DecodeTransferMessage(std::as_bytes(std::span<const char>(longer.data(), longer.size())))
+          .ok());
+  std::string shorter = he->substr(0, he->size() - 1);
+  EXPECT_FALSE(
+      DecodeTransferMessage(std::as_bytes(std::span<const char>(shorter.data(), shorter.size())))
+          .ok());
+  std::string with_id = *ce;
+  with_id[16] = 1;  // lease_id of a challenge
+  EXPECT_FALSE(
+      DecodeTransferMessage(std::as_bytes(std::span<const char>(with_id.data(), with_id.size())))
+          .ok());
+
+  // The proof input binds the nonce and the session id.
+  EXPECT_NE(HelloProofInput(c.hello, 1), HelloProofInput(c.hello, 2));
+  std::array<std::uint8_t, kHelloBytes> other = c.hello;
+  other[0] ^= 1;
+  EXPECT_NE(HelloProofInput(c.hello, 1), HelloProofInput(other, 1));
+}
+
+}  // namespace
+}  // namespace kvfabric::wire

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/env.h"
 #include "proto/grpc_status.h"
 #include "proto/wire_limits.h"
 #include "server/cache_host_convert.h"
@@ -490,6 +491,36 @@ grpc::Status CacheHostService::Drain(grpc::ServerContext* context, const v1::Dra
   response->set_status(ServingStateToProto(state));
   response->set_active_reservations(snapshot.table.active_reservations);
   response->set_active_read_leases(snapshot.table.active_leases);
+  return grpc::Status::OK;
+}
+
+// ---------------------------------------------------------------- OpenDataSession
+
+grpc::Status CacheHostService::OpenDataSession(grpc::ServerContext* context,
+                                               const v1::OpenDataSessionRequest* /*request*/,
+                                               v1::OpenDataSessionResponse* response) {
+  if (options_.data_sessions == nullptr) {
+    return ToGrpcStatus(
+        Status::Unimplemented("this daemon binds no data-plane sessions (--data-plane-auth=none)"));
+  }
+  cache_host::DataSessionTenant tenant{"default", {"*"}};
+  if (options_.authorizer != nullptr) {
+    const TenantSpec* t = nullptr;
+    if (grpc::Status a = options_.authorizer->Authenticate(*context, "OpenDataSession", &t);
+        !a.ok()) {
+      return a;
+    }
+    tenant = cache_host::DataSessionTenant{t->name, t->namespaces};
+  }
+  KVF_GRPC_RETURN_IF_ERROR(Admit(context));
+  const std::uint64_t now = Env::Default()->NowMicros();
+  StatusOr<cache_host::OpenedDataSession> s = options_.data_sessions->Open(std::move(tenant), now);
+  if (!s.ok()) return ToGrpcStatus(s.status());
+  response->set_session_id(s->id);
+  response->set_secret(
+      std::string(reinterpret_cast<const char*>(s->secret.data()), s->secret.size()));
+  response->set_expires_in_ms((s->expires_us - now) / 1000);
+  response->set_required(options_.data_sessions_required);
   return grpc::Status::OK;
 }
 

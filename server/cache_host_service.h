@@ -65,6 +65,10 @@ struct CacheHostServiceOptions {
   // Drain, Stats with namespaces and ListEvictions of all namespaces need an
   // admin identity (or the admin listener); Delete needs the namespace.
   std::shared_ptr<const GrpcAuthorizer> authorizer;
+  // Data-plane sessions (server/cache_host/data_sessions.h), shared with the
+  // node's data plane; null: OpenDataSession answers UNIMPLEMENTED.
+  std::shared_ptr<cache_host::DataSessions> data_sessions;
+  bool data_sessions_required = false;
 };
 
 class CacheHostService final : public v1::CacheHost::Service {
@@ -102,6 +106,9 @@ class CacheHostService final : public v1::CacheHost::Service {
                       v1::HealthResponse* response) override;
   grpc::Status Drain(grpc::ServerContext* context, const v1::DrainRequest* request,
                      v1::DrainResponse* response) override;
+  grpc::Status OpenDataSession(grpc::ServerContext* context,
+                               const v1::OpenDataSessionRequest* request,
+                               v1::OpenDataSessionResponse* response) override;
 
   const CacheHostServiceOptions& options() const { return options_; }
 

@@ -174,6 +174,12 @@ Status EmbeddedCluster::StartDaemon(const EmbeddedDaemonOptions& options, Daemon
   d->info.host_id = options.host_id;
   d->node_name = options.node_name.empty() ? Hostname() : options.node_name;
   KVF_ASSIGN_OR_RETURN(cache_host::CacheHostOptions node_options, NodeOptions(options));
+  if (!options_.security.insecure) {
+    // As kvfabric-cached --data-plane-auth=auto: with TLS, connections prove a session.
+    node_options.data_plane.sessions =
+        std::make_shared<cache_host::DataSessions>(cache_host::DataSessionOptions{});
+    node_options.data_plane.require_session = true;
+  }
   transport::DataTransportOptions topts;
   topts.kind = options.data_transport;
   topts.ucx_tls = options.ucx_tls;
@@ -198,6 +204,8 @@ Status EmbeddedCluster::StartDaemon(const EmbeddedDaemonOptions& options, Daemon
   CacheHostServiceOptions sopts;
   sopts.transport_address = d->node->transport_address();
   sopts.authorizer = std::make_shared<GrpcAuthorizer>(options_.tenants, "cached");
+  sopts.data_sessions = d->node->options().data_plane.sessions;
+  sopts.data_sessions_required = d->node->options().data_plane.require_session;
   // As cached_main: advertise (and enforce at the door) what the node accepts.
   const cache_host::CacheHostOptions& no = d->node->options();
   sopts.limits.set_max_ttl_ms(static_cast<std::uint32_t>(

@@ -13,20 +13,27 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/mutex.h"
+#include "core/secure_random.h"
+#include "core/sha256.h"
 #include "core/testing/wait_for.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
 #include "kvfabric/v1/placement.grpc.pb.h"
+#include "proto/transfer_wire.h"
 #include "security/grpc_security.h"
 #include "security/testing/test_pki.h"
 #include "tests/cache_host_test_client.h"
 #include "tests/http_client.h"
 #include "tests/server_process.h"
+#include "transport/data_transport.h"
 
 namespace kvfabric {
 namespace {
@@ -337,6 +344,173 @@ TEST_F(TenantIsolationTest, TenantsAreIdentitiesAndCannotReachEachOther) {
                    "kvfabric_auth_denied_total{process=\"placement\",reason=\"daemon\"}"),
             1)
       << placement_metrics;
+}
+
+// A data-plane peer that speaks the wire by hand over kernel TCP: what an
+// attacker who reached the daemon's data port could send.
+class RawPeer {
+ public:
+  explicit RawPeer(const std::string& address) {
+    transport::DataTransportOptions o;
+    o.kind = "tcp";
+    auto t = transport::CreateDataTransport(o);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    transport_ = std::move(*t);
+    transport_->SetMessageHandler([this](transport::IncomingMessage& msg) {
+      if (msg.payload_length() > 0) msg.Drop();
+      auto m = wire::DecodeTransferMessage(msg.header());
+      if (!m.ok()) return;
+      MutexLock l(&mu_);
+      inbox_.push_back(std::move(*m));
+    });
+    auto ep = transport_->Connect(address, transport::PeerFailureMode::kFailInFlight,
+                                  transport::Clock::now() + std::chrono::seconds(10));
+    EXPECT_TRUE(ep.ok()) << ep.status().ToString();
+    ep_ = std::move(*ep);
+  }
+  ~RawPeer() {
+    ep_->Close(transport::CloseMode::kForce, transport::Clock::now()).IgnoreError();
+    sends_.clear();
+    ep_.reset();
+  }
+
+  // The daemon's kChallenge nonce (waits for it).
+  std::array<std::uint8_t, wire::kHelloBytes> Challenge() {
+    std::array<std::uint8_t, wire::kHelloBytes> nonce{};
+    EXPECT_TRUE(WaitFor([&] { return Find(wire::TransferOpCode::kChallenge, &nonce); }, 10s,
+                        "the daemon's challenge"));
+    return nonce;
+  }
+  void Send(const wire::TransferMessage& m) {
+    auto encoded = wire::EncodeTransferMessage(m);
+    ASSERT_TRUE(encoded.ok());
+    wire_.push_back(*encoded);
+    transport::Transfer t;
+    t.op = transport::TransferOp::kSend;
+    t.header = std::as_bytes(std::span<const char>(wire_.back().data(), wire_.back().size()));
+    auto batch = ep_->Submit(std::span<const transport::Transfer>(&t, 1));
+    if (batch.ok()) sends_.push_back(std::move(*batch));
+  }
+  void Hello(std::uint64_t session, const std::array<std::uint8_t, 32>& secret,
+             const std::array<std::uint8_t, wire::kHelloBytes>& nonce) {
+    wire::TransferMessage h;
+    h.op = wire::TransferOpCode::kHello;
+    h.request_id = 1;
+    h.lease_id = session;
+    h.hello = *HmacSha256(secret, wire::HelloProofInput(nonce, session));
+    Send(h);
+  }
+  bool Replied() {
+    std::array<std::uint8_t, wire::kHelloBytes> unused{};
+    return Find(wire::TransferOpCode::kReply, &unused);
+  }
+  bool Closed() const { return !ep_->health().ok(); }
+
+ private:
+  bool Find(wire::TransferOpCode op, std::array<std::uint8_t, wire::kHelloBytes>* hello) {
+    MutexLock l(&mu_);
+    for (const wire::TransferMessage& m : inbox_) {
+      if (m.op != op) continue;
+      *hello = m.hello;
+      return true;
+    }
+    return false;
+  }
+
+  std::unique_ptr<transport::Transport> transport_;
+  std::unique_ptr<transport::Endpoint> ep_;
+  std::deque<std::string> wire_;
+  std::vector<std::unique_ptr<transport::TransferBatch>> sends_;
+  Mutex mu_;
+  std::vector<wire::TransferMessage> inbox_;
+};
+
+TEST_F(TenantIsolationTest, DataPlaneConnectionsProveTheirSessionBeforeAnythingIsRead) {
+  auto alpha = Stub<v1::CacheHost>(daemon_->grpc(), As(alpha_));
+  v1::OpenDataSessionResponse session;
+  grpc::Status g = alpha->OpenDataSession(Ctx().get(), v1::OpenDataSessionRequest(), &session);
+  ASSERT_TRUE(g.ok()) << g.error_message();
+  ASSERT_EQ(session.secret().size(), 32u);
+  EXPECT_TRUE(session.required());
+  std::array<std::uint8_t, 32> secret{};
+  std::memcpy(secret.data(), session.secret().data(), 32);
+
+  // A request before any hello: closed, unanswered.
+  RawPeer silent(daemon_->transport());
+  silent.Challenge();
+  wire::TransferMessage import;
+  import.op = wire::TransferOpCode::kImportRegion;
+  import.request_id = 5;
+  import.region_id = 1;
+  import.import_total_bytes = 8;
+  import.import_chunk = "12345678";
+  silent.Send(import);
+  ASSERT_TRUE(WaitFor([&] { return silent.Closed(); }, 15s, "the daemon to close it"));
+  EXPECT_FALSE(silent.Replied());
+
+  // The right proof opens a connection.
+  RawPeer good(daemon_->transport());
+  const auto nonce = good.Challenge();
+  good.Hello(session.session_id(), secret, nonce);
+  ASSERT_TRUE(WaitFor([&] { return good.Replied(); }, 10s, "the hello's reply"));
+  EXPECT_FALSE(good.Closed());
+
+  // That proof replayed on another connection (another nonce), and a proof
+  // made with a guessed secret: closed, unanswered.
+  RawPeer replay(daemon_->transport());
+  replay.Challenge();
+  replay.Hello(session.session_id(), secret, nonce);
+  RawPeer forged(daemon_->transport());
+  std::array<std::uint8_t, 32> guess{};
+  SecureRandomBytes(guess);
+  forged.Hello(session.session_id(), guess, forged.Challenge());
+  ASSERT_TRUE(
+      WaitFor([&] { return replay.Closed() && forged.Closed(); }, 15s, "the daemon to close both"));
+  EXPECT_FALSE(replay.Replied());
+  EXPECT_FALSE(forged.Replied());
+
+  // A verified connection acts for its tenant only: beta's grant, presented
+  // on alpha's connection, is refused as unknown; on beta's own it works.
+  auto beta = testing::CacheHostTestClient::Create(/*seed=*/11, testing::kKernelTcp);
+  ASSERT_TRUE(beta.ok());
+  (*beta)->set_security(As(beta_));
+  ASSERT_TRUE((*beta)->Attach(daemon_->grpc(), daemon_->transport()).ok());
+  ASSERT_TRUE((*beta)->PutBatch(0, 1, "beta").ok());
+  v1::LeaseRequest lreq;
+  lreq.set_namespace_("beta");
+  lreq.add_keys((*beta)->Key(0));
+  v1::LeaseResponse lease;
+  ASSERT_TRUE((*beta)->stub()->Lease(Ctx().get(), lreq, &lease).ok());
+  ASSERT_EQ(lease.results_size(), 1);
+  std::array<std::uint8_t, 16> token{};
+  std::memcpy(token.data(), lease.grant().access_token().data(), 16);
+  std::vector<wire::TransferRange> ranges;
+  std::uint64_t at = 0;
+  for (const v1::Extent& e : lease.results(0).extents()) {
+    ranges.push_back({e.offset_bytes(), e.length_bytes(), at});
+    at += e.length_bytes();
+  }
+  auto alpha_client = testing::CacheHostTestClient::Create(/*seed=*/12, testing::kKernelTcp);
+  ASSERT_TRUE(alpha_client.ok());
+  (*alpha_client)->set_security(As(alpha_));
+  ASSERT_TRUE((*alpha_client)->Attach(daemon_->grpc(), daemon_->transport()).ok());
+  const auto deadline = transport::Clock::now() + std::chrono::seconds(10);
+  Status stolen = (*alpha_client)
+                      ->data()
+                      ->Transfer((*alpha_client)->connection(), client::DataOp::kGet,
+                                 lease.lease_id(), token, /*region_id=*/1, ranges, deadline);
+  EXPECT_TRUE(stolen.IsNotFound()) << stolen.ToString();
+  Status own =
+      (*beta)->data()->Transfer((*beta)->connection(), client::DataOp::kGet, lease.lease_id(),
+                                token, /*region_id=*/1, ranges, deadline);
+  EXPECT_TRUE(own.ok()) << own.ToString();
+
+  auto r = testing::HttpRequest(testing::HostPort(daemon_->metrics()), "GET", "/metrics");
+  ASSERT_TRUE(r.ok());
+  EXPECT_GE(Sample(r->body,
+                   "kvfabric_cache_host_data_connections_closed_total{reason=\"unauthenticated\"}"),
+            3)
+      << r->body;
 }
 
 }  // namespace

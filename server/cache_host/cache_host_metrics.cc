@@ -212,9 +212,14 @@ std::vector<MetricFamily> SnapshotFamilies(const CacheHostSnapshot& s, std::size
       out, "data_connections_closed_total",
       "Data-plane connections the daemon closed, by reason: idle (--data-idle-timeout), "
       "overloaded (requests plus unread replies over --max-requests-per-connection), "
-      "transfer_timeout (--transfer-timeout).",
+      "transfer_timeout (--transfer-timeout), unauthenticated (a request before a good session "
+      "proof, --data-plane-auth).",
       {S(dp.closed_idle, {{"reason", "idle"}}), S(dp.closed_overloaded, {{"reason", "overloaded"}}),
-       S(dp.closed_transfer_timeout, {{"reason", "transfer_timeout"}})});
+       S(dp.closed_transfer_timeout, {{"reason", "transfer_timeout"}}),
+       S(dp.closed_unauthenticated, {{"reason", "unauthenticated"}})});
+  Counter(out, "data_sessions_verified_total",
+          "Data-plane connections that proved a gRPC session (kHello, --data-plane-auth).",
+          {S(dp.sessions_verified)});
   Counter(out, "transfers_refused_total",
           "Data-plane requests refused before moving bytes (unknown grant, wrong token, range "
           "outside the grant).",

@@ -387,8 +387,12 @@ class CacheHostNode {
   // (`landed`: every range of a write arrived in full, so its bytes count as
   // written; false for a failed or abandoned transfer, whose ranges must be
   // written again before Commit accepts the block).
+  // With `tenant` (a data-plane connection bound to a session,
+  // data_sessions.h), a grant of a namespace the tenant does not hold is
+  // refused exactly as an unknown one.
   StatusOr<TransferTicket> BeginTransfer(std::uint64_t lease_id, const AccessToken& token,
-                                         bool write, std::span<const ByteExtent> ranges);
+                                         bool write, std::span<const ByteExtent> ranges,
+                                         const DataSessionTenant* tenant = nullptr);
   void EndTransfer(const TransferTicket& ticket, bool landed);
   // The registered pool region (for the data plane's transfers).
   transport::MemoryRegion* pool_region() const { return pool_region_.get(); }

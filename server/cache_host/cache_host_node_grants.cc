@@ -143,12 +143,14 @@ std::vector<Status> CacheHostNode::Release(const Namespace& ns,
 
 StatusOr<TransferTicket> CacheHostNode::BeginTransfer(std::uint64_t lease_id,
                                                       const AccessToken& token, bool write,
-                                                      std::span<const ByteExtent> ranges) {
+                                                      std::span<const ByteExtent> ranges,
+                                                      const DataSessionTenant* tenant) {
   TransferTicket ticket;
   ticket.write = write;
   MutexLock lock(&mu_);
   auto it = grants_.find(lease_id);
-  if (it == grants_.end() || !TokensEqual(it->second.token, token) || it->second.write != write) {
+  if (it == grants_.end() || !TokensEqual(it->second.token, token) || it->second.write != write ||
+      (tenant != nullptr && !tenant->MayUse(it->second.tenant))) {
     ++transfers_refused_;
     return Status::NotFound(std::string(write ? "write" : "read") + " lease " +
                             std::to_string(lease_id) +

@@ -105,6 +105,9 @@ struct Flags {
   std::string placement_token_file;
   std::string placement_server_name;
   std::shared_ptr<const TenantPolicy> tenants;  // loaded from tenants_file
+  std::string data_plane_auth = "auto";
+  std::uint32_t max_data_sessions = 65536;
+  std::chrono::microseconds data_session_ttl{3'600'000'000};
 };
 
 // The admin listener on a Unix socket is plaintext (the socket file's
@@ -140,6 +143,12 @@ Status ValidateSecurity(Flags& f) {
       return s.WithContext("--placement-address " + f.placement_address);
     }
   }
+  if (f.data_plane_auth != "auto" && f.data_plane_auth != "session" &&
+      f.data_plane_auth != "none") {
+    return Status::InvalidArgument("--data-plane-auth \"" + f.data_plane_auth +
+                                   "\": expected auto, session or none");
+  }
+  if (f.data_plane_auth == "auto") f.data_plane_auth = f.security.insecure ? "none" : "session";
   if (f.tenants_file.empty()) {
     f.tenants = TenantPolicy::Open();
     return Status::OK();
@@ -225,6 +234,13 @@ StatusOr<cache_host::CacheHostOptions> BuildOptions(Flags& f,
   o.data_plane.max_outstanding_per_connection = f.max_requests_per_connection;
   o.data_plane.idle_timeout_us = static_cast<std::uint64_t>(f.data_idle_timeout.count());
   o.data_plane.transfer_timeout_us = static_cast<std::uint64_t>(f.transfer_timeout.count());
+  if (f.data_plane_auth == "session") {
+    cache_host::DataSessionOptions so;
+    so.max_sessions = f.max_data_sessions;
+    so.ttl_us = static_cast<std::uint64_t>(f.data_session_ttl.count());
+    o.data_plane.sessions = std::make_shared<cache_host::DataSessions>(so);
+    o.data_plane.require_session = true;
+  }
   for (const std::string& q : f.quotas) {
     const auto eq = q.rfind('=');
     if (eq == std::string::npos) {
@@ -359,6 +375,16 @@ int Run(int argc, char** argv) {
                  "require client certificates)");
   app.add_option("--placement-server-name", f.placement_server_name,
                  "name placement's certificate must carry (default: the host dialled)");
+  app.add_option("--data-plane-auth", f.data_plane_auth,
+                 "session: a data-plane connection proves a gRPC session (CacheHost."
+                 "OpenDataSession, HMAC over a challenge) before anything it sends is read, and "
+                 "acts for that tenant only; none: any peer that connects may present grants; "
+                 "auto: session with TLS, none with --insecure");
+  app.add_option("--max-data-sessions", f.max_data_sessions,
+                 "data-plane sessions open at once (1..16777216)")
+      ->check(CLI::Range(1u, 1u << 24));
+  AddDurationOption(app, "--data-session-ttl", &f.data_session_ttl,
+                    "a data-plane session opens connections for this long after it was made");
   app.add_option("--admin-address", f.admin_address,
                  "gRPC listener for the administrative RPCs (Drain, Delete, Stats with "
                  "namespaces), which act on every tenant: unix:/PATH (recommended: the socket "
@@ -599,6 +625,8 @@ int Run(int argc, char** argv) {
   CacheHostServiceOptions sopts;
   sopts.transport_address = (*node)->transport_address();
   sopts.authorizer = authorizer;
+  sopts.data_sessions = (*node)->options().data_plane.sessions;
+  sopts.data_sessions_required = (*node)->options().data_plane.require_session;
   // Report (and enforce at the door) what the node accepts, so a request
   // within the advertised limits is never refused further down.
   const cache_host::CacheHostOptions& no = (*node)->options();
@@ -668,7 +696,11 @@ int Run(int argc, char** argv) {
     spdlog::info("kvfabric-cached: gRPC security: {}", DescribeSecurity(f.security, grpc_bound,
                                                                         /*server=*/true));
   }
-  spdlog::info("kvfabric-cached: tenants: {}", f.tenants->Summary());
+  spdlog::info("kvfabric-cached: tenants: {}; data plane: {}", f.tenants->Summary(),
+               f.data_plane_auth == "session"
+                   ? "a connection proves a gRPC session (HMAC over a challenge) before anything "
+                     "it sends is read"
+                   : "any peer that connects may present grants (--data-plane-auth=none)");
   health.SetState(v1::SERVING_STATUS_SERVING, "");
   const std::string metrics_url = metrics_server ? metrics_server->url() : std::string("off");
   spdlog::info("kvfabric-cached {}: gRPC on {} ({}), data plane on {}, metrics {}, admin {}",

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/mutex.h"
+#include "core/secure_random.h"
 #include "proto/transfer_wire.h"
 #include "server/cache_host/cache_host_node.h"
 #include "spdlog/spdlog.h"
@@ -38,7 +39,16 @@ struct Peer {
   std::uint64_t last_activity_us = 0;
   // Why Sweep must close it (overloaded, idle, a transfer past its deadline);
   // kNone while it may stay.
-  enum class Close : std::uint8_t { kNone, kOverloaded, kIdle, kTransferTimeout } close = Close::kNone;
+  enum class Close : std::uint8_t {
+    kNone,
+    kOverloaded,
+    kIdle,
+    kTransferTimeout,
+    kUnauthenticated
+  } close = Close::kNone;
+  // The kChallenge nonce sent at accept, and the session the peer proved.
+  std::array<std::uint8_t, wire::kHelloBytes> nonce{};
+  std::shared_ptr<const DataSessionTenant> tenant;  // null until kHello verified
   bool closed = false;  // Sweep closed it; removed once its peer is unhealthy and idle
 };
 
@@ -105,6 +115,10 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
 
   void OnAccept(std::unique_ptr<Endpoint> ep) {
     std::unique_ptr<Endpoint> refused;
+    Endpoint* challenged = nullptr;
+    wire::TransferMessage challenge;
+    challenge.op = wire::TransferOpCode::kChallenge;
+    if (options.sessions != nullptr) SecureRandomBytes(challenge.hello);
     {
       MutexLock lock(&mu);
       const std::string host = HostOf(ep->peer_address());
@@ -131,9 +145,12 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
         peer.endpoint = std::move(ep);
         peer.host = host;
         peer.last_activity_us = clock();
+        peer.nonce = challenge.hello;
         ++peers_per_host[host];
+        if (options.sessions != nullptr) challenged = raw;
       }
     }
+    if (challenged != nullptr) SendToPeer(challenged, challenge);
     // Destroyed outside the lock: destroying an endpoint waits for its handlers.
   }
 
@@ -210,21 +227,81 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
             Status::InvalidArgument("messages to a cache host carry no payload"), 0);
       return;
     }
+    if (m.op == wire::TransferOpCode::kHello) {
+      Hello(ep, m);
+      return;
+    }
+    std::shared_ptr<const DataSessionTenant> tenant;
+    if (!Authenticated(ep, &tenant)) return;  // closed before the request is read
     switch (m.op) {
       case wire::TransferOpCode::kImportRegion:
         Reply(ep, m.request_id, Import(ep, m), 0);
         return;
       case wire::TransferOpCode::kPut:
       case wire::TransferOpCode::kGet:
-        Move(ep, std::move(m));
+        Move(ep, std::move(m), tenant.get());
         return;
       case wire::TransferOpCode::kFetch:
-        Fetch(ep, m);
+        Fetch(ep, m, tenant.get());
         return;
       case wire::TransferOpCode::kReply:
       case wire::TransferOpCode::kFetchReply:
+      case wire::TransferOpCode::kChallenge:
+      case wire::TransferOpCode::kHello:
         return;  // a daemon asks nothing of its clients
     }
+  }
+
+  // Whether `ep` may be served: it proved a session, or none is required.
+  // *tenant is its session's tenant (null without one). A peer that must
+  // prove one and has not is marked for closing (Sweep closes it) and gets
+  // no reply.
+  bool Authenticated(Endpoint* ep, std::shared_ptr<const DataSessionTenant>* tenant) {
+    MutexLock lock(&mu);
+    auto pit = closed ? peers.end() : peers.find(ep);
+    if (pit == peers.end()) return false;
+    *tenant = pit->second.tenant;
+    if (*tenant != nullptr || !options.require_session) return true;
+    if (pit->second.close == Peer::Close::kNone) pit->second.close = Peer::Close::kUnauthenticated;
+    return false;
+  }
+
+  // kHello: verifies the proof against this connection's nonce. A bad one
+  // closes the connection (no reply); a good one is answered OK.
+  void Hello(Endpoint* ep, const wire::TransferMessage& m) {
+    std::array<std::uint8_t, wire::kHelloBytes> nonce{};
+    {
+      MutexLock lock(&mu);
+      auto pit = closed ? peers.end() : peers.find(ep);
+      if (pit == peers.end()) return;
+      if (options.sessions == nullptr || pit->second.tenant != nullptr) {
+        // Not expected here: answered, not fatal (the peer may retry a hello
+        // whose reply it lost, or talk to a daemon without sessions).
+      } else {
+        nonce = pit->second.nonce;
+      }
+    }
+    if (options.sessions == nullptr) {
+      Reply(ep, m.request_id,
+            Status::FailedPrecondition("this daemon binds no data-plane sessions"), 0);
+      return;
+    }
+    StatusOr<DataSessionTenant> t = options.sessions->Verify(m.lease_id, nonce, m.hello, clock());
+    MutexLock lock(&mu);
+    auto pit = closed ? peers.end() : peers.find(ep);
+    if (pit == peers.end()) return;
+    Peer& peer = pit->second;
+    if (peer.tenant != nullptr) {
+      // Already verified: a second hello changes nothing.
+    } else if (!t.ok()) {
+      if (peer.close == Peer::Close::kNone) peer.close = Peer::Close::kUnauthenticated;
+      return;
+    } else {
+      peer.tenant = std::make_shared<const DataSessionTenant>(std::move(*t));
+      ++stats.sessions_verified;
+    }
+    lock.Unlock();
+    Reply(ep, m.request_id, Status::OK(), 0);
   }
 
   Status Import(Endpoint* ep, const wire::TransferMessage& m) {
@@ -304,7 +381,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
     return entries;
   }
 
-  void Move(Endpoint* ep, wire::TransferMessage m) {
+  void Move(Endpoint* ep, wire::TransferMessage m, const DataSessionTenant* tenant) {
     const bool write = m.op == wire::TransferOpCode::kPut;
     std::vector<ByteExtent> ranges;
     ranges.reserve(m.ranges.size());
@@ -332,7 +409,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
     }
     // The lease checks every range on its own (BeginTransfer, below); the
     // transport moves the joined ones.
-    auto ticket = node->BeginTransfer(m.lease_id, m.token, write, ranges);
+    auto ticket = node->BeginTransfer(m.lease_id, m.token, write, ranges, tenant);
     if (!ticket.ok()) {
       Reply(ep, m.request_id, ticket.status(), 0);
       return;
@@ -420,7 +497,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
   // same a gRPC Lease makes (quotas, fingerprint check, hit counts, lease-table
   // brackets); it lives only for this request and is released before the
   // reply, or by its TTL if the daemon stops first.
-  void Fetch(Endpoint* ep, const wire::TransferMessage& m) {
+  void Fetch(Endpoint* ep, const wire::TransferMessage& m, const DataSessionTenant* tenant) {
     bool alive = false;
     const transport::RemoteRegion* remote = FindRegion(ep, m.region_id, &alive);
     if (!alive) return;
@@ -439,6 +516,12 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
           std::to_string(n) + " slots of " + std::to_string(m.fetch_slot_bytes) +
           " bytes from offset " + std::to_string(m.fetch_region_offset) + " run past region " +
           std::to_string(m.region_id) + " of " + std::to_string(length) + " bytes"));
+      return;
+    }
+    if (tenant != nullptr && !tenant->MayUse(m.fetch_namespace)) {
+      fail(Status::PermissionDenied("kFetch: this connection's session (tenant \"" + tenant->name +
+                                    "\") may not use namespace \"" +
+                                    m.fetch_namespace.substr(0, 64) + "\""));
       return;
     }
     const Namespace ns{m.fetch_namespace};
@@ -614,6 +697,9 @@ void DataPlane::Sweep() {
             break;
           case Peer::Close::kTransferTimeout:
             ++impl_->stats.closed_transfer_timeout;
+            break;
+          case Peer::Close::kUnauthenticated:
+            ++impl_->stats.closed_unauthenticated;
             break;
           case Peer::Close::kNone:
             break;

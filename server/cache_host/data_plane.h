@@ -62,6 +62,7 @@
 #include "core/status.h"
 #include "core/statusor.h"
 #include "proto/transfer_wire.h"
+#include "server/cache_host/data_sessions.h"
 #include "transport/transport.h"
 
 namespace kvfabric::cache_host {
@@ -95,6 +96,14 @@ std::vector<wire::TransferRange> JoinAdjacentRanges(std::span<const wire::Transf
                                                     std::uint64_t max_bytes);
 
 struct DataPlaneOptions {
+  // Sessions binding connections to authenticated gRPC callers
+  // (data_sessions.h). Null: no kChallenge is sent and kHello is refused.
+  std::shared_ptr<DataSessions> sessions;
+  // A connection must prove a session (kHello) before anything else it
+  // sends is read; anything else first closes it (--data-plane-auth=session).
+  // Verified connections act for their session's tenant only: grants and
+  // kFetches of other namespaces are refused as unknown.
+  bool require_session = false;
   std::uint32_t max_connections = 4096;               // --max-data-connections
   std::uint32_t max_connections_per_host = 1024;      // --max-data-connections-per-host
   std::uint32_t max_outstanding_per_connection = 256;  // --max-requests-per-connection
@@ -109,6 +118,8 @@ struct DataPlaneStats {
   std::uint64_t closed_idle = 0;              // idle_timeout
   std::uint64_t closed_overloaded = 0;        // over max_outstanding_per_connection
   std::uint64_t closed_transfer_timeout = 0;  // a transfer past transfer_timeout
+  std::uint64_t closed_unauthenticated = 0;   // a request before kHello, or a bad proof
+  std::uint64_t sessions_verified = 0;        // connections whose kHello was good
 };
 
 class DataPlane {
