@@ -62,6 +62,7 @@
 #include "core/testing/test_seed.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
 #include "tests/cache_host_test_client.h"
+#include "tests/daemon_probe.h"
 #include "tests/server_process.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -70,57 +71,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using testing::CacheHostTestClient;
+using testing::CpuSeconds;
+using testing::Dial;
 using testing::kTestBlockBytes;
+using testing::OpenFds;
+using testing::RssBytes;
 
 constexpr std::uint64_t kPoolBytes = 256ull << 20;
 constexpr std::uint64_t kRssBoundBytes = kPoolBytes + (256ull << 20);
 constexpr auto kPhase = std::chrono::seconds(3);
-
-std::uint64_t RssBytes(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) << 10;
-  }
-  return 0;
-}
-
-// CPU seconds (user + system) the process has used.
-double CpuSeconds(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::size_t close = text.rfind(')');  // the command may hold spaces
-  if (close == std::string::npos) return 0;
-  std::istringstream f(text.substr(close + 2));
-  std::string field;
-  double ticks = 0;
-  for (int i = 3; i <= 15 && f >> field; ++i) {
-    if (i == 14 || i == 15) ticks += std::stod(field);  // utime, stime
-  }
-  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-int OpenFds(pid_t pid) {
-  int n = 0;
-  if (DIR* d = opendir(("/proc/" + std::to_string(pid) + "/fd").c_str())) {
-    while (readdir(d) != nullptr) ++n;
-    closedir(d);
-  }
-  return n - 2;
-}
-
-// A TCP connection to "host:port", or -1.
-int Dial(const std::string& address) {
-  sockaddr_storage sa{};
-  socklen_t len = 0;
-  if (!ParseSocketAddress(address, &sa, &len).ok()) return -1;
-  const int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 // GET `path` over HTTP/1.0 from "host:port" with a receive timeout; the whole
 // response, or "" on failure.

@@ -35,6 +35,7 @@ StatusOr<std::unique_ptr<Transport>> CreateDataTransport(const DataTransportOpti
     t.send_buffer_bytes = options.tcp_send_buffer_bytes;
     t.receive_buffer_bytes = options.tcp_receive_buffer_bytes;
     t.max_pacing_rate_bytes_per_s = options.tcp_max_pacing_rate_bytes_per_s;
+    t.max_handshakes = options.tcp_max_handshakes;
     StatusOr<std::unique_ptr<tcp::TcpTransport>> created = tcp::CreateTcpTransport(t);
     if (!created.ok()) return created.status().WithContext("kernel TCP data transport");
     return std::unique_ptr<Transport>(std::move(created).value());

@@ -46,6 +46,9 @@ struct DataTransportOptions {
   int tcp_receive_buffer_bytes = 0;
   // tcp only: TcpTransportOptions::max_pacing_rate_bytes_per_s (0: no cap).
   std::uint64_t tcp_max_pacing_rate_bytes_per_s = 0;
+  // tcp only: TcpTransportOptions::max_handshakes (connections accepted and
+  // not yet past their hello).
+  std::uint32_t tcp_max_handshakes = 1024;
 };
 
 // Changes the send-rate cap of a "tcp" transport's connections now and later

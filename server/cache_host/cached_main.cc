@@ -107,6 +107,7 @@ struct Flags {
   std::shared_ptr<const TenantPolicy> tenants;  // loaded from tenants_file
   std::string data_plane_auth = "auto";
   std::uint32_t max_data_sessions = 65536;
+  std::uint32_t max_data_handshakes = 1024;
   std::chrono::microseconds data_session_ttl{3'600'000'000};
 };
 
@@ -380,6 +381,10 @@ int Run(int argc, char** argv) {
                  "OpenDataSession, HMAC over a challenge) before anything it sends is read, and "
                  "acts for that tenant only; none: any peer that connects may present grants; "
                  "auto: session with TLS, none with --insecure");
+  app.add_option("--max-data-handshakes", f.max_data_handshakes,
+                 "kernel-TCP data plane: accepted connections not yet past their hello; more "
+                 "are closed at accept (1..1048576)")
+      ->check(CLI::Range(1u, 1u << 20));
   app.add_option("--max-data-sessions", f.max_data_sessions,
                  "data-plane sessions open at once (1..16777216)")
       ->check(CLI::Range(1u, 1u << 24));
@@ -589,6 +594,7 @@ int Run(int argc, char** argv) {
   topts.tcp_send_buffer_bytes = *send_buffer;
   topts.tcp_receive_buffer_bytes = static_cast<int>(f.tcp_receive_buffer_bytes);
   topts.tcp_max_pacing_rate_bytes_per_s = f.tcp_max_pacing_rate;
+  topts.tcp_max_handshakes = f.max_data_handshakes;
   StatusOr<std::unique_ptr<transport::Transport>> transport =
       transport::CreateDataTransport(topts);
   if (!transport.ok()) {

@@ -418,6 +418,7 @@ bool Conn::ReadSome() {
       }
       peer_instance_ = *instance;
       hello_done_ = true;
+      ReleaseHandshakeSlot();
       phase_ = Phase::kHeader;
       RefreshInterest();
       std::unique_ptr<Endpoint> ep = NewEndpoint(shared_from_this());

@@ -303,11 +303,19 @@ void Worker::AcceptAll() {
       continue;
     }
     if (fd < 0) return;  // EAGAIN, or a connection that went away meanwhile
+    if (core_->handshaking->load(std::memory_order_relaxed) >= core_->options().max_handshakes) {
+      // Too many strangers in their handshake: shed this one at once.
+      ::close(fd);
+      core_->handshakes_shed.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    core_->handshaking->fetch_add(1, std::memory_order_relaxed);
     core_->ApplySocketOptions(fd);
     core_->ApplySendBuffer(fd);
     if (core_->pacing_rate.load() != 0) core_->ApplyPacingRate(fd);
     std::shared_ptr<Worker> w = core_->NextWorker();
     auto conn = std::make_shared<Conn>(fd, w, FormatSocketAddress(sa), /*accepted=*/true, 0);
+    conn->HoldHandshakeSlot(core_->handshaking);
     auto start = [conn] {
       conn->worker()->AdoptAccepted(conn);
       conn->Started(/*send_hello=*/true);

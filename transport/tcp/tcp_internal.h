@@ -188,6 +188,12 @@ class Core {
   transport::MessageHandler handler;                    // set before Listen/Connect
   transport::AcceptHandler on_accept;                   // set by Listen
   std::atomic<bool> stalled{false};
+  // Accepted connections still in their handshake (TcpTransportOptions::
+  // max_handshakes); shared with the connections that hold a slot, which
+  // may outlive the core.
+  std::shared_ptr<std::atomic<std::uint32_t>> handshaking =
+      std::make_shared<std::atomic<std::uint32_t>>(0);
+  std::atomic<std::uint64_t> handshakes_shed{0};
   std::vector<std::shared_ptr<Worker>> workers;         // fixed after Start
   Mutex mu;
   int listen_fd KVF_GUARDED_BY(mu) = -1;
@@ -266,7 +272,18 @@ class Conn : public std::enable_shared_from_this<Conn> {
         hello_done_(!accepted),
         rbuf_(64 << 10) {}
   ~Conn() {
+    ReleaseHandshakeSlot();
     if (fd_ >= 0) ::close(fd_);
+  }
+  // An accepted connection counts against Core::handshaking until its hello
+  // arrives or it is destroyed.
+  void HoldHandshakeSlot(std::shared_ptr<std::atomic<std::uint32_t>> counter) {
+    handshake_slot_ = std::move(counter);
+  }
+  void ReleaseHandshakeSlot() {
+    if (handshake_slot_ == nullptr) return;
+    handshake_slot_->fetch_sub(1, std::memory_order_relaxed);
+    handshake_slot_.reset();
   }
 
   // Any thread.
@@ -347,6 +364,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
 
   // Receive state: worker thread only.
   bool hello_done_;
+  std::shared_ptr<std::atomic<std::uint32_t>> handshake_slot_;
   bool read_paused_ = false;  // too many replies queued (kMaxQueuedReplies)
   std::uint32_t interest_ = 0;
   std::vector<std::byte> rbuf_;

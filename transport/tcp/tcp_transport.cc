@@ -90,6 +90,10 @@ Status TcpTransportOptions::Validate() const {
     return Status::InvalidArgument("TCP transport workers = " + std::to_string(workers) +
                                    ": must be 1.." + std::to_string(kMaxTcpWorkers));
   }
+  if (max_handshakes < 1 || max_handshakes > (1u << 20)) {
+    return Status::InvalidArgument("TCP max_handshakes = " + std::to_string(max_handshakes) +
+                                   ": must be 1..1048576");
+  }
   if (handshake_timeout < std::chrono::milliseconds(1) || handshake_timeout > std::chrono::hours(1)) {
     return Status::InvalidArgument("TCP handshake timeout of " +
                                    std::to_string(handshake_timeout.count()) +
