@@ -215,8 +215,11 @@ TEST_F(GrpcSecurityTest, MutualTlsAdmitsOnlyAClientCertificateOfTheTrustedCa) {
   GrpcSecurityOptions wrong_name = Client(&alpha);
   wrong_name.server_name = "cache-9.example";
   EXPECT_EQ(Call(wrong_name).error_code(), grpc::StatusCode::UNAVAILABLE);
+  // By its DNS name (dialled by address: no resolver, whose c-ares
+  // allocations LeakSanitizer reports as leaks).
   GrpcSecurityOptions by_name = Client(&alpha);
-  EXPECT_TRUE(Call(by_name, nullptr, "localhost:" + address_.substr(address_.rfind(':') + 1)).ok());
+  by_name.server_name = "localhost";
+  EXPECT_TRUE(Call(by_name).ok());
 
   // A client that trusts another CA does not accept this server.
   GrpcSecurityOptions distrust = Client(&alpha);

@@ -1,5 +1,6 @@
 #include "core/config/yaml_config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -37,10 +38,60 @@ int LineOf(const YAML::Node& node) { return std::max(node.Mark().line, 0) + 1; }
   throw CLI::ConfigError(source + ":" + std::to_string(line) + ": " + what);
 }
 
-// Appends every leaf under the mapping `map` (whose key path is `prefix`) to `out`.
+// How much a configuration file may hold. YAML aliases make a small file
+// describe an exponentially large (or, through an alias to an enclosing
+// anchor, infinite) tree: "a: &a {x: 1, y: 1}", "b: &b {p: *a, q: *a}", ...
+// doubles per line. Flatten walks the tree, so it counts what it visits and
+// stops at these bounds (a fuzzer found the blow-up: RSS past 1 GiB, then
+// no end).
+constexpr std::size_t kMaxConfigDepth = 32;
+constexpr std::size_t kMaxConfigValues = 65536;  // keys and list elements visited
+
+// Counts documents; ignores their contents.
+class DocumentCounter final : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+// The first YAML document of `text` (null when there is none), and in
+// *documents how many there are, counting at most 2. Not YAML::LoadAll:
+// yaml-cpp 0.7's parser answers some malformed input with an endless run of
+// empty documents, and LoadAll collects them until memory runs out (a fuzzer
+// found "f-ig\n#\n!1111...\xff..."); counting stops at two.
+YAML::Node FirstDocument(const std::string& text, int* documents) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentCounter counter;
+  *documents = 0;
+  while (*documents < 2 && parser.HandleNextDocument(counter)) ++*documents;
+  return *documents == 0 ? YAML::Node() : YAML::Load(text);
+}
+
+// Appends every leaf under the mapping `map` (whose key path is `prefix`) to `out`;
+// `visited` counts keys and list elements seen so far.
 void Flatten(const YAML::Node& map, const std::vector<std::string>& prefix,
-             const std::string& source, std::vector<RawEntry>* out) {
+             const std::string& source, std::vector<RawEntry>* out, std::size_t* visited) {
+  if (prefix.size() > kMaxConfigDepth) {
+    Fail(source, LineOf(map),
+         "nested deeper than " + std::to_string(kMaxConfigDepth) + " levels (an alias loop?)");
+  }
   for (const auto& pair : map) {
+    if (++*visited > kMaxConfigValues) {
+      Fail(source, LineOf(map),
+           "more than " + std::to_string(kMaxConfigValues) +
+               " keys and list elements (aliases that multiply?)");
+    }
     // Copies: a YAML::Node is a handle, and the iterator's pair is a temporary.
     const YAML::Node key = pair.first;
     const YAML::Node value = pair.second;
@@ -60,7 +111,7 @@ void Flatten(const YAML::Node& map, const std::vector<std::string>& prefix,
     }
     const std::string shown = Join(path, 0, ".");
     if (value.IsMap()) {
-      Flatten(value, path, source, out);
+      Flatten(value, path, source, out, visited);
       continue;
     }
     RawEntry entry;
@@ -71,6 +122,10 @@ void Flatten(const YAML::Node& map, const std::vector<std::string>& prefix,
     } else if (value.IsSequence()) {
       if (value.size() == 0) Fail(source, entry.line, "key \"" + shown + "\" has an empty list");
       for (const YAML::Node& element : value) {
+        if (++*visited > kMaxConfigValues) {
+          Fail(source, entry.line,
+               "more than " + std::to_string(kMaxConfigValues) + " keys and list elements");
+        }
         if (!element.IsScalar()) {
           Fail(source, LineOf(element),
                "the list under key \"" + shown + "\" may hold only plain values");
@@ -201,22 +256,26 @@ std::string YamlConfig::SourceName() const {
 
 std::vector<CLI::ConfigItem> YamlConfig::from_config(std::istream& input) const {
   const std::string source = SourceName();
-  std::vector<YAML::Node> documents;
+  std::string text((std::istreambuf_iterator<char>(input)), std::istreambuf_iterator<char>());
+  YAML::Node document;
+  int documents = 0;
   try {
-    documents = YAML::LoadAll(input);
+    document = FirstDocument(text, &documents);
   } catch (const YAML::Exception& e) {
     throw CLI::ConfigError(source + ":" + std::to_string(e.mark.line + 1) + ":" +
                            std::to_string(e.mark.column + 1) + ": malformed YAML: " + e.msg);
   }
-  if (documents.size() > 1) {
-    Fail(source, LineOf(documents[1]), "more than one YAML document (a second \"---\")");
+  if (documents > 1) {
+    // The second document's line is not known without building it: name the first's end.
+    Fail(source, LineOf(document), "more than one YAML document (a second \"---\")");
   }
   std::vector<RawEntry> entries;
-  if (!documents.empty() && !documents[0].IsNull()) {
-    if (!documents[0].IsMap()) {
-      Fail(source, LineOf(documents[0]), "the top level must be a mapping of option names");
+  if (documents == 1 && !document.IsNull()) {
+    if (!document.IsMap()) {
+      Fail(source, LineOf(document), "the top level must be a mapping of option names");
     }
-    Flatten(documents[0], {}, source, &entries);
+    std::size_t visited = 0;
+    Flatten(document, {}, source, &entries, &visited);
   }
 
   std::vector<CLI::ConfigItem> items;

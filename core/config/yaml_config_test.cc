@@ -299,3 +299,47 @@ TEST_F(YamlConfigTest, ConfigToStrEmitsYamlThatReadsBackToTheSameValues) {
 
 }  // namespace
 }  // namespace kvfabric
+
+namespace kvfabric {
+namespace {
+
+class YamlConfigBoundsTest : public YamlConfigTest {};
+
+TEST_F(YamlConfigBoundsTest, AliasesThatMultiplyOrLoopAreRefusedNotWalked) {
+  // 2^40 leaves in a few lines: refused at the bound, quickly.
+  std::string bomb = "l0: &l0 {a: 1, b: 1}\n";
+  for (int i = 1; i <= 40; ++i) {
+    bomb += "l" + std::to_string(i) + ": &l" + std::to_string(i) + " {a: *l" +
+            std::to_string(i - 1) + ", b: *l" + std::to_string(i - 1) + "}\n";
+  }
+  TestApp t;
+  std::string error = t.Parse({"--config", WriteFile("bomb.yaml", bomb)});
+  EXPECT_NE(error.find("keys and list elements"), std::string::npos) << error;
+
+  // Nesting past the depth bound.
+  std::string deep;
+  for (int i = 0; i < 40; ++i) deep += std::string(static_cast<std::size_t>(i) * 2, ' ') + "k:\n";
+  deep += std::string(80, ' ') + "k: 1\n";
+  TestApp t2;
+  error = t2.Parse({"--config", WriteFile("deep.yaml", deep)});
+  EXPECT_NE(error.find("nested deeper than 32 levels"), std::string::npos) << error;
+}
+
+}  // namespace
+}  // namespace kvfabric
+
+namespace kvfabric {
+namespace {
+
+// A fuzzer found this: yaml-cpp's parser answers it with endless empty
+// documents (LoadAll ran out of memory); the loader stops counting at two.
+TEST_F(YamlConfigBoundsTest, InputThatMakesTheParserRepeatEmptyDocumentsIsRefusedInBoundedTime) {
+  const std::string input(
+      "f-ig\n#\n!1111111111111,11\xff\xff\xff\xff\xff\xff\xff.11111:'*b}\xbb\n");
+  TestApp t;
+  const std::string error = t.Parse({"--config", WriteFile("endless.yaml", input)});
+  EXPECT_FALSE(error.empty());
+}
+
+}  // namespace
+}  // namespace kvfabric
