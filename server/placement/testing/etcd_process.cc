@@ -54,9 +54,11 @@ std::string EtcdProcess::SkipReason() {
          "tools/setup.sh installs it)";
 }
 
-StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(std::chrono::milliseconds timeout) {
+StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(std::chrono::milliseconds timeout,
+                                                          std::optional<EtcdTls> tls) {
   const Clock::time_point deadline = Clock::now() + timeout;
   auto etcd = std::unique_ptr<EtcdProcess>(new EtcdProcess());
+  etcd->tls_ = std::move(tls);
   std::string tmpl = ::testing::TempDir() + "kvf_etcd_XXXXXX";
   if (::mkdtemp(tmpl.data()) == nullptr) return StatusFromErrno(errno, "mkdtemp " + tmpl);
   etcd->dir_ = tmpl;
@@ -113,7 +115,7 @@ Status EtcdProcess::PickPorts() {
   while (peer_port == client_port) {  // both were free, but the kernel may offer one twice
     KVF_ASSIGN_OR_RETURN(peer_port, FreeLoopbackPort());
   }
-  endpoint_ = "http://127.0.0.1:" + std::to_string(client_port);
+  endpoint_ = std::string(tls_ ? "https" : "http") + "://127.0.0.1:" + std::to_string(client_port);
   peer_url_ = "http://127.0.0.1:" + std::to_string(peer_port);
   return Status::OK();
 }
@@ -130,6 +132,18 @@ Status EtcdProcess::Spawn() {
                                    "t=" + peer, "--heartbeat-interval",
                                    "20",        "--election-timeout",
                                    "200"};
+  if (tls_) {
+    for (const std::string& a :
+         {std::string("--cert-file"), tls_->cert_file, std::string("--key-file"), tls_->key_file}) {
+      args.push_back(a);
+    }
+    if (!tls_->client_ca.empty()) {
+      for (const std::string& a :
+           {std::string("--trusted-ca-file"), tls_->client_ca, std::string("--client-cert-auth")}) {
+        args.push_back(a);
+      }
+    }
+  }
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -158,6 +172,7 @@ Status EtcdProcess::WaitReady(Clock::time_point deadline) {
   EtcdClientOptions options;
   options.endpoint = endpoint_;
   options.request_timeout = 500ms;
+  if (tls_) options.tls = tls_->client;
   Status last = Status::Unavailable("not tried");
   while (Clock::now() < deadline) {
     int wstatus = 0;

@@ -31,12 +31,25 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/status.h"
 #include "core/statusor.h"
+#include "security/grpc_security.h"
 
 namespace kvfabric::placement::testing {
+
+// TLS for the client URL: etcd's --cert-file, --key-file, and with
+// client_ca its --trusted-ca-file and --client-cert-auth (clients must
+// present a certificate of that CA). `client` is what WaitReady connects
+// with (its ca_file verifies etcd's certificate).
+struct EtcdTls {
+  std::string cert_file;
+  std::string key_file;
+  std::string client_ca;
+  GrpcSecurityOptions client;
+};
 
 class EtcdProcess {
  public:
@@ -48,14 +61,16 @@ class EtcdProcess {
 
   // Starts etcd and waits up to `timeout` for it to answer. Unavailable (with
   // the end of etcd's log) if it does not come up.
+  // With `tls`, the client URL is https:// (see EtcdTls).
   static StatusOr<std::unique_ptr<EtcdProcess>> Start(
-      std::chrono::milliseconds timeout = std::chrono::seconds(20));
+      std::chrono::milliseconds timeout = std::chrono::seconds(20),
+      std::optional<EtcdTls> tls = std::nullopt);
 
   EtcdProcess(const EtcdProcess&) = delete;
   EtcdProcess& operator=(const EtcdProcess&) = delete;
   ~EtcdProcess();
 
-  // "http://127.0.0.1:<client port>".
+  // "http://127.0.0.1:<client port>" ("https://" with TLS).
   const std::string& endpoint() const { return endpoint_; }
   const std::string& data_dir() const { return data_dir_; }
 
@@ -83,6 +98,7 @@ class EtcdProcess {
   std::string log_path_;
   std::string endpoint_;
   std::string peer_url_;
+  std::optional<EtcdTls> tls_;
 };
 
 }  // namespace kvfabric::placement::testing
