@@ -4,9 +4,12 @@
 // and its history and attention equal the first's bit for bit; a request
 // whose callback fails reports the failure through kvf_wait_layer.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "client/synthetic_model.h"
@@ -14,6 +17,7 @@
 #include "core/testing/test_seed.h"
 #include "core/testing/wait_for.h"
 #include "kvfabric/kvfabric.h"
+#include "security/testing/test_pki.h"
 #include "server/embedded_cluster.h"
 
 namespace kvfabric {
@@ -49,9 +53,17 @@ kvf_status Prefill(void* user, const kvf_recompute_request* r, uint8_t* out, uin
 }
 
 // Parameter: the data-plane transport of the daemons and the client ("ucx"
-// or "tcp", kernel sockets), end to end through the C API.
+// or "tcp", kernel sockets), end to end through the C API; "tcp_mtls" runs
+// every gRPC listener and connection with mutual TLS (certificates issued at
+// run time; kvf_options.tls_*), so the data plane also proves its session.
 class CApiClusterTest : public ::testing::TestWithParam<const char*> {
  protected:
+  std::string Transport() const {
+    const std::string p = GetParam();
+    return p.substr(0, p.find('_'));
+  }
+  bool MutualTls() const { return std::string(GetParam()).find("_mtls") != std::string::npos; }
+
   void SetUp() override {
     engine_.seed = TestSeed(::testing::UnitTest::GetInstance()->current_test_info()->name());
     engine_.model.model_id = "c-api/synthetic@1";
@@ -66,10 +78,23 @@ class CApiClusterTest : public ::testing::TestWithParam<const char*> {
       d.host_pool_bytes = 16 << 20;
       d.host_page_bytes = 8 << 10;
       d.metrics = false;
-      d.data_transport = GetParam();
+      d.data_transport = Transport();
       co.daemons.push_back(d);
     }
     co.placement_metrics = false;
+    if (MutualTls()) {
+      char tmpl[] = "/tmp/kvf_c_api_tls_XXXXXX";
+      ASSERT_NE(mkdtemp(tmpl), nullptr);
+      tls_dir_ = tmpl;
+      testing::TestPki pki(tls_dir_, "c api CA");
+      const testing::TestPki::Files server = pki.Issue("cluster", {"IP:127.0.0.1"});
+      engine_cert_ = pki.Issue("engine", {"DNS:engine.example"});
+      ca_file_ = pki.ca_file();
+      co.security = GrpcSecurityOptions();
+      co.security.cert_file = server.cert;
+      co.security.key_file = server.key;
+      co.security.ca_file = ca_file_;
+    }
     auto cluster = server::EmbeddedCluster::StartDaemons(co);
     ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
     cluster_ = std::move(*cluster);
@@ -79,7 +104,13 @@ class CApiClusterTest : public ::testing::TestWithParam<const char*> {
     kvf_options o;
     kvf_options_init(&o);
     o.placement_address = address_.c_str();
-    o.insecure = 1;
+    if (MutualTls()) {
+      o.tls_ca_file = ca_file_.c_str();
+      o.tls_cert_file = engine_cert_.cert.c_str();
+      o.tls_key_file = engine_cert_.key.c_str();
+    } else {
+      o.insecure = 1;
+    }
     o.model_id = engine_.model.model_id.c_str();
     o.layer_count = kLayers;
     o.dtype = KVF_DTYPE_FP16;
@@ -92,7 +123,8 @@ class CApiClusterTest : public ::testing::TestWithParam<const char*> {
     o.history_pool_bytes = 8 << 20;
     o.recompute = &Prefill;
     o.recompute_user = &engine_;
-    o.data_transport = GetParam();
+    const std::string transport = Transport();
+    o.data_transport = transport.c_str();
     ASSERT_EQ(kvf_client_open(&o, &client_), KVF_OK) << kvf_last_error();
   }
 
@@ -101,6 +133,7 @@ class CApiClusterTest : public ::testing::TestWithParam<const char*> {
       EXPECT_EQ(kvf_client_close(client_), KVF_OK) << kvf_last_error();
     }
     cluster_.reset();
+    if (!tls_dir_.empty()) std::filesystem::remove_all(tls_dir_);
   }
 
   // Match, load and wait; the context (or 0 on failure, with the status).
@@ -117,6 +150,9 @@ class CApiClusterTest : public ::testing::TestWithParam<const char*> {
   }
 
   Engine engine_;
+  std::string tls_dir_;
+  std::string ca_file_;
+  testing::TestPki::Files engine_cert_;
   std::unique_ptr<server::EmbeddedCluster> cluster_;
   std::string address_;
   kvf_client* client_ = nullptr;
@@ -240,7 +276,8 @@ TEST_P(CApiClusterTest, AFailingPrefillFailsTheLoadItDoesNotHang) {
   EXPECT_EQ(report.blocks_fetched, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(DataTransports, CApiClusterTest, ::testing::Values("ucx", "tcp"),
+INSTANTIATE_TEST_SUITE_P(DataTransports, CApiClusterTest,
+                         ::testing::Values("ucx", "tcp", "tcp_mtls"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            return std::string(info.param);
                          });
