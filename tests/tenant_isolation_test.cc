@@ -289,7 +289,12 @@ TEST_F(TenantIsolationTest, TenantsAreIdentitiesAndCannotReachEachOther) {
     grpc::Status s = ops->Stats(Ctx().get(), sreq, &sresp);
     ASSERT_TRUE(s.ok()) << s.error_message();
     bool saw_beta = false;
-    for (const auto& n : sresp.namespaces()) saw_beta = saw_beta || n.namespace_() == "beta";
+    for (const auto& n : sresp.namespaces()) {
+      if (n.namespace_() != "beta") continue;
+      saw_beta = true;
+      // The tenants file's quota became the namespace's quota on the daemon.
+      EXPECT_EQ(n.quota_bytes(), std::uint64_t{16} << 20);
+    }
     EXPECT_TRUE(saw_beta);
     s = ops->Drain(Ctx().get(), req, &resp);
     EXPECT_TRUE(s.ok()) << s.error_message();
