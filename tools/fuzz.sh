@@ -7,7 +7,8 @@
 # Usage: tools/fuzz.sh [--seconds N] [--out DIR] [TARGET...]
 #   --seconds  run time per target (default 20)
 #   --out      build and scratch directory (default build/fuzz)
-#   TARGET     tcp_wire, transfer_wire, block_header, calibration, yaml_config (default: all)
+#   TARGET     tcp_wire, transfer_wire, block_header, calibration, yaml_config,
+#              block_key_golden (default: all)
 # Environment: CLANGXX (default clang++).
 # Exit status 0 when every target ran its time without a crash; 1 when one crashed (the
 # reproducer is left under --out and named in the output: add it to the corpus and a
@@ -27,7 +28,8 @@ while [[ $# -gt 0 ]]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-[[ ${#targets[@]} -eq 0 ]] && targets=(tcp_wire transfer_wire block_header calibration yaml_config)
+[[ ${#targets[@]} -eq 0 ]] && targets=(tcp_wire transfer_wire block_header calibration yaml_config
+                                      block_key_golden)
 cxx=${CLANGXX:-clang++}
 command -v "$cxx" >/dev/null || { echo "fuzz: $cxx not found (tools/setup.sh installs clang)" >&2; exit 2; }
 
@@ -39,6 +41,7 @@ sources_of() {
     block_header) echo core/block_format.cc core/crc32c.cc core/status.cc core/model_fingerprint.cc core/sha256.cc ;;
     calibration) echo core/bus_calibration.cc core/bus_cost_model.cc core/units.cc core/status.cc core/env.cc core/posix_env.cc core/errno_status.cc ;;
     yaml_config) echo core/config/yaml_config.cc core/config/unit_flags.cc core/units.cc core/status.cc ;;
+    block_key_golden) echo core/testing/block_key_golden.cc core/model_fingerprint.cc core/sha256.cc core/status.cc ;;
     *) return 1 ;;
   esac
 }
@@ -48,6 +51,7 @@ libs_of() {
   case $1 in
     block_header) echo -lcrypto ;;
     yaml_config) echo -lyaml-cpp ;;
+    block_key_golden) echo -lcrypto ;;
   esac
 }
 
