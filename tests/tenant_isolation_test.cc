@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/status_command.h"
 #include "core/mutex.h"
 #include "core/secure_random.h"
 #include "core/sha256.h"
@@ -328,6 +329,17 @@ TEST_F(TenantIsolationTest, TenantsAreIdentitiesAndCannotReachEachOther) {
     grpc::Status own = alpha->Lookup(Ctx().get(), req, &resp);
     EXPECT_TRUE(own.ok()) << own.error_message();
   }
+
+  // `kvfabric status` over mutual TLS, as the operator; without a client
+  // certificate it fails.
+  cli::StatusArgs status;
+  status.placement = placement_->grpc();
+  status.security = As(ops_);
+  Status listed = cli::RunStatus(status);
+  EXPECT_TRUE(listed.ok()) << listed.ToString();
+  status.security = GrpcSecurityOptions();
+  status.security.ca_file = pki_->ca_file();
+  EXPECT_FALSE(cli::RunStatus(status).ok());
 
   // Every refusal was counted, by reason.
   auto scrape = [](const std::string& url) {
