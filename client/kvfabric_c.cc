@@ -361,6 +361,7 @@ Status ToClientOptions(const kvf_options& o, ClientOptions* out) {
   if (o.tls_server_name != nullptr) options.security.server_name = o.tls_server_name;
   options.security.insecure = o.insecure != 0;
   options.security.allow_insecure_remote = o.allow_insecure_remote != 0;
+  options.data_plane_tls = o.data_plane_tls != 0;
   options.history_pool_setting = "options->history_pool_bytes";
   options.ucx_tls_setting = "options->ucx_tls";
   options.rpc_timeout = std::chrono::milliseconds(o.rpc_timeout_ms);

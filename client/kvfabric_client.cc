@@ -199,6 +199,15 @@ Status Client::Impl::Init() {
   topts.ucx_log_sink = [](spdlog::level::level_enum level, std::string_view line) {
     Log().log(level, "{}", line);
   };
+  if (o_.data_plane_tls) {
+    if (o_.data_transport != "tcp" || o_.security.ca_file.empty()) {
+      return Status::InvalidArgument(
+          "client: data_plane_tls needs data_transport \"tcp\" and security.ca_file (the CA "
+          "that signs the daemons' certificates)");
+    }
+    topts.tcp_tls_enabled = true;
+    topts.tcp_tls.ca_file = o_.security.ca_file;
+  }
   KVF_ASSIGN_OR_RETURN(transport_, transport::CreateDataTransport(topts));
   shared_memory_ = transport::UsesSharedMemory(topts);
   ucx_data_plane_ = topts.kind == "ucx";

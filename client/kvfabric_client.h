@@ -131,6 +131,10 @@ struct ClientOptions {
   // settings; a daemon's address from placement is checked the same way
   // when the client first reaches it. Required.
   GrpcSecurityOptions security;
+  // The daemons run their kernel-TCP data plane with TLS
+  // (kvfabric-cached --data-plane-tls): connect with TLS 1.3 and verify them
+  // against security.ca_file. Needs data_transport "tcp". Default false.
+  bool data_plane_tls = false;
   // Tenant of every key (empty: the default tenant).
   std::string namespace_name;
   // Model and shard: block geometry and recompute fit. Required (validated).

@@ -185,6 +185,11 @@ Status EmbeddedCluster::StartDaemon(const EmbeddedDaemonOptions& options, Daemon
   topts.ucx_tls = options.ucx_tls;
   topts.copy_threads = options.copy_threads;
   topts.workers = options.data_workers;
+  if (options_.data_plane_tls) {
+    topts.tcp_tls_enabled = true;
+    topts.tcp_tls.cert_file = options_.security.cert_file;
+    topts.tcp_tls.key_file = options_.security.key_file;
+  }
   KVF_ASSIGN_OR_RETURN(d->transport, transport::CreateDataTransport(topts));
   KVF_ASSIGN_OR_RETURN(
       d->node, cache_host::CacheHostNode::Create(std::move(node_options), d->transport.get(), env));

@@ -116,6 +116,10 @@ struct EmbeddedClusterOptions {
   }();
   // Tenants (security/tenant_policy.h); null: one open tenant.
   std::shared_ptr<const TenantPolicy> tenants;
+  // Encrypt the daemons' kernel-TCP data planes with TLS, presenting
+  // security.cert_file (as kvfabric-cached --data-plane-tls). Needs TLS
+  // security and data_transport "tcp".
+  bool data_plane_tls = false;
 };
 
 class EmbeddedCluster {

@@ -55,7 +55,8 @@ kvf_status Prefill(void* user, const kvf_recompute_request* r, uint8_t* out, uin
 // Parameter: the data-plane transport of the daemons and the client ("ucx"
 // or "tcp", kernel sockets), end to end through the C API; "tcp_mtls" runs
 // every gRPC listener and connection with mutual TLS (certificates issued at
-// run time; kvf_options.tls_*), so the data plane also proves its session.
+// run time; kvf_options.tls_*), so the data plane also proves its session,
+// and runs inside TLS (kvf_options.data_plane_tls).
 class CApiClusterTest : public ::testing::TestWithParam<const char*> {
  protected:
   std::string Transport() const {
@@ -94,6 +95,7 @@ class CApiClusterTest : public ::testing::TestWithParam<const char*> {
       co.security.cert_file = server.cert;
       co.security.key_file = server.key;
       co.security.ca_file = ca_file_;
+      co.data_plane_tls = true;  // and the kernel-TCP data plane inside TLS
     }
     auto cluster = server::EmbeddedCluster::StartDaemons(co);
     ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
@@ -108,6 +110,7 @@ class CApiClusterTest : public ::testing::TestWithParam<const char*> {
       o.tls_ca_file = ca_file_.c_str();
       o.tls_cert_file = engine_cert_.cert.c_str();
       o.tls_key_file = engine_cert_.key.c_str();
+      o.data_plane_tls = 1;
     } else {
       o.insecure = 1;
     }

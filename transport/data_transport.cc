@@ -29,6 +29,11 @@ Status SetDataTransportPacingRate(Transport* transport, std::uint64_t bytes_per_
 
 StatusOr<std::unique_ptr<Transport>> CreateDataTransport(const DataTransportOptions& options) {
   KVF_RETURN_IF_ERROR(ValidateDataTransportKind(options.kind, "data transport"));
+  if (options.tcp_tls_enabled && options.kind != "tcp") {
+    return Status::InvalidArgument(
+        "data-plane TLS runs on the kernel TCP data plane only (--data-transport=tcp); UCX "
+        "moves bytes with RDMA or shared memory, which TLS cannot wrap");
+  }
   if (options.kind == "tcp") {
     tcp::TcpTransportOptions t;
     t.workers = options.workers;
@@ -36,6 +41,11 @@ StatusOr<std::unique_ptr<Transport>> CreateDataTransport(const DataTransportOpti
     t.receive_buffer_bytes = options.tcp_receive_buffer_bytes;
     t.max_pacing_rate_bytes_per_s = options.tcp_max_pacing_rate_bytes_per_s;
     t.max_handshakes = options.tcp_max_handshakes;
+    if (options.tcp_tls_enabled) {
+      StatusOr<std::shared_ptr<const tcp::TcpTls>> tls = tcp::TcpTls::Create(options.tcp_tls);
+      if (!tls.ok()) return tls.status().WithContext("kernel TCP data transport");
+      t.tls = *tls;
+    }
     StatusOr<std::unique_ptr<tcp::TcpTransport>> created = tcp::CreateTcpTransport(t);
     if (!created.ok()) return created.status().WithContext("kernel TCP data transport");
     return std::unique_ptr<Transport>(std::move(created).value());

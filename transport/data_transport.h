@@ -13,6 +13,7 @@
 #include <string>
 
 #include "core/statusor.h"
+#include "transport/tcp/tcp_tls.h"
 #include "transport/transport.h"
 #include "transport/ucx/ucx_log.h"
 
@@ -49,6 +50,11 @@ struct DataTransportOptions {
   // tcp only: TcpTransportOptions::max_handshakes (connections accepted and
   // not yet past their hello).
   std::uint32_t tcp_max_handshakes = 1024;
+  // tcp only: TLS on every data-plane connection (tcp::TcpTls): a listener
+  // presents tcp_tls.cert_file/key_file, a connecting side verifies against
+  // tcp_tls.ca_file. Refused for ucx (InvalidArgument naming the setting).
+  bool tcp_tls_enabled = false;
+  tcp::TcpTlsOptions tcp_tls;
 };
 
 // Changes the send-rate cap of a "tcp" transport's connections now and later

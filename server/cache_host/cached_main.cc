@@ -108,6 +108,7 @@ struct Flags {
   std::string data_plane_auth = "auto";
   std::uint32_t max_data_sessions = 65536;
   std::uint32_t max_data_handshakes = 1024;
+  bool data_plane_tls = false;
   std::chrono::microseconds data_session_ttl{3'600'000'000};
 };
 
@@ -150,6 +151,16 @@ Status ValidateSecurity(Flags& f) {
                                    "\": expected auto, session or none");
   }
   if (f.data_plane_auth == "auto") f.data_plane_auth = f.security.insecure ? "none" : "session";
+  if (f.data_plane_tls && f.data_transport != "tcp") {
+    return Status::InvalidArgument(
+        "--data-plane-tls needs --data-transport=tcp (UCX moves bytes "
+        "with RDMA or shared memory, which TLS cannot wrap)");
+  }
+  if (f.data_plane_tls && f.security.cert_file.empty()) {
+    return Status::InvalidArgument(
+        "--data-plane-tls needs --tls-cert and --tls-key: the data "
+        "plane presents the daemon's certificate");
+  }
   if (f.tenants_file.empty()) {
     f.tenants = TenantPolicy::Open();
     return Status::OK();
@@ -381,6 +392,10 @@ int Run(int argc, char** argv) {
                  "OpenDataSession, HMAC over a challenge) before anything it sends is read, and "
                  "acts for that tenant only; none: any peer that connects may present grants; "
                  "auto: session with TLS, none with --insecure");
+  app.add_flag("--data-plane-tls", f.data_plane_tls,
+               "encrypt the kernel-TCP data plane with TLS 1.3 (--data-transport=tcp; this "
+               "daemon's --tls-cert/--tls-key; engines set data_plane_tls and verify it with "
+               "their CA). For data planes that cross networks nobody vouches for");
   app.add_option("--max-data-handshakes", f.max_data_handshakes,
                  "kernel-TCP data plane: accepted connections not yet past their hello; more "
                  "are closed at accept (1..1048576)")
@@ -595,6 +610,9 @@ int Run(int argc, char** argv) {
   topts.tcp_receive_buffer_bytes = static_cast<int>(f.tcp_receive_buffer_bytes);
   topts.tcp_max_pacing_rate_bytes_per_s = f.tcp_max_pacing_rate;
   topts.tcp_max_handshakes = f.max_data_handshakes;
+  topts.tcp_tls_enabled = f.data_plane_tls;
+  topts.tcp_tls.cert_file = f.security.cert_file;
+  topts.tcp_tls.key_file = f.security.key_file;
   StatusOr<std::unique_ptr<transport::Transport>> transport =
       transport::CreateDataTransport(topts);
   if (!transport.ok()) {

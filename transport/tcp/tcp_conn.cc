@@ -1,8 +1,7 @@
-#include "transport/tcp/tcp_internal.h"
-
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -26,6 +25,7 @@
 #include "core/errno_status.h"
 #include "core/mutex.h"
 #include "core/socket_address.h"
+#include "transport/tcp/tcp_internal.h"
 
 namespace kvfabric::tcp::internal {
 
@@ -212,10 +212,8 @@ void Conn::Pump() {
         iov[n++] = {const_cast<std::byte*>(f.payload) + (f.sent - head),
                     f.payload_len - (f.sent - head)};
       }
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = n;
-      const ssize_t k = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      std::string tls_error;
+      const ssize_t k = Send(iov, n, &tls_error);
       if (k < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -227,7 +225,9 @@ void Conn::Pump() {
           blocked = true;  // frames finished before this one still complete below
           break;
         }
-        failure = StatusFromErrno(errno, "send to " + peer_);
+        failure = tls_error.empty()
+                      ? StatusFromErrno(errno, "send to " + peer_)
+                      : Status::Unavailable("TLS send to " + peer_ + ": " + tls_error);
         break;
       }
       f.sent += static_cast<std::uint64_t>(k);
@@ -297,16 +297,62 @@ void Conn::HandshakeExpired() {
   Fail(s, s);
 }
 
+Conn::~Conn() {
+  ReleaseHandshakeSlot();
+  if (ssl_ != nullptr) SSL_free(ssl_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Conn::SendHello() {
+  auto f = std::make_unique<TxFrame>();
+  const auto hello = wire::EncodeHello(worker_->core()->instance());
+  f->head.assign(hello.begin(), hello.end());
+  f->type = FrameType::kSend;  // raw hello bytes: no entry, not a reply
+  Enqueue(std::move(f));
+  Pump();
+}
+
 void Conn::Started(bool send_hello) {
-  if (send_hello) {
-    auto f = std::make_unique<TxFrame>();
-    const auto hello = wire::EncodeHello(worker_->core()->instance());
-    f->head.assign(hello.begin(), hello.end());
-    f->type = FrameType::kSend;  // raw hello bytes: no entry, not a reply
-    Enqueue(std::move(f));
-    Pump();
+  if (ssl_ != nullptr && tls_accepting_) {
+    // The TLS handshake first (ReadSome drives it); the hello inside it.
+    hello_after_tls_ = send_hello;
+    phase_ = Phase::kTls;
+    return;
   }
+  if (send_hello) SendHello();
   if (!hello_done_) phase_ = Phase::kHello;
+}
+
+ssize_t Conn::Send(const iovec* iov, int n, std::string* tls_error) {
+  if (ssl_ == nullptr) {
+    msghdr msg{};
+    msg.msg_iov = const_cast<iovec*>(iov);
+    msg.msg_iovlen = static_cast<std::size_t>(n);
+    return ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  MutexLock lock(&ssl_mu_);
+  ssize_t total = 0;
+  for (int i = 0; i < n; ++i) {
+    const int len = static_cast<int>(std::min<std::size_t>(iov[i].iov_len, 1 << 30));
+    if (len == 0) continue;
+    const int w = SSL_write(ssl_, iov[i].iov_base, len);
+    if (w > 0) {
+      total += w;
+      if (w < len) break;
+      continue;
+    }
+    if (total > 0) break;  // what was written counts; the rest next time
+    const int err = SSL_get_error(ssl_, w);
+    if (err == SSL_ERROR_WANT_WRITE || err == SSL_ERROR_WANT_READ) {
+      errno = EAGAIN;
+      return -1;
+    }
+    *tls_error = TcpTls::LastError();
+    if (tls_error->empty()) *tls_error = "SSL_write error " + std::to_string(err);
+    errno = EPIPE;
+    return -1;
+  }
+  return total;
 }
 
 bool Conn::Fill() {
@@ -322,6 +368,27 @@ bool Conn::Fill() {
 }
 
 std::size_t Conn::Receive(std::byte* to, std::uint64_t want) {
+  if (ssl_ != nullptr) {
+    int k = 0, err = 0;
+    std::string why;
+    {
+      MutexLock lock(&ssl_mu_);
+      k = SSL_read(ssl_, to, static_cast<int>(std::min<std::uint64_t>(want, 1 << 30)));
+      if (k <= 0) {
+        err = SSL_get_error(ssl_, k);
+        why = TcpTls::LastError();
+      }
+    }
+    if (k > 0) return static_cast<std::size_t>(k);
+    if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) return 0;
+    const Status s =
+        err == SSL_ERROR_ZERO_RETURN || (err == SSL_ERROR_SYSCALL && why.empty())
+            ? Status::Unavailable("peer " + peer_ + " closed the connection")
+            : Status::Unavailable("TLS receive from " + peer_ + ": " +
+                                  (why.empty() ? "error " + std::to_string(err) : why));
+    Fail(s, s);
+    return 0;
+  }
   for (;;) {
     const ssize_t k = ::recv(fd_, to, want, MSG_DONTWAIT);
     if (k > 0) return static_cast<std::size_t>(k);
@@ -403,6 +470,28 @@ bool Conn::ReadSome() {
       phase_ = Phase::kHeader;
       if (budget == 0 || ++frames >= 64) return true;
       continue;
+    }
+    if (phase_ == Phase::kTls) {
+      int r = 0, err = 0;
+      std::string why;
+      {
+        MutexLock lock(&ssl_mu_);
+        r = SSL_do_handshake(ssl_);
+        if (r != 1) {
+          err = SSL_get_error(ssl_, r);
+          why = TcpTls::LastError();
+        }
+      }
+      if (r == 1) {
+        phase_ = Phase::kHello;
+        if (hello_after_tls_) SendHello();
+        continue;
+      }
+      if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) return false;
+      ProtocolError(Status::Unavailable(
+          "TLS handshake: " + (why.empty() ? "error " + std::to_string(err) : why) +
+          " (both ends must run the data plane with TLS)"));
+      return false;
     }
     if (phase_ == Phase::kHello) {
       if (rend_ - rstart_ < wire::kHelloBytes) {

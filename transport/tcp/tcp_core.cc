@@ -1,6 +1,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -316,6 +317,11 @@ void Worker::AcceptAll() {
     std::shared_ptr<Worker> w = core_->NextWorker();
     auto conn = std::make_shared<Conn>(fd, w, FormatSocketAddress(sa), /*accepted=*/true, 0);
     conn->HoldHandshakeSlot(core_->handshaking);
+    if (const std::shared_ptr<const TcpTls>& tls = core_->options().tls; tls != nullptr) {
+      SSL* ssl = tls->NewServer(fd);
+      if (ssl == nullptr) continue;  // no certificate: the conn closes its fd
+      conn->SetTls(ssl, /*accepting=*/true);
+    }
     auto start = [conn] {
       conn->worker()->AdoptAccepted(conn);
       conn->Started(/*send_hello=*/true);

@@ -7,6 +7,7 @@
 #define KVFABRIC_TRANSPORT_TCP_TCP_INTERNAL_H_
 
 #include <sys/mman.h>
+#include <sys/uio.h>
 
 #include <atomic>
 #include <chrono>
@@ -27,6 +28,7 @@
 #include "core/mutex.h"
 #include "core/status.h"
 #include "core/statusor.h"
+#include "transport/tcp/tcp_tls.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/tcp/tcp_wire.h"
 #include "transport/transport.h"
@@ -271,9 +273,13 @@ class Conn : public std::enable_shared_from_this<Conn> {
         peer_instance_(peer_instance),
         hello_done_(!accepted),
         rbuf_(64 << 10) {}
-  ~Conn() {
-    ReleaseHandshakeSlot();
-    if (fd_ >= 0) ::close(fd_);
+  ~Conn();
+  // Runs the connection inside TLS (tcp_tls.h): `ssl` (owned from now on) is
+  // attached to fd(); with `accepting`, its handshake runs first, in the
+  // worker, before the transport's hello. Before Started.
+  void SetTls(SSL* ssl, bool accepting) {
+    ssl_ = ssl;
+    tls_accepting_ = accepting;
   }
   // An accepted connection counts against Core::handshaking until its hello
   // arrives or it is destroyed.
@@ -320,7 +326,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   int fd() const { return fd_; }
 
  private:
-  enum class Phase { kHello, kHeader, kPayload };
+  enum class Phase { kTls, kHello, kHeader, kPayload };
   enum class Sink { kDiscard, kMessage, kWrite, kReadData };
 
   // Reads and handles frames; true when it stopped for fairness (a byte or
@@ -331,6 +337,11 @@ class Conn : public std::enable_shared_from_this<Conn> {
   // 0 when none are buffered now or the connection failed (EOF or error:
   // Fail has run).
   std::size_t Receive(std::byte* to, std::uint64_t want);
+  // One non-blocking write of `iov` (sendmsg, or SSL_write per buffer under
+  // TLS): bytes written, or -1 with errno (EAGAIN: try again on EPOLLOUT).
+  ssize_t Send(const iovec* iov, int n, std::string* tls_error);
+  // Queues this side's transport hello and sends it.
+  void SendHello();
   bool DispatchHeader(const FrameHeader& h, std::span<const std::byte> message_header);
   void PayloadDone();
   void Enqueue(std::unique_ptr<TxFrame> frame);  // worker thread, replies
@@ -361,6 +372,13 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::unordered_map<std::uint64_t, PendingRead> reads_ KVF_GUARDED_BY(mu_);
   std::unordered_map<std::uint64_t, PendingWrite> writes_ KVF_GUARDED_BY(mu_);
   std::set<std::uint64_t> outstanding_ KVF_GUARDED_BY(mu_);
+
+  // TLS (null: plaintext). SSL objects are not safe for concurrent use:
+  // every call into ssl_ holds ssl_mu_ (taken after mu_, never before).
+  SSL* ssl_ = nullptr;
+  bool tls_accepting_ = false;
+  bool hello_after_tls_ = false;  // worker thread only
+  Mutex ssl_mu_;
 
   // Receive state: worker thread only.
   bool hello_done_;

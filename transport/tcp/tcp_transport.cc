@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -278,17 +280,74 @@ StatusOr<std::unique_ptr<Endpoint>> TcpTransport::Connect(const std::string& add
   }
   core_->ApplySendBuffer(fd);
   if (core_->pacing_rate.load() != 0) core_->ApplyPacingRate(fd);
-  const auto hello = wire::EncodeHello(core_->instance());
+  // With TLS, the handshake first; then the hello travels inside TLS.
+  SSL* ssl = nullptr;
+  auto fail_tls = [&](Status s) {
+    if (ssl != nullptr) SSL_free(ssl);
+    ssl = nullptr;
+    return fail(std::move(s));
+  };
+  if (const std::shared_ptr<const TcpTls>& tls = core_->options().tls; tls != nullptr) {
+    std::string host = address.substr(0, address.rfind(':'));
+    if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+    ssl = tls->NewClient(fd, host);
+    if (ssl == nullptr) {
+      return fail(Status::FailedPrecondition(
+          what + ": data-plane TLS needs the CA that signs the daemons' certificates"));
+    }
+    for (;;) {
+      const int r = SSL_connect(ssl);
+      if (r == 1) break;
+      const int err = SSL_get_error(ssl, r);
+      if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+        Status s = WaitFd(fd, err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline,
+                          what + " (TLS handshake)");
+        if (!s.ok()) return fail_tls(s);
+        continue;
+      }
+      std::string why = TcpTls::LastError();
+      const long verify = SSL_get_verify_result(ssl);
+      if (verify != X509_V_OK)
+        why += std::string(" (") + X509_verify_cert_error_string(verify) + ")";
+      return fail_tls(Status::Unavailable(
+          what + ": TLS handshake failed: " + why +
+          "; both ends must run the data plane with TLS, and the daemon's certificate must name " +
+          host));
+    }
+  }
+  // Non-blocking I/O of the hello, plain or inside TLS.
+  auto io = [&](bool write, std::byte* p, std::size_t n, ssize_t* k) -> int {
+    if (ssl == nullptr) {
+      *k = write ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, 0);
+      if (*k >= 0) return 0;
+      return errno == EAGAIN || errno == EINTR ? (write ? POLLOUT : POLLIN) : -1;
+    }
+    const int r =
+        write ? SSL_write(ssl, p, static_cast<int>(n)) : SSL_read(ssl, p, static_cast<int>(n));
+    if (r > 0) {
+      *k = r;
+      return 0;
+    }
+    const int err = SSL_get_error(ssl, r);
+    if (err == SSL_ERROR_WANT_READ) return POLLIN;
+    if (err == SSL_ERROR_WANT_WRITE) return POLLOUT;
+    *k = err == SSL_ERROR_ZERO_RETURN ? 0 : -1;
+    if (*k == 0) return 0;
+    errno = ECONNRESET;
+    return -1;
+  };
+  auto hello = wire::EncodeHello(core_->instance());
   std::size_t sent = 0;
   while (sent < hello.size()) {
-    const ssize_t k = ::send(fd, hello.data() + sent, hello.size() - sent, MSG_NOSIGNAL);
-    if (k > 0) {
+    ssize_t k = 0;
+    const int wait = io(true, hello.data() + sent, hello.size() - sent, &k);
+    if (wait == 0 && k > 0) {
       sent += static_cast<std::size_t>(k);
-    } else if (errno == EAGAIN || errno == EINTR) {
-      Status s = WaitFd(fd, POLLOUT, deadline, what);
-      if (!s.ok()) return fail(s);
+    } else if (wait > 0) {
+      Status s = WaitFd(fd, static_cast<short>(wait), deadline, what);
+      if (!s.ok()) return fail_tls(s);
     } else {
-      return fail(Status::Unavailable(StatusFromErrno(errno, what).message()));
+      return fail_tls(Status::Unavailable(StatusFromErrno(errno, what).message()));
     }
   }
   // A kvfabric TCP peer sends its hello as soon as it accepts; a listener
@@ -297,29 +356,35 @@ StatusOr<std::unique_ptr<Endpoint>> TcpTransport::Connect(const std::string& add
   std::array<std::byte, wire::kHelloBytes> peer_hello{};
   std::size_t got = 0;
   while (got < peer_hello.size()) {
-    const ssize_t k = ::recv(fd, peer_hello.data() + got, peer_hello.size() - got, 0);
-    if (k > 0) {
+    ssize_t k = 0;
+    const int wait = io(false, peer_hello.data() + got, peer_hello.size() - got, &k);
+    if (wait == 0 && k > 0) {
       got += static_cast<std::size_t>(k);
-    } else if (k == 0) {
-      return fail(Status::Unavailable(what + ": the peer closed before its hello"));
-    } else if (errno == EAGAIN || errno == EINTR) {
-      Status s = WaitFd(fd, POLLIN, hello_deadline, what + " (waiting for the peer's hello)");
+    } else if (wait == 0 && k == 0) {
+      return fail_tls(Status::Unavailable(
+          what + ": the peer closed before its hello" +
+          (ssl == nullptr ? " (does it run its data plane with TLS? then so must this side)"
+                          : "")));
+    } else if (wait > 0) {
+      Status s = WaitFd(fd, static_cast<short>(wait), hello_deadline,
+                        what + " (waiting for the peer's hello)");
       if (s.code() == StatusCode::kDeadlineExceeded && hello_deadline < deadline) {
-        return fail(Status::Unavailable(
+        return fail_tls(Status::Unavailable(
             what + ": the peer accepted but sent no kvfabric TCP hello within " +
             std::to_string(kHelloTimeout.count()) +
             " s; is it a UCX data plane? Both ends must use the same data transport "
             "(--data-transport)"));
       }
-      if (!s.ok()) return fail(s);
+      if (!s.ok()) return fail_tls(s);
     } else {
-      return fail(Status::Unavailable(StatusFromErrno(errno, what).message()));
+      return fail_tls(Status::Unavailable(StatusFromErrno(errno, what).message()));
     }
   }
   StatusOr<std::uint64_t> instance = wire::DecodeHello(peer_hello);
-  if (!instance.ok()) return fail(instance.status().WithContext(what));
+  if (!instance.ok()) return fail_tls(instance.status().WithContext(what));
   std::shared_ptr<internal::Worker> w = core_->NextWorker();
   auto conn = std::make_shared<Conn>(fd, w, FormatSocketAddress(sa), /*accepted=*/false, *instance);
+  if (ssl != nullptr) conn->SetTls(ssl, /*accepting=*/false);
   auto ep = internal::NewEndpoint(conn);
   conn->SetEndpoint(ep.get());
   if (!w->Post([conn] { conn->worker()->Adopt(conn); conn->Started(false); })) {

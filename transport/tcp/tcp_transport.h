@@ -56,6 +56,7 @@
 
 #include "core/status.h"
 #include "core/statusor.h"
+#include "transport/tcp/tcp_tls.h"
 #include "transport/transport.h"
 
 namespace kvfabric::tcp {
@@ -120,6 +121,10 @@ struct TcpTransportOptions {
   // hold (10,000 such sockets took a daemon from 88 to 238 MiB of RSS
   // before). Default 1024.
   std::uint32_t max_handshakes = 1024;
+  // TLS on every connection (tcp_tls.h); null (the default): plaintext. A
+  // listener needs its certificate, a connecting side its CA. Both ends of a
+  // connection must agree.
+  std::shared_ptr<const TcpTls> tls;
   // SO_MAX_PACING_RATE of every connection, in bytes per second: the kernel
   // paces each connection's sends to at most this rate (a link slower than
   // the wire, for benchmarks and fault tests, as `tc tbf` would make it

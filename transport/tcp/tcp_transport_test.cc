@@ -16,6 +16,8 @@
 
 #include "core/socket_address.h"
 #include "core/testing/wait_for.h"
+#include "security/testing/test_pki.h"
+#include "transport/tcp/tcp_tls.h"
 #include "transport/tcp/tcp_wire.h"
 #include "transport/testing/transport_conformance.h"
 
@@ -44,10 +46,62 @@ TransportPair MakeTcpPair(int workers) {
   return pair;
 }
 
+// Certificates for the TLS runs, issued once per test binary.
+struct TestCerts {
+  std::string dir;
+  std::unique_ptr<kvfabric::testing::TestPki> pki, other;
+  kvfabric::testing::TestPki::Files server;
+  TestCerts() {
+    char tmpl[] = "/tmp/kvf_tcp_tls_XXXXXX";
+    dir = mkdtemp(tmpl);
+    pki = std::make_unique<kvfabric::testing::TestPki>(dir, "tcp test CA");
+    other = std::make_unique<kvfabric::testing::TestPki>(dir, "other CA");
+    server = pki->Issue("daemon", {"IP:127.0.0.1"});
+  }
+};
+const TestCerts& Certs() {
+  static const TestCerts* certs = new TestCerts();
+  return *certs;
+}
+
+// TLS on both ends: the listener presents its certificate, the client
+// checks it against the CA and 127.0.0.1.
+std::shared_ptr<const TcpTls> Tls(const std::string& ca, bool with_cert = true) {
+  TcpTlsOptions o;
+  if (with_cert) {
+    o.cert_file = Certs().server.cert;
+    o.key_file = Certs().server.key;
+  }
+  o.ca_file = ca;
+  auto t = TcpTls::Create(o);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? *t : nullptr;
+}
+
+TransportPair MakeTcpTlsPair(int workers) {
+  TcpTransportOptions options;
+  options.workers = workers;
+  options.tls = Tls(Certs().pki->ca_file());
+  TransportPair pair;
+  StatusOr<std::unique_ptr<TcpTransport>> server = CreateTcpTransport(options);
+  StatusOr<std::unique_ptr<TcpTransport>> client = CreateTcpTransport(options);
+  EXPECT_TRUE(server.ok() && client.ok());
+  if (!server.ok() || !client.ok()) return pair;
+  TcpTransport* raw = server->get();
+  pair.server = std::move(server).value();
+  pair.client = std::move(client).value();
+  pair.listen_address = "127.0.0.1:0";
+  pair.stall_server = [raw](bool stalled) { raw->TEST_StallPeerWork(stalled); };
+  return pair;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Tcp, TransportConformanceTest,
     ::testing::Values(TransportConformanceParam{"one_worker", [] { return MakeTcpPair(1); }},
-                      TransportConformanceParam{"three_workers", [] { return MakeTcpPair(3); }}),
+                      TransportConformanceParam{"three_workers", [] { return MakeTcpPair(3); }},
+                      TransportConformanceParam{"tls_one_worker", [] { return MakeTcpTlsPair(1); }},
+                      TransportConformanceParam{"tls_three_workers",
+                                                [] { return MakeTcpTlsPair(3); }}),
     ConformanceParamName);
 
 using transport::Clock;
@@ -449,6 +503,43 @@ TEST(TcpTransportTest, AnExportImportsOnlyOnAnEndpointToItsOwner) {
   StatusOr<std::unique_ptr<RemoteRegion>> wrong = (*to_a)->ImportRegion(*in_b->Export(0, 4096));
   EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(wrong.status().message().find("another transport"), std::string::npos);
+}
+
+TEST(TcpTransportTest, TlsRefusesAPlaintextPeerAndAServerItCannotVerify) {
+  TcpTransportOptions tls;
+  tls.tls = Tls(Certs().pki->ca_file());
+  Server server(tls);
+  // A plaintext client: the TLS listener reads its hello as a bad ClientHello.
+  auto plain = NewTransport();
+  StatusOr<std::unique_ptr<Endpoint>> ep =
+      plain->Connect(server.t->listen_address(), transport::PeerFailureMode::kFailInFlight, Soon());
+  ASSERT_FALSE(ep.ok());
+  // A TLS client trusting another CA refuses the listener's certificate.
+  TcpTransportOptions distrust;
+  distrust.tls = Tls(Certs().other->ca_file(), /*with_cert=*/false);
+  auto wary = NewTransport(1, distrust);
+  ep = wary->Connect(server.t->listen_address(), transport::PeerFailureMode::kFailInFlight, Soon());
+  ASSERT_FALSE(ep.ok());
+  EXPECT_NE(ep.status().message().find("certificate verify failed"), std::string::npos)
+      << ep.status();
+  // The right CA connects, and 8 MiB written arrive intact.
+  auto good = NewTransport(1, tls);
+  ep = good->Connect(server.t->listen_address(), transport::PeerFailureMode::kFailInFlight, Soon());
+  ASSERT_TRUE(ep.ok()) << ep.status();
+  constexpr std::uint64_t kBig = 8 << 20;
+  std::unique_ptr<MemoryRegion> target = *server.t->AllocateMemory(kBig, MemoryKind::kHost);
+  std::unique_ptr<RemoteRegion> remote = *(*ep)->ImportRegion(*target->Export(0, kBig));
+  std::unique_ptr<MemoryRegion> source = *good->AllocateMemory(kBig, MemoryKind::kHost);
+  for (std::uint64_t i = 0; i < kBig; ++i) source->bytes()[i] = std::byte(i * 31 % 251);
+  std::vector<Transfer> batch = {{.op = TransferOp::kWrite,
+                                  .local = source.get(),
+                                  .length = kBig,
+                                  .remote = remote.get(),
+                                  .header = {}}};
+  std::unique_ptr<TransferBatch> b = *(*ep)->Submit(batch);
+  ASSERT_TRUE(b->Wait(Soon()).ok());
+  ASSERT_TRUE(b->FirstError().ok()) << b->FirstError();
+  EXPECT_EQ(std::memcmp(source->bytes().data(), target->bytes().data(), kBig), 0);
 }
 
 TEST(TcpTransportTest, EntriesWrittenBeforeAFullSocketStillComplete) {

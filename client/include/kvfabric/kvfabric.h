@@ -345,6 +345,11 @@ typedef struct kvf_options {
   const char* tls_server_name;
   int insecure;
   int allow_insecure_remote;
+
+  /* 1: the daemons encrypt their kernel-TCP data plane
+   * (kvfabric-cached --data-plane-tls); connect with TLS 1.3, verified
+   * against tls_ca_file. Needs data_transport "tcp". Default 0. */
+  int data_plane_tls;
 } kvf_options;
 
 /* Fills *options with the defaults above (required fields zero or NULL) and
