@@ -387,7 +387,15 @@ StatusOr<std::unique_ptr<Endpoint>> TcpTransport::Connect(const std::string& add
   if (ssl != nullptr) conn->SetTls(ssl, /*accepting=*/false);
   auto ep = internal::NewEndpoint(conn);
   conn->SetEndpoint(ep.get());
-  if (!w->Post([conn] { conn->worker()->Adopt(conn); conn->Started(false); })) {
+  // Under TLS, OpenSSL's read-ahead may already hold what the peer sent
+  // right after its hello (a daemon's data-plane challenge): epoll will not
+  // report those bytes again, so read them now.
+  const bool drain = ssl != nullptr;
+  if (!w->Post([conn, drain] {
+        conn->worker()->Adopt(conn);
+        conn->Started(false);
+        if (drain) conn->OnReadable();
+      })) {
     return Status::Unavailable("the TCP transport is shutting down");
   }
   return ep;

@@ -542,6 +542,46 @@ TEST(TcpTransportTest, TlsRefusesAPlaintextPeerAndAServerItCannotVerify) {
   EXPECT_EQ(std::memcmp(source->bytes().data(), target->bytes().data(), kBig), 0);
 }
 
+TEST(TcpTransportTest, UnderTlsAMessageSentAtAcceptReachesTheConnectingSide) {
+  // The listener greets each connection as soon as it is accepted (as a
+  // daemon's data plane sends its challenge). Under TLS the greeting may
+  // arrive inside the read-ahead of the connecting side's handshake, where
+  // epoll never reports it: it must still be delivered.
+  TcpTransportOptions tls;
+  tls.tls = Tls(Certs().pki->ca_file());
+  for (int round = 0; round < 20; ++round) {
+    auto server = NewTransport(1, tls);
+    std::mutex mu;
+    std::vector<std::unique_ptr<Endpoint>> accepted;
+    std::vector<std::unique_ptr<TransferBatch>> greetings;
+    const std::byte greeting[4] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
+    ASSERT_TRUE(server
+                    ->Listen("127.0.0.1:0",
+                             [&](std::unique_ptr<Endpoint> ep) {
+                               std::lock_guard<std::mutex> lock(mu);
+                               Transfer t{.op = TransferOp::kSend, .header = greeting};
+                               auto b = ep->Submit(std::span<const Transfer>(&t, 1));
+                               if (b.ok()) greetings.push_back(std::move(*b));
+                               accepted.push_back(std::move(ep));
+                             })
+                    .ok());
+    auto client = NewTransport(1, tls);
+    std::atomic<int> received{0};
+    client->SetMessageHandler([&](transport::IncomingMessage& m) {
+      if (m.header().size() == sizeof(greeting)) received.fetch_add(1);
+    });
+    StatusOr<std::unique_ptr<Endpoint>> ep = client->Connect(
+        server->listen_address(), transport::PeerFailureMode::kFailInFlight, Soon());
+    ASSERT_TRUE(ep.ok()) << ep.status();
+    ASSERT_TRUE(WaitFor([&] { return received.load() == 1; }, std::chrono::seconds(5),
+                        "the greeting sent at accept"))
+        << "round " << round;
+    ep->reset();
+    client.reset();
+    server.reset();
+  }
+}
+
 TEST(TcpTransportTest, EntriesWrittenBeforeAFullSocketStillComplete) {
   // One batch: a message, then a write far larger than the socket buffers.
   // The message leaves in the same pass that finds the socket full; its
