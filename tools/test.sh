@@ -50,6 +50,7 @@ TSAN_TARGETS=(
   # (`bazel query 'tests(...) intersect rdeps(..., @grpc//:lib)'` finds them.)
   -//client:kvfabric_c_test
   -//tests:adversarial_daemon_test
+  -//tests:bad_input_test
   -//tests:c_api_cluster_test
   -//tests:cache_host_daemon_test
   -//tests:calibrate_daemon_test
@@ -58,6 +59,7 @@ TSAN_TARGETS=(
   -//tests:observability_test
   -//tests:placement_cluster_test
   -//tests:shared_memory_attack_test
+  -//tests:tenant_isolation_test
   -//tests/fault:network_fault_test
   -//tests/fault:placement_failover_test
   # Run by a second pass, without their shared-memory cases.
