@@ -31,6 +31,7 @@
 #include "core/config/logging_flags.h"
 #include "core/config/yaml_config.h"
 #include "core/logging.h"
+#include "security/security_flags.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvfabric: a distributed KV-cache for LLM serving", "kvfabric"};

@@ -36,10 +36,6 @@
 #include "core/status.h"
 #include "core/statusor.h"
 
-namespace CLI {
-class App;
-}  // namespace CLI
-
 namespace grpc {
 class Channel;
 class ChannelArguments;
@@ -80,13 +76,6 @@ struct GrpcSecurityOptions {
   // True when TLS is configured (cert_file or ca_file set).
   bool tls() const { return !cert_file.empty() || !ca_file.empty(); }
 };
-
-// Adds --tls-cert, --tls-key, --tls-ca, --tls-client-auth (servers only),
-// --tls-token-file (clients only), --tls-server-name (clients only),
-// --tls-reload-interval, --insecure and --allow-insecure-remote.
-// REQUIRES: `options` outlives parsing.
-void AddServerSecurityFlags(CLI::App& app, GrpcSecurityOptions* options);
-void AddClientSecurityFlags(CLI::App& app, GrpcSecurityOptions* options);
 
 // Whether `address` (HOST:PORT, [V6]:PORT, unix:PATH, or a comma-separated
 // list of these) reaches this machine only: every host is 127.0.0.0/8, ::1 or

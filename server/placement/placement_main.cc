@@ -30,6 +30,7 @@
 #include "metrics/rpc_metrics.h"
 #include "security/grpc_authorizer.h"
 #include "security/grpc_security.h"
+#include "security/security_flags.h"
 #include "security/tenant_policy.h"
 #include "server/cache_host/cache_host_metrics.h"
 #include "server/grpc_server_limits.h"
