@@ -113,7 +113,7 @@ done
 # The daemons register after writing their ready files: wait until placement
 # plans over both.
 for ((i = 0; ; i++)); do
-  status=$("$prefix/bin/kvfabric" status --placement "$placement" --interval 0 2>/dev/null || true)
+  status=$("$prefix/bin/kvfabric" status --insecure --placement "$placement" --interval 0 2>/dev/null || true)
   grep -q "^2 live cache hosts" <<<"$status" && break
   ((i < 300)) || die "placement $placement does not list both daemons after 30 s"
   sleep 0.1
