@@ -121,6 +121,9 @@ class Client::Impl {
   ~Impl();
 
   Status Init();
+  // The data plane: one transport, one staging region exported to each
+  // daemon on first use (client_io.cc). Part of Init.
+  Status OpenDataPlane();
   Status Close();
 
   // kvfabric_client.cc

@@ -188,32 +188,7 @@ Status Client::Impl::Init() {
     }
   }
 
-  // The data plane: one transport, one staging region exported to each
-  // daemon on first use.
-  transport::DataTransportOptions topts;
-  topts.kind = o_.data_transport;
-  topts.ucx_tls = o_.ucx_tls;
-  topts.ucx_tls_setting =
-      o_.ucx_tls_setting.empty() ? std::string("ucx_tls (--ucx-tls)") : o_.ucx_tls_setting;
-  // UCX's messages go where the engine sends the library's (client_log.h).
-  topts.ucx_log_sink = [](spdlog::level::level_enum level, std::string_view line) {
-    Log().log(level, "{}", line);
-  };
-  if (o_.data_plane_tls) {
-    if (o_.data_transport != "tcp" || o_.security.ca_file.empty()) {
-      return Status::InvalidArgument(
-          "client: data_plane_tls needs data_transport \"tcp\" and security.ca_file (the CA "
-          "that signs the daemons' certificates)");
-    }
-    topts.tcp_tls_enabled = true;
-    topts.tcp_tls.ca_file = o_.security.ca_file;
-  }
-  KVF_ASSIGN_OR_RETURN(transport_, transport::CreateDataTransport(topts));
-  shared_memory_ = transport::UsesSharedMemory(topts);
-  ucx_data_plane_ = topts.kind == "ucx";
-  KVF_ASSIGN_OR_RETURN(staging_,
-                       transport_->AllocateMemory(o_.staging_bytes, transport::MemoryKind::kHost));
-  KVF_ASSIGN_OR_RETURN(data_, DataPlaneClient::Create(transport_.get()));
+  KVF_RETURN_IF_ERROR(OpenDataPlane());
   prom_ = std::make_shared<ClientPrometheus>([this] {
     ClientPrometheus::Snapshot s;
     s.client = metrics();
