@@ -171,6 +171,9 @@ StatusOr<DaemonConnection*> CacheHostSession::Connection(const std::string& gran
     return conn.status().WithContext("cache host " + o_.host_id + " data plane at " + address);
   }
   Status e = data_->ExportRegion(conn->get(), o_.region_id, *region_, deadline);
+  for (const auto& [id, region] : o_.extra_regions) {
+    if (e.ok()) e = data_->ExportRegion(conn->get(), id, *region, deadline);
+  }
   if (!e.ok()) {
     data_->Disconnect(conn->get());
     return e.WithContext("cache host " + o_.host_id + ": exporting the client's region");
@@ -266,7 +269,7 @@ StatusOr<std::vector<Status>> CacheHostSession::Store(const v1::ModelFingerprint
                                 std::to_string(blocks[k].descriptor.payload_bytes()));
       continue;
     }
-    AppendRanges(r.extents(), slots.offset + k * slots.bytes, &ranges);
+    AppendRanges(r.extents(), slots.at(k), &ranges);
     v1::CommitEntry* e = commit.add_entries();
     e->set_key(blocks[k].descriptor.key());
     e->set_crc32c(blocks[k].crc32c);
@@ -307,9 +310,10 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::Fetch(
     std::memcpy(req.expected_fingerprint->data(), expected_digest.data(), expected_digest.size());
   }
   req.keys = keys;
-  req.region_id = o_.region_id;
+  req.region_id = slots.region_id != 0 ? slots.region_id : o_.region_id;
   req.region_offset = slots.offset;
   req.slot_bytes = slots.bytes;
+  req.slot_offsets = slots.offsets;
   KVF_RETURN_IF_ERROR(health());
   KVF_ASSIGN_OR_RETURN(DaemonConnection* const conn, Connection(""));
   KVF_ASSIGN_OR_RETURN(std::vector<wire::FetchKeyResult> got,
@@ -390,7 +394,7 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::LeaseGet(
                                   "-byte slot");
       continue;
     }
-    AppendRanges(r.extents(), slots.offset + k * slots.bytes, &ranges);
+    AppendRanges(r.extents(), slots.at(k), &ranges);
     any = true;
   }
   if (!any) {
@@ -401,8 +405,10 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::LeaseGet(
   StatusOr<DaemonConnection*> conn = Connection(resp.grant().transport_address());
   Status moved = token.ok() ? conn.status() : token.status();
   if (moved.ok()) {
-    moved = data_->Transfer(*conn, DataOp::kGet, resp.lease_id(), *token, o_.region_id,
-                            ranges, TransferDeadline())
+    moved = data_
+                ->Transfer(*conn, DataOp::kGet, resp.lease_id(), *token,
+                           slots.region_id != 0 ? slots.region_id : o_.region_id, ranges,
+                           TransferDeadline())
                 .WithContext("kGet from cache host " + o_.host_id);
   }
   release(moved.ok());

@@ -71,6 +71,10 @@ struct CacheHostSessionOptions {
   std::chrono::milliseconds transfer_timeout{30000};
   // The id the region is exported under on this daemon.
   std::uint32_t region_id = 1;
+  // Further regions exported with it on every new data-plane connection
+  // (id, region; each outlives the session), named by SlotLayout::region_id:
+  // a client's history pool, which daemons write blocks into directly.
+  std::vector<std::pair<std::uint32_t, const transport::MemoryRegion*>> extra_regions;
   // How often a Lease whose entries answer Unavailable is retried.
   int lease_retries = 3;
   // Set when the data plane may use shared memory (transport::
@@ -89,10 +93,24 @@ struct CacheHostSessionOptions {
   std::string ucx_tls_setting = "ucx_tls";
 };
 
-// Where a batch's blocks sit in the region: block k at offset + k * bytes.
+// Where a batch's blocks sit: block k at offset + k * bytes of the session's
+// region, or, with `offsets`, at offsets[k] of region `region_id` (scattered
+// slots: a client's history pages, written where they will be read).
 struct SlotLayout {
+  SlotLayout() = default;
+  SlotLayout(std::uint64_t offset_in, std::uint64_t bytes_in)
+      : offset(offset_in), bytes(bytes_in) {}
+  // Scattered slots of `bytes_in` each in region `region`.
+  SlotLayout(std::span<const std::uint64_t> offsets_in, std::uint64_t bytes_in,
+             std::uint32_t region)
+      : bytes(bytes_in), offsets(offsets_in), region_id(region) {}
   std::uint64_t offset = 0;
   std::uint64_t bytes = 0;
+  std::span<const std::uint64_t> offsets;  // empty, or one per block
+  std::uint32_t region_id = 0;             // 0: the session's region
+  std::uint64_t at(std::size_t k) const {
+    return offsets.empty() ? offset + k * bytes : offsets[k];
+  }
 };
 
 class CacheHostSession {

@@ -3,11 +3,13 @@
 // client_io.cc: fetch, recompute, write-back).
 //
 // Locks, in the order they may nest: Impl::mu_ (contexts), Context::mu,
-// Impl::metrics_mu_. fetch_mu_ (the fetch half of staging) is held around a
-// fetch batch; daemons_mu_ only briefly (a DaemonSlot's connect_mu, held
-// while connecting to that daemon, is taken before it, never inside it).
-// attend_mu_ serialises Attend (one set of staging buffers). Checked by
-// clang's -Wthread-safety (tools/thread_safety_check.sh).
+// Impl::metrics_mu_. No lock is held across a fetch: daemons write blocks
+// straight into each context's own pages, so loads of different contexts,
+// and the batches of one load from every daemon, run at once. daemons_mu_
+// is held only briefly (a DaemonSlot's connect_mu, held while connecting to
+// that daemon, is taken before it, never inside it). attend_mu_ serialises
+// Attend (one set of staging buffers). Checked by clang's -Wthread-safety
+// (tools/thread_safety_check.sh).
 #ifndef KVFABRIC_CLIENT_CLIENT_IMPL_H_
 #define KVFABRIC_CLIENT_CLIENT_IMPL_H_
 
@@ -41,8 +43,10 @@ namespace kvfabric::client {
 
 using Clock = std::chrono::steady_clock;
 
-// The staging region's id on every daemon it is exported to.
+// The ids of the staging region (write-back) and of the history pool
+// (fetches land in context pages) on every daemon they are exported to.
 inline constexpr std::uint32_t kStagingRegionId = 1;
+inline constexpr std::uint32_t kHistoryRegionId = 2;
 
 // One request's history and the state of its load and saves.
 struct Context {
@@ -50,7 +54,10 @@ struct Context {
   std::uint64_t tokens = 0;
   std::uint32_t blocks = 0;       // ceil(tokens / tokens_per_block)
   std::uint32_t full_blocks = 0;  // tokens / tokens_per_block
-  std::vector<std::uint32_t> pages;  // history pool page of each block
+  // History pool page of each block. A fetch worker may swap a block's page
+  // for a fresh one before the block landed (ReplacePages); nobody else
+  // reads an unlanded block's entry.
+  std::vector<std::uint32_t> pages;
 
   std::uint32_t layer_words = 0;  // 64-bit words per block in layer_bits
 
@@ -83,6 +90,9 @@ struct Context {
   std::vector<bool> save_queued KVF_GUARDED_BY(mu);            // per full block
   std::uint32_t pending_saves KVF_GUARDED_BY(mu) = 0;
   Status save_status KVF_GUARDED_BY(mu);  // the first write-back failure
+  // Not OK when a failed fetch left pages a daemon may still write and no
+  // fresh page could replace them: nothing more is written for this load.
+  Status pages_safe KVF_GUARDED_BY(mu);
 
   // Back to a fresh context's state, keeping every vector's capacity (and
   // `match`, which the next Load overwrites in place): a recycled context
@@ -208,37 +218,50 @@ class Client::Impl {
   void FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t> runs);
   void RecomputeRuns(std::shared_ptr<Context> c, std::vector<std::size_t> runs);
   void WorkerDone(Context& c, const Status& status);
-  // Fetches `blocks` of `c` from `host` into its history; the blocks that
-  // arrived intact are removed from *blocks. The first error, if any.
+  // Fetches `blocks` of `c` from `host` into its history, in batches of
+  // wire::kMaxFetchKeys with options.fetch_depth of them in flight; the
+  // blocks that arrived intact are removed from *blocks (the rest stay,
+  // sorted). Adds one transfer observation (all bytes over the wall time).
+  // The first error, if any.
   Status FetchFrom(Context& c, const MatchResult::Host& host, std::vector<std::uint32_t>* blocks);
-  // One batch (at most blocks_per_batch_ blocks, into the fetch half of
-  // staging; holds fetch_mu_): FetchByKey, then LeaseAndGet for what the
-  // daemon holds on NVMe only. (*arrived)[k]: batch[k] landed intact.
+  // One batch: FetchByKey, then LeaseAndGet for what the daemon holds on
+  // NVMe only. (*arrived)[k]: batch[k] landed intact; *moved += bytes moved.
   Status FetchBatch(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
-                    std::vector<bool>* arrived);
-  // The blocks of `batch` whose read `results` are OK are checked against
-  // their committed CRC and landed; the first per-block error, NotFound ones
-  // reported as stale.
+                    std::vector<bool>* arrived, std::uint64_t* moved);
+  // The blocks of `batch` whose read `results` are OK are checked in place
+  // against their committed CRC and marked landed; the first per-block
+  // error, NotFound ones reported as stale.
   Status LandResults(Context& c, const Daemon& d, std::span<const std::uint32_t> batch,
                      std::span<const Daemon::ReadResult> results, bool from_lease,
-                     std::vector<bool>* arrived, std::vector<std::size_t>* on_nvme, double us);
-  // One data-plane kFetch (lease, push, release on the daemon). Positions
-  // in `batch` the daemon answered Unavailable (not in its host pool) go to
-  // *on_nvme.
+                     std::vector<bool>* arrived, std::vector<std::size_t>* on_nvme,
+                     std::uint64_t* moved);
+  // One data-plane kFetch (lease, push into the blocks' pages, release on
+  // the daemon). Positions in `batch` the daemon answered Unavailable (not
+  // in its host pool) go to *on_nvme.
   Status FetchByKey(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
-                    std::vector<bool>* arrived, std::vector<std::size_t>* on_nvme);
-  // gRPC Lease (which stages NVMe blocks), data-plane kGet, gRPC Release.
+                    std::vector<bool>* arrived, std::vector<std::size_t>* on_nvme,
+                    std::uint64_t* moved);
+  // gRPC Lease (which stages NVMe blocks), data-plane kGet into the blocks'
+  // pages, gRPC Release.
   Status LeaseAndGet(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
-                     std::vector<bool>* arrived);
-  // Checks block `block`'s bytes `got` against the CRC it was committed with
-  // and copies them into the history; false, counted in *tally and set as
-  // *first (if still OK) on a mismatch.
-  bool Land(Context& c, std::uint32_t block, std::span<const std::byte> got, std::uint32_t crc,
-            bool from_nvme, FetchTally* tally, Status* first);
-  // Adds one fetch request to the context's report, its transfer
-  // observations (`moved` bytes in `us`) and the client's metrics.
-  void RecordFetch(Context& c, const Daemon& d, const FetchTally& tally, std::uint64_t moved,
-                   double us);
+                     std::vector<bool>* arrived, std::uint64_t* moved);
+  // The history-region offsets of the pages of `batch`'s blocks.
+  std::vector<std::uint64_t> PageOffsets(const Context& c,
+                                         std::span<const std::uint32_t> batch) const;
+  // After a request into `batch`'s pages got no answer (deadline, lost
+  // connection) over shared memory, where the daemon may still write them:
+  // the pages go to quarantine for transfer_timeout and the blocks get fresh
+  // ones (or, if the pool has none free, c.pages_safe is set and the load
+  // fails rather than write into them). Over sockets closing the connection
+  // is enough (see client_io.cc).
+  void ReplacePages(Context& c, std::span<const std::uint32_t> batch);
+  // Checks block `block`'s page against the CRC it was committed with; false,
+  // counted in *tally and set as *first (if still OK) on a mismatch.
+  bool Land(Context& c, std::uint32_t block, std::uint32_t crc, bool from_nvme, FetchTally* tally,
+            Status* first);
+  // Adds one fetch request's landed blocks to the context's report and the
+  // client's metrics.
+  void RecordFetch(Context& c, const FetchTally& tally);
   // Recomputes chain blocks [first, first + count) of `c` (clipped to its
   // tokens) through options.recompute.
   Status Recompute(Context& c, std::uint32_t first, std::uint32_t count);
@@ -268,9 +291,9 @@ class Client::Impl {
   v1::ModelFingerprint fingerprint_;
   std::string fingerprint_digest_;
   std::uint64_t block_bytes_ = 0;
-  // Blocks per Lease / Reserve batch: at most 16, and what half the staging
-  // region holds.
-  std::size_t blocks_per_batch_ = 1;
+  // Blocks per write-back batch: at most 16, and what the staging region
+  // holds.
+  std::size_t save_batch_ = 1;
   std::string client_node_;
 
   // One stub per placement replica (placement_address split at commas);
@@ -283,6 +306,9 @@ class Client::Impl {
   bool shared_memory_ = false;
   bool ucx_data_plane_ = false;  // CacheHostSessionOptions::check_ucx_listener
   std::unique_ptr<transport::MemoryRegion> staging_;
+  // The history pool, registered with the transport and exported to every
+  // daemon as kHistoryRegionId (fetches land in place).
+  std::unique_ptr<transport::MemoryRegion> history_region_;
   std::unique_ptr<DataPlaneClient> data_;
   std::unique_ptr<DeviceArena> arena_;
   std::unique_ptr<StreamingAttention> attention_;
@@ -290,7 +316,6 @@ class Client::Impl {
   DeviceArenaOptions arena_options_;  // o_.arena with its defaults filled in
 
   Mutex attend_mu_;
-  Mutex fetch_mu_;  // the fetch half of staging_
   Mutex daemons_mu_;
   std::map<std::string, std::shared_ptr<DaemonSlot>> daemons_ KVF_GUARDED_BY(daemons_mu_);
 

@@ -10,7 +10,6 @@
 #include "client/client_impl.h"
 #include "client/client_log.h"
 #include "core/crc32c.h"
-#include "core/stream_copy.h"
 #include "proto/grpc_status.h"
 #include "transport/data_transport.h"
 
@@ -69,6 +68,15 @@ Status Client::Impl::OpenDataPlane() {
   KVF_ASSIGN_OR_RETURN(staging_,
                        transport_->AllocateMemory(o_.staging_bytes, transport::MemoryKind::kHost));
   KVF_ASSIGN_OR_RETURN(data_, DataPlaneClient::Create(transport_.get()));
+  // Daemons write fetched blocks straight into context pages: the pool is
+  // registered once here (pinned where the transport needs it) and exported
+  // with the staging region to every daemon.
+  KVF_ASSIGN_OR_RETURN(
+      history_region_,
+      transport_->RegisterMemory(
+          std::span<std::byte>(history_pool_->base(),
+                               std::uint64_t{history_pool_->pages()} * history_pool_->page_bytes()),
+          transport::MemoryKind::kHost));
   return Status::OK();
 }
 
@@ -102,6 +110,7 @@ StatusOr<std::shared_ptr<Daemon>> Client::Impl::GetDaemon(const MatchResult::Hos
   so.rpc_timeout = o_.rpc_timeout;
   so.transfer_timeout = o_.transfer_timeout;
   so.region_id = kStagingRegionId;
+  so.extra_regions = {{kHistoryRegionId, history_region_.get()}};
   so.check_shared_memory = shared_memory_;
   so.check_ucx_listener = ucx_data_plane_;
   so.ucx_tls = o_.ucx_tls;
@@ -244,7 +253,8 @@ void Client::Impl::RecomputeRuns(std::shared_ptr<Context> c, std::vector<std::si
 void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t> runs) {
   const MatchResult& m = c->match;
   // Placement spreads a chain over hosts block by block, so runs are short
-  // and alternate: fetch every planned block of a host in full batches.
+  // and alternate: fetch every planned block of a host in full batches, all
+  // hosts at once.
   std::vector<std::vector<std::uint32_t>> by_host(m.hosts.size());
   std::vector<std::size_t> run_of(m.chain.size(), 0);
   for (std::size_t ri : runs) {
@@ -254,15 +264,27 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
       run_of[b] = ri;
     }
   }
+  std::vector<Status> host_status(m.hosts.size());
+  {
+    std::vector<std::size_t> hosts;
+    for (std::size_t h = 0; h < by_host.size(); ++h) {
+      if (!by_host[h].empty()) hosts.push_back(h);
+    }
+    auto fetch = [&](std::size_t h) { host_status[h] = FetchFrom(*c, m.hosts[h], &by_host[h]); };
+    // One thread per further daemon; this thread takes the first.
+    std::vector<std::thread> others;
+    for (std::size_t i = 1; i < hosts.size(); ++i) others.emplace_back(fetch, hosts[i]);
+    if (!hosts.empty()) fetch(hosts[0]);
+    for (std::thread& t : others) t.join();
+  }
   std::vector<bool> dead(m.hosts.size(), false);  // failed Unavailable in this load
   std::map<std::size_t, std::vector<std::uint32_t>> missing;  // run -> blocks
   std::map<std::size_t, std::string> failures;                // run -> first error
   for (std::size_t h = 0; h < by_host.size(); ++h) {
-    if (by_host[h].empty()) continue;
-    Status s = FetchFrom(*c, m.hosts[h], &by_host[h]);
+    const Status& s = host_status[h];
     if (!s.ok()) {
       Log().warn("kvfabric client: context {}: {} of its blocks on {} not fetched: {}", c->id,
-                   by_host[h].size(), m.hosts[h].host_id, s.ToString());
+                 by_host[h].size(), m.hosts[h].host_id, s.ToString());
       dead[h] = HostDown(s);
     }
     for (std::uint32_t b : by_host[h]) {
@@ -272,7 +294,14 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
   }
   // Then each run's fallback hosts, then recompute, in contiguous pieces.
   Status status;
+  {
+    // A block whose page could not be replaced after a failed request may
+    // still be written by that daemon: nothing else is written into it.
+    MutexLock l(&c->mu);
+    if (!c->pages_safe.ok()) status = c->pages_safe;
+  }
   for (auto& [ri, blocks] : missing) {
+    if (!status.ok()) break;
     std::sort(blocks.begin(), blocks.end());
     std::uint32_t from_fallback = 0;
     for (std::uint32_t h : m.runs[ri].fallback_hosts) {
@@ -282,6 +311,10 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
       Status s = FetchFrom(*c, m.hosts[h], &blocks);
       from_fallback += static_cast<std::uint32_t>(before - blocks.size());
       dead[h] = HostDown(s);
+    }
+    {
+      MutexLock l(&c->mu);
+      if (!c->pages_safe.ok()) status = c->pages_safe;
     }
     const auto recomputed = static_cast<std::uint32_t>(blocks.size());
     for (std::size_t i = 0; i < blocks.size() && status.ok();) {
@@ -313,81 +346,170 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
   // The session stays valid while this thread holds it, even if another
   // thread drops the daemon: its calls then fail Unavailable.
   const std::shared_ptr<Daemon> d = std::move(*daemon);
-  const std::size_t per_batch = blocks_per_batch_;
-  std::vector<std::uint32_t> left;
-  Status first;
-  for (std::size_t i = 0; i < blocks->size(); i += per_batch) {
-    std::span<const std::uint32_t> batch(blocks->data() + i,
-                                         std::min(per_batch, blocks->size() - i));
-    std::vector<bool> arrived(batch.size(), false);
-    Status s = FetchBatch(c, *d, batch, &arrived);
-    for (std::size_t k = 0; k < batch.size(); ++k) {
-      if (!arrived[k]) left.push_back(batch[k]);
-    }
-    if (s.ok()) continue;
-    if (first.ok()) first = s.WithContext("daemon " + host.host_id);
-    if (HostDown(s)) {
+  const std::size_t per_batch = wire::kMaxFetchKeys;
+  const std::size_t batches = (blocks->size() + per_batch - 1) / per_batch;
+  // fetch_depth workers take batches in order: that many requests in flight
+  // to this daemon, each landing (CRC check in place) while the others move.
+  struct Progress {
+    Mutex mu;
+    std::size_t next KVF_GUARDED_BY(mu) = 0;
+    bool down KVF_GUARDED_BY(mu) = false;
+    std::vector<std::uint32_t> left KVF_GUARDED_BY(mu);
+    Status first KVF_GUARDED_BY(mu);
+    std::uint64_t moved KVF_GUARDED_BY(mu) = 0;
+  } p;
+  const auto start = Clock::now();
+  auto work = [&] {
+    std::vector<bool> arrived;
+    for (;;) {
+      std::size_t i = 0;
+      {
+        MutexLock l(&p.mu);
+        if (p.down || p.next >= batches) return;
+        i = p.next++ * per_batch;
+      }
+      std::span<const std::uint32_t> batch(blocks->data() + i,
+                                           std::min(per_batch, blocks->size() - i));
+      arrived.assign(batch.size(), false);
+      std::uint64_t moved = 0;
+      Status s = FetchBatch(c, *d, batch, &arrived, &moved);
+      MutexLock l(&p.mu);
+      p.moved += moved;
+      for (std::size_t k = 0; k < batch.size(); ++k) {
+        if (!arrived[k]) p.left.push_back(batch[k]);
+      }
+      if (s.ok()) continue;
+      if (p.first.ok()) p.first = s.WithContext("daemon " + host.host_id);
       // The daemon is gone or stuck: the rest of the run goes elsewhere.
-      DropDaemon(d);
-      left.insert(left.end(), blocks->begin() + static_cast<std::ptrdiff_t>(i + batch.size()),
-                  blocks->end());
-      break;
+      if (HostDown(s)) p.down = true;
     }
+  };
+  const std::size_t workers = std::min<std::size_t>(o_.fetch_depth, batches);
+  std::vector<std::thread> threads;
+  for (std::size_t w = 1; w < workers; ++w) threads.emplace_back(work);
+  work();
+  for (std::thread& t : threads) t.join();
+  MutexLock l(&p.mu);
+  if (p.down) {
+    DropDaemon(d);
+    for (std::size_t i = p.next * per_batch; i < blocks->size(); ++i)
+      p.left.push_back((*blocks)[i]);
   }
-  *blocks = std::move(left);
-  return first;
+  if (p.moved > 0) {
+    // One observation per daemon per load: its blocks over the wall time
+    // they took, requests in flight together (what the planner's bus model
+    // is fitted to; server/placement/planner.h).
+    const double us = MicrosSince(start);
+    {
+      MutexLock cl(&c.mu);
+      c.transfers.push_back(
+          Observation(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST, d->host_id(), p.moved, us));
+    }
+    prom_->ObserveTransfer(/*save=*/false, p.moved, us);
+    MutexLock ml(&metrics_mu_);
+    m_.fetch_us += static_cast<std::uint64_t>(us);
+  }
+  std::sort(p.left.begin(), p.left.end());
+  *blocks = std::move(p.left);
+  return p.first;
 }
 
 Status Client::Impl::FetchBatch(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
-                                std::vector<bool>* arrived) {
-  MutexLock fetch_lock(&fetch_mu_);
+                                std::vector<bool>* arrived, std::uint64_t* moved) {
   std::vector<std::size_t> on_nvme;
-  Status first = FetchByKey(c, d, batch, arrived, &on_nvme);
+  Status first = FetchByKey(c, d, batch, arrived, &on_nvme, moved);
   if (on_nvme.empty() || HostDown(first)) return first;
   // What the daemon holds on NVMe only: its control-plane Lease stages it.
   std::vector<std::uint32_t> rest;
   for (std::size_t k : on_nvme) rest.push_back(batch[k]);
   std::vector<bool> rest_arrived(rest.size(), false);
-  Status s = LeaseAndGet(c, d, rest, &rest_arrived);
+  Status s = LeaseAndGet(c, d, rest, &rest_arrived, moved);
   for (std::size_t i = 0; i < rest.size(); ++i) {
     if (rest_arrived[i]) (*arrived)[on_nvme[i]] = true;
   }
   return first.ok() ? s : first;
 }
 
+std::vector<std::uint64_t> Client::Impl::PageOffsets(const Context& c,
+                                                     std::span<const std::uint32_t> batch) const {
+  std::vector<std::uint64_t> offsets(batch.size());
+  for (std::size_t k = 0; k < batch.size(); ++k) {
+    offsets[k] = std::uint64_t{c.pages[batch[k]]} * block_bytes_;
+  }
+  return offsets;
+}
+
+void Client::Impl::ReplacePages(Context& c, std::span<const std::uint32_t> batch) {
+  // A daemon answers a request only after every byte of it moved or failed,
+  // so only a request left without an answer (deadline, lost connection) can
+  // still be writing. Over sockets (kernel TCP, UCX's tcp) the daemon's
+  // bytes arrive through the connection, which FetchFrom closes (DropDaemon:
+  // the transport stops delivering before Close returns) before anything
+  // else is written into these pages. Over shared memory the daemon writes
+  // into this process's memory itself, and closing stops nothing: the pages
+  // are set aside for the transfer deadline instead.
+  if (!shared_memory_) return;
+  std::vector<std::uint32_t> fresh;
+  Status s = history_pool_->Take(
+      static_cast<std::uint32_t>(batch.size()), &fresh,
+      "context " + std::to_string(c.id) + " (replacing pages a failed fetch may still write)");
+  if (!s.ok()) {
+    MutexLock l(&c.mu);
+    if (c.pages_safe.ok()) {
+      c.pages_safe = s.WithContext("client: a failed fetch left pages a daemon may still write");
+    }
+    return;
+  }
+  // The request failed as a whole: the daemon may still be pushing into the
+  // old pages (until its transfer deadline). They rest in quarantine that
+  // long; the blocks fall back into fresh ones.
+  const auto until = Clock::now() + o_.transfer_timeout;
+  for (std::size_t k = 0; k < batch.size(); ++k) {
+    history_pool_->Quarantine(c.pages[batch[k]], until);
+    c.pages[batch[k]] = fresh[k];
+  }
+  MutexLock l(&metrics_mu_);
+  m_.history_pages_quarantined += batch.size();
+}
+
 Status Client::Impl::FetchByKey(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
-                                std::vector<bool>* arrived, std::vector<std::size_t>* on_nvme) {
+                                std::vector<bool>* arrived, std::vector<std::size_t>* on_nvme,
+                                std::uint64_t* moved) {
   std::vector<wire::FetchKey> keys;
   keys.reserve(batch.size());
   for (std::uint32_t b : batch) keys.push_back(c.match.chain[b].bytes());
-  const auto start = Clock::now();
-  auto got = d.Fetch(keys, fingerprint_digest_, {/*offset=*/0, block_bytes_});  // fetch half
-  const double us = MicrosSince(start);
-  if (!got.ok()) return got.status().WithContext("data-plane fetch");
-  return LandResults(c, d, batch, *got, /*from_lease=*/false, arrived, on_nvme, us);
+  // One copy: the daemon pushes each block into its page of the history.
+  const std::vector<std::uint64_t> offsets = PageOffsets(c, batch);
+  const SlotLayout slots(offsets, block_bytes_, kHistoryRegionId);
+  auto got = d.Fetch(keys, fingerprint_digest_, slots);
+  if (!got.ok()) {
+    if (HostDown(got.status())) ReplacePages(c, batch);
+    return got.status().WithContext("data-plane fetch");
+  }
+  return LandResults(c, d, batch, *got, /*from_lease=*/false, arrived, on_nvme, moved);
 }
 
 Status Client::Impl::LeaseAndGet(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
-                                 std::vector<bool>* arrived) {
+                                 std::vector<bool>* arrived, std::uint64_t* moved) {
   std::vector<std::string> keys;
   keys.reserve(batch.size());
   for (std::uint32_t b : batch) keys.push_back(KeyBytes(c.match.chain[b]));
-  const auto start = Clock::now();
-  auto got = d.LeaseGet(keys, fingerprint_digest_, o_.lease_ttl_ms, {0, block_bytes_});
-  const double us = MicrosSince(start);
-  if (!got.ok()) return got.status();
-  return LandResults(c, d, batch, *got, /*from_lease=*/true, arrived, nullptr, us);
+  const std::vector<std::uint64_t> offsets = PageOffsets(c, batch);
+  const SlotLayout slots(offsets, block_bytes_, kHistoryRegionId);
+  auto got = d.LeaseGet(keys, fingerprint_digest_, o_.lease_ttl_ms, slots);
+  if (!got.ok()) {
+    if (HostDown(got.status())) ReplacePages(c, batch);
+    return got.status();
+  }
+  return LandResults(c, d, batch, *got, /*from_lease=*/true, arrived, nullptr, moved);
 }
 
-Status Client::Impl::LandResults(Context& c, const Daemon& d,
-                                 std::span<const std::uint32_t> batch,
+Status Client::Impl::LandResults(Context& c, const Daemon& d, std::span<const std::uint32_t> batch,
                                  std::span<const Daemon::ReadResult> results, bool from_lease,
                                  std::vector<bool>* arrived, std::vector<std::size_t>* on_nvme,
-                                 double us) {
+                                 std::uint64_t* moved) {
   Status first;
   FetchTally tally;
-  std::uint64_t moved = 0;
-  std::span<std::byte> staging = staging_->bytes();
   for (std::size_t k = 0; k < batch.size(); ++k) {
     const Daemon::ReadResult& r = results[k];
     const std::string what = "block " + std::to_string(batch[k]);
@@ -397,9 +519,8 @@ Status Client::Impl::LandResults(Context& c, const Daemon& d,
       s = Status::DataLoss(what + ": daemon placed " + std::to_string(r.payload_bytes) +
                            " bytes; blocks of this model are " + std::to_string(block_bytes_));
     } else if (s.ok()) {
-      moved += block_bytes_;
-      if (Land(c, batch[k], staging.subspan(k * block_bytes_, block_bytes_), r.crc32c,
-               from_lease && r.tier == v1::TIER_NVME, &tally, &first)) {
+      *moved += block_bytes_;
+      if (Land(c, batch[k], r.crc32c, from_lease && r.tier == v1::TIER_NVME, &tally, &first)) {
         (*arrived)[k] = true;
       }
     } else if (s.IsUnavailable() && on_nvme != nullptr) {
@@ -417,13 +538,16 @@ Status Client::Impl::LandResults(Context& c, const Daemon& d,
     }
     if (first.ok() && !s.ok()) first = s;
   }
-  RecordFetch(c, d, tally, moved, us);
+  RecordFetch(c, tally);
   return first;
 }
 
-bool Client::Impl::Land(Context& c, std::uint32_t block, std::span<const std::byte> got,
-                        std::uint32_t crc, bool from_nvme, FetchTally* tally, Status* first) {
-  if (crc32c::Value(got) != crc) {
+bool Client::Impl::Land(Context& c, std::uint32_t block, std::uint32_t crc, bool from_nvme,
+                        FetchTally* tally, Status* first) {
+  // The bytes checked are the bytes landed: the block's page, where the
+  // daemon wrote it and Attend will read it. A block that fails is not
+  // marked present; its fallback overwrites the page.
+  if (crc32c::Value(BlockBytes(c, block)) != crc) {
     ++tally->crc_failures;
     if (first->ok()) {
       *first = Status::DataLoss("block " + std::to_string(block) +
@@ -431,24 +555,16 @@ bool Client::Impl::Land(Context& c, std::uint32_t block, std::span<const std::by
     }
     return false;
   }
-  // The history is large and read later (by Attend), not now: streaming
-  // stores skip reading its cold lines before overwriting them.
-  StreamingCopy(BlockBytes(c, block).data(), got.data(), block_bytes_);
   tally->landed.push_back(block);
   tally->bytes += block_bytes_;
   (from_nvme ? tally->nvme_tier : tally->host_tier) += block_bytes_;
   return true;
 }
 
-void Client::Impl::RecordFetch(Context& c, const Daemon& d, const FetchTally& tally,
-                               std::uint64_t moved, double us) {
-  if (moved == 0 && tally.crc_failures == 0) return;
+void Client::Impl::RecordFetch(Context& c, const FetchTally& tally) {
+  if (tally.bytes == 0 && tally.crc_failures == 0) return;
   {
     MutexLock l(&c.mu);
-    if (moved > 0) {
-      c.transfers.push_back(
-          Observation(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST, d.host_id(), moved, us));
-    }
     c.report.blocks_fetched += static_cast<std::uint32_t>(tally.bytes / block_bytes_);
     c.report.bytes_fetched += tally.bytes;
     c.report.fetch_from_host_tier_bytes += tally.host_tier;
@@ -457,18 +573,16 @@ void Client::Impl::RecordFetch(Context& c, const Daemon& d, const FetchTally& ta
     for (std::uint32_t b : tally.landed) c.landed_us[b] = now_us;
     AdvanceLandedPrefix(c);
   }
-  if (moved > 0) prom_->ObserveTransfer(/*save=*/false, moved, us);
   MutexLock l(&metrics_mu_);
   m_.blocks_fetched += tally.bytes / block_bytes_;
   m_.bytes_fetched += tally.bytes;
-  m_.fetch_us += static_cast<std::uint64_t>(us);
   m_.crc_failures += tally.crc_failures;
 }
 
 // ---------------------------------------------------------------- write-back
 
 void Client::Impl::SaverLoop() {
-  const std::size_t per_batch = blocks_per_batch_;
+  const std::size_t per_batch = save_batch_;
   for (;;) {
     std::vector<SaveJob> jobs;
     {
@@ -600,7 +714,7 @@ Status Client::Impl::SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs
   MatchResult::Host h{host.host_id(), host.grpc_address(), host.transport_address()};
   KVF_ASSIGN_OR_RETURN(const std::shared_ptr<Daemon> d, GetDaemon(h));
   const std::uint64_t tpb = o_.model.tokens_per_block;
-  const std::uint64_t base = o_.staging_bytes / 2;  // the write-back half
+  const std::uint64_t base = 0;  // staging holds write-back only
   std::span<std::byte> staging = staging_->bytes();
   std::vector<CacheHostSession::StoreBlock> blocks(jobs.size());
   for (std::size_t k = 0; k < jobs.size(); ++k) {
@@ -618,7 +732,8 @@ Status Client::Impl::SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs
     blocks[k].crc32c = crc32c::Value(std::span<const std::byte>(slot, block_bytes_));
   }
   const auto start = Clock::now();
-  StatusOr<std::vector<Status>> stored = d->Store(fingerprint_, blocks, {base, block_bytes_});
+  StatusOr<std::vector<Status>> stored =
+      d->Store(fingerprint_, blocks, SlotLayout(base, block_bytes_));
   const double us = MicrosSince(start);
   if (!stored.ok()) {
     if (HostDown(stored.status())) DropDaemon(d);  // uncommitted reservations expire there

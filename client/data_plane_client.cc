@@ -325,12 +325,25 @@ StatusOr<std::vector<wire::FetchKeyResult>> DataPlaneClient::Fetch(DaemonConnect
   Status first;
   for (std::size_t i = 0; i < n; i += wire::kMaxFetchKeys) {
     const std::size_t k = std::min<std::size_t>(wire::kMaxFetchKeys, n - i);
-    if (i != 0 && request.slot_bytes > (~std::uint64_t{0} - request.region_offset) / i) {
-      first = Status::InvalidArgument("fetch of " + std::to_string(n) + " slots of " +
-                                      std::to_string(request.slot_bytes) + " bytes wraps");
-      break;
+    if (!request.slot_offsets.empty()) {
+      if (request.slot_offsets.size() != n) {
+        first =
+            Status::InvalidArgument("fetch of " + std::to_string(n) + " keys with " +
+                                    std::to_string(request.slot_offsets.size()) + " slot offsets");
+        break;
+      }
+      m.fetch_region_offset = 0;
+      m.fetch_slot_offsets.assign(
+          request.slot_offsets.begin() + static_cast<std::ptrdiff_t>(i),
+          request.slot_offsets.begin() + static_cast<std::ptrdiff_t>(i + k));
+    } else {
+      if (i != 0 && request.slot_bytes > (~std::uint64_t{0} - request.region_offset) / i) {
+        first = Status::InvalidArgument("fetch of " + std::to_string(n) + " slots of " +
+                                        std::to_string(request.slot_bytes) + " bytes wraps");
+        break;
+      }
+      m.fetch_region_offset = request.region_offset + i * request.slot_bytes;
     }
-    m.fetch_region_offset = request.region_offset + i * request.slot_bytes;
     m.fetch_keys.assign(request.keys.begin() + static_cast<std::ptrdiff_t>(i),
                         request.keys.begin() + static_cast<std::ptrdiff_t>(i + k));
     auto id = Send(conn, m);

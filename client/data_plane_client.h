@@ -98,7 +98,8 @@ class DataPlaneClient {
 
   // What to fetch by key (wire kFetch): each of `keys` is leased on the
   // daemon (host pool only), pushed into region `region_id` at
-  // region_offset + i x slot_bytes, and released, in one round trip.
+  // region_offset + i x slot_bytes (or, with slot_offsets, at
+  // slot_offsets[i]: scattered slots), and released, in one round trip.
   struct FetchRequest {
     std::string ns;
     std::optional<std::array<std::uint8_t, wire::kFetchDigestBytes>> expected_fingerprint;
@@ -106,6 +107,8 @@ class DataPlaneClient {
     std::uint32_t region_id = 0;
     std::uint64_t region_offset = 0;
     std::uint64_t slot_bytes = 0;
+    // Empty, or one offset per key (region_offset is then ignored).
+    std::span<const std::uint64_t> slot_offsets;
   };
   // Sends `request` as kFetch messages of at most wire::kMaxFetchKeys keys, all
   // in flight at once, and waits for every reply. Returns one result per key

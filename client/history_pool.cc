@@ -1,5 +1,6 @@
 #include "client/history_pool.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -15,7 +16,11 @@ std::uint64_t CeilDiv(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b
 
 HistoryPool::HistoryPool(const HistoryPoolOptions& options, std::uint32_t pages,
                          std::unique_ptr<gpu::PinnedHostBuffer> buffer)
-    : o_(options), pages_(pages), buffer_(std::move(buffer)), used_(CeilDiv(pages, 64), 0) {}
+    : o_(options),
+      pages_(pages),
+      buffer_(std::move(buffer)),
+      used_(CeilDiv(pages, 64), 0),
+      quarantine_(std::max<std::uint32_t>(pages, 1)) {}
 
 StatusOr<std::unique_ptr<HistoryPool>> HistoryPool::Create(gpu::Device& device,
                                                            const HistoryPoolOptions& o) {
@@ -67,6 +72,7 @@ std::string HistoryPool::DescribeLayout() const {
 Status HistoryPool::Take(std::uint32_t n, std::vector<std::uint32_t>* pages,
                          const std::string& who) {
   MutexLock l(&mu_);
+  if (quarantined_ != 0) ReleaseExpired();
   if (n > pages_ - in_use_) {
     return Status::ResourceExhausted(
         "history pool: " + who + " needs " + std::to_string(n) + " pages of " +
@@ -96,6 +102,33 @@ void HistoryPool::Return(std::span<const std::uint32_t> pages) {
   MutexLock l(&mu_);
   for (std::uint32_t p : pages) used_[p / 64] &= ~(std::uint64_t{1} << (p % 64));
   in_use_ -= static_cast<std::uint32_t>(pages.size());
+}
+
+void HistoryPool::Quarantine(std::uint32_t page, std::chrono::steady_clock::time_point until) {
+  MutexLock l(&mu_);
+  // A later deadline than every queued one keeps the ring in time order.
+  if (quarantined_ != 0) {
+    const Held& last = quarantine_[(quarantine_head_ + quarantined_ - 1) % quarantine_.size()];
+    until = std::max(until, last.until);
+  }
+  quarantine_[(quarantine_head_ + quarantined_) % quarantine_.size()] = Held{page, until};
+  ++quarantined_;
+}
+
+void HistoryPool::ReleaseExpired() {
+  const auto now = std::chrono::steady_clock::now();
+  while (quarantined_ != 0 && quarantine_[quarantine_head_].until <= now) {
+    const std::uint32_t p = quarantine_[quarantine_head_].page;
+    used_[p / 64] &= ~(std::uint64_t{1} << (p % 64));
+    --in_use_;
+    quarantine_head_ = (quarantine_head_ + 1) % quarantine_.size();
+    --quarantined_;
+  }
+}
+
+std::uint32_t HistoryPool::pages_quarantined() const {
+  MutexLock l(&mu_);
+  return static_cast<std::uint32_t>(quarantined_);
 }
 
 std::uint32_t HistoryPool::pages_in_use() const {

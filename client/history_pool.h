@@ -21,6 +21,7 @@
 #ifndef KVFABRIC_CLIENT_HISTORY_POOL_H_
 #define KVFABRIC_CLIENT_HISTORY_POOL_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -60,6 +61,13 @@ class HistoryPool {
   Status Take(std::uint32_t n, std::vector<std::uint32_t>* pages, const std::string& who);
   // Gives pages back. REQUIRES: each was taken and not yet returned.
   void Return(std::span<const std::uint32_t> pages);
+  // Gives a page back that a peer may still write into until `until` (a
+  // daemon was told to push a block into it, and the request failed as a
+  // whole, so its writes may still be in flight): no Take hands it out before
+  // then. The caller stops using it now. Allocation-free (the quarantine
+  // holds at most every page). REQUIRES: taken and not yet returned.
+  void Quarantine(std::uint32_t page, std::chrono::steady_clock::time_point until);
+  std::uint32_t pages_quarantined() const;
 
   // Page p's bytes (one block).
   std::span<std::byte> page(std::uint32_t p) const {
@@ -82,7 +90,18 @@ class HistoryPool {
   const std::unique_ptr<gpu::PinnedHostBuffer> buffer_;
   mutable Mutex mu_;
   std::vector<std::uint64_t> used_ KVF_GUARDED_BY(mu_);  // a bit per page
-  std::uint32_t in_use_ KVF_GUARDED_BY(mu_) = 0;
+  std::uint32_t in_use_ KVF_GUARDED_BY(mu_) = 0;         // taken or quarantined
+  // Quarantined pages, oldest first: a ring of capacity pages_ (deadlines
+  // are added in time order, so the expired ones are at the head).
+  struct Held {
+    std::uint32_t page = 0;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::vector<Held> quarantine_ KVF_GUARDED_BY(mu_);
+  std::size_t quarantine_head_ KVF_GUARDED_BY(mu_) = 0;
+  std::size_t quarantined_ KVF_GUARDED_BY(mu_) = 0;
+  // Frees the quarantined pages whose deadline passed.
+  void ReleaseExpired() KVF_REQUIRES(mu_);
   std::uint32_t peak_ KVF_GUARDED_BY(mu_) = 0;
 };
 

@@ -74,5 +74,36 @@ TEST_F(HistoryPoolTest, HandsOutPagesLowestFirstAndRefusesWhatDoesNotFitWithoutT
   }
 }
 
+TEST_F(HistoryPoolTest, AQuarantinedPageIsNotHandedOutBeforeItsDeadline) {
+  auto pool = HistoryPool::Create(*device_, Options(4 * 4096));
+  ASSERT_TRUE(pool.ok());
+  std::vector<std::uint32_t> a, b;
+  ASSERT_TRUE((*pool)->Take(4, &a, "a").ok());
+  const auto now = std::chrono::steady_clock::now();
+  // Page 1 may still be written by a daemon for an hour; page 2 no longer.
+  (*pool)->Quarantine(a[1], now + std::chrono::hours(1));
+  (*pool)->Quarantine(a[2], now - std::chrono::seconds(1));
+  EXPECT_EQ((*pool)->pages_quarantined(), 2u);
+  (*pool)->Return(std::vector<std::uint32_t>{a[0], a[3]});
+  // Page 2's deadline is not before page 1's (the ring stays in time order),
+  // so neither is free: only pages 0 and 3.
+  ASSERT_TRUE((*pool)->Take(2, &b, "b").ok());
+  EXPECT_EQ(b, (std::vector<std::uint32_t>{0, 3}));
+  std::vector<std::uint32_t> c;
+  EXPECT_EQ((*pool)->Take(1, &c, "c").code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ((*pool)->pages_in_use(), 4u);
+}
+
+TEST_F(HistoryPoolTest, AnExpiredQuarantineFreesItsPageAtTheNextTake) {
+  auto pool = HistoryPool::Create(*device_, Options(2 * 4096));
+  ASSERT_TRUE(pool.ok());
+  std::vector<std::uint32_t> a, b;
+  ASSERT_TRUE((*pool)->Take(2, &a, "a").ok());
+  (*pool)->Quarantine(a[0], std::chrono::steady_clock::now() - std::chrono::milliseconds(1));
+  ASSERT_TRUE((*pool)->Take(1, &b, "b").ok());
+  EXPECT_EQ(b, (std::vector<std::uint32_t>{0}));
+  EXPECT_EQ((*pool)->pages_quarantined(), 0u);
+}
+
 }  // namespace
 }  // namespace kvfabric::client

@@ -362,6 +362,7 @@ Status ToClientOptions(const kvf_options& o, ClientOptions* out) {
   options.security.insecure = o.insecure != 0;
   options.security.allow_insecure_remote = o.allow_insecure_remote != 0;
   options.data_plane_tls = o.data_plane_tls != 0;
+  options.fetch_depth = o.fetch_depth != 0 ? o.fetch_depth : 4;  // 0: older callers
   options.history_pool_setting = "options->history_pool_bytes";
   options.ucx_tls_setting = "options->ucx_tls";
   options.rpc_timeout = std::chrono::milliseconds(o.rpc_timeout_ms);
@@ -459,6 +460,7 @@ void kvf_options_init(kvf_options* options) {
   options->tp_size = 1;
   options->tile_tokens = 256;
   options->staging_bytes = std::uint64_t{64} << 20;
+  options->fetch_depth = 4;
   options->ucx_tls = "sm,self,tcp";
   options->data_transport = "ucx";
   options->rpc_timeout_ms = 5000;

@@ -90,14 +90,17 @@ Status Client::Impl::Init() {
                                    std::to_string(o_.model.tokens_per_block));
   }
   KVF_ASSIGN_OR_RETURN(block_bytes_, o_.model.BlockBytes());
-  if (o_.staging_bytes / 2 < block_bytes_) {
-    return Status::InvalidArgument(
-        "client: staging_bytes (--client-staging-bytes) " + std::to_string(o_.staging_bytes) +
-        " must hold two blocks of " + std::to_string(block_bytes_) +
-        " bytes (one fetch, one write-back)");
+  if (o_.staging_bytes < block_bytes_) {
+    return Status::InvalidArgument("client: staging_bytes (--client-staging-bytes) " +
+                                   std::to_string(o_.staging_bytes) + " must hold one block of " +
+                                   std::to_string(block_bytes_) + " bytes (write-back)");
   }
-  blocks_per_batch_ = static_cast<std::size_t>(
-      std::min<std::uint64_t>(16, o_.staging_bytes / 2 / block_bytes_));
+  save_batch_ =
+      static_cast<std::size_t>(std::min<std::uint64_t>(16, o_.staging_bytes / block_bytes_));
+  if (o_.fetch_depth < 1 || o_.fetch_depth > 64) {
+    return Status::InvalidArgument("client: fetch_depth (--client-fetch-depth) " +
+                                   std::to_string(o_.fetch_depth) + " must be 1..64");
+  }
   if (o_.rpc_timeout.count() <= 0 || o_.transfer_timeout.count() <= 0) {
     return Status::InvalidArgument("client: rpc_timeout and transfer_timeout must be positive");
   }
@@ -218,6 +221,7 @@ Client::Impl::~Impl() {
   daemons.clear();
   data_.reset();
   staging_.reset();
+  history_region_.reset();  // before the pool's memory it registers
   transport_.reset();
 }
 
@@ -719,6 +723,7 @@ void Context::Reset() {
   save_queued.clear();
   pending_saves = 0;
   save_status = Status::OK();
+  pages_safe = Status::OK();
 }
 
 ClientMetrics Client::Impl::metrics() const {

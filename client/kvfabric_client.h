@@ -51,8 +51,10 @@
 //
 // Ownership: the Client borrows options.device (which must outlive it) and
 // owns its data-plane transport (options.data_transport: UCX or kernel TCP
-// sockets), its staging region (options.staging_bytes: half for fetches,
-// half for write-back), its history pool (options.history_pool_bytes), its
+// sockets), its staging region (options.staging_bytes: write-back), its
+// history pool (options.history_pool_bytes: registered with the transport
+// and exported to every daemon, which writes fetched blocks straight into
+// the context's pages), its
 // device arena, its loader and saver threads, its sessions with daemons
 // (client/cache_host_session.h) and every context. A context's history
 // belongs to the Client; the spans BlockPayload returns and the view History
@@ -167,10 +169,16 @@ struct ClientOptions {
   // Tokens per attention tile (--tile-tokens): a multiple of
   // tokens_per_block. Default 256.
   std::uint32_t tile_tokens = 256;
-  // Client staging region for the data plane (--client-staging-bytes).
-  // Default 64 MiB: 32 MiB of fetches and 32 MiB of write-back in flight.
-  // Each half must hold one block.
+  // Client staging region for write-back (--client-staging-bytes): the
+  // blocks of one write-back batch (at most 16) are copied into it before
+  // the daemon pulls them. Default 64 MiB; must hold one block. Fetches need
+  // no staging: daemons write into the history pool.
   std::uint64_t staging_bytes = std::uint64_t{64} << 20;
+  // Fetch requests (of up to 16 blocks) in flight per daemon per load
+  // (--client-fetch-depth): each is checked (CRC) while the others move.
+  // Every daemon of a plan is fetched from at once. 1..64; default 4
+  // (docs/benchmarks.md, "Loading from daemons").
+  std::uint32_t fetch_depth = 4;
   // The pinned host memory every context's history lives in
   // (--client-history-pool-bytes; client/history_pool.h): allocated,
   // pinned and pre-faulted at Open, handed out in pages of one block, so no
@@ -233,6 +241,9 @@ struct ClientMetrics {
   std::uint64_t save_failures = 0;  // blocks not written back (counted, logged)
   std::uint32_t history_pool_pages = 0;        // pages of one block
   std::uint32_t history_pages_in_use = 0;      // held by open contexts
+  // Pages set aside after a fetch into them failed as a whole (the daemon
+  // may still write them until transfer_timeout): total so far.
+  std::uint64_t history_pages_quarantined = 0;
   std::uint32_t peak_history_pages_in_use = 0;
   std::uint64_t attends = 0;
   std::uint64_t attend_us = 0;

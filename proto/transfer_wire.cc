@@ -95,7 +95,19 @@ StatusOr<std::string> EncodeTransferMessage(const TransferMessage& m) {
                                        " bytes, at most " +
                                        std::to_string(kMaxFetchNamespaceBytes));
       }
-      if (!SlotsFit(m.fetch_region_offset, m.fetch_slot_bytes, n)) {
+      if (!m.fetch_slot_offsets.empty()) {
+        if (m.fetch_slot_offsets.size() != n || m.fetch_region_offset != 0) {
+          return Status::InvalidArgument(
+              "fetch request: " + std::to_string(m.fetch_slot_offsets.size()) +
+              " scattered slot offsets for " + std::to_string(n) +
+              " keys (one per key, with region_offset 0)");
+        }
+        for (std::uint64_t o : m.fetch_slot_offsets) {
+          if (!SlotsFit(o, m.fetch_slot_bytes, 1)) {
+            return Status::InvalidArgument(SlotsError(o, m.fetch_slot_bytes, 1));
+          }
+        }
+      } else if (!SlotsFit(m.fetch_region_offset, m.fetch_slot_bytes, n)) {
         return Status::InvalidArgument(SlotsError(m.fetch_region_offset, m.fetch_slot_bytes, n));
       }
       count = static_cast<std::uint32_t>(n);
@@ -163,7 +175,8 @@ StatusOr<std::string> EncodeTransferMessage(const TransferMessage& m) {
       Put64(&out, m.fetch_region_offset);
       Put64(&out, m.fetch_slot_bytes);
       Put16(&out, static_cast<std::uint16_t>(m.fetch_namespace.size()));
-      Put8(&out, m.fetch_fingerprint.has_value() ? 1 : 0);
+      Put8(&out, static_cast<std::uint8_t>((m.fetch_fingerprint.has_value() ? 1 : 0) |
+                                           (m.fetch_slot_offsets.empty() ? 0 : 2)));
       Put8(&out, 0);
       if (m.fetch_fingerprint.has_value()) {
         for (std::uint8_t b : *m.fetch_fingerprint) Put8(&out, b);
@@ -172,6 +185,7 @@ StatusOr<std::string> EncodeTransferMessage(const TransferMessage& m) {
       for (const FetchKey& k : m.fetch_keys) {
         for (std::uint8_t b : k) Put8(&out, b);
       }
+      for (std::uint64_t o : m.fetch_slot_offsets) Put64(&out, o);
       break;
     case TransferOpCode::kFetchReply: {
       Put32(&out, static_cast<std::uint32_t>(static_cast<std::int32_t>(m.status.code())));
@@ -281,19 +295,21 @@ StatusOr<TransferMessage> DecodeTransferMessage(std::span<const std::byte> bytes
           !r.Read(2, &ns_len) || !r.Read(1, &flags) || !r.Read(1, &reserved2)) {
         return Status::InvalidArgument("fetch request: malformed header");
       }
-      if ((flags & ~std::uint64_t{1}) != 0 || reserved2 != 0) {
+      if ((flags & ~std::uint64_t{3}) != 0 || reserved2 != 0) {
         return Status::InvalidArgument("fetch request: reserved bits set");
       }
       const std::size_t digest = (flags & 1) != 0 ? kFetchDigestBytes : 0;
+      const bool scattered = (flags & 2) != 0;
       if (count == 0 || count > kMaxFetchKeys || ns_len > kMaxFetchNamespaceBytes ||
-          r.left() != digest + ns_len + count * kFetchKeyBytes) {
+          r.left() != digest + ns_len + count * (kFetchKeyBytes + (scattered ? 8 : 0))) {
         return Status::InvalidArgument(
             "fetch request: " + std::to_string(count) + " keys and a namespace of " +
             std::to_string(ns_len) + " bytes in " + std::to_string(r.left()) + " bytes (1.." +
             std::to_string(kMaxFetchKeys) + " keys of 32 bytes, a namespace of at most " +
             std::to_string(kMaxFetchNamespaceBytes) + ")");
       }
-      if (!SlotsFit(m.fetch_region_offset, m.fetch_slot_bytes, count)) {
+      if (scattered ? m.fetch_region_offset != 0 || m.fetch_slot_bytes == 0
+                    : !SlotsFit(m.fetch_region_offset, m.fetch_slot_bytes, count)) {
         return Status::InvalidArgument(SlotsError(m.fetch_region_offset, m.fetch_slot_bytes, count));
       }
       if (digest != 0) {
@@ -304,6 +320,15 @@ StatusOr<TransferMessage> DecodeTransferMessage(std::span<const std::byte> bytes
       r.Bytes(ns_len, m.fetch_namespace.data());
       m.fetch_keys.resize(count);
       for (FetchKey& k : m.fetch_keys) r.Bytes(kFetchKeyBytes, k.data());
+      if (scattered) {
+        m.fetch_slot_offsets.resize(count);
+        for (std::uint64_t& o : m.fetch_slot_offsets) {
+          r.Read(8, &o);
+          if (!SlotsFit(o, m.fetch_slot_bytes, 1)) {
+            return Status::InvalidArgument(SlotsError(o, m.fetch_slot_bytes, 1));
+          }
+        }
+      }
       break;
     }
     case TransferOpCode::kChallenge:

@@ -45,8 +45,12 @@
 //   u64 region_offset, u64 slot_bytes (>= 1; key i lands at region_offset +
 //   i x slot_bytes and must fit in slot_bytes; the slots must not wrap u64),
 //   u16 namespace length (<= kMaxFetchNamespaceBytes), u8 flags (bit 0: a
-//   32-byte expected fingerprint digest follows; other bits 0), u8 reserved
-//   (0), [digest], namespace bytes, then `count` keys of 32 bytes.
+//   32-byte expected fingerprint digest follows; bit 1: scattered slots, see
+//   below; other bits 0), u8 reserved (0), [digest], namespace bytes, then
+//   `count` keys of 32 bytes, then with bit 1 `count` u64 slot offsets: key i
+//   lands at offset i instead (region_offset is 0; each slot must not wrap
+//   u64). Scattered slots let a client name its history pages directly, so
+//   the block is written once, where it will be read (issue 22's one copy).
 // kChallenge: lease_id, token, region_id zero; count 32; the 32-byte nonce.
 // kHello: lease_id is the session id; token and region_id zero; count 32; the
 //   32-byte proof.
@@ -97,7 +101,8 @@ inline constexpr std::uint32_t kMaxExportBytes = 4096;
 inline constexpr std::uint32_t kMaxImportChunkBytes = 968;
 inline constexpr std::uint32_t kMaxReplyMessageBytes = 900;
 inline constexpr std::size_t kMaxTransferMessageBytes = 1024;
-// kFetch: 48 + 20 + 32 (digest) + 256 (namespace) + 16 x 32 (keys) = 868.
+// kFetch: 48 + 20 + 32 (digest) + 256 (namespace) + 16 x 32 (keys) + 16 x 8
+// (scattered slot offsets) = 996.
 inline constexpr std::uint32_t kMaxFetchKeys = 16;
 inline constexpr std::size_t kFetchKeyBytes = 32;
 inline constexpr std::size_t kFetchDigestBytes = 32;
@@ -147,6 +152,9 @@ struct TransferMessage {
   std::string fetch_namespace;
   std::optional<std::array<std::uint8_t, kFetchDigestBytes>> fetch_fingerprint;
   std::vector<FetchKey> fetch_keys;
+  // Scattered slots (flag bit 1): key i lands at fetch_slot_offsets[i]; empty:
+  // at fetch_region_offset + i x fetch_slot_bytes.
+  std::vector<std::uint64_t> fetch_slot_offsets;
   // kFetchReply.
   std::vector<FetchKeyResult> fetch_results;
   // kChallenge (the nonce) and kHello (the proof; lease_id is the session id).

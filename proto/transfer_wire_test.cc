@@ -197,8 +197,46 @@ TEST(TransferWireTest, FetchAndItsReplyRoundTrip) {
   EXPECT_EQ(dec->status.message().size(), kMaxFetchReplyMessageBytes);
 }
 
+TEST(TransferWireTest, ScatteredFetchSlotsRoundTripAndAreChecked) {
+  TransferMessage m = FetchOf(3, 5, true);
+  m.fetch_region_offset = 0;
+  m.fetch_slot_offsets = {7 << 20, 0, 3 << 20};  // any order: a context's pages
+  auto enc = EncodeTransferMessage(m);
+  ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+  EXPECT_EQ(enc->size(), kTransferHeaderBytes + 20 + 32 + 5 + 3 * (32 + 8));
+  auto dec = DecodeTransferMessage(AsBytes(*enc));
+  ASSERT_TRUE(dec.ok()) << dec.status().ToString();
+  EXPECT_EQ(dec->fetch_slot_offsets, m.fetch_slot_offsets);
+  EXPECT_EQ(dec->fetch_keys, m.fetch_keys);
+  EXPECT_EQ(dec->fetch_fingerprint, m.fetch_fingerprint);
+  // Every truncation is refused.
+  for (std::size_t n = 0; n < enc->size(); ++n) {
+    EXPECT_FALSE(DecodeTransferMessage(AsBytes(enc->substr(0, n))).ok()) << n;
+  }
+  // A slot that wraps u64, on either side.
+  std::string bad = *enc;
+  for (std::size_t i = bad.size() - 8; i < bad.size(); ++i) bad[i] = static_cast<char>(0xff);
+  EXPECT_FALSE(DecodeTransferMessage(AsBytes(bad)).ok());
+  TransferMessage wraps = m;
+  wraps.fetch_slot_offsets[1] = ~std::uint64_t{0} - 10;
+  EXPECT_TRUE(EncodeTransferMessage(wraps).status().IsInvalidArgument());
+  // One offset per key, with region_offset 0.
+  TransferMessage short_list = m;
+  short_list.fetch_slot_offsets.pop_back();
+  EXPECT_TRUE(EncodeTransferMessage(short_list).status().IsInvalidArgument());
+  TransferMessage both = m;
+  both.fetch_region_offset = 4096;
+  EXPECT_TRUE(EncodeTransferMessage(both).status().IsInvalidArgument());
+}
+
 TEST(TransferWireTest, LargestFetchFitsTheTransportHeaderLimit) {
   auto enc = EncodeTransferMessage(FetchOf(kMaxFetchKeys, kMaxFetchNamespaceBytes, true));
+  ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+  EXPECT_LE(enc->size(), kMaxTransferMessageBytes);
+  TransferMessage scattered = FetchOf(kMaxFetchKeys, kMaxFetchNamespaceBytes, true);
+  scattered.fetch_region_offset = 0;
+  scattered.fetch_slot_offsets.assign(kMaxFetchKeys, 1 << 20);
+  enc = EncodeTransferMessage(scattered);
   ASSERT_TRUE(enc.ok()) << enc.status().ToString();
   EXPECT_LE(enc->size(), kMaxTransferMessageBytes);
   EXPECT_TRUE(EncodeTransferMessage(FetchOf(kMaxFetchKeys + 1, 0, false))
@@ -222,7 +260,10 @@ TEST(TransferWireTest, RefusesMalformedFetches) {
   bad[16] = 1;  // a lease id: kFetch presents no grant
   EXPECT_FALSE(DecodeTransferMessage(AsBytes(bad)).ok());
   bad = good;
-  bad[66] = 3;  // an unknown flag
+  bad[66] = 5;  // an unknown flag
+  EXPECT_FALSE(DecodeTransferMessage(AsBytes(bad)).ok());
+  bad = good;
+  bad[66] = 3;  // scattered slots announced, but no offsets follow
   EXPECT_FALSE(DecodeTransferMessage(AsBytes(bad)).ok());
   bad = good;
   bad[67] = 1;  // reserved

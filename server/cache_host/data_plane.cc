@@ -510,13 +510,28 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
     // The decoder checked that the slots neither are empty nor wrap.
     const std::uint64_t n = m.fetch_keys.size();
     const std::uint64_t length = remote->length();
-    if (m.fetch_region_offset > length ||
-        m.fetch_slot_bytes > (length - m.fetch_region_offset) / n) {
+    // Key i's slot: scattered (the client's history pages) or contiguous.
+    auto slot = [&m](std::size_t i) {
+      return m.fetch_slot_offsets.empty() ? m.fetch_region_offset + i * m.fetch_slot_bytes
+                                          : m.fetch_slot_offsets[i];
+    };
+    if (m.fetch_slot_offsets.empty() ? m.fetch_region_offset > length ||
+                                           m.fetch_slot_bytes > (length - m.fetch_region_offset) / n
+                                     : m.fetch_slot_bytes > length) {
       fail(Status::InvalidArgument(
           std::to_string(n) + " slots of " + std::to_string(m.fetch_slot_bytes) +
           " bytes from offset " + std::to_string(m.fetch_region_offset) + " run past region " +
           std::to_string(m.region_id) + " of " + std::to_string(length) + " bytes"));
       return;
+    }
+    for (std::uint64_t o : m.fetch_slot_offsets) {
+      if (o > length - m.fetch_slot_bytes) {
+        fail(Status::InvalidArgument("a slot of " + std::to_string(m.fetch_slot_bytes) +
+                                     " bytes at offset " + std::to_string(o) +
+                                     " runs past region " + std::to_string(m.region_id) + " of " +
+                                     std::to_string(length) + " bytes"));
+        return;
+      }
     }
     if (tenant != nullptr && !tenant->MayUse(m.fetch_namespace)) {
       fail(Status::PermissionDenied("kFetch: this connection's session (tenant \"" + tenant->name +
@@ -556,7 +571,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
         out.code = StatusCode::kResourceExhausted;  // its pages are released with the grant
         continue;
       }
-      std::uint64_t pos = m.fetch_region_offset + i * m.fetch_slot_bytes;
+      std::uint64_t pos = slot(i);
       for (const ByteExtent& x : r.extents) {
         ranges.push_back({x.offset, x.length, pos});
         extents.push_back(x);

@@ -247,9 +247,10 @@ typedef struct kvf_options {
   /* Bytes per arena page [--device-page-bytes]. 0 (default): one attention
    * tile of one layer, tile_tokens * kv_heads * head_dim * dtype size * 2. */
   uint64_t device_page_bytes;
-  /* Client staging region for the data plane [--client-staging-bytes].
-   * Default 64 MiB: half for fetches, half for write-back in flight; each
-   * half must hold one block. */
+  /* Client staging region for write-back [--client-staging-bytes]: one
+   * write-back batch (up to 16 blocks) is copied into it for the daemon to
+   * pull. Default 64 MiB; must hold one block. Fetches need none: daemons
+   * write blocks straight into the history pool. */
   uint64_t staging_bytes;
   /* UCX transports for the data plane [--ucx-tls]. Must include tcp.
    * Default "sm,self,tcp" (NULL means the same). */
@@ -350,6 +351,11 @@ typedef struct kvf_options {
    * (kvfabric-cached --data-plane-tls); connect with TLS 1.3, verified
    * against tls_ca_file. Needs data_transport "tcp". Default 0. */
   int data_plane_tls;
+
+  /* Fetch requests (up to 16 blocks each) in flight per daemon per load
+   * [--client-fetch-depth]; every daemon of a plan is fetched from at once.
+   * 1..64, default 4 (0 means 4). */
+  uint32_t fetch_depth;
 } kvf_options;
 
 /* Fills *options with the defaults above (required fields zero or NULL) and
