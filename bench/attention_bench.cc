@@ -92,6 +92,43 @@ int main(int argc, char** argv) {
   const float scale = 1.0f / std::sqrt(float(kDim));
   const std::uint64_t token_bytes = std::uint64_t{kKvHeads} * kDim * 2;
 
+  // The decode kernel alone, on one 256-token tile that stays in cache: each
+  // instruction set this CPU has, against memcpy.
+  {
+    const std::uint32_t n = kTile;
+    std::vector<std::byte> k(std::uint64_t{n} * token_bytes), v(k.size());
+    for (std::size_t i = 0; i < k.size(); i += 2) {
+      const std::uint16_t kb = kg::FloatToFp16Bits(dist(rng)), vb = kg::FloatToFp16Bits(dist(rng));
+      std::memcpy(&k[i], &kb, 2);
+      std::memcpy(&v[i], &vb, 2);
+    }
+    std::vector<float> q(kQHeads * kDim), out(kQHeads * kDim), lse(kQHeads);
+    for (float& x : q) x = dist(rng);
+    double scalar_gbps = 0;
+    for (auto isa : {kg::cpu_kernels::KernelIsa::kScalar, kg::cpu_kernels::KernelIsa::kAvx2}) {
+      if (!kg::cpu_kernels::KernelIsaSupported(isa)) continue;
+      const int iters = isa == kg::cpu_kernels::KernelIsa::kScalar ? 20 : 400;
+      kg::cpu_kernels::DecodeAttentionTileWith(isa, shape, scale, n, q.data(), k.data(), v.data(),
+                                               out.data(), lse.data());
+      auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) {
+        kg::cpu_kernels::DecodeAttentionTileWith(isa, shape, scale, n, q.data(), k.data(), v.data(),
+                                                 out.data(), lse.data());
+      }
+      const double gbps = double(iters) * 2.0 * k.size() / Seconds(t0, Clock::now()) / 1e9;
+      if (isa == kg::cpu_kernels::KernelIsa::kScalar) scalar_gbps = gbps;
+      std::printf(
+          "decode kernel, %s, one %u-token fp16 tile in cache: %.2f GB/s of KV = %.2f of "
+          "memcpy%s\n",
+          kg::cpu_kernels::KernelIsaName(isa), n, gbps, gbps / mem,
+          scalar_gbps > 0 && isa != kg::cpu_kernels::KernelIsa::kScalar
+              ? (" = " + std::to_string(gbps / scalar_gbps).substr(0, 5) + "x scalar").c_str()
+              : "");
+    }
+    std::printf("attention below runs %s (BestKernelIsa; KVF_CPU_KERNELS=scalar forces scalar)\n",
+                kg::cpu_kernels::KernelIsaName(kg::cpu_kernels::BestKernelIsa()));
+  }
+
   for (std::uint32_t tokens : {8192u, 32768u, 131072u}) {
     if (tokens > max_tokens) break;
     // Device: an arena of two staging buffers of one tile each plus scratch.

@@ -5,13 +5,22 @@
 //
 // Numerics: FP32 throughout. DecodeAttentionTile computes, per query head h
 // (kv head g = h / (num_q_heads / num_kv_heads)),
-//   s_t = scale * dot(q_h, k_{t,g})       dot in 8 fixed partial sums, combined as a tree
+//   s_t = scale * dot(q_h, k_{t,g})       dot in 8 fixed partial sums by fma, combined as a tree
 //   m   = max_t s_t                        first pass over the tile
 //   p_t = exp(s_t - m), S = sum_t p_t      second pass, tokens in order
 //   out = (sum_t p_t v_{t,g}) / S,  lse = m + log(S)
-// Every sum runs in a fixed order, so results are a deterministic function of
-// the inputs (run to run, thread to thread, and whichever query heads share a
-// pass). MergeStates is lse::MergeHead per head (lse.h).
+// where exp is the kernel's own (Cephes' polynomial, ~1 ulp; 0 below -87)
+// and out accumulates by one fma per element per token. Every sum runs in a
+// fixed order, so results are a deterministic function of the inputs (run to
+// run, thread to thread, whichever query heads share a pass, and whichever
+// instruction set ran it: the AVX2 path computes the scalar path's
+// operations in the scalar path's order, lane j being partial sum j).
+// MergeStates is lse::MergeHead per head (lse.h).
+//
+// Instruction sets: DecodeAttentionTile uses BestKernelIsa(), chosen once at
+// run time: AVX2 + FMA + F16C where the CPU has all three, else scalar
+// (KVF_CPU_KERNELS=scalar in the environment forces scalar). The scalar path
+// calls fmaf, which is slow without hardware FMA; it is the fallback.
 //
 // The pointer forms do no validation (REQUIRES: the layout's sizes); the
 // *InArena forms validate with gpu/kernel_args.h first and are what a backend
@@ -31,6 +40,11 @@
 
 namespace kvfabric::gpu::cpu_kernels {
 
+enum class KernelIsa { kScalar, kAvx2 };
+KernelIsa BestKernelIsa();
+bool KernelIsaSupported(KernelIsa isa);
+const char* KernelIsaName(KernelIsa isa);
+
 // One query (q: [num_q_heads, head_dim] fp32) against a tile of `tokens` keys
 // and values ([tokens, num_kv_heads, head_dim] of shape.dtype). Writes out
 // [num_q_heads, head_dim] and lse [num_q_heads]; tokens == 0 writes 0 and -inf.
@@ -38,6 +52,12 @@ namespace kvfabric::gpu::cpu_kernels {
 void DecodeAttentionTile(const AttentionShape& shape, float scale, std::uint32_t tokens,
                          const float* q, const std::byte* k, const std::byte* v, float* out,
                          float* lse);
+
+// DecodeAttentionTile with a given instruction set (tests, benchmarks).
+// REQUIRES: KernelIsaSupported(isa).
+void DecodeAttentionTileWith(KernelIsa isa, const AttentionShape& shape, float scale,
+                             std::uint32_t tokens, const float* q, const std::byte* k,
+                             const std::byte* v, float* out, float* lse);
 
 // Merges num_states states (outputs [num_states, num_heads, head_dim], lses
 // [num_states, num_heads]) into out [num_heads, head_dim] and lse [num_heads],

@@ -119,6 +119,61 @@ TEST(DecodeAttentionTileTest, OneTokenTileReturnsItsValueRowExactly) {
   }
 }
 
+// The AVX2 path computes the scalar path's operations in its order: the
+// same bits for every dtype, GQA ratio, head_dim (whole and partial groups of
+// 8 lanes), tile length (within one logit chunk of 256 and past it) and
+// logit range, including huge logits that drive exp to 0.
+TEST(DecodeAttentionTileTest, ScalarAndAvx2PathsAgreeBitForBit) {
+  if (!cpu_kernels::KernelIsaSupported(cpu_kernels::KernelIsa::kAvx2)) {
+    GTEST_SKIP() << "this CPU has no AVX2 + FMA + F16C";
+  }
+  std::mt19937_64 rng(TestSeed("DecodeAttentionTileTest.ScalarAndAvx2PathsAgreeBitForBit"));
+  int compared = 0;
+  for (KvDtype dtype : {KvDtype::kFp16, KvDtype::kBf16, KvDtype::kFp32}) {
+    for (std::uint32_t ratio : {1u, 4u, 6u}) {
+      for (std::uint32_t head_dim : {128u, 67u, 8u, 3u}) {
+        for (std::uint32_t tokens : {1u, 97u, 300u}) {
+          for (Logits logits : {Logits::kNormal, Logits::kHuge, Logits::kTiny}) {
+            const Problem p = MakeProblem(rng, dtype, 2 * ratio, 2, head_dim, tokens, logits);
+            State scalar{std::vector<float>(p.QElems()), std::vector<float>(p.shape.num_q_heads)};
+            State avx2 = scalar;
+            cpu_kernels::DecodeAttentionTileWith(cpu_kernels::KernelIsa::kScalar, p.shape, p.scale,
+                                                 tokens, p.q.data(), p.k.data(), p.v.data(),
+                                                 scalar.out.data(), scalar.lse.data());
+            cpu_kernels::DecodeAttentionTileWith(cpu_kernels::KernelIsa::kAvx2, p.shape, p.scale,
+                                                 tokens, p.q.data(), p.k.data(), p.v.data(),
+                                                 avx2.out.data(), avx2.lse.data());
+            ASSERT_TRUE(BitIdentical(scalar, avx2))
+                << KvDtypeName(dtype) << " ratio " << ratio << " head_dim " << head_dim
+                << " tokens " << tokens << " " << Name(logits);
+            ExpectNoNaN(avx2, "avx2");
+            ++compared;
+          }
+        }
+      }
+    }
+  }
+  // More query heads than one block holds (64): blocks of whole groups (72
+  // heads in groups of 9) and a group larger than a block (80 heads, 1 kv
+  // head); both paths, and both near the FP64 reference.
+  for (auto [q_heads, kv_heads] : {std::pair<std::uint32_t, std::uint32_t>{72, 8}, {80, 1}}) {
+    const Problem p = MakeProblem(rng, KvDtype::kBf16, q_heads, kv_heads, 64, 300, Logits::kNormal);
+    State scalar{std::vector<float>(p.QElems()), std::vector<float>(p.shape.num_q_heads)};
+    State avx2 = scalar;
+    cpu_kernels::DecodeAttentionTileWith(cpu_kernels::KernelIsa::kScalar, p.shape, p.scale,
+                                         p.tokens, p.q.data(), p.k.data(), p.v.data(),
+                                         scalar.out.data(), scalar.lse.data());
+    cpu_kernels::DecodeAttentionTileWith(cpu_kernels::KernelIsa::kAvx2, p.shape, p.scale, p.tokens,
+                                         p.q.data(), p.k.data(), p.v.data(), avx2.out.data(),
+                                         avx2.lse.data());
+    ASSERT_TRUE(BitIdentical(scalar, avx2)) << q_heads << " query heads";
+    ExpectNearFp64(p, avx2, 1, std::to_string(q_heads) + " query heads");
+    ++compared;
+  }
+  std::printf("%d problems: scalar and %s bit-identical\n", compared,
+              cpu_kernels::KernelIsaName(cpu_kernels::KernelIsa::kAvx2));
+}
+
 TEST(DecodeAttentionTileTest, EmptyTileGivesZeroAndNegativeInfinity) {
   const AttentionShape shape{4, 2, 8, KvDtype::kFp16};
   std::vector<float> q(32, 1.0f), out(32, 7.0f), lse(4, 7.0f);
