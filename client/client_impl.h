@@ -219,7 +219,7 @@ class Client::Impl {
   void RecomputeRuns(std::shared_ptr<Context> c, std::vector<std::size_t> runs);
   void WorkerDone(Context& c, const Status& status);
   // Fetches `blocks` of `c` from `host` into its history, in batches of
-  // wire::kMaxFetchKeys with options.fetch_depth of them in flight; the
+  // fetch_batch_ with options.fetch_depth of them in flight; the
   // blocks that arrived intact are removed from *blocks (the rest stay,
   // sorted). Adds one transfer observation (all bytes over the wall time).
   // The first error, if any.
@@ -294,6 +294,11 @@ class Client::Impl {
   // Blocks per write-back batch: at most 16, and what the staging region
   // holds.
   std::size_t save_batch_ = 1;
+  // Blocks per fetch request: at most 16 (wire::kMaxFetchKeys) and about
+  // kFetchRequestBytes, so fetch_depth requests in flight pin a bounded
+  // number of the daemon's bytes (its --max-leased-bytes-per-namespace).
+  static constexpr std::uint64_t kFetchRequestBytes = std::uint64_t{8} << 20;
+  std::size_t fetch_batch_ = 16;
   std::string client_node_;
 
   // One stub per placement replica (placement_address split at commas);

@@ -346,7 +346,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
   // The session stays valid while this thread holds it, even if another
   // thread drops the daemon: its calls then fail Unavailable.
   const std::shared_ptr<Daemon> d = std::move(*daemon);
-  const std::size_t per_batch = wire::kMaxFetchKeys;
+  const std::size_t per_batch = fetch_batch_;
   const std::size_t batches = (blocks->size() + per_batch - 1) / per_batch;
   // fetch_depth workers take batches in order: that many requests in flight
   // to this daemon, each landing (CRC check in place) while the others move.
@@ -482,6 +482,23 @@ Status Client::Impl::FetchByKey(Context& c, Daemon& d, std::span<const std::uint
   const std::vector<std::uint64_t> offsets = PageOffsets(c, batch);
   const SlotLayout slots(offsets, block_bytes_, kHistoryRegionId);
   auto got = d.Fetch(keys, fingerprint_digest_, slots);
+  // The daemon refuses a request that would pin more of the namespace than
+  // its --max-leased-bytes-per-namespace while other requests (this load's,
+  // other contexts') hold leases: those finish within a transfer, so wait
+  // and ask again (1 ms doubling to 64 ms, for at most transfer_timeout)
+  // rather than fall back to recomputing blocks that are there.
+  const auto give_up = Clock::now() + o_.transfer_timeout;
+  for (auto pause = std::chrono::milliseconds(1);
+       !got.ok() && got.status().code() == StatusCode::kResourceExhausted &&
+       Clock::now() + pause < give_up;
+       pause = std::min(pause * 2, std::chrono::milliseconds(64))) {
+    {
+      MutexLock l(&metrics_mu_);
+      ++m_.fetch_requests_throttled;
+    }
+    std::this_thread::sleep_for(pause);
+    got = d.Fetch(keys, fingerprint_digest_, slots);
+  }
   if (!got.ok()) {
     if (HostDown(got.status())) ReplacePages(c, batch);
     return got.status().WithContext("data-plane fetch");

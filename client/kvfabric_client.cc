@@ -97,6 +97,8 @@ Status Client::Impl::Init() {
   }
   save_batch_ =
       static_cast<std::size_t>(std::min<std::uint64_t>(16, o_.staging_bytes / block_bytes_));
+  fetch_batch_ = static_cast<std::size_t>(
+      std::clamp<std::uint64_t>(kFetchRequestBytes / block_bytes_, 1, wire::kMaxFetchKeys));
   if (o_.fetch_depth < 1 || o_.fetch_depth > 64) {
     return Status::InvalidArgument("client: fetch_depth (--client-fetch-depth) " +
                                    std::to_string(o_.fetch_depth) + " must be 1..64");

@@ -174,10 +174,12 @@ struct ClientOptions {
   // the daemon pulls them. Default 64 MiB; must hold one block. Fetches need
   // no staging: daemons write into the history pool.
   std::uint64_t staging_bytes = std::uint64_t{64} << 20;
-  // Fetch requests (of up to 16 blocks) in flight per daemon per load
-  // (--client-fetch-depth): each is checked (CRC) while the others move.
-  // Every daemon of a plan is fetched from at once. 1..64; default 4
-  // (docs/benchmarks.md, "Loading from daemons").
+  // Fetch requests in flight per daemon per load (--client-fetch-depth), each
+  // of up to 16 blocks and about 8 MiB (a 2 MiB block: 4 per request): each
+  // is checked (CRC) while the others move. Every daemon of a plan is fetched
+  // from at once. 1..64; default 4 (docs/benchmarks.md, "Loading from
+  // daemons"). A daemon that refuses a request for its per-namespace lease
+  // bound is asked again after a pause (ClientMetrics::fetch_requests_throttled).
   std::uint32_t fetch_depth = 4;
   // The pinned host memory every context's history lives in
   // (--client-history-pool-bytes; client/history_pool.h): allocated,
@@ -244,6 +246,9 @@ struct ClientMetrics {
   // Pages set aside after a fetch into them failed as a whole (the daemon
   // may still write them until transfer_timeout): total so far.
   std::uint64_t history_pages_quarantined = 0;
+  // Fetch requests a daemon refused for its per-namespace lease bound and
+  // this client asked again after a pause.
+  std::uint64_t fetch_requests_throttled = 0;
   std::uint32_t peak_history_pages_in_use = 0;
   std::uint64_t attends = 0;
   std::uint64_t attend_us = 0;

@@ -1,0 +1,322 @@
+// client_load_bench: what libkvfabric moves between two cache-host daemons and
+// an engine's history pool, against baselines measured in the same run
+// (STYLE.md: figures and ratios, no assertions).
+//
+//   1. memcpy of one history's bytes, one thread and two threads (the copy
+//      a load cannot beat: every byte lands once in the history pool).
+//   2. write-back: one context saves every layer of a history; GB/s from the
+//      first Save to Finish (placement Place, then per daemon Reserve, the
+//      daemon's pull from staging, Commit), against memcached PUT of the same
+//      bytes in blocks of the same size, 1 and 4 connections.
+//   3. load: 1, 2, 4 and 8 contexts at once each load the whole history
+//      (a fetch_all plan over both daemons); aggregate and per-context GB/s,
+//      time to layer 0 ready and to every layer ready.
+//
+// Two in-process daemons (server/embedded_cluster.h, UCX over shared memory
+// by default), a client with fetch_depth requests in flight per daemon. The
+// engine's prefill writes a known pattern and takes 50 us per token (as it
+// tells placement), so plans fetch what is cached; loaded blocks are checked
+// against the pattern.
+//
+// Usage: client_load_bench [--tokens N] [--block-tokens N] [--transport ucx|tcp]
+//                          [--depth N] [--contexts 1,2,4,8]
+// Defaults: 32768 tokens, 256 tokens per block (2 MiB blocks of a 4-layer,
+// 8 x 64 fp16 model), ucx, depth 4.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/kv_baselines.h"
+#include "client/kvfabric_client.h"
+#include "gpu/cpu/cpu_device.h"
+#include "server/embedded_cluster.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace kc = kvfabric::client;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+int Fail(const kvfabric::Status& s) {
+  std::fprintf(stderr, "client_load_bench: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+// Best of 3 copies of `bytes` with `threads` threads (each its share), GB/s
+// of bytes copied (each byte read once and written once).
+double MemcpyGBps(std::uint64_t bytes, int threads) {
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  std::memcpy(b.data(), a.data(), bytes);  // fault both in
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = Clock::now();
+    std::vector<std::thread> ts;
+    const std::uint64_t share = bytes / threads;
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&, t] { std::memcpy(b.data() + t * share, a.data() + t * share, share); });
+    }
+    for (auto& t : ts) t.join();
+    best = std::max(best, bytes / Seconds(t0, Clock::now()) / 1e9);
+  }
+  return best;
+}
+
+// The bytes the "engine" writes for block b of the chain: a word per 8 bytes
+// derived from (b, offset), so a block in the wrong place or torn is seen.
+std::uint64_t Word(std::uint64_t block, std::uint64_t offset) {
+  return (block * 0x9e3779b97f4a7c15ull) ^ (offset * 0xbf58476d1ce4e5b9ull);
+}
+void FillBlock(std::uint64_t block, std::span<std::byte> out) {
+  for (std::uint64_t o = 0; o + 8 <= out.size(); o += 8) {
+    const std::uint64_t w = Word(block, o);
+    std::memcpy(out.data() + o, &w, 8);
+  }
+}
+bool BlockIntact(std::uint64_t block, std::span<const std::byte> in) {
+  for (std::uint64_t o = 0; o + 8 <= in.size(); o += 4096) {  // a word per page
+    std::uint64_t w;
+    std::memcpy(&w, in.data() + o, 8);
+    if (w != Word(block, o)) return false;
+  }
+  return true;
+}
+
+struct LoadRun {
+  double seconds = 0, layer0_s = 0, all_layers_s = 0;
+  std::uint32_t fetched = 0, recomputed = 0;
+  std::string kind;
+  kvfabric::Status status;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spdlog::set_level(spdlog::level::warn);
+  std::uint64_t tokens = 32768;
+  std::uint32_t block_tokens = 256;
+  std::string transport = "ucx";
+  std::uint32_t depth = 4;
+  std::vector<int> contexts = {1, 2, 4, 8};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--tokens") {
+      tokens = std::strtoull(value.c_str(), nullptr, 10);
+    } else if (flag == "--block-tokens") {
+      block_tokens = static_cast<std::uint32_t>(std::strtoul(value.c_str(), nullptr, 10));
+    } else if (flag == "--transport") {
+      transport = value;
+    } else if (flag == "--depth") {
+      depth = static_cast<std::uint32_t>(std::strtoul(value.c_str(), nullptr, 10));
+    } else if (flag == "--contexts") {
+      contexts.clear();
+      for (std::size_t p = 0; p < value.size();) {
+        contexts.push_back(std::atoi(value.c_str() + p));
+        p = value.find(',', p);
+        p = p == std::string::npos ? value.size() : p + 1;
+      }
+    } else {
+      std::fprintf(stderr, "client_load_bench: unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  const int max_contexts = *std::max_element(contexts.begin(), contexts.end());
+
+  kvfabric::ModelFingerprint model;
+  model.model_id = "client-load-bench";
+  model.layer_count = 4;
+  model.kv_heads = 8;
+  model.head_dim = 64;
+  model.dtype = kvfabric::KvDtype::kFp16;
+  model.tokens_per_block = block_tokens;
+  if (auto s = model.Validate(); !s.ok()) return Fail(s);
+  const std::uint64_t block_bytes = *model.BlockBytes();
+  const auto blocks = static_cast<std::uint32_t>(tokens / block_tokens);
+  const std::uint64_t history_bytes = std::uint64_t{blocks} * block_bytes;
+  std::printf(
+      "history: %llu tokens = %u blocks of %.2f MiB = %.0f MiB; %s data plane, "
+      "fetch depth %u\n",
+      static_cast<unsigned long long>(tokens), blocks, block_bytes / 1048576.0,
+      history_bytes / 1048576.0, transport.c_str(), depth);
+
+  const double mem1 = MemcpyGBps(history_bytes, 1), mem2 = MemcpyGBps(history_bytes, 2);
+  std::printf("memcpy of one history: 1 thread %.2f GB/s, 2 threads %.2f GB/s\n", mem1, mem2);
+
+  // Two daemons, each able to hold the whole history.
+  kvfabric::server::EmbeddedClusterOptions co;
+  for (const char* id : {"bench-a", "bench-b"}) {
+    kvfabric::server::EmbeddedDaemonOptions d;
+    d.host_id = id;
+    d.host_pool_bytes = history_bytes + 8 * block_bytes;
+    d.host_page_bytes = 1 << 20;
+    d.data_transport = transport;
+    d.metrics = false;
+    co.daemons.push_back(d);
+  }
+  co.placement_metrics = false;
+  auto cluster = kvfabric::server::EmbeddedCluster::StartDaemons(co);
+  if (!cluster.ok()) return Fail(cluster.status());
+  if (auto s = (*cluster)->StartPlacement({}); !s.ok()) return Fail(s);
+
+  kvfabric::gpu::DeviceOptions dopts;
+  dopts.arena_bytes = 64 << 20;
+  auto device = kvfabric::gpu::CreateCpuDevice(dopts);
+  if (!device.ok()) return Fail(device.status());
+  kc::ClientOptions o;
+  o.placement_address = (*cluster)->placement_address();
+  o.security.insecure = true;
+  o.model = model;
+  o.device = device->get();
+  o.num_q_heads = 8;
+  o.data_transport = transport;
+  o.tile_tokens = block_tokens;
+  o.staging_bytes = 16 * block_bytes;
+  o.fetch_depth = depth;
+  o.history_pool_bytes = std::uint64_t(max_contexts) * history_bytes;
+  o.max_context_tokens = tokens;
+  // The "engine" writes a known pattern and takes kPrefillUsPerToken per
+  // token, as it states (a real model's prefill is far slower than a fetch of
+  // its KV; placement refits the figure from what it measures, so the time
+  // is spent, not just stated): every cached block is fetched.
+  constexpr double kPrefillUsPerToken = 50.0;
+  o.prefill = kvfabric::RecomputeParameters{0.0, kPrefillUsPerToken, 0.0, 0.0};
+  o.recompute = [&](const kc::RecomputeRequest& r, std::span<std::byte> out) {
+    const auto until = Clock::now() + std::chrono::microseconds(static_cast<std::int64_t>(
+                                          kPrefillUsPerToken * static_cast<double>(r.tokens)));
+    for (std::uint32_t i = 0; i < r.block_count; ++i) {
+      FillBlock(r.first_block + i, out.subspan(std::uint64_t{i} * block_bytes, block_bytes));
+    }
+    std::this_thread::sleep_until(until);
+    return kvfabric::Status::OK();
+  };
+  const auto open_start = Clock::now();
+  auto client = kc::Client::Open(std::move(o));
+  if (!client.ok()) return Fail(client.status());
+  std::printf("client open (history pool of %d histories allocated, pinned, pre-faulted): %.2f s\n",
+              max_contexts, Seconds(open_start, Clock::now()));
+
+  std::vector<std::uint32_t> ids(tokens);
+  for (std::uint64_t t = 0; t < tokens; ++t) ids[t] = static_cast<std::uint32_t>(t * 7919 % 128000);
+  auto chain = (*client)->KeyTokens(ids);
+  if (!chain.ok()) return Fail(chain.status());
+
+  // Prefill once and write back: the Reserve / pull / Commit path.
+  {
+    auto match = (*client)->Match(*chain, 0);
+    if (!match.ok()) return Fail(match.status());
+    auto ctx = (*client)->NewContext(tokens);
+    if (!ctx.ok()) return Fail(ctx.status());
+    if (auto s = (*client)->Load(*match, *ctx); !s.ok()) return Fail(s);
+    for (std::uint32_t l = 0; l < model.layer_count; ++l) {
+      if (auto s = (*client)->WaitLayer(*ctx, l); !s.ok()) return Fail(s);
+    }
+    const auto t0 = Clock::now();
+    for (std::uint32_t l = 0; l < model.layer_count; ++l) {
+      if (auto s = (*client)->Save(*ctx, l, 0, *chain); !s.ok()) return Fail(s);
+    }
+    auto report = (*client)->Finish(*ctx);
+    if (!report.ok()) return Fail(report.status());
+    const double s = Seconds(t0, Clock::now());
+    std::printf(
+        "write-back (Place + Reserve / pull / Commit): %u blocks written in %.3f s = "
+        "%.2f GB/s = %.2fx memcpy\n",
+        report->blocks_written, s, history_bytes / s / 1e9, history_bytes / s / 1e9 / mem1);
+  }
+  // memcached PUT of the same bytes.
+  {
+    kvfabric::bench::BaselineServerOptions mo;
+    mo.memcached_memory_mib = history_bytes / 1048576 * 2 + 64;
+    auto server =
+        kvfabric::bench::BaselineServer::Start(kvfabric::bench::BaselineKind::kMemcached, mo);
+    if (!server.ok()) {
+      std::printf("memcached: not run (%s)\n", server.status().ToString().c_str());
+    } else {
+      for (int conns : {1, 4}) {
+        auto r = kvfabric::bench::RunBaseline(kvfabric::bench::BaselineKind::kMemcached,
+                                              kvfabric::bench::BaselineOp::kPut, (*server)->port(),
+                                              block_bytes, history_bytes, conns);
+        if (!r.ok()) return Fail(r.status());
+        std::printf("memcached PUT of the same blocks, %d connection%s: %.2f GB/s\n", conns,
+                    conns == 1 ? "" : "s", r->gbps);
+      }
+    }
+  }
+
+  for (int n : contexts) {
+    std::vector<LoadRun> runs(n);
+    std::atomic<int> wrong{0};
+    const auto t0 = Clock::now();
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i) {
+      threads.emplace_back([&, i] {
+        LoadRun& r = runs[i];
+        const auto start = Clock::now();
+        auto match = (*client)->Match(*chain, 0);
+        if (!match.ok()) {
+          r.status = match.status();
+          return;
+        }
+        r.kind = match->kind;
+        auto ctx = (*client)->NewContext(tokens);
+        if (!ctx.ok()) {
+          r.status = ctx.status();
+          return;
+        }
+        r.status = (*client)->Load(*match, *ctx);
+        for (std::uint32_t l = 0; r.status.ok() && l < model.layer_count; ++l) {
+          r.status = (*client)->WaitLayer(*ctx, l);
+          if (l == 0) r.layer0_s = Seconds(start, Clock::now());
+        }
+        r.all_layers_s = Seconds(start, Clock::now());
+        if (r.status.ok()) {
+          for (std::uint32_t b = 0; b < blocks; ++b) {
+            auto payload = (*client)->BlockPayload(*ctx, b);
+            if (!payload.ok() || !BlockIntact(b, *payload)) wrong.fetch_add(1);
+          }
+        }
+        auto report = (*client)->Finish(*ctx);
+        if (report.ok()) {
+          r.fetched = report->blocks_fetched;
+          r.recomputed = report->blocks_recomputed;
+        } else if (r.status.ok()) {
+          r.status = report.status();
+        }
+        r.seconds = r.all_layers_s;
+      });
+    }
+    for (auto& t : threads) t.join();
+    const double wall = Seconds(t0, Clock::now());
+    double slowest = 0, layer0 = 0, all = 0;
+    std::uint32_t fetched = 0, recomputed = 0;
+    std::string kinds;
+    for (const LoadRun& r : runs) {
+      if (!r.status.ok()) return Fail(r.status);
+      slowest = std::max(slowest, r.seconds);
+      layer0 += r.layer0_s / n;
+      all += r.all_layers_s / n;
+      fetched += r.fetched;
+      recomputed += r.recomputed;
+      if (kinds.find(r.kind) == std::string::npos) kinds += (kinds.empty() ? "" : ",") + r.kind;
+    }
+    const double aggregate = n * history_bytes / slowest / 1e9;
+    const double per = history_bytes / all / 1e9;
+    std::printf(
+        "load, %d context%s (%s; %u blocks fetched, %u recomputed, %d wrong): aggregate %.2f GB/s "
+        "= %.2fx memcpy (%.2fx 2-thread memcpy); per context %.2f GB/s; layer 0 ready at %.1f ms, "
+        "every layer at %.1f ms (%.2f of it; target <= 1/%u + one round trip); wall %.3f s\n",
+        n, n == 1 ? "" : "s", kinds.c_str(), fetched, recomputed, wrong.load(), aggregate,
+        aggregate / mem1, aggregate / mem2, per, layer0 * 1e3, all * 1e3, layer0 / all,
+        model.layer_count, wall);
+  }
+  return 0;
+}
