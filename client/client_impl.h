@@ -224,10 +224,7 @@ class Client::Impl {
   // sorted). Adds one transfer observation (all bytes over the wall time).
   // The first error, if any.
   Status FetchFrom(Context& c, const MatchResult::Host& host, std::vector<std::uint32_t>* blocks);
-  // One batch: FetchByKey, then LeaseAndGet for what the daemon holds on
-  // NVMe only. (*arrived)[k]: batch[k] landed intact; *moved += bytes moved.
-  Status FetchBatch(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
-                    std::vector<bool>* arrived, std::uint64_t* moved);
+  // (*arrived)[k]: batch[k] landed intact; *moved += bytes moved.
   // The blocks of `batch` whose read `results` are OK are checked in place
   // against their committed CRC and marked landed; the first per-block
   // error, NotFound ones reported as stale.

@@ -348,46 +348,102 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
   const std::shared_ptr<Daemon> d = std::move(*daemon);
   const std::size_t per_batch = fetch_batch_;
   const std::size_t batches = (blocks->size() + per_batch - 1) / per_batch;
-  // fetch_depth workers take batches in order: that many requests in flight
-  // to this daemon, each landing (CRC check in place) while the others move.
+  // fetch_depth workers take batches in order (kFetch: blocks in the
+  // daemon's host pool): that many requests in flight to this daemon, each
+  // landing (CRC check in place) while the others move. What the daemon
+  // holds on NVMe only goes to one more worker, which leases it through the
+  // control plane (the daemon stages it) while the host-pool batches go on.
   struct Progress {
     Mutex mu;
+    CondVar cv;
     std::size_t next KVF_GUARDED_BY(mu) = 0;
+    std::size_t fetchers KVF_GUARDED_BY(mu) = 0;  // host-pool workers still running
     bool down KVF_GUARDED_BY(mu) = false;
+    std::vector<std::uint32_t> nvme KVF_GUARDED_BY(mu);  // to lease
     std::vector<std::uint32_t> left KVF_GUARDED_BY(mu);
     Status first KVF_GUARDED_BY(mu);
     std::uint64_t moved KVF_GUARDED_BY(mu) = 0;
   } p;
+  // Records one request's outcome. REQUIRES: p.mu held.
+  auto record = [&](std::span<const std::uint32_t> batch, const std::vector<bool>& arrived,
+                    const std::vector<bool>& to_nvme, const Status& s, std::uint64_t moved)
+                    KVF_REQUIRES(p.mu) {
+                      p.moved += moved;
+                      for (std::size_t k = 0; k < batch.size(); ++k) {
+                        if (arrived[k]) continue;
+                        (to_nvme[k] ? p.nvme : p.left).push_back(batch[k]);
+                      }
+                      if (!s.ok() && p.first.ok())
+                        p.first = s.WithContext("daemon " + host.host_id);
+                      // The daemon is gone or stuck: the rest of the run goes elsewhere.
+                      if (HostDown(s)) p.down = true;
+                      p.cv.NotifyAll();
+                    };
   const auto start = Clock::now();
-  auto work = [&] {
-    std::vector<bool> arrived;
+  auto fetch_host_pool = [&] {
+    std::vector<bool> arrived, to_nvme;
+    std::vector<std::size_t> on_nvme;
     for (;;) {
       std::size_t i = 0;
       {
         MutexLock l(&p.mu);
-        if (p.down || p.next >= batches) return;
+        if (p.down || p.next >= batches) {
+          --p.fetchers;
+          p.cv.NotifyAll();
+          return;
+        }
         i = p.next++ * per_batch;
       }
       std::span<const std::uint32_t> batch(blocks->data() + i,
                                            std::min(per_batch, blocks->size() - i));
       arrived.assign(batch.size(), false);
+      to_nvme.assign(batch.size(), false);
+      on_nvme.clear();
       std::uint64_t moved = 0;
-      Status s = FetchBatch(c, *d, batch, &arrived, &moved);
-      MutexLock l(&p.mu);
-      p.moved += moved;
-      for (std::size_t k = 0; k < batch.size(); ++k) {
-        if (!arrived[k]) p.left.push_back(batch[k]);
+      const Status s = FetchByKey(c, *d, batch, &arrived, &on_nvme, &moved);
+      if (!HostDown(s)) {
+        for (std::size_t k : on_nvme) to_nvme[k] = true;
       }
-      if (s.ok()) continue;
-      if (p.first.ok()) p.first = s.WithContext("daemon " + host.host_id);
-      // The daemon is gone or stuck: the rest of the run goes elsewhere.
-      if (HostDown(s)) p.down = true;
+      MutexLock l(&p.mu);
+      record(batch, arrived, to_nvme, s, moved);
     }
   };
-  const std::size_t workers = std::min<std::size_t>(o_.fetch_depth, batches);
+  auto lease_nvme = [&] {
+    std::vector<std::uint32_t> batch;
+    std::vector<bool> arrived, none;
+    for (;;) {
+      {
+        MutexLock l(&p.mu);
+        p.cv.Wait(&p.mu, [&]() KVF_REQUIRES(p.mu) {
+          return p.down || p.nvme.size() >= per_batch || p.fetchers == 0;
+        });
+        if (p.down || p.nvme.empty()) {
+          p.left.insert(p.left.end(), p.nvme.begin(), p.nvme.end());
+          p.nvme.clear();
+          return;
+        }
+        const std::size_t n = std::min(per_batch, p.nvme.size());
+        batch.assign(p.nvme.begin(), p.nvme.begin() + static_cast<std::ptrdiff_t>(n));
+        p.nvme.erase(p.nvme.begin(), p.nvme.begin() + static_cast<std::ptrdiff_t>(n));
+      }
+      arrived.assign(batch.size(), false);
+      none.assign(batch.size(), false);
+      std::uint64_t moved = 0;
+      const Status s = LeaseAndGet(c, *d, batch, &arrived, &moved);
+      MutexLock l(&p.mu);
+      record(batch, arrived, none, s, moved);
+    }
+  };
+  const std::size_t workers =
+      std::max<std::size_t>(1, std::min<std::size_t>(o_.fetch_depth, batches));
+  {
+    MutexLock l(&p.mu);
+    p.fetchers = workers;
+  }
   std::vector<std::thread> threads;
-  for (std::size_t w = 1; w < workers; ++w) threads.emplace_back(work);
-  work();
+  threads.emplace_back(lease_nvme);
+  for (std::size_t w = 1; w < workers; ++w) threads.emplace_back(fetch_host_pool);
+  fetch_host_pool();
   for (std::thread& t : threads) t.join();
   MutexLock l(&p.mu);
   if (p.down) {
@@ -412,22 +468,6 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
   std::sort(p.left.begin(), p.left.end());
   *blocks = std::move(p.left);
   return p.first;
-}
-
-Status Client::Impl::FetchBatch(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
-                                std::vector<bool>* arrived, std::uint64_t* moved) {
-  std::vector<std::size_t> on_nvme;
-  Status first = FetchByKey(c, d, batch, arrived, &on_nvme, moved);
-  if (on_nvme.empty() || HostDown(first)) return first;
-  // What the daemon holds on NVMe only: its control-plane Lease stages it.
-  std::vector<std::uint32_t> rest;
-  for (std::size_t k : on_nvme) rest.push_back(batch[k]);
-  std::vector<bool> rest_arrived(rest.size(), false);
-  Status s = LeaseAndGet(c, d, rest, &rest_arrived, moved);
-  for (std::size_t i = 0; i < rest.size(); ++i) {
-    if (rest_arrived[i]) (*arrived)[on_nvme[i]] = true;
-  }
-  return first.ok() ? s : first;
 }
 
 std::vector<std::uint64_t> Client::Impl::PageOffsets(const Context& c,
