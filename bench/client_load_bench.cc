@@ -10,7 +10,9 @@
 //      bytes in blocks of the same size, 1 and 4 connections.
 //   3. load: 1, 2, 4 and 8 contexts at once each load the whole history
 //      (a fetch_all plan over both daemons); aggregate and per-context GB/s,
-//      time to layer 0 ready and to every layer ready.
+//      time to layer 0 ready and to every layer ready, and the plan's
+//      predicted load time against the measured one (placement refits its
+//      bus model from every load, so later rows predict better).
 //
 // Two in-process daemons (server/embedded_cluster.h, UCX over shared memory
 // by default), a client with fetch_depth requests in flight per daemon. The
@@ -19,7 +21,7 @@
 // against the pattern.
 //
 // Usage: client_load_bench [--tokens N] [--block-tokens N] [--transport ucx|tcp]
-//                          [--depth N] [--contexts 1,2,4,8]
+//                          [--depth N] [--contexts 1,2,4,8] [--daemons 1|2]
 // Defaults: 32768 tokens, 256 tokens per block (2 MiB blocks of a 4-layer,
 // 8 x 64 fp16 model), ucx, depth 4.
 #include <spdlog/spdlog.h>
@@ -93,7 +95,7 @@ bool BlockIntact(std::uint64_t block, std::span<const std::byte> in) {
 }
 
 struct LoadRun {
-  double seconds = 0, layer0_s = 0, all_layers_s = 0;
+  double seconds = 0, layer0_s = 0, all_layers_s = 0, predicted_ms = 0, load_ms = 0;
   std::uint32_t fetched = 0, recomputed = 0;
   std::string kind;
   kvfabric::Status status;
@@ -108,6 +110,7 @@ int main(int argc, char** argv) {
   std::string transport = "ucx";
   std::uint32_t depth = 4;
   std::vector<int> contexts = {1, 2, 4, 8};
+  int daemons = 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--tokens") {
@@ -116,6 +119,8 @@ int main(int argc, char** argv) {
       block_tokens = static_cast<std::uint32_t>(std::strtoul(value.c_str(), nullptr, 10));
     } else if (flag == "--transport") {
       transport = value;
+    } else if (flag == "--daemons") {
+      daemons = std::max(1, std::min(2, std::atoi(value.c_str())));
     } else if (flag == "--depth") {
       depth = static_cast<std::uint32_t>(std::strtoul(value.c_str(), nullptr, 10));
     } else if (flag == "--contexts") {
@@ -152,12 +157,15 @@ int main(int argc, char** argv) {
   const double mem1 = MemcpyGBps(history_bytes, 1), mem2 = MemcpyGBps(history_bytes, 2);
   std::printf("memcpy of one history: 1 thread %.2f GB/s, 2 threads %.2f GB/s\n", mem1, mem2);
 
-  // Two daemons, each able to hold the whole history.
+  // One or two daemons, each able to hold the whole history.
   kvfabric::server::EmbeddedClusterOptions co;
   for (const char* id : {"bench-a", "bench-b"}) {
+    if (static_cast<int>(co.daemons.size()) == daemons) break;
     kvfabric::server::EmbeddedDaemonOptions d;
     d.host_id = id;
-    d.host_pool_bytes = history_bytes + 8 * block_bytes;
+    // A namespace may fill half a pool by default (--quota): room for the
+    // whole history on either daemon.
+    d.host_pool_bytes = 2 * history_bytes + 8 * block_bytes;
     d.host_page_bytes = 1 << 20;
     d.data_transport = transport;
     d.metrics = false;
@@ -232,6 +240,18 @@ int main(int argc, char** argv) {
         "%.2f GB/s = %.2fx memcpy\n",
         report->blocks_written, s, history_bytes / s / 1e9, history_bytes / s / 1e9 / mem1);
   }
+  // Daemons tell placement what they hold on their next report: wait (at
+  // most 10 s) until its directory lists the whole history.
+  for (const auto until = Clock::now() + std::chrono::seconds(10);;) {
+    auto m = (*client)->Match(*chain, 0);
+    if (m.ok() && m->cached_prefix_blocks == blocks) break;
+    if (Clock::now() > until) {
+      std::printf("placement's directory lists %u of %u blocks after 10 s\n",
+                  m.ok() ? m->cached_prefix_blocks : 0, blocks);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   // memcached PUT of the same bytes.
   {
     kvfabric::bench::BaselineServerOptions mo;
@@ -261,12 +281,14 @@ int main(int argc, char** argv) {
       threads.emplace_back([&, i] {
         LoadRun& r = runs[i];
         const auto start = Clock::now();
-        auto match = (*client)->Match(*chain, 0);
+        auto match = (*client)->Match(*chain, 0, std::getenv("KVF_BENCH_EXPLAIN") != nullptr);
         if (!match.ok()) {
           r.status = match.status();
           return;
         }
+        if (!match->explanation.empty()) std::printf("%s\n", match->explanation.c_str());
         r.kind = match->kind;
+        r.predicted_ms = match->predicted_us / 1e3;
         auto ctx = (*client)->NewContext(tokens);
         if (!ctx.ok()) {
           r.status = ctx.status();
@@ -287,6 +309,7 @@ int main(int argc, char** argv) {
         auto report = (*client)->Finish(*ctx);
         if (report.ok()) {
           r.fetched = report->blocks_fetched;
+          r.load_ms = report->load_us / 1e3;
           r.recomputed = report->blocks_recomputed;
         } else if (r.status.ok()) {
           r.status = report.status();
@@ -296,13 +319,15 @@ int main(int argc, char** argv) {
     }
     for (auto& t : threads) t.join();
     const double wall = Seconds(t0, Clock::now());
-    double slowest = 0, layer0 = 0, all = 0;
+    double slowest = 0, layer0 = 0, all = 0, predicted = 0, measured = 0;
     std::uint32_t fetched = 0, recomputed = 0;
     std::string kinds;
     for (const LoadRun& r : runs) {
       if (!r.status.ok()) return Fail(r.status);
       slowest = std::max(slowest, r.seconds);
       layer0 += r.layer0_s / n;
+      predicted += r.predicted_ms / n;
+      measured += r.load_ms / n;
       all += r.all_layers_s / n;
       fetched += r.fetched;
       recomputed += r.recomputed;
@@ -313,10 +338,11 @@ int main(int argc, char** argv) {
     std::printf(
         "load, %d context%s (%s; %u blocks fetched, %u recomputed, %d wrong): aggregate %.2f GB/s "
         "= %.2fx memcpy (%.2fx 2-thread memcpy); per context %.2f GB/s; layer 0 ready at %.1f ms, "
-        "every layer at %.1f ms (%.2f of it; target <= 1/%u + one round trip); wall %.3f s\n",
+        "every layer at %.1f ms (%.2f of it; target <= 1/%u + one round trip); plan predicted "
+        "%.1f ms, load took %.1f ms (x%.2f); wall %.3f s\n",
         n, n == 1 ? "" : "s", kinds.c_str(), fetched, recomputed, wrong.load(), aggregate,
         aggregate / mem1, aggregate / mem2, per, layer0 * 1e3, all * 1e3, layer0 / all,
-        model.layer_count, wall);
+        model.layer_count, predicted, measured, measured / predicted, wall);
   }
   return 0;
 }

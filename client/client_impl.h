@@ -221,9 +221,14 @@ class Client::Impl {
   // Fetches `blocks` of `c` from `host` into its history, in batches of
   // fetch_batch_ with options.fetch_depth of them in flight; the
   // blocks that arrived intact are removed from *blocks (the rest stay,
-  // sorted). Adds one transfer observation (all bytes over the wall time).
-  // The first error, if any.
-  Status FetchFrom(Context& c, const MatchResult::Host& host, std::vector<std::uint32_t>* blocks);
+  // sorted); *moved_bytes: the bytes that moved. The first error, if any.
+  Status FetchFrom(Context& c, const MatchResult::Host& host, std::vector<std::uint32_t>* blocks,
+                   std::uint64_t* moved_bytes);
+  // One transfer observation per daemon that moved bytes (moved[h] for
+  // hosts[h]) during `us` of fetching from all of them at once: each is
+  // charged its bytes' share of `us`.
+  void RecordTransfers(Context& c, const std::vector<MatchResult::Host>& hosts,
+                       std::span<const std::uint64_t> moved, double us);
   // (*arrived)[k]: batch[k] landed intact; *moved += bytes moved.
   // The blocks of `batch` whose read `results` are OK are checked in place
   // against their committed CRC and marked landed; the first per-block

@@ -270,12 +270,17 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
     for (std::size_t h = 0; h < by_host.size(); ++h) {
       if (!by_host[h].empty()) hosts.push_back(h);
     }
-    auto fetch = [&](std::size_t h) { host_status[h] = FetchFrom(*c, m.hosts[h], &by_host[h]); };
+    std::vector<std::uint64_t> moved(m.hosts.size(), 0);
+    auto fetch = [&](std::size_t h) {
+      host_status[h] = FetchFrom(*c, m.hosts[h], &by_host[h], &moved[h]);
+    };
     // One thread per further daemon; this thread takes the first.
+    const auto start = Clock::now();
     std::vector<std::thread> others;
     for (std::size_t i = 1; i < hosts.size(); ++i) others.emplace_back(fetch, hosts[i]);
     if (!hosts.empty()) fetch(hosts[0]);
     for (std::thread& t : others) t.join();
+    RecordTransfers(*c, m.hosts, moved, MicrosSince(start));
   }
   std::vector<bool> dead(m.hosts.size(), false);  // failed Unavailable in this load
   std::map<std::size_t, std::vector<std::uint32_t>> missing;  // run -> blocks
@@ -308,7 +313,10 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
       if (blocks.empty()) break;
       if (dead[h]) continue;
       const std::size_t before = blocks.size();
-      Status s = FetchFrom(*c, m.hosts[h], &blocks);
+      std::vector<std::uint64_t> moved(m.hosts.size(), 0);
+      const auto start = Clock::now();
+      Status s = FetchFrom(*c, m.hosts[h], &blocks, &moved[h]);
+      RecordTransfers(*c, m.hosts, moved, MicrosSince(start));
       from_fallback += static_cast<std::uint32_t>(before - blocks.size());
       dead[h] = HostDown(s);
     }
@@ -339,8 +347,31 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
   WorkerDone(*c, status);
 }
 
+void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Host>& hosts,
+                                   std::span<const std::uint64_t> moved, double us) {
+  std::uint64_t total = 0;
+  for (std::uint64_t b : moved) total += b;
+  if (total == 0) return;
+  // The planner prices a plan's fetch runs one after another (its FETCH
+  // MODEL); the daemons were fetched from at once, so each daemon is charged
+  // the share of the wall time its bytes took of the whole: the observations
+  // then add up to what the overlapped fetch took.
+  {
+    MutexLock l(&c.mu);
+    for (std::size_t h = 0; h < hosts.size(); ++h) {
+      if (moved[h] == 0) continue;
+      c.transfers.push_back(
+          Observation(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST, hosts[h].host_id, moved[h],
+                      us * static_cast<double>(moved[h]) / static_cast<double>(total)));
+    }
+  }
+  prom_->ObserveTransfer(/*save=*/false, total, us);
+  MutexLock ml(&metrics_mu_);
+  m_.fetch_us += static_cast<std::uint64_t>(us);
+}
+
 Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
-                               std::vector<std::uint32_t>* blocks) {
+                               std::vector<std::uint32_t>* blocks, std::uint64_t* moved_bytes) {
   auto daemon = GetDaemon(host);
   if (!daemon.ok()) return daemon.status();
   // The session stays valid while this thread holds it, even if another
@@ -379,7 +410,6 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
                       if (HostDown(s)) p.down = true;
                       p.cv.NotifyAll();
                     };
-  const auto start = Clock::now();
   auto fetch_host_pool = [&] {
     std::vector<bool> arrived, to_nvme;
     std::vector<std::size_t> on_nvme;
@@ -451,20 +481,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
     for (std::size_t i = p.next * per_batch; i < blocks->size(); ++i)
       p.left.push_back((*blocks)[i]);
   }
-  if (p.moved > 0) {
-    // One observation per daemon per load: its blocks over the wall time
-    // they took, requests in flight together (what the planner's bus model
-    // is fitted to; server/placement/planner.h).
-    const double us = MicrosSince(start);
-    {
-      MutexLock cl(&c.mu);
-      c.transfers.push_back(
-          Observation(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST, d->host_id(), p.moved, us));
-    }
-    prom_->ObserveTransfer(/*save=*/false, p.moved, us);
-    MutexLock ml(&metrics_mu_);
-    m_.fetch_us += static_cast<std::uint64_t>(us);
-  }
+  *moved_bytes = p.moved;
   std::sort(p.left.begin(), p.left.end());
   *blocks = std::move(p.left);
   return p.first;

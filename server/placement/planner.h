@@ -38,6 +38,13 @@
 // delay the plan once, not once per run (queue wait(s) = max over the daemon stages of
 // QueuedBytes / beta, PathLoad; queues at different daemons drain at the same time):
 //   F = alpha_h2d + wait_h2d + max over sources used of wait(s) + sum over runs of run(s, bytes).
+// The client fetches from every daemon of a plan at once (client/client_io.cc), sharing its own
+// memory bandwidth and host→device stage between the streams; it reports each daemon's bytes
+// with the share of the overlapped wall time they took (RecordTransfers), so the fitted
+// per-source betas are rates under that sharing and the serial sum above adds up to the
+// overlapped time when the client is the bottleneck (the case on every machine measured so far,
+// docs/benchmarks.md). Where the daemons' links are the bottleneck instead, the sum
+// overestimates (the streams' own limits overlap); a per-source max is the open refinement.
 // A run is a maximal stretch of consecutive blocks fetched from one source. The replica of each
 // block is chosen by a dynamic program over blocks × replicas that pays a source's alphas and
 // its queue wait when a run starts (so it avoids loaded daemons and alternation); without load
