@@ -2,8 +2,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "core/process_identity.h"
@@ -332,6 +334,49 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::Fetch(
     }
   }
   return out;
+}
+
+StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::FetchWithin(
+    std::span<const wire::FetchKey> keys, std::string_view expected_digest, SlotLayout slots,
+    std::chrono::milliseconds patience, std::uint64_t* throttled) {
+  const auto give_up = Clock::now() + patience;
+  const std::uint32_t max_window = std::max<std::uint32_t>(1, o_.max_fetches_in_flight);
+  for (auto pause = std::chrono::milliseconds(1);;
+       pause = std::min(pause * 2, std::chrono::milliseconds(64))) {
+    {
+      MutexLock l(&window_mu_);
+      if (!window_cv_.WaitUntil(&window_mu_, give_up,
+                                [&]() KVF_REQUIRES(window_mu_) { return in_flight_ < window_; })) {
+        return Status::ResourceExhausted(
+            "cache host " + o_.host_id + ": no fetch admitted within " +
+            std::to_string(patience.count()) + " ms (" + std::to_string(in_flight_) +
+            " in flight, window " + std::to_string(window_) + ")");
+      }
+      ++in_flight_;
+    }
+    StatusOr<std::vector<ReadResult>> got = Fetch(keys, expected_digest, slots);
+    const bool refused = !got.ok() && got.status().code() == StatusCode::kResourceExhausted;
+    {
+      MutexLock l(&window_mu_);
+      --in_flight_;
+      if (refused) {
+        window_ = std::max<std::uint32_t>(1, window_ / 2);
+        accepted_ = 0;
+      } else if (got.ok() && ++accepted_ >= window_) {
+        window_ = std::min(window_ + 1, max_window);
+        accepted_ = 0;
+      }
+      window_cv_.NotifyAll();
+    }
+    if (!refused || Clock::now() + pause >= give_up) return got;
+    if (throttled != nullptr) ++*throttled;
+    std::this_thread::sleep_for(pause);
+  }
+}
+
+std::uint32_t CacheHostSession::fetch_window() const {
+  MutexLock l(&window_mu_);
+  return window_;
 }
 
 StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::LeaseGet(

@@ -91,6 +91,9 @@ struct CacheHostSessionOptions {
   bool check_ucx_listener = false;
   std::string ucx_tls;
   std::string ucx_tls_setting = "ucx_tls";
+  // FetchWithin's admission window: kFetch requests in flight on this
+  // session from all its callers together, between 1 and this many.
+  std::uint32_t max_fetches_in_flight = 32;
 };
 
 // Where a batch's blocks sit: block k at offset + k * bytes of the session's
@@ -156,6 +159,22 @@ class CacheHostSession {
   StatusOr<std::vector<ReadResult>> Fetch(std::span<const wire::FetchKey> keys,
                                           std::string_view expected_digest, SlotLayout slots);
 
+  // Fetch with admission, for callers that share the session (a client's
+  // concurrent loads): at most a window of requests is in flight. The window
+  // starts at 4, halves (down to 1) whenever the daemon refuses a request for
+  // its per-namespace lease bound (ResourceExhausted: the leases in flight
+  // would pin more than --max-leased-bytes-per-namespace) and grows by one
+  // after a window's worth of accepted requests, up to
+  // options.max_fetches_in_flight: additive increase, multiplicative decrease,
+  // so the session settles at what the daemon admits. A refused request waits
+  // for a slot and a pause (1 ms doubling to 64 ms) and is asked again, for
+  // at most `patience`; *throttled counts the refusals. Other answers as Fetch.
+  StatusOr<std::vector<ReadResult>> FetchWithin(std::span<const wire::FetchKey> keys,
+                                                std::string_view expected_digest, SlotLayout slots,
+                                                std::chrono::milliseconds patience,
+                                                std::uint64_t* throttled);
+  std::uint32_t fetch_window() const;
+
   // A lease as its holder names it to the daemon: id and access token (the
   // daemon refuses an id without its token).
   struct HeldLease {
@@ -218,6 +237,11 @@ class CacheHostSession {
   // Set once; the pointer stays valid while the session lives.
   std::shared_ptr<DaemonConnection> conn_ KVF_GUARDED_BY(conn_mu_);
   bool closed_ KVF_GUARDED_BY(conn_mu_) = false;
+  mutable Mutex window_mu_;
+  CondVar window_cv_;
+  std::uint32_t window_ KVF_GUARDED_BY(window_mu_) = 4;
+  std::uint32_t in_flight_ KVF_GUARDED_BY(window_mu_) = 0;
+  std::uint32_t accepted_ KVF_GUARDED_BY(window_mu_) = 0;  // since the window last grew
 };
 
 // The gRPC channel every kvfabric client opens to a daemon or placement:

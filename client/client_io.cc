@@ -538,23 +538,15 @@ Status Client::Impl::FetchByKey(Context& c, Daemon& d, std::span<const std::uint
   // One copy: the daemon pushes each block into its page of the history.
   const std::vector<std::uint64_t> offsets = PageOffsets(c, batch);
   const SlotLayout slots(offsets, block_bytes_, kHistoryRegionId);
-  auto got = d.Fetch(keys, fingerprint_digest_, slots);
-  // The daemon refuses a request that would pin more of the namespace than
-  // its --max-leased-bytes-per-namespace while other requests (this load's,
-  // other contexts') hold leases: those finish within a transfer, so wait
-  // and ask again (1 ms doubling to 64 ms, for at most transfer_timeout)
-  // rather than fall back to recomputing blocks that are there.
-  const auto give_up = Clock::now() + o_.transfer_timeout;
-  for (auto pause = std::chrono::milliseconds(1);
-       !got.ok() && got.status().code() == StatusCode::kResourceExhausted &&
-       Clock::now() + pause < give_up;
-       pause = std::min(pause * 2, std::chrono::milliseconds(64))) {
-    {
-      MutexLock l(&metrics_mu_);
-      ++m_.fetch_requests_throttled;
-    }
-    std::this_thread::sleep_for(pause);
-    got = d.Fetch(keys, fingerprint_digest_, slots);
+  // Admitted by the session's window, shared by every load from this daemon:
+  // a daemon that refuses requests for its per-namespace lease bound (other
+  // loads' leases in flight) gets fewer at once and the refused one is asked
+  // again, rather than its blocks recomputed.
+  std::uint64_t throttled = 0;
+  auto got = d.FetchWithin(keys, fingerprint_digest_, slots, o_.transfer_timeout, &throttled);
+  if (throttled != 0) {
+    MutexLock l(&metrics_mu_);
+    m_.fetch_requests_throttled += throttled;
   }
   if (!got.ok()) {
     if (HostDown(got.status())) ReplacePages(c, batch);

@@ -178,8 +178,11 @@ struct ClientOptions {
   // of up to 16 blocks and about 8 MiB (a 2 MiB block: 4 per request): each
   // is checked (CRC) while the others move. Every daemon of a plan is fetched
   // from at once. 1..64; default 4 (docs/benchmarks.md, "Loading from
-  // daemons"). A daemon that refuses a request for its per-namespace lease
-  // bound is asked again after a pause (ClientMetrics::fetch_requests_throttled).
+  // daemons"). Requests to one daemon from all loads together are admitted by
+  // a window that halves when the daemon refuses one for its per-namespace
+  // lease bound and grows back as requests succeed
+  // (CacheHostSession::FetchWithin); a refused request is asked again after a
+  // pause (ClientMetrics::fetch_requests_throttled).
   std::uint32_t fetch_depth = 4;
   // The pinned host memory every context's history lives in
   // (--client-history-pool-bytes; client/history_pool.h): allocated,

@@ -191,6 +191,7 @@ Status EmbeddedCluster::StartDaemon(const EmbeddedDaemonOptions& options, Daemon
     topts.tcp_tls.key_file = options_.security.key_file;
   }
   KVF_ASSIGN_OR_RETURN(d->transport, transport::CreateDataTransport(topts));
+  if (options.wrap_transport) d->transport = options.wrap_transport(std::move(d->transport));
   KVF_ASSIGN_OR_RETURN(
       d->node, cache_host::CacheHostNode::Create(std::move(node_options), d->transport.get(), env));
   d->metrics =

@@ -34,6 +34,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +45,7 @@
 #include "core/statusor.h"
 #include "security/grpc_security.h"
 #include "security/tenant_policy.h"
+#include "transport/transport.h"
 
 namespace kvfabric::placement {
 class PlacementNode;
@@ -85,6 +87,11 @@ struct EmbeddedDaemonOptions {
   int data_workers = 1;
   // Serve /metrics on 127.0.0.1 with a picked port. Default true.
   bool metrics = true;
+  // Tests: wraps the daemon's data-plane transport once it is made (e.g. in
+  // transport/testing/fault_injection_transport.h, to corrupt what the
+  // daemon pushes to clients). Null: the transport as made.
+  std::function<std::unique_ptr<transport::Transport>(std::unique_ptr<transport::Transport>)>
+      wrap_transport;
 };
 
 struct EmbeddedClusterOptions {

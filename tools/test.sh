@@ -55,6 +55,7 @@ TSAN_TARGETS=(
   -//tests:cache_host_daemon_test
   -//tests:calibrate_daemon_test
   -//tests:client_e2e_test
+  -//tests:client_fault_injection_test
   -//tests:cross_user_test
   -//tests:observability_test
   -//tests:placement_cluster_test

@@ -1,5 +1,6 @@
 #include "transport/testing/fault_injection_transport.h"
 
+#include <cstring>
 #include <functional>
 #include <map>
 #include <optional>
@@ -83,7 +84,7 @@ class Timer {
 
 }  // namespace
 
-enum class FaultKind { kNone, kFail, kFailAfter, kDelay, kDrop, kCorrupt };
+enum class FaultKind { kNone, kFail, kFailAfter, kDelay, kDrop, kCorrupt, kCorruptWrite };
 
 struct Fault {
   FaultKind kind = FaultKind::kNone;
@@ -118,6 +119,11 @@ struct Shared {
       f.kind = FaultKind::kCorrupt;
       f.bit = rng() % (length * 8);
       ++counters.corrupted;
+    } else if (op == TransferOp::kWrite && length != 0 && base != nullptr &&
+               fires(rates.corrupt_write_one_in)) {
+      f.kind = FaultKind::kCorruptWrite;
+      f.bit = rng() % (length * 8);
+      ++counters.corrupted_writes;
     }
     return f;
   }
@@ -162,8 +168,17 @@ struct Shared {
     return all;
   }
 
+  // A bounce region of `length` bytes from the base transport (null once
+  // the transport is gone).
+  StatusOr<std::unique_ptr<MemoryRegion>> Bounce(std::uint64_t length) {
+    MutexLock lock(&mu);
+    if (base == nullptr) return Status::Unavailable("fault injection transport destroyed");
+    return base->AllocateMemory(length, MemoryKind::kHost);
+  }
+
   Timer timer;
   Mutex mu;
+  Transport* base KVF_GUARDED_BY(mu) = nullptr;  // the wrapped transport while it lives
   std::mt19937_64 rng KVF_GUARDED_BY(mu);
   FaultRates rates KVF_GUARDED_BY(mu);
   FaultInjectionCounters counters KVF_GUARDED_BY(mu);
@@ -206,6 +221,8 @@ struct WrappedBatch {
   std::shared_ptr<BatchCompletion> outer;
   std::vector<Fault> faults;                // per outer entry
   std::vector<std::span<std::byte>> local;  // per outer entry: its local range
+  // kCorruptWrite entries: the flipped copy the base transport writes from.
+  std::vector<std::unique_ptr<MemoryRegion>> bounce;
   std::vector<std::size_t> base_to_outer;   // base entry -> outer entry
   Mutex mu;
   std::unique_ptr<TransferBatch> base KVF_GUARDED_BY(mu);              // set once
@@ -448,6 +465,18 @@ StatusOr<std::unique_ptr<TransferBatch>> FaultEndpoint::Submit(
     if (t.remote != nullptr && t.op != TransferOp::kSend) {
       t.remote = static_cast<const FaultRemoteRegion*>(t.remote)->base();
     }
+    if (wb->faults[j].kind == FaultKind::kCorruptWrite) {
+      // Write a flipped copy; without a bounce region the entry goes as is.
+      StatusOr<std::unique_ptr<MemoryRegion>> bounce = shared_->Bounce(t.length);
+      if (bounce.ok()) {
+        std::span<std::byte> copy = (*bounce)->bytes().first(t.length);
+        std::memcpy(copy.data(), wb->local[j].data(), t.length);
+        FlipBit(copy, wb->faults[j].bit);
+        t.local = bounce->get();
+        t.local_offset = 0;
+        wb->bounce.push_back(std::move(bounce).value());
+      }
+    }
     if (wb->faults[j].kind == FaultKind::kFail || wb->faults[j].kind == FaultKind::kDrop) {
       continue;
     }
@@ -500,9 +529,16 @@ using fault_injection_internal::Shared;
 
 FaultInjectionTransport::FaultInjectionTransport(std::unique_ptr<Transport> base,
                                                  const FaultInjectionOptions& options)
-    : shared_(std::make_shared<Shared>(options)), base_(std::move(base)) {}
+    : shared_(std::make_shared<Shared>(options)), base_(std::move(base)) {
+  MutexLock lock(&shared_->mu);
+  shared_->base = base_.get();
+}
 
 FaultInjectionTransport::~FaultInjectionTransport() {
+  {
+    MutexLock lock(&shared_->mu);
+    shared_->base = nullptr;
+  }
   for (FaultEndpoint* ep : shared_->AllEndpoints()) ep->CancelAll();
   base_.reset();              // completes every base batch
   shared_->timer.Shutdown();  // delayed completions run now

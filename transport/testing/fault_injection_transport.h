@@ -26,9 +26,12 @@
 //               of the local destination range is flipped (the entry reports
 //               OK). Also applied to incoming kSend payloads that a handler
 //               Accepts through this transport: one bit of the placed bytes is
-//               flipped before on_placed(OK) runs. A kWrite's destination is
-//               the peer's memory, which this wrapper cannot reach: wrap the
-//               peer's transport and corrupt what it reads or accepts instead.
+//               flipped before on_placed(OK) runs.
+//   corrupt_write  kWrite only (its own rate, corrupt_write_one_in): the
+//               bytes are copied into a bounce region of the base transport,
+//               one bit of the copy is flipped, and the copy is written: the
+//               peer receives a flipped bit in transit while the local bytes
+//               stay intact (a daemon's pool page, say).
 // Submit validates a batch itself (transport.h's rules) before drawing, so a
 // batch that the base transport would reject is rejected whole even if some of
 // its entries would have been failed or dropped.
@@ -58,6 +61,7 @@ struct FaultRates {
   std::uint32_t delay_one_in = 0;       // completes `delay` late
   std::uint32_t drop_one_in = 0;        // never completes until cancelled
   std::uint32_t corrupt_one_in = 0;     // kRead and accepted payloads: one bit flipped
+  std::uint32_t corrupt_write_one_in = 0;  // kWrite: one bit of what the peer gets flipped
   // Status code of injected failures. Unavailable mimics a dead peer.
   StatusCode fail_code = StatusCode::kUnavailable;
   // Extra latency of delayed entries. Keep it well below test deadlines.
@@ -78,6 +82,7 @@ struct FaultInjectionCounters {
   std::uint64_t delayed = 0;       // delay
   std::uint64_t dropped = 0;       // drop
   std::uint64_t corrupted = 0;     // corrupt (reads and accepted payloads)
+  std::uint64_t corrupted_writes = 0;  // corrupt_write
   std::uint64_t messages = 0;      // incoming messages handed to the handler
 };
 

@@ -214,6 +214,24 @@ TEST_F(FaultInjectionTransportTest, CorruptFlipsExactlyOneBitOfAReadDestination)
   EXPECT_EQ(DifferingBits(client_mem_->bytes(), server_mem_->bytes()), 0);
 }
 
+TEST_F(FaultInjectionTransportTest, CorruptWriteFlipsOneBitOfWhatThePeerGetsAndNoneOfTheSource) {
+  std::mt19937_64 rng(TestSeed("FaultInjectionTransportTest.CorruptWrite"));
+  Connect({.seed = rng(), .rates = {.corrupt_write_one_in = 1}});
+  for (std::byte& b : client_mem_->bytes()) b = static_cast<std::byte>(rng());
+  const std::vector<std::byte> source(client_mem_->bytes().begin(), client_mem_->bytes().end());
+  auto w = Submit(TransferOp::kWrite);
+  ASSERT_TRUE(w->Wait(Soon()).ok());
+  EXPECT_TRUE(w->results()[0].status.ok());
+  EXPECT_EQ(DifferingBits(client_mem_->bytes(), server_mem_->bytes()), 1);
+  EXPECT_EQ(DifferingBits(client_mem_->bytes(), source), 0) << "the source was changed";
+  EXPECT_EQ(client_->counters().corrupted_writes, 1u);
+  // Reads are not touched by this rate.
+  auto r = Submit(TransferOp::kRead);
+  ASSERT_TRUE(r->Wait(Soon()).ok());
+  EXPECT_EQ(DifferingBits(client_mem_->bytes(), server_mem_->bytes()), 0);
+  EXPECT_EQ(client_->counters().corrupted, 0u);
+}
+
 TEST_F(FaultInjectionTransportTest, CorruptFlipsOneBitOfAnAcceptedPayload) {
   std::mt19937_64 rng(TestSeed("FaultInjectionTransportTest.CorruptPayload"));
   Connect({}, {.seed = rng(), .rates = {.corrupt_one_in = 1}});
