@@ -617,47 +617,29 @@ TEST_F(ClientEndToEndTest, EightContextsLoadAndSaveConcurrentlyWhileADaemonDies)
   ASSERT_NO_FATAL_FAILURE(OpenClient());
   std::vector<std::vector<BlockKey>> chains;
   for (int t = 0; t < kThreads * kRounds; ++t) chains.push_back(ChainOf(100 + t, kContextTokens));
-  std::atomic<int> served{0}, failed{0};
-  std::mutex first_mu;
-  std::condition_variable first_cv;
-  int first_rounds = 0;
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int r = 0; r < kRounds; ++r) {
-        // Each round serves a new chain and then the previous round's (cached) one.
+  // Each round serves a new chain and then the previous round's (cached) one;
+  // one daemon is killed once half the threads have written back a chain.
+  const testing::ServedCounts n = testing::RunEngineThreads(
+      kThreads, kRounds,
+      [&](int t, int r) {
+        std::vector<Status> got;
         for (int which : {t * kRounds + r, t * kRounds + std::max(0, r - 1)}) {
-          Status s = Serve(chains[which]);
-          (s.ok() ? served : failed) += 1;
-          if (!s.ok() && !s.IsUnavailable() && s.code() != StatusCode::kDeadlineExceeded) {
-            ADD_FAILURE() << "thread " << t << " round " << r << ": " << s.ToString();
-          }
+          got.push_back(Serve(chains[which]));
         }
-        if (r == 0) {
-          std::lock_guard<std::mutex> l(first_mu);
-          ++first_rounds;
-          first_cv.notify_all();
-        }
-      }
-    });
-  }
-  {
-    // Kill once every thread has written back one chain and is mid-flight.
-    std::unique_lock<std::mutex> l(first_mu);
-    first_cv.wait(l, [&] { return first_rounds >= kThreads / 2; });
-  }
-  daemons_[0]->Kill(SIGKILL);
-  for (std::thread& t : threads) t.join();
+        return got;
+      },
+      [&] { daemons_[0]->Kill(SIGKILL); });
   const client::ClientMetrics m = client_->metrics();
-  std::printf("served %d requests OK, %d reported a failure (write-backs to the dead daemon); "
-              "fallbacks to recompute %llu, blocks fallen back %llu, save failures %llu\n",
-              served.load(), failed.load(), static_cast<unsigned long long>(m.fallbacks_to_recompute),
-              static_cast<unsigned long long>(m.blocks_fallen_back),
-              static_cast<unsigned long long>(m.save_failures));
+  std::printf(
+      "served %d requests OK, %d reported a failure (write-backs to the dead daemon); "
+      "fallbacks to recompute %llu, blocks fallen back %llu, save failures %llu\n",
+      n.ok, n.failed, static_cast<unsigned long long>(m.fallbacks_to_recompute),
+      static_cast<unsigned long long>(m.blocks_fallen_back),
+      static_cast<unsigned long long>(m.save_failures));
   EXPECT_FALSE(wrong_bytes_) << "a load returned wrong bytes";
   EXPECT_EQ(m.crc_failures, 0u);
-  EXPECT_GT(served.load(), 0);
-  EXPECT_EQ(served.load() + failed.load(), kThreads * kRounds * 2);
+  EXPECT_GT(n.ok, 0);
+  EXPECT_EQ(n.ok + n.failed, kThreads * kRounds * 2);
 }
 
 // Daemons whose host pools hold only part of what they are sent: the rest

@@ -9,7 +9,6 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -185,34 +184,9 @@ TEST_F(ClientFaultInjectionTest, CorruptedPushesAndADeadDaemonNeverYieldAWrongBy
   transport::FaultRates rates;
   rates.corrupt_write_one_in = 5;  // one in five blocks' pushes from "corrupting"
   faults_->SetRates(rates);
-  std::atomic<int> served{0}, failed{0};
-  std::mutex first_mu;
-  std::condition_variable first_cv;
-  int first_rounds = 0;
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int r = 0; r < kRounds; ++r) {
-        Status s = Serve(chains[t]);
-        (s.ok() ? served : failed) += 1;
-        // Saves to the killed daemon fail until placement drops it.
-        if (!s.ok() && !s.IsUnavailable() && s.code() != StatusCode::kDeadlineExceeded) {
-          ADD_FAILURE() << "thread " << t << " round " << r << ": " << s.ToString();
-        }
-        if (r == 0) {
-          std::lock_guard<std::mutex> l(first_mu);
-          ++first_rounds;
-          first_cv.notify_all();
-        }
-      }
-    });
-  }
-  {
-    std::unique_lock<std::mutex> l(first_mu);
-    first_cv.wait(l, [&] { return first_rounds >= kThreads / 2; });
-  }
-  ASSERT_TRUE(cluster_->KillDaemon(1).ok());
-  for (std::thread& t : threads) t.join();
+  const testing::ServedCounts n = testing::RunEngineThreads(
+      kThreads, kRounds, [&](int t, int) { return std::vector<Status>{Serve(chains[t])}; },
+      [&] { EXPECT_TRUE(cluster_->KillDaemon(1).ok()); });
   faults_->SetRates({});
 
   const client::ClientMetrics m = client_->metrics();
@@ -221,7 +195,7 @@ TEST_F(ClientFaultInjectionTest, CorruptedPushesAndADeadDaemonNeverYieldAWrongBy
       "served %d requests OK, %d reported a failure; %llu blocks fetched; corrupted "
       "pushes %llu; CRC failures caught %llu; blocks fallen back %llu; requests "
       "throttled %llu\n",
-      served.load(), failed.load(), static_cast<unsigned long long>(fetched_.load()),
+      n.ok, n.failed, static_cast<unsigned long long>(fetched_.load()),
       static_cast<unsigned long long>(fc.corrupted_writes),
       static_cast<unsigned long long>(m.crc_failures),
       static_cast<unsigned long long>(m.blocks_fallen_back),
@@ -230,8 +204,8 @@ TEST_F(ClientFaultInjectionTest, CorruptedPushesAndADeadDaemonNeverYieldAWrongBy
   EXPECT_GT(fc.corrupted_writes, 0u) << "nothing was corrupted: the test proves nothing";
   EXPECT_GT(m.crc_failures, 0u) << "corrupted blocks were not caught by their CRC";
   EXPECT_GE(m.blocks_fallen_back, m.crc_failures > 0 ? 1u : 0u);
-  EXPECT_GT(served.load(), 0);
-  EXPECT_EQ(served.load() + failed.load(), kThreads * kRounds);
+  EXPECT_GT(n.ok, 0);
+  EXPECT_EQ(n.ok + n.failed, kThreads * kRounds);
 }
 
 }  // namespace

@@ -1,5 +1,12 @@
 #include "tests/test_engine.h"
 
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
 #include "client/streaming_attention.h"
 #include "gpu/cpu/cpu_device.h"
 
@@ -35,6 +42,40 @@ StatusOr<TestDevice> CreateTestDevice(const ModelFingerprint& model, std::uint32
   dopts.arena_bytes = scratch + (2 + pool_pages) * out.page_bytes;  // 2 staging + the pool
   KVF_ASSIGN_OR_RETURN(out.device, gpu::CreateCpuDevice(dopts));
   return out;
+}
+
+ServedCounts RunEngineThreads(int threads, int rounds,
+                              const std::function<std::vector<Status>(int t, int r)>& serve,
+                              const std::function<void()>& midway) {
+  std::atomic<int> ok{0}, failed{0};
+  std::mutex first_mu;
+  std::condition_variable first_cv;
+  int first_rounds = 0;
+  std::vector<std::thread> running;
+  for (int t = 0; t < threads; ++t) {
+    running.emplace_back([&, t] {
+      for (int r = 0; r < rounds; ++r) {
+        for (const Status& s : serve(t, r)) {
+          (s.ok() ? ok : failed) += 1;
+          if (!s.ok() && !s.IsUnavailable() && s.code() != StatusCode::kDeadlineExceeded) {
+            ADD_FAILURE() << "thread " << t << " round " << r << ": " << s.ToString();
+          }
+        }
+        if (r == 0) {
+          std::lock_guard<std::mutex> l(first_mu);
+          ++first_rounds;
+          first_cv.notify_all();
+        }
+      }
+    });
+  }
+  {
+    std::unique_lock<std::mutex> l(first_mu);
+    first_cv.wait(l, [&] { return first_rounds >= threads / 2; });
+  }
+  midway();
+  for (std::thread& t : running) t.join();
+  return {ok.load(), failed.load()};
 }
 
 }  // namespace kvfabric::testing

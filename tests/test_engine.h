@@ -4,10 +4,13 @@
 #define KVFABRIC_TESTS_TEST_ENGINE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/model_fingerprint.h"
+#include "core/status.h"
 #include "core/statusor.h"
 #include "gpu/device.h"
 
@@ -25,6 +28,21 @@ struct TestDevice {
 // plus 2 staging pages and `pool_pages` pool pages of `tile_tokens`.
 StatusOr<TestDevice> CreateTestDevice(const ModelFingerprint& model, std::uint32_t q_heads,
                                       std::uint32_t tile_tokens, std::uint32_t pool_pages);
+
+// Engine threads serving requests while something happens to the cluster:
+// `threads` threads each run serve(t, r) for r in [0, rounds), which returns
+// the status of every request it made. Once half the threads finished round
+// 0, `midway` runs on the calling thread (kill a daemon, say); then every
+// thread is joined. A failure other than Unavailable or DeadlineExceeded
+// (what a dead daemon's write-backs give) is a test failure naming the thread
+// and round.
+struct ServedCounts {
+  int ok = 0;
+  int failed = 0;
+};
+ServedCounts RunEngineThreads(int threads, int rounds,
+                              const std::function<std::vector<Status>(int t, int r)>& serve,
+                              const std::function<void()>& midway);
 
 }  // namespace kvfabric::testing
 
