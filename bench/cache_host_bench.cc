@@ -57,6 +57,7 @@
 #include "bench/kv_baselines.h"
 #include "client/cache_host_session.h"
 #include "client/data_plane_client.h"
+#include "core/block_format.h"
 #include "core/crc32c.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
 #include "transport/data_transport.h"
@@ -251,7 +252,7 @@ bool Batch(Conn& c, bool put, const std::string& get_mode, int conn, std::uint64
       b.set_key(Key(conn, first + k));
       b.set_payload_bytes(block);
       b.set_representation(v1::REPRESENTATION_EXACT);
-      b.set_format_version(1);
+      b.set_format_version(kBlockFormatVersion);
       b.set_token_count(16);
       b.set_prefix_tokens(16 * (first + k));
       blocks[k].crc32c = (*crcs)[k];

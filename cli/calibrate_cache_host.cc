@@ -19,6 +19,7 @@
 
 #include "cli/calibrate_internal.h"
 #include "client/data_plane_client.h"
+#include "core/block_format.h"
 #include "core/crc32c.h"
 #include "core/units.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
@@ -271,7 +272,7 @@ Status CacheHostTarget::Put(const BlockSplit& split, const std::vector<std::stri
     b.set_key(keys[k]);
     b.set_payload_bytes(split.block_bytes);
     b.set_representation(v1::REPRESENTATION_EXACT);
-    b.set_format_version(1);
+    b.set_format_version(kBlockFormatVersion);
     b.set_token_count(16);
     b.set_prefix_tokens(16 * k);
     blocks[k].crc32c = crcs[k];

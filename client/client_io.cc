@@ -9,6 +9,7 @@
 
 #include "client/client_impl.h"
 #include "client/client_log.h"
+#include "core/block_format.h"
 #include "core/crc32c.h"
 #include "proto/grpc_status.h"
 #include "transport/data_transport.h"
@@ -789,7 +790,7 @@ Status Client::Impl::SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs
     b.set_key(KeyBytes(j.key));
     b.set_payload_bytes(block_bytes_);
     b.set_representation(v1::REPRESENTATION_EXACT);
-    b.set_format_version(1);
+    b.set_format_version(kBlockFormatVersion);
     b.set_fingerprint_digest(fingerprint_digest_);
     b.set_token_count(static_cast<std::uint32_t>(tpb));
     b.set_prefix_tokens(tpb * j.block);

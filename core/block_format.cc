@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "core/crc32c.h"
 #include "core/model_fingerprint.h"
@@ -94,8 +95,13 @@ std::string ShapeString(const BlockHeader& h) {
 }
 
 Status UnsupportedVersion(std::uint16_t version) {
-  return Status::FailedPrecondition("unsupported block format version " + Num(version) +
-                                    " (this build reads version " + Num(kBlockFormatVersion) + ")");
+  return Status::FailedPrecondition(
+      "unsupported block format version " + Num(version) + " (this build reads versions " +
+      Num(kOldestReadableBlockFormatVersion) + " to " + Num(kBlockFormatVersion) + ")");
+}
+
+bool ReadableVersion(std::uint16_t version) {
+  return version >= kOldestReadableBlockFormatVersion && version <= kBlockFormatVersion;
 }
 
 // OK if `dtype` names a KvDtype whose number fits the header's u8 dtype byte,
@@ -152,13 +158,27 @@ StatusOr<std::uint64_t> ExactPayloadBytes(KvDtype dtype, std::uint32_t layers, s
   return bytes;
 }
 
+namespace {
+Status ValidateShape(const BlockHeader& h);
+}  // namespace
+
 Status ValidateBlockHeader(const BlockHeader& h) {
-  if (h.format_version != kBlockFormatVersion) {
+  if (!ReadableVersion(h.format_version)) {
     return UnsupportedVersion(h.format_version);
   }
   if ((h.flags & ~kKnownBlockFlags) != 0) {
     return Status::InvalidArgument("unknown block flag bits " + Hex32(h.flags & ~kKnownBlockFlags));
   }
+  KVF_RETURN_IF_ERROR(ValidateShape(h));
+  if (h.layers > kMaxBlockLayers) {
+    return Status::InvalidArgument("block of " + Num(h.layers) + " layers, more than " +
+                                   Num(kMaxBlockLayers) + " (kMaxBlockLayers)");
+  }
+  return Status::OK();
+}
+
+namespace {
+Status ValidateShape(const BlockHeader& h) {
   switch (h.representation) {
     case BlockRepresentation::kExact: {
       KVF_ASSIGN_OR_RETURN(const std::uint64_t expected,
@@ -191,6 +211,8 @@ Status ValidateBlockHeader(const BlockHeader& h) {
   return Status::InvalidArgument("unknown block representation " +
                                  Num(static_cast<std::uint8_t>(h.representation)));
 }
+
+}  // namespace
 
 Status EncodeBlockHeader(const BlockHeader& h, std::span<std::byte, kBlockHeaderBytes> out) {
   KVF_RETURN_IF_ERROR(ValidateBlockHeader(h));
@@ -236,7 +258,7 @@ StatusOr<BlockHeader> DecodeBlockHeader(std::span<const std::byte> in) {
   }
   BlockHeader h;
   h.format_version = GetU16(p + kOffVersion);
-  if (h.format_version != kBlockFormatVersion) {
+  if (!ReadableVersion(h.format_version)) {
     return UnsupportedVersion(h.format_version);
   }
   for (std::size_t off = kOffReserved; off < kOffHeaderCrc; ++off) {
@@ -306,6 +328,129 @@ Status SealBlock(BlockHeader* header, std::span<const std::byte> payload) {
   KVF_RETURN_IF_ERROR(ValidateBlockHeader(sealed));  // Before spending time on the CRC.
   sealed.payload_crc32c = crc32c::Value(payload);
   *header = sealed;
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------- layer CRCs
+
+std::uint64_t LayerCrcTableBytes(const BlockHeader& header) {
+  return header.format_version >= 2 ? std::uint64_t{4} * header.layers : 0;
+}
+
+std::uint64_t BlockRecordBytes(const BlockHeader& header) {
+  return kBlockHeaderBytes + header.payload_bytes + LayerCrcTableBytes(header);
+}
+
+StatusOr<std::uint32_t> LayerRangeCrc(std::span<const std::uint32_t> layer_crcs,
+                                      std::uint64_t layer_bytes, std::uint32_t first,
+                                      std::uint32_t count) {
+  if (count == 0 || first >= layer_crcs.size() || count > layer_crcs.size() - first) {
+    return Status::OutOfRange("layers [" + Num(first) + ", " + Num(std::uint64_t{first} + count) +
+                              ") of a block of " + Num(layer_crcs.size()) + " layers");
+  }
+  const std::uint32_t shift = crc32c::ShiftFor(layer_bytes);
+  std::uint32_t crc = layer_crcs[first];
+  for (std::uint32_t l = first + 1; l < first + count; ++l) {
+    crc = crc32c::CombineShifted(crc, layer_crcs[l], shift);
+  }
+  return crc;
+}
+
+Status ComputeLayerCrcs(const BlockHeader& header, std::span<const std::byte> payload,
+                        std::span<std::uint32_t> out) {
+  KVF_RETURN_IF_ERROR(ValidateBlockHeader(header));
+  if (out.size() != header.layers) {
+    return Status::InvalidArgument("room for " + Num(out.size()) + " layer CRCs, block has " +
+                                   Num(header.layers) + " layers");
+  }
+  if (payload.size() != header.payload_bytes) {
+    return Status::DataLoss("payload size mismatch: header says " + Num(header.payload_bytes) +
+                            " bytes, got " + Num(payload.size()));
+  }
+  const std::uint64_t layer_bytes = LayerBytes(header);
+  const std::uint32_t shift = crc32c::ShiftFor(layer_bytes);
+  std::uint32_t whole = 0;
+  for (std::uint32_t l = 0; l < header.layers; ++l) {
+    out[l] = crc32c::Value(payload.subspan(l * layer_bytes, layer_bytes));
+    whole = l == 0 ? out[l] : crc32c::CombineShifted(whole, out[l], shift);
+  }
+  if (whole != header.payload_crc32c) {
+    return Status::DataLoss("payload CRC mismatch: stored " + Hex32(header.payload_crc32c) +
+                            " computed " + Hex32(whole));
+  }
+  return Status::OK();
+}
+
+Status EncodeLayerCrcTable(const BlockHeader& header, std::span<const std::uint32_t> layer_crcs,
+                           std::span<std::byte> out) {
+  KVF_RETURN_IF_ERROR(ValidateBlockHeader(header));
+  if (header.format_version < 2) {
+    return Status::InvalidArgument("format version " + Num(header.format_version) +
+                                   " blocks carry no layer CRC table");
+  }
+  if (layer_crcs.size() != header.layers || out.size() != LayerCrcTableBytes(header)) {
+    return Status::InvalidArgument("layer CRC table of " + Num(layer_crcs.size()) + " CRCs into " +
+                                   Num(out.size()) + " bytes for a block of " + Num(header.layers) +
+                                   " layers");
+  }
+  KVF_ASSIGN_OR_RETURN(const std::uint32_t whole,
+                       LayerRangeCrc(layer_crcs, LayerBytes(header), 0, header.layers));
+  if (whole != header.payload_crc32c) {
+    return Status::InvalidArgument("layer CRCs fold to " + Hex32(whole) + ", header says " +
+                                   Hex32(header.payload_crc32c));
+  }
+  for (std::uint32_t l = 0; l < header.layers; ++l) {
+    PutU32(out.data() + 4 * std::size_t{l}, crc32c::Mask(layer_crcs[l]));
+  }
+  return Status::OK();
+}
+
+Status VerifyBlockBody(const BlockHeader& header, std::span<const std::byte> body,
+                       std::span<std::uint32_t> layer_crcs) {
+  KVF_RETURN_IF_ERROR(ValidateBlockHeader(header));
+  const std::uint64_t table_bytes = LayerCrcTableBytes(header);
+  if (body.size() != header.payload_bytes + table_bytes) {
+    return Status::DataLoss("block body size mismatch: header says " + Num(header.payload_bytes) +
+                            " payload + " + Num(table_bytes) + " table bytes, got " +
+                            Num(body.size()));
+  }
+  const std::span<const std::byte> payload = body.first(header.payload_bytes);
+  if (layer_crcs.empty() && table_bytes == 0) return VerifyPayload(header, payload);
+  // One pass: each layer's CRC, then the table (if any) and the fold.
+  std::uint32_t stack[64];
+  std::vector<std::uint32_t> heap;
+  std::span<std::uint32_t> crcs = layer_crcs;
+  if (crcs.empty()) {
+    if (header.layers <= 64) {
+      crcs = std::span<std::uint32_t>(stack, header.layers);
+    } else {
+      heap.resize(header.layers);
+      crcs = heap;
+    }
+  }
+  if (crcs.size() != header.layers) {
+    return Status::InvalidArgument("room for " + Num(crcs.size()) + " layer CRCs, block has " +
+                                   Num(header.layers) + " layers");
+  }
+  const std::uint64_t layer_bytes = LayerBytes(header);
+  const std::byte* table = body.data() + header.payload_bytes;
+  const std::uint32_t shift = crc32c::ShiftFor(layer_bytes);
+  std::uint32_t whole = 0;
+  for (std::uint32_t l = 0; l < header.layers; ++l) {
+    crcs[l] = crc32c::Value(payload.subspan(l * layer_bytes, layer_bytes));
+    if (table_bytes != 0) {
+      const std::uint32_t stored = crc32c::Unmask(GetU32(table + 4 * std::size_t{l}));
+      if (stored != crcs[l]) {
+        return Status::DataLoss("layer " + Num(l) + " CRC mismatch: stored " + Hex32(stored) +
+                                " computed " + Hex32(crcs[l]));
+      }
+    }
+    whole = l == 0 ? crcs[l] : crc32c::CombineShifted(whole, crcs[l], shift);
+  }
+  if (whole != header.payload_crc32c) {
+    return Status::DataLoss("payload CRC mismatch: stored " + Hex32(header.payload_crc32c) +
+                            " computed " + Hex32(whole));
+  }
   return Status::OK();
 }
 

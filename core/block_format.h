@@ -1,5 +1,6 @@
 // The on-disk and on-the-wire format of one KV-cache block: a fixed 128-byte
-// header followed by a layer-major payload. The byte-level specification, with
+// header followed by a layer-major payload and (format version 2) a table of
+// one CRC32C per layer slice. The byte-level specification, with
 // the table of offsets, the enum values and the versioning rule, is
 // docs/block-format.md; this file and that page must agree.
 //
@@ -42,8 +43,17 @@ inline constexpr std::size_t kBlockHeaderBytes = 128;
 // The first four header bytes: ASCII "KVFB".
 inline constexpr std::array<std::uint8_t, 4> kBlockMagic = {'K', 'V', 'F', 'B'};
 
-// The format version this build writes, and the only one it reads.
-inline constexpr std::uint16_t kBlockFormatVersion = 1;
+// The format version this build writes. Version 2 adds the layer CRC table
+// after the payload (a layer slice can be verified on its own, so a reader can
+// use layer 0 while later layers are still on their way); version 1 blocks
+// (no table) are still read, their layer CRCs computed from the payload.
+inline constexpr std::uint16_t kBlockFormatVersion = 2;
+inline constexpr std::uint16_t kOldestReadableBlockFormatVersion = 1;
+
+// Most layers one block may cover: 1024 (4 KiB of layer CRCs). Models have at
+// most a few hundred; the bound keeps the table a header can ask a reader to
+// hold small.
+inline constexpr std::uint32_t kMaxBlockLayers = 1024;
 
 // Largest payload a valid block may carry: 64 MiB. The largest realistic block
 // (e.g. 128 layers x 2 x 16 tokens x 8 kv heads x 128 dims x fp32 = 32 MiB)
@@ -108,10 +118,11 @@ StatusOr<std::uint64_t> ExactPayloadBytes(KvDtype dtype, std::uint32_t layers, s
                                           std::uint32_t kv_heads, std::uint32_t head_dim);
 
 // Returns OK if `header` describes a block this build can read and lay out:
-// FailedPrecondition for a format version other than kBlockFormatVersion;
+// FailedPrecondition for a format version outside
+// [kOldestReadableBlockFormatVersion, kBlockFormatVersion];
 // InvalidArgument for an unknown representation or dtype, unknown flag bits, a
-// zero dimension, or a payload size that is zero, above kMaxBlockPayloadBytes,
-// or not what the shape requires (exact: ExactPayloadBytes(); compact: a
+// zero dimension, more than kMaxBlockLayers layers, or a payload size that is zero, above
+// kMaxBlockPayloadBytes, or not what the shape requires (exact: ExactPayloadBytes(); compact: a
 // multiple of 2 x layers, so that layers and halves split evenly).
 // Does not look at the CRC fields.
 Status ValidateBlockHeader(const BlockHeader& header);
@@ -156,6 +167,49 @@ StatusOr<PayloadSlice> ValueSlice(const BlockHeader& header, std::uint32_t layer
 // header.payload_bytes, and DataLoss "payload CRC mismatch: stored 0x...
 // computed 0x..." when the CRC32C differs.
 Status VerifyPayload(const BlockHeader& header, std::span<const std::byte> payload);
+
+// ---- Layer CRCs (format version 2) ----
+// A version 2 block is stored as header, payload, then the layer CRC table:
+// `layers` u32, entry l the masked CRC32C of LayerSlice(l). The table is tied
+// to the header: folding its CRCs in order (crc32c::Combine) gives the
+// header's payload_crc32c, so a table that disagrees with its header is
+// DataLoss, and every layer checked against its entry means the payload is
+// the one the header's CRC names.
+
+// Bytes of the layer CRC table: 4 x layers for version 2, 0 for version 1.
+// REQUIRES: ValidateBlockHeader(header).ok().
+std::uint64_t LayerCrcTableBytes(const BlockHeader& header);
+// Header, payload and layer CRC table: the bytes a block occupies when stored.
+// REQUIRES: ValidateBlockHeader(header).ok().
+std::uint64_t BlockRecordBytes(const BlockHeader& header);
+
+// The CRC32C of layer slices [first, first + count) as one byte range, from
+// the slices' CRCs `layer_crcs` (no bytes read): what a reader of that range
+// checks it against. OutOfRange when the range leaves `layer_crcs`.
+StatusOr<std::uint32_t> LayerRangeCrc(std::span<const std::uint32_t> layer_crcs,
+                                      std::uint64_t layer_bytes, std::uint32_t first,
+                                      std::uint32_t count);
+
+// Computes each layer slice's CRC32C of `payload` into `out` (one pass) and
+// checks that they fold to header.payload_crc32c: VerifyPayload()'s errors,
+// and InvalidArgument if out.size() != header.layers.
+Status ComputeLayerCrcs(const BlockHeader& header, std::span<const std::byte> payload,
+                        std::span<std::uint32_t> out);
+
+// Writes the layer CRC table of `header` (version 2) into `out`
+// (LayerCrcTableBytes() bytes). InvalidArgument for a version 1 header, a
+// wrong count or size, or CRCs that do not fold to header.payload_crc32c.
+Status EncodeLayerCrcTable(const BlockHeader& header, std::span<const std::uint32_t> layer_crcs,
+                           std::span<std::byte> out);
+
+// Checks a stored block's body (payload, then for version 2 its layer CRC
+// table) against `header` and fills `layer_crcs` (header.layers entries; may
+// be empty to skip) with each layer's CRC. DataLoss when the body's size is
+// not payload + table, a table entry differs from its slice (naming the
+// layer), or the payload's CRC differs from the header's; version 1 bodies
+// are checked as VerifyPayload() does, their layer CRCs computed.
+Status VerifyBlockBody(const BlockHeader& header, std::span<const std::byte> body,
+                       std::span<std::uint32_t> layer_crcs);
 
 // Sets header->payload_bytes and header->payload_crc32c from `payload`, then
 // validates. On error (ValidateBlockHeader()'s, e.g. a payload whose size does

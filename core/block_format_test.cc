@@ -114,7 +114,7 @@ TEST(BlockFormatTest, EncodingPlacesFieldsAtDocumentedOffsets) {
   expected[1] = std::byte{'V'};
   expected[2] = std::byte{'F'};
   expected[3] = std::byte{'B'};
-  PutLE(expected, 4, 1, 2);  // format version
+  PutLE(expected, 4, 2, 2);  // format version
   PutLE(expected, 6, 1, 1);  // representation: exact
   PutLE(expected, 7, 3, 1);  // dtype: fp32
   PutLE(expected, 8, 0, 4);  // flags
@@ -206,7 +206,7 @@ TEST(BlockFormatTest, RejectsNonzeroReservedBytesEvenWithValidCrc) {
 }
 
 TEST(BlockFormatTest, RejectsUnsupportedVersion) {
-  for (std::uint16_t version : {0, 2, 0xFFFF}) {
+  for (std::uint16_t version : {0, 3, 0xFFFF}) {
     Header bytes = Encode(SmallHeader());
     PutLE(bytes, 4, version, 2);
     Reseal(bytes);
@@ -215,9 +215,96 @@ TEST(BlockFormatTest, RejectsUnsupportedVersion) {
     EXPECT_TRUE(Contains(s, "version " + std::to_string(version))) << s;
   }
   BlockHeader h = SmallHeader();
-  h.format_version = 2;
+  h.format_version = 3;
   Header out{};
   EXPECT_EQ(EncodeBlockHeader(h, out).code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(BlockFormatTest, ReadsVersionOneHeadersAndWritesVersionTwo) {
+  EXPECT_EQ(SmallHeader().format_version, 2);
+  BlockHeader v1 = SmallHeader();
+  v1.format_version = 1;
+  const StatusOr<BlockHeader> decoded = DecodeBlockHeader(Encode(v1));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->format_version, 1);
+  EXPECT_EQ(LayerCrcTableBytes(*decoded), 0u);
+  EXPECT_EQ(BlockRecordBytes(*decoded), kBlockHeaderBytes + v1.payload_bytes);
+  EXPECT_EQ(LayerCrcTableBytes(SmallHeader()), 4u * SmallHeader().layers);
+}
+
+TEST(BlockFormatTest, RefusesMoreLayersThanTheTableBound) {
+  BlockHeader h = ExactHeader(KvDtype::kInt8, kMaxBlockLayers, 1, 1, 1);
+  EXPECT_TRUE(ValidateBlockHeader(h).ok());
+  h = ExactHeader(KvDtype::kInt8, kMaxBlockLayers, 1, 1, 1);
+  h.layers = kMaxBlockLayers + 1;
+  h.payload_bytes = std::uint64_t{2} * h.layers;
+  const Status s = ValidateBlockHeader(h);
+  EXPECT_TRUE(s.IsInvalidArgument()) << s;
+  EXPECT_TRUE(Contains(s, "kMaxBlockLayers")) << s;
+}
+
+// A version 2 block: header, payload, layer CRC table. Every layer verifies
+// on its own, the table folds to the header's CRC, and a flipped bit in a
+// slice or in the table is DataLoss naming the layer.
+TEST(BlockFormatTest, LayerCrcTableVerifiesEachLayerAndTiesToTheHeader) {
+  const std::uint64_t seed =
+      TestSeed("BlockFormatTest.LayerCrcTableVerifiesEachLayerAndTiesToTheHeader");
+  std::mt19937 rng(seed);
+  BlockHeader h = ExactHeader(KvDtype::kFp16, 6, 16, 2, 16);  // 6 x 1024 bytes
+  std::vector<std::byte> body = RandomBytes(h.payload_bytes + LayerCrcTableBytes(h), rng);
+  const std::span<std::byte> payload = std::span<std::byte>(body).first(h.payload_bytes);
+  ASSERT_TRUE(SealBlock(&h, payload).ok());
+  std::vector<std::uint32_t> crcs(h.layers);
+  ASSERT_TRUE(ComputeLayerCrcs(h, payload, crcs).ok());
+  const std::uint64_t layer_bytes = h.payload_bytes / h.layers;
+  for (std::uint32_t l = 0; l < h.layers; ++l) {
+    EXPECT_EQ(crcs[l], crc32c::Value(payload.subspan(l * layer_bytes, layer_bytes)));
+  }
+  // A range's CRC from the table equals the CRC of its bytes.
+  for (std::uint32_t first = 0; first < h.layers; ++first) {
+    for (std::uint32_t count = 1; first + count <= h.layers; ++count) {
+      EXPECT_EQ(LayerRangeCrc(crcs, layer_bytes, first, count).value(),
+                crc32c::Value(payload.subspan(first * layer_bytes, count * layer_bytes)));
+    }
+  }
+  EXPECT_EQ(LayerRangeCrc(crcs, layer_bytes, 5, 2).status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(LayerRangeCrc(crcs, layer_bytes, 0, 0).status().code(), StatusCode::kOutOfRange);
+
+  const std::span<std::byte> table = std::span<std::byte>(body).subspan(h.payload_bytes);
+  ASSERT_TRUE(EncodeLayerCrcTable(h, crcs, table).ok());
+  std::vector<std::uint32_t> read(h.layers);
+  ASSERT_TRUE(VerifyBlockBody(h, body, read).ok()) << VerifyBlockBody(h, body, read);
+  EXPECT_EQ(read, crcs);
+  EXPECT_TRUE(VerifyBlockBody(h, body, {}).ok());
+
+  for (int trial = 0; trial < 64; ++trial) {
+    const std::size_t i = rng() % body.size();
+    const auto flip = static_cast<std::byte>(1u << (rng() % 8));
+    body[i] ^= flip;
+    const Status s = VerifyBlockBody(h, body, {});
+    ASSERT_TRUE(s.IsDataLoss()) << "byte " << i << " seed " << seed << ": " << s;
+    const std::uint64_t layer = i < h.payload_bytes ? i / layer_bytes : (i - h.payload_bytes) / 4;
+    ASSERT_TRUE(Contains(s, "layer " + std::to_string(layer) + " CRC mismatch"))
+        << "byte " << i << ": " << s;
+    body[i] ^= flip;
+  }
+  // CRCs that do not fold to the header's CRC are not written.
+  crcs[3] ^= 1;
+  EXPECT_TRUE(EncodeLayerCrcTable(h, crcs, table).IsInvalidArgument());
+  // A consistent table that disagrees with the header: DataLoss.
+  BlockHeader other = h;
+  other.payload_crc32c ^= 1;
+  EXPECT_TRUE(VerifyBlockBody(other, body, {}).IsDataLoss());
+  // The body must be payload + table.
+  EXPECT_TRUE(
+      VerifyBlockBody(h, std::span<const std::byte>(body).first(h.payload_bytes), {}).IsDataLoss());
+  // Version 1: no table, layer CRCs still computed from the payload.
+  BlockHeader v1 = h;
+  v1.format_version = 1;
+  EXPECT_TRUE(EncodeLayerCrcTable(v1, read, table).IsInvalidArgument());
+  std::vector<std::uint32_t> from_v1(h.layers);
+  ASSERT_TRUE(VerifyBlockBody(v1, payload, from_v1).ok());
+  EXPECT_EQ(from_v1, read);
 }
 
 TEST(BlockFormatTest, RejectsUnknownRepresentationAndDtype) {

@@ -213,4 +213,53 @@ std::uint32_t Extend(std::uint32_t crc, const void* data, std::size_t n) {
   return internal::ExtendPortable(crc, data, n);
 }
 
+namespace {
+
+// Polynomials over GF(2) modulo the CRC polynomial, in the CRC's reflected
+// bit order: bit 31 holds the coefficient of x^0, bit 0 that of x^31.
+constexpr std::uint32_t kReflectedPoly = 0x82f63b78u;
+
+// a * b mod P.
+std::uint32_t MulModP(std::uint32_t a, std::uint32_t b) {
+  std::uint32_t product = 0;
+  for (std::uint32_t m = 1u << 31; m != 0 && a != 0; m >>= 1) {
+    if ((a & m) != 0) {
+      product ^= b;
+      a ^= m;
+    }
+    b = (b & 1u) != 0 ? (b >> 1) ^ kReflectedPoly : b >> 1;  // b *= x
+  }
+  return product;
+}
+
+// x^(2^k) mod P for k = 0..66 (enough for a length in bytes of 64 bits).
+struct PowerTable {
+  std::uint32_t x2k[67];
+  PowerTable() {
+    x2k[0] = 1u << 30;  // x^1
+    for (int k = 1; k < 67; ++k) x2k[k] = MulModP(x2k[k - 1], x2k[k - 1]);
+  }
+};
+
+}  // namespace
+
+std::uint32_t ShiftFor(std::uint64_t len_b) {
+  static const PowerTable kTable;
+  std::uint32_t shift = 1u << 31;  // x^0
+  for (int k = 3; len_b != 0; len_b >>= 1, ++k) {
+    if ((len_b & 1u) != 0) shift = MulModP(kTable.x2k[k], shift);
+  }
+  return shift;  // x^(8 len_b) mod P
+}
+
+std::uint32_t CombineShifted(std::uint32_t crc_a, std::uint32_t crc_b, std::uint32_t shift) {
+  // With the standard pre- and post-inversion, the register algebra gives
+  // CRC(A ++ B) = CRC(A) * x^(8 len_b) mod P  xor  CRC(B).
+  return MulModP(shift, crc_a) ^ crc_b;
+}
+
+std::uint32_t Combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t len_b) {
+  return CombineShifted(crc_a, crc_b, ShiftFor(len_b));
+}
+
 }  // namespace kvfabric::crc32c

@@ -37,6 +37,18 @@ inline std::uint32_t Extend(std::uint32_t crc, std::span<const std::byte> bytes)
   return Extend(crc, bytes.data(), bytes.size());
 }
 
+// Returns the CRC32C of concat(A, B) from crc_a = Value(A), crc_b = Value(B)
+// and B's length, without reading the bytes: O(log len_b) carry-less
+// multiplications modulo the polynomial, about a microsecond. Lets a block's
+// whole-payload CRC be derived from its per-layer CRCs (core/block_format.h).
+std::uint32_t Combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t len_b);
+
+// Combine() split in two, for folding many pieces of one length:
+// CombineShifted(a, b, ShiftFor(n)) == Combine(a, b, n), and costs one
+// multiplication (ShiftFor() is the O(log n) part).
+std::uint32_t ShiftFor(std::uint64_t len_b);
+std::uint32_t CombineShifted(std::uint32_t crc_a, std::uint32_t crc_b, std::uint32_t shift);
+
 // Computing the CRC of a string that contains embedded CRCs tends to give
 // degenerate results (the CRC of data followed by its own CRC is a constant),
 // so a CRC stored next to the data it covers is stored masked. Same rotation

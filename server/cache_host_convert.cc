@@ -260,10 +260,14 @@ StatusOr<cache_host::BlockMeta> BlockMetaFromDescriptor(const v1::BlockDescripto
   }
   StatusOr<BlockRepresentation> representation = RepresentationFromProto(d.representation());
   if (!representation.ok()) return representation.status().WithContext(f);
-  if (d.format_version() != kBlockFormatVersion) {
+  // Versions 1 and 2 lay the payload out alike (version 2 adds the layer
+  // CRC table the daemon stores beside it), so a writer may name either.
+  if (d.format_version() < kOldestReadableBlockFormatVersion ||
+      d.format_version() > kBlockFormatVersion) {
     return Status::InvalidArgument(
         f + ".format_version: " + (d.format_version() == 0 ? "unset" : Num(d.format_version())) +
-        "; this daemon accepts " + Num(kBlockFormatVersion));
+        "; this daemon accepts " + Num(kOldestReadableBlockFormatVersion) + " to " +
+        Num(kBlockFormatVersion));
   }
   if (d.token_count() != fp.tokens_per_block) {
     return Status::InvalidArgument(f + ".token_count: " + Num(d.token_count()) +

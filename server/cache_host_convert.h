@@ -129,8 +129,8 @@ StatusOr<cache_host::BlockMeta> BlockMetaFromDescriptor(const v1::BlockDescripto
                                                         const FingerprintDigest& digest,
                                                         std::string_view field);
 
-// A committed block's descriptor. format_version is kBlockFormatVersion, the
-// only one this build accepts.
+// A committed block's descriptor. format_version is kBlockFormatVersion (the
+// daemon keeps a CRC per layer slice of every block it holds).
 void DescriptorFromMeta(const BlockKey& key, const cache_host::BlockMeta& meta,
                         std::uint32_t crc32c, v1::BlockDescriptor* out);
 

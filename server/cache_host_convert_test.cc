@@ -43,7 +43,7 @@ v1::BlockDescriptor ExactDescriptor(std::uint8_t fill) {
   d.set_key(KeyBytes(fill));
   d.set_payload_bytes(kExactBytes);
   d.set_representation(v1::REPRESENTATION_EXACT);
-  d.set_format_version(1);
+  d.set_format_version(2);
   d.set_token_count(16);
   d.set_prefix_tokens(32);
   return d;
@@ -250,6 +250,9 @@ TEST_F(CacheHostDescriptorTest, CompleteDescriptorBecomesBlockMeta) {
   v1::BlockDescriptor back;
   DescriptorFromMeta(*BlockKeyFromProto(d.key(), "key"), *meta, 1234, &back);
   EXPECT_EQ(back.SerializeAsString(), d.SerializeAsString());
+  // Writers of format version 1 (same payload layout) are still accepted.
+  d.set_format_version(1);
+  EXPECT_TRUE(Meta(d).ok()) << Meta(d).status();
 }
 
 // Issue 17: prefix_tokens feeds the cost-aware eviction score; a hostile
@@ -294,9 +297,9 @@ TEST_F(CacheHostDescriptorTest, BadDescriptorIsInvalidArgumentNamingTheEntryAndF
   message(d);
   d = ExactDescriptor(3);
   d.clear_format_version();
-  EXPECT_EQ(message(d), "blocks[2].format_version: unset; this daemon accepts 1");
-  d.set_format_version(2);
-  EXPECT_EQ(message(d), "blocks[2].format_version: 2; this daemon accepts 1");
+  EXPECT_EQ(message(d), "blocks[2].format_version: unset; this daemon accepts 1 to 2");
+  d.set_format_version(3);
+  EXPECT_EQ(message(d), "blocks[2].format_version: 3; this daemon accepts 1 to 2");
   d = ExactDescriptor(3);
   d.set_token_count(8);
   EXPECT_EQ(message(d),

@@ -64,7 +64,7 @@ v1::BlockDescriptor Block(int i, std::uint64_t payload_bytes = kExactBytes) {
   d.set_payload_bytes(payload_bytes);
   d.set_representation(payload_bytes == kExactBytes ? v1::REPRESENTATION_EXACT
                                                     : v1::REPRESENTATION_COMPACT_INT8);
-  d.set_format_version(1);
+  d.set_format_version(2);
   d.set_token_count(16);
   d.set_prefix_tokens(16 * static_cast<std::uint64_t>(i));
   return d;
@@ -361,7 +361,7 @@ TEST_F(CacheHostServiceTest, BadDescriptorIsAnsweredInItsEntryOnly) {
   EXPECT_EQ(resp.results(1).extents_size(), 0);
   EXPECT_EQ(resp.results(2).status().code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(resp.results(2).status().message(),
-            "blocks[2].format_version: unset; this daemon accepts 1");
+            "blocks[2].format_version: unset; this daemon accepts 1 to 2");
 
   // Nothing valid: no grant at all.
   v1::ReserveResponse none;
@@ -481,7 +481,7 @@ TEST_F(CacheHostServiceTest, CommittedBlockIsVisibleAndCannotBeReservedAgain) {
   EXPECT_EQ(found.block().payload_bytes(), kExactBytes);
   EXPECT_EQ(found.block().crc32c(), ZerosCrc(kExactBytes));
   EXPECT_EQ(found.block().representation(), v1::REPRESENTATION_EXACT);
-  EXPECT_EQ(found.block().format_version(), 1u);
+  EXPECT_EQ(found.block().format_version(), 2u);
   EXPECT_EQ(found.block().fingerprint_digest().size(), 32u);
   EXPECT_EQ(found.block().token_count(), 16u);
   EXPECT_EQ(found.block().prefix_tokens(), 16u);

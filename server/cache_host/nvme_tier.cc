@@ -248,9 +248,9 @@ void NvmeTier::Demote(const BlockHeader& header, std::span<const std::byte> payl
         Status::InvalidArgument("demote: payload of " + std::to_string(payload.size()) +
                                 " bytes, header says " + std::to_string(header.payload_bytes));
   }
-  if (invalid.ok() && AlignUp(kBlockHeaderBytes + payload.size(), alignment_) > staging_.size()) {
+  if (invalid.ok() && AlignUp(BlockRecordBytes(header), alignment_) > staging_.size()) {
     invalid = Status::InvalidArgument(
-        "demote: record of " + std::to_string(kBlockHeaderBytes + payload.size()) +
+        "demote: record of " + std::to_string(BlockRecordBytes(header)) +
         " bytes is larger than max_group_bytes " + std::to_string(staging_.size()));
   }
   if (!invalid.ok()) {
@@ -291,7 +291,7 @@ void NvmeTier::CommitterLoop() {
       size_t end = begin;
       uint64_t bytes = 0;
       while (end < group_.size()) {
-        const uint64_t padded = AlignUp(kBlockHeaderBytes + group_[end].payload.size(), alignment_);
+        const uint64_t padded = AlignUp(BlockRecordBytes(group_[end].header), alignment_);
         if (end > begin && bytes + padded > staging_.size()) break;
         bytes += padded;
         ++end;
@@ -370,7 +370,7 @@ void NvmeTier::CommitGroup(size_t begin, size_t end) {
   for (size_t i = begin; i < end; ++i) {
     Pending& p = group_[i];
     Slot& slot = slots[i - begin];
-    const uint64_t stored = kBlockHeaderBytes + p.payload.size();
+    const uint64_t stored = BlockRecordBytes(p.header);
     const uint64_t padded = AlignUp(stored, alignment_);
     std::span<std::byte> record = staging_.span().subspan(staged, padded);
     slot.status = EncodeBlockHeader(p.header, record.first<kBlockHeaderBytes>());
@@ -378,9 +378,19 @@ void NvmeTier::CommitGroup(size_t begin, size_t end) {
     std::memcpy(record.data() + kBlockHeaderBytes, p.payload.data(), p.payload.size());
     std::memset(record.data() + stored, 0, padded - stored);
     // Verify the copy we are about to write, so a block damaged in host
-    // memory is refused here rather than found bad after a restart.
-    slot.status = VerifyPayload(p.header, record.subspan(kBlockHeaderBytes, p.payload.size()));
+    // memory is refused here rather than found bad after a restart; the same
+    // pass computes the layer CRCs (format version 2's table after the
+    // payload), which must fold to the header's CRC.
+    layer_crcs_.resize(p.header.layers);
+    const std::span<const std::byte> written = record.subspan(kBlockHeaderBytes, p.payload.size());
+    slot.status = ComputeLayerCrcs(p.header, written, layer_crcs_);
     if (!slot.status.ok()) continue;
+    if (LayerCrcTableBytes(p.header) != 0) {
+      slot.status = EncodeLayerCrcTable(
+          p.header, layer_crcs_,
+          record.subspan(kBlockHeaderBytes + p.payload.size(), LayerCrcTableBytes(p.header)));
+      if (!slot.status.ok()) continue;
+    }
 
     const bool roll = active_ == nullptr || active_end + padded > options_.segment_bytes;
     const uint64_t needed = padded + (roll ? alignment_ : 0);
@@ -499,7 +509,7 @@ std::shared_ptr<NvmeTier::Segment> NvmeTier::FindSegment(const NvmeLocation& loc
                                                          Status* error) const {
   const uint64_t padded = AlignUp(location.bytes, alignment_);
   if (location.bytes <= kBlockHeaderBytes ||
-      location.bytes > kBlockHeaderBytes + kMaxBlockPayloadBytes ||
+      location.bytes > kBlockHeaderBytes + kMaxBlockPayloadBytes + 4 * kMaxBlockLayers ||
       location.offset % alignment_ != 0 || location.offset < alignment_) {
     *error =
         Status::InvalidArgument("NVMe location segment " + std::to_string(location.segment_id) +
@@ -518,7 +528,8 @@ std::shared_ptr<NvmeTier::Segment> NvmeTier::FindSegment(const NvmeLocation& loc
 }
 
 StatusOr<BlockHeader> NvmeTier::Read(const NvmeLocation& location, const BlockDigest& expected_key,
-                                     std::span<std::byte> dst) {
+                                     std::span<std::byte> dst,
+                                     std::vector<std::uint32_t>* layer_crcs) {
   const uint64_t padded = AlignUp(location.bytes, alignment_);
   if (dst.size() < padded || reinterpret_cast<uintptr_t>(dst.data()) % alignment_ != 0) {
     return Status::InvalidArgument("NVMe read: buffer of " + std::to_string(dst.size()) +
@@ -550,8 +561,7 @@ StatusOr<BlockHeader> NvmeTier::Read(const NvmeLocation& location, const BlockDi
   StatusOr<BlockHeader> header = DecodeBlockHeader(block);
   if (!header.ok()) {
     damage = header.status();
-  } else if (header->key != expected_key ||
-             kBlockHeaderBytes + header->payload_bytes != location.bytes) {
+  } else if (header->key != expected_key || BlockRecordBytes(*header) != location.bytes) {
     return Status::FailedPrecondition(
         "NVMe location segment " + std::to_string(location.segment_id) + " offset " +
         std::to_string(location.offset) + " holds block " + HexPrefix(header->key) + "..., not " +
@@ -559,7 +569,12 @@ StatusOr<BlockHeader> NvmeTier::Read(const NvmeLocation& location, const BlockDi
   } else if (block.size() < location.bytes) {
     damage = Status::DataLoss("segment file ends inside the block");
   } else {
-    damage = VerifyPayload(*header, block.subspan(kBlockHeaderBytes, header->payload_bytes));
+    // Payload and (version 2) its layer CRC table; version 1 blocks get
+    // their layer CRCs computed in the same pass.
+    if (layer_crcs != nullptr) layer_crcs->resize(header->layers);
+    damage = VerifyBlockBody(
+        *header, block.subspan(kBlockHeaderBytes, location.bytes - kBlockHeaderBytes),
+        layer_crcs != nullptr ? std::span<std::uint32_t>(*layer_crcs) : std::span<std::uint32_t>());
   }
   if (damage.ok()) {
     MutexLock lock(&mu_);
@@ -603,12 +618,11 @@ Status NvmeTier::RemoveRecord(const NvmeLocation& location, const BlockDigest* e
   }
   StatusOr<BlockHeader> header = DecodeBlockHeader(remove_unit_.span());
   if (expected_key != nullptr && header.ok() &&
-      (header->key != *expected_key ||
-       kBlockHeaderBytes + header->payload_bytes != location.bytes)) {
-    return Status::FailedPrecondition(
-        "NVMe location holds block " + HexPrefix(header->key) + "... of " +
-        std::to_string(kBlockHeaderBytes + header->payload_bytes) + " bytes, not " +
-        HexPrefix(*expected_key) + "... of " + std::to_string(location.bytes));
+      (header->key != *expected_key || BlockRecordBytes(*header) != location.bytes)) {
+    return Status::FailedPrecondition("NVMe location holds block " + HexPrefix(header->key) +
+                                      "... of " + std::to_string(BlockRecordBytes(*header)) +
+                                      " bytes, not " + HexPrefix(*expected_key) + "... of " +
+                                      std::to_string(location.bytes));
   }
   Tombstone tombstone;
   tombstone.record_bytes = AlignUp(location.bytes, alignment_);

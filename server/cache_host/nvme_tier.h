@@ -178,7 +178,10 @@ class NvmeTier {
   uint64_t ReadBufferBytes(const NvmeLocation& location) const;
 
   // Reads the block at `location` into dst (its header in the first 128 bytes,
-  // the payload after it, then padding) and returns its verified header.
+  // the payload after it, then for format version 2 its layer CRC table, then
+  // padding) and returns its verified header; with `layer_crcs`, also each
+  // layer slice's verified CRC (from the table, or computed for a version 1
+  // block in the same pass). Blocks are written in format version 2.
   // Errors: NotFound (no such segment, or the block was removed);
   // FailedPrecondition (the location holds another key or size: the caller's
   // index is wrong; nothing is removed); DataLoss (the block failed its header
@@ -186,7 +189,8 @@ class NvmeTier {
   // block is kept). InvalidArgument if dst is misaligned or too small.
   // REQUIRES: dst.data() aligned to alignment(); dst.size() >= ReadBufferBytes().
   StatusOr<BlockHeader> Read(const NvmeLocation& location, const BlockDigest& expected_key,
-                             std::span<std::byte> dst);
+                             std::span<std::byte> dst,
+                             std::vector<std::uint32_t>* layer_crcs = nullptr);
 
   // Removes the block at `location`: writes a tombstone over its record and
   // syncs it, so it does not come back after a restart; deletes the segment
@@ -248,6 +252,7 @@ class NvmeTier {
 
   // Committer thread only.
   std::vector<Pending> group_;
+  std::vector<std::uint32_t> layer_crcs_;  // committer thread: one record's layer CRCs
   std::vector<IoRequest> requests_;
   std::vector<Slot> slots_;
   std::vector<std::shared_ptr<Segment>> touched_;

@@ -169,7 +169,8 @@ TEST_F(NvmeTierTest, DemotedBlocksReadBackExactly) {
     auto loc = tier_->DemoteAndWait(blocks.back().header, blocks.back().payload);
     ASSERT_TRUE(loc.ok()) << loc.status();
     EXPECT_EQ(loc->offset % tier_->alignment(), 0u);
-    EXPECT_EQ(loc->bytes, kBlockHeaderBytes + blocks.back().payload.size());
+    // Format version 2: header, payload, one CRC per layer.
+    EXPECT_EQ(loc->bytes, kBlockHeaderBytes + blocks.back().payload.size() + 4 * layers);
     locations.push_back(*loc);
   }
   for (size_t i = 0; i < blocks.size(); ++i) ExpectReadsBack(locations[i], blocks[i]);
@@ -312,6 +313,51 @@ TEST_F(NvmeTierTest, CorruptPayloadIsDataLossCountedRemovedAndNotRecovered) {
   EXPECT_EQ(report_.recovered, 2u);
   EXPECT_EQ(report_.tombstones, 1u);
   for (const RecoveredBlock& b : recovered_) EXPECT_NE(b.header.key, blocks[1].header.key);
+}
+
+// Blocks written in format version 1 (no layer CRC table) by an older daemon
+// are recovered and read beside version 2 ones, and both give their layer
+// CRCs; a flipped bit in a version 2 layer table is DataLoss naming the layer.
+TEST_F(NvmeTierTest, VersionOneAndTwoRecordsRecoverAndGiveTheirLayerCrcs) {
+  std::mt19937_64 rng(11);
+  Reopen();
+  std::vector<TestBlock> blocks;
+  std::vector<NvmeLocation> locs;
+  for (int i = 0; i < 4; ++i) {
+    blocks.push_back(MakeBlock(rng, 5));
+    if (i % 2 == 0) blocks.back().header.format_version = 1;
+    auto loc = tier_->DemoteAndWait(blocks.back().header, blocks.back().payload);
+    ASSERT_TRUE(loc.ok()) << loc.status();
+    EXPECT_EQ(loc->bytes, BlockRecordBytes(blocks.back().header));
+    locs.push_back(*loc);
+  }
+  EXPECT_EQ(locs[0].bytes + 20, locs[1].bytes);
+  Crash();
+  Reopen();
+  ASSERT_EQ(report_.recovered, 4u);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    auto buf = AlignedBuffer::Allocate(tier_->ReadBufferBytes(locs[i]), tier_->alignment());
+    ASSERT_TRUE(buf.ok());
+    std::vector<std::uint32_t> crcs;
+    auto header = tier_->Read(locs[i], blocks[i].header.key, buf->span(), &crcs);
+    ASSERT_TRUE(header.ok()) << header.status();
+    EXPECT_EQ(header->format_version, i % 2 == 0 ? 1 : 2);
+    ASSERT_EQ(crcs.size(), 5u);
+    for (std::uint32_t l = 0; l < 5; ++l) {
+      EXPECT_EQ(
+          crcs[l],
+          crc32c::Value(
+              std::span<const std::byte>(blocks[i].payload).subspan(std::size_t{l} * 512, 512)))
+          << "block " << i << " layer " << l;
+    }
+  }
+  // Layer 3's table entry of block 1 (version 2).
+  ASSERT_TRUE(env_.CorruptBytes(SegmentPath(1),
+                                locs[1].offset + kBlockHeaderBytes + 5 * 512 + 3 * 4 + 1, 1, 9)
+                  .ok());
+  const Status s = ReadStatus(locs[1], blocks[1].header.key);
+  EXPECT_TRUE(s.IsDataLoss()) << s;
+  EXPECT_NE(s.message().find("layer 3 CRC mismatch"), std::string_view::npos) << s;
 }
 
 TEST_F(NvmeTierTest, RecoveryDropsCorruptBlocksItHasNotRead) {

@@ -95,7 +95,7 @@ StatusOr<SegmentScan> ScanSegment(IoEngine& engine, IoFile& file, uint64_t segme
       continue;
     }
     in_bad_region = false;
-    const uint64_t stored = kBlockHeaderBytes + block->payload_bytes;
+    const uint64_t stored = BlockRecordBytes(*block);
     const uint64_t padded = AlignUp(stored, unit_bytes);
     if (offset + stored > scan.file_bytes) {
       ++scan.torn;  // cut by the end of the file
@@ -110,9 +110,10 @@ StatusOr<SegmentScan> ScanSegment(IoEngine& engine, IoFile& file, uint64_t segme
                                        record.span().subspan(unit_bytes, padded - unit_bytes)));
       (void)got;  // at least `stored` bytes exist: checked against the file size above
     }
-    const std::span<const std::byte> payload =
-        record.span().subspan(kBlockHeaderBytes, block->payload_bytes);
-    if (VerifyPayload(*block, payload).ok()) {
+    // Payload and (format version 2) its layer CRC table.
+    const std::span<const std::byte> body =
+        record.span().subspan(kBlockHeaderBytes, stored - kBlockHeaderBytes);
+    if (VerifyBlockBody(*block, body, {}).ok()) {
       blocks->push_back({NvmeLocation{segment_id, offset, stored}, *block});
       ++scan.blocks;
       scan.block_bytes += padded;
