@@ -325,6 +325,8 @@ StatusOr<std::vector<wire::FetchKeyResult>> DataPlaneClient::Fetch(DaemonConnect
   Status first;
   for (std::size_t i = 0; i < n; i += wire::kMaxFetchKeys) {
     const std::size_t k = std::min<std::size_t>(wire::kMaxFetchKeys, n - i);
+    m.fetch_first_layer = request.first_layer;
+    m.fetch_layer_count = request.layer_count;
     if (!request.slot_offsets.empty()) {
       if (request.slot_offsets.size() != n) {
         first =

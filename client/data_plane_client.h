@@ -109,6 +109,11 @@ class DataPlaneClient {
     std::uint64_t slot_bytes = 0;
     // Empty, or one offset per key (region_offset is then ignored).
     std::span<const std::uint64_t> slot_offsets;
+    // layer_count 0: whole blocks; else only layer slices [first_layer,
+    // first_layer + layer_count) of each block move, to its slot, and each
+    // result's crc32c / payload_bytes are the range's.
+    std::uint32_t first_layer = 0;
+    std::uint32_t layer_count = 0;
   };
   // Sends `request` as kFetch messages of at most wire::kMaxFetchKeys keys, all
   // in flight at once, and waits for every reply. Returns one result per key

@@ -110,6 +110,11 @@ StatusOr<std::string> EncodeTransferMessage(const TransferMessage& m) {
       } else if (!SlotsFit(m.fetch_region_offset, m.fetch_slot_bytes, n)) {
         return Status::InvalidArgument(SlotsError(m.fetch_region_offset, m.fetch_slot_bytes, n));
       }
+      if (m.fetch_layer_count == 0 && m.fetch_first_layer != 0) {
+        return Status::InvalidArgument("fetch request: first_layer " +
+                                       std::to_string(m.fetch_first_layer) +
+                                       " without a layer count");
+      }
       count = static_cast<std::uint32_t>(n);
       break;
     }
@@ -176,8 +181,13 @@ StatusOr<std::string> EncodeTransferMessage(const TransferMessage& m) {
       Put64(&out, m.fetch_slot_bytes);
       Put16(&out, static_cast<std::uint16_t>(m.fetch_namespace.size()));
       Put8(&out, static_cast<std::uint8_t>((m.fetch_fingerprint.has_value() ? 1 : 0) |
-                                           (m.fetch_slot_offsets.empty() ? 0 : 2)));
+                                           (m.fetch_slot_offsets.empty() ? 0 : 2) |
+                                           (m.fetch_layer_count == 0 ? 0 : 4)));
       Put8(&out, 0);
+      if (m.fetch_layer_count != 0) {
+        Put32(&out, m.fetch_first_layer);
+        Put32(&out, m.fetch_layer_count);
+      }
       if (m.fetch_fingerprint.has_value()) {
         for (std::uint8_t b : *m.fetch_fingerprint) Put8(&out, b);
       }
@@ -295,8 +305,16 @@ StatusOr<TransferMessage> DecodeTransferMessage(std::span<const std::byte> bytes
           !r.Read(2, &ns_len) || !r.Read(1, &flags) || !r.Read(1, &reserved2)) {
         return Status::InvalidArgument("fetch request: malformed header");
       }
-      if ((flags & ~std::uint64_t{3}) != 0 || reserved2 != 0) {
+      if ((flags & ~std::uint64_t{7}) != 0 || reserved2 != 0) {
         return Status::InvalidArgument("fetch request: reserved bits set");
+      }
+      if ((flags & 4) != 0) {
+        std::uint64_t first = 0, layers = 0;
+        if (!r.Read(4, &first) || !r.Read(4, &layers) || layers == 0) {
+          return Status::InvalidArgument("fetch request: a layer range of no layers");
+        }
+        m.fetch_first_layer = static_cast<std::uint32_t>(first);
+        m.fetch_layer_count = static_cast<std::uint32_t>(layers);
       }
       const std::size_t digest = (flags & 1) != 0 ? kFetchDigestBytes : 0;
       const bool scattered = (flags & 2) != 0;

@@ -46,11 +46,17 @@
 //   i x slot_bytes and must fit in slot_bytes; the slots must not wrap u64),
 //   u16 namespace length (<= kMaxFetchNamespaceBytes), u8 flags (bit 0: a
 //   32-byte expected fingerprint digest follows; bit 1: scattered slots, see
-//   below; other bits 0), u8 reserved (0), [digest], namespace bytes, then
+//   below; bit 2: a layer range follows; other bits 0), u8 reserved (0),
+//   [u32 first_layer, u32 layer_count (>= 1)], [digest], namespace bytes, then
 //   `count` keys of 32 bytes, then with bit 1 `count` u64 slot offsets: key i
 //   lands at offset i instead (region_offset is 0; each slot must not wrap
 //   u64). Scattered slots let a client name its history pages directly, so
 //   the block is written once, where it will be read (issue 22's one copy).
+//   With a layer range only layer slices [first_layer, first_layer +
+//   layer_count) of each block move (docs/block-format.md: one layer is
+//   payload_bytes / layers contiguous bytes), landing at the key's slot; the
+//   result's crc32c and payload_bytes are then the range's, so a client can
+//   verify layer 0 of a batch and use it while later layers are on the wire.
 // kChallenge: lease_id, token, region_id zero; count 32; the 32-byte nonce.
 // kHello: lease_id is the session id; token and region_id zero; count 32; the
 //   32-byte proof.
@@ -101,8 +107,8 @@ inline constexpr std::uint32_t kMaxExportBytes = 4096;
 inline constexpr std::uint32_t kMaxImportChunkBytes = 968;
 inline constexpr std::uint32_t kMaxReplyMessageBytes = 900;
 inline constexpr std::size_t kMaxTransferMessageBytes = 1024;
-// kFetch: 48 + 20 + 32 (digest) + 256 (namespace) + 16 x 32 (keys) + 16 x 8
-// (scattered slot offsets) = 996.
+// kFetch: 48 + 20 + 8 (layer range) + 32 (digest) + 256 (namespace) + 16 x 32
+// (keys) + 16 x 8 (scattered slot offsets) = 1004.
 inline constexpr std::uint32_t kMaxFetchKeys = 16;
 inline constexpr std::size_t kFetchKeyBytes = 32;
 inline constexpr std::size_t kFetchDigestBytes = 32;
@@ -115,7 +121,11 @@ inline constexpr std::size_t kHelloBytes = 32;  // a kChallenge nonce, a kHello 
 using FetchKey = std::array<std::uint8_t, kFetchKeyBytes>;
 
 // One key's outcome in a kFetchReply. OK: payload_bytes bytes were placed at
-// the key's slot, and crc32c is the CRC the block was committed with.
+// the key's slot, and crc32c is the CRC the block was committed with (with a
+// layer range: the range's bytes and their CRC, folded from the layer CRCs
+// the daemon verified at commit). OutOfRange: the range is not inside the
+// block's layers; FailedPrecondition: the daemon holds no layer CRCs for it
+// (fetch the whole block).
 // NotFound, FailedPrecondition (another model fingerprint), Unavailable (not
 // in the host pool now: lease it through the control plane), ResourceExhausted
 // (larger than the slot), or the lease's own error.
@@ -155,6 +165,9 @@ struct TransferMessage {
   // Scattered slots (flag bit 1): key i lands at fetch_slot_offsets[i]; empty:
   // at fetch_region_offset + i x fetch_slot_bytes.
   std::vector<std::uint64_t> fetch_slot_offsets;
+  // Layer range (flag bit 2): fetch_layer_count 0 means whole blocks.
+  std::uint32_t fetch_first_layer = 0;
+  std::uint32_t fetch_layer_count = 0;
   // kFetchReply.
   std::vector<FetchKeyResult> fetch_results;
   // kChallenge (the nonce) and kHello (the proof; lease_id is the session id).

@@ -229,6 +229,37 @@ TEST(TransferWireTest, ScatteredFetchSlotsRoundTripAndAreChecked) {
   EXPECT_TRUE(EncodeTransferMessage(both).status().IsInvalidArgument());
 }
 
+TEST(TransferWireTest, LayerRangeFetchRoundTripsAndIsChecked) {
+  TransferMessage m = FetchOf(2, 3, false);
+  m.fetch_region_offset = 0;
+  m.fetch_slot_offsets = {64 << 10, 1 << 20};
+  m.fetch_first_layer = 5;
+  m.fetch_layer_count = 3;
+  auto enc = EncodeTransferMessage(m);
+  ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+  EXPECT_EQ(enc->size(), kTransferHeaderBytes + 20 + 8 + 3 + 2 * (32 + 8));
+  auto dec = DecodeTransferMessage(AsBytes(*enc));
+  ASSERT_TRUE(dec.ok()) << dec.status().ToString();
+  EXPECT_EQ(dec->fetch_first_layer, 5u);
+  EXPECT_EQ(dec->fetch_layer_count, 3u);
+  EXPECT_EQ(dec->fetch_slot_offsets, m.fetch_slot_offsets);
+  for (std::size_t n = 0; n < enc->size(); ++n) {
+    EXPECT_FALSE(DecodeTransferMessage(AsBytes(enc->substr(0, n))).ok()) << n;
+  }
+  // A range of no layers is refused on the wire and by the encoder.
+  std::string zero = *enc;
+  for (std::size_t i = kTransferHeaderBytes + 24; i < kTransferHeaderBytes + 28; ++i) zero[i] = 0;
+  EXPECT_FALSE(DecodeTransferMessage(AsBytes(zero)).ok());
+  TransferMessage no_count = m;
+  no_count.fetch_layer_count = 0;
+  EXPECT_TRUE(EncodeTransferMessage(no_count).status().IsInvalidArgument());
+  // Without the flag nothing is read for it: whole blocks.
+  no_count.fetch_first_layer = 0;
+  dec = DecodeTransferMessage(AsBytes(*EncodeTransferMessage(no_count)));
+  ASSERT_TRUE(dec.ok());
+  EXPECT_EQ(dec->fetch_layer_count, 0u);
+}
+
 TEST(TransferWireTest, LargestFetchFitsTheTransportHeaderLimit) {
   auto enc = EncodeTransferMessage(FetchOf(kMaxFetchKeys, kMaxFetchNamespaceBytes, true));
   ASSERT_TRUE(enc.ok()) << enc.status().ToString();
@@ -236,6 +267,8 @@ TEST(TransferWireTest, LargestFetchFitsTheTransportHeaderLimit) {
   TransferMessage scattered = FetchOf(kMaxFetchKeys, kMaxFetchNamespaceBytes, true);
   scattered.fetch_region_offset = 0;
   scattered.fetch_slot_offsets.assign(kMaxFetchKeys, 1 << 20);
+  scattered.fetch_first_layer = 1;
+  scattered.fetch_layer_count = 1;
   enc = EncodeTransferMessage(scattered);
   ASSERT_TRUE(enc.ok()) << enc.status().ToString();
   EXPECT_LE(enc->size(), kMaxTransferMessageBytes);

@@ -66,6 +66,12 @@ struct BlockEntry {
   BlockKey key;
   BlockMeta meta;
   std::uint32_t crc32c = 0;  // CRC32C of the payload, verified at commit
+  // CRC32C of each layer slice (docs/block-format.md, version 2), folding to
+  // crc32c: computed from the pages at commit, read (or computed) from the
+  // NVMe record at promotion. Present whenever the block has a host copy and
+  // its payload splits into meta.layers equal slices; empty otherwise (a
+  // block recovered from NVMe before its first promotion). 4 bytes a layer.
+  std::vector<std::uint32_t> layer_crc32c;
   BlockTier tier = BlockTier::kHost;
   PageRuns host_pages;                    // when InHost(tier)
   std::uint64_t host_resident_bytes = 0;  // host_pages x page_bytes; 0 when not in host

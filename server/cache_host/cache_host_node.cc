@@ -339,7 +339,8 @@ StatusOr<LeaseBatch> CacheHostNode::Lease(const Namespace& ns, std::span<const B
   const std::uint64_t ttl_us = EffectiveTtl(options.ttl_us);
   const FingerprintDigest* expected =
       options.expected_fingerprint.has_value() ? &*options.expected_fingerprint : nullptr;
-  KVF_ASSIGN_OR_RETURN(ReadLease first, table_->Lease(ns, keys, ttl_us, expected));
+  KVF_ASSIGN_OR_RETURN(ReadLease first,
+                       table_->Lease(ns, keys, ttl_us, expected, options.layer_crcs));
   LeaseBatch out;
   out.results.resize(keys.size());
   std::vector<std::uint64_t> table_leases;
@@ -364,6 +365,7 @@ StatusOr<LeaseBatch> CacheHostNode::Lease(const Namespace& ns, std::span<const B
     switch (b.outcome) {
       case LeaseOutcome::kLeased:
         r.extents = ExtentsOf(b.pages, b.bytes);
+        r.layer_crc32c = std::move(first.blocks[i].layer_crc32c);
         break;
       case LeaseOutcome::kMissing:
         s = Status::NotFound("block " + b.key.ToHex() + " is not cached here");

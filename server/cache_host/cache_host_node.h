@@ -198,6 +198,9 @@ struct LeaseRequestOptions {
   // Unavailable instead of being staged, so the call does no I/O (the data
   // plane's kFetch, which runs on the transport's progress thread).
   bool host_only = false;
+  // Also return each leased block's layer CRCs (LeaseEntryResult::
+  // layer_crc32c), for a data-plane fetch of a layer range.
+  bool layer_crcs = false;
 };
 
 struct LeaseEntryResult {
@@ -208,6 +211,7 @@ struct LeaseEntryResult {
   std::uint32_t crc32c = 0;
   bool staged_from_nvme = false;    // the block rested on NVMe when leased
   std::vector<ByteExtent> extents;  // OK only
+  std::vector<std::uint32_t> layer_crc32c;  // OK and LeaseRequestOptions::layer_crcs
 };
 
 struct LeaseBatch {

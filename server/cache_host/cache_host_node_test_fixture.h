@@ -189,7 +189,8 @@ class CacheHostNodeTest : public ::testing::Test {
   // staging slots of `slot` bytes from `offset`.
   StatusOr<std::vector<wire::FetchKeyResult>> Fetch(
       const std::string& ns, const std::vector<BlockKey>& keys, std::uint64_t offset,
-      std::uint64_t slot, std::optional<FingerprintDigest> fingerprint = std::nullopt) {
+      std::uint64_t slot, std::optional<FingerprintDigest> fingerprint = std::nullopt,
+      std::uint32_t first_layer = 0, std::uint32_t layer_count = 0) {
     std::vector<wire::FetchKey> raw;
     for (const BlockKey& k : keys) raw.push_back(k.bytes());
     client::DataPlaneClient::FetchRequest req;
@@ -199,6 +200,8 @@ class CacheHostNodeTest : public ::testing::Test {
     req.region_id = region_;
     req.region_offset = offset;
     req.slot_bytes = slot;
+    req.first_layer = first_layer;
+    req.layer_count = layer_count;
     return dp_->Fetch(conn_.get(), req, Clock::now() + std::chrono::seconds(10));
   }
 

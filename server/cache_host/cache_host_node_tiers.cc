@@ -107,6 +107,7 @@ Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
     staging_free_.pop_back();
   }
   Status status;
+  std::vector<std::uint32_t> layer_crcs;
   if (nvme_->ReadBufferBytes(order->nvme) > buffer.size()) {
     status = Status::Internal("staging buffer of " + std::to_string(buffer.size()) +
                               " bytes cannot hold a record of " +
@@ -114,7 +115,7 @@ Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
   } else if (!nvme_key.ok()) {
     status = nvme_key.status();
   } else {
-    auto header = nvme_->Read(order->nvme, *nvme_key, buffer.span());
+    auto header = nvme_->Read(order->nvme, *nvme_key, buffer.span(), &layer_crcs);
     if (header.ok() && header->payload_bytes != order->meta.bytes) {
       status = Status::DataLoss("NVMe block " + key.ToHex() + " has " +
                                 std::to_string(header->payload_bytes) + " bytes, the index " +
@@ -132,7 +133,7 @@ Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
   staging_cv_.NotifyOne();
   ++staging_reads_;
   if (status.ok()) {
-    KVF_RETURN_IF_ERROR(table_->CompletePromotion(*order));
+    KVF_RETURN_IF_ERROR(table_->CompletePromotion(*order, std::move(layer_crcs)));
     if (has_sink_.load()) {
       Emit({{BlockEventKind::kPromoted, tenant, key, order->meta, order->crc32c,
              BlockTier::kBoth, 0}});

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/block_format.h"
 #include "core/mutex.h"
 #include "core/secure_random.h"
 #include "proto/transfer_wire.h"
@@ -550,6 +551,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
     LeaseRequestOptions options;
     options.host_only = true;
     options.expected_fingerprint = m.fetch_fingerprint;
+    options.layer_crcs = m.fetch_layer_count != 0;
     auto leased = node->Lease(ns, keys, options);
     if (!leased.ok()) {
       fail(leased.status());
@@ -565,17 +567,45 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
       out.crc32c = r.crc32c;
       out.payload_bytes = r.meta.bytes;
       if (!r.status.ok()) continue;
-      std::uint64_t bytes = 0;
-      for (const ByteExtent& x : r.extents) bytes += x.length;
+      // The payload bytes to move: the whole block, or its layer range.
+      std::uint64_t skip = 0;
+      std::uint64_t bytes = r.meta.bytes;
+      if (m.fetch_layer_count != 0) {
+        const std::uint32_t layers = r.meta.layers;
+        if (r.layer_crc32c.size() != layers || layers == 0) {
+          out.code = StatusCode::kFailedPrecondition;  // no layer CRCs: fetch it whole
+          continue;
+        }
+        const std::uint64_t layer_bytes = r.meta.bytes / layers;
+        auto crc =
+            LayerRangeCrc(r.layer_crc32c, layer_bytes, m.fetch_first_layer, m.fetch_layer_count);
+        if (!crc.ok()) {
+          out.code = StatusCode::kOutOfRange;
+          continue;
+        }
+        out.crc32c = *crc;
+        skip = m.fetch_first_layer * layer_bytes;
+        bytes = m.fetch_layer_count * layer_bytes;
+        out.payload_bytes = bytes;
+      }
       if (bytes > m.fetch_slot_bytes) {
         out.code = StatusCode::kResourceExhausted;  // its pages are released with the grant
         continue;
       }
       std::uint64_t pos = slot(i);
+      std::uint64_t left = bytes;
       for (const ByteExtent& x : r.extents) {
-        ranges.push_back({x.offset, x.length, pos});
-        extents.push_back(x);
-        pos += x.length;
+        if (left == 0) break;
+        if (skip >= x.length) {
+          skip -= x.length;
+          continue;
+        }
+        const ByteExtent part{x.offset + skip, std::min(x.length - skip, left)};
+        skip = 0;
+        ranges.push_back({part.offset, part.length, pos});
+        extents.push_back(part);
+        pos += part.length;
+        left -= part.length;
       }
     }
     const std::uint64_t lease_id = leased->grant.lease_id;

@@ -435,6 +435,35 @@ std::uint32_t HostPagePool::Crc32c(const PageRuns& runs, std::uint64_t bytes) co
   return crc;
 }
 
+std::uint32_t HostPagePool::SliceCrc32c(const PageRuns& runs, std::uint64_t bytes,
+                                        std::uint32_t slices,
+                                        std::vector<std::uint32_t>* out) const {
+  out->assign(slices, 0);
+  const std::uint64_t slice_bytes = bytes / slices;
+  std::uint32_t slice = 0;
+  std::uint64_t in_slice = 0;  // bytes of the current slice seen
+  for (const PageRun& r : runs) {
+    std::span<std::byte> span = RunBytes(r);
+    std::uint64_t at = 0;
+    while (at < span.size() && slice < slices) {
+      const std::uint64_t n = std::min<std::uint64_t>(span.size() - at, slice_bytes - in_slice);
+      (*out)[slice] = crc32c::Extend((*out)[slice], span.data() + at, n);
+      at += n;
+      in_slice += n;
+      if (in_slice == slice_bytes) {
+        ++slice;
+        in_slice = 0;
+      }
+    }
+    if (slice == slices) break;
+  }
+  const std::uint32_t shift = crc32c::ShiftFor(slice_bytes);
+  std::uint32_t whole = (*out)[0];
+  for (std::uint32_t s = 1; s < slices; ++s)
+    whole = crc32c::CombineShifted(whole, (*out)[s], shift);
+  return whole;
+}
+
 void HostPagePool::CopyIn(const PageRuns& runs, std::span<const std::byte> src) const {
   for (const PageRun& r : runs) {
     if (src.empty()) break;

@@ -228,6 +228,12 @@ class HostPagePool {
   // CRC32C of the first `bytes` bytes of the concatenation of `runs`.
   // REQUIRES: bytes <= runs.TotalPages() * page_bytes().
   std::uint32_t Crc32c(const PageRuns& runs, std::uint64_t bytes) const;
+  // The CRC32C of each of the `slices` equal slices of the first `bytes`
+  // bytes of `runs` into *out (resized), in one pass; returns the CRC of all
+  // of them (folded, crc32c::Combine). REQUIRES: slices >= 1 and
+  // bytes % slices == 0.
+  std::uint32_t SliceCrc32c(const PageRuns& runs, std::uint64_t bytes, std::uint32_t slices,
+                            std::vector<std::uint32_t>* out) const;
   // Copies `src` into the concatenation of `runs` (tests, staging reads).
   // REQUIRES: src.size() <= runs.TotalPages() * page_bytes().
   void CopyIn(const PageRuns& runs, std::span<const std::byte> src) const;

@@ -124,6 +124,7 @@ void LeaseTable::DropReservationLocked(std::uint64_t id, bool free_pages) {
 Status LeaseTable::Commit(std::uint64_t reservation_id, std::uint32_t crc32c) {
   PageRuns pages;
   std::uint64_t bytes = 0;
+  std::uint32_t layers = 0;
   {
     MutexLock lock(&mu_);
     auto it = reservations_.find(reservation_id);
@@ -143,9 +144,16 @@ Status LeaseTable::Commit(std::uint64_t reservation_id, std::uint32_t crc32c) {
     it->second.committing = true;  // ExpireUntil leaves it alone from here on
     pages = it->second.pages;
     bytes = it->second.meta.bytes;
+    layers = it->second.meta.layers;
   }
   // The CRC of up to 64 MiB runs without the mutex; the pages stay reserved.
-  const std::uint32_t computed = pool_->Crc32c(pages, bytes);
+  // Per layer slice when the payload splits into its layers (the CRCs a
+  // layer-range fetch is checked against), folded to the whole CRC the
+  // writer declared, so they name the writer's bytes.
+  std::vector<std::uint32_t> layer_crcs;
+  const std::uint32_t computed = layers >= 1 && layers <= kMaxBlockLayers && bytes % layers == 0
+                                     ? pool_->SliceCrc32c(pages, bytes, layers, &layer_crcs)
+                                     : pool_->Crc32c(pages, bytes);
 
   MutexLock lock(&mu_);
   Reservation& r = reservations_.at(reservation_id);
@@ -166,6 +174,7 @@ Status LeaseTable::Commit(std::uint64_t reservation_id, std::uint32_t crc32c) {
   e.key = r.key;
   e.meta = r.meta;
   e.crc32c = computed;
+  e.layer_crc32c = std::move(layer_crcs);
   e.tier = BlockTier::kHost;
   e.host_pages = r.pages;
   e.host_resident_bytes = r.resident_bytes;
@@ -315,7 +324,8 @@ Status LeaseTable::CheckWritten(std::uint64_t id, const Reservation& r) const {
 }
 
 StatusOr<ReadLease> LeaseTable::Lease(const Namespace& ns, std::span<const BlockKey> keys,
-                                      std::uint64_t ttl_us, const FingerprintDigest* expected) {
+                                      std::uint64_t ttl_us, const FingerprintDigest* expected,
+                                      bool with_layer_crcs) {
   KVF_RETURN_IF_ERROR(CheckTtl(ttl_us));
   if (keys.size() > options_.max_keys_per_lease) {
     return Status::InvalidArgument(std::to_string(keys.size()) + " keys in one lease, more than " +
@@ -381,6 +391,7 @@ StatusOr<ReadLease> LeaseTable::Lease(const Namespace& ns, std::span<const Block
     index_.CountAccess(*id, true);
     b.outcome = LeaseOutcome::kLeased;
     b.pages = e->host_pages;
+    if (with_layer_crcs) b.layer_crc32c = e->layer_crc32c;
     state.blocks.push_back({keys[i], e->host_pages, e->meta.bytes});
     state.page_bytes += e->host_resident_bytes;
   }

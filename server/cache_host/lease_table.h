@@ -154,6 +154,7 @@ struct LeasedBlock {
   BlockRepresentation representation = BlockRepresentation::kExact;
   BlockMeta meta;                     // set unless kMissing
   BlockTier tier = BlockTier::kHost;  // set unless kMissing
+  std::vector<std::uint32_t> layer_crc32c;  // kLeased and asked for
 };
 
 // An NVMe -> host staging read the daemon performs for a lease: read the
@@ -278,8 +279,11 @@ class LeaseTable {
   // InvalidArgument for a bad TTL or more than max_keys_per_lease keys. With
   // `expected`, a block of another fingerprint digest is kFingerprintMismatch
   // and not leased.
+  // With `with_layer_crcs`, each leased block's layer CRCs are copied out
+  // (LeasedBlock::layer_crc32c; for a layer-range fetch).
   StatusOr<ReadLease> Lease(const Namespace& ns, std::span<const BlockKey> keys,
-                            std::uint64_t ttl_us, const FingerprintDigest* expected = nullptr);
+                            std::uint64_t ttl_us, const FingerprintDigest* expected = nullptr,
+                            bool with_layer_crcs = false);
 
   // Staging (NVMe -> host, "promotion"). BeginPromotion takes staging pages
   // for an NVMe-only block and marks it promoting (Delete refuses meanwhile,
@@ -291,7 +295,8 @@ class LeaseTable {
   // `remove_block` (the NVMe copy failed its CRC) it also removes the block
   // from the index and returns it.
   StatusOr<PromotionOrder> BeginPromotion(NamespaceId ns, const BlockKey& key);
-  Status CompletePromotion(const PromotionOrder& order);
+  // `layer_crcs`: the staged copy's verified layer CRCs (NvmeTier::Read).
+  Status CompletePromotion(const PromotionOrder& order, std::vector<std::uint32_t> layer_crcs);
   StatusOr<std::optional<BlockEntry>> AbortPromotion(const PromotionOrder& order,
                                                      bool remove_block);
 

@@ -144,7 +144,8 @@ StatusOr<PromotionOrder> LeaseTable::BeginPromotion(NamespaceId ns, const BlockK
   return PromotionOrder{ns, key, *runs, e->nvme, e->meta, e->crc32c};
 }
 
-Status LeaseTable::CompletePromotion(const PromotionOrder& order) {
+Status LeaseTable::CompletePromotion(const PromotionOrder& order,
+                                     std::vector<std::uint32_t> layer_crcs) {
   MutexLock lock(&mu_);
   BlockEntry* e = index_.FindMutable(order.ns, order.key);
   if (e == nullptr || !e->promoting) {
@@ -154,6 +155,7 @@ Status LeaseTable::CompletePromotion(const PromotionOrder& order) {
   KVF_RETURN_IF_ERROR(pool_->Transition(order.pages, PageState::kStaging, PageState::kCommitted));
   e->promoting = false;
   e->last_access_us = clock_();
+  if (layer_crcs.size() == e->meta.layers) e->layer_crc32c = std::move(layer_crcs);
   ++c_.promotions_completed;
   return index_.ReplaceLocation(order.ns, order.key, BlockTier::kBoth, order.pages,
                                 order.pages.TotalPages() * pool_->page_bytes(), e->nvme);
