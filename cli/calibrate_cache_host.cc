@@ -33,9 +33,25 @@ namespace {
 
 constexpr char kProbeNamespace[] = "kvfabric.calibrate";
 constexpr std::uint32_t kRegionId = 1;
-// Probe blocks are exact blocks of 16 tokens x 2 (K, V) x 1 head x 64 dims x fp16 = 4 KiB per
-// layer, so any multiple of 4 KiB is a valid block (layer_count = bytes / 4 KiB).
+// Probe blocks are exact blocks of 16 tokens x 2 (K, V) x kv_heads x 64 dims x fp16 = 4 KiB per
+// head and layer, so any multiple of 4 KiB is a valid block: ProbeGeometry picks the fewest heads
+// that keep the layer count within kMaxBlockLayers (a 16 MiB block is 4 heads x 1024 layers).
 constexpr std::uint64_t kBytesPerLayer = 4096;
+
+struct ProbeGeometry {
+  std::uint32_t kv_heads = 1;
+  std::uint32_t layers = 1;
+};
+
+ProbeGeometry GeometryFor(std::uint64_t block_bytes) {
+  const std::uint64_t units = block_bytes / kBytesPerLayer;
+  for (std::uint64_t heads = 1; heads <= units; ++heads) {
+    if (units % heads == 0 && units / heads <= kMaxBlockLayers) {
+      return {static_cast<std::uint32_t>(heads), static_cast<std::uint32_t>(units / heads)};
+    }
+  }
+  return {};  // units == 0 cannot happen: SplitIntoBlocks gives whole 4 KiB units
+}
 constexpr std::uint32_t kProbeTtlMs = 120000;
 constexpr auto kTransferTimeout = std::chrono::seconds(120);
 
@@ -258,9 +274,10 @@ Status CacheHostTarget::Put(const BlockSplit& split, const std::vector<std::stri
   v1::ModelFingerprint f;
   f.set_model_id("kvfabric/calibrate@1");
   f.set_first_layer(0);
-  f.set_layer_count(static_cast<std::uint32_t>(split.block_bytes / kBytesPerLayer));
+  const ProbeGeometry geometry = GeometryFor(split.block_bytes);
+  f.set_layer_count(geometry.layers);
   f.set_dtype(v1::DTYPE_FP16);
-  f.set_kv_heads(1);
+  f.set_kv_heads(geometry.kv_heads);
   f.set_head_dim(64);
   f.set_tokens_per_block(16);
   f.set_tp_rank(0);

@@ -316,6 +316,8 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::Fetch(
   req.region_offset = slots.offset;
   req.slot_bytes = slots.bytes;
   req.slot_offsets = slots.offsets;
+  req.first_layer = slots.first_layer;
+  req.layer_count = slots.layer_count;
   KVF_RETURN_IF_ERROR(health());
   KVF_ASSIGN_OR_RETURN(DaemonConnection* const conn, Connection(""));
   KVF_ASSIGN_OR_RETURN(std::vector<wire::FetchKeyResult> got,

@@ -111,6 +111,11 @@ struct SlotLayout {
   std::uint64_t bytes = 0;
   std::span<const std::uint64_t> offsets;  // empty, or one per block
   std::uint32_t region_id = 0;             // 0: the session's region
+  // Fetch only: layer_count 0 moves whole blocks; else layer slices
+  // [first_layer, first_layer + layer_count) of each, to its slot (which
+  // then holds that range: `bytes` is its size).
+  std::uint32_t first_layer = 0;
+  std::uint32_t layer_count = 0;
   std::uint64_t at(std::size_t k) const {
     return offsets.empty() ? offset + k * bytes : offsets[k];
   }

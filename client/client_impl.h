@@ -77,9 +77,16 @@ struct Context {
   std::vector<v1::RecomputeObservation> recomputes KVF_GUARDED_BY(mu);
   std::vector<v1::StaleEntry> stale KVF_GUARDED_BY(mu);
   std::vector<std::uint32_t> fallback_runs KVF_GUARDED_BY(mu);
-  // Per block: µs after load_start it was in the history; negative until it
-  // landed.
+  // Per block: µs after load_start it was in the history (every layer);
+  // negative until it landed.
   std::vector<double> landed_us KVF_GUARDED_BY(mu);
+  // Per block, layer_words words: the layers of it that landed and verified
+  // (a layer-range fetch lands some; recompute and whole-block fetches all).
+  std::vector<std::uint64_t> landed_layer_bits KVF_GUARDED_BY(mu);
+  // Per layer: blocks of the context whose slice of that layer landed.
+  // WaitLayer(l) returns once layer_ready[l] == blocks.
+  std::vector<std::uint32_t> layer_ready KVF_GUARDED_BY(mu);
+  std::uint32_t landed_blocks KVF_GUARDED_BY(mu) = 0;  // with every layer
   // Blocks [0, landed_prefix) have all landed: a recompute starting at block
   // b waits until landed_prefix >= b (its prefill attends to them).
   std::uint32_t landed_prefix KVF_GUARDED_BY(mu) = 0;
@@ -93,6 +100,11 @@ struct Context {
   // Not OK when a failed fetch left pages a daemon may still write and no
   // fresh page could replace them: nothing more is written for this load.
   Status pages_safe KVF_GUARDED_BY(mu);
+  // A failed request over shared memory left blocks with some layers landed
+  // (their pages cannot be swapped: the engine may be reading those layers),
+  // which that daemon may still write until this time: fallbacks into them
+  // wait for it.
+  Clock::time_point writes_quiet_after KVF_GUARDED_BY(mu);
 
   // Back to a fresh context's state, keeping every vector's capacity (and
   // `match`, which the next Load overwrites in place): a recycled context
@@ -112,11 +124,22 @@ struct DaemonSlot {
 };
 using Daemon = CacheHostSession;
 
+// Layers [first, first + count) of a block; count 0: the whole block.
+struct LayerGroup {
+  std::uint32_t first = 0;
+  std::uint32_t count = 0;
+};
+
 // What one fetch request landed in the history.
 struct FetchTally {
   std::uint64_t bytes = 0, host_tier = 0, nvme_tier = 0;
   std::uint32_t crc_failures = 0;
-  std::vector<std::uint32_t> landed;  // block indices
+  struct Landed {
+    std::uint32_t block = 0;
+    std::uint32_t first_layer = 0;
+    std::uint32_t layer_count = 0;
+  };
+  std::vector<Landed> landed;
 };
 
 struct SaveJob {
@@ -234,13 +257,16 @@ class Client::Impl {
   // against their committed CRC and marked landed; the first per-block
   // error, NotFound ones reported as stale.
   Status LandResults(Context& c, const Daemon& d, std::span<const std::uint32_t> batch,
-                     std::span<const Daemon::ReadResult> results, bool from_lease,
+                     LayerGroup group, std::span<const Daemon::ReadResult> results, bool from_lease,
                      std::vector<bool>* arrived, std::vector<std::size_t>* on_nvme,
                      std::uint64_t* moved);
   // One data-plane kFetch (lease, push into the blocks' pages, release on
   // the daemon). Positions in `batch` the daemon answered Unavailable (not
   // in its host pool) go to *on_nvme.
-  Status FetchByKey(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
+  // With `group` of nonzero count, only those layers of each block move.
+  // Positions the daemon has no layer CRCs for (Unavailable) go to *on_nvme
+  // too: the control plane leases them whole.
+  Status FetchByKey(Context& c, Daemon& d, std::span<const std::uint32_t> batch, LayerGroup group,
                     std::vector<bool>* arrived, std::vector<std::size_t>* on_nvme,
                     std::uint64_t* moved);
   // gRPC Lease (which stages NVMe blocks), data-plane kGet into the blocks'
@@ -248,8 +274,8 @@ class Client::Impl {
   Status LeaseAndGet(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
                      std::vector<bool>* arrived, std::uint64_t* moved);
   // The history-region offsets of the pages of `batch`'s blocks.
-  std::vector<std::uint64_t> PageOffsets(const Context& c,
-                                         std::span<const std::uint32_t> batch) const;
+  std::vector<std::uint64_t> PageOffsets(const Context& c, std::span<const std::uint32_t> batch,
+                                         std::uint64_t within = 0) const;
   // After a request into `batch`'s pages got no answer (deadline, lost
   // connection) over shared memory, where the daemon may still write them:
   // the pages go to quarantine for transfer_timeout and the blocks get fresh
@@ -257,10 +283,11 @@ class Client::Impl {
   // fails rather than write into them). Over sockets closing the connection
   // is enough (see client_io.cc).
   void ReplacePages(Context& c, std::span<const std::uint32_t> batch);
-  // Checks block `block`'s page against the CRC it was committed with; false,
-  // counted in *tally and set as *first (if still OK) on a mismatch.
-  bool Land(Context& c, std::uint32_t block, std::uint32_t crc, bool from_nvme, FetchTally* tally,
-            Status* first);
+  // Checks layers `group` of block `block`'s page against the CRC the daemon
+  // answered (committed with); false, counted in *tally and set as *first (if
+  // still OK) on a mismatch.
+  bool Land(Context& c, std::uint32_t block, LayerGroup group, std::uint32_t crc, bool from_nvme,
+            FetchTally* tally, Status* first);
   // Adds one fetch request's landed blocks to the context's report and the
   // client's metrics.
   void RecordFetch(Context& c, const FetchTally& tally);
@@ -269,6 +296,11 @@ class Client::Impl {
   Status Recompute(Context& c, std::uint32_t first, std::uint32_t count);
   // Moves c.landed_prefix past the blocks that landed; wakes waiters if it moved.
   void AdvanceLandedPrefix(Context& c) KVF_REQUIRES(c.mu);
+  // Layers [first, first + count) of block `b` landed and verified at
+  // `now_us`: counts them in layer_ready (once each), and marks the block
+  // landed when all its layers are. Wakes waiters.
+  void MarkLayersLanded(Context& c, std::uint32_t b, std::uint32_t first, std::uint32_t count,
+                        double now_us) KVF_REQUIRES(c.mu);
   // One engine call: blocks [first, first + count), whose pages are adjacent.
   Status RecomputeRun(Context& c, std::uint32_t first, std::uint32_t count);
   // The session with `host`, made on first use (connecting outside
@@ -301,6 +333,18 @@ class Client::Impl {
   // number of the daemon's bytes (its --max-leased-bytes-per-namespace).
   static constexpr std::uint64_t kFetchRequestBytes = std::uint64_t{8} << 20;
   std::size_t fetch_batch_ = 16;
+  // Layer by layer: a load fetches layer groups in order, [0, 1) first, then
+  // groups of about kFetchRequestBytes per request, each across every block
+  // of the daemon before the next group starts, so WaitLayer(0) returns after
+  // about 1/layers of the load. A group with count 0 is whole blocks (a
+  // one-layer model). Keys per layered request: at most 16, and at most
+  // kFetchPinBytes of the daemon's pages pinned by one request (a request
+  // leases whole blocks whatever layers it moves).
+  static constexpr std::uint64_t kFetchPinBytes = std::uint64_t{32} << 20;
+  std::vector<LayerGroup> fetch_groups_;
+  std::size_t layered_batch_ = 16;
+  // Bytes of one layer slice of a block.
+  std::uint64_t layer_bytes_ = 0;
   std::string client_node_;
 
   // One stub per placement replica (placement_address split at commas);

@@ -169,6 +169,33 @@ void Client::Impl::AdvanceLandedPrefix(Context& c) {
   if (c.landed_prefix != before) c.cv.NotifyAll();
 }
 
+void Client::Impl::MarkLayersLanded(Context& c, std::uint32_t b, std::uint32_t first,
+                                    std::uint32_t count, double now_us) {
+  std::uint64_t* bits = &c.landed_layer_bits[std::size_t{b} * c.layer_words];
+  bool changed = false;
+  for (std::uint32_t l = first; l < first + count; ++l) {
+    const std::uint64_t bit = std::uint64_t{1} << (l % 64);
+    if ((bits[l / 64] & bit) != 0) continue;
+    bits[l / 64] |= bit;
+    ++c.layer_ready[l];
+    changed = true;
+  }
+  if (!changed || c.landed_us[b] >= 0) return;
+  if (c.layer_ready[0] == c.blocks && c.report.layer0_ready_us < 0) {
+    c.report.layer0_ready_us = now_us;
+  }
+  for (std::uint32_t l = 0; l < o_.model.layer_count; ++l) {
+    if ((bits[l / 64] & (std::uint64_t{1} << (l % 64))) == 0) {
+      c.cv.NotifyAll();  // a layer became ready
+      return;
+    }
+  }
+  c.landed_us[b] = now_us;
+  if (++c.landed_blocks == c.blocks) c.report.all_layers_ready_us = now_us;
+  AdvanceLandedPrefix(c);
+  c.cv.NotifyAll();
+}
+
 Status Client::Impl::Recompute(Context& c, std::uint32_t first, std::uint32_t count) {
   // One engine call per run of adjacent pages: the engine writes block
   // payloads back to back (RecomputeFn), and a history's pages are adjacent
@@ -223,11 +250,13 @@ Status Client::Impl::RecomputeRun(Context& c, std::uint32_t first, std::uint32_t
     o.set_observed_us(us);
     c.recomputes.push_back(o);
     c.report.blocks_recomputed += count;
+    // The engine's prefill wrote every layer of these blocks. (A block that
+    // falls back here after some of its layers landed gets them written
+    // again with the same bytes: its key names them.)
     const double landed = MicrosSince(c.load_start);
     for (std::uint32_t b = first; b < first + count && b < c.landed_us.size(); ++b) {
-      c.landed_us[b] = landed;
+      MarkLayersLanded(c, b, 0, o_.model.layer_count, landed);
     }
-    AdvanceLandedPrefix(c);
   }
   prom_->ObserveRecompute(us);
   MutexLock l(&metrics_mu_);
@@ -306,6 +335,17 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
     MutexLock l(&c->mu);
     if (!c->pages_safe.ok()) status = c->pages_safe;
   }
+  {
+    // Blocks with some layers landed kept their pages after a failed request
+    // over shared memory: nothing is written into them until that daemon can
+    // no longer write (ReplacePages).
+    Clock::time_point quiet;
+    {
+      MutexLock l(&c->mu);
+      quiet = c->writes_quiet_after;
+    }
+    if (!missing.empty() && quiet > Clock::now()) std::this_thread::sleep_until(quiet);
+  }
   for (auto& [ri, blocks] : missing) {
     if (!status.ok()) break;
     std::sort(blocks.begin(), blocks.end());
@@ -378,32 +418,44 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
   // The session stays valid while this thread holds it, even if another
   // thread drops the daemon: its calls then fail Unavailable.
   const std::shared_ptr<Daemon> d = std::move(*daemon);
-  const std::size_t per_batch = fetch_batch_;
+  // Work units, layer-major: every batch of layer group 0, then of group 1,
+  // ... (fetch_groups_; one whole-block group for a one-layer model), so each
+  // layer is ready for WaitLayer before the next group's bytes are moving.
+  // fetch_depth workers take units in that order (kFetch: blocks in the
+  // daemon's host pool), each landing (CRC check in place) while the others
+  // move. Blocks the daemon holds on NVMe only (or without layer CRCs) go to
+  // one more worker, which leases them whole through the control plane (the
+  // daemon stages them) while the host-pool units go on; a block that missed
+  // a unit is left out of the later ones (it falls back whole).
+  const bool layered = fetch_groups_.front().count != 0;
+  const std::size_t per_batch = layered ? layered_batch_ : fetch_batch_;
   const std::size_t batches = (blocks->size() + per_batch - 1) / per_batch;
-  // fetch_depth workers take batches in order (kFetch: blocks in the
-  // daemon's host pool): that many requests in flight to this daemon, each
-  // landing (CRC check in place) while the others move. What the daemon
-  // holds on NVMe only goes to one more worker, which leases it through the
-  // control plane (the daemon stages it) while the host-pool batches go on.
+  const std::size_t units = batches * fetch_groups_.size();
   struct Progress {
     Mutex mu;
     CondVar cv;
     std::size_t next KVF_GUARDED_BY(mu) = 0;
     std::size_t fetchers KVF_GUARDED_BY(mu) = 0;  // host-pool workers still running
     bool down KVF_GUARDED_BY(mu) = false;
+    std::vector<bool> out KVF_GUARDED_BY(mu);            // per position: left the units
     std::vector<std::uint32_t> nvme KVF_GUARDED_BY(mu);  // to lease
     std::vector<std::uint32_t> left KVF_GUARDED_BY(mu);
     Status first KVF_GUARDED_BY(mu);
     std::uint64_t moved KVF_GUARDED_BY(mu) = 0;
   } p;
+  {
+    MutexLock l(&p.mu);
+    p.out.assign(blocks->size(), false);
+  }
   // Records one request's outcome. REQUIRES: p.mu held.
-  auto record = [&](std::span<const std::uint32_t> batch, const std::vector<bool>& arrived,
+  auto record = [&](std::span<const std::size_t> positions, const std::vector<bool>& arrived,
                     const std::vector<bool>& to_nvme, const Status& s, std::uint64_t moved)
                     KVF_REQUIRES(p.mu) {
                       p.moved += moved;
-                      for (std::size_t k = 0; k < batch.size(); ++k) {
-                        if (arrived[k]) continue;
-                        (to_nvme[k] ? p.nvme : p.left).push_back(batch[k]);
+                      for (std::size_t k = 0; k < positions.size(); ++k) {
+                        if (arrived[k] || p.out[positions[k]]) continue;
+                        p.out[positions[k]] = true;
+                        (to_nvme[k] ? p.nvme : p.left).push_back((*blocks)[positions[k]]);
                       }
                       if (!s.ok() && p.first.ok())
                         p.first = s.WithContext("daemon " + host.host_id);
@@ -413,30 +465,53 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
                     };
   auto fetch_host_pool = [&] {
     std::vector<bool> arrived, to_nvme;
-    std::vector<std::size_t> on_nvme;
+    std::vector<std::size_t> on_nvme, positions;
+    std::vector<std::uint32_t> batch;
     for (;;) {
-      std::size_t i = 0;
+      std::size_t unit = 0;
       {
         MutexLock l(&p.mu);
-        if (p.down || p.next >= batches) {
+        if (p.down || p.next >= units) {
           --p.fetchers;
           p.cv.NotifyAll();
           return;
         }
-        i = p.next++ * per_batch;
+        unit = p.next++;
+        // This unit's blocks that are still in play.
+        positions.clear();
+        const std::size_t from = (unit % batches) * per_batch;
+        const std::size_t to = std::min(from + per_batch, blocks->size());
+        for (std::size_t k = from; k < to; ++k) {
+          if (!p.out[k]) positions.push_back(k);
+        }
       }
-      std::span<const std::uint32_t> batch(blocks->data() + i,
-                                           std::min(per_batch, blocks->size() - i));
+      const LayerGroup group = fetch_groups_[unit / batches];
+      batch.clear();
+      if (group.count != 0) {
+        // A fallback from another daemon skips the layers that landed.
+        MutexLock l(&c.mu);
+        std::size_t kept = 0;
+        for (std::size_t k : positions) {
+          const std::uint32_t b = (*blocks)[k];
+          const std::uint64_t word =
+              c.landed_layer_bits[std::size_t{b} * c.layer_words + group.first / 64];
+          if ((word & (std::uint64_t{1} << (group.first % 64))) != 0) continue;
+          positions[kept++] = k;
+        }
+        positions.resize(kept);
+      }
+      if (positions.empty()) continue;
+      for (std::size_t k : positions) batch.push_back((*blocks)[k]);
       arrived.assign(batch.size(), false);
       to_nvme.assign(batch.size(), false);
       on_nvme.clear();
       std::uint64_t moved = 0;
-      const Status s = FetchByKey(c, *d, batch, &arrived, &on_nvme, &moved);
+      const Status s = FetchByKey(c, *d, batch, group, &arrived, &on_nvme, &moved);
       if (!HostDown(s)) {
         for (std::size_t k : on_nvme) to_nvme[k] = true;
       }
       MutexLock l(&p.mu);
-      record(batch, arrived, to_nvme, s, moved);
+      record(positions, arrived, to_nvme, s, moved);
     }
   };
   auto lease_nvme = [&] {
@@ -446,14 +521,14 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
       {
         MutexLock l(&p.mu);
         p.cv.Wait(&p.mu, [&]() KVF_REQUIRES(p.mu) {
-          return p.down || p.nvme.size() >= per_batch || p.fetchers == 0;
+          return p.down || p.nvme.size() >= fetch_batch_ || p.fetchers == 0;
         });
         if (p.down || p.nvme.empty()) {
           p.left.insert(p.left.end(), p.nvme.begin(), p.nvme.end());
           p.nvme.clear();
           return;
         }
-        const std::size_t n = std::min(per_batch, p.nvme.size());
+        const std::size_t n = std::min(fetch_batch_, p.nvme.size());
         batch.assign(p.nvme.begin(), p.nvme.begin() + static_cast<std::ptrdiff_t>(n));
         p.nvme.erase(p.nvme.begin(), p.nvme.begin() + static_cast<std::ptrdiff_t>(n));
       }
@@ -462,11 +537,17 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
       std::uint64_t moved = 0;
       const Status s = LeaseAndGet(c, *d, batch, &arrived, &moved);
       MutexLock l(&p.mu);
-      record(batch, arrived, none, s, moved);
+      p.moved += moved;
+      for (std::size_t k = 0; k < batch.size(); ++k) {
+        if (!arrived[k]) p.left.push_back(batch[k]);
+      }
+      if (!s.ok() && p.first.ok()) p.first = s.WithContext("daemon " + host.host_id);
+      if (HostDown(s)) p.down = true;
+      p.cv.NotifyAll();
     }
   };
   const std::size_t workers =
-      std::max<std::size_t>(1, std::min<std::size_t>(o_.fetch_depth, batches));
+      std::max<std::size_t>(1, std::min<std::size_t>(o_.fetch_depth, units));
   {
     MutexLock l(&p.mu);
     p.fetchers = workers;
@@ -479,20 +560,25 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
   MutexLock l(&p.mu);
   if (p.down) {
     DropDaemon(d);
-    for (std::size_t i = p.next * per_batch; i < blocks->size(); ++i)
-      p.left.push_back((*blocks)[i]);
+    // Whatever this daemon did not land in full falls back.
+    MutexLock cl(&c.mu);
+    for (std::size_t k = 0; k < blocks->size(); ++k) {
+      if (!p.out[k] && c.landed_us[(*blocks)[k]] < 0) p.left.push_back((*blocks)[k]);
+    }
   }
   *moved_bytes = p.moved;
   std::sort(p.left.begin(), p.left.end());
+  p.left.erase(std::unique(p.left.begin(), p.left.end()), p.left.end());
   *blocks = std::move(p.left);
   return p.first;
 }
 
 std::vector<std::uint64_t> Client::Impl::PageOffsets(const Context& c,
-                                                     std::span<const std::uint32_t> batch) const {
+                                                     std::span<const std::uint32_t> batch,
+                                                     std::uint64_t within) const {
   std::vector<std::uint64_t> offsets(batch.size());
   for (std::size_t k = 0; k < batch.size(); ++k) {
-    offsets[k] = std::uint64_t{c.pages[batch[k]]} * block_bytes_;
+    offsets[k] = std::uint64_t{c.pages[batch[k]]} * block_bytes_ + within;
   }
   return offsets;
 }
@@ -507,9 +593,29 @@ void Client::Impl::ReplacePages(Context& c, std::span<const std::uint32_t> batch
   // into this process's memory itself, and closing stops nothing: the pages
   // are set aside for the transfer deadline instead.
   if (!shared_memory_) return;
+  const auto until = Clock::now() + o_.transfer_timeout;
+  // A block with some layers landed keeps its page (the engine may be
+  // reading those layers since WaitLayer said so): its fallback waits until
+  // the daemon can no longer write instead (writes_quiet_after).
+  std::vector<std::uint32_t> swap;
+  {
+    MutexLock l(&c.mu);
+    for (std::uint32_t b : batch) {
+      bool any = false;
+      for (std::uint32_t w = 0; w < c.layer_words && !any; ++w) {
+        any = c.landed_layer_bits[std::size_t{b} * c.layer_words + w] != 0;
+      }
+      if (any) {
+        c.writes_quiet_after = std::max(c.writes_quiet_after, until);
+      } else {
+        swap.push_back(b);
+      }
+    }
+  }
+  if (swap.empty()) return;
   std::vector<std::uint32_t> fresh;
   Status s = history_pool_->Take(
-      static_cast<std::uint32_t>(batch.size()), &fresh,
+      static_cast<std::uint32_t>(swap.size()), &fresh,
       "context " + std::to_string(c.id) + " (replacing pages a failed fetch may still write)");
   if (!s.ok()) {
     MutexLock l(&c.mu);
@@ -521,24 +627,28 @@ void Client::Impl::ReplacePages(Context& c, std::span<const std::uint32_t> batch
   // The request failed as a whole: the daemon may still be pushing into the
   // old pages (until its transfer deadline). They rest in quarantine that
   // long; the blocks fall back into fresh ones.
-  const auto until = Clock::now() + o_.transfer_timeout;
-  for (std::size_t k = 0; k < batch.size(); ++k) {
-    history_pool_->Quarantine(c.pages[batch[k]], until);
-    c.pages[batch[k]] = fresh[k];
+  for (std::size_t k = 0; k < swap.size(); ++k) {
+    history_pool_->Quarantine(c.pages[swap[k]], until);
+    c.pages[swap[k]] = fresh[k];
   }
   MutexLock l(&metrics_mu_);
-  m_.history_pages_quarantined += batch.size();
+  m_.history_pages_quarantined += swap.size();
 }
 
 Status Client::Impl::FetchByKey(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
-                                std::vector<bool>* arrived, std::vector<std::size_t>* on_nvme,
-                                std::uint64_t* moved) {
+                                LayerGroup group, std::vector<bool>* arrived,
+                                std::vector<std::size_t>* on_nvme, std::uint64_t* moved) {
   std::vector<wire::FetchKey> keys;
   keys.reserve(batch.size());
   for (std::uint32_t b : batch) keys.push_back(c.match.chain[b].bytes());
-  // One copy: the daemon pushes each block into its page of the history.
-  const std::vector<std::uint64_t> offsets = PageOffsets(c, batch);
-  const SlotLayout slots(offsets, block_bytes_, kHistoryRegionId);
+  // One copy: the daemon pushes each block (or its layers `group`) into its
+  // page of the history, where the engine will read it.
+  const std::vector<std::uint64_t> offsets =
+      PageOffsets(c, batch, std::uint64_t{group.first} * layer_bytes_);
+  SlotLayout slots(offsets, group.count == 0 ? block_bytes_ : group.count * layer_bytes_,
+                   kHistoryRegionId);
+  slots.first_layer = group.first;
+  slots.layer_count = group.count;
   // Admitted by the session's window, shared by every load from this daemon:
   // a daemon that refuses requests for its per-namespace lease bound (other
   // loads' leases in flight) gets fewer at once and the refused one is asked
@@ -553,7 +663,7 @@ Status Client::Impl::FetchByKey(Context& c, Daemon& d, std::span<const std::uint
     if (HostDown(got.status())) ReplacePages(c, batch);
     return got.status().WithContext("data-plane fetch");
   }
-  return LandResults(c, d, batch, *got, /*from_lease=*/false, arrived, on_nvme, moved);
+  return LandResults(c, d, batch, group, *got, /*from_lease=*/false, arrived, on_nvme, moved);
 }
 
 Status Client::Impl::LeaseAndGet(Context& c, Daemon& d, std::span<const std::uint32_t> batch,
@@ -568,30 +678,37 @@ Status Client::Impl::LeaseAndGet(Context& c, Daemon& d, std::span<const std::uin
     if (HostDown(got.status())) ReplacePages(c, batch);
     return got.status();
   }
-  return LandResults(c, d, batch, *got, /*from_lease=*/true, arrived, nullptr, moved);
+  return LandResults(c, d, batch, LayerGroup{}, *got, /*from_lease=*/true, arrived, nullptr, moved);
 }
 
 Status Client::Impl::LandResults(Context& c, const Daemon& d, std::span<const std::uint32_t> batch,
-                                 std::span<const Daemon::ReadResult> results, bool from_lease,
-                                 std::vector<bool>* arrived, std::vector<std::size_t>* on_nvme,
-                                 std::uint64_t* moved) {
+                                 LayerGroup group, std::span<const Daemon::ReadResult> results,
+                                 bool from_lease, std::vector<bool>* arrived,
+                                 std::vector<std::size_t>* on_nvme, std::uint64_t* moved) {
+  const std::uint64_t expected = group.count == 0 ? block_bytes_ : group.count * layer_bytes_;
   Status first;
   FetchTally tally;
   for (std::size_t k = 0; k < batch.size(); ++k) {
     const Daemon::ReadResult& r = results[k];
     const std::string what = "block " + std::to_string(batch[k]);
     Status s = r.status;
-    if (s.ok() && r.payload_bytes != block_bytes_) {
+    if (s.ok() && r.payload_bytes != expected) {
       // Every size from the network is checked before the bytes are used.
       s = Status::DataLoss(what + ": daemon placed " + std::to_string(r.payload_bytes) +
-                           " bytes; blocks of this model are " + std::to_string(block_bytes_));
+                           " bytes; " +
+                           (group.count == 0 ? std::string("blocks of this model are ")
+                                             : std::to_string(group.count) + " layers are ") +
+                           std::to_string(expected));
     } else if (s.ok()) {
-      *moved += block_bytes_;
-      if (Land(c, batch[k], r.crc32c, from_lease && r.tier == v1::TIER_NVME, &tally, &first)) {
+      *moved += expected;
+      if (Land(c, batch[k], group, r.crc32c, from_lease && r.tier == v1::TIER_NVME, &tally,
+               &first)) {
         (*arrived)[k] = true;
       }
     } else if (s.IsUnavailable() && on_nvme != nullptr) {
-      on_nvme->push_back(k);  // not in the host pool now: Lease stages it
+      // Not in the host pool now (or, for a layer range, no layer CRCs
+      // there): the control plane's Lease stages it whole.
+      on_nvme->push_back(k);
       s = Status::OK();
     } else if (s.IsNotFound()) {
       v1::StaleEntry e;
@@ -609,39 +726,51 @@ Status Client::Impl::LandResults(Context& c, const Daemon& d, std::span<const st
   return first;
 }
 
-bool Client::Impl::Land(Context& c, std::uint32_t block, std::uint32_t crc, bool from_nvme,
-                        FetchTally* tally, Status* first) {
-  // The bytes checked are the bytes landed: the block's page, where the
-  // daemon wrote it and Attend will read it. A block that fails is not
-  // marked present; its fallback overwrites the page.
-  if (crc32c::Value(BlockBytes(c, block)) != crc) {
+bool Client::Impl::Land(Context& c, std::uint32_t block, LayerGroup group, std::uint32_t crc,
+                        bool from_nvme, FetchTally* tally, Status* first) {
+  // The bytes checked are the bytes landed: the block's page (its layers
+  // `group`), where the daemon wrote them and Attend will read them. Bytes
+  // that fail are not marked present; their fallback overwrites them.
+  const std::uint32_t first_layer = group.first;
+  const std::uint32_t count = group.count == 0 ? o_.model.layer_count : group.count;
+  const std::span<std::byte> bytes = BlockBytes(c, block).subspan(
+      std::uint64_t{first_layer} * layer_bytes_, std::uint64_t{count} * layer_bytes_);
+  if (crc32c::Value(bytes) != crc) {
     ++tally->crc_failures;
     if (first->ok()) {
-      *first = Status::DataLoss("block " + std::to_string(block) +
-                                ": bytes received do not match the committed CRC32C");
+      *first =
+          Status::DataLoss("block " + std::to_string(block) +
+                           (group.count == 0 ? std::string()
+                                             : " layers [" + std::to_string(first_layer) + ", " +
+                                                   std::to_string(first_layer + count) + ")") +
+                           ": bytes received do not match the committed CRC32C");
     }
     return false;
   }
-  tally->landed.push_back(block);
-  tally->bytes += block_bytes_;
-  (from_nvme ? tally->nvme_tier : tally->host_tier) += block_bytes_;
+  tally->landed.push_back({block, first_layer, count});
+  tally->bytes += bytes.size();
+  (from_nvme ? tally->nvme_tier : tally->host_tier) += bytes.size();
   return true;
 }
 
 void Client::Impl::RecordFetch(Context& c, const FetchTally& tally) {
   if (tally.bytes == 0 && tally.crc_failures == 0) return;
+  std::uint32_t completed = 0;
   {
     MutexLock l(&c.mu);
-    c.report.blocks_fetched += static_cast<std::uint32_t>(tally.bytes / block_bytes_);
     c.report.bytes_fetched += tally.bytes;
     c.report.fetch_from_host_tier_bytes += tally.host_tier;
     c.report.fetch_from_nvme_tier_bytes += tally.nvme_tier;
     const double now_us = MicrosSince(c.load_start);
-    for (std::uint32_t b : tally.landed) c.landed_us[b] = now_us;
-    AdvanceLandedPrefix(c);
+    for (const FetchTally::Landed& x : tally.landed) {
+      const bool was = c.landed_us[x.block] >= 0;
+      MarkLayersLanded(c, x.block, x.first_layer, x.layer_count, now_us);
+      if (!was && c.landed_us[x.block] >= 0) ++completed;
+    }
+    c.report.blocks_fetched += completed;
   }
   MutexLock l(&metrics_mu_);
-  m_.blocks_fetched += tally.bytes / block_bytes_;
+  m_.blocks_fetched += completed;
   m_.bytes_fetched += tally.bytes;
   m_.crc_failures += tally.crc_failures;
 }

@@ -99,6 +99,23 @@ Status Client::Impl::Init() {
       static_cast<std::size_t>(std::min<std::uint64_t>(16, o_.staging_bytes / block_bytes_));
   fetch_batch_ = static_cast<std::size_t>(
       std::clamp<std::uint64_t>(kFetchRequestBytes / block_bytes_, 1, wire::kMaxFetchKeys));
+  {
+    const std::uint32_t layers = o_.model.layer_count;
+    layer_bytes_ = block_bytes_ / layers;
+    fetch_groups_.clear();
+    if (layers == 1) {
+      fetch_groups_.push_back({0, 0});
+    } else {
+      layered_batch_ = static_cast<std::size_t>(
+          std::clamp<std::uint64_t>(kFetchPinBytes / block_bytes_, 1, wire::kMaxFetchKeys));
+      const auto per_group = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(
+          kFetchRequestBytes / (layered_batch_ * layer_bytes_), 1, layers - 1));
+      fetch_groups_.push_back({0, 1});
+      for (std::uint32_t l = 1; l < layers; l += per_group) {
+        fetch_groups_.push_back({l, std::min(per_group, layers - l)});
+      }
+    }
+  }
   if (o_.fetch_depth < 1 || o_.fetch_depth > 64) {
     return Status::InvalidArgument("client: fetch_depth (--client-fetch-depth) " +
                                    std::to_string(o_.fetch_depth) + " must be 1..64");
@@ -452,6 +469,9 @@ Status Client::Impl::Load(const MatchResult& match, ContextId id) {
   c->load_start = Clock::now();
   c->landed_us.assign(c->blocks, -1.0);
   c->landed_prefix = 0;
+  c->landed_layer_bits.assign(std::size_t{c->blocks} * c->layer_words, 0);
+  c->layer_ready.assign(o_.model.layer_count, 0);
+  c->landed_blocks = 0;
   c->report.plan_id = match.plan_id;
   c->report.kind = match.kind;
   c->report.predicted_us = match.predicted_us;
@@ -484,12 +504,20 @@ Status Client::Impl::WaitLayer(ContextId id, std::uint32_t layer,
   if (!c->load_started) {
     return Status::FailedPrecondition("client: context " + std::to_string(id) + " has no load");
   }
-  if (!c->cv.WaitFor(&c->mu, timeout, [&]() KVF_REQUIRES(c->mu) { return c->load_done; })) {
+  // Ready when every block's slice of this layer landed and verified (layer
+  // ranges arrive layer-major, so layer 0 is ready long before the last), or
+  // when the load ended (then its status: a failed load fails every wait).
+  auto ready = [&]() KVF_REQUIRES(c->mu) {
+    return c->load_done || c->layer_ready[layer] == c->blocks;
+  };
+  if (!c->cv.WaitFor(&c->mu, timeout, ready)) {
     return Status::DeadlineExceeded("client: layer " + std::to_string(layer) + " of context " +
                                     std::to_string(id) + " not loaded after " +
-                                    std::to_string(timeout.count()) + " ms");
+                                    std::to_string(timeout.count()) + " ms (" +
+                                    std::to_string(c->layer_ready[layer]) + " of " +
+                                    std::to_string(c->blocks) + " blocks have it)");
   }
-  return c->load_status;
+  return c->load_done ? c->load_status : Status::OK();
 }
 
 StatusOr<std::span<std::byte>> Client::Impl::BlockPayload(ContextId id, std::uint32_t block) {
@@ -574,9 +602,14 @@ Status Client::Impl::Attend(ContextId id, std::uint32_t layer, std::uint64_t ste
   }
   {
     MutexLock l(&c->mu);
-    if (!c->load_done || !c->load_status.ok()) {
-      return Status::FailedPrecondition("client: Attend on context " + std::to_string(id) +
-                                        " before its load finished OK");
+    // This layer of every block landed and verified (WaitLayer), while later
+    // layers may still be on the wire; a failed load is refused.
+    const bool ready =
+        c->load_done || (layer < c->layer_ready.size() && c->layer_ready[layer] == c->blocks);
+    if (!ready || !c->load_status.ok()) {
+      return Status::FailedPrecondition("client: Attend on layer " + std::to_string(layer) +
+                                        " of context " + std::to_string(id) +
+                                        " before that layer loaded OK (WaitLayer)");
     }
   }
   const auto start = Clock::now();
@@ -719,6 +752,9 @@ void Context::Reset() {
   fallback_runs.clear();
   landed_us.clear();
   landed_prefix = 0;
+  landed_layer_bits.clear();
+  layer_ready.clear();
+  landed_blocks = 0;
   workers.clear();
   layer_bits.clear();
   layers_saved.clear();
@@ -726,6 +762,7 @@ void Context::Reset() {
   pending_saves = 0;
   save_status = Status::OK();
   pages_safe = Status::OK();
+  writes_quiet_after = {};
 }
 
 ClientMetrics Client::Impl::metrics() const {

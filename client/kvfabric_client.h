@@ -17,9 +17,17 @@
 //                                 of adjacent pages) on another, both
 //                                 writing into the context's history.
 //   WaitLayer(context, layer)     returns when layer `layer` of every block
-//                                 is in the history. Blocks move whole, so
-//                                 today every layer becomes ready when the
-//                                 whole load has landed.
+//                                 is in the history and verified. Fetches
+//                                 move layer-major (layer 0 of every block,
+//                                 then groups of later layers, each slice
+//                                 checked against its layer CRC), so layer 0
+//                                 is ready after about 1/layers of the load;
+//                                 recomputed blocks bring all their layers
+//                                 at once. A block that falls back after
+//                                 some of its layers landed keeps them (its
+//                                 fallback fetches only the missing layers;
+//                                 a recompute or an NVMe staging rewrites
+//                                 them with the same bytes).
 //   Save(context, layer, blocks)  the engine has written that layer of those
 //                                 blocks into the history (BlockPayload);
 //                                 once every layer of a block is saved (each
@@ -30,7 +38,8 @@
 //                                 holds it. A write-back is best effort:
 //                                 Finish reports every block written,
 //                                 skipped or failed, and fails if any failed.
-//   Attend(context, layer, q)     decode attention over the whole history:
+//   Attend(context, layer, q)     after WaitLayer(context, layer): decode
+//                                 attention over that layer of the history:
 //                                 tiles stream host -> device through the
 //                                 arena's staging pages and fold by LSE
 //                                 (client/streaming_attention.h); the result
@@ -311,6 +320,10 @@ struct ContextReport {
   std::string kind;
   double predicted_us = 0;
   double load_us = 0;  // Load to the end of the last run
+  // µs after Load that layer 0, and every layer, of every block was in the
+  // history (what WaitLayer(0) and WaitLayer(last) waited for); -1 if never.
+  double layer0_ready_us = -1;
+  double all_layers_ready_us = -1;
   std::vector<RunOutcome> runs;
   std::uint32_t blocks_fetched = 0;
   std::uint32_t blocks_recomputed = 0;  // planned or after failure, tail included

@@ -124,8 +124,8 @@ using FetchKey = std::array<std::uint8_t, kFetchKeyBytes>;
 // the key's slot, and crc32c is the CRC the block was committed with (with a
 // layer range: the range's bytes and their CRC, folded from the layer CRCs
 // the daemon verified at commit). OutOfRange: the range is not inside the
-// block's layers; FailedPrecondition: the daemon holds no layer CRCs for it
-// (fetch the whole block).
+// block's layers; Unavailable also when the daemon holds no layer CRCs for it
+// (lease the whole block through the control plane).
 // NotFound, FailedPrecondition (another model fingerprint), Unavailable (not
 // in the host pool now: lease it through the control plane), ResourceExhausted
 // (larger than the slot), or the lease's own error.

@@ -414,6 +414,16 @@ TEST_F(ClientEndToEndTest, SavedHistoryLoadsExactlyAndSurvivesADaemonThroughReco
   // (The plan may still recompute a few front blocks while it fetches: a split.)
   const ContextReport fetched = LoadAndCheck("cached");
   EXPECT_GT(fetched.blocks_fetched, chain_.size() / 2) << fetched.kind;
+  // Layer by layer: layer 0 of every block is ready no later than the last
+  // layer, and strictly before it when everything was fetched (layer 0's
+  // requests all go before any later layer's).
+  std::printf("cached: layer 0 ready after %.0f us, all layers after %.0f us, load %.0f us\n",
+              fetched.layer0_ready_us, fetched.all_layers_ready_us, fetched.load_us);
+  EXPECT_GE(fetched.layer0_ready_us, 0);
+  EXPECT_LE(fetched.layer0_ready_us, fetched.all_layers_ready_us);
+  if (fetched.blocks_recomputed == 0) {
+    EXPECT_LT(fetched.layer0_ready_us, fetched.all_layers_ready_us);
+  }
   EXPECT_EQ(fetched.blocks_fetched + fetched.blocks_recomputed, chain_.size());
   EXPECT_EQ(fetched.blocks_recomputed, PlannedRecompute(fetched));
   EXPECT_EQ(client_->metrics().blocks_fallen_back, 0u);

@@ -573,7 +573,9 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
       if (m.fetch_layer_count != 0) {
         const std::uint32_t layers = r.meta.layers;
         if (r.layer_crc32c.size() != layers || layers == 0) {
-          out.code = StatusCode::kFailedPrecondition;  // no layer CRCs: fetch it whole
+          // No layer CRCs (not yet promoted from NVMe): lease it whole
+          // through the control plane, like a block on NVMe only.
+          out.code = StatusCode::kUnavailable;
           continue;
         }
         const std::uint64_t layer_bytes = r.meta.bytes / layers;
