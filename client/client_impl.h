@@ -302,7 +302,12 @@ class Client::Impl {
   void MarkLayersLanded(Context& c, std::uint32_t b, std::uint32_t first, std::uint32_t count,
                         double now_us) KVF_REQUIRES(c.mu);
   // One engine call: blocks [first, first + count), whose pages are adjacent.
-  Status RecomputeRun(Context& c, std::uint32_t first, std::uint32_t count);
+  // With `partial` (count 1, a block some of whose layers landed and may be
+  // read by the engine already), the engine writes into recompute_scratch_
+  // and only the layers still missing are copied into the block's page.
+  Status RecomputeRun(Context& c, std::uint32_t first, std::uint32_t count, bool partial = false);
+  // Whether some, not all, layers of block `b` landed.
+  static bool PartlyLanded(const Context& c, std::uint32_t b) KVF_REQUIRES(c.mu);
   // The session with `host`, made on first use (connecting outside
   // daemons_mu_), remade when the daemon moved or its connection failed.
   StatusOr<std::shared_ptr<Daemon>> GetDaemon(const MatchResult::Host& host);
@@ -405,6 +410,13 @@ class Client::Impl {
 
   mutable Mutex metrics_mu_;
   ClientMetrics m_ KVF_GUARDED_BY(metrics_mu_);
+
+  // One block of host memory, allocated and touched at Open: a fallback
+  // recompute of a block some of whose layers already landed is written
+  // here, never over layers the engine may be reading (RecomputeRun). One
+  // such recompute at a time, client-wide: it is a fault path.
+  Mutex scratch_mu_;
+  std::unique_ptr<std::byte[]> recompute_scratch_ KVF_PT_GUARDED_BY(scratch_mu_);
 };
 
 }  // namespace kvfabric::client

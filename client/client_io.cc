@@ -6,6 +6,7 @@
 #include <array>
 #include <cstring>
 #include <numeric>
+#include <optional>
 
 #include "client/client_impl.h"
 #include "client/client_log.h"
@@ -196,21 +197,42 @@ void Client::Impl::MarkLayersLanded(Context& c, std::uint32_t b, std::uint32_t f
   c.cv.NotifyAll();
 }
 
+bool Client::Impl::PartlyLanded(const Context& c, std::uint32_t b) {
+  if (c.landed_us[b] >= 0) return false;  // every layer
+  for (std::uint32_t w = 0; w < c.layer_words; ++w) {
+    if (c.landed_layer_bits[std::size_t{b} * c.layer_words + w] != 0) return true;
+  }
+  return false;
+}
+
 Status Client::Impl::Recompute(Context& c, std::uint32_t first, std::uint32_t count) {
   // One engine call per run of adjacent pages: the engine writes block
   // payloads back to back (RecomputeFn), and a history's pages are adjacent
-  // in runs (client/history_pool.h).
+  // in runs (client/history_pool.h). A block some of whose layers landed
+  // (a layer-range fetch that failed part way) is a call of its own, written
+  // aside (RecomputeRun).
   const std::uint32_t end = first + count;
+  std::vector<bool> partial(count, false);
+  {
+    MutexLock l(&c.mu);
+    for (std::uint32_t b = first; b < end; ++b) partial[b - first] = PartlyLanded(c, b);
+  }
   for (std::uint32_t from = first; from < end;) {
+    if (partial[from - first]) {
+      KVF_RETURN_IF_ERROR(RecomputeRun(c, from, 1, /*partial=*/true));
+      ++from;
+      continue;
+    }
     std::uint32_t to = from + 1;
-    while (to < end && c.pages[to] == c.pages[to - 1] + 1) ++to;
+    while (to < end && c.pages[to] == c.pages[to - 1] + 1 && !partial[to - first]) ++to;
     KVF_RETURN_IF_ERROR(RecomputeRun(c, from, to - from));
     from = to;
   }
   return Status::OK();
 }
 
-Status Client::Impl::RecomputeRun(Context& c, std::uint32_t first, std::uint32_t count) {
+Status Client::Impl::RecomputeRun(Context& c, std::uint32_t first, std::uint32_t count,
+                                  bool partial) {
   const std::uint64_t tpb = o_.model.tokens_per_block;
   RecomputeRequest req;
   req.context = c.id;
@@ -219,7 +241,7 @@ Status Client::Impl::RecomputeRun(Context& c, std::uint32_t first, std::uint32_t
   req.first_token = first * tpb;
   req.prefix_tokens = req.first_token;
   req.tokens = std::min<std::uint64_t>((first + count) * tpb, c.tokens) - req.first_token;
-  std::span<std::byte> out(BlockBytes(c, first).data(), std::uint64_t{count} * block_bytes_);
+  const std::span<std::byte> page(BlockBytes(c, first).data(), std::uint64_t{count} * block_bytes_);
   {
     // The prefill attends to every block before `first`: wait until they
     // landed (fetched by the other loader, or recomputed earlier), or until
@@ -233,6 +255,13 @@ Status Client::Impl::RecomputeRun(Context& c, std::uint32_t first, std::uint32_t
                                        ") not started: the blocks before it did not land");
     }
   }
+  // A partly landed block: the engine may be reading its landed layers
+  // (WaitLayer said they were ready), so the prefill writes aside and only
+  // the missing layers are copied in (they are not ready: nobody reads them).
+  std::optional<MutexLock> scratch_lock;
+  if (partial) scratch_lock.emplace(&scratch_mu_);
+  const std::span<std::byte> out =
+      partial ? std::span<std::byte>(recompute_scratch_.get(), block_bytes_) : page;
   req.prefix = HostHistory::Paged(
       history_pool_->base(), std::span<const std::uint32_t>(c.pages).first(first), block_bytes_);
   const auto start = Clock::now();
@@ -242,6 +271,21 @@ Status Client::Impl::RecomputeRun(Context& c, std::uint32_t first, std::uint32_t
     return s.WithContext("client: recompute of blocks [" + std::to_string(first) + ", " +
                          std::to_string(first + count) + ")");
   }
+  std::vector<std::uint32_t> missing;  // partial: the layers copied in
+  if (partial) {
+    {
+      MutexLock l(&c.mu);
+      const std::uint64_t* bits = &c.landed_layer_bits[std::size_t{first} * c.layer_words];
+      for (std::uint32_t layer = 0; layer < o_.model.layer_count; ++layer) {
+        if ((bits[layer / 64] & (std::uint64_t{1} << (layer % 64))) == 0) missing.push_back(layer);
+      }
+    }
+    for (std::uint32_t layer : missing) {
+      const std::uint64_t at = std::uint64_t{layer} * layer_bytes_;
+      std::memcpy(page.data() + at, out.data() + at, layer_bytes_);
+    }
+    scratch_lock.reset();
+  }
   {
     MutexLock l(&c.mu);
     v1::RecomputeObservation o;
@@ -250,12 +294,15 @@ Status Client::Impl::RecomputeRun(Context& c, std::uint32_t first, std::uint32_t
     o.set_observed_us(us);
     c.recomputes.push_back(o);
     c.report.blocks_recomputed += count;
-    // The engine's prefill wrote every layer of these blocks. (A block that
-    // falls back here after some of its layers landed gets them written
-    // again with the same bytes: its key names them.)
+    // The engine's prefill wrote every layer of these blocks (of a partly
+    // landed block, the missing ones were copied in above).
     const double landed = MicrosSince(c.load_start);
     for (std::uint32_t b = first; b < first + count && b < c.landed_us.size(); ++b) {
-      MarkLayersLanded(c, b, 0, o_.model.layer_count, landed);
+      if (!partial) {
+        MarkLayersLanded(c, b, 0, o_.model.layer_count, landed);
+        continue;
+      }
+      for (std::uint32_t layer : missing) MarkLayersLanded(c, b, layer, 1, landed);
     }
   }
   prom_->ObserveRecompute(us);

@@ -175,6 +175,16 @@ Status Client::Impl::Init() {
   hp.max_context_tokens = o_.max_context_tokens;
   hp.setting = pool_setting;
   KVF_ASSIGN_OR_RETURN(history_pool_, HistoryPool::Create(*o_.device, hp));
+  if (o_.model.layer_count > 1) {
+    // Touched now, so the fault path that uses it takes no page faults.
+    MutexLock l(&scratch_mu_);
+    recompute_scratch_ = std::make_unique<std::byte[]>(block_bytes_);
+    std::memset(recompute_scratch_.get(), 0, block_bytes_);
+    Log().info(
+        "kvfabric client: + {} bytes (one block) of recompute scratch for blocks that fall back "
+        "after some of their layers landed",
+        block_bytes_);
+  }
   KVF_ASSIGN_OR_RETURN(attention_, StreamingAttention::Create(*o_.device, *arena_,
                                                               arena_->scratch(), layout_, ao));
   Log().info("kvfabric client: {}", arena_->DescribeLayout());

@@ -8,11 +8,14 @@
 // loads go on.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -106,6 +109,25 @@ class ClientFaultInjectionTest : public ::testing::Test {
         }
       }
       std::this_thread::sleep_until(until);
+      // Gated (the layer test): a fallback recompute (of blocks the plan
+      // fetched) of context r.context waits until its engine read layer 0. If WaitLayer(0) waited
+      // for this recompute, the two would wait for each other: the gate gives up after 20 s and
+      // counts it.
+      std::unique_lock<std::mutex> g(gate_mu_);
+      auto planned = planned_fetch_.find(r.context);
+      const bool fallback = planned != planned_fetch_.end() &&
+                            r.first_block + r.block_count <= planned->second.size() &&
+                            std::all_of(planned->second.begin() + r.first_block,
+                                        planned->second.begin() + r.first_block + r.block_count,
+                                        [](bool f) { return f; });
+      if (gate_ && fallback) {
+        if (gate_cv_.wait_for(g, std::chrono::seconds(20),
+                              [&] { return layer0_read_.count(r.context) != 0; })) {
+          ++gated_recomputes_;
+        } else {
+          ++gate_timeouts_;
+        }
+      }
       return Status::OK();
     };
     auto c = Client::Open(std::move(o));
@@ -124,6 +146,19 @@ class ClientFaultInjectionTest : public ::testing::Test {
     for (std::uint32_t& t : ids) t = static_cast<std::uint32_t>(rng() % 128000);
     auto keys = client_->KeyTokens(ids);
     return keys.ok() ? *keys : std::vector<BlockKey>{};
+  }
+
+  // Whether layer `layer` of block `b` of the history holds the engine's bytes.
+  bool LayerIntact(ContextId ctx, const BlockKey& key, std::uint32_t b, std::uint32_t layer) {
+    auto payload = client_->BlockPayload(ctx, b);
+    if (!payload.ok()) return false;
+    const std::uint64_t layer_bytes = block_bytes_ / model_.layer_count;
+    for (std::uint64_t off = layer * layer_bytes; off + 8 <= (layer + 1) * layer_bytes; off += 8) {
+      std::uint64_t w;
+      std::memcpy(&w, payload->data() + off, 8);
+      if (w != Word(key, off)) return false;
+    }
+    return true;
   }
 
   // One engine request: match, load, check every byte, save, finish.
@@ -171,6 +206,13 @@ class ClientFaultInjectionTest : public ::testing::Test {
   std::map<ContextId, std::vector<BlockKey>> chains_;
   std::atomic<int> wrong_blocks_{0};
   std::atomic<std::uint64_t> fetched_{0};
+  // The layer test's gate (see the recompute callback).
+  std::mutex gate_mu_;
+  std::condition_variable gate_cv_;
+  bool gate_ = false;
+  std::set<ContextId> layer0_read_;
+  std::map<ContextId, std::vector<bool>> planned_fetch_;  // per block: the plan fetches it
+  int gated_recomputes_ = 0, gate_timeouts_ = 0;
 };
 
 TEST_F(ClientFaultInjectionTest, CorruptedPushesAndADeadDaemonNeverYieldAWrongByte) {
@@ -206,6 +248,110 @@ TEST_F(ClientFaultInjectionTest, CorruptedPushesAndADeadDaemonNeverYieldAWrongBy
   EXPECT_GE(m.blocks_fallen_back, m.crc_failures > 0 ? 1u : 0u);
   EXPECT_GT(n.ok, 0);
   EXPECT_EQ(n.ok + n.failed, kThreads * kRounds);
+}
+
+// Issue 22's layer-by-layer bar: the daemon corrupts pushes of later layer
+// groups only (layer 0's pushes are one layer slice, shorter than the
+// corruption's minimum), so some blocks' layers 1.. fail their layer CRC
+// while their layer 0 landed. Each engine reads layer 0 of every block as
+// soon as WaitLayer(0) returns, before the corrupted blocks' fallback
+// recomputes may run (the recompute callback waits for that read): layer 0
+// must not wait for them, must already hold the right bytes, and must keep
+// them while the fallback writes the missing layers.
+TEST_F(ClientFaultInjectionTest, ACorruptedLayerSliceFallsBackWithoutHoldingUpLayerZero) {
+  constexpr int kEngines = 4;
+  std::vector<std::vector<BlockKey>> chains;
+  for (int t = 0; t < kEngines; ++t) chains.push_back(ChainOf(100 + t));
+  for (int t = 0; t < kEngines; ++t) ASSERT_TRUE(Serve(chains[t]).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+
+  const std::uint64_t layer_bytes = block_bytes_ / model_.layer_count;
+  ASSERT_GE(model_.layer_count, 3u) << "needs later layer groups longer than one slice";
+  transport::FaultRates rates;
+  rates.corrupt_write_one_in = 3;
+  rates.corrupt_write_min_bytes = 2 * layer_bytes;
+  faults_->SetRates(rates);
+  {
+    std::lock_guard<std::mutex> g(gate_mu_);
+    gate_ = true;
+  }
+  std::atomic<int> layer0_wrong{0}, layer0_changed{0};
+  auto serve = [&](int t, int) {
+    const std::vector<BlockKey>& chain = chains[t];
+    auto match = client_->Match(chain, 0);
+    if (!match.ok()) return std::vector<Status>{match.status()};
+    auto ctx = client_->NewContext(kContextTokens);
+    if (!ctx.ok()) return std::vector<Status>{ctx.status()};
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      chains_[*ctx] = chain;
+    }
+    {
+      std::lock_guard<std::mutex> g(gate_mu_);
+      layer0_read_.erase(*ctx);  // ids of finished contexts are reused
+      std::vector<bool>& planned = planned_fetch_[*ctx];
+      planned.assign(chain.size(), false);
+      for (const client::MatchResult::Run& run : match->runs) {
+        for (std::uint32_t b = run.first_block; b < run.first_block + run.block_count; ++b) {
+          planned[b] = run.fetch;
+        }
+      }
+    }
+    Status s = client_->Load(*match, *ctx);
+    if (s.ok()) s = client_->WaitLayer(*ctx, 0);
+    std::vector<std::uint32_t> checked;
+    for (std::uint32_t b = 0; s.ok() && b < chain.size(); ++b) {
+      if (LayerIntact(*ctx, chain[b], b, 0)) {
+        checked.push_back(b);
+      } else {
+        layer0_wrong.fetch_add(1);
+      }
+    }
+    {
+      std::lock_guard<std::mutex> g(gate_mu_);
+      layer0_read_.insert(*ctx);
+    }
+    gate_cv_.notify_all();
+    for (std::uint32_t l = 1; s.ok() && l < model_.layer_count; ++l) {
+      s = client_->WaitLayer(*ctx, l);
+    }
+    for (std::uint32_t b = 0; s.ok() && b < chain.size(); ++b) {
+      for (std::uint32_t l = 0; l < model_.layer_count; ++l) {
+        if (!LayerIntact(*ctx, chain[b], b, l)) {
+          (l == 0 ? layer0_changed : wrong_blocks_).fetch_add(1);
+        }
+      }
+    }
+    auto report = client_->Finish(*ctx);
+    if (s.ok() && !report.ok()) s = report.status();
+    return std::vector<Status>{s};
+  };
+  const testing::ServedCounts n = testing::RunEngineThreads(kEngines, 2, serve, [] {});
+  faults_->SetRates({});
+  int gated, timeouts;
+  {
+    std::lock_guard<std::mutex> g(gate_mu_);
+    gate_ = false;
+    gated = gated_recomputes_;
+    timeouts = gate_timeouts_;
+  }
+  const client::ClientMetrics m = client_->metrics();
+  const transport::FaultInjectionCounters fc = faults_->counters();
+  std::printf(
+      "served %d OK, %d failed; corrupted later-layer pushes %llu; CRC failures %llu; blocks "
+      "fallen back %llu; fallback recomputes that ran after their engine read layer 0: %d; "
+      "that layer 0 waited for: %d\n",
+      n.ok, n.failed, static_cast<unsigned long long>(fc.corrupted_writes),
+      static_cast<unsigned long long>(m.crc_failures),
+      static_cast<unsigned long long>(m.blocks_fallen_back), gated, timeouts);
+  EXPECT_GT(fc.corrupted_writes, 0u) << "nothing was corrupted: the test proves nothing";
+  EXPECT_GT(m.crc_failures, 0u);
+  EXPECT_GT(gated, 0) << "no fallback recompute ran: the test proves nothing";
+  EXPECT_EQ(timeouts, 0) << "WaitLayer(0) waited for a later layer's fallback";
+  EXPECT_EQ(layer0_wrong.load(), 0) << "WaitLayer(0) returned before layer 0 was right";
+  EXPECT_EQ(layer0_changed.load(), 0) << "a fallback rewrote layer 0 after it was ready";
+  EXPECT_EQ(wrong_blocks_.load(), 0) << "a load returned wrong bytes";
+  EXPECT_EQ(n.ok, kEngines * 2);
 }
 
 }  // namespace

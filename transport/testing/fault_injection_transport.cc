@@ -120,7 +120,7 @@ struct Shared {
       f.bit = rng() % (length * 8);
       ++counters.corrupted;
     } else if (op == TransferOp::kWrite && length != 0 && base != nullptr &&
-               fires(rates.corrupt_write_one_in)) {
+               length >= rates.corrupt_write_min_bytes && fires(rates.corrupt_write_one_in)) {
       f.kind = FaultKind::kCorruptWrite;
       f.bit = rng() % (length * 8);
       ++counters.corrupted_writes;

@@ -31,7 +31,8 @@
 //               bytes are copied into a bounce region of the base transport,
 //               one bit of the copy is flipped, and the copy is written: the
 //               peer receives a flipped bit in transit while the local bytes
-//               stay intact (a daemon's pool page, say).
+//               stay intact (a daemon's pool page, say). Entries shorter
+//               than rates.corrupt_write_min_bytes are left alone.
 // Submit validates a batch itself (transport.h's rules) before drawing, so a
 // batch that the base transport would reject is rejected whole even if some of
 // its entries would have been failed or dropped.
@@ -62,6 +63,9 @@ struct FaultRates {
   std::uint32_t drop_one_in = 0;        // never completes until cancelled
   std::uint32_t corrupt_one_in = 0;     // kRead and accepted payloads: one bit flipped
   std::uint32_t corrupt_write_one_in = 0;  // kWrite: one bit of what the peer gets flipped
+  // kWrite entries shorter than this are never corrupted (0: any length), so
+  // a test can aim at one kind of push (a daemon's later layer groups, say).
+  std::uint64_t corrupt_write_min_bytes = 0;
   // Status code of injected failures. Unavailable mimics a dead peer.
   StatusCode fail_code = StatusCode::kUnavailable;
   // Extra latency of delayed entries. Keep it well below test deadlines.

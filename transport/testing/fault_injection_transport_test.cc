@@ -232,6 +232,24 @@ TEST_F(FaultInjectionTransportTest, CorruptWriteFlipsOneBitOfWhatThePeerGetsAndN
   EXPECT_EQ(client_->counters().corrupted, 0u);
 }
 
+TEST_F(FaultInjectionTransportTest, CorruptWriteSparesEntriesShorterThanItsMinimum) {
+  std::mt19937_64 rng(TestSeed("FaultInjectionTransportTest.CorruptWriteMin"));
+  Connect({.seed = rng(), .rates = {.corrupt_write_one_in = 1, .corrupt_write_min_bytes = kSize}});
+  for (std::byte& b : client_mem_->bytes()) b = static_cast<std::byte>(rng());
+  // Shorter than the minimum: written intact.
+  auto short_write = Submit(TransferOp::kWrite, kSize / 2);
+  ASSERT_TRUE(short_write->Wait(Soon()).ok());
+  EXPECT_EQ(
+      DifferingBits(client_mem_->bytes().first(kSize / 2), server_mem_->bytes().first(kSize / 2)),
+      0);
+  EXPECT_EQ(client_->counters().corrupted_writes, 0u);
+  // At the minimum: corrupted.
+  auto w = Submit(TransferOp::kWrite, kSize);
+  ASSERT_TRUE(w->Wait(Soon()).ok());
+  EXPECT_EQ(DifferingBits(client_mem_->bytes(), server_mem_->bytes()), 1);
+  EXPECT_EQ(client_->counters().corrupted_writes, 1u);
+}
+
 TEST_F(FaultInjectionTransportTest, CorruptFlipsOneBitOfAnAcceptedPayload) {
   std::mt19937_64 rng(TestSeed("FaultInjectionTransportTest.CorruptPayload"));
   Connect({}, {.seed = rng(), .rates = {.corrupt_one_in = 1}});
