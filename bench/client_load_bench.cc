@@ -23,6 +23,7 @@
 // Usage: client_load_bench [--tokens N] [--block-tokens N] [--transport ucx|tcp]
 //                          [--depth N] [--contexts 1,2,4,8] [--daemons 1|2]
 //                          [--layers L]  (1..32; heads = 32/L so blocks stay 2 MiB)
+//                          [--prefill-us-per-token X]  (default 50; the engine's prefill)
 // Defaults: 32768 tokens, 256 tokens per block (2 MiB blocks of a 4-layer,
 // 8 x 64 fp16 model), ucx, depth 4.
 #include <spdlog/spdlog.h>
@@ -97,6 +98,8 @@ bool BlockIntact(std::uint64_t block, std::span<const std::byte> in) {
 
 struct LoadRun {
   double seconds = 0, layer0_s = 0, all_layers_s = 0, predicted_ms = 0, load_ms = 0;
+  // From Load, as the client's report measured them.
+  double layer0_ms = 0, all_layers_ms = 0;
   std::uint32_t fetched = 0, recomputed = 0;
   std::string kind;
   kvfabric::Status status;
@@ -113,6 +116,7 @@ int main(int argc, char** argv) {
   std::vector<int> contexts = {1, 2, 4, 8};
   int daemons = 2;
   std::uint32_t layers = 4;
+  double prefill_us_per_token = 50.0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--tokens") {
@@ -123,6 +127,8 @@ int main(int argc, char** argv) {
       transport = value;
     } else if (flag == "--daemons") {
       daemons = std::max(1, std::min(2, std::atoi(value.c_str())));
+    } else if (flag == "--prefill-us-per-token") {
+      prefill_us_per_token = std::strtod(value.c_str(), nullptr);
     } else if (flag == "--layers") {
       layers = static_cast<std::uint32_t>(std::strtoul(value.c_str(), nullptr, 10));
     } else if (flag == "--depth") {
@@ -202,7 +208,7 @@ int main(int argc, char** argv) {
   // token, as it states (a real model's prefill is far slower than a fetch of
   // its KV; placement refits the figure from what it measures, so the time
   // is spent, not just stated): every cached block is fetched.
-  constexpr double kPrefillUsPerToken = 50.0;
+  const double kPrefillUsPerToken = prefill_us_per_token;  // --prefill-us-per-token
   o.prefill = kvfabric::RecomputeParameters{0.0, kPrefillUsPerToken, 0.0, 0.0};
   o.recompute = [&](const kc::RecomputeRequest& r, std::span<std::byte> out) {
     const auto until = Clock::now() + std::chrono::microseconds(static_cast<std::int64_t>(
@@ -316,6 +322,8 @@ int main(int argc, char** argv) {
         if (report.ok()) {
           r.fetched = report->blocks_fetched;
           r.load_ms = report->load_us / 1e3;
+          r.layer0_ms = report->layer0_ready_us / 1e3;
+          r.all_layers_ms = report->all_layers_ready_us / 1e3;
           r.recomputed = report->blocks_recomputed;
         } else if (r.status.ok()) {
           r.status = report.status();
@@ -325,13 +333,16 @@ int main(int argc, char** argv) {
     }
     for (auto& t : threads) t.join();
     const double wall = Seconds(t0, Clock::now());
-    double slowest = 0, layer0 = 0, all = 0, predicted = 0, measured = 0;
+    double slowest = 0, layer0 = 0, all = 0, predicted = 0, measured = 0, layer0_load = 0,
+           all_load = 0;
     std::uint32_t fetched = 0, recomputed = 0;
     std::string kinds;
     for (const LoadRun& r : runs) {
       if (!r.status.ok()) return Fail(r.status);
       slowest = std::max(slowest, r.seconds);
       layer0 += r.layer0_s / n;
+      layer0_load += r.layer0_ms / n;
+      all_load += r.all_layers_ms / n;
       predicted += r.predicted_ms / n;
       measured += r.load_ms / n;
       all += r.all_layers_s / n;
@@ -344,13 +355,13 @@ int main(int argc, char** argv) {
     std::printf(
         "load, %d context%s (%s; %u blocks fetched, %u recomputed, %d wrong): aggregate %.2f GB/s "
         "= %.2fx memcpy (%.2fx 2-thread memcpy); per context %.2f GB/s; layer 0 ready at %.1f ms, "
-        "every layer at %.1f ms (%.2f of it; target <= 1.5/%u = %.2f + one round trip); plan "
-        "predicted "
-        "%.1f ms, load took %.1f ms (x%.2f); wall %.3f s\n",
+        "every layer at %.1f ms (%.2f of it; target <= 1.5/%u = %.2f + one round trip), after "
+        "Match; from Load: %.1f of %.1f ms = %.2f; plan predicted %.1f ms, load took %.1f ms "
+        "(x%.2f); wall %.3f s\n",
         n, n == 1 ? "" : "s", kinds.c_str(), fetched, recomputed, wrong.load(), aggregate,
         aggregate / mem1, aggregate / mem2, per, layer0 * 1e3, all * 1e3, layer0 / all,
-        model.layer_count, 1.5 / model.layer_count, predicted, measured, measured / predicted,
-        wall);
+        model.layer_count, 1.5 / model.layer_count, layer0_load, all_load, layer0_load / all_load,
+        predicted, measured, measured / predicted, wall);
   }
   return 0;
 }
