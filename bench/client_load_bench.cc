@@ -220,7 +220,7 @@ int main(int argc, char** argv) {
     return kvfabric::Status::OK();
   };
   const auto open_start = Clock::now();
-  auto client = kc::Client::Open(std::move(o));
+  auto client = kc::Client::Open(kc::ClientOptions(o));  // o stays for the second client
   if (!client.ok()) return Fail(client.status());
   std::printf("client open (history pool of %d histories allocated, pinned, pre-faulted): %.2f s\n",
               max_contexts, Seconds(open_start, Clock::now()));
@@ -230,27 +230,51 @@ int main(int argc, char** argv) {
   auto chain = (*client)->KeyTokens(ids);
   if (!chain.ok()) return Fail(chain.status());
 
-  // Prefill once and write back: the Reserve / pull / Commit path.
-  {
-    auto match = (*client)->Match(*chain, 0);
-    if (!match.ok()) return Fail(match.status());
-    auto ctx = (*client)->NewContext(tokens);
-    if (!ctx.ok()) return Fail(ctx.status());
-    if (auto s = (*client)->Load(*match, *ctx); !s.ok()) return Fail(s);
-    for (std::uint32_t l = 0; l < model.layer_count; ++l) {
-      if (auto s = (*client)->WaitLayer(*ctx, l); !s.ok()) return Fail(s);
-    }
+  // Prefill once and write back, timing the saves (Save calls to Finish).
+  auto write_back = [&](kc::Client& c, const std::vector<kvfabric::BlockKey>& keys,
+                        const char* how) -> kvfabric::Status {
+    auto match = c.Match(keys, 0);
+    if (!match.ok()) return match.status();
+    auto ctx = c.NewContext(tokens);
+    if (!ctx.ok()) return ctx.status();
+    KVF_RETURN_IF_ERROR(c.Load(*match, *ctx));
+    for (std::uint32_t l = 0; l < model.layer_count; ++l) KVF_RETURN_IF_ERROR(c.WaitLayer(*ctx, l));
     const auto t0 = Clock::now();
     for (std::uint32_t l = 0; l < model.layer_count; ++l) {
-      if (auto s = (*client)->Save(*ctx, l, 0, *chain); !s.ok()) return Fail(s);
+      KVF_RETURN_IF_ERROR(c.Save(*ctx, l, 0, keys));
     }
-    auto report = (*client)->Finish(*ctx);
-    if (!report.ok()) return Fail(report.status());
+    auto report = c.Finish(*ctx);
+    if (!report.ok()) return report.status();
     const double s = Seconds(t0, Clock::now());
-    std::printf(
-        "write-back (Place + Reserve / pull / Commit): %u blocks written in %.3f s = "
-        "%.2f GB/s = %.2fx memcpy\n",
-        report->blocks_written, s, history_bytes / s / 1e9, history_bytes / s / 1e9 / mem1);
+    std::printf("write-back (%s): %u blocks written in %.3f s = %.2f GB/s = %.2fx memcpy\n", how,
+                report->blocks_written, s, history_bytes / s / 1e9, history_bytes / s / 1e9 / mem1);
+    return kvfabric::Status::OK();
+  };
+  // The Reserve / kPut / Commit path first, by a second client of one
+  // history, on another chain (so the blocks are new to the daemons too).
+  {
+    auto device2 = kvfabric::gpu::CreateCpuDevice(dopts);  // an arena of its own
+    if (!device2.ok()) return Fail(device2.status());
+    kc::ClientOptions ro = o;
+    ro.device = device2->get();
+    ro.store_by_key = false;
+    ro.history_pool_bytes = history_bytes;
+    ro.metrics_address = "";
+    auto reserve_client = kc::Client::Open(std::move(ro));
+    if (!reserve_client.ok()) return Fail(reserve_client.status());
+    std::vector<std::uint32_t> other(tokens);
+    for (std::uint64_t t = 0; t < tokens; ++t) {
+      other[t] = static_cast<std::uint32_t>((t * 7919 + 1) % 128000);
+    }
+    auto other_chain = (*reserve_client)->KeyTokens(other);
+    if (!other_chain.ok()) return Fail(other_chain.status());
+    if (auto s = write_back(**reserve_client, *other_chain, "Place + gRPC Reserve / kPut / Commit");
+        !s.ok()) {
+      return Fail(s);
+    }
+  }
+  if (auto s = write_back(**client, *chain, "Place + kStore, one data-plane round trip"); !s.ok()) {
+    return Fail(s);
   }
   // Daemons tell placement what they hold on their next report: wait (at
   // most 10 s) until its directory lists the whole history.

@@ -298,6 +298,69 @@ StatusOr<std::vector<Status>> CacheHostSession::Store(const v1::ModelFingerprint
 
 // ---------------------------------------------------------------- reads
 
+StatusOr<std::vector<Status>> CacheHostSession::StoreByKey(const v1::ModelFingerprint& fingerprint,
+                                                           std::span<const StoreBlock> blocks,
+                                                           SlotLayout slots, std::uint32_t ttl_ms) {
+  std::vector<Status> out(blocks.size());
+  if (blocks.empty()) return out;
+  KVF_RETURN_IF_ERROR(health());
+  DataPlaneClient::StoreRequest req;
+  req.ns = Namespace();
+  req.ttl_ms = ttl_ms;
+  req.region_id = slots.region_id != 0 ? slots.region_id : o_.region_id;
+  wire::StoreShape& sh = req.shape;
+  // Proto DType and Representation values equal core's (common.proto).
+  sh.dtype = static_cast<std::uint8_t>(fingerprint.dtype());
+  sh.tokens_per_block = fingerprint.tokens_per_block();
+  sh.layers = fingerprint.layer_count();
+  sh.kv_heads = fingerprint.kv_heads();
+  sh.head_dim = fingerprint.head_dim();
+  std::vector<wire::StoreEntry> entries(blocks.size());
+  for (std::size_t k = 0; k < blocks.size(); ++k) {
+    const v1::BlockDescriptor& d = blocks[k].descriptor;
+    if (d.key().size() != wire::kFetchKeyBytes ||
+        d.fingerprint_digest().size() != sh.fingerprint.size()) {
+      return Status::InvalidArgument("StoreByKey: block " + std::to_string(k) + " has a key of " +
+                                     std::to_string(d.key().size()) + " bytes and a digest of " +
+                                     std::to_string(d.fingerprint_digest().size()) +
+                                     " (32 each required)");
+    }
+    if (d.payload_bytes() > slots.bytes) {
+      return Status::InvalidArgument("StoreByKey of a " + std::to_string(d.payload_bytes()) +
+                                     "-byte block from a " + std::to_string(slots.bytes) +
+                                     "-byte slot");
+    }
+    if (k == 0) {
+      std::memcpy(sh.fingerprint.data(), d.fingerprint_digest().data(), sh.fingerprint.size());
+      sh.representation = static_cast<std::uint8_t>(d.representation());
+      sh.format_version = static_cast<std::uint8_t>(d.format_version());
+    } else if (std::memcmp(sh.fingerprint.data(), d.fingerprint_digest().data(),
+                           sh.fingerprint.size()) != 0 ||
+               sh.representation != static_cast<std::uint8_t>(d.representation()) ||
+               sh.format_version != d.format_version()) {
+      return Status::InvalidArgument(
+          "StoreByKey: every block of one call shares its fingerprint, representation and "
+          "format version");
+    }
+    wire::StoreEntry& e = entries[k];
+    std::memcpy(e.key.data(), d.key().data(), e.key.size());
+    e.region_offset = slots.at(k);
+    e.payload_bytes = d.payload_bytes();
+    e.prefix_tokens = d.prefix_tokens();
+    e.crc32c = blocks[k].crc32c;
+  }
+  req.entries = entries;
+  KVF_ASSIGN_OR_RETURN(DaemonConnection* const conn, Connection(""));
+  KVF_ASSIGN_OR_RETURN(const std::vector<StatusCode> codes,
+                       data_->Store(conn, req, TransferDeadline()));
+  for (std::size_t k = 0; k < codes.size(); ++k) {
+    if (codes[k] != StatusCode::kOk) {
+      out[k] = Status(codes[k], "cache host " + o_.host_id + " did not store it");
+    }
+  }
+  return out;
+}
+
 StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::Fetch(
     std::span<const wire::FetchKey> keys, std::string_view expected_digest, SlotLayout slots) {
   DataPlaneClient::FetchRequest req;

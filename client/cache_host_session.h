@@ -150,6 +150,17 @@ class CacheHostSession {
                                       std::span<const StoreBlock> blocks, SlotLayout slots,
                                       std::uint32_t ttl_ms = 0);
 
+  // Store in one data-plane round trip (kStore): the daemon reserves the
+  // blocks, pulls their bytes from `slots` (whole blocks; slots.region_id or
+  // the session's region), checks each CRC32C and commits, all without gRPC.
+  // Same contract as Store; every descriptor must carry the 32-byte
+  // fingerprint_digest (the daemon keeps it with the block) and the
+  // fingerprint's shape. A daemon older than kStore drops the request: the
+  // call then ends with DeadlineExceeded after transfer_timeout.
+  StatusOr<std::vector<Status>> StoreByKey(const v1::ModelFingerprint& fingerprint,
+                                           std::span<const StoreBlock> blocks, SlotLayout slots,
+                                           std::uint32_t ttl_ms = 0);
+
   // What a read found for one key.
   struct ReadResult {
     Status status;              // OK: the bytes are in the key's slot

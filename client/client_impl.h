@@ -346,6 +346,8 @@ class Client::Impl {
   // kFetchPinBytes of the daemon's pages pinned by one request (a request
   // leases whole blocks whatever layers it moves).
   static constexpr std::uint64_t kFetchPinBytes = std::uint64_t{32} << 20;
+  // Bytes of one write-back batch with kStore (save_batch_).
+  static constexpr std::uint64_t kStoreBatchBytes = std::uint64_t{32} << 20;
   std::vector<LayerGroup> fetch_groups_;
   std::size_t layered_batch_ = 16;
   // Bytes of one layer slice of a block.

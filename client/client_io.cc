@@ -924,7 +924,7 @@ void Client::Impl::SaveBatch(std::vector<SaveJob>& jobs) {
     FinishSaves(refused, SaveOutcome::kFailed,
                 Status::Unavailable("placement found no cache host for the block"));
   }
-  for (auto& [index, group] : by_host) {
+  auto save_to = [&](std::uint32_t index, std::vector<SaveJob*>& group) {
     std::vector<Status> outcome(group.size());
     Status s = SaveTo(resp.hosts(static_cast<int>(index)), group, &outcome);
     if (!s.ok()) {
@@ -949,7 +949,20 @@ void Client::Impl::SaveBatch(std::vector<SaveJob>& jobs) {
     FinishSaves(failed, SaveOutcome::kFailed,
                 first_failure.WithContext("write-back to " +
                                           resp.hosts(static_cast<int>(index)).host_id()));
+  };
+  // kStore reads each block from its own page, so the daemons of a batch are
+  // written at once (a thread per further daemon); the Reserve/kPut/Commit
+  // path shares one staging region and goes a daemon at a time.
+  if (!o_.store_by_key || by_host.size() < 2) {
+    for (auto& [index, group] : by_host) save_to(index, group);
+    return;
   }
+  std::vector<std::thread> others;
+  for (auto it = std::next(by_host.begin()); it != by_host.end(); ++it) {
+    others.emplace_back(save_to, it->first, std::ref(it->second));
+  }
+  save_to(by_host.begin()->first, by_host.begin()->second);
+  for (std::thread& t : others) t.join();
 }
 
 Status Client::Impl::SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs,
@@ -957,9 +970,13 @@ Status Client::Impl::SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs
   MatchResult::Host h{host.host_id(), host.grpc_address(), host.transport_address()};
   KVF_ASSIGN_OR_RETURN(const std::shared_ptr<Daemon> d, GetDaemon(h));
   const std::uint64_t tpb = o_.model.tokens_per_block;
-  const std::uint64_t base = 0;  // staging holds write-back only
-  std::span<std::byte> staging = staging_->bytes();
   std::vector<CacheHostSession::StoreBlock> blocks(jobs.size());
+  // kStore: the daemon pulls each block straight from its page of the
+  // history (saved blocks are final, and Finish waits for their saves), so
+  // write-back copies nothing on the client. The Reserve/kPut/Commit path
+  // copies each block into staging first.
+  std::vector<std::uint64_t> pages(jobs.size());
+  std::span<std::byte> staging = staging_->bytes();
   for (std::size_t k = 0; k < jobs.size(); ++k) {
     const SaveJob& j = *jobs[k];
     v1::BlockDescriptor& b = blocks[k].descriptor;
@@ -970,13 +987,21 @@ Status Client::Impl::SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs
     b.set_fingerprint_digest(fingerprint_digest_);
     b.set_token_count(static_cast<std::uint32_t>(tpb));
     b.set_prefix_tokens(tpb * j.block);
-    std::byte* slot = staging.data() + base + k * block_bytes_;
-    std::memcpy(slot, BlockBytes(*j.context, j.block).data(), block_bytes_);
-    blocks[k].crc32c = crc32c::Value(std::span<const std::byte>(slot, block_bytes_));
+    std::span<const std::byte> bytes = BlockBytes(*j.context, j.block);
+    if (o_.store_by_key) {
+      pages[k] = static_cast<std::uint64_t>(bytes.data() - history_pool_->base());
+    } else {
+      std::byte* slot = staging.data() + k * block_bytes_;
+      std::memcpy(slot, bytes.data(), block_bytes_);
+      bytes = std::span<const std::byte>(slot, block_bytes_);
+    }
+    blocks[k].crc32c = crc32c::Value(bytes);
   }
   const auto start = Clock::now();
   StatusOr<std::vector<Status>> stored =
-      d->Store(fingerprint_, blocks, SlotLayout(base, block_bytes_));
+      o_.store_by_key
+          ? d->StoreByKey(fingerprint_, blocks, SlotLayout(pages, block_bytes_, kHistoryRegionId))
+          : d->Store(fingerprint_, blocks, SlotLayout(0, block_bytes_));
   const double us = MicrosSince(start);
   if (!stored.ok()) {
     if (HostDown(stored.status())) DropDaemon(d);  // uncommitted reservations expire there

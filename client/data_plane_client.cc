@@ -27,7 +27,7 @@ struct DataPlaneClient::Slot {
 struct DataPlaneClient::Pending {
   bool done = false;
   Status status;
-  bool fetch_reply = false;  // the reply was a kFetchReply
+  wire::TransferOpCode reply_op = wire::TransferOpCode::kReply;  // what answered
   std::vector<wire::FetchKeyResult> fetch_results;
   std::unique_ptr<transport::TransferBatch> send;  // the request's kSend
 };
@@ -79,14 +79,16 @@ void DataPlaneClient::OnMessage(transport::IncomingMessage& msg) {
     cv_.NotifyAll();
     return;
   }
-  const bool fetch_reply = m->op == wire::TransferOpCode::kFetchReply;
-  if (m->op != wire::TransferOpCode::kReply && !fetch_reply) return;
+  if (m->op != wire::TransferOpCode::kReply && m->op != wire::TransferOpCode::kFetchReply &&
+      m->op != wire::TransferOpCode::kStoreReply) {
+    return;
+  }
   MutexLock lock(&mu_);
   auto it = pending_.find(m->request_id);
   if (it == pending_.end()) return;  // abandoned (deadline) or unknown
   it->second->done = true;
   it->second->status = m->status;
-  it->second->fetch_reply = fetch_reply;
+  it->second->reply_op = m->op;
   it->second->fetch_results = std::move(m->fetch_results);
   cv_.NotifyAll();
 }
@@ -222,7 +224,8 @@ StatusOr<std::uint64_t> DataPlaneClient::Send(DaemonConnection* conn,
 
 Status DataPlaneClient::Wait(DaemonConnection* conn, std::uint64_t request_id,
                              transport::Deadline deadline,
-                             std::vector<wire::FetchKeyResult>* fetch_results) {
+                             std::vector<wire::FetchKeyResult>* fetch_results,
+                             wire::TransferOpCode expect) {
   std::shared_ptr<Pending> p;
   MutexLock lock(&mu_);
   auto it = pending_.find(request_id);
@@ -244,10 +247,10 @@ Status DataPlaneClient::Wait(DaemonConnection* conn, std::uint64_t request_id,
     }
   }
   Status out = p->status;
-  if (out.ok() && p->done && (fetch_results != nullptr) != p->fetch_reply) {
-    out = Status::Internal(std::string("the cache host answered a ") +
-                           (p->fetch_reply ? "fetch" : "transfer") + " request with a " +
-                           (p->fetch_reply ? "fetch reply" : "transfer reply"));
+  if (out.ok() && p->done && p->reply_op != expect) {
+    out = Status::Internal("the cache host answered a request expecting reply op " +
+                           std::to_string(static_cast<int>(expect)) + " with op " +
+                           std::to_string(static_cast<int>(p->reply_op)));
   }
   if (fetch_results != nullptr) *fetch_results = std::move(p->fetch_results);
   pending_.erase(request_id);
@@ -360,7 +363,7 @@ StatusOr<std::vector<wire::FetchKeyResult>> DataPlaneClient::Fetch(DaemonConnect
     const std::size_t begin = sent[s].second;
     const std::size_t k = std::min<std::size_t>(wire::kMaxFetchKeys, n - begin);
     std::vector<wire::FetchKeyResult> got;
-    Status st = Wait(conn, sent[s].first, deadline, &got);
+    Status st = Wait(conn, sent[s].first, deadline, &got, wire::TransferOpCode::kFetchReply);
     // Every count from the network is checked: one result per key asked.
     if (st.ok() && got.size() != k) {
       st = Status::DataLoss("the cache host answered " + std::to_string(got.size()) +
@@ -371,6 +374,50 @@ StatusOr<std::vector<wire::FetchKeyResult>> DataPlaneClient::Fetch(DaemonConnect
       continue;
     }
     std::copy(got.begin(), got.end(), out.begin() + static_cast<std::ptrdiff_t>(begin));
+  }
+  if (!first.ok()) return first;
+  return out;
+}
+
+StatusOr<std::vector<StatusCode>> DataPlaneClient::Store(DaemonConnection* conn,
+                                                         const StoreRequest& request,
+                                                         transport::Deadline deadline) {
+  const std::size_t n = request.entries.size();
+  if (n == 0) return std::vector<StatusCode>{};
+  wire::TransferMessage m;
+  m.op = wire::TransferOpCode::kStore;
+  m.region_id = request.region_id;
+  m.fetch_namespace = request.ns;
+  m.store_ttl_ms = request.ttl_ms;
+  m.store_shape = request.shape;
+  std::vector<std::pair<std::uint64_t, std::size_t>> sent;  // request id, first entry
+  Status first;
+  for (std::size_t i = 0; i < n; i += wire::kMaxStoreKeys) {
+    const std::size_t k = std::min<std::size_t>(wire::kMaxStoreKeys, n - i);
+    m.store_entries.assign(request.entries.begin() + static_cast<std::ptrdiff_t>(i),
+                           request.entries.begin() + static_cast<std::ptrdiff_t>(i + k));
+    auto id = Send(conn, m);
+    if (!id.ok()) {
+      first = id.status();
+      break;
+    }
+    sent.emplace_back(*id, i);
+  }
+  std::vector<StatusCode> out(n, StatusCode::kUnavailable);
+  for (const auto& [id, begin] : sent) {
+    const std::size_t k = std::min<std::size_t>(wire::kMaxStoreKeys, n - begin);
+    std::vector<wire::FetchKeyResult> got;
+    Status st = Wait(conn, id, deadline, &got, wire::TransferOpCode::kStoreReply);
+    // Every count from the network is checked: one result per key asked.
+    if (st.ok() && got.size() != k) {
+      st = Status::DataLoss("the cache host answered " + std::to_string(got.size()) +
+                            " store results for " + std::to_string(k) + " keys");
+    }
+    if (!st.ok()) {
+      if (first.ok()) first = st;
+      continue;
+    }
+    for (std::size_t j = 0; j < k; ++j) out[begin + j] = got[j].code;
   }
   if (!first.ok()) return first;
   return out;

@@ -6,7 +6,9 @@
 // bytes between those regions and the extents a gRPC Reserve or Lease granted:
 // kPut pulls from the client's region into reserved pages, kGet pushes leased
 // pages into the client's region. Fetch does a whole read by key (lease, kGet,
-// release) in one data-plane round trip for blocks in the daemon's host pool. A request completes when the daemon's reply
+// release) in one data-plane round trip for blocks in the daemon's host pool;
+// Store a whole write (reserve, pull, CRC check, commit) in one. A request
+// completes when the daemon's reply
 // arrives, i.e. after every byte moved (or failed); the region's bytes named
 // by a request belong to the transport until then.
 //
@@ -124,6 +126,26 @@ class DataPlaneClient {
                                                     const FetchRequest& request,
                                                     transport::Deadline deadline);
 
+  // What to store by key (wire kStore): each entry's bytes, in region
+  // `region_id`, are reserved on the daemon, pulled into its pool, checked
+  // against the entry's CRC32C and committed, in one round trip. Every
+  // block shares `ns` and `shape`.
+  struct StoreRequest {
+    std::string ns;
+    wire::StoreShape shape;
+    std::uint32_t ttl_ms = 0;  // 0: the daemon's default
+    std::uint32_t region_id = 0;
+    std::span<const wire::StoreEntry> entries;
+  };
+  // Sends `request` as kStore messages of at most wire::kMaxStoreKeys
+  // entries, all in flight at once, and waits for every reply. One code per
+  // entry (OK: committed; AlreadyExists: the daemon holds it already;
+  // ResourceExhausted, DataLoss, InvalidArgument, ...), or the first
+  // request-wide error (then any entry may or may not be stored). The
+  // entries' bytes belong to the transport until this returns.
+  StatusOr<std::vector<StatusCode>> Store(DaemonConnection* conn, const StoreRequest& request,
+                                          transport::Deadline deadline);
+
   // Closes `conn` (requests on it complete Unavailable) and forgets it, if it
   // is still the one kept for its address (a newer connection made by
   // another thread stays). Holders keep a closed, failing connection.
@@ -141,10 +163,11 @@ class DataPlaneClient {
  private:
   explicit DataPlaneClient(transport::Transport* transport);
   StatusOr<std::uint64_t> Send(DaemonConnection* conn, const wire::TransferMessage& message);
-  // Waits for the reply to `request_id`; a kFetchReply's results go to
-  // *fetch_results when it is given.
+  // Waits for the reply to `request_id`, which must be of op `expect`; a
+  // kFetchReply's or kStoreReply's results go to *fetch_results when given.
   Status Wait(DaemonConnection* conn, std::uint64_t request_id, transport::Deadline deadline,
-              std::vector<wire::FetchKeyResult>* fetch_results = nullptr);
+              std::vector<wire::FetchKeyResult>* fetch_results = nullptr,
+              wire::TransferOpCode expect = wire::TransferOpCode::kReply);
   void OnMessage(transport::IncomingMessage& msg);
 
   transport::Transport* const transport_;

@@ -363,6 +363,12 @@ Status ToClientOptions(const kvf_options& o, ClientOptions* out) {
   options.security.allow_insecure_remote = o.allow_insecure_remote != 0;
   options.data_plane_tls = o.data_plane_tls != 0;
   options.fetch_depth = o.fetch_depth != 0 ? o.fetch_depth : 4;  // 0: older callers
+  if (o.write_back_protocol > 1) {
+    return Status::InvalidArgument("options->write_back_protocol is " +
+                                   std::to_string(o.write_back_protocol) +
+                                   ": use 0 (kStore) or 1 (Reserve, put, Commit)");
+  }
+  options.store_by_key = o.write_back_protocol == 0;
   options.history_pool_setting = "options->history_pool_bytes";
   options.ucx_tls_setting = "options->ucx_tls";
   options.rpc_timeout = std::chrono::milliseconds(o.rpc_timeout_ms);

@@ -95,8 +95,13 @@ Status Client::Impl::Init() {
                                    std::to_string(o_.staging_bytes) + " must hold one block of " +
                                    std::to_string(block_bytes_) + " bytes (write-back)");
   }
-  save_batch_ =
-      static_cast<std::size_t>(std::min<std::uint64_t>(16, o_.staging_bytes / block_bytes_));
+  // Blocks per write-back batch (one Place call): through staging, what it
+  // holds (at most 16); with kStore, about kStoreBatchBytes, sent as kStores
+  // of 8 blocks all in flight at once.
+  save_batch_ = static_cast<std::size_t>(
+      o_.store_by_key
+          ? std::clamp<std::uint64_t>(kStoreBatchBytes / block_bytes_, wire::kMaxStoreKeys, 64)
+          : std::min<std::uint64_t>(16, o_.staging_bytes / block_bytes_));
   fetch_batch_ = static_cast<std::size_t>(
       std::clamp<std::uint64_t>(kFetchRequestBytes / block_bytes_, 1, wire::kMaxFetchKeys));
   {

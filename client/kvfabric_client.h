@@ -193,6 +193,13 @@ struct ClientOptions {
   // (CacheHostSession::FetchWithin); a refused request is asked again after a
   // pause (ClientMetrics::fetch_requests_throttled).
   std::uint32_t fetch_depth = 4;
+  // Write-back protocol (--client-store-by-key). true: one data-plane kStore
+  // per batch of up to 8 blocks, several in flight, the daemon pulling each
+  // block from its page of the history and checking its CRC before it
+  // commits (one round trip, no client-side copy). false: gRPC Reserve, a
+  // kPut from staging, gRPC Commit (three round trips and a copy into
+  // staging): for daemons older than kStore, and for comparison.
+  bool store_by_key = true;
   // The pinned host memory every context's history lives in
   // (--client-history-pool-bytes; client/history_pool.h): allocated,
   // pinned and pre-faulted at Open, handed out in pages of one block, so no

@@ -48,6 +48,11 @@ bool SlotsFit(std::uint64_t offset, std::uint64_t slot, std::uint64_t count) {
   return slot != 0 && count != 0 && slot <= (~std::uint64_t{0} - offset) / count;
 }
 
+std::string StoreRangeError(const StoreEntry& e) {
+  return "store request: " + std::to_string(e.payload_bytes) + " bytes at offset " +
+         std::to_string(e.region_offset) + " are empty or wrap";
+}
+
 std::string SlotsError(std::uint64_t offset, std::uint64_t slot, std::uint64_t count) {
   return "fetch request: " + std::to_string(count) + " slots of " + std::to_string(slot) +
          " bytes from offset " + std::to_string(offset) + " are empty or wrap";
@@ -122,7 +127,27 @@ StatusOr<std::string> EncodeTransferMessage(const TransferMessage& m) {
     case TransferOpCode::kHello:
       count = kHelloBytes;
       break;
+    case TransferOpCode::kStore: {
+      const std::size_t n = m.store_entries.size();
+      if (n == 0 || n > kMaxStoreKeys) {
+        return Status::InvalidArgument("store request with " + std::to_string(n) +
+                                       " keys: must be 1.." + std::to_string(kMaxStoreKeys));
+      }
+      if (m.fetch_namespace.size() > kMaxFetchNamespaceBytes) {
+        return Status::InvalidArgument(
+            "store request: namespace of " + std::to_string(m.fetch_namespace.size()) +
+            " bytes, at most " + std::to_string(kMaxFetchNamespaceBytes));
+      }
+      for (const StoreEntry& e : m.store_entries) {
+        if (!SlotsFit(e.region_offset, e.payload_bytes, 1)) {
+          return Status::InvalidArgument(StoreRangeError(e));
+        }
+      }
+      count = static_cast<std::uint32_t>(n);
+      break;
+    }
     case TransferOpCode::kFetchReply:
+    case TransferOpCode::kStoreReply:
       if (m.fetch_results.size() > kMaxFetchKeys) {
         return Status::InvalidArgument("fetch reply with " +
                                        std::to_string(m.fetch_results.size()) +
@@ -144,7 +169,8 @@ StatusOr<std::string> EncodeTransferMessage(const TransferMessage& m) {
   // Only kPut and kGet present a grant; replies name no region.
   const bool granted = m.op == TransferOpCode::kPut || m.op == TransferOpCode::kGet;
   const bool hello = m.op == TransferOpCode::kChallenge || m.op == TransferOpCode::kHello;
-  const bool reply = m.op == TransferOpCode::kReply || m.op == TransferOpCode::kFetchReply;
+  const bool reply = m.op == TransferOpCode::kReply || m.op == TransferOpCode::kFetchReply ||
+                     m.op == TransferOpCode::kStoreReply;
   Put64(&out, granted || m.op == TransferOpCode::kHello ? m.lease_id : 0);
   for (std::uint8_t b : m.token) Put8(&out, granted ? b : 0);
   Put32(&out, reply || hello ? 0 : m.region_id);
@@ -197,7 +223,33 @@ StatusOr<std::string> EncodeTransferMessage(const TransferMessage& m) {
       }
       for (std::uint64_t o : m.fetch_slot_offsets) Put64(&out, o);
       break;
-    case TransferOpCode::kFetchReply: {
+    case TransferOpCode::kStore: {
+      const StoreShape& sh = m.store_shape;
+      Put32(&out, m.store_ttl_ms);
+      Put16(&out, static_cast<std::uint16_t>(m.fetch_namespace.size()));
+      Put8(&out, 0);  // flags
+      Put8(&out, sh.representation);
+      Put8(&out, sh.dtype);
+      Put8(&out, sh.format_version);
+      Put16(&out, 0);
+      Put32(&out, sh.tokens_per_block);
+      Put32(&out, sh.layers);
+      Put32(&out, sh.kv_heads);
+      Put32(&out, sh.head_dim);
+      for (std::uint8_t b : sh.fingerprint) Put8(&out, b);
+      out += m.fetch_namespace;
+      for (const StoreEntry& e : m.store_entries) {
+        for (std::uint8_t b : e.key) Put8(&out, b);
+        Put64(&out, e.region_offset);
+        Put64(&out, e.payload_bytes);
+        Put64(&out, e.prefix_tokens);
+        Put32(&out, e.crc32c);
+        Put32(&out, 0);
+      }
+      break;
+    }
+    case TransferOpCode::kFetchReply:
+    case TransferOpCode::kStoreReply: {
       Put32(&out, static_cast<std::uint32_t>(static_cast<std::int32_t>(m.status.code())));
       Put64(&out, m.bytes_moved);
       std::string_view msg = m.status.message();
@@ -239,7 +291,7 @@ StatusOr<TransferMessage> DecodeTransferMessage(std::span<const std::byte> bytes
                                    ", this build reads " + std::to_string(kTransferVersion));
   }
   if (reserved != 0) return Status::InvalidArgument("transfer message: reserved bits set");
-  if (op < 1 || op > 8) {
+  if (op < 1 || op > 10) {
     return Status::InvalidArgument("transfer message: unknown op " + std::to_string(op));
   }
   m.op = static_cast<TransferOpCode>(op);
@@ -360,18 +412,69 @@ StatusOr<TransferMessage> DecodeTransferMessage(std::span<const std::byte> bytes
       r.Bytes(kHelloBytes, m.hello.data());
       break;
     }
-    case TransferOpCode::kFetchReply: {
+    case TransferOpCode::kStore: {
+      std::uint64_t ttl = 0, ns_len = 0, flags = 0, representation = 0, dtype = 0, version = 0,
+                    reserved2 = 0, tpb = 0, layers = 0, heads = 0, dim = 0;
+      if (m.lease_id != 0 || m.token != std::array<std::uint8_t, 16>{} || !r.Read(4, &ttl) ||
+          !r.Read(2, &ns_len) || !r.Read(1, &flags) || !r.Read(1, &representation) ||
+          !r.Read(1, &dtype) || !r.Read(1, &version) || !r.Read(2, &reserved2) ||
+          !r.Read(4, &tpb) || !r.Read(4, &layers) || !r.Read(4, &heads) || !r.Read(4, &dim)) {
+        return Status::InvalidArgument("store request: malformed header");
+      }
+      if (flags != 0 || reserved2 != 0) {
+        return Status::InvalidArgument("store request: reserved bits set");
+      }
+      if (count == 0 || count > kMaxStoreKeys || ns_len > kMaxFetchNamespaceBytes ||
+          r.left() != kFetchDigestBytes + ns_len + count * kStoreEntryBytes) {
+        return Status::InvalidArgument(
+            "store request: " + std::to_string(count) + " keys and a namespace of " +
+            std::to_string(ns_len) + " bytes in " + std::to_string(r.left()) + " bytes (1.." +
+            std::to_string(kMaxStoreKeys) + " entries of 64 bytes, a namespace of at most " +
+            std::to_string(kMaxFetchNamespaceBytes) + ")");
+      }
+      m.store_ttl_ms = static_cast<std::uint32_t>(ttl);
+      StoreShape& sh = m.store_shape;
+      sh.representation = static_cast<std::uint8_t>(representation);
+      sh.dtype = static_cast<std::uint8_t>(dtype);
+      sh.format_version = static_cast<std::uint8_t>(version);
+      sh.tokens_per_block = static_cast<std::uint32_t>(tpb);
+      sh.layers = static_cast<std::uint32_t>(layers);
+      sh.kv_heads = static_cast<std::uint32_t>(heads);
+      sh.head_dim = static_cast<std::uint32_t>(dim);
+      r.Bytes(kFetchDigestBytes, sh.fingerprint.data());
+      m.fetch_namespace.resize(ns_len);
+      r.Bytes(ns_len, m.fetch_namespace.data());
+      m.store_entries.resize(count);
+      for (StoreEntry& e : m.store_entries) {
+        std::uint64_t crc = 0, reserved3 = 0;
+        r.Bytes(kFetchKeyBytes, e.key.data());
+        r.Read(8, &e.region_offset);
+        r.Read(8, &e.payload_bytes);
+        r.Read(8, &e.prefix_tokens);
+        r.Read(4, &crc);
+        r.Read(4, &reserved3);
+        e.crc32c = static_cast<std::uint32_t>(crc);
+        if (reserved3 != 0) return Status::InvalidArgument("store request: reserved bits set");
+        if (!SlotsFit(e.region_offset, e.payload_bytes, 1)) {
+          return Status::InvalidArgument(StoreRangeError(e));
+        }
+      }
+      break;
+    }
+    case TransferOpCode::kFetchReply:
+    case TransferOpCode::kStoreReply: {
+      const char* what = m.op == TransferOpCode::kFetchReply ? "fetch reply" : "store reply";
       std::uint64_t code = 0, len = 0;
       if (region != 0 || m.lease_id != 0 || m.token != std::array<std::uint8_t, 16>{} ||
           !r.Read(4, &code) || !r.Read(8, &m.bytes_moved) || !r.Read(2, &len)) {
-        return Status::InvalidArgument("fetch reply: malformed header");
+        return Status::InvalidArgument(std::string(what) + ": malformed header");
       }
       const auto scode = static_cast<std::int32_t>(static_cast<std::uint32_t>(code));
       if (!IsKnownStatusCode(scode) || count > kMaxFetchKeys ||
           len > kMaxFetchReplyMessageBytes || r.left() != count * kFetchResultBytes + len) {
-        return Status::InvalidArgument("fetch reply: code " + std::to_string(scode) + ", " +
-                                       std::to_string(count) + " results or message length " +
-                                       std::to_string(len) + " out of range");
+        return Status::InvalidArgument(
+            std::string(what) + ": code " + std::to_string(scode) + ", " + std::to_string(count) +
+            " results or message length " + std::to_string(len) + " out of range");
       }
       m.fetch_results.resize(count);
       for (FetchKeyResult& x : m.fetch_results) {
@@ -381,7 +484,7 @@ StatusOr<TransferMessage> DecodeTransferMessage(std::span<const std::byte> bytes
         r.Read(8, &x.payload_bytes);
         const auto k = static_cast<std::int32_t>(static_cast<std::uint32_t>(kcode));
         if (!IsKnownStatusCode(k)) {
-          return Status::InvalidArgument("fetch reply: result code " + std::to_string(k) +
+          return Status::InvalidArgument(std::string(what) + ": result code " + std::to_string(k) +
                                          " out of range");
         }
         x.code = static_cast<StatusCode>(k);

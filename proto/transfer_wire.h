@@ -21,6 +21,12 @@
 //                                    data path; others answer Unavailable and
 //                                    go through gRPC Lease, which stages them).
 //   daemon -> client  kFetchReply    a kFetch's outcome and one result per key.
+//   client -> daemon  kStore         "reserve these keys, pull their bytes from
+//                                    my region, verify each CRC32C, commit":
+//                                    gRPC Reserve, a kPut and gRPC Commit in one
+//                                    round trip (the daemon checks the CRCs on
+//                                    a worker thread, not the progress thread).
+//   daemon -> client  kStoreReply    a kStore's outcome and one result per key.
 //   daemon -> client  kChallenge     sent once when a connection is accepted: a
 //                                    32-byte random nonce (request_id 0).
 //   client -> daemon  kHello         proves the connection belongs to a gRPC
@@ -57,6 +63,21 @@
 //   payload_bytes / layers contiguous bytes), landing at the key's slot; the
 //   result's crc32c and payload_bytes are then the range's, so a client can
 //   verify layer 0 of a batch and use it while later layers are on the wire.
+// kStore: lease_id and token zero; `count` keys, 1 <= count <= kMaxStoreKeys:
+//   u32 ttl_ms (0: the daemon's default), u16 namespace length (<=
+//   kMaxFetchNamespaceBytes), u8 flags (0), u8 representation
+//   (BlockRepresentation), u8 dtype (KvDtype), u8 format_version (1..2),
+//   u16 reserved (0), u32 tokens_per_block, u32 layers, u32 kv_heads,
+//   u32 head_dim, the 32-byte fingerprint digest of the model, namespace
+//   bytes, then `count` entries of 64 bytes: the 32-byte key, u64
+//   region_offset, u64 payload_bytes (>= 1; [region_offset, + payload_bytes)
+//   must not wrap u64), u64 prefix_tokens, u32 crc32c, u32 reserved (0).
+//   Every block of one kStore has the same model shape and namespace.
+// kStoreReply: as kFetchReply (results carry the code; crc32c and
+//   payload_bytes are zero). Per key: OK (committed), AlreadyExists (another
+//   writer holds or held it: nothing to do), ResourceExhausted (no room, or a
+//   quota), DataLoss (the bytes pulled did not match crc32c; nothing kept),
+//   InvalidArgument (the entry's shape), or the reservation's own error.
 // kChallenge: lease_id, token, region_id zero; count 32; the 32-byte nonce.
 // kHello: lease_id is the session id; token and region_id zero; count 32; the
 //   32-byte proof.
@@ -93,6 +114,8 @@ enum class TransferOpCode : std::uint8_t {
   kFetchReply = 6,
   kChallenge = 7,
   kHello = 8,
+  kStore = 9,
+  kStoreReply = 10,
 };
 
 inline constexpr std::uint32_t kTransferMagic = 0x5446564bu;  // "KVFT" little-endian
@@ -117,6 +140,9 @@ inline constexpr std::size_t kMaxFetchNamespaceBytes = 256;
 inline constexpr std::uint32_t kMaxFetchReplyMessageBytes = 512;
 inline constexpr std::size_t kFetchResultBytes = 16;
 inline constexpr std::size_t kHelloBytes = 32;  // a kChallenge nonce, a kHello proof
+// kStore: 48 + 28 + 32 (digest) + 256 (namespace) + 8 x 64 (entries) = 876.
+inline constexpr std::uint32_t kMaxStoreKeys = 8;
+inline constexpr std::size_t kStoreEntryBytes = 64;
 
 using FetchKey = std::array<std::uint8_t, kFetchKeyBytes>;
 
@@ -133,6 +159,29 @@ struct FetchKeyResult {
   StatusCode code = StatusCode::kOk;
   std::uint32_t crc32c = 0;
   std::uint64_t payload_bytes = 0;
+};
+
+// One block of a kStore: its bytes are [region_offset, + payload_bytes) of
+// the request's region.
+struct StoreEntry {
+  FetchKey key{};
+  std::uint64_t region_offset = 0;
+  std::uint64_t payload_bytes = 0;
+  std::uint64_t prefix_tokens = 0;
+  std::uint32_t crc32c = 0;
+};
+
+// The model shape every block of one kStore shares (the daemon keeps it
+// with each block, and writes it into the block's NVMe header).
+struct StoreShape {
+  std::uint8_t representation = 1;  // BlockRepresentation
+  std::uint8_t dtype = 1;           // KvDtype
+  std::uint8_t format_version = 2;
+  std::uint32_t tokens_per_block = 0;
+  std::uint32_t layers = 0;
+  std::uint32_t kv_heads = 0;
+  std::uint32_t head_dim = 0;
+  std::array<std::uint8_t, kFetchDigestBytes> fingerprint{};
 };
 
 struct TransferRange {
@@ -168,8 +217,12 @@ struct TransferMessage {
   // Layer range (flag bit 2): fetch_layer_count 0 means whole blocks.
   std::uint32_t fetch_first_layer = 0;
   std::uint32_t fetch_layer_count = 0;
-  // kFetchReply.
+  // kFetchReply and kStoreReply.
   std::vector<FetchKeyResult> fetch_results;
+  // kStore (its namespace is fetch_namespace).
+  std::uint32_t store_ttl_ms = 0;
+  StoreShape store_shape;
+  std::vector<StoreEntry> store_entries;
   // kChallenge (the nonce) and kHello (the proof; lease_id is the session id).
   std::array<std::uint8_t, kHelloBytes> hello{};
 };

@@ -260,6 +260,112 @@ TEST(TransferWireTest, LayerRangeFetchRoundTripsAndIsChecked) {
   EXPECT_EQ(dec->fetch_layer_count, 0u);
 }
 
+TransferMessage StoreOf(std::size_t keys, std::size_t ns_bytes) {
+  TransferMessage m;
+  m.op = TransferOpCode::kStore;
+  m.request_id = 77;
+  m.region_id = 3;
+  m.fetch_namespace = std::string(ns_bytes, 'n');
+  m.store_ttl_ms = 30000;
+  m.store_shape.representation = 1;
+  m.store_shape.dtype = 2;
+  m.store_shape.format_version = 2;
+  m.store_shape.tokens_per_block = 16;
+  m.store_shape.layers = 4;
+  m.store_shape.kv_heads = 8;
+  m.store_shape.head_dim = 128;
+  m.store_shape.fingerprint.fill(9);
+  for (std::size_t i = 0; i < keys; ++i) {
+    StoreEntry e;
+    e.key.fill(static_cast<std::uint8_t>(i + 1));
+    e.region_offset = i << 20;
+    e.payload_bytes = 256 << 10;
+    e.prefix_tokens = 16 * i;
+    e.crc32c = 0x1234567u + static_cast<std::uint32_t>(i);
+    m.store_entries.push_back(e);
+  }
+  return m;
+}
+
+TEST(TransferWireTest, StoreRoundTripsAndIsChecked) {
+  TransferMessage m = StoreOf(3, 5);
+  auto enc = EncodeTransferMessage(m);
+  ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+  EXPECT_EQ(enc->size(), kTransferHeaderBytes + 28 + 32 + 5 + 3 * kStoreEntryBytes);
+  auto dec = DecodeTransferMessage(AsBytes(*enc));
+  ASSERT_TRUE(dec.ok()) << dec.status().ToString();
+  EXPECT_EQ(dec->op, TransferOpCode::kStore);
+  EXPECT_EQ(dec->region_id, 3u);
+  EXPECT_EQ(dec->fetch_namespace, "nnnnn");
+  EXPECT_EQ(dec->store_ttl_ms, 30000u);
+  EXPECT_EQ(dec->store_shape.dtype, 2);
+  EXPECT_EQ(dec->store_shape.layers, 4u);
+  EXPECT_EQ(dec->store_shape.head_dim, 128u);
+  EXPECT_EQ(dec->store_shape.fingerprint, m.store_shape.fingerprint);
+  ASSERT_EQ(dec->store_entries.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(dec->store_entries[i].key, m.store_entries[i].key);
+    EXPECT_EQ(dec->store_entries[i].region_offset, m.store_entries[i].region_offset);
+    EXPECT_EQ(dec->store_entries[i].payload_bytes, m.store_entries[i].payload_bytes);
+    EXPECT_EQ(dec->store_entries[i].prefix_tokens, m.store_entries[i].prefix_tokens);
+    EXPECT_EQ(dec->store_entries[i].crc32c, m.store_entries[i].crc32c);
+  }
+  for (std::size_t n = 0; n < enc->size(); ++n) {
+    EXPECT_FALSE(DecodeTransferMessage(AsBytes(enc->substr(0, n))).ok()) << n;
+  }
+  EXPECT_FALSE(DecodeTransferMessage(AsBytes(*enc + "x")).ok());
+  // Byte offsets after the header: 48 ttl, 52 namespace length, 54 flags,
+  // 58 reserved; the first entry starts at 48 + 28 + 32 + 5 = 113.
+  std::string bad = *enc;
+  bad[16] = 1;  // a lease id: kStore presents no grant
+  EXPECT_FALSE(DecodeTransferMessage(AsBytes(bad)).ok());
+  bad = *enc;
+  bad[54] = 1;  // flags
+  EXPECT_FALSE(DecodeTransferMessage(AsBytes(bad)).ok());
+  bad = *enc;
+  bad[58] = 1;  // reserved
+  EXPECT_FALSE(DecodeTransferMessage(AsBytes(bad)).ok());
+  bad = *enc;
+  bad[113 + 60] = 1;  // the entry's reserved word
+  EXPECT_FALSE(DecodeTransferMessage(AsBytes(bad)).ok());
+  // Ranges that are empty or wrap: refused by both sides.
+  TransferMessage wrap = StoreOf(1, 0);
+  wrap.store_entries[0].region_offset = ~std::uint64_t{0} - 10;
+  EXPECT_TRUE(EncodeTransferMessage(wrap).status().IsInvalidArgument());
+  std::string wrapped = *EncodeTransferMessage(StoreOf(1, 0));
+  for (int i = 0; i < 8; ++i) wrapped[48 + 28 + 32 + 32 + i] = static_cast<char>(0xff);
+  EXPECT_FALSE(DecodeTransferMessage(AsBytes(wrapped)).ok());
+  TransferMessage empty = StoreOf(1, 0);
+  empty.store_entries[0].payload_bytes = 0;
+  EXPECT_TRUE(EncodeTransferMessage(empty).status().IsInvalidArgument());
+  // Counts: 1..kMaxStoreKeys, and the largest fits the transport's header.
+  EXPECT_TRUE(EncodeTransferMessage(StoreOf(0, 1)).status().IsInvalidArgument());
+  EXPECT_TRUE(EncodeTransferMessage(StoreOf(kMaxStoreKeys + 1, 1)).status().IsInvalidArgument());
+  EXPECT_TRUE(
+      EncodeTransferMessage(StoreOf(1, kMaxFetchNamespaceBytes + 1)).status().IsInvalidArgument());
+  auto largest = EncodeTransferMessage(StoreOf(kMaxStoreKeys, kMaxFetchNamespaceBytes));
+  ASSERT_TRUE(largest.ok());
+  EXPECT_LE(largest->size(), kMaxTransferMessageBytes);
+}
+
+TEST(TransferWireTest, StoreReplyCarriesOneCodePerKey) {
+  TransferMessage m;
+  m.op = TransferOpCode::kStoreReply;
+  m.request_id = 5;
+  m.bytes_moved = 1 << 20;
+  m.fetch_results = {
+      {StatusCode::kOk, 0, 0}, {StatusCode::kAlreadyExists, 0, 0}, {StatusCode::kDataLoss, 0, 0}};
+  auto enc = EncodeTransferMessage(m);
+  ASSERT_TRUE(enc.ok());
+  auto dec = DecodeTransferMessage(AsBytes(*enc));
+  ASSERT_TRUE(dec.ok()) << dec.status().ToString();
+  EXPECT_EQ(dec->op, TransferOpCode::kStoreReply);
+  ASSERT_EQ(dec->fetch_results.size(), 3u);
+  EXPECT_EQ(dec->fetch_results[1].code, StatusCode::kAlreadyExists);
+  EXPECT_EQ(dec->fetch_results[2].code, StatusCode::kDataLoss);
+  EXPECT_EQ(dec->bytes_moved, 1u << 20);
+}
+
 TEST(TransferWireTest, LargestFetchFitsTheTransportHeaderLimit) {
   auto enc = EncodeTransferMessage(FetchOf(kMaxFetchKeys, kMaxFetchNamespaceBytes, true));
   ASSERT_TRUE(enc.ok()) << enc.status().ToString();

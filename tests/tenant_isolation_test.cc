@@ -522,6 +522,38 @@ TEST_F(TenantIsolationTest, DataPlaneConnectionsProveTheirSessionBeforeAnythingI
                                 token, /*region_id=*/1, ranges, deadline);
   EXPECT_TRUE(own.ok()) << own.ToString();
 
+  // By key, too: alpha's connection may neither fetch from nor store into
+  // beta's namespace (kFetch, kStore), and its kStore leaves nothing there.
+  wire::FetchKey beta_key{};
+  std::memcpy(beta_key.data(), (*beta)->Key(0).data(), beta_key.size());
+  client::DataPlaneClient::FetchRequest fetch;
+  fetch.ns = "beta";
+  fetch.keys = std::span<const wire::FetchKey>(&beta_key, 1);
+  fetch.region_id = 1;
+  fetch.slot_bytes = at;
+  auto fetched = (*alpha_client)->data()->Fetch((*alpha_client)->connection(), fetch, deadline);
+  EXPECT_EQ(fetched.status().code(), StatusCode::kPermissionDenied) << fetched.status().ToString();
+  wire::StoreEntry entry;
+  entry.key.fill(0x5a);
+  entry.payload_bytes = at;
+  client::DataPlaneClient::StoreRequest store;
+  store.ns = "beta";
+  store.region_id = 1;
+  store.shape.tokens_per_block = 16;
+  store.shape.layers = 1;
+  store.shape.kv_heads = 1;
+  store.shape.head_dim = 1;
+  store.entries = std::span<const wire::StoreEntry>(&entry, 1);
+  auto stored = (*alpha_client)->data()->Store((*alpha_client)->connection(), store, deadline);
+  EXPECT_EQ(stored.status().code(), StatusCode::kPermissionDenied) << stored.status().ToString();
+  v1::LookupRequest look;
+  look.set_namespace_("beta");
+  look.add_keys(std::string(32, '\x5a'));
+  v1::LookupResponse found;
+  ASSERT_TRUE((*beta)->stub()->Lookup(Ctx().get(), look, &found).ok());
+  ASSERT_EQ(found.results_size(), 1);
+  EXPECT_EQ(found.results(0).status().code(), static_cast<int>(StatusCode::kNotFound));
+
   auto r = testing::HttpRequest(testing::HostPort(daemon_->metrics()), "GET", "/metrics");
   ASSERT_TRUE(r.ok());
   EXPECT_GE(Sample(r->body,

@@ -217,6 +217,10 @@ std::vector<MetricFamily> SnapshotFamilies(const CacheHostSnapshot& s, std::size
       {S(dp.closed_idle, {{"reason", "idle"}}), S(dp.closed_overloaded, {{"reason", "overloaded"}}),
        S(dp.closed_transfer_timeout, {{"reason", "transfer_timeout"}}),
        S(dp.closed_unauthenticated, {{"reason", "unauthenticated"}})});
+  Counter(out, "data_stores_total",
+          "kStore requests answered (one data-plane round trip: reserve, pull, CRC check, "
+          "commit), and the blocks they committed.",
+          {S(dp.stores, {{"what", "requests"}}), S(dp.stored_blocks, {{"what", "blocks"}})});
   Counter(out, "data_sessions_verified_total",
           "Data-plane connections that proved a gRPC session (kHello, --data-plane-auth).",
           {S(dp.sessions_verified)});

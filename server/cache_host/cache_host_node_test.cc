@@ -463,6 +463,73 @@ TEST_F(CacheHostNodeTest, FetchByKeyLandsEveryBlockInItsSlotAndKeepsNoGrant) {
   for (const Status& d : node_->Delete(Namespace{"a"}, keys)) EXPECT_TRUE(d.ok()) << d.ToString();
 }
 
+// kStore: reserve, pull, CRC check and commit in one data-plane round trip.
+// What it commits reads back bit for bit (with its layer CRCs), a second
+// store of a key answers AlreadyExists, a block whose bytes do not match its
+// CRC is refused (DataLoss) without disturbing the others or leaving a
+// reservation, a bad shape is refused per request, and bytes outside the
+// client's region are refused before anything is reserved.
+TEST_F(CacheHostNodeTest, StoreByKeyCommitsInOneRoundTripAndChecksEveryCrc) {
+  StartNode(Options(8 << 20, false));
+  const BlockMeta meta = Meta(2);  // 128 KiB, two layer slices
+  std::vector<BlockKey> keys;
+  for (int i = 0; i < 11; ++i) keys.push_back(Key(i));  // two kStore messages (8 + 3)
+  auto stored = StoreByKey("a", keys, meta, 0, 500);
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  ASSERT_EQ(stored->size(), keys.size());
+  for (StatusCode c : *stored) EXPECT_EQ(c, StatusCode::kOk);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(Get("a", keys[i], 4 << 20).ok()) << i;
+    EXPECT_TRUE(Holds(4 << 20, meta.bytes, 500 + i)) << "block " << i;
+  }
+  // Its layer CRCs were computed at commit: a layer-range fetch verifies.
+  auto layer1 = Fetch("a", {keys[3]}, 4 << 20, meta.bytes, std::nullopt, 1, 1);
+  ASSERT_TRUE(layer1.ok()) << layer1.status().ToString();
+  EXPECT_EQ((*layer1)[0].code, StatusCode::kOk);
+  EXPECT_EQ((*layer1)[0].crc32c, crc32c::Value(Staging(4 << 20, meta.bytes / 2)));
+  CacheHostSnapshot s = node_->Snapshot();
+  EXPECT_EQ(s.grants_active, 0u);
+  EXPECT_EQ(s.data_plane.stored_blocks, keys.size());
+
+  // Again: every key is held already.
+  auto again = StoreByKey("a", {keys[0], keys[1]}, meta, 0, 500);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)[0], StatusCode::kAlreadyExists);
+  EXPECT_EQ((*again)[1], StatusCode::kAlreadyExists);
+
+  // One block's CRC is wrong: only it is refused, and it leaves nothing.
+  const std::vector<BlockKey> fresh = {Key(100), Key(101), Key(102)};
+  std::vector<std::uint32_t> crcs;
+  for (std::size_t i = 0; i < fresh.size(); ++i) {
+    Fill(i * meta.bytes, meta.bytes, 700 + i);
+    crcs.push_back(crc32c::Value(Staging(i * meta.bytes, meta.bytes)));
+  }
+  crcs[1] ^= 1;
+  auto mixed = StoreByKey("a", fresh, meta, 0, 700, &crcs);
+  ASSERT_TRUE(mixed.ok()) << mixed.status().ToString();
+  EXPECT_EQ((*mixed)[0], StatusCode::kOk);
+  EXPECT_EQ((*mixed)[1], StatusCode::kDataLoss);
+  EXPECT_EQ((*mixed)[2], StatusCode::kOk);
+  EXPECT_EQ(Get("a", fresh[1], 4 << 20).code(), StatusCode::kNotFound);
+  EXPECT_EQ(node_->Snapshot().grants_active, 0u);
+  // ... and can be stored again with the right CRC.
+  auto retry = StoreByKey("a", {fresh[1]}, meta, 0, 701);
+  ASSERT_TRUE(retry.ok());
+  EXPECT_EQ((*retry)[0], StatusCode::kOk);
+
+  // A shape the block format cannot lay out: refused per request.
+  BlockMeta odd = meta;
+  odd.bytes += 2;  // not layers x 2 x tokens x heads x dim x 2
+  auto bad = StoreByKey("a", {Key(200)}, odd, 0, 800);
+  ASSERT_TRUE(bad.ok()) << bad.status().ToString();
+  EXPECT_EQ((*bad)[0], StatusCode::kInvalidArgument);
+  // Bytes past the end of the client's region: refused whole, nothing reserved.
+  auto outside = StoreByKey("a", {Key(201)}, meta, staging_->bytes().size() - 4096, 801);
+  EXPECT_EQ(outside.status().code(), StatusCode::kInvalidArgument) << outside.status().ToString();
+  EXPECT_EQ(node_->Snapshot().grants_active, 0u);
+  EXPECT_EQ(Get("a", Key(201), 4 << 20).code(), StatusCode::kNotFound);
+}
+
 // A layer-range kFetch moves only those layer slices of each block, to the
 // key's slot, and answers with the range's CRC: folded from the layer CRCs
 // the daemon computed at commit (or read back from NVMe at promotion), it is

@@ -205,6 +205,42 @@ class CacheHostNodeTest : public ::testing::Test {
     return dp_->Fetch(conn_.get(), req, Clock::now() + std::chrono::seconds(10));
   }
 
+  // kStore of `keys`, each `meta` (its token_offset advanced by 16 per
+  // key), from staging slots of meta.bytes from `offset` filled with salts
+  // salt, salt + 1, ...; `crcs` (if given) instead of the bytes' own.
+  StatusOr<std::vector<StatusCode>> StoreByKey(const std::string& ns,
+                                               const std::vector<BlockKey>& keys,
+                                               const BlockMeta& meta, std::uint64_t offset,
+                                               std::uint64_t salt,
+                                               const std::vector<std::uint32_t>* crcs = nullptr) {
+    std::vector<wire::StoreEntry> entries(keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      const std::uint64_t at = offset + i * meta.bytes;
+      // Past the staging region (a test of the daemon's bounds): nothing to fill.
+      const bool inside = at + meta.bytes <= staging_->bytes().size();
+      if (inside) Fill(at, meta.bytes, salt + i);
+      wire::StoreEntry& e = entries[i];
+      e.key = keys[i].bytes();
+      e.region_offset = at;
+      e.payload_bytes = meta.bytes;
+      e.prefix_tokens = meta.token_offset + 16 * i;
+      e.crc32c = crcs != nullptr ? (*crcs)[i] : inside ? crc32c::Value(Staging(at, meta.bytes)) : 0;
+    }
+    client::DataPlaneClient::StoreRequest req;
+    req.ns = ns;
+    req.region_id = region_;
+    req.shape.representation = static_cast<std::uint8_t>(meta.representation);
+    req.shape.dtype = static_cast<std::uint8_t>(meta.dtype);
+    req.shape.format_version = 2;
+    req.shape.tokens_per_block = meta.tokens;
+    req.shape.layers = meta.layers;
+    req.shape.kv_heads = meta.kv_heads;
+    req.shape.head_dim = meta.head_dim;
+    std::copy(meta.fingerprint.begin(), meta.fingerprint.end(), req.shape.fingerprint.begin());
+    req.entries = entries;
+    return dp_->Store(conn_.get(), req, Clock::now() + std::chrono::seconds(10));
+  }
+
   // Whether staging [offset, +bytes) holds what Put wrote with `salt`.
   bool Holds(std::uint64_t offset, std::uint64_t bytes, std::uint64_t salt) {
     std::mt19937_64 g(seed_ ^ salt);

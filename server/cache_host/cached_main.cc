@@ -34,6 +34,7 @@
 #include "core/units.h"
 #include "metrics/exposition.h"
 #include "metrics/rpc_metrics.h"
+#include "proto/wire_limits.h"
 #include "security/grpc_authorizer.h"
 #include "security/grpc_security.h"
 #include "security/security_flags.h"
@@ -94,6 +95,7 @@ struct Flags {
   std::uint32_t max_data_connections = 4096;
   std::uint32_t max_data_connections_per_host = 1024;
   std::uint32_t max_requests_per_connection = 256;
+  std::uint32_t store_threads = 2;
   std::chrono::microseconds data_idle_timeout{300'000'000};
   std::chrono::microseconds transfer_timeout{30'000'000};
   std::chrono::microseconds shutdown_grace{5'000'000};
@@ -245,6 +247,10 @@ StatusOr<cache_host::CacheHostOptions> BuildOptions(Flags& f,
   o.data_plane.max_connections = f.max_data_connections;
   o.data_plane.max_connections_per_host = f.max_data_connections_per_host;
   o.data_plane.max_outstanding_per_connection = f.max_requests_per_connection;
+  o.data_plane.store_threads = f.store_threads;
+  // kStore checks what the gRPC Reserve checks, with the same bounds.
+  static_assert(cache_host::kStoreMaxTtlMs == kMaxTtlMs);
+  static_assert(cache_host::kStoreMaxChainBlocks == kMaxChainBlocks);
   o.data_plane.idle_timeout_us = static_cast<std::uint64_t>(f.data_idle_timeout.count());
   o.data_plane.transfer_timeout_us = static_cast<std::uint64_t>(f.transfer_timeout.count());
   if (f.data_plane_auth == "session") {
@@ -523,6 +529,10 @@ int Run(int argc, char** argv) {
             "most requests in flight plus undelivered replies on one data-plane connection (a "
             "peer past it is disconnected)",
             1u << 16);
+  add_count("--store-threads", &f.store_threads,
+            "threads that reserve and commit data-plane stores (kStore; the CRC check of what "
+            "a client wrote runs there)",
+            64u);
   AddDurationOption(app, "--data-idle-timeout", &f.data_idle_timeout,
                     "a data-plane connection with nothing in flight this long is closed");
   AddDurationOption(app, "--transfer-timeout", &f.transfer_timeout,

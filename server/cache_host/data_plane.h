@@ -12,6 +12,14 @@
 //                  slots, Release, then kFetchReply with one result per key:
 //                  one round trip instead of three (Lease and Release over
 //                  gRPC around a kGet)
+//   kStore         on a store worker (never the progress thread): Reserve
+//                  (as gRPC Reserve: quotas, eviction, AlreadyExists), kRead
+//                  entries from the client's region into the reserved pages,
+//                  then, on a store worker again, Commit (the CRC32C check
+//                  over the pages, layer CRCs) releasing whatever did not
+//                  commit, then kStoreReply with one code per key: one round
+//                  trip instead of three (Reserve and Commit over gRPC
+//                  around a kPut)
 //
 // (one entry per run of ranges adjacent both in the pool and in the client's
 // region, up to kMaxJoinedRangeBytes: JoinAdjacentRanges)
@@ -45,6 +53,9 @@
 // progress thread.
 //
 // Threads: handlers run on the transport's progress thread and never block;
+// kStore's reserve and commit run on `store_threads` worker threads (a
+// request waiting for one counts against its connection's
+// max_outstanding_per_connection, so the queue is bounded);
 // Sweep() (the node's maintenance thread) destroys endpoints whose peer failed
 // once nothing is in flight on them, and frees finished batches. Close()
 // force-closes every endpoint (in-flight entries complete Cancelled, their
@@ -95,6 +106,9 @@ inline constexpr std::uint64_t kMaxJoinedRangeBytes = std::uint64_t{8} << 20;
 std::vector<wire::TransferRange> JoinAdjacentRanges(std::span<const wire::TransferRange> ranges,
                                                     std::uint64_t max_bytes);
 
+inline constexpr std::uint32_t kStoreMaxTtlMs = 600000;
+inline constexpr std::uint32_t kStoreMaxChainBlocks = 65536;
+
 struct DataPlaneOptions {
   // Sessions binding connections to authenticated gRPC callers
   // (data_sessions.h). Null: no kChallenge is sent and kHello is refused.
@@ -109,6 +123,13 @@ struct DataPlaneOptions {
   std::uint32_t max_outstanding_per_connection = 256;  // --max-requests-per-connection
   std::uint64_t idle_timeout_us = 300'000'000;         // --data-idle-timeout (5 min)
   std::uint64_t transfer_timeout_us = 30'000'000;      // --transfer-timeout (30 s)
+  // Threads that reserve and commit kStore requests (the CRC check of the
+  // bytes pulled runs there): --store-threads.
+  std::uint32_t store_threads = 2;
+  // kStore's bounds, as the gRPC service's (proto/wire_limits.h: kMaxTtlMs,
+  // kMaxChainBlocks; cached_main.cc asserts they agree).
+  std::uint32_t max_ttl_ms = kStoreMaxTtlMs;
+  std::uint32_t max_chain_blocks = kStoreMaxChainBlocks;
 };
 
 // Counters since Start, for metrics and tests.
@@ -120,6 +141,8 @@ struct DataPlaneStats {
   std::uint64_t closed_transfer_timeout = 0;  // a transfer past transfer_timeout
   std::uint64_t closed_unauthenticated = 0;   // a request before kHello, or a bad proof
   std::uint64_t sessions_verified = 0;        // connections whose kHello was good
+  std::uint64_t stores = 0;                   // kStore requests answered
+  std::uint64_t stored_blocks = 0;            // blocks kStore committed
 };
 
 class DataPlane {

@@ -356,6 +356,12 @@ typedef struct kvf_options {
    * [--client-fetch-depth]; every daemon of a plan is fetched from at once.
    * 1..64, default 4 (0 means 4). */
   uint32_t fetch_depth;
+
+  /* Write-back protocol [--client-store-by-key]: 0 (default) one data-plane
+   * kStore round trip per batch of up to 8 blocks, pulled by the daemon
+   * straight from the history; 1 gRPC Reserve, a put from staging, gRPC
+   * Commit (daemons older than kStore). */
+  uint32_t write_back_protocol;
 } kvf_options;
 
 /* Fills *options with the defaults above (required fields zero or NULL) and
