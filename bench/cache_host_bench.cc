@@ -13,6 +13,7 @@
 //                    [--copy-threads 1] [--data-workers 2]
 //                    [--paths all|shm|tcp|ktcp] [--baselines 1|0] [--block-kib 256|2048]
 //                    [--conns 1|4] [--ktcp-send-buffer auto|kernel|256KiB] [--get fetch|lease]
+//                    [--put store|reserve]
 //                    [--repeat 3]
 //
 // --paths, --baselines, --block-kib and --conns select cases (default: all);
@@ -27,14 +28,16 @@
 // baseline table printed first is context (Redis included), not the base.
 //
 // A kvfabric "op" is one batch of blocks: batch-blocks of them (16, the most
-// libkvfabric fetches or saves at once), or batch-mib worth when given. PUT:
-// Reserve over gRPC, one data-plane transfer, Commit. GET (--get fetch, the
+// libkvfabric fetches or saves at once), or batch-mib worth when given. PUT
+// (--put store, the default, as libkvfabric writes back): one data-plane
+// kStore per 8 blocks (reserve, pull, CRC check, commit on the daemon);
+// --put reserve: Reserve over gRPC, one data-plane transfer, Commit. GET (--get fetch, the
 // default, as libkvfabric fetches): one data-plane kFetch by key, which
 // leases, pushes and releases on the daemon; --get lease: Lease over gRPC, one
 // data-plane kGet, Release. Each connection keeps `depth` batches in flight.
 // Redis and memcached ops are single-key SET/GET (they have no batch-with-
-// lease shape); GB/s compares like with like, latency does not. PUT rows are compared with memcached's PUT,
-// GET rows with its GET, at the same value size and connection count.
+// lease shape); GB/s compares like with like, latency does not. PUT rows are compared with
+// memcached's PUT, GET rows with its GET, at the same value size and connection count.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <spawn.h>
@@ -100,6 +103,8 @@ struct Args {
   std::string ktcp_send_buffer = "auto";
   // How a GET batch runs: "fetch" (kFetch) or "lease" (Lease, kGet, Release).
   std::string get = "fetch";
+  // How a PUT batch runs: "store" (kStore) or "reserve" (Reserve, kPut, Commit).
+  std::string put = "store";
   // Repetitions of each kvfabric case, each right after memcached's same op
   // (paired baselines); rows print medians.
   int repeat = 3;
@@ -238,8 +243,9 @@ std::string Key(int conn, std::uint64_t i) {
   return k;
 }
 
-// One batch: PUT (reserve, put, commit) or GET (kFetch; or lease, get,
-// release) of `n` blocks starting at `first`. Returns false on any error.
+// One batch: PUT (kStore; or reserve, put, commit) or GET (kFetch; or lease,
+// get, release) of `n` blocks starting at `first`; `get_mode` is the PUT
+// mode for a PUT. Returns false on any error.
 bool Batch(Conn& c, bool put, const std::string& get_mode, int conn, std::uint64_t first, int n,
            std::uint64_t block, std::uint32_t layers, std::uint64_t slot,
            std::vector<std::uint32_t>* crcs) {
@@ -257,7 +263,11 @@ bool Batch(Conn& c, bool put, const std::string& get_mode, int conn, std::uint64
       b.set_prefix_tokens(16 * (first + k));
       blocks[k].crc32c = (*crcs)[k];
     }
-    auto got = c.session->Store(Fp(layers), blocks, slots);
+    // kStore names the model by digest: the bench's fixed stand-in (the
+    // daemon keeps it with the block; nothing here checks it).
+    for (auto& b : blocks) b.descriptor.set_fingerprint_digest(std::string(32, 'b'));
+    auto got = get_mode == "store" ? c.session->StoreByKey(Fp(layers), blocks, slots)
+                                   : c.session->Store(Fp(layers), blocks, slots);
     first_error = got.status();
     for (std::size_t k = 0; got.ok() && first_error.ok() && k < got->size(); ++k) {
       first_error = (*got)[k];
@@ -437,6 +447,8 @@ int Main(int argc, char** argv) {
     else if (k == "--conns") a.only_conns = std::stoi(argv[i + 1]);
     else if (k == "--ktcp-send-buffer") a.ktcp_send_buffer = argv[i + 1];
     else if (k == "--get") a.get = argv[i + 1];
+    else if (k == "--put")
+      a.put = argv[i + 1];
     else if (k == "--repeat") a.repeat = std::clamp(std::stoi(argv[i + 1]), 1, 9);
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
@@ -445,6 +457,10 @@ int Main(int argc, char** argv) {
   }
   if (auto sb = tcp::ParseSendBuffer(a.ktcp_send_buffer, "--ktcp-send-buffer"); !sb.ok()) {
     std::fprintf(stderr, "%s\n", std::string(sb.status().message()).c_str());
+    return 2;
+  }
+  if (a.put != "store" && a.put != "reserve") {
+    std::fprintf(stderr, "--put %s: must be store or reserve\n", a.put.c_str());
     return 2;
   }
   if (a.get != "fetch" && a.get != "lease") {
@@ -535,6 +551,9 @@ int Main(int argc, char** argv) {
   std::printf("kvfabric GET = %s\n", a.get == "fetch"
                                          ? "kFetch by key (one data-plane round trip)"
                                          : "gRPC Lease + data-plane kGet + gRPC Release");
+  std::printf("kvfabric PUT = %s\n", a.put == "store"
+                                         ? "kStore (one data-plane round trip)"
+                                         : "gRPC Reserve + data-plane kPut + gRPC Commit");
   char tmpl[] = "/tmp/kvf_bench_XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   for (const std::string path : {"shm", "tcp", "ktcp"}) {
@@ -556,7 +575,7 @@ int Main(int argc, char** argv) {
           Paired p, g;
           // memcached's PUT also leaves this size's values for its GET.
           p.memcached = memcached_now(bench::BaselineOp::kPut, block, conns, 0);
-          p.kvf = RunKvf(cs, ns, true, a.get, block, total, batch_bytes, a.depth);
+          p.kvf = RunKvf(cs, ns, true, a.put, block, total, batch_bytes, a.depth);
           g.memcached = memcached_now(bench::BaselineOp::kGet, block, conns, 0);
           g.ring = memcached_now(bench::BaselineOp::kGet, block, conns, staging_bytes(block));
           g.kvf = RunKvf(cs, ns, false, a.get, block, total, batch_bytes, a.depth);
