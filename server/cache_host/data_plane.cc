@@ -709,6 +709,11 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
     std::vector<BlockKey> keys;                 // one per entry
     std::vector<bool> reserved;                 // per entry: this request reserved it
     GrantInfo grant;
+    // The reserving worker hands the job to the committing one through the
+    // transport's completion, which a race detector cannot see through every
+    // transport (UCX's shared memory): taken once after the reserve's writes
+    // and once before the commit's reads, it orders them for it too.
+    Mutex handoff;
   };
 
   // On the progress thread: counts the request against its connection (so
@@ -901,6 +906,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
       StoreReply(*job, Status::OK(), 0);
       return;
     }
+    { MutexLock publish(&job->handoff); }
     auto ticket = node->BeginTransfer(job->grant.lease_id, job->grant.token, /*write=*/true,
                                       extents, job->tenant.get());
     if (!ticket.ok()) {
@@ -921,6 +927,7 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
   // On a worker: commit what arrived (the CRC check), release the rest, answer.
   void StoreCommit(const std::shared_ptr<StoreJob>& job, const Status& moved, std::uint64_t bytes,
                    bool peer) {
+    { MutexLock acquire(&job->handoff); }
     const Namespace ns{job->m.fetch_namespace};
     std::vector<CommitEntry> commits;
     std::vector<std::size_t> index;
