@@ -418,7 +418,7 @@ class Client::Impl {
   // here, never over layers the engine may be reading (RecomputeRun). One
   // such recompute at a time, client-wide: it is a fault path.
   Mutex scratch_mu_;
-  std::unique_ptr<std::byte[]> recompute_scratch_ KVF_PT_GUARDED_BY(scratch_mu_);
+  std::unique_ptr<std::byte[]> recompute_scratch_;  // its bytes: under scratch_mu_
 };
 
 }  // namespace kvfabric::client
