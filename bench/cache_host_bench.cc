@@ -263,11 +263,16 @@ bool Batch(Conn& c, bool put, const std::string& get_mode, int conn, std::uint64
       b.set_prefix_tokens(16 * (first + k));
       blocks[k].crc32c = (*crcs)[k];
     }
-    // kStore names the model by digest: the bench's fixed stand-in (the
-    // daemon keeps it with the block; nothing here checks it).
-    for (auto& b : blocks) b.descriptor.set_fingerprint_digest(std::string(32, 'b'));
-    auto got = get_mode == "store" ? c.session->StoreByKey(Fp(layers), blocks, slots)
-                                   : c.session->Store(Fp(layers), blocks, slots);
+    StatusOr<std::vector<Status>> got = Status::Internal("unset");
+    if (get_mode == "store") {
+      // kStore names the model by digest: the bench's fixed stand-in (the
+      // daemon keeps it with the block; nothing here reads it back). gRPC
+      // Reserve computes it from the fingerprint instead.
+      for (auto& b : blocks) b.descriptor.set_fingerprint_digest(std::string(32, 'b'));
+      got = c.session->StoreByKey(Fp(layers), blocks, slots);
+    } else {
+      got = c.session->Store(Fp(layers), blocks, slots);
+    }
     first_error = got.status();
     for (std::size_t k = 0; got.ok() && first_error.ok() && k < got->size(); ++k) {
       first_error = (*got)[k];
