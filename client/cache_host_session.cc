@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -300,7 +301,8 @@ StatusOr<std::vector<Status>> CacheHostSession::Store(const v1::ModelFingerprint
 
 StatusOr<std::vector<Status>> CacheHostSession::StoreByKey(const v1::ModelFingerprint& fingerprint,
                                                            std::span<const StoreBlock> blocks,
-                                                           SlotLayout slots, std::uint32_t ttl_ms) {
+                                                           SlotLayout slots, std::uint32_t ttl_ms,
+                                                           std::uint64_t* throttled) {
   std::vector<Status> out(blocks.size());
   if (blocks.empty()) return out;
   KVF_RETURN_IF_ERROR(health());
@@ -349,16 +351,120 @@ StatusOr<std::vector<Status>> CacheHostSession::StoreByKey(const v1::ModelFinger
     e.prefix_tokens = d.prefix_tokens();
     e.crc32c = blocks[k].crc32c;
   }
-  req.entries = entries;
   KVF_ASSIGN_OR_RETURN(DaemonConnection* const conn, Connection(""));
-  KVF_ASSIGN_OR_RETURN(const std::vector<StatusCode> codes,
-                       data_->Store(conn, req, TransferDeadline()));
-  for (std::size_t k = 0; k < codes.size(); ++k) {
-    if (codes[k] != StatusCode::kOk) {
-      out[k] = Status(codes[k], "cache host " + o_.host_id + " did not store it");
+  // Blocks refused for room go again, through a narrower window, until
+  // transfer_timeout has passed.
+  const auto give_up = Clock::now() + o_.transfer_timeout;
+  std::vector<std::size_t> todo(blocks.size());
+  for (std::size_t k = 0; k < todo.size(); ++k) todo[k] = k;
+  std::vector<wire::StoreEntry> round;
+  std::vector<StatusCode> codes;
+  for (auto pause = std::chrono::milliseconds(1);;
+       pause = std::min(pause * 2, std::chrono::milliseconds(64))) {
+    round.clear();
+    for (std::size_t k : todo) round.push_back(entries[k]);
+    KVF_RETURN_IF_ERROR(StoreRound(conn, req, round, give_up, &codes));
+    std::vector<std::size_t> refused;
+    for (std::size_t j = 0; j < todo.size(); ++j) {
+      const std::size_t k = todo[j];
+      if (codes[j] == StatusCode::kResourceExhausted) refused.push_back(k);
+      if (codes[j] == StatusCode::kOk) {
+        out[k] = Status::OK();
+      } else if (codes[j] == StatusCode::kResourceExhausted) {
+        out[k] = Status::ResourceExhausted(
+            "cache host " + o_.host_id +
+            " had no room for it within transfer_timeout (its namespace's reservations at "
+            "--max-reserved-bytes-per-namespace, or its pool full)");
+      } else {
+        out[k] = Status(codes[j], "cache host " + o_.host_id + " did not store it");
+      }
     }
+    if (refused.empty() || Clock::now() + pause >= give_up) return out;
+    if (throttled != nullptr) *throttled += refused.size();
+    std::this_thread::sleep_for(pause);
+    todo = std::move(refused);
   }
-  return out;
+}
+
+Status CacheHostSession::StoreRound(DaemonConnection* conn,
+                                    const DataPlaneClient::StoreRequest& base,
+                                    std::span<const wire::StoreEntry> entries,
+                                    Clock::time_point give_up, std::vector<StatusCode>* codes) {
+  codes->assign(entries.size(), StatusCode::kUnavailable);
+  const std::uint32_t max_window = std::max<std::uint32_t>(1, o_.max_stores_in_flight);
+  const transport::Deadline deadline = TransferDeadline();
+  std::deque<std::pair<std::uint64_t, std::size_t>> mine;  // request id, first entry
+  Status first;
+  // Waits for this call's oldest message, gives its slot back and adjusts
+  // the window by what it answered.
+  auto finish_oldest = [&] {
+    const auto [id, begin] = mine.front();
+    mine.pop_front();
+    const std::size_t k = std::min<std::size_t>(wire::kMaxStoreKeys, entries.size() - begin);
+    auto got = data_->FinishStore(conn, id, k, deadline);
+    bool refused = false;
+    if (got.ok()) {
+      std::copy(got->begin(), got->end(), codes->begin() + static_cast<std::ptrdiff_t>(begin));
+      refused = std::find(got->begin(), got->end(), StatusCode::kResourceExhausted) != got->end();
+    } else if (first.ok()) {
+      first = got.status();
+    }
+    MutexLock l(&window_mu_);
+    --stores_in_flight_;
+    if (refused) {
+      store_window_ = std::max<std::uint32_t>(1, store_window_ / 2);
+      stores_accepted_ = 0;
+    } else if (got.ok() && ++stores_accepted_ >= store_window_) {
+      store_window_ = std::min(store_window_ + 1, max_window);
+      stores_accepted_ = 0;
+    }
+    window_cv_.NotifyAll();
+  };
+  for (std::size_t i = 0; i < entries.size() && first.ok(); i += wire::kMaxStoreKeys) {
+    for (;;) {
+      {
+        MutexLock l(&window_mu_);
+        if (stores_in_flight_ < store_window_) {
+          ++stores_in_flight_;
+          break;
+        }
+        // Others' messages hold the window: wait for a slot (ours come back
+        // only when we wait for them, below).
+        if (mine.empty() &&
+            !window_cv_.WaitUntil(&window_mu_, give_up, [&]() KVF_REQUIRES(window_mu_) {
+              return stores_in_flight_ < store_window_;
+            })) {
+          first = Status::ResourceExhausted(
+              "cache host " + o_.host_id + ": no store admitted within transfer_timeout (" +
+              std::to_string(stores_in_flight_) + " in flight, window " +
+              std::to_string(store_window_) + ")");
+          break;
+        }
+        if (mine.empty()) continue;
+      }
+      finish_oldest();
+    }
+    if (!first.ok()) break;
+    DataPlaneClient::StoreRequest one = base;
+    one.entries =
+        entries.subspan(i, std::min<std::size_t>(wire::kMaxStoreKeys, entries.size() - i));
+    auto id = data_->StartStore(conn, one);
+    if (!id.ok()) {
+      MutexLock l(&window_mu_);
+      --stores_in_flight_;
+      window_cv_.NotifyAll();
+      first = id.status();
+      break;
+    }
+    mine.emplace_back(*id, i);
+  }
+  while (!mine.empty()) finish_oldest();
+  return first;
+}
+
+std::uint32_t CacheHostSession::store_window() const {
+  MutexLock l(&window_mu_);
+  return store_window_;
 }
 
 StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::Fetch(

@@ -94,6 +94,10 @@ struct CacheHostSessionOptions {
   // FetchWithin's admission window: kFetch requests in flight on this
   // session from all its callers together, between 1 and this many.
   std::uint32_t max_fetches_in_flight = 32;
+  // StoreByKey's admission window: kStore messages (of up to
+  // wire::kMaxStoreKeys blocks) in flight on this session, between 1 and
+  // this many.
+  std::uint32_t max_stores_in_flight = 8;
 };
 
 // Where a batch's blocks sit: block k at offset + k * bytes of the session's
@@ -157,9 +161,22 @@ class CacheHostSession {
   // fingerprint_digest (the daemon keeps it with the block) and the
   // fingerprint's shape. A daemon older than kStore drops the request: the
   // call then ends with DeadlineExceeded after transfer_timeout.
+  //
+  // Admission: the daemon reserves what a kStore names before it pulls it,
+  // and refuses a block (ResourceExhausted) that would take its namespace
+  // over --max-reserved-bytes-per-namespace or that finds the pool full. So
+  // at most a window of kStore messages is in flight on the session, from
+  // all callers together: it starts at 4, halves (down to 1) at each reply
+  // that refused a block for room and grows by one after a window's worth of
+  // replies that did not, up to options.max_stores_in_flight. Refused blocks
+  // are sent again after a pause (1 ms doubling to 64 ms) for at most
+  // transfer_timeout, then answered ResourceExhausted; *throttled counts the
+  // refused blocks that were sent again.
   StatusOr<std::vector<Status>> StoreByKey(const v1::ModelFingerprint& fingerprint,
                                            std::span<const StoreBlock> blocks, SlotLayout slots,
-                                           std::uint32_t ttl_ms = 0);
+                                           std::uint32_t ttl_ms = 0,
+                                           std::uint64_t* throttled = nullptr);
+  std::uint32_t store_window() const;
 
   // What a read found for one key.
   struct ReadResult {
@@ -258,6 +275,16 @@ class CacheHostSession {
   std::uint32_t window_ KVF_GUARDED_BY(window_mu_) = 4;
   std::uint32_t in_flight_ KVF_GUARDED_BY(window_mu_) = 0;
   std::uint32_t accepted_ KVF_GUARDED_BY(window_mu_) = 0;  // since the window last grew
+  // StoreByKey's window, likewise (kStore messages).
+  std::uint32_t store_window_ KVF_GUARDED_BY(window_mu_) = 4;
+  std::uint32_t stores_in_flight_ KVF_GUARDED_BY(window_mu_) = 0;
+  std::uint32_t stores_accepted_ KVF_GUARDED_BY(window_mu_) = 0;
+  // One pass of StoreByKey over `entries` through the window: codes[i] for
+  // entries[i], or the first request-wide error (every message sent is
+  // answered or failed before it returns).
+  Status StoreRound(DaemonConnection* conn, const DataPlaneClient::StoreRequest& base,
+                    std::span<const wire::StoreEntry> entries,
+                    std::chrono::steady_clock::time_point give_up, std::vector<StatusCode>* codes);
 };
 
 // The gRPC channel every kvfabric client opens to a daemon or placement:

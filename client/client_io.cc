@@ -998,11 +998,17 @@ Status Client::Impl::SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs
     blocks[k].crc32c = crc32c::Value(bytes);
   }
   const auto start = Clock::now();
+  std::uint64_t throttled = 0;
   StatusOr<std::vector<Status>> stored =
       o_.store_by_key
-          ? d->StoreByKey(fingerprint_, blocks, SlotLayout(pages, block_bytes_, kHistoryRegionId))
+          ? d->StoreByKey(fingerprint_, blocks, SlotLayout(pages, block_bytes_, kHistoryRegionId),
+                          /*ttl_ms=*/0, &throttled)
           : d->Store(fingerprint_, blocks, SlotLayout(0, block_bytes_));
   const double us = MicrosSince(start);
+  if (throttled != 0) {
+    MutexLock l(&metrics_mu_);
+    m_.store_blocks_throttled += throttled;
+  }
   if (!stored.ok()) {
     if (HostDown(stored.status())) DropDaemon(d);  // uncommitted reservations expire there
     return stored.status();

@@ -379,24 +379,48 @@ StatusOr<std::vector<wire::FetchKeyResult>> DataPlaneClient::Fetch(DaemonConnect
   return out;
 }
 
-StatusOr<std::vector<StatusCode>> DataPlaneClient::Store(DaemonConnection* conn,
-                                                         const StoreRequest& request,
-                                                         transport::Deadline deadline) {
-  const std::size_t n = request.entries.size();
-  if (n == 0) return std::vector<StatusCode>{};
+StatusOr<std::uint64_t> DataPlaneClient::StartStore(DaemonConnection* conn,
+                                                    const StoreRequest& request) {
+  if (request.entries.empty() || request.entries.size() > wire::kMaxStoreKeys) {
+    return Status::InvalidArgument("a kStore carries 1 to " + std::to_string(wire::kMaxStoreKeys) +
+                                   " entries, not " + std::to_string(request.entries.size()));
+  }
   wire::TransferMessage m;
   m.op = wire::TransferOpCode::kStore;
   m.region_id = request.region_id;
   m.fetch_namespace = request.ns;
   m.store_ttl_ms = request.ttl_ms;
   m.store_shape = request.shape;
+  m.store_entries.assign(request.entries.begin(), request.entries.end());
+  return Send(conn, m);
+}
+
+StatusOr<std::vector<StatusCode>> DataPlaneClient::FinishStore(DaemonConnection* conn,
+                                                               std::uint64_t request_id,
+                                                               std::size_t entries,
+                                                               transport::Deadline deadline) {
+  std::vector<wire::FetchKeyResult> got;
+  KVF_RETURN_IF_ERROR(Wait(conn, request_id, deadline, &got, wire::TransferOpCode::kStoreReply));
+  // Every count from the network is checked: one result per entry sent.
+  if (got.size() != entries) {
+    return Status::DataLoss("the cache host answered " + std::to_string(got.size()) +
+                            " store results for " + std::to_string(entries) + " entries");
+  }
+  std::vector<StatusCode> out(entries);
+  for (std::size_t j = 0; j < entries; ++j) out[j] = got[j].code;
+  return out;
+}
+
+StatusOr<std::vector<StatusCode>> DataPlaneClient::Store(DaemonConnection* conn,
+                                                         const StoreRequest& request,
+                                                         transport::Deadline deadline) {
+  const std::size_t n = request.entries.size();
   std::vector<std::pair<std::uint64_t, std::size_t>> sent;  // request id, first entry
   Status first;
   for (std::size_t i = 0; i < n; i += wire::kMaxStoreKeys) {
-    const std::size_t k = std::min<std::size_t>(wire::kMaxStoreKeys, n - i);
-    m.store_entries.assign(request.entries.begin() + static_cast<std::ptrdiff_t>(i),
-                           request.entries.begin() + static_cast<std::ptrdiff_t>(i + k));
-    auto id = Send(conn, m);
+    StoreRequest one = request;
+    one.entries = request.entries.subspan(i, std::min<std::size_t>(wire::kMaxStoreKeys, n - i));
+    auto id = StartStore(conn, one);
     if (!id.ok()) {
       first = id.status();
       break;
@@ -406,18 +430,12 @@ StatusOr<std::vector<StatusCode>> DataPlaneClient::Store(DaemonConnection* conn,
   std::vector<StatusCode> out(n, StatusCode::kUnavailable);
   for (const auto& [id, begin] : sent) {
     const std::size_t k = std::min<std::size_t>(wire::kMaxStoreKeys, n - begin);
-    std::vector<wire::FetchKeyResult> got;
-    Status st = Wait(conn, id, deadline, &got, wire::TransferOpCode::kStoreReply);
-    // Every count from the network is checked: one result per key asked.
-    if (st.ok() && got.size() != k) {
-      st = Status::DataLoss("the cache host answered " + std::to_string(got.size()) +
-                            " store results for " + std::to_string(k) + " keys");
-    }
-    if (!st.ok()) {
-      if (first.ok()) first = st;
+    auto got = FinishStore(conn, id, k, deadline);
+    if (!got.ok()) {
+      if (first.ok()) first = got.status();
       continue;
     }
-    for (std::size_t j = 0; j < k; ++j) out[begin + j] = got[j].code;
+    std::copy(got->begin(), got->end(), out.begin() + static_cast<std::ptrdiff_t>(begin));
   }
   if (!first.ok()) return first;
   return out;

@@ -145,6 +145,15 @@ class DataPlaneClient {
   // entries' bytes belong to the transport until this returns.
   StatusOr<std::vector<StatusCode>> Store(DaemonConnection* conn, const StoreRequest& request,
                                           transport::Deadline deadline);
+  // Store one kStore message at a time, for callers that bound how many are
+  // in flight (CacheHostSession::StoreByKey's admission window). StartStore
+  // sends `request` (1 to wire::kMaxStoreKeys entries) and returns its
+  // request id; FinishStore waits for that reply: one code per entry, or
+  // the request-wide error. Every started request must be finished (its
+  // entries' bytes belong to the transport until then).
+  StatusOr<std::uint64_t> StartStore(DaemonConnection* conn, const StoreRequest& request);
+  StatusOr<std::vector<StatusCode>> FinishStore(DaemonConnection* conn, std::uint64_t request_id,
+                                                std::size_t entries, transport::Deadline deadline);
 
   // Closes `conn` (requests on it complete Unavailable) and forgets it, if it
   // is still the one kept for its address (a newer connection made by

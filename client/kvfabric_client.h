@@ -268,6 +268,10 @@ struct ClientMetrics {
   // Fetch requests a daemon refused for its per-namespace lease bound and
   // this client asked again after a pause.
   std::uint64_t fetch_requests_throttled = 0;
+  // Blocks a daemon refused at write-back for room (its namespace's
+  // reservation bound, or a full pool) that this client sent again after
+  // narrowing its window of kStores (CacheHostSession::StoreByKey).
+  std::uint64_t store_blocks_throttled = 0;
   std::uint32_t peak_history_pages_in_use = 0;
   std::uint64_t attends = 0;
   std::uint64_t attend_us = 0;

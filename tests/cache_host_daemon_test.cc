@@ -11,34 +11,34 @@
 // "kvfabric-cached" beside this test binary (tests/server_process.h).
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <thread>
 
 #include "client/data_plane_client.h"
-#include "tests/cache_host_test_client.h"
-#include "tests/server_process.h"
 #include "core/crc32c.h"
 #include "core/testing/test_seed.h"
 #include "core/testing/wait_for.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
+#include "tests/cache_host_test_client.h"
+#include "tests/server_process.h"
 #include "transport/ucx/ucx_transport.h"
-
 
 namespace kvfabric {
 namespace {
@@ -505,6 +505,31 @@ TEST_F(CacheHostDaemonTest, FullPoolRefusesWithResourceExhaustedAndKeepsServingR
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
   EXPECT_NE(s.message().find("pages"), std::string::npos) << s.ToString();
   EXPECT_TRUE(GetBatch({3, 7, 11}).ok());
+}
+
+// A write-back bigger than the daemon lets one namespace hold reserved
+// (--max-reserved-bytes-per-namespace, half the pool by default) is still
+// stored whole: kStore reserves before it pulls, so StoreByKey keeps a window
+// of kStores in flight that halves when the daemon refuses blocks for room,
+// and sends the refused ones again. Before the window, every block past the
+// bound came back ResourceExhausted (the small demo lost 6 of 144 blocks).
+TEST_F(CacheHostDaemonTest, StoreByKeyBeyondTheReservationBoundNarrowsItsWindowAndStoresAll) {
+  StartDaemon({"--host-pool-bytes=128MiB", "--host-page-bytes=2MiB",
+               "--max-reserved-bytes-per-namespace=8MiB"});
+  // 16 blocks of 2 MiB: two kStores of 8 (16 MiB each) against a bound of 4
+  // blocks.
+  std::uint64_t throttled = 0;
+  Status s = client_->StoreBatch(0, 16, &throttled);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_GT(throttled, 0u) << "the daemon never refused: the test no longer crosses the bound";
+  EXPECT_LT(client_->session().store_window(), 4u);
+  std::vector<int> all(16);
+  std::iota(all.begin(), all.end(), 0);
+  for (int i = 0; i < 16; i += 4) {
+    Status g = GetBatch({all[i], all[i + 1], all[i + 2], all[i + 3]});
+    EXPECT_TRUE(g.ok()) << g.ToString();
+  }
+  ExpectCommitsAndNoCrcFailures(16);
 }
 
 // Issue 17: a full NVMe filesystem froze the cache (every Reserve failed,

@@ -6,7 +6,10 @@
 #include <chrono>
 #include <cstring>
 
+#include "core/block_format.h"
 #include "core/crc32c.h"
+#include "core/model_fingerprint.h"
+#include "proto/model_proto.h"
 #include "transport/data_transport.h"
 
 namespace kvfabric::testing {
@@ -68,18 +71,24 @@ std::span<std::byte> CacheHostTestClient::Staging(std::uint64_t offset, std::uin
   return staging_->bytes().subspan(offset, bytes);
 }
 
+namespace {
+
+ModelFingerprint CoreFingerprint() {
+  ModelFingerprint f;
+  f.model_id = "test/model@1";
+  f.layer_count = 32;
+  f.dtype = KvDtype::kFp16;
+  f.kv_heads = 8;
+  f.head_dim = 128;
+  f.tokens_per_block = 16;
+  return f;
+}
+
+}  // namespace
+
 v1::ModelFingerprint CacheHostTestClient::Fingerprint() {
   v1::ModelFingerprint f;
-  f.set_model_id("test/model@1");
-  f.set_first_layer(0);
-  f.set_layer_count(32);
-  f.set_dtype(v1::DTYPE_FP16);
-  f.set_kv_heads(8);
-  f.set_head_dim(128);
-  f.set_tokens_per_block(16);
-  f.set_tp_rank(0);
-  f.set_tp_size(1);
-  f.set_layout_version(1);
+  FingerprintToProto(CoreFingerprint(), &f);
   return f;
 }
 
@@ -104,24 +113,47 @@ void CacheHostTestClient::Fill(int i, std::span<std::byte> dst) const {
   }
 }
 
-Status CacheHostTestClient::PutBatch(int first, int n, const std::string& ns) {
-  session_->SetNamespace(ns);
+std::vector<client::CacheHostSession::StoreBlock> CacheHostTestClient::StageBlocks(
+    int first, int n, std::uint32_t format_version, std::string_view digest,
+    std::vector<int>* ids) {
   std::vector<client::CacheHostSession::StoreBlock> blocks(static_cast<std::size_t>(n));
-  std::vector<int> ids;
   for (int k = 0; k < n; ++k) {
     v1::BlockDescriptor& b = blocks[k].descriptor;
     b.set_key(Key(first + k));
     b.set_payload_bytes(kTestBlockBytes);
     b.set_representation(v1::REPRESENTATION_EXACT);
-    b.set_format_version(1);
+    b.set_format_version(format_version);
+    b.set_fingerprint_digest(std::string(digest));
     b.set_token_count(16);
     b.set_prefix_tokens(16 * static_cast<std::uint64_t>(first + k));
     const std::span<std::byte> slot = Staging(std::uint64_t(k) * kTestBlockBytes, kTestBlockBytes);
     Fill(first + k, slot);
     blocks[k].crc32c = crc32c::Value(slot);
-    ids.push_back(first + k);
+    ids->push_back(first + k);
   }
+  return blocks;
+}
+
+Status CacheHostTestClient::PutBatch(int first, int n, const std::string& ns) {
+  session_->SetNamespace(ns);
+  std::vector<int> ids;
+  const auto blocks = StageBlocks(first, n, 1, "", &ids);
   return AllOk(session_->Store(Fingerprint(), blocks, {0, kTestBlockBytes}), ids, "Store");
+}
+
+Status CacheHostTestClient::StoreBatch(int first, int n, std::uint64_t* throttled,
+                                       const std::string& ns) {
+  if (n < 1 || std::uint64_t(n) * kTestBlockBytes > (32u << 20)) {
+    return Status::InvalidArgument("StoreBatch of " + std::to_string(n) + " blocks");
+  }
+  KVF_ASSIGN_OR_RETURN(const FingerprintDigest digest, CoreFingerprint().Digest());
+  session_->SetNamespace(ns);
+  std::vector<int> ids;
+  const auto blocks = StageBlocks(
+      first, n, kBlockFormatVersion,
+      std::string_view(reinterpret_cast<const char*>(digest.data()), digest.size()), &ids);
+  return AllOk(session_->StoreByKey(Fingerprint(), blocks, {0, kTestBlockBytes}, 0, throttled), ids,
+               "StoreByKey");
 }
 
 Status CacheHostTestClient::GetBatch(const std::vector<int>& ids, const std::string& ns) {

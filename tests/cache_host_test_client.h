@@ -17,6 +17,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "client/cache_host_session.h"
@@ -60,11 +61,22 @@ class CacheHostTestClient {
   void Fill(int i, std::span<std::byte> dst) const;
 
   Status PutBatch(int first, int n, const std::string& ns = "");
+  // PutBatch through the one-round-trip kStore (CacheHostSession::StoreByKey,
+  // its admission window and retries); at most 32 blocks. *throttled counts
+  // blocks the daemon refused for room and the session sent again.
+  Status StoreBatch(int first, int n, std::uint64_t* throttled, const std::string& ns = "");
   Status GetBatch(const std::vector<int>& ids, const std::string& ns = "");
 
  private:
   CacheHostTestClient() = default;
   std::span<std::byte> Staging(std::uint64_t offset, std::uint64_t bytes);
+  // Blocks [first, first + n) filled into staging slots 0..n-1, described
+  // (format_version, fingerprint digest) and checksummed; their ids appended
+  // to *ids.
+  std::vector<client::CacheHostSession::StoreBlock> StageBlocks(int first, int n,
+                                                                std::uint32_t format_version,
+                                                                std::string_view digest,
+                                                                std::vector<int>* ids);
 
   std::uint64_t seed_ = 0;
   GrpcSecurityOptions security_ = [] {
