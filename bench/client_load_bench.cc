@@ -5,9 +5,11 @@
 //   1. memcpy of one history's bytes, one thread and two threads (the copy
 //      a load cannot beat: every byte lands once in the history pool).
 //   2. write-back: one context saves every layer of a history; GB/s from the
-//      first Save to Finish (placement Place, then per daemon Reserve, the
-//      daemon's pull from staging, Commit), against memcached PUT of the same
-//      bytes in blocks of the same size, 1 and 4 connections.
+//      first Save to Finish, three ways: Place then gRPC Reserve, the daemon's
+//      pull from staging, Commit; Place then kStore with one saver thread;
+//      the default (kStore, two saver threads pipelining batches); against
+//      memcached PUT of the same bytes in blocks of the same size, 1 and 4
+//      connections.
 //   3. load: 1, 2, 4 and 8 contexts at once each load the whole history
 //      (a fetch_all plan over both daemons); aggregate and per-context GB/s,
 //      time to layer 0 ready and to every layer ready, and the plan's
@@ -250,30 +252,36 @@ int main(int argc, char** argv) {
                 report->blocks_written, s, history_bytes / s / 1e9, history_bytes / s / 1e9 / mem1);
     return kvfabric::Status::OK();
   };
-  // The Reserve / kPut / Commit path first, by a second client of one
-  // history, on another chain (so the blocks are new to the daemons too).
-  {
+  // The Reserve / kPut / Commit path first, then kStore with one saver
+  // thread, each by a client of one history of its own, on a chain of its
+  // own (so the blocks are new to the daemons too).
+  auto other_client = [&](bool store_by_key, std::uint32_t save_threads, std::uint32_t shift,
+                          const char* how) -> kvfabric::Status {
     auto device2 = kvfabric::gpu::CreateCpuDevice(dopts);  // an arena of its own
-    if (!device2.ok()) return Fail(device2.status());
+    if (!device2.ok()) return device2.status();
     kc::ClientOptions ro = o;
     ro.device = device2->get();
-    ro.store_by_key = false;
+    ro.store_by_key = store_by_key;
+    ro.save_threads = save_threads;
     ro.history_pool_bytes = history_bytes;
     ro.metrics_address = "";
-    auto reserve_client = kc::Client::Open(std::move(ro));
-    if (!reserve_client.ok()) return Fail(reserve_client.status());
+    auto c = kc::Client::Open(std::move(ro));
+    if (!c.ok()) return c.status();
     std::vector<std::uint32_t> other(tokens);
     for (std::uint64_t t = 0; t < tokens; ++t) {
-      other[t] = static_cast<std::uint32_t>((t * 7919 + 1) % 128000);
+      other[t] = static_cast<std::uint32_t>((t * 7919 + shift) % 128000);
     }
-    auto other_chain = (*reserve_client)->KeyTokens(other);
-    if (!other_chain.ok()) return Fail(other_chain.status());
-    if (auto s = write_back(**reserve_client, *other_chain, "Place + gRPC Reserve / kPut / Commit");
-        !s.ok()) {
-      return Fail(s);
-    }
+    auto other_chain = (*c)->KeyTokens(other);
+    if (!other_chain.ok()) return other_chain.status();
+    return write_back(**c, *other_chain, how);
+  };
+  if (auto s = other_client(false, 1, 1, "Place + gRPC Reserve / kPut / Commit"); !s.ok()) {
+    return Fail(s);
   }
-  if (auto s = write_back(**client, *chain, "Place + kStore, one data-plane round trip"); !s.ok()) {
+  if (auto s = other_client(true, 1, 2, "Place + kStore, one saver thread"); !s.ok()) {
+    return Fail(s);
+  }
+  if (auto s = write_back(**client, *chain, "Place + kStore, save_threads 2 (default)"); !s.ok()) {
     return Fail(s);
   }
   // Daemons tell placement what they hold on their next report: wait (at

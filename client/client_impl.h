@@ -394,7 +394,7 @@ class Client::Impl {
   CondVar save_cv_;
   std::deque<SaveJob> save_queue_ KVF_GUARDED_BY(save_mu_);
   bool save_stop_ KVF_GUARDED_BY(save_mu_) = false;
-  std::thread saver_;
+  std::vector<std::thread> savers_;  // save_threads of them (1 through staging)
 
   // Prometheus view (metrics_collectable) and, with o_.metrics_address,
   // its listener. Both made by Init.

@@ -121,6 +121,10 @@ Status Client::Impl::Init() {
       }
     }
   }
+  if (o_.save_threads < 1 || o_.save_threads > 8) {
+    return Status::InvalidArgument("client: save_threads " + std::to_string(o_.save_threads) +
+                                   " must be 1..8");
+  }
   if (o_.fetch_depth < 1 || o_.fetch_depth > 64) {
     return Status::InvalidArgument("client: fetch_depth (--client-fetch-depth) " +
                                    std::to_string(o_.fetch_depth) + " must be 1..64");
@@ -238,7 +242,11 @@ Status Client::Impl::Init() {
                          metrics::MetricsServer::Start(o_.metrics_address, {prom_}));
     Log().info("kvfabric client: metrics at {}", metrics_server_->url());
   }
-  saver_ = std::thread([this] { SaverLoop(); });
+  // Several savers pipeline write-back: one batch's Place call overlaps
+  // another's kStores. The Reserve/kPut/Commit path copies each batch into
+  // the one staging region, so it keeps one.
+  const std::uint32_t savers = o_.store_by_key ? o_.save_threads : 1;
+  for (std::uint32_t i = 0; i < savers; ++i) savers_.emplace_back([this] { SaverLoop(); });
   return Status::OK();
 }
 
@@ -278,7 +286,8 @@ Status Client::Impl::Close() {
     save_stop_ = true;
   }
   save_cv_.NotifyAll();
-  if (saver_.joinable()) saver_.join();
+  for (std::thread& t : savers_) t.join();
+  savers_.clear();
   return first;
 }
 

@@ -200,6 +200,12 @@ struct ClientOptions {
   // kPut from staging, gRPC Commit (three round trips and a copy into
   // staging): for daemons older than kStore, and for comparison.
   bool store_by_key = true;
+  // Write-back threads with store_by_key, each taking the next batch (about
+  // 32 MiB, one Place call, then its kStores), so that one batch's Place
+  // call and daemon round trips overlap another's. 1..8; default 2
+  // (docs/benchmarks.md, write-back). The Reserve/kPut/Commit path uses one
+  // (it copies through the one staging region).
+  std::uint32_t save_threads = 2;
   // The pinned host memory every context's history lives in
   // (--client-history-pool-bytes; client/history_pool.h): allocated,
   // pinned and pre-faulted at Open, handed out in pages of one block, so no
