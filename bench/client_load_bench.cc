@@ -316,6 +316,7 @@ int main(int argc, char** argv) {
     }
   }
 
+  std::uint64_t throttled_before = (*client)->metrics().fetch_requests_throttled;
   for (int n : contexts) {
     std::vector<LoadRun> runs(n);
     std::atomic<int> wrong{0};
@@ -365,6 +366,7 @@ int main(int argc, char** argv) {
     }
     for (auto& t : threads) t.join();
     const double wall = Seconds(t0, Clock::now());
+    const std::uint64_t throttled_now = (*client)->metrics().fetch_requests_throttled;
     double slowest = 0, layer0 = 0, all = 0, predicted = 0, measured = 0, layer0_load = 0,
            all_load = 0;
     std::uint32_t fetched = 0, recomputed = 0;
@@ -389,11 +391,14 @@ int main(int argc, char** argv) {
         "= %.2fx memcpy (%.2fx 2-thread memcpy); per context %.2f GB/s; layer 0 ready at %.1f ms, "
         "every layer at %.1f ms (%.2f of it; target <= 1.5/%u = %.2f + one round trip), after "
         "Match; from Load: %.1f of %.1f ms = %.2f; plan predicted %.1f ms, load took %.1f ms "
-        "(x%.2f); wall %.3f s\n",
+        "(x%.2f); wall %.3f s; fetch requests refused for the daemons' lease bound and asked "
+        "again: %llu\n",
         n, n == 1 ? "" : "s", kinds.c_str(), fetched, recomputed, wrong.load(), aggregate,
         aggregate / mem1, aggregate / mem2, per, layer0 * 1e3, all * 1e3, layer0 / all,
         model.layer_count, 1.5 / model.layer_count, layer0_load, all_load, layer0_load / all_load,
-        predicted, measured, measured / predicted, wall);
+        predicted, measured, measured / predicted, wall,
+        static_cast<unsigned long long>(throttled_now - throttled_before));
+    throttled_before = throttled_now;
   }
   return 0;
 }
