@@ -156,7 +156,7 @@ class Client::Impl {
   Status Init();
   // The data plane: one transport, one staging region exported to each
   // daemon on first use (client_io.cc). Part of Init.
-  Status OpenDataPlane();
+  Status OpenDataPlane(const HistoryPoolOptions& history);
   Status Close();
 
   // kvfabric_client.cc
@@ -367,6 +367,9 @@ class Client::Impl {
   // The history pool, registered with the transport and exported to every
   // daemon as kHistoryRegionId (fetches land in place).
   std::unique_ptr<transport::MemoryRegion> history_region_;
+  // The history pool's pages are history_region_'s memory (UCX shared
+  // memory, pinned for the device), not the device's.
+  bool history_in_transport_ = false;
   std::unique_ptr<DataPlaneClient> data_;
   std::unique_ptr<DeviceArena> arena_;
   std::unique_ptr<StreamingAttention> attention_;

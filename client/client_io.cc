@@ -45,7 +45,7 @@ v1::TransferObservation Observation(v1::BusPath path, const std::string& host_id
 
 // ---------------------------------------------------------------- daemons
 
-Status Client::Impl::OpenDataPlane() {
+Status Client::Impl::OpenDataPlane(const HistoryPoolOptions& history) {
   transport::DataTransportOptions topts;
   topts.kind = o_.data_transport;
   topts.ucx_tls = o_.ucx_tls;
@@ -70,9 +70,31 @@ Status Client::Impl::OpenDataPlane() {
   KVF_ASSIGN_OR_RETURN(staging_,
                        transport_->AllocateMemory(o_.staging_bytes, transport::MemoryKind::kHost));
   KVF_ASSIGN_OR_RETURN(data_, DataPlaneClient::Create(transport_.get()));
-  // Daemons write fetched blocks straight into context pages: the pool is
-  // registered once here (pinned where the transport needs it) and exported
-  // with the staging region to every daemon.
+  // Daemons write fetched blocks straight into context pages, so the pool is
+  // exported with the staging region to every daemon. Over UCX shared
+  // memory it is the transport's own memory, pinned for the device: a daemon
+  // on this host maps it and copies each block in with one memcpy, where
+  // memory registered from elsewhere costs a protocol round trip per block
+  // or layer slice (docs/benchmarks.md, 2026-12-04 19:07: 2-3x the load
+  // rate). Otherwise (or when the device cannot pin foreign memory) the
+  // device allocates it and the transport registers it.
+  const std::uint64_t pool_bytes =
+      history.block_bytes == 0 ? 0 : history.pool_bytes / history.block_bytes * history.block_bytes;
+  if (shared_memory_ && ucx_data_plane_ && pool_bytes != 0) {
+    auto region = transport_->AllocateMemory(pool_bytes, transport::MemoryKind::kHost);
+    StatusOr<std::unique_ptr<gpu::PinnedHostBuffer>> pinned =
+        region.ok() ? o_.device->PinHostMemory((*region)->bytes()) : region.status();
+    if (pinned.ok()) {
+      history_region_ = std::move(*region);
+      history_in_transport_ = true;
+      KVF_ASSIGN_OR_RETURN(history_pool_,
+                           HistoryPool::Create(*o_.device, history, std::move(*pinned)));
+      return Status::OK();
+    }
+    Log().info("kvfabric client: history pool in device memory, registered with the transport ({})",
+               pinned.status().ToString());
+  }
+  KVF_ASSIGN_OR_RETURN(history_pool_, HistoryPool::Create(*o_.device, history));
   KVF_ASSIGN_OR_RETURN(
       history_region_,
       transport_->RegisterMemory(

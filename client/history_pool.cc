@@ -22,8 +22,9 @@ HistoryPool::HistoryPool(const HistoryPoolOptions& options, std::uint32_t pages,
       used_(CeilDiv(pages, 64), 0),
       quarantine_(std::max<std::uint32_t>(pages, 1)) {}
 
-StatusOr<std::unique_ptr<HistoryPool>> HistoryPool::Create(gpu::Device& device,
-                                                           const HistoryPoolOptions& o) {
+StatusOr<std::unique_ptr<HistoryPool>> HistoryPool::Create(
+    gpu::Device& device, const HistoryPoolOptions& o,
+    std::unique_ptr<gpu::PinnedHostBuffer> memory) {
   if (o.block_bytes == 0 || o.tokens_per_block == 0) {
     return Status::InvalidArgument("history pool: no block geometry");
   }
@@ -42,8 +43,14 @@ StatusOr<std::unique_ptr<HistoryPool>> HistoryPool::Create(gpu::Device& device,
         (pages > 0xffffffffull ? " (and at most 2^32 - 1 pages)" : "") + ": raise " + o.setting +
         (o.max_context_tokens == 0 ? "" : " or lower max_context_tokens"));
   }
-  KVF_ASSIGN_OR_RETURN(std::unique_ptr<gpu::PinnedHostBuffer> buffer,
-                       device.AllocatePinnedHost(pages * o.block_bytes));
+  std::unique_ptr<gpu::PinnedHostBuffer> buffer = std::move(memory);
+  if (buffer == nullptr) {
+    KVF_ASSIGN_OR_RETURN(buffer, device.AllocatePinnedHost(pages * o.block_bytes));
+  } else if (buffer->bytes().size() < pages * o.block_bytes) {
+    return Status::InvalidArgument("history pool: " + FormatBytes(buffer->bytes().size()) +
+                                   " of memory given for " + std::to_string(pages) + " pages of " +
+                                   FormatBytes(o.block_bytes));
+  }
   // Pre-fault: the first touch of fresh memory is paid here, never on a request.
   const auto start = std::chrono::steady_clock::now();
   std::memset(buffer->bytes().data(), 0, pages * o.block_bytes);

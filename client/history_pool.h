@@ -52,8 +52,13 @@ struct HistoryPoolOptions {
 
 class HistoryPool {
  public:
-  static StatusOr<std::unique_ptr<HistoryPool>> Create(gpu::Device& device,
-                                                       const HistoryPoolOptions& options);
+  // `memory`: pinned memory to hold the pages (at least pages x
+  // block_bytes; Device::PinHostMemory of a transport's region), or null to
+  // allocate it with device.AllocatePinnedHost. Either way every page is
+  // touched here.
+  static StatusOr<std::unique_ptr<HistoryPool>> Create(
+      gpu::Device& device, const HistoryPoolOptions& options,
+      std::unique_ptr<gpu::PinnedHostBuffer> memory = nullptr);
 
   // Takes `n` pages into (*pages)[0..n) (resized; allocation-free once its
   // capacity is n), lowest free addresses first. ResourceExhausted with the

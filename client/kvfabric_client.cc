@@ -183,7 +183,9 @@ Status Client::Impl::Init() {
   hp.tokens_per_block = o_.model.tokens_per_block;
   hp.max_context_tokens = o_.max_context_tokens;
   hp.setting = pool_setting;
-  KVF_ASSIGN_OR_RETURN(history_pool_, HistoryPool::Create(*o_.device, hp));
+  // The data plane first: the history pool lives in its memory where daemons
+  // on this host can copy into it directly.
+  KVF_RETURN_IF_ERROR(OpenDataPlane(hp));
   if (o_.model.layer_count > 1) {
     // Touched now, so the fault path that uses it takes no page faults.
     MutexLock l(&scratch_mu_);
@@ -229,7 +231,6 @@ Status Client::Impl::Init() {
     }
   }
 
-  KVF_RETURN_IF_ERROR(OpenDataPlane());
   prom_ = std::make_shared<ClientPrometheus>([this] {
     ClientPrometheus::Snapshot s;
     s.client = metrics();
@@ -263,7 +264,10 @@ Client::Impl::~Impl() {
   daemons.clear();
   data_.reset();
   staging_.reset();
-  history_region_.reset();  // before the pool's memory it registers
+  // A pool in the transport's memory goes first (unpinned, then freed with
+  // the region); a registered pool after its registration.
+  if (history_in_transport_) history_pool_.reset();
+  history_region_.reset();
   transport_.reset();
 }
 

@@ -99,6 +99,15 @@ class Device {
 
   // Staging memory. Allocates: call at start-up, not on the decode path.
   virtual StatusOr<std::unique_ptr<PinnedHostBuffer>> AllocatePinnedHost(std::uint64_t bytes) = 0;
+  // Pins host memory allocated elsewhere (a data transport's shared-memory
+  // region, which peers on this host can map and copy into directly) for
+  // the device's copies, until the buffer is destroyed; `bytes` must outlive
+  // the buffer. Call at start-up. Unimplemented where the backend cannot;
+  // callers then allocate with AllocatePinnedHost.
+  virtual StatusOr<std::unique_ptr<PinnedHostBuffer>> PinHostMemory(std::span<std::byte> bytes) {
+    (void)bytes;
+    return Status::Unimplemented(name() + ": pinning host memory allocated elsewhere");
+  }
   // Allocates: call at start-up. The event starts complete.
   virtual StatusOr<std::unique_ptr<Event>> CreateEvent() = 0;
 

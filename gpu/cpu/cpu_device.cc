@@ -205,6 +205,22 @@ class CpuPinnedHostBuffer final : public PinnedHostBuffer {
   std::shared_ptr<PinnedBufferRegistry> registry_;
 };
 
+// Memory allocated elsewhere, counted as pinned while the buffer lives.
+class CpuBorrowedHostBuffer final : public PinnedHostBuffer {
+ public:
+  CpuBorrowedHostBuffer(std::span<std::byte> bytes, std::shared_ptr<PinnedBufferRegistry> registry)
+      : bytes_(bytes), registry_(std::move(registry)) {
+    registry_->Add(bytes_);
+  }
+  ~CpuBorrowedHostBuffer() override { registry_->Remove(bytes_); }
+
+  std::span<std::byte> bytes() const override { return bytes_; }
+
+ private:
+  std::span<std::byte> bytes_;
+  std::shared_ptr<PinnedBufferRegistry> registry_;
+};
+
 class CpuDevice final : public Device, public CpuDeviceTestHooks {
  public:
   CpuDevice(std::unique_ptr<MappedRegion> arena, std::uint64_t arena_bytes,
@@ -242,6 +258,12 @@ class CpuDevice final : public Device, public CpuDeviceTestHooks {
                          MappedRegion::Map(bytes, "cpu device pinned host buffer"));
     return std::unique_ptr<PinnedHostBuffer>(
         std::make_unique<CpuPinnedHostBuffer>(std::move(region), bytes, registry_));
+  }
+
+  StatusOr<std::unique_ptr<PinnedHostBuffer>> PinHostMemory(std::span<std::byte> bytes) override {
+    if (bytes.empty()) return Status::InvalidArgument("PinHostMemory: 0 bytes");
+    return std::unique_ptr<PinnedHostBuffer>(
+        std::make_unique<CpuBorrowedHostBuffer>(bytes, registry_));
   }
 
   StatusOr<std::unique_ptr<Event>> CreateEvent() override {

@@ -130,6 +130,29 @@ TEST(CpuDeviceTest, CopiesRoundTripThroughTheArena) {
   EXPECT_EQ(std::memcmp(in->bytes().data(), out->bytes().data(), in->bytes().size()), 0);
 }
 
+// Memory allocated elsewhere (a transport's shared-memory region) is
+// accepted for copies while PinHostMemory's buffer lives, and refused after.
+TEST(CpuDeviceTest, PinnedForeignMemoryCopiesUntilItsBufferIsGone) {
+  auto device = MakeDevice();
+  std::vector<std::byte> foreign(64 << 10, std::byte{0x5a});
+  const DeviceRange range{4096, foreign.size()};
+  Status before = device->CopyHostToDevice(foreign, range);
+  EXPECT_EQ(before.code(), StatusCode::kInvalidArgument) << before;
+  EXPECT_EQ(device->PinHostMemory({}).status().code(), StatusCode::kInvalidArgument);
+  {
+    auto pinned = device->PinHostMemory(foreign);
+    ASSERT_TRUE(pinned.ok()) << pinned.status();
+    EXPECT_EQ((*pinned)->bytes().data(), foreign.data());  // the same memory, not a copy
+    auto done = NewEvent(*device);
+    ASSERT_TRUE(device->CopyHostToDevice((*pinned)->bytes(), range).ok());
+    ASSERT_TRUE(device->Record(*done, Queue::kHostToDevice).ok());
+    ASSERT_TRUE(done->Wait(Soon()).ok());
+    EXPECT_EQ(ReadArena(*device, range), foreign);
+  }
+  Status after = device->CopyHostToDevice(foreign, range);
+  EXPECT_EQ(after.code(), StatusCode::kInvalidArgument) << after;
+}
+
 TEST(CpuDeviceTest, RunsWorkOnOneQueueInSubmissionOrder) {
   auto device = MakeDevice();
   auto staging = Pinned(*device, 4096);

@@ -97,6 +97,26 @@ class CudaPinnedBuffer final : public PinnedHostBuffer {
   std::shared_ptr<PinnedBufferRegistry> registry_;
 };
 
+// Memory allocated elsewhere, page-locked for the device with
+// cudaHostRegister until the buffer is destroyed.
+class CudaRegisteredBuffer final : public PinnedHostBuffer {
+ public:
+  CudaRegisteredBuffer(std::span<std::byte> bytes, std::shared_ptr<PinnedBufferRegistry> registry)
+      : bytes_(bytes), registry_(std::move(registry)) {
+    registry_->Add(bytes_);
+  }
+  ~CudaRegisteredBuffer() override {
+    registry_->Remove(bytes_);
+    cudaHostUnregister(bytes_.data());
+  }
+
+  std::span<std::byte> bytes() const override { return bytes_; }
+
+ private:
+  std::span<std::byte> bytes_;
+  std::shared_ptr<PinnedBufferRegistry> registry_;
+};
+
 constexpr int kNumQueues = 3;
 
 class CudaDevice final : public Device {
@@ -129,6 +149,16 @@ class CudaDevice final : public Device {
     KVF_ASSIGN_OR_RETURN(cuda::CudaPinnedHost memory, cuda::AllocatePinnedHost(bytes));
     return std::unique_ptr<PinnedHostBuffer>(
         std::make_unique<CudaPinnedBuffer>(std::move(memory), bytes, registry_));
+  }
+
+  StatusOr<std::unique_ptr<PinnedHostBuffer>> PinHostMemory(std::span<std::byte> bytes) override {
+    if (bytes.empty()) return Status::InvalidArgument("PinHostMemory: 0 bytes");
+    KVF_RETURN_IF_ERROR(MakeCurrent());
+    KVF_RETURN_IF_ERROR(StatusFromCudaError(
+        static_cast<int>(cudaHostRegister(bytes.data(), bytes.size(), cudaHostRegisterDefault)),
+        "cudaHostRegister(" + std::to_string(bytes.size()) + " bytes)"));
+    return std::unique_ptr<PinnedHostBuffer>(
+        std::make_unique<CudaRegisteredBuffer>(bytes, registry_));
   }
 
   StatusOr<std::unique_ptr<Event>> CreateEvent() override {
