@@ -14,7 +14,7 @@
 #include "client/device_arena.h"
 #include "core/testing/test_seed.h"
 #include "gpu/cpu/cpu_device.h"
-#include "gpu/kernels/float_convert.h"
+#include "gpu/kernels/attention_test_util.h"
 #include "gpu/kernels/reference_attention.h"
 
 // Every heap allocation in this binary, on any thread. Relaxed: a pure event
@@ -76,27 +76,6 @@ std::uint64_t Bits(float f) {
   return u;
 }
 
-void StoreElement(KvDtype dtype, float f, std::byte* p) {
-  if (dtype == KvDtype::kFp32) {
-    std::memcpy(p, &f, 4);
-    return;
-  }
-  const std::uint16_t b =
-      dtype == KvDtype::kFp16 ? gpu::FloatToFp16Bits(f) : gpu::FloatToBf16Bits(f);
-  std::memcpy(p, &b, 2);
-}
-
-float LoadElement(KvDtype dtype, const std::byte* p) {
-  if (dtype == KvDtype::kFp32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  std::uint16_t b;
-  std::memcpy(&b, p, 2);
-  return dtype == KvDtype::kFp16 ? gpu::Fp16BitsToFloat(b) : gpu::Bf16BitsToFloat(b);
-}
-
 // A device, an arena far smaller than the histories, and the attention.
 class StreamingAttentionTest : public ::testing::Test {
  protected:
@@ -149,14 +128,15 @@ class StreamingAttentionTest : public ::testing::Test {
     std::span<std::byte> h = history_->bytes();
     const float nan = std::nanf("");
     const std::size_t elem = KvDtypeSize(shape_.dtype);
-    for (std::size_t i = 0; i + elem <= h.size(); i += elem) StoreElement(shape_.dtype, nan, &h[i]);
+    for (std::size_t i = 0; i + elem <= h.size(); i += elem)
+      gpu::testing::Store(shape_.dtype, nan, &h[i]);
     const std::uint64_t row_elems = std::uint64_t{shape_.kv_heads} * shape_.head_dim;
     for (std::uint32_t l = 0; l < shape_.layers; ++l) {
       for (std::uint32_t t = 0; t < tokens; ++t) {
         for (int kv = 0; kv < 2; ++kv) {
           std::byte* row = RowAt(l, t, kv);
           for (std::uint64_t e = 0; e < row_elems; ++e) {
-            StoreElement(shape_.dtype, dist(rng), row + e * elem);
+            gpu::testing::Store(shape_.dtype, dist(rng), row + e * elem);
           }
         }
       }
@@ -222,9 +202,9 @@ class StreamingAttentionTest : public ::testing::Test {
         for (std::uint32_t j = 0; j < shape_.head_dim; ++j) {
           const std::size_t at = (std::size_t{t} * shape_.kv_heads + kvh) * shape_.head_dim + j;
           sum += std::fabs(double{q[h * shape_.head_dim + j]}) *
-                 std::fabs(double{LoadElement(shape_.dtype, &k[at * elem])});
-          v_max[h] =
-              std::max<double>(v_max[h], std::fabs(LoadElement(shape_.dtype, &v[at * elem])));
+                 std::fabs(double{gpu::testing::Load(shape_.dtype, &k[at * elem])});
+          v_max[h] = std::max<double>(v_max[h],
+                                      std::fabs(gpu::testing::Load(shape_.dtype, &v[at * elem])));
         }
         logit_err[h] = std::max(logit_err[h], std::fabs(double{scale}) * gamma * sum);
       }
