@@ -370,18 +370,20 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
       if (!by_host[h].empty()) hosts.push_back(h);
     }
     std::vector<std::uint64_t> moved(m.hosts.size(), 0);
+    std::vector<double> stream_us(m.hosts.size(), 0);
+    const auto start = Clock::now();
     auto fetch = [&](std::size_t h) {
       host_status[h] = FetchFrom(*c, m.hosts[h], &by_host[h], &moved[h]);
+      stream_us[h] = MicrosSince(start);
     };
     // One thread per further daemon; this thread takes the first.
-    const auto start = Clock::now();
     std::vector<std::thread> others;
     for (std::size_t i = 1; i < hosts.size(); ++i) others.emplace_back(fetch, hosts[i]);
     if (!hosts.empty()) fetch(hosts[0]);
     for (std::thread& t : others) t.join();
-    RecordTransfers(*c, m.hosts, moved, MicrosSince(start));
+    RecordTransfers(*c, m.hosts, moved, stream_us, MicrosSince(start));
   }
-  std::vector<bool> dead(m.hosts.size(), false);  // failed Unavailable in this load
+  std::vector<bool> dead(m.hosts.size(), false);              // failed Unavailable in this load
   std::map<std::size_t, std::vector<std::uint32_t>> missing;  // run -> blocks
   std::map<std::size_t, std::string> failures;                // run -> first error
   for (std::size_t h = 0; h < by_host.size(); ++h) {
@@ -424,9 +426,11 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
       if (dead[h]) continue;
       const std::size_t before = blocks.size();
       std::vector<std::uint64_t> moved(m.hosts.size(), 0);
+      std::vector<double> stream_us(m.hosts.size(), 0);
       const auto start = Clock::now();
       Status s = FetchFrom(*c, m.hosts[h], &blocks, &moved[h]);
-      RecordTransfers(*c, m.hosts, moved, MicrosSince(start));
+      stream_us[h] = MicrosSince(start);
+      RecordTransfers(*c, m.hosts, moved, stream_us, stream_us[h]);
       from_fallback += static_cast<std::uint32_t>(before - blocks.size());
       dead[h] = HostDown(s);
     }
@@ -458,21 +462,29 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
 }
 
 void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Host>& hosts,
-                                   std::span<const std::uint64_t> moved, double us) {
+                                   std::span<const std::uint64_t> moved,
+                                   std::span<const double> stream_us, double us) {
   std::uint64_t total = 0;
-  for (std::uint64_t b : moved) total += b;
+  std::size_t streams = 0;
+  for (std::uint64_t b : moved) {
+    total += b;
+    streams += b > 0 ? 1 : 0;
+  }
   if (total == 0) return;
-  // The planner prices a plan's fetch runs one after another (its FETCH
-  // MODEL); the daemons were fetched from at once, so each daemon is charged
-  // the share of the wall time its bytes took of the whole: the observations
-  // then add up to what the overlapped fetch took.
+  // The planner's FETCH MODEL: one stream per daemon, side by side, through
+  // the client's ingest they share. Each daemon's bytes are observed with its
+  // own stream's wall time (what it delivered beside the others); a load from
+  // two or more daemons at once is also an observation of the ingest, all
+  // bytes over the overlapped time (host_id "": every client's default).
   {
     MutexLock l(&c.mu);
     for (std::size_t h = 0; h < hosts.size(); ++h) {
       if (moved[h] == 0) continue;
-      c.transfers.push_back(
-          Observation(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST, hosts[h].host_id, moved[h],
-                      us * static_cast<double>(moved[h]) / static_cast<double>(total)));
+      c.transfers.push_back(Observation(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST, hosts[h].host_id,
+                                        moved[h], std::max(stream_us[h], 1.0)));
+    }
+    if (streams >= 2) {
+      c.transfers.push_back(Observation(v1::BUS_PATH_CLIENT_INGEST, "", total, std::max(us, 1.0)));
     }
   }
   prom_->ObserveTransfer(/*save=*/false, total, us);
@@ -917,11 +929,11 @@ void Client::Impl::SaveBatch(std::vector<SaveJob>& jobs) {
   std::vector<SaveJob*> all;
   for (SaveJob& j : jobs) all.push_back(&j);
   if (!g.ok() || resp.results_size() != static_cast<int>(jobs.size())) {
-    const Status why = !g.ok() ? FromGrpcStatus(g).WithContext("placement Place")
-                               : Status::Internal("placement Place answered " +
-                                                  std::to_string(resp.results_size()) +
-                                                  " results for " + std::to_string(jobs.size()) +
-                                                  " blocks");
+    const Status why =
+        !g.ok()
+            ? FromGrpcStatus(g).WithContext("placement Place")
+            : Status::Internal("placement Place answered " + std::to_string(resp.results_size()) +
+                               " results for " + std::to_string(jobs.size()) + " blocks");
     Log().warn("kvfabric client: {} blocks not written back: {}", jobs.size(), why.ToString());
     FinishSaves(all, SaveOutcome::kFailed, why);
     return;
@@ -1041,7 +1053,8 @@ Status Client::Impl::SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs
   if (written == 0) return Status::OK();
   Context& c = *jobs.front()->context;
   MutexLock l(&c.mu);
-  c.transfers.push_back(Observation(v1::BUS_PATH_LOCAL_HOST_TO_REMOTE_HOST, h.host_id, written, us));
+  c.transfers.push_back(
+      Observation(v1::BUS_PATH_LOCAL_HOST_TO_REMOTE_HOST, h.host_id, written, us));
   prom_->ObserveTransfer(/*save=*/true, written, us);
   MutexLock ml(&metrics_mu_);
   m_.save_us += static_cast<std::uint64_t>(us);

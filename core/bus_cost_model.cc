@@ -24,6 +24,7 @@ constexpr std::array<PathNames, kMaxBusPath + 1> kPathNames = {{
     {"nvme→host", "nvme_to_host"},
     {"host→nvme", "host_to_nvme"},
     {"memcpy", "local_memcpy"},
+    {"daemons→client", "client_ingest"},
 }};
 
 // Three significant digits of `v` (>= 0) followed by `unit`.

@@ -29,8 +29,7 @@
 namespace kvfabric {
 
 // A directed path bytes take. Values 1..6 equal kvfabric.v1.BusPath; they are written to
-// calibration files and never renumbered. kLocalMemcpy has no proto value yet (the proto needs
-// BUS_PATH_LOCAL_MEMCPY = 7 before it can travel on the wire).
+// calibration files and never renumbered.
 enum class BusPath : int {
   kUnspecified = 0,
   // Remote daemon's host memory -> the client's host memory, over the transport.
@@ -48,9 +47,13 @@ enum class BusPath : int {
   // Host memory -> host memory on one machine (memcpy; a daemon on the client's node, and the
   // baseline every other path is compared with).
   kLocalMemcpy = 7,
+  // Every daemon -> this client, all streams of one load together: the client's NIC or memory
+  // bus that the per-daemon streams share (server/placement/planner.h, FETCH MODEL). Its
+  // host_id is a client's id in a calibration file, "" (every client) when learned online.
+  kClientIngest = 8,
 };
 
-inline constexpr int kMaxBusPath = 7;
+inline constexpr int kMaxBusPath = 8;
 
 // "remote→local", "nvme→host", ...: the spelling in explanations and logs.
 std::string_view BusPathArrowName(BusPath path);

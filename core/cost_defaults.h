@@ -21,6 +21,9 @@ inline constexpr PathParameters kLocalToRemote{25.0, 10e9};
 inline constexpr PathParameters kLocalMemcpy{5.0, 10e9};
 // Daemon NVMe -> daemon host memory (staging read).
 inline constexpr PathParameters kNvmeToHost{100.0, 3e9};
+// Every daemon -> one client, all streams together: one 100 Gb/s port that the streams share
+// (the same figure as one stream, so several daemons are not assumed faster until measured).
+inline constexpr PathParameters kClientIngest{0.0, 10e9};
 // Client host -> device (per client).
 inline constexpr PathParameters kHostToDevice{10.0, 25e9};
 // Recompute (prefill): t = c0 + c1 n + c2 n (p + n/2).

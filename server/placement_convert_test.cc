@@ -129,8 +129,9 @@ TEST(PlacementConvertTest, EnumsRefuseUnspecifiedAndUnknownValues) {
 
   EXPECT_EQ(*BusPathFromProto(v1::BUS_PATH_HOST_TO_NVME, "p"), BusPath::kHostToNvme);
   EXPECT_FALSE(BusPathFromProto(0, "p").ok());
-  // kLocalMemcpy (7) has no wire value yet.
-  ExpectInvalid(BusPathFromProto(7, "p").status(), "p: unknown value 7");
+  EXPECT_EQ(*BusPathFromProto(v1::BUS_PATH_LOCAL_MEMCPY, "p"), BusPath::kLocalMemcpy);
+  EXPECT_EQ(*BusPathFromProto(v1::BUS_PATH_CLIENT_INGEST, "p"), BusPath::kClientIngest);
+  ExpectInvalid(BusPathFromProto(9, "p").status(), "p: unknown value 9");
 
   EXPECT_EQ(PlanKindToProto(PlanKind::kSplit), v1::PLAN_KIND_SPLIT);
   EXPECT_EQ(RunActionToProto(RunAction::kRecompute), v1::RUN_ACTION_RECOMPUTE);

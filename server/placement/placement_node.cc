@@ -62,7 +62,8 @@ StatusOr<std::unique_ptr<PlacementNode>> PlacementNode::Create(PlacementOptions 
       {"remote_to_local", &options.remote_to_local},
       {"local_memcpy", &options.local_memcpy},
       {"nvme_to_host", &options.nvme_to_host},
-      {"host_to_device", &options.host_to_device}};
+      {"host_to_device", &options.host_to_device},
+      {"client_ingest", &options.client_ingest}};
   for (const auto& [name, p] : defaults) {
     if (!GoodPath(*p)) {
       return Status::InvalidArgument(std::string(name) +
@@ -99,7 +100,8 @@ Status PlacementNode::Start() {
       {BusPath::kRemoteHostToLocalHost, options_.remote_to_local},
       {BusPath::kLocalMemcpy, options_.local_memcpy},
       {BusPath::kNvmeToHost, options_.nvme_to_host},
-      {BusPath::kHostToDevice, options_.host_to_device}};
+      {BusPath::kHostToDevice, options_.host_to_device},
+      {BusPath::kClientIngest, options_.client_ingest}};
   for (const auto& [path, p] : defaults) {
     if (!cost_model_.Path(path, "").ok()) {
       KVF_RETURN_IF_ERROR(cost_model_.SetPath(path, "", p, ParameterSource::kDefault));

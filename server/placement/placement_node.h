@@ -111,6 +111,7 @@ struct PlacementOptions {
   PathParameters local_memcpy = cost_defaults::kLocalMemcpy;       // daemon on the client's node
   PathParameters nvme_to_host = cost_defaults::kNvmeToHost;        // daemon NVMe -> daemon host
   PathParameters host_to_device = cost_defaults::kHostToDevice;    // client host -> device
+  PathParameters client_ingest = cost_defaults::kClientIngest;     // all daemons -> one client
   // Recompute (prefill) of a model without a calibrated, stated or refitted fit.
   RecomputeParameters recompute = cost_defaults::kRecompute;
   BusCalibration calibration;
@@ -499,6 +500,7 @@ class PlacementNode {
     std::uint32_t cached_prefix_blocks = 0;
     std::uint64_t suffix_tokens = 0;
     PathParameters host_to_device;
+    PathParameters client_ingest;
     RecomputeParameters recompute;
     std::string explanation;
     // The cost model's inputs as they were when the plan was made (PlanInputs).

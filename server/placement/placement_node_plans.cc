@@ -29,8 +29,9 @@ constexpr char kPlanFormula[] =
     "split(k) = max(A, B) + s * min(A, B) + t_recompute(T - P_m + S, P_m), A = t_recompute(P_k, "
     "0), B = F(k, m)\n"
     "fetch-prefix(j) = F(0, j) + t_recompute(T - P_j + S, P_j)\n"
-    "F(a, b) = alpha_h2d + wait_h2d + sum over runs of (daemon alphas + queue wait + bytes / "
-    "bottleneck beta)";
+    "F(a, b) = alpha_h2d + wait_h2d + max(max over sources s of T(s), alpha_ingest + wait_ingest "
+    "+ B / beta_ingest, B / beta_h2d), B = bytes fetched, T(s) = queue wait(s) + sum over the "
+    "runs of s of (daemon alphas + bytes / bottleneck beta)";
 
 std::string SplitFractionText(double s) {
   char b[32];
@@ -52,6 +53,8 @@ PathParameters PlacementNode::PathOrDefault(BusPath path, std::string_view host_
       return options_.nvme_to_host;
     case BusPath::kHostToDevice:
       return options_.host_to_device;
+    case BusPath::kClientIngest:
+      return options_.client_ingest;
     default:
       return options_.remote_to_local;
   }
@@ -107,6 +110,7 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   in.host_to_device = request.host_to_device
                           ? *request.host_to_device
                           : PathOrDefault(BusPath::kHostToDevice, request.client_id);
+  in.client_ingest = PathOrDefault(BusPath::kClientIngest, request.client_id);
   if (request.engine_prefill && !request.model_id.empty()) {
     // Seeds (or replaces a default or earlier statement of) the model's entry; a model beyond
     // max_models is planned with the statement without being learned.
@@ -180,6 +184,7 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   record.cached_prefix_blocks = result.plan.cached_prefix_blocks;
   record.suffix_tokens = request.suffix_tokens;
   record.host_to_device = in.host_to_device;
+  record.client_ingest = in.client_ingest;
   record.recompute = in.recompute;
   // A split plan planned with the model's own entry teaches that entry its overlap when it
   // finishes (CalibratedCostModel::ObserveSplit).
@@ -265,6 +270,7 @@ void PlacementNode::DescribePlanInputs(const PlanRequest& request, const Planner
     path(BusPath::kNvmeToHost, h.host_id, h.nvme, h.host_id);
   }
   path(BusPath::kHostToDevice, "", in.host_to_device, in.client_id);
+  path(BusPath::kClientIngest, "", in.client_ingest, in.client_id);
   t += "  recompute " + (request.model_id.empty() ? std::string("(no model)") : request.model_id) +
        ": c0 " + FormatMicros(in.recompute.c0_us) + ", c1 " +
        FormatMicros(in.recompute.c1_us_per_token) + "/token, c2 " +
@@ -499,6 +505,8 @@ StatusOr<PlanExplanation> PlacementNode::Explain(std::uint64_t plan_id) const {
   t.push_back({"S", static_cast<double>(plan->suffix_tokens), "tokens"});
   t.push_back({"alpha_h2d", plan->host_to_device.alpha_us, "us"});
   t.push_back({"beta_h2d", plan->host_to_device.beta_bytes_per_s, "bytes/s"});
+  t.push_back({"alpha_ingest", plan->client_ingest.alpha_us, "us"});
+  t.push_back({"beta_ingest", plan->client_ingest.beta_bytes_per_s, "bytes/s"});
   t.push_back({"c0", plan->recompute.c0_us, "us"});
   t.push_back({"c1", plan->recompute.c1_us_per_token, "us/token"});
   t.push_back({"c2", plan->recompute.c2_us_per_token2, "us/token^2"});

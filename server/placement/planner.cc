@@ -18,9 +18,9 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // The cost of fetching from one source (host, tier); see the FETCH MODEL in planner.h.
 struct SourceCost {
   double alpha_us = 0;     // alphas of the daemon stages: paid per run
-  double wait_us = 0;      // queue wait: the choice pays it per run, the price once per plan
-  double fixed_us = 0;     // alpha_us + wait_us: what the choice pays per run
-  double per_byte_us = 0;  // 1 / bottleneck beta, in µs per byte
+  double wait_us = 0;      // queue wait: once per stream (the serial choice pays it per run)
+  double fixed_us = 0;     // alpha_us + wait_us: what the serial choice pays per run
+  double per_byte_us = 0;  // 1 / bottleneck beta of the daemon stages, in µs per byte
   BusPath bottleneck = BusPath::kUnspecified;
   double bottleneck_beta = 0;
 };
@@ -39,6 +39,11 @@ Status Validate(const PlannerInput& in) {
   if (!GoodParameters(in.host_to_device)) {
     return Status::InvalidArgument(
         "host_to_device: alpha_us must be finite and >= 0, "
+        "beta_bytes_per_s finite and > 0");
+  }
+  if (!GoodParameters(in.client_ingest)) {
+    return Status::InvalidArgument(
+        "client_ingest: alpha_us must be finite and >= 0, "
         "beta_bytes_per_s finite and > 0");
   }
   const RecomputeParameters& r = in.recompute;
@@ -97,53 +102,59 @@ int SourceId(const BlockReplica& r) {
 
 std::string_view TierName(Tier t) { return t == Tier::kNvme ? "nvme" : "host"; }
 
+// The two candidate assignments of the cached prefix (FETCH MODEL in planner.h).
+enum Candidate : uint8_t { kSerial = 0, kBalanced = 1, kSerialImproved = 2, kCandidates = 3 };
+
+std::string_view CandidateName(uint8_t c) {
+  return c == kSerial ? "serial" : c == kBalanced ? "balanced" : "serial, improved";
+}
+
 // Everything one MakePlan call computes, kept together for reconstruction and explanation.
 struct Work {
   const PlannerInput* in = nullptr;
   std::vector<std::array<SourceCost, 2>> sources;  // [host][tier - 1]
   double plan_fixed_us = 0;                        // alpha_h2d + wait_h2d
   double h2d_wait_us = 0;
-  uint32_t m = 0;  // cached prefix blocks
+  double h2d_per_byte_us = 0;
+  double ingest_per_byte_us = 0;
+  double ingest_wait_us = 0;  // bytes this client's other plans have queued at its ingest
+  uint32_t m = 0;             // cached prefix blocks
   uint64_t total_tokens = 0;
-  // Flat per-(block, replica) arrays over blocks [0, m).
+  // Flat per-(block, replica) arrays over blocks [0, m), for the serial candidate's dynamic
+  // program.
   std::vector<uint32_t> offset;  // m + 1 entries
   std::vector<double> cost;      // bytes × per_byte
-  std::vector<double> fixed;     // alphas + queue wait (the choice)
-  std::vector<double> alpha;     // alphas only (the price)
-  std::vector<double> wait;      // queue wait of the replica's source
-  std::vector<int32_t> next_same, prev_same;
+  std::vector<double> fixed;     // alphas + queue wait
+  std::vector<int32_t> next_same;
   // Backward pass: g (cost of i..m-1 given this replica, its run already paid for) and whether
   // the best continuation keeps the source.
   std::vector<double> g;
   std::vector<uint8_t> keeps_source;
-  std::vector<double> best_start;  // m + 1: min over r of fixed + g; best_start[m] = 0
+  std::vector<double> best_start;  // min over r of fixed + g
   std::vector<int32_t> best_start_arg;
-  // The price of the chosen continuation: alphas + bytes (g_price), and the largest queue wait
-  // of a source it uses (g_wait); the same per suffix start.
-  std::vector<double> g_price, g_wait, start_price, start_wait;
-  // Forward pass: h (cost of 0..i given this replica, including its run's fixed cost).
-  std::vector<double> h;
-  std::vector<int32_t> pred;  // -1: a run starts here
-  std::vector<double> best_end;
-  std::vector<int32_t> best_end_arg;
-  std::vector<double> h_price, h_wait, end_price, end_wait;
+  // The candidates: a flat replica index per block of [0, m).
+  std::array<std::vector<int32_t>, kCandidates> assign;
+  // F(k, m) for k in [0, m] and F(0, j) for j in [0, m], the cheaper candidate, and which.
+  std::vector<double> suffix_us, prefix_us;
+  std::vector<uint8_t> suffix_arg, prefix_arg;
 
   const SourceCost& Source(const BlockReplica& r) const {
     return sources[r.host_index][r.tier == Tier::kNvme ? 1 : 0];
   }
+  size_t SourceCount() const { return sources.size() * 2; }
   double PrefixTokens(uint32_t i) const {
     return i == in->blocks.size() ? static_cast<double>(total_tokens)
                                   : static_cast<double>(in->blocks[i].prefix_tokens);
   }
+  // The client's shared stages for `bytes` fetched in all: max(ingest, host→device).
+  double Shared(double bytes) const {
+    if (bytes <= 0) return 0;
+    return std::max(in->client_ingest.alpha_us + ingest_wait_us + bytes * ingest_per_byte_us,
+                    bytes * h2d_per_byte_us);
+  }
   // Fetch time of blocks [k, m) and [0, j), including the per-plan host→device cost.
-  // Priced with each source's queue wait once (the largest of them: queues at different daemons
-  // drain at the same time), not once per run.
-  double FetchSuffix(uint32_t k) const {
-    return k >= m ? 0 : start_price[k] + start_wait[k] + plan_fixed_us;
-  }
-  double FetchPrefix(uint32_t j) const {
-    return j == 0 ? 0 : end_price[j - 1] + end_wait[j - 1] + plan_fixed_us;
-  }
+  double FetchSuffix(uint32_t k) const { return k >= m ? 0 : suffix_us[k]; }
+  double FetchPrefix(uint32_t j) const { return j == 0 ? 0 : prefix_us[j]; }
   double Rest(uint32_t j) const {
     const double p = PrefixTokens(j);
     return RecomputeMicros(
@@ -153,11 +164,18 @@ struct Work {
   double Front(uint32_t k) const { return RecomputeMicros(in->recompute, PrefixTokens(k), 0); }
 };
 
+const BlockReplica& ReplicaAt(const Work& w, uint32_t block, int32_t flat) {
+  return w.in->blocks[block].replicas[flat - w.offset[block]];
+}
+
 void ComputeSources(const PlannerInput& in, const PathLoad* load, Work* w) {
-  const double h2d_per_byte = 1e6 / in.host_to_device.beta_bytes_per_s;
+  w->h2d_per_byte_us = 1e6 / in.host_to_device.beta_bytes_per_s;
+  w->ingest_per_byte_us = 1e6 / in.client_ingest.beta_bytes_per_s;
   const uint64_t q_h2d = load ? load->QueuedBytes(BusPath::kHostToDevice, in.client_id) : 0;
-  w->h2d_wait_us = static_cast<double>(q_h2d) * h2d_per_byte;
+  w->h2d_wait_us = static_cast<double>(q_h2d) * w->h2d_per_byte_us;
   w->plan_fixed_us = in.host_to_device.alpha_us + w->h2d_wait_us;
+  const uint64_t q_ingest = load ? load->QueuedBytes(BusPath::kClientIngest, in.client_id) : 0;
+  w->ingest_wait_us = static_cast<double>(q_ingest) * w->ingest_per_byte_us;
   w->sources.resize(in.hosts.size());
   for (size_t i = 0; i < in.hosts.size(); ++i) {
     const PlannerHost& host = in.hosts[i];
@@ -171,15 +189,9 @@ void ComputeSources(const PlannerInput& in, const PathLoad* load, Work* w) {
     hs.wait_us = qt * t_per_byte;
     hs.alpha_us = host.transfer.alpha_us;
     hs.fixed_us = hs.alpha_us + hs.wait_us;
-    if (t_per_byte >= h2d_per_byte) {
-      hs.per_byte_us = t_per_byte;
-      hs.bottleneck = tp;
-      hs.bottleneck_beta = host.transfer.beta_bytes_per_s;
-    } else {
-      hs.per_byte_us = h2d_per_byte;
-      hs.bottleneck = BusPath::kHostToDevice;
-      hs.bottleneck_beta = in.host_to_device.beta_bytes_per_s;
-    }
+    hs.per_byte_us = t_per_byte;
+    hs.bottleneck = tp;
+    hs.bottleneck_beta = host.transfer.beta_bytes_per_s;
     SourceCost ns = hs;
     ns.wait_us = std::max(hs.wait_us, qn * n_per_byte);
     ns.alpha_us = host.transfer.alpha_us + host.nvme.alpha_us;
@@ -193,7 +205,9 @@ void ComputeSources(const PlannerInput& in, const PathLoad* load, Work* w) {
   }
 }
 
-void RunPasses(Work* w) {
+// The serial candidate: a dynamic program over blocks × replicas minimising the sum of run costs
+// of [0, m).
+void SerialCandidate(Work* w) {
   const PlannerInput& in = *w->in;
   const uint32_t m = w->m;
   w->offset.assign(m + 1, 0);
@@ -203,10 +217,7 @@ void RunPasses(Work* w) {
   const size_t total = w->offset[m];
   w->cost.resize(total);
   w->fixed.resize(total);
-  w->alpha.resize(total);
-  w->wait.resize(total);
   w->next_same.assign(total, -1);
-  w->prev_same.assign(total, -1);
   for (uint32_t i = 0; i < m; ++i) {
     const ChainBlock& b = in.blocks[i];
     for (size_t r = 0; r < b.replicas.size(); ++r) {
@@ -214,52 +225,38 @@ void RunPasses(Work* w) {
       const size_t idx = w->offset[i] + r;
       w->cost[idx] = static_cast<double>(b.bytes) * s.per_byte_us;
       w->fixed[idx] = s.fixed_us;
-      w->alpha[idx] = s.alpha_us;
-      w->wait[idx] = s.wait_us;
       if (i + 1 < m) {
         const int id = SourceId(b.replicas[r]);
         const ChainBlock& nb = in.blocks[i + 1];
         for (size_t r2 = 0; r2 < nb.replicas.size(); ++r2) {
           if (SourceId(nb.replicas[r2]) == id) {
             w->next_same[idx] = static_cast<int32_t>(w->offset[i + 1] + r2);
-            w->prev_same[w->offset[i + 1] + r2] = static_cast<int32_t>(idx);
             break;
           }
         }
       }
     }
   }
-  // Backward pass: suffixes [k, m).
   w->g.resize(total);
   w->keeps_source.assign(total, 0);
   w->best_start.assign(m + 1, 0);
   w->best_start_arg.assign(m + 1, -1);
-  w->g_price.resize(total);
-  w->g_wait.resize(total);
-  w->start_price.assign(m + 1, 0);
-  w->start_wait.assign(m + 1, 0);
   for (int64_t i = static_cast<int64_t>(m) - 1; i >= 0; --i) {
     double best = kInf;
     int32_t arg = -1;
     for (uint32_t idx = w->offset[i]; idx < w->offset[i + 1]; ++idx) {
-      double tail = 0, tail_price = 0, tail_wait = 0;
+      double tail = 0;
       if (static_cast<uint32_t>(i) + 1 < m) {
         const double fresh = w->best_start[i + 1];
         const int32_t same = w->next_same[idx];
         if (same >= 0 && w->g[same] <= fresh) {
           tail = w->g[same];
-          tail_price = w->g_price[same];
-          tail_wait = w->g_wait[same];
           w->keeps_source[idx] = 1;
         } else {
           tail = fresh;
-          tail_price = w->start_price[i + 1];
-          tail_wait = w->start_wait[i + 1];
         }
       }
       w->g[idx] = w->cost[idx] + tail;
-      w->g_price[idx] = w->cost[idx] + tail_price;
-      w->g_wait[idx] = std::max(w->wait[idx], tail_wait);
       const double start = w->fixed[idx] + w->g[idx];
       if (start < best) {
         best = start;
@@ -268,102 +265,269 @@ void RunPasses(Work* w) {
     }
     w->best_start[i] = best;
     w->best_start_arg[i] = arg;
-    w->start_price[i] = w->alpha[arg] + w->g_price[arg];
-    w->start_wait[i] = w->g_wait[arg];
   }
-  // Forward pass: prefixes [0, j).
-  w->h.resize(total);
-  w->pred.assign(total, -1);
-  w->best_end.assign(m, 0);
-  w->best_end_arg.assign(m, -1);
-  w->h_price.resize(total);
-  w->h_wait.resize(total);
-  w->end_price.assign(m, 0);
-  w->end_wait.assign(m, 0);
+  std::vector<int32_t>& out = w->assign[kSerial];
+  out.clear();
+  if (m == 0) return;
+  int32_t idx = w->best_start_arg[0];
   for (uint32_t i = 0; i < m; ++i) {
+    out.push_back(idx);
+    if (i + 1 < m) idx = w->keeps_source[idx] ? w->next_same[idx] : w->best_start_arg[i + 1];
+  }
+}
+
+// Passes of local moves on an assignment of [0, m), with exact deltas: each block goes to
+// another of its replicas whenever that lowers the later end of the two streams involved (the
+// sorted stream ends fall lexicographically with every move, so the passes end; at most
+// kImprovePasses).
+constexpr int kImprovePasses = 8;
+
+void Improve(const Work* w, std::vector<int32_t>* assignment) {
+  const PlannerInput& in = *w->in;
+  const uint32_t m = w->m;
+  std::vector<int32_t>& out = *assignment;
+  std::vector<double> stream(w->SourceCount(), 0);
+  std::vector<uint32_t> count(w->SourceCount(), 0);
+  auto bytes_us = [&](uint32_t i, const SourceCost& sc) {
+    return static_cast<double>(in.blocks[i].bytes) * sc.per_byte_us;
+  };
+  auto source_at = [&](int64_t i) {
+    return i < 0 || i >= static_cast<int64_t>(m)
+               ? -1
+               : SourceId(ReplicaAt(*w, static_cast<uint32_t>(i), out[i]));
+  };
+  for (uint32_t i = 0; i < m; ++i) {
+    const BlockReplica& r = ReplicaAt(*w, i, out[i]);
+    const SourceCost& sc = w->Source(r);
+    const int s = SourceId(r);
+    stream[s] += (count[s] == 0 ? sc.wait_us : 0) + (source_at(i - 1) == s ? 0 : sc.alpha_us) +
+                 bytes_us(i, sc);
+    ++count[s];
+  }
+  for (int pass = 0; pass < kImprovePasses; ++pass) {
+    bool moved = false;
+    for (uint32_t i = 0; i < m; ++i) {
+      const ChainBlock& b = in.blocks[i];
+      if (b.replicas.size() < 2) continue;
+      const BlockReplica& from = ReplicaAt(*w, i, out[i]);
+      const int s = SourceId(from);
+      const SourceCost& fs = w->Source(from);
+      const int p = source_at(static_cast<int64_t>(i) - 1),
+                q = source_at(static_cast<int64_t>(i) + 1);
+      // Stream s without block i: a run split in two pays one more alpha, a run of i alone one
+      // fewer; the last block takes the queue wait with it.
+      double s_after = stream[s] - bytes_us(i, fs) +
+                       (p == s && q == s   ? fs.alpha_us
+                        : p != s && q != s ? -fs.alpha_us
+                                           : 0);
+      if (count[s] == 1) s_after = 0;
+      int32_t best_arg = -1;
+      double best_t = 0, best_gain = 0;
+      for (size_t r = 0; r < b.replicas.size(); ++r) {
+        const int t = SourceId(b.replicas[r]);
+        if (t == s) continue;
+        const SourceCost& ts = w->Source(b.replicas[r]);
+        const double t_after = stream[t] + (count[t] == 0 ? ts.wait_us : 0) + bytes_us(i, ts) +
+                               (p == t && q == t   ? -ts.alpha_us
+                                : p != t && q != t ? ts.alpha_us
+                                                   : 0);
+        const double before = std::max(stream[s], stream[t]);
+        const double gain = before - std::max(s_after, t_after);
+        if (gain > best_gain && gain > 1e-12 * before) {
+          best_gain = gain;
+          best_arg = static_cast<int32_t>(w->offset[i] + r);
+          best_t = t_after;
+        }
+      }
+      if (best_arg < 0) continue;
+      const int t = SourceId(ReplicaAt(*w, i, best_arg));
+      stream[s] = s_after;
+      stream[t] = best_t;
+      --count[s];
+      ++count[t];
+      out[i] = best_arg;
+      moved = true;
+    }
+    if (!moved) break;
+  }
+}
+
+// The balanced candidate (planner.h): blocks with one replica are placed first; then the others
+// in chain order, each on the replica whose stream would end first (earliest finish time); then
+// Improve.
+void BalancedCandidate(Work* w) {
+  const PlannerInput& in = *w->in;
+  const uint32_t m = w->m;
+  std::vector<double> stream(w->SourceCount(), 0);
+  std::vector<uint32_t> count(w->SourceCount(), 0);
+  std::vector<int32_t>& out = w->assign[kBalanced];
+  out.assign(m, -1);
+  auto bytes_us = [&](uint32_t i, const SourceCost& sc) {
+    return static_cast<double>(in.blocks[i].bytes) * sc.per_byte_us;
+  };
+  for (uint32_t i = 0; i < m; ++i) {
+    if (in.blocks[i].replicas.size() != 1) continue;
+    const BlockReplica& r = in.blocks[i].replicas[0];
+    const int s = SourceId(r);
+    const SourceCost& sc = w->Source(r);
+    const bool continues =
+        i > 0 && out[i - 1] >= 0 && SourceId(ReplicaAt(*w, i - 1, out[i - 1])) == s;
+    stream[s] += (count[s] == 0 ? sc.wait_us : 0) + (continues ? 0 : sc.alpha_us) + bytes_us(i, sc);
+    ++count[s];
+    out[i] = static_cast<int32_t>(w->offset[i]);
+  }
+  for (uint32_t i = 0; i < m; ++i) {
+    if (out[i] >= 0) continue;
+    const int prev = i > 0 ? SourceId(ReplicaAt(*w, i - 1, out[i - 1])) : -1;
+    const ChainBlock& b = in.blocks[i];
     double best = kInf;
     int32_t arg = -1;
-    for (uint32_t idx = w->offset[i]; idx < w->offset[i + 1]; ++idx) {
-      double head = w->fixed[idx] + (i == 0 ? 0 : w->best_end[i - 1]);
-      double head_price = w->alpha[idx] + (i == 0 ? 0 : w->end_price[i - 1]);
-      double head_wait = std::max(w->wait[idx], i == 0 ? 0.0 : w->end_wait[i - 1]);
-      const int32_t same = w->prev_same[idx];
-      if (same >= 0 && w->h[same] <= head) {
-        head = w->h[same];
-        head_price = w->h_price[same];
-        head_wait = w->h_wait[same];
-        w->pred[idx] = same;
-      }
-      w->h[idx] = w->cost[idx] + head;
-      w->h_price[idx] = w->cost[idx] + head_price;
-      w->h_wait[idx] = head_wait;
-      if (w->h[idx] < best) {
-        best = w->h[idx];
-        arg = static_cast<int32_t>(idx);
+    for (size_t r = 0; r < b.replicas.size(); ++r) {
+      const int s = SourceId(b.replicas[r]);
+      const SourceCost& sc = w->Source(b.replicas[r]);
+      const double end = stream[s] + (count[s] == 0 ? sc.wait_us : 0) +
+                         (s == prev ? 0 : sc.alpha_us) + bytes_us(i, sc);
+      if (end < best) {
+        best = end;
+        arg = static_cast<int32_t>(w->offset[i] + r);
       }
     }
-    w->best_end[i] = best;
-    w->best_end_arg[i] = arg;
-    w->end_price[i] = w->h_price[arg];
-    w->end_wait[i] = w->h_wait[arg];
+    const int s = SourceId(ReplicaAt(*w, i, arg));
+    stream[s] = best;
+    ++count[s];
+    out[i] = arg;
+  }
+  Improve(w, &out);
+}
+
+// Prices every suffix [k, m) and prefix [0, j) of candidate `c` with F, keeping the cheaper
+// candidate per k and j. Stream ends only grow as blocks are added, so one sweep each way
+// carries their max.
+void PriceCandidate(Work* w, uint8_t c) {
+  const PlannerInput& in = *w->in;
+  const uint32_t m = w->m;
+  const std::vector<int32_t>& a = w->assign[c];
+  std::vector<double> stream(w->SourceCount(), 0);
+  std::vector<uint8_t> used(w->SourceCount(), 0);
+  auto source_of = [&](uint32_t i) { return SourceId(ReplicaAt(*w, i, a[i])); };
+  auto add = [&](uint32_t i, bool continues) {
+    const BlockReplica& r = ReplicaAt(*w, i, a[i]);
+    const int s = SourceId(r);
+    const SourceCost& sc = w->Source(r);
+    if (!used[s]) {
+      used[s] = 1;
+      stream[s] = sc.wait_us;
+    }
+    stream[s] +=
+        (continues ? 0 : sc.alpha_us) + static_cast<double>(in.blocks[i].bytes) * sc.per_byte_us;
+    return stream[s];
+  };
+  auto keep = [&](std::vector<double>* us, std::vector<uint8_t>* arg, uint32_t at, double f) {
+    if (c == 0 || f < (*us)[at]) {
+      (*us)[at] = f;
+      (*arg)[at] = c;
+    }
+  };
+  double longest = 0, bytes = 0;
+  for (int64_t i = static_cast<int64_t>(m) - 1; i >= 0; --i) {
+    const auto b = static_cast<uint32_t>(i);
+    // Prepending a block of the same source extends the run [b + 1, ...) (its alphas stay
+    // paid once); another source starts a run.
+    longest = std::max(longest, add(b, b + 1 < m && source_of(b + 1) == source_of(b)));
+    bytes += static_cast<double>(in.blocks[b].bytes);
+    keep(&w->suffix_us, &w->suffix_arg, b, w->plan_fixed_us + std::max(longest, w->Shared(bytes)));
+  }
+  std::fill(stream.begin(), stream.end(), 0);
+  std::fill(used.begin(), used.end(), 0);
+  longest = 0;
+  bytes = 0;
+  for (uint32_t i = 0; i < m; ++i) {
+    longest = std::max(longest, add(i, i > 0 && source_of(i - 1) == source_of(i)));
+    bytes += static_cast<double>(in.blocks[i].bytes);
+    keep(&w->prefix_us, &w->prefix_arg, i + 1,
+         w->plan_fixed_us + std::max(longest, w->Shared(bytes)));
   }
 }
 
-// The replica chosen for each block of [k, m) (backward pass) or [0, j) (forward pass), as flat
-// indices; out[i - first] for block i.
-void ChooseSuffix(const Work& w, uint32_t k, std::vector<int32_t>* out) {
-  out->clear();
-  int32_t idx = w.best_start_arg[k];
-  for (uint32_t i = k; i < w.m; ++i) {
-    out->push_back(idx);
-    if (i + 1 < w.m) idx = w.keeps_source[idx] ? w.next_same[idx] : w.best_start_arg[i + 1];
-  }
+void RunPasses(Work* w) {
+  SerialCandidate(w);
+  BalancedCandidate(w);
+  w->assign[kSerialImproved] = w->assign[kSerial];
+  Improve(w, &w->assign[kSerialImproved]);
+  w->suffix_us.assign(w->m + 1, 0);
+  w->prefix_us.assign(w->m + 1, 0);
+  w->suffix_arg.assign(w->m + 1, kSerial);
+  w->prefix_arg.assign(w->m + 1, kSerial);
+  for (uint8_t c = 0; c < kCandidates; ++c) PriceCandidate(w, c);
 }
 
-void ChoosePrefix(const Work& w, uint32_t j, std::vector<int32_t>* out) {
-  out->assign(j, -1);
-  int32_t idx = w.best_end_arg[j - 1];
-  for (int64_t i = static_cast<int64_t>(j) - 1; i >= 0; --i) {
-    (*out)[i] = idx;
-    if (i > 0) idx = w.pred[idx] >= 0 ? w.pred[idx] : w.best_end_arg[i - 1];
-  }
-}
+// One fetch of blocks [first, end) under candidate `c`, stream by stream.
+struct FetchShape {
+  std::vector<PlanRun> runs;
+  // Per source used: its id and its stream's end (µs after the plan starts).
+  std::vector<std::pair<int, double>> streams;
+  double bytes = 0;
+  double longest_us = 0;  // plan_fixed + the latest stream end
+  double shared_us = 0;   // plan_fixed + Shared(bytes)
+  double total_us = 0;    // F
+};
 
-const BlockReplica& ReplicaAt(const Work& w, uint32_t block, int32_t flat) {
-  return w.in->blocks[block].replicas[flat - w.offset[block]];
-}
-
-// Appends fetch runs for blocks [first, first + choice.size()) starting at time 0; returns the
-// end time of the last run (== the fetch time).
-double AppendFetchRuns(const Work& w, uint32_t first, const std::vector<int32_t>& choice,
-                       std::vector<PlanRun>* runs) {
-  // The largest queue wait of a source used, once; then each run's alphas and bytes.
-  double wait = 0;
-  for (size_t a = 0; a < choice.size(); ++a) {
-    wait = std::max(wait, w.Source(ReplicaAt(w, first + a, choice[a])).wait_us);
-  }
-  double t = w.plan_fixed_us + wait;
-  for (size_t a = 0; a < choice.size();) {
-    const BlockReplica& r = ReplicaAt(w, first + a, choice[a]);
-    size_t b = a + 1;
-    while (b < choice.size() && SourceId(ReplicaAt(w, first + b, choice[b])) == SourceId(r)) ++b;
+FetchShape ShapeFetch(const Work& w, uint32_t first, uint32_t end, uint8_t c) {
+  FetchShape out;
+  const std::vector<int32_t>& a = w.assign[c];
+  std::vector<double> stream(w.SourceCount(), 0);
+  std::vector<uint8_t> used(w.SourceCount(), 0);
+  for (uint32_t i = first; i < end;) {
+    const BlockReplica& r = ReplicaAt(w, i, a[i]);
+    const int s = SourceId(r);
+    uint32_t j = i + 1;
+    while (j < end && SourceId(ReplicaAt(w, j, a[j])) == s) ++j;
+    const SourceCost& sc = w.Source(r);
+    if (!used[s]) {
+      used[s] = 1;
+      stream[s] = w.plan_fixed_us + sc.wait_us;
+    }
     PlanRun run;
-    run.first_block = first + static_cast<uint32_t>(a);
-    run.block_count = static_cast<uint32_t>(b - a);
+    run.first_block = i;
+    run.block_count = j - i;
     run.action = RunAction::kFetch;
     run.host_index = r.host_index;
     run.tier = r.tier;
-    for (size_t x = a; x < b; ++x) run.payload_bytes += w.in->blocks[first + x].bytes;
-    run.predicted_start_us = runs->empty() || runs->back().action != RunAction::kFetch
-                                 ? 0
-                                 : runs->back().predicted_end_us;
-    const SourceCost& s = w.Source(r);
-    t += s.alpha_us + static_cast<double>(run.payload_bytes) * s.per_byte_us;
-    run.predicted_end_us = t;
-    runs->push_back(run);
-    a = b;
+    for (uint32_t x = i; x < j; ++x) run.payload_bytes += w.in->blocks[x].bytes;
+    run.predicted_start_us = stream[s];
+    stream[s] += sc.alpha_us + static_cast<double>(run.payload_bytes) * sc.per_byte_us;
+    run.predicted_end_us = stream[s];
+    out.bytes += static_cast<double>(run.payload_bytes);
+    out.runs.push_back(run);
+    i = j;
   }
-  return t;
+  out.longest_us = w.plan_fixed_us;
+  for (size_t s = 0; s < stream.size(); ++s) {
+    if (!used[s]) continue;
+    out.streams.emplace_back(static_cast<int>(s), stream[s]);
+    out.longest_us = std::max(out.longest_us, stream[s]);
+  }
+  out.shared_us = w.plan_fixed_us + w.Shared(out.bytes);
+  out.total_us = std::max(out.longest_us, out.shared_us);
+  // When a shared stage is the limit every stream is slowed by it: their times stretch evenly
+  // so that the last run ends when the fetch does.
+  if (out.total_us > out.longest_us && out.longest_us > 0) {
+    const double stretch = out.total_us / out.longest_us;
+    for (PlanRun& run : out.runs) {
+      run.predicted_start_us *= stretch;
+      run.predicted_end_us *= stretch;
+    }
+  }
+  return out;
+}
+
+// Appends the fetch runs of blocks [first, end) under the candidate the alternative priced;
+// returns the fetch time F.
+double AppendFetchRuns(const Work& w, uint32_t first, uint32_t end, uint8_t c,
+                       std::vector<PlanRun>* runs) {
+  FetchShape shape = ShapeFetch(w, first, end, c);
+  runs->insert(runs->end(), shape.runs.begin(), shape.runs.end());
+  return shape.total_us;
 }
 
 PlanRun RecomputeRun(const Work& w, uint32_t first, uint32_t end, double start, double finish) {
@@ -393,7 +557,10 @@ void AddCharges(const Work& w, const std::vector<PlanRun>& runs, std::vector<Pat
   for (const auto& [key, bytes] : sum) {
     out->push_back({static_cast<BusPath>(key.first), key.second, bytes});
   }
-  if (h2d > 0) out->push_back({BusPath::kHostToDevice, w.in->client_id, h2d});
+  if (h2d > 0) {
+    out->push_back({BusPath::kClientIngest, w.in->client_id, h2d});
+    out->push_back({BusPath::kHostToDevice, w.in->client_id, h2d});
+  }
 }
 
 std::string Blocks(uint32_t first, uint32_t end) {
@@ -434,8 +601,8 @@ std::string SourceText(const Work& w, const PlanRun& run) {
   out += " + " + std::to_string(run.payload_bytes) + " B / " + FormatRate(s.bottleneck_beta) +
          " (" + std::string(BusPathArrowName(s.bottleneck)) + " bottleneck) = " +
          FormatMicros(s.alpha_us + static_cast<double>(run.payload_bytes) * s.per_byte_us) +
-         " (queue wait " + FormatMicros(s.wait_us) + ", paid once per plan)" + "; ends at " +
-         FormatMicros(run.predicted_end_us);
+         " (queue wait " + FormatMicros(s.wait_us) + ", paid once per stream)" + "; " +
+         FormatMicros(run.predicted_start_us) + " → " + FormatMicros(run.predicted_end_us);
   return out;
 }
 
@@ -527,7 +694,8 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
   plan.kind = c.kind;
   plan.predicted_total_us = c.predicted_us;
 
-  std::vector<int32_t> choice;
+  uint32_t fetch_first = 0, fetch_end = 0;  // the chosen plan's fetched blocks
+  uint8_t fetch_candidate = kSerial;
   switch (c.kind) {
     case PlanKind::kRecomputeAll:
       plan.runs.push_back(RecomputeRun(w, 0, n, 0, recompute_all));
@@ -535,16 +703,20 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
     case PlanKind::kFetchAll:
     case PlanKind::kMixed: {
       const uint32_t j = c.prefix_blocks;
-      ChoosePrefix(w, j, &choice);
-      const double fetched = AppendFetchRuns(w, 0, choice, &plan.runs);
+      const uint8_t cand = j == w.m ? w.suffix_arg[0] : w.prefix_arg[j];
+      fetch_end = j;
+      fetch_candidate = cand;
+      const double fetched = AppendFetchRuns(w, 0, j, cand, &plan.runs);
       if (j < n) plan.runs.push_back(RecomputeRun(w, j, n, fetched, c.predicted_us));
       break;
     }
     case PlanKind::kSplit: {
       const uint32_t k = c.split_blocks;
       plan.runs.push_back(RecomputeRun(w, 0, k, 0, w.Front(k)));
-      ChooseSuffix(w, k, &choice);
-      const double fetched = AppendFetchRuns(w, k, choice, &plan.runs);
+      fetch_first = k;
+      fetch_end = w.m;
+      fetch_candidate = w.suffix_arg[k];
+      const double fetched = AppendFetchRuns(w, k, w.m, w.suffix_arg[k], &plan.runs);
       if (w.m < n) {
         plan.runs.push_back(RecomputeRun(
             w, w.m, n, SplitSidesMicros(in.recompute, w.Front(k), fetched), c.predicted_us));
@@ -562,10 +734,13 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
         " tokens (+" + std::to_string(in.suffix_tokens) + " suffix tokens); cached prefix " +
         std::to_string(w.m) + " blocks (" +
         std::to_string(static_cast<uint64_t>(w.PrefixTokens(w.m))) + " tokens)\n";
-    x += "fetch: once per plan " + FormatMicros(in.host_to_device.alpha_us) +
-         " (host→device alpha) + wait " + FormatMicros(w.h2d_wait_us) +
-         "; + the largest queue wait of a source used, once; per run alpha of each stage + "
-         "bytes / bottleneck beta\n";
+    x += "fetch: F = " + FormatMicros(in.host_to_device.alpha_us) + " (host→device alpha) + wait " +
+         FormatMicros(w.h2d_wait_us) +
+         " + max(latest stream end, client ingest, host→device); a stream per source: its queue "
+         "wait once, per run alpha of each stage + bytes / bottleneck beta; client ingest " +
+         FormatMicros(in.client_ingest.alpha_us) + " + wait " + FormatMicros(w.ingest_wait_us) +
+         " + bytes / " + FormatRate(in.client_ingest.beta_bytes_per_s) + "; host→device bytes / " +
+         FormatRate(in.host_to_device.beta_bytes_per_s) + "\n";
     for (const PlanAlternative& a : plan.alternatives) {
       x += a.chosen ? "* " : "  ";
       x += std::string(PlanKindName(a.kind));
@@ -597,6 +772,21 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
         std::min(recompute_all, w.m >= 1 ? plan.alternatives[1].predicted_us : recompute_all);
     x += "chosen: " + std::string(PlanKindName(plan.kind)) + " " +
          FormatMicros(plan.predicted_total_us) + " (better pure plan " + FormatMicros(pure) + ")\n";
+    if (fetch_end > fetch_first) {
+      const FetchShape shape = ShapeFetch(w, fetch_first, fetch_end, fetch_candidate);
+      x += "fetch " + Blocks(fetch_first, fetch_end) + " (" +
+           std::string(CandidateName(fetch_candidate)) + " assignment), streams:";
+      for (const auto& [id, end_us] : shape.streams) {
+        const PlannerHost& host = in.hosts[static_cast<size_t>(id / 2)];
+        x += " " + host.host_id + "/" + std::string(TierName(id % 2 ? Tier::kNvme : Tier::kHost)) +
+             " ends " + FormatMicros(end_us) + ";";
+      }
+      x += " client stages for " + FormatBytes(static_cast<uint64_t>(shape.bytes)) + " end " +
+           FormatMicros(shape.shared_us) + "; F = " + FormatMicros(shape.total_us) + " (" +
+           (shape.shared_us > shape.longest_us ? "the client's ingest or host→device is the limit"
+                                               : "the latest stream is the limit") +
+           ")\n";
+    }
     size_t listed = 0;
     for (const PlanRun& run : plan.runs) {
       std::string line = run.action == RunAction::kFetch

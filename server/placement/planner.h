@@ -28,31 +28,49 @@
 // fetch-all. Plans that both recompute a front and drop a tail (k > 0 and j < m) are not
 // considered: choosing both is O(m^2) and neither the issue nor the field reports ask for it.
 //
-// FETCH MODEL. A source is (host, tier). A block fetched from it streams through the stages
-// [NVMe→host on the daemon, if tier NVMe] → [daemon→client host: remote→local over the
-// transport, or memcpy for a daemon on the client's node] → [host→device on the client]. Stages
-// pipeline, so a run of B bytes from one source takes
-//   run(s, B) = sum of alpha over the daemon stages + B × max over stages of 1/beta.
-// Runs of one plan are serialised on the client, and the host→device stage adds alpha_h2d + its
-// own queue wait once per plan that fetches anything. Bytes other plans have queued at a source
-// delay the plan once, not once per run (queue wait(s) = max over the daemon stages of
-// QueuedBytes / beta, PathLoad; queues at different daemons drain at the same time):
-//   F = alpha_h2d + wait_h2d + max over sources used of wait(s) + sum over runs of run(s, bytes).
-// The client fetches from every daemon of a plan at once (client/client_io.cc), sharing its own
-// memory bandwidth and host→device stage between the streams; it reports each daemon's bytes
-// with the share of the overlapped wall time they took (RecordTransfers), so the fitted
-// per-source betas are rates under that sharing and the serial sum above adds up to the
-// overlapped time when the client is the bottleneck (the case on every machine measured so far,
-// docs/benchmarks.md). Where the daemons' links are the bottleneck instead, the sum
-// overestimates (the streams' own limits overlap); a per-source max is the open refinement.
-// A run is a maximal stretch of consecutive blocks fetched from one source. The replica of each
-// block is chosen by a dynamic program over blocks × replicas that pays a source's alphas and
-// its queue wait when a run starts (so it avoids loaded daemons and alternation); without load
-// that choice minimises F exactly. The chosen assignment is then priced as F above.
+// FETCH MODEL. A source is (host, tier). The client fetches from every daemon of a plan at once
+// (client/client_io.cc): one stream per source, its blocks one after another, the streams side
+// by side. A stream's blocks pass the daemon stages [NVMe→host on the daemon, if tier NVMe] →
+// [daemon→client host: remote→local over the transport, or memcpy for a daemon on the client's
+// node], which pipeline, so a run of B bytes from source s takes
+//   run(s, B) = sum of alpha over the daemon stages + B × max over those stages of 1/beta
+// and the stream of s ends at
+//   T(s) = wait(s) + sum over the runs of s of run(s, bytes),
+// wait(s) being the bytes other plans have queued at its daemon stages (max over the stages of
+// QueuedBytes / beta, PathLoad). All streams land in the client, through two stages they share:
+// its ingest (client_ingest: every daemon→client byte of the plan crosses one NIC or one memory
+// bus, BusPath::kClientIngest) and its host→device link. So a plan that fetches B bytes in all
+// takes
+//   F = alpha_h2d + wait_h2d + max( max over sources used of T(s),
+//                                   alpha_ingest + B / beta_ingest,
+//                                   B / beta_h2d ).
+// With one source this is the old pipeline formula plus the ingest term; with several it is the
+// overlap: two equal daemons holding half each take half as long as one holding all, unless
+// the client's ingest (or its host→device link) is the limit, as on every machine measured so
+// far (docs/benchmarks.md). The per-source betas are what a daemon's stream delivered beside the
+// plan's other streams (the client reports each stream's own wall time, RecordTransfers); the
+// ingest beta is what all streams delivered together (reported for loads with two or more).
 //
-// COST. O(m × R) time and memory for m cached blocks and R replicas per block (R <= 8): one
-// backward pass gives F(k, m) for every k, one forward pass F(0, j) for every j; every
-// alternative is then O(1) with prefix sums.
+// A run is a maximal stretch of consecutive blocks fetched from one source; each run pays its
+// source's alphas (the client batches a daemon's blocks, so this is conservative when runs
+// alternate). The replica of each block is chosen for the whole cached prefix [0, m) from two
+// candidate assignments, priced with F above:
+//   serial:   a dynamic program over blocks × replicas minimising the sum of run costs (it pays
+//             a source's alphas and queue wait when a run starts, so it avoids loaded daemons
+//             and alternation, and puts every block on its cheapest source);
+//   balanced: blocks in chain order, each on the replica whose stream would end first
+//             (earliest finish time), which spreads replicated blocks over equal daemons.
+// Every alternative (fetch-all, each split k, each fetch-prefix j) takes the cheaper candidate
+// restricted to its blocks. F over a fixed assignment is exact; the choice between assignments
+// is a heuristic (the best assignment under a max of streams is a partition problem): the plan
+// is never predicted slower than either candidate, and planner_test compares it with the brute-
+// force optimum on random chains.
+//
+// COST. O(m × R + H) time and memory for m cached blocks, R replicas per block (R <= 8) and H
+// hosts: one backward pass for the serial candidate, one forward pass for the balanced one, and
+// per candidate one backward sweep for F(k, m) of every k and one forward sweep for F(0, j) of
+// every j (stream ends only grow as blocks are added, so the max is carried along); every
+// alternative is then O(1).
 //
 // Thread safety: a Planner is immutable after construction; Plan() may be called from any
 // number of threads at once. PathLoad synchronises itself.
@@ -98,6 +116,9 @@ std::string_view PlanKindName(PlanKind kind);
 // the planner's fetch-prefix plans are "mixed"), "unspecified".
 std::string_view PlanKindLabel(PlanKind kind);
 
+// A rate that limits nothing (1 EB/s): PlannerInput::client_ingest when the caller has none.
+inline constexpr double kUnlimitedBytesPerSecond = 1e18;
+
 // A daemon as the planner sees it: the parameters of its paths to this client.
 struct PlannerHost {
   std::string host_id;
@@ -131,6 +152,9 @@ struct PlannerInput {
   // The client's id: the resource its host→device path is charged to in PathLoad.
   std::string client_id;
   PathParameters host_to_device;
+  // Every daemon→client byte of the plan, all streams together (BusPath::kClientIngest). The
+  // default does not limit anything.
+  PathParameters client_ingest{0.0, kUnlimitedBytesPerSecond};
   RecomputeParameters recompute;
   // 1..kMaxPlannerChainBlocks blocks, block 0 first.
   std::vector<ChainBlock> blocks;
@@ -152,7 +176,9 @@ struct PlanRun {
   uint32_t host_index = 0;
   Tier tier = Tier::kUnspecified;
   uint64_t payload_bytes = 0;
-  // Microseconds after the plan starts.
+  // Microseconds after the plan starts. A fetch run's times are those of its source's stream
+  // (streams of different sources overlap); the plan's fetch ends at F, which may be later than
+  // every run's end when the client's shared stages are the limit (FETCH MODEL).
   double predicted_start_us = 0;
   double predicted_end_us = 0;
 };

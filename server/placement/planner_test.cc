@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <limits>
+#include <map>
 #include <random>
 
 #include "core/testing/test_seed.h"
@@ -46,8 +48,7 @@ OracleSource SourceOf(const PlannerInput& in, const BlockReplica& r) {
   const PlannerHost& h = in.hosts[r.host_index];
   OracleSource s;
   s.fixed = h.transfer.alpha_us;
-  double per_byte =
-      std::max(1e6 / h.transfer.beta_bytes_per_s, 1e6 / in.host_to_device.beta_bytes_per_s);
+  double per_byte = 1e6 / h.transfer.beta_bytes_per_s;
   if (r.tier == Tier::kNvme) {
     s.fixed += h.nvme.alpha_us;
     per_byte = std::max(per_byte, 1e6 / h.nvme.beta_bytes_per_s);
@@ -56,20 +57,29 @@ OracleSource SourceOf(const PlannerInput& in, const BlockReplica& r) {
   return s;
 }
 
-// Fetch time of [a, b) under one assignment (choice[i - a] = replica index), no load.
+// Fetch time of [a, b) under one assignment (choice[i - a] = replica index), no load: each
+// source's stream sums its runs; the streams overlap; the client's ingest and host→device link
+// carry every byte.
 double OracleFetch(const PlannerInput& in, uint32_t a, uint32_t b, const std::vector<int>& choice) {
   if (a == b) return 0;
-  double t = in.host_to_device.alpha_us;
+  std::map<std::pair<uint32_t, Tier>, double> stream;
+  double bytes = 0;
   for (uint32_t i = a; i < b; ++i) {
     const BlockReplica& r = in.blocks[i].replicas[choice[i - a]];
     const OracleSource s = SourceOf(in, r);
     const bool new_run = i == a ||
                          in.blocks[i - 1].replicas[choice[i - 1 - a]].host_index != r.host_index ||
                          in.blocks[i - 1].replicas[choice[i - 1 - a]].tier != r.tier;
+    double& t = stream[{r.host_index, r.tier}];
     if (new_run) t += s.fixed;
     t += static_cast<double>(in.blocks[i].bytes) * s.per_byte;
+    bytes += static_cast<double>(in.blocks[i].bytes);
   }
-  return t;
+  double longest = 0;
+  for (const auto& [source, t] : stream) longest = std::max(longest, t);
+  const double ingest = in.client_ingest.alpha_us + bytes * 1e6 / in.client_ingest.beta_bytes_per_s;
+  const double h2d = bytes * 1e6 / in.host_to_device.beta_bytes_per_s;
+  return in.host_to_device.alpha_us + std::max({longest, ingest, h2d});
 }
 
 // Minimum over every replica assignment of [a, b).
@@ -90,6 +100,8 @@ double OracleBestFetch(const PlannerInput& in, uint32_t a, uint32_t b) {
   return best;
 }
 
+// The best plan over every alternative and every assignment: a lower bound for the planner, whose
+// choice of assignment is a heuristic (planner.h).
 double OracleBest(const PlannerInput& in) {
   const uint32_t n = static_cast<uint32_t>(in.blocks.size());
   uint32_t m = 0;
@@ -111,6 +123,41 @@ double OracleBest(const PlannerInput& in) {
   return best;
 }
 
+// The plan's own prediction recomputed from its runs: the assignment they name, priced by the
+// oracle's formula.
+double OraclePriceOf(const PlannerInput& in, const Plan& plan) {
+  const uint32_t n = static_cast<uint32_t>(in.blocks.size());
+  auto tokens_before = [&](uint32_t i) { return double{kTokensPerBlock} * i; };
+  const double total = tokens_before(n);
+  const double s = static_cast<double>(in.suffix_tokens);
+  uint32_t front = 0, first = n, end = 0;
+  std::vector<int> choice(n, -1);
+  for (const PlanRun& run : plan.runs) {
+    if (run.action == RunAction::kRecompute) {
+      if (run.first_block == 0) front = run.block_count;
+      continue;
+    }
+    first = std::min(first, run.first_block);
+    end = std::max(end, run.first_block + run.block_count);
+    for (uint32_t i = run.first_block; i < run.first_block + run.block_count; ++i) {
+      const auto& reps = in.blocks[i].replicas;
+      for (size_t r = 0; r < reps.size(); ++r) {
+        if (reps[r].host_index == run.host_index && reps[r].tier == run.tier) {
+          choice[i] = static_cast<int>(r);
+        }
+      }
+    }
+  }
+  if (end == 0) return RecomputeMicros(in.recompute, total + s, 0);
+  const std::vector<int> sub(choice.begin() + first, choice.begin() + end);
+  const double fetch = OracleFetch(in, first, end, sub);
+  const double rest =
+      RecomputeMicros(in.recompute, total - tokens_before(end) + s, tokens_before(end));
+  if (front == 0) return fetch + rest;
+  const double a = RecomputeMicros(in.recompute, tokens_before(front), 0);
+  return std::max(a, fetch) + in.recompute.split_serial_fraction * std::min(a, fetch) + rest;
+}
+
 PlannerInput RandomChain(std::mt19937_64& rng) {
   std::uniform_real_distribution<double> u(0, 1);
   auto log_uniform = [&](double lo, double hi) { return lo * std::pow(hi / lo, u(rng)); };
@@ -123,6 +170,7 @@ PlannerInput RandomChain(std::mt19937_64& rng) {
   }
   in.client_id = "client";
   in.host_to_device = {u(rng) * 20, log_uniform(10e9, 50e9)};
+  if (u(rng) < 0.5) in.client_ingest = {u(rng) * 50, log_uniform(2e9, 60e9)};
   in.recompute = {u(rng) * 5000, log_uniform(1, 50), u(rng) < 0.5 ? 0.0 : log_uniform(1e-4, 1e-1),
                   u(rng) < 0.5 ? 0.0 : u(rng)};
   const uint32_t n = 1 + static_cast<uint32_t>(u(rng) * 7);
@@ -143,16 +191,28 @@ PlannerInput RandomChain(std::mt19937_64& rng) {
   return in;
 }
 
-TEST(PlannerTest, MatchesBruteForceOracleOnRandomChains) {
-  std::mt19937_64 rng(TestSeed("PlannerTest.MatchesBruteForceOracleOnRandomChains"));
+// The planner prices its own plan exactly (the oracle's formula over the runs it returns), is
+// never better than the brute-force optimum over every assignment (a lower bound), and its two
+// candidate assignments stay close to that optimum.
+TEST(PlannerTest, PricesItsPlanExactlyAndStaysNearTheBruteForceOptimum) {
+  std::mt19937_64 rng(TestSeed("PlannerTest.PricesItsPlanExactlyAndStaysNearTheBruteForceOptimum"));
   Planner planner(nullptr);
   int kinds[5] = {};
-  for (int trial = 0; trial < 3000; ++trial) {
+  double worst = 1, sum = 0;
+  int above = 0;
+  constexpr int kTrials = 3000;
+  for (int trial = 0; trial < kTrials; ++trial) {
     const PlannerInput in = RandomChain(rng);
     auto plan = planner.MakePlan(in);
     ASSERT_TRUE(plan.ok()) << plan.status();
+    const double own = OraclePriceOf(in, *plan);
+    ASSERT_NEAR(plan->predicted_total_us, own, 1e-9 * own) << "trial " << trial;
     const double oracle = OracleBest(in);
-    ASSERT_NEAR(plan->predicted_total_us, oracle, 1e-9 * oracle) << "trial " << trial;
+    ASSERT_GE(plan->predicted_total_us, oracle * (1 - 1e-9)) << "trial " << trial;
+    const double ratio = plan->predicted_total_us / oracle;
+    worst = std::max(worst, ratio);
+    sum += ratio;
+    above += ratio > 1 + 1e-9;
     // Never slower than the better pure plan.
     EXPECT_LE(plan->predicted_total_us, std::min(Alternative(*plan, PlanKind::kRecomputeAll),
                                                  Alternative(*plan, PlanKind::kFetchAll)));
@@ -170,11 +230,21 @@ TEST(PlannerTest, MatchesBruteForceOracleOnRandomChains) {
           }));
         }
       }
+      EXPECT_LE(run.predicted_start_us, run.predicted_end_us);
       EXPECT_LE(run.predicted_end_us, plan->predicted_total_us * (1 + 1e-12));
     }
     ASSERT_EQ(next, in.blocks.size());
     ++kinds[static_cast<int>(plan->kind)];
   }
+  std::printf("planner / brute-force optimum over %d chains: mean %.4f, worst %.4f, %d above\n",
+              kTrials, sum / kTrials, worst, above);
+  // The choice of assignment is a heuristic (the optimum under a max of streams is a partition
+  // problem). Over 35 seeds of 3000 chains when this was written: mean ratio <= 1.0004, at most 10
+  // chains above the optimum, worst 1.66 (small chains whose runs cost mostly alphas). The bounds
+  // leave room for other seeds; the exact checks above are the hard ones.
+  EXPECT_LT(sum / kTrials, 1.005);
+  EXPECT_LE(above, kTrials / 100);
+  EXPECT_LT(worst, 2.5);
   // The random space exercises every kind, so the comparison above covered each.
   EXPECT_GT(kinds[static_cast<int>(PlanKind::kRecomputeAll)], 0);
   EXPECT_GT(kinds[static_cast<int>(PlanKind::kFetchAll)], 0);
@@ -182,8 +252,6 @@ TEST(PlannerTest, MatchesBruteForceOracleOnRandomChains) {
   EXPECT_GT(kinds[static_cast<int>(PlanKind::kMixed)], 0);
 }
 
-// 64 blocks of 1 MiB at 6.4 GB/s take ≈10.5 ms to fetch; 1024 tokens at 10 µs take 10.24 ms to
-// recompute. Doing half of each concurrently takes about half as long.
 TEST(PlannerTest, SplitBeatsBothPurePlansWhenFetchAndRecomputeAreComparable) {
   Planner planner(nullptr);
   auto plan = planner.MakePlan(Chain(64, 64, 1 << 20, {20.0, 6.4e9}));
@@ -288,7 +356,8 @@ TEST(PlannerTest, ChoosesTheFasterReplicaPerBlock) {
 }
 
 // Even blocks live only on cache-0, odd ones only on cache-1, so a fetch alternates between 8
-// runs. Bytes queued at both daemons delay the fetch once (the larger queue), not once per run.
+// runs in two streams. Bytes queued at both daemons delay each stream once, not once per run:
+// the plan by the larger queue.
 TEST(PlannerTest, QueuedBytesDelayAPlanOnceNotOncePerRun) {
   PathLoad load;
   Planner planner(&load);
@@ -306,10 +375,93 @@ TEST(PlannerTest, QueuedBytesDelayAPlanOnceNotOncePerRun) {
   EXPECT_NEAR(Alternative(*busy, PlanKind::kFetchAll) - Alternative(*idle, PlanKind::kFetchAll),
               10'000, 1e-6);
   if (busy->kind == PlanKind::kFetchAll) {
-    EXPECT_NEAR(busy->runs.back().predicted_end_us, busy->predicted_total_us,
-                1e-9 * busy->predicted_total_us);
+    // cache-0's stream (10 ms of queue, then its 4 runs) ends last, with the fetch.
+    double last = 0;
+    for (const PlanRun& run : busy->runs) last = std::max(last, run.predicted_end_us);
+    EXPECT_NEAR(last, busy->predicted_total_us, 1e-9 * busy->predicted_total_us);
   }
   EXPECT_TRUE(load.Release(ticket));
+}
+
+// Fetch-all of `blocks` blocks of 2 MiB with every block on each of `daemons` equal daemons.
+PlannerInput Replicated(uint32_t blocks, uint32_t daemons, PathParameters stream,
+                        PathParameters ingest) {
+  PlannerInput in = Chain(blocks, blocks, 2 << 20, stream);
+  for (uint32_t d = 1; d < daemons; ++d) {
+    in.hosts.push_back({"cache-" + std::to_string(d), false, stream, {100.0, 2e9}});
+  }
+  for (ChainBlock& b : in.blocks) {
+    b.replicas.clear();
+    for (uint32_t d = 0; d < daemons; ++d) b.replicas.push_back({d, Tier::kHost});
+  }
+  in.host_to_device = {10.0, 100e9};
+  in.client_ingest = ingest;
+  in.recompute = {0, 1000.0, 0};  // recompute is hopeless: fetch everything
+  return in;
+}
+
+// Two daemons' streams run side by side: with each stream limited by its daemon (an ingest that
+// can take both), blocks held by both are spread over them and the fetch takes about half as
+// long as from one; with the client's ingest no faster than one stream, two daemons predict no
+// gain, and the explanation says which limit applies.
+TEST(PlannerTest, StreamsFromTwoDaemonsOverlapUnlessTheClientsIngestIsTheLimit) {
+  Planner planner(nullptr);
+  const PathParameters stream{30.0, 5e9};
+  for (bool ingest_bound : {false, true}) {
+    SCOPED_TRACE(ingest_bound ? "ingest-bound" : "stream-bound");
+    const PathParameters ingest =
+        ingest_bound ? PathParameters{0.0, 5e9} : PathParameters{0.0, 20e9};
+    auto one = planner.MakePlan(Replicated(32, 1, stream, ingest));
+    PlannerInput two_in = Replicated(32, 2, stream, ingest);
+    two_in.include_explanation = true;
+    auto two = planner.MakePlan(two_in);
+    ASSERT_TRUE(one.ok() && two.ok());
+    ASSERT_EQ(one->kind, PlanKind::kFetchAll);
+    ASSERT_EQ(two->kind, PlanKind::kFetchAll);
+    const double bytes = 32.0 * (2 << 20);
+    // One daemon: its stream, 64 MiB at 5 GB/s (the ingest is no tighter).
+    EXPECT_NEAR(one->predicted_total_us, 10 + 30 + bytes / 5e9 * 1e6, 1e-6);
+    uint64_t on[2] = {};
+    for (const PlanRun& run : two->runs) on[run.host_index] += run.payload_bytes;
+    EXPECT_EQ(on[0] + on[1], static_cast<uint64_t>(bytes));
+    if (ingest_bound) {
+      // Every byte crosses the 5 GB/s ingest: no faster than one daemon.
+      EXPECT_NEAR(two->predicted_total_us, 10 + bytes / 5e9 * 1e6, 1e-6);
+      EXPECT_NE(two->explanation.find("the client's ingest or host→device is the limit"),
+                std::string::npos)
+          << two->explanation;
+    } else {
+      // Half each (the balanced assignment), each stream paying its alpha per run.
+      EXPECT_EQ(on[0], on[1]);
+      EXPECT_LT(two->predicted_total_us, 0.55 * one->predicted_total_us);
+      EXPECT_NE(two->explanation.find("assignment), streams: cache-0/host ends"), std::string::npos)
+          << two->explanation;
+      EXPECT_NE(two->explanation.find("the latest stream is the limit"), std::string::npos)
+          << two->explanation;
+    }
+    // Runs of one daemon follow each other; the two daemons' runs overlap in time.
+    double end[2] = {};
+    for (const PlanRun& run : two->runs) {
+      EXPECT_GE(run.predicted_start_us + 1e-9, end[run.host_index] == 0 ? 10 : end[run.host_index]);
+      end[run.host_index] = run.predicted_end_us;
+    }
+  }
+}
+
+// A daemon whose stream is 4x slower gets about a fifth of the blocks both hold, and the plan is
+// faster than fetching everything from the fast one alone.
+TEST(PlannerTest, ASlowDaemonGetsItsShareOfTheBlocks) {
+  PlannerInput in = Replicated(40, 2, {30.0, 8e9}, {0.0, 100e9});
+  in.hosts[1].transfer = {30.0, 2e9};
+  auto plan = Planner(nullptr).MakePlan(in);
+  ASSERT_TRUE(plan.ok());
+  uint64_t on[2] = {};
+  for (const PlanRun& run : plan->runs) on[run.host_index] += run.payload_bytes;
+  const double slow_share = static_cast<double>(on[1]) / static_cast<double>(on[0] + on[1]);
+  EXPECT_GT(slow_share, 0.1);
+  EXPECT_LT(slow_share, 0.3);
+  const double fast_alone = 10 + 30 + 40.0 * (2 << 20) / 8e9 * 1e6;
+  EXPECT_LT(plan->predicted_total_us, 0.9 * fast_alone);
 }
 
 TEST(PlannerTest, AdmittedLoadSlowsTheNextPlanUntilReleased) {
