@@ -26,6 +26,9 @@
 //                          [--depth N] [--contexts 1,2,4,8] [--daemons 1|2]
 //                          [--layers L]  (1..32; heads = 32/L so blocks stay 2 MiB)
 //                          [--prefill-us-per-token X]  (default 50; the engine's prefill)
+//                          [--warmup N]  (N loads of one context before the rows, of
+//                          prefixes of 1/16 .. all of the history in turn, so that
+//                          placement's online fit sees several sizes; default 0)
 // Defaults: 32768 tokens, 256 tokens per block (2 MiB blocks of a 4-layer,
 // 8 x 64 fp16 model), ucx, depth 4.
 #include <spdlog/spdlog.h>
@@ -36,6 +39,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -119,6 +123,7 @@ int main(int argc, char** argv) {
   int daemons = 2;
   std::uint32_t layers = 4;
   double prefill_us_per_token = 50.0;
+  int warmup = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--tokens") {
@@ -131,6 +136,8 @@ int main(int argc, char** argv) {
       daemons = std::max(1, std::min(2, std::atoi(value.c_str())));
     } else if (flag == "--prefill-us-per-token") {
       prefill_us_per_token = std::strtod(value.c_str(), nullptr);
+    } else if (flag == "--warmup") {
+      warmup = std::max(0, std::atoi(value.c_str()));
     } else if (flag == "--layers") {
       layers = static_cast<std::uint32_t>(std::strtoul(value.c_str(), nullptr, 10));
     } else if (flag == "--depth") {
@@ -171,15 +178,17 @@ int main(int argc, char** argv) {
   const double mem1 = MemcpyGBps(history_bytes, 1), mem2 = MemcpyGBps(history_bytes, 2);
   std::printf("memcpy of one history: 1 thread %.2f GB/s, 2 threads %.2f GB/s\n", mem1, mem2);
 
-  // One or two daemons, each able to hold the whole history.
+  // One or two daemons, together able to hold the three histories written
+  // below (each write-back way writes its own) within a namespace's quota.
   kvfabric::server::EmbeddedClusterOptions co;
   for (const char* id : {"bench-a", "bench-b"}) {
     if (static_cast<int>(co.daemons.size()) == daemons) break;
     kvfabric::server::EmbeddedDaemonOptions d;
     d.host_id = id;
-    // A namespace may fill half a pool by default (--quota): room for the
-    // whole history on either daemon.
-    d.host_pool_bytes = 2 * history_bytes + 8 * block_bytes;
+    // A namespace may fill half a pool by default (--quota): room for this
+    // daemon's share of the three histories, and for the whole history on
+    // either daemon.
+    d.host_pool_bytes = 2 * std::max(3 * history_bytes / daemons, history_bytes) + 16 * block_bytes;
     d.host_page_bytes = 1 << 20;
     d.data_transport = transport;
     d.metrics = false;
@@ -314,6 +323,35 @@ int main(int argc, char** argv) {
                     conns == 1 ? "" : "s", r->gbps);
       }
     }
+  }
+
+  // Warm-up: loads of prefixes of 8, 16, 32, 64 and 128 blocks in turn (of a
+  // 128-block history), one context at a time: transfers of several sizes, so
+  // placement's online fit can tell each path's alpha from its beta.
+  if (warmup > 0) {
+    double ratio_sum = 0, ratio_worst = 1;
+    int ratio_count = 0;
+    for (int w = 0; w < warmup; ++w) {
+      const std::uint32_t prefix = std::max<std::uint32_t>(1, blocks >> (4 - w % 5));
+      const std::span<const kvfabric::BlockKey> part(chain->data(), prefix);
+      auto match = (*client)->Match(part, 0);
+      if (!match.ok()) return Fail(match.status());
+      auto ctx = (*client)->NewContext(std::uint64_t{prefix} * block_tokens);
+      if (!ctx.ok()) return Fail(ctx.status());
+      if (auto s = (*client)->Load(*match, *ctx); !s.ok()) return Fail(s);
+      auto report = (*client)->Finish(*ctx);
+      if (!report.ok()) return Fail(report.status());
+      if (w >= warmup - 5 && report->predicted_us > 0) {
+        const double r = report->load_us / report->predicted_us;
+        ratio_sum += r;
+        ratio_worst = std::max(ratio_worst, std::max(r, 1 / r));
+        ++ratio_count;
+      }
+    }
+    std::printf(
+        "warm-up: %d loads of 1/16 .. all of the history; the last %d loads took %.2fx their "
+        "prediction on average (worst %.2fx off)\n",
+        warmup, ratio_count, ratio_count ? ratio_sum / ratio_count : 0.0, ratio_worst);
   }
 
   std::uint64_t throttled_before = (*client)->metrics().fetch_requests_throttled;

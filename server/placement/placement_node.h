@@ -548,6 +548,8 @@ class PlacementNode {
   CalibratedCostModel cost_model_;
   PathLoad path_load_;
   const Planner planner_{&path_load_};
+  // Held across making a plan and admitting its bytes to path_load_ (never with mu_).
+  Mutex admission_mu_;
 
   mutable Mutex mu_;
   Directory directory_ KVF_GUARDED_BY(mu_);

@@ -153,7 +153,21 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
       b.replicas.push_back({r.host_index, r.tier});
     }
   }
-  KVF_ASSIGN_OR_RETURN(result.plan, planner_.MakePlan(in));
+  // A plan is made and its bytes admitted to the path load as one step: two plans made at once
+  // would otherwise each price the paths as idle (the concurrent loads of several contexts).
+  // Plans are O(blocks x replicas), so holding admission_mu_ across one costs little.
+  std::uint64_t ticket = 0;
+  {
+    MutexLock admission(&admission_mu_);
+    KVF_ASSIGN_OR_RETURN(result.plan, planner_.MakePlan(in));
+    if (!result.plan.charges.empty()) {
+      const double hold = result.plan.predicted_total_us * options_.plan_deadline_factor;
+      const std::uint64_t deadline =
+          env_->NowMicros() + options_.plan_deadline_slack_us +
+          static_cast<std::uint64_t>(std::min(hold, 1e15));  // 1e15 µs: ~30 years, no overflow
+      ticket = path_load_.Admit(result.plan.charges, deadline);
+    }
+  }
   for (const PlanRun& run : result.plan.runs) {
     std::vector<std::uint32_t>& fallbacks = result.fallback_host_indices.emplace_back();
     if (run.action != RunAction::kFetch) continue;
@@ -197,13 +211,7 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
     record.explanation = std::move(result.plan.explanation);
     result.plan.explanation.clear();
   }
-  if (!result.plan.charges.empty()) {
-    const double hold = result.plan.predicted_total_us * options_.plan_deadline_factor;
-    const std::uint64_t deadline =
-        env_->NowMicros() + options_.plan_deadline_slack_us +
-        static_cast<std::uint64_t>(std::min(hold, 1e15));  // 1e15 µs: ~30 years, no overflow
-    record.ticket = path_load_.Admit(result.plan.charges, deadline);
-  }
+  record.ticket = ticket;
   MutexLock lock(&mu_);
   record.plan_id = next_plan_id_++;
   result.plan_id = record.plan_id;

@@ -263,6 +263,35 @@ TEST_F(PlacementNodeTest, PlanNamesFallbackHostsThatHoldTheWholeRun) {
   EXPECT_TRUE(a_fetches);
 }
 
+// Contexts of an engine plan their loads at the same moment. Each plan must see the bytes of
+// every plan admitted before it, so eight plans of one chain made at once by eight threads are
+// predicted eight different times, each later one queued behind the earlier ones (a plan made
+// while another was between pricing and admission would price the paths as idle).
+TEST_F(PlacementNodeTest, PlansMadeAtOnceEachSeeTheOthersLoad) {
+  Start();
+  const std::uint64_t la = Register(Rec("a", 1));
+  Report("a", 1, la, Commits(0, 8));
+  constexpr int kPlans = 8;
+  std::vector<double> predicted(kPlans, 0);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kPlans; ++t) {
+    threads.emplace_back([&, t] {
+      ready.fetch_add(1);
+      while (ready.load() < kPlans) std::this_thread::yield();
+      const PlanResult p = MakePlan(8);
+      predicted[t] = Alternative(p.plan, PlanKind::kFetchAll);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::sort(predicted.begin(), predicted.end());
+  // 8 MiB at the default 10 GB/s per plan: each one waits for the ones before it.
+  const double one = predicted[0];
+  for (int i = 1; i < kPlans; ++i) {
+    EXPECT_GT(predicted[i], predicted[i - 1] + 0.5 * (one - 100)) << "plan " << i;
+  }
+}
+
 TEST_F(PlacementNodeTest, PlanUsesTheLocationsTheClientSawWhenGiven) {
   Start();
   const std::uint64_t la = Register(Rec("a", 1));
