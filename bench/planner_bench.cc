@@ -11,9 +11,11 @@
 // always-recompute = recompute-all under the truth. No load accounting (requests independent).
 //
 // Usage: planner_bench [seed]. Prints a table; not a test (no assertions).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -61,24 +63,35 @@ double Executed(const Plan& plan, const PlannerInput& truth) {
   auto rec = [&](uint64_t n, uint64_t p) {
     return RecomputeMicros(truth.recompute, static_cast<double>(n), static_cast<double>(p));
   };
-  double fetch = 0, front = 0;
+  // The FETCH MODEL of server/placement/planner.h under the true parameters: one stream per
+  // source (its runs one after another), the streams side by side, every byte through the
+  // client's ingest and host->device link.
+  std::map<std::pair<uint32_t, Tier>, double> streams;
+  double front = 0, bytes = 0;
   uint32_t fetched_end = 0;
   for (const PlanRun& r : plan.runs) {
     if (r.action == RunAction::kFetch) {
       const PlannerHost& h = truth.hosts[r.host_index];
       double fixed = h.transfer.alpha_us;
-      double per_byte =
-          std::max(1e6 / h.transfer.beta_bytes_per_s, 1e6 / truth.host_to_device.beta_bytes_per_s);
+      double per_byte = 1e6 / h.transfer.beta_bytes_per_s;
       if (r.tier == Tier::kNvme) {
         fixed += h.nvme.alpha_us;
         per_byte = std::max(per_byte, 1e6 / h.nvme.beta_bytes_per_s);
       }
-      if (fetch == 0) fetch = truth.host_to_device.alpha_us;
-      fetch += fixed + static_cast<double>(r.payload_bytes) * per_byte;
+      streams[{r.host_index, r.tier}] += fixed + static_cast<double>(r.payload_bytes) * per_byte;
+      bytes += static_cast<double>(r.payload_bytes);
       fetched_end = r.first_block + r.block_count;
     } else if (r.first_block == 0 && plan.kind == PlanKind::kSplit) {
       front = rec(uint64_t{r.block_count} * kTokens, 0);
     }
+  }
+  double fetch = 0;
+  if (bytes > 0) {
+    for (const auto& [source, t] : streams) fetch = std::max(fetch, t);
+    fetch = std::max(
+        {fetch, truth.client_ingest.alpha_us + bytes * 1e6 / truth.client_ingest.beta_bytes_per_s,
+         bytes * 1e6 / truth.host_to_device.beta_bytes_per_s});
+    fetch += truth.host_to_device.alpha_us;
   }
   if (plan.kind == PlanKind::kRecomputeAll) return rec(total + truth.suffix_tokens, 0);
   const uint64_t p = fetched_end < blocks.size() ? blocks[fetched_end].prefix_tokens : total;

@@ -205,6 +205,11 @@ void ComputeSources(const PlannerInput& in, const PathLoad* load, Work* w) {
   }
 }
 
+// The queue wait of source `id` (SourceId).
+double SourceWait(const Work& w, int id) {
+  return w.sources[static_cast<size_t>(id / 2)][id % 2].wait_us;
+}
+
 // The serial candidate: a dynamic program over blocks × replicas minimising the sum of run costs
 // of [0, m).
 void SerialCandidate(Work* w) {
@@ -291,15 +296,15 @@ void Improve(const Work* w, std::vector<int32_t>* assignment) {
   auto bytes_us = [&](uint32_t i, const SourceCost& sc) {
     return static_cast<double>(in.blocks[i].bytes) * sc.per_byte_us;
   };
+  std::vector<int> src(m);
+  for (uint32_t i = 0; i < m; ++i) src[i] = SourceId(ReplicaAt(*w, i, out[i]));
   auto source_at = [&](int64_t i) {
-    return i < 0 || i >= static_cast<int64_t>(m)
-               ? -1
-               : SourceId(ReplicaAt(*w, static_cast<uint32_t>(i), out[i]));
+    return i < 0 || i >= static_cast<int64_t>(m) ? -1 : src[static_cast<size_t>(i)];
   };
   for (uint32_t i = 0; i < m; ++i) {
     const BlockReplica& r = ReplicaAt(*w, i, out[i]);
     const SourceCost& sc = w->Source(r);
-    const int s = SourceId(r);
+    const int s = src[i];
     stream[s] += (count[s] == 0 ? sc.wait_us : 0) + (source_at(i - 1) == s ? 0 : sc.alpha_us) +
                  bytes_us(i, sc);
     ++count[s];
@@ -310,7 +315,7 @@ void Improve(const Work* w, std::vector<int32_t>* assignment) {
       const ChainBlock& b = in.blocks[i];
       if (b.replicas.size() < 2) continue;
       const BlockReplica& from = ReplicaAt(*w, i, out[i]);
-      const int s = SourceId(from);
+      const int s = src[i];
       const SourceCost& fs = w->Source(from);
       const int p = source_at(static_cast<int64_t>(i) - 1),
                 q = source_at(static_cast<int64_t>(i) + 1);
@@ -346,6 +351,7 @@ void Improve(const Work* w, std::vector<int32_t>* assignment) {
       --count[s];
       ++count[t];
       out[i] = best_arg;
+      src[i] = t;
       moved = true;
     }
     if (!moved) break;
@@ -407,20 +413,23 @@ void PriceCandidate(Work* w, uint8_t c) {
   const PlannerInput& in = *w->in;
   const uint32_t m = w->m;
   const std::vector<int32_t>& a = w->assign[c];
-  std::vector<double> stream(w->SourceCount(), 0);
-  std::vector<uint8_t> used(w->SourceCount(), 0);
-  auto source_of = [&](uint32_t i) { return SourceId(ReplicaAt(*w, i, a[i])); };
-  auto add = [&](uint32_t i, bool continues) {
+  // Per block: its source, and what it adds to that source's stream as a run's first block
+  // (alphas + bytes) or as a later one (bytes).
+  std::vector<int> source(m);
+  std::vector<double> first_us(m), more_us(m);
+  for (uint32_t i = 0; i < m; ++i) {
     const BlockReplica& r = ReplicaAt(*w, i, a[i]);
-    const int s = SourceId(r);
     const SourceCost& sc = w->Source(r);
-    if (!used[s]) {
-      used[s] = 1;
-      stream[s] = sc.wait_us;
-    }
-    stream[s] +=
-        (continues ? 0 : sc.alpha_us) + static_cast<double>(in.blocks[i].bytes) * sc.per_byte_us;
-    return stream[s];
+    source[i] = SourceId(r);
+    more_us[i] = static_cast<double>(in.blocks[i].bytes) * sc.per_byte_us;
+    first_us[i] = sc.alpha_us + more_us[i];
+  }
+  std::vector<double> stream(w->SourceCount(), -1);  // -1: not used yet
+  auto add = [&](uint32_t i, bool continues) {
+    double& t = stream[source[i]];
+    if (t < 0) t = SourceWait(*w, source[i]);
+    t += continues ? more_us[i] : first_us[i];
+    return t;
   };
   auto keep = [&](std::vector<double>* us, std::vector<uint8_t>* arg, uint32_t at, double f) {
     if (c == 0 || f < (*us)[at]) {
@@ -433,16 +442,15 @@ void PriceCandidate(Work* w, uint8_t c) {
     const auto b = static_cast<uint32_t>(i);
     // Prepending a block of the same source extends the run [b + 1, ...) (its alphas stay
     // paid once); another source starts a run.
-    longest = std::max(longest, add(b, b + 1 < m && source_of(b + 1) == source_of(b)));
+    longest = std::max(longest, add(b, b + 1 < m && source[b + 1] == source[b]));
     bytes += static_cast<double>(in.blocks[b].bytes);
     keep(&w->suffix_us, &w->suffix_arg, b, w->plan_fixed_us + std::max(longest, w->Shared(bytes)));
   }
-  std::fill(stream.begin(), stream.end(), 0);
-  std::fill(used.begin(), used.end(), 0);
+  std::fill(stream.begin(), stream.end(), -1);
   longest = 0;
   bytes = 0;
   for (uint32_t i = 0; i < m; ++i) {
-    longest = std::max(longest, add(i, i > 0 && source_of(i - 1) == source_of(i)));
+    longest = std::max(longest, add(i, i > 0 && source[i - 1] == source[i]));
     bytes += static_cast<double>(in.blocks[i].bytes);
     keep(&w->prefix_us, &w->prefix_arg, i + 1,
          w->plan_fixed_us + std::max(longest, w->Shared(bytes)));
@@ -458,7 +466,12 @@ void RunPasses(Work* w) {
   w->prefix_us.assign(w->m + 1, 0);
   w->suffix_arg.assign(w->m + 1, kSerial);
   w->prefix_arg.assign(w->m + 1, kSerial);
-  for (uint8_t c = 0; c < kCandidates; ++c) PriceCandidate(w, c);
+  for (uint8_t c = 0; c < kCandidates; ++c) {
+    // A candidate equal to an earlier one (often: no move improved it) prices the same.
+    bool repeat = false;
+    for (uint8_t e = 0; e < c && !repeat; ++e) repeat = w->assign[e] == w->assign[c];
+    if (!repeat) PriceCandidate(w, c);
+  }
 }
 
 // One fetch of blocks [first, end) under candidate `c`, stream by stream.
