@@ -9,6 +9,8 @@
 //      is loaded through a 4-page device arena (2 staging + 2 pool pages) and
 //      attended; every byte equals the generator's and every output and LSE
 //      equals the resident reference bit for bit.
+//      Placement learned the load in its fetch model's terms: each daemon's
+//      stream and, the load having used both, the client's ingest.
 //   3. One daemon is SIGKILLed (placement still lists it: its membership TTL
 //      is long); the same request completes: the dead daemon's blocks are
 //      recomputed, the fallback is counted, and the result is still exact.
@@ -30,6 +32,8 @@
 #include <mutex>
 #include <new>
 #include <random>
+#include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -157,9 +161,8 @@ class ClientEndToEndTest : public ::testing::Test {
                                         "--placement-address=" + placement_->grpc(),
                                         "--membership-ttl=120s"};
       for (std::string& f : PoolFlags(i)) flags.push_back(std::move(f));
-      auto d = testing::ServerProcess::Start(
-          testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), "cache-" + std::to_string(i),
-          dir_, flags);
+      auto d = testing::ServerProcess::Start(testing::ServerBinary("KVF_CACHED", "kvfabric-cached"),
+                                             "cache-" + std::to_string(i), dir_, flags);
       ASSERT_TRUE(d.ok()) << d.status().ToString();
       daemons_.push_back(std::move(*d));
     }
@@ -243,8 +246,8 @@ class ClientEndToEndTest : public ::testing::Test {
     for (std::uint32_t i = 0; i < r.block_count; ++i) {
       KVF_RETURN_IF_ERROR(Expected(*chain, r.first_block + i, out.subspan(i * bytes, bytes)));
     }
-    std::this_thread::sleep_until(
-        start + std::chrono::microseconds(static_cast<std::int64_t>(kPrefillUsPerToken * r.tokens)));
+    std::this_thread::sleep_until(start + std::chrono::microseconds(static_cast<std::int64_t>(
+                                              kPrefillUsPerToken * r.tokens)));
     return Status::OK();
   }
 
@@ -429,6 +432,48 @@ TEST_F(ClientEndToEndTest, SavedHistoryLoadsExactlyAndSurvivesADaemonThroughReco
   EXPECT_EQ(client_->metrics().blocks_fallen_back, 0u);
   EXPECT_LE(client_->metrics().peak_arena_pages, 4u);
 
+  // What the load taught placement, in its FETCH MODEL's terms: each daemon's
+  // stream was observed (its own path's error is scored), and a load from
+  // both daemons at once was also an observation of the client's ingest.
+  {
+    std::set<std::string> sources;
+    for (const client::RunOutcome& run : fetched.runs) {
+      if (run.fetch) sources.insert(run.host_id);
+    }
+    auto match = client_->Match(chain_, 0, /*explain=*/true);
+    ASSERT_TRUE(match.ok()) << match.status().ToString();
+    auto stub = v1::Placement::NewStub(
+        grpc::CreateChannel(placement_->grpc(), grpc::InsecureChannelCredentials()));
+    v1::ExplainRequest req;
+    req.set_plan_id(match->plan_id);
+    v1::ExplainResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->Explain(&ctx, req, &resp).ok());
+    auto line = [&](const std::string& prefix) {
+      const std::size_t at = resp.text().find("\n  " + prefix);
+      if (at == std::string::npos) return std::string();
+      return resp.text().substr(at + 1, resp.text().find('\n', at + 1) - at - 1);
+    };
+    for (const std::string& host : sources) {
+      const std::string l = line("remote→local " + host + ":");
+      EXPECT_NE(l.find("out-of-sample error"), std::string::npos) << l << "\n" << resp.text();
+    }
+    const std::string ingest = line("daemons→client:");
+    ASSERT_FALSE(ingest.empty()) << resp.text();
+    std::printf("fetched from %zu daemons; placement: %s\n", sources.size(), ingest.c_str());
+    if (sources.size() >= 2) {
+      EXPECT_NE(ingest.find("out-of-sample error"), std::string::npos) << ingest;
+    }
+    // Carry the plan out, so that it leaves placement's path load.
+    auto ctx_id = client_->NewContext(kTokens);
+    ASSERT_TRUE(ctx_id.ok());
+    ASSERT_TRUE(client_->Load(*match, *ctx_id).ok());
+    for (std::uint32_t l = 0; l < model_.layer_count; ++l) {
+      ASSERT_TRUE(client_->WaitLayer(*ctx_id, l).ok());
+    }
+    ASSERT_TRUE(client_->Finish(*ctx_id).ok());
+  }
+
   // 3. One daemon dies; placement still plans with it.
   daemons_[1]->Kill(SIGKILL);
   const ContextReport after = LoadAndCheck("after kill");
@@ -500,13 +545,14 @@ TEST_F(ClientEndToEndTest, AfterWarmUpARequestAllocatesNoLargeBlockAndAttendNoth
   }
   EXPECT_TRUE(client_->Finish(*ctx, &report).ok());
   g_counting = false;
-  std::printf("warm request of %u tokens: %llu allocations (%llu of >= 64 KiB, largest %llu "
-              "bytes); %llu in %u Attend calls; %u blocks fetched, %u recomputed\n",
-              kTokens, static_cast<unsigned long long>(g_allocations.load()),
-              static_cast<unsigned long long>(g_large_allocations.load()),
-              static_cast<unsigned long long>(g_largest_allocation.load()),
-              static_cast<unsigned long long>(attend_allocations), model_.layer_count,
-              report.blocks_fetched, report.blocks_recomputed);
+  std::printf(
+      "warm request of %u tokens: %llu allocations (%llu of >= 64 KiB, largest %llu "
+      "bytes); %llu in %u Attend calls; %u blocks fetched, %u recomputed\n",
+      kTokens, static_cast<unsigned long long>(g_allocations.load()),
+      static_cast<unsigned long long>(g_large_allocations.load()),
+      static_cast<unsigned long long>(g_largest_allocation.load()),
+      static_cast<unsigned long long>(attend_allocations), model_.layer_count,
+      report.blocks_fetched, report.blocks_recomputed);
   EXPECT_EQ(g_large_allocations.load(), 0u) << "largest " << g_largest_allocation.load();
   EXPECT_EQ(attend_allocations, 0u);
   EXPECT_EQ(report.blocks_fetched + report.blocks_recomputed, chain_.size());
@@ -520,7 +566,8 @@ TEST_F(ClientEndToEndTest, ALayerSavedTwiceIsRefusedAndAnIncompleteBlockIsNeverW
   auto ctx = client_->NewContext(kTokens);
   ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
   ASSERT_TRUE(client_->Load(*match, *ctx).ok());
-  for (std::uint32_t l = 0; l < model_.layer_count; ++l) ASSERT_TRUE(client_->WaitLayer(*ctx, l).ok());
+  for (std::uint32_t l = 0; l < model_.layer_count; ++l)
+    ASSERT_TRUE(client_->WaitLayer(*ctx, l).ok());
   ASSERT_TRUE(client_->Save(*ctx, 0, 0, chain_).ok());
   for (std::uint32_t i = 1; i < model_.layer_count; ++i) {
     Status again = client_->Save(*ctx, 0, 0, chain_);
@@ -529,7 +576,8 @@ TEST_F(ClientEndToEndTest, ALayerSavedTwiceIsRefusedAndAnIncompleteBlockIsNeverW
         << again.ToString();
   }
   // Layers 1.. of the second half only: those blocks stay incomplete too.
-  const std::span<const BlockKey> half = std::span<const BlockKey>(chain_).subspan(chain_.size() / 2);
+  const std::span<const BlockKey> half =
+      std::span<const BlockKey>(chain_).subspan(chain_.size() / 2);
   for (std::uint32_t l = 1; l < model_.layer_count; ++l) {
     ASSERT_TRUE(client_->Save(*ctx, l, static_cast<std::uint32_t>(chain_.size() / 2), half).ok());
   }
@@ -659,9 +707,9 @@ TEST_F(ClientEndToEndTest, EightContextsLoadAndSaveConcurrentlyWhileADaemonDies)
 class ClientEndToEndNvmeTest : public ClientEndToEndTest {
  protected:
   std::vector<std::string> PoolFlags(int i) override {
-    return {"--host-pool-bytes=8MiB", "--nvme-dir=" + dir_ + "/nvme-" + std::to_string(i),
+    return {"--host-pool-bytes=8MiB",      "--nvme-dir=" + dir_ + "/nvme-" + std::to_string(i),
             "--nvme-capacity-bytes=64MiB", "--nvme-segment-bytes=32MiB",
-            "--nvme-io-engine=threads", "--eviction-policy=lru"};
+            "--nvme-io-engine=threads",    "--eviction-policy=lru"};
   }
 };
 

@@ -157,9 +157,12 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   // would otherwise each price the paths as idle (the concurrent loads of several contexts).
   // Plans are O(blocks x replicas), so holding admission_mu_ across one costs little.
   std::uint64_t ticket = 0;
+  PlanRecord record;
   {
     MutexLock admission(&admission_mu_);
     KVF_ASSIGN_OR_RETURN(result.plan, planner_.MakePlan(in));
+    // The inputs as this plan saw them: before its own bytes are queued.
+    if (in.include_explanation) DescribePlanInputs(request, in, &record);
     if (!result.plan.charges.empty()) {
       const double hold = result.plan.predicted_total_us * options_.plan_deadline_factor;
       const std::uint64_t deadline =
@@ -187,7 +190,6 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
     }
   }
 
-  PlanRecord record;
   record.decided_unix_us = env_->WallMicros();
   record.kind = result.plan.kind;
   record.ns = request.ns;
@@ -204,7 +206,6 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   // finishes (CalibratedCostModel::ObserveSplit).
   record.learn_split =
       result.plan.kind == PlanKind::kSplit && !request.recompute && !request.model_id.empty();
-  if (in.include_explanation) DescribePlanInputs(request, in, &record);
   if (request.include_explanation) {
     record.explanation = result.plan.explanation;
   } else {
