@@ -29,6 +29,8 @@
 //                          [--warmup N]  (N loads of one context before the rows, of
 //                          prefixes of 1/16 .. all of the history in turn, so that
 //                          placement's online fit sees several sizes; default 0)
+//                          [--no-populate]  (the daemons do not populate their
+//                          mappings of the client's pool when they import it)
 // Defaults: 32768 tokens, 256 tokens per block (2 MiB blocks of a 4-layer,
 // 8 x 64 fp16 model), ucx, depth 4.
 #include <spdlog/spdlog.h>
@@ -124,8 +126,17 @@ int main(int argc, char** argv) {
   std::uint32_t layers = 4;
   double prefill_us_per_token = 50.0;
   int warmup = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
+  bool populate = true;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--no-populate") {
+      populate = false;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "client_load_bench: %s needs a value\n", argv[i]);
+      return 2;
+    }
+    const std::string flag = argv[i], value = argv[++i];
     if (flag == "--tokens") {
       tokens = std::strtoull(value.c_str(), nullptr, 10);
     } else if (flag == "--block-tokens") {
@@ -192,6 +203,7 @@ int main(int argc, char** argv) {
     d.host_page_bytes = 1 << 20;
     d.data_transport = transport;
     d.metrics = false;
+    d.populate_imports = populate;
     co.daemons.push_back(d);
   }
   co.placement_metrics = false;

@@ -184,6 +184,7 @@ Status EmbeddedCluster::StartDaemon(const EmbeddedDaemonOptions& options, Daemon
   topts.kind = options.data_transport;
   topts.ucx_tls = options.ucx_tls;
   topts.copy_threads = options.copy_threads;
+  topts.populate_imported_mappings = options.populate_imports;
   topts.workers = options.data_workers;
   if (options_.data_plane_tls) {
     topts.tcp_tls_enabled = true;

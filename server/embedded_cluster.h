@@ -83,6 +83,9 @@ struct EmbeddedDaemonOptions {
   std::string ucx_tls = "sm,self,tcp";
   // Copy helpers of each daemon's transport (UcxTransportOptions::copy_threads).
   int copy_threads = 1;
+  // UcxTransportOptions::populate_imported_mappings (kvfabric-cached
+  // --no-populate-imports turns it off).
+  bool populate_imports = true;
   // Data-plane workers of each daemon's transport (UcxTransportOptions::workers).
   int data_workers = 1;
   // Serve /metrics on 127.0.0.1 with a picked port. Default true.

@@ -39,6 +39,9 @@ struct DataTransportOptions {
   // shared_memory_peers (on a progress thread; must not block).
   std::function<void(const std::string& peer, const Status& why)> on_rejected_peer;
   int copy_threads = 1;
+  // UCX only: UcxTransportOptions::populate_imported_mappings (fill in the
+  // page tables of imported shared-memory regions in the background).
+  bool populate_imported_mappings = true;
   // Progress threads serving connections (both kinds).
   int workers = 1;
   // tcp only: TcpTransportOptions::send_buffer_bytes (0: auto, -1: kernel

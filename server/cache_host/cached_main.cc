@@ -100,6 +100,7 @@ struct Flags {
   std::chrono::microseconds transfer_timeout{30'000'000};
   std::chrono::microseconds shutdown_grace{5'000'000};
   bool no_prefault = false;
+  bool no_populate_imports = false;
   std::string placement_address;
   std::string node_name;
   std::chrono::microseconds membership_ttl{10'000'000};
@@ -216,8 +217,7 @@ void ReloadCalibration(const Flags& f, cache_host::CacheHostNode* node) {
   spdlog::info("kvfabric-cached: calibration {} reloaded: {}", f.calibration_path, sources);
 }
 
-StatusOr<cache_host::CacheHostOptions> BuildOptions(Flags& f,
-                                                    cache_host::CacheHostOptions o) {
+StatusOr<cache_host::CacheHostOptions> BuildOptions(Flags& f, cache_host::CacheHostOptions o) {
   if (o.host_id.empty()) {
     char name[256] = {};
     gethostname(name, sizeof(name) - 1);
@@ -453,6 +453,10 @@ int Run(int argc, char** argv) {
                  "threads that help the UCX progress thread copy large shared-memory "
                  "batches (0: it copies alone; default 1; more on nodes with many cores)")
       ->check(CLI::Range(0, 64));
+  app.add_flag("--no-populate-imports", f.no_populate_imports,
+               "do not fill in, in the background, the page tables of a client's shared-memory "
+               "region when it is imported (by default every page the client already has is "
+               "populated, so first copies into it take no page faults; costs page tables only)");
   app.add_option("--data-workers", f.data_workers,
                  "data-plane workers (each a progress thread) serving the data plane; client "
                  "connections are spread over them (default 1; one per core the data path may "
@@ -586,8 +590,10 @@ int Run(int argc, char** argv) {
   }
   if (f.tcp_receive_buffer_bytes != 0 &&
       (f.tcp_receive_buffer_bytes < (4u << 10) || f.tcp_receive_buffer_bytes > (64u << 20))) {
-    spdlog::error("kvfabric-cached: --tcp-receive-buffer-bytes={}: must be 0 (kernel "
-                  "autotuning) or 4KiB..64MiB", f.tcp_receive_buffer_bytes);
+    spdlog::error(
+        "kvfabric-cached: --tcp-receive-buffer-bytes={}: must be 0 (kernel "
+        "autotuning) or 4KiB..64MiB",
+        f.tcp_receive_buffer_bytes);
     return 2;
   }
   if (check_config) return CheckConfig(f, *options);
@@ -616,6 +622,7 @@ int Run(int argc, char** argv) {
         peer, why.message(), n);
   };
   topts.copy_threads = f.copy_threads;
+  topts.populate_imported_mappings = !f.no_populate_imports;
   topts.workers = f.data_workers;
   topts.tcp_send_buffer_bytes = *send_buffer;
   topts.tcp_receive_buffer_bytes = static_cast<int>(f.tcp_receive_buffer_bytes);
@@ -624,14 +631,13 @@ int Run(int argc, char** argv) {
   topts.tcp_tls_enabled = f.data_plane_tls;
   topts.tcp_tls.cert_file = f.security.cert_file;
   topts.tcp_tls.key_file = f.security.key_file;
-  StatusOr<std::unique_ptr<transport::Transport>> transport =
-      transport::CreateDataTransport(topts);
+  StatusOr<std::unique_ptr<transport::Transport>> transport = transport::CreateDataTransport(topts);
   if (!transport.ok()) {
     spdlog::error("kvfabric-cached: {}", transport.status().ToString());
     return 1;
   }
-  auto node = cache_host::CacheHostNode::Create(std::move(*options), transport->get(),
-                                                Env::Default());
+  auto node =
+      cache_host::CacheHostNode::Create(std::move(*options), transport->get(), Env::Default());
   if (!node.ok()) {
     spdlog::error("kvfabric-cached: cannot start: {}", node.status().ToString());
     return 1;
@@ -699,8 +705,8 @@ int Run(int argc, char** argv) {
       return 1;
     }
     admin_bound = unix_socket ? f.admin_address
-                      : f.admin_address.substr(0, f.admin_address.rfind(':')) + ":" +
-                            std::to_string(admin_port);
+                              : f.admin_address.substr(0, f.admin_address.rfind(':')) + ":" +
+                                    std::to_string(admin_port);
   }
   sopts.admin_address = f.admin_address.empty() ? "" : admin_bound;
   CacheHostService public_service(node->get(), &health, sopts);
@@ -718,8 +724,7 @@ int Run(int argc, char** argv) {
   builder.RegisterService(&public_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || grpc_port == 0) {
-    spdlog::error("kvfabric-cached: cannot listen for gRPC on {} (--grpc-address)",
-                  f.grpc_address);
+    spdlog::error("kvfabric-cached: cannot listen for gRPC on {} (--grpc-address)", f.grpc_address);
     return 1;
   }
   const std::string grpc_host = f.grpc_address.substr(0, f.grpc_address.rfind(':'));
@@ -745,8 +750,7 @@ int Run(int argc, char** argv) {
     const std::string tmp = f.ready_file + ".tmp";
     std::ofstream out(tmp);
     out << "grpc=" << grpc_bound << "\ntransport=" << (*node)->transport_address()
-        << "\nmetrics=" << metrics_url << "\nadmin=" << admin_bound << "\npid=" << getpid()
-        << "\n";
+        << "\nmetrics=" << metrics_url << "\nadmin=" << admin_bound << "\npid=" << getpid() << "\n";
     out.close();
     std::rename(tmp.c_str(), f.ready_file.c_str());
   }

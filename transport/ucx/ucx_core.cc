@@ -709,7 +709,19 @@ UcxTestCounters UcxCore::counters() const {
   c.owner_placed_transfers = owner_placed_transfers_.load(std::memory_order_relaxed);
   c.inline_transfers = inline_transfers_.load(std::memory_order_relaxed);
   c.rejected_peers = rejected_peers_.load(std::memory_order_relaxed);
+  const MappingPopulator::Stats p = populator_.stats();
+  c.populated_bytes = p.bytes_populated;
+  c.populate_skipped_bytes = p.bytes_not_resident;
   return c;
+}
+
+void UcxCore::PopulateMapping(const std::shared_ptr<RkeyHolder>& holder) {
+  if (!options_.populate_imported_mappings) return;
+  {
+    std::shared_lock<std::shared_mutex> mapping(holder->map_mu);
+    if (holder->mapped == nullptr) return;
+  }
+  populator_.Enqueue(holder);
 }
 
 }  // namespace kvfabric::ucx::internal

@@ -39,6 +39,7 @@
 #include "transport/transport.h"
 #include "transport/ucx/ucx_am_rma.h"
 #include "transport/ucx/ucx_handles.h"
+#include "transport/ucx/ucx_populate.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace kvfabric::ucx::internal {
@@ -297,6 +298,9 @@ class UcxCore {
   // stores when they add up to options().streaming_copy_min_bytes.
   // DataLoss if the memory of a range faulted (CopyPool::Copy).
   [[nodiscard]] Status CopyRanges(std::span<const CopyRange> ranges);
+  // Any thread: populates `holder`'s mapping in the background, if it has
+  // one and options().populate_imported_mappings (ucx_populate.h).
+  void PopulateMapping(const std::shared_ptr<RkeyHolder>& holder);
   // Any thread: counts entries UcxEndpoint::Submit copied inline.
   void CountInline(std::uint64_t n) {
     inline_transfers_.fetch_add(n, std::memory_order_relaxed);
@@ -389,19 +393,21 @@ class UcxCore {
                                       const ucp_am_recv_param_t* param);
 
   const UcxTransportOptions options_;
+  // Populates imported mappings (options_.populate_imported_mappings).
+  MappingPopulator populator_;
   const std::shared_ptr<CoreGroup> group_;
   const bool rdma_configured_;  // options_.tls names an RDMA transport
   // options_.tls uses shared memory and shared_memory_peers is kSameUser.
   const bool same_user_peers_only_;
   // The listener's port, once listening (read by OnConnRequest).
   std::atomic<std::uint16_t> listen_port_{0};
-  CopyPool copy_pool_;          // options_.copy_threads helpers (0: copies alone)
+  CopyPool copy_pool_;  // options_.copy_threads helpers (0: copies alone)
   std::size_t max_header_bytes_ = transport::kMaxMessageHeaderBytes;
   int efd_ = -1;
 
   mutable Mutex mu_;
   std::shared_ptr<UcpContext> context_ KVF_GUARDED_BY(mu_);  // reset by Shutdown
-  UniqueWorker worker_;    // set before the thread starts; then progress thread (signals under mu_)
+  UniqueWorker worker_;  // set before the thread starts; then progress thread (signals under mu_)
   bool stopping_ KVF_GUARDED_BY(mu_) = false;
   bool worker_alive_ KVF_GUARDED_BY(mu_) = false;  // ucp_worker_signal allowed
   // Tasks for the progress thread, swapped into running_ (the progress

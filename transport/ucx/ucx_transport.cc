@@ -153,6 +153,7 @@ class UcxEndpoint final : public Endpoint {
           core_->UnpackRkey(state_, range.packed_rkey, range.address, range.length, range.grant_id);
     });
     if (!holder.ok()) return holder.status();
+    core_->PopulateMapping(*holder);
     return std::unique_ptr<RemoteRegion>(
         std::make_unique<UcxRemoteRegion>(core_, std::move(holder).value()));
   }

@@ -239,6 +239,16 @@ struct UcxTransportOptions {
   // 0 disables.
   std::uint64_t inline_copy_max_bytes = std::uint64_t{16} << 20;
 
+  // Populating imported mappings. When an imported region maps into this
+  // process (memory UCX allocated, reached over shared memory), a background
+  // thread fills in the mapping's page tables for every page the peer
+  // already has (mincore), so the first copy into each page takes no minor
+  // fault (a daemon's first load into a client's pages ran at half speed
+  // without it). Costs page tables only (0.2% of the peer's resident bytes);
+  // never allocates memory for the peer (ucx_populate.h). Default true;
+  // kvfabric-cached --populate-imports.
+  bool populate_imported_mappings = true;
+
   // When a batch copies at least this many bytes through mappings (inline
   // or on the progress thread), it uses streaming stores (core/stream_copy.h):
   // such a batch does not stay in the caches anyway, and streaming it
@@ -311,6 +321,11 @@ struct UcxTestCounters {
   std::uint64_t inline_transfers = 0;
   // Connection requests the listener rejected under shared_memory_peers.
   std::uint64_t rejected_peers = 0;
+  // Imported mappings populated (populate_imported_mappings): bytes of the
+  // peer's resident pages whose page-table entries were filled, and bytes
+  // skipped because the peer had not touched them.
+  std::uint64_t populated_bytes = 0;
+  std::uint64_t populate_skipped_bytes = 0;
 
   UcxTestCounters& operator+=(const UcxTestCounters& o) {
     eager_messages += o.eager_messages;
@@ -319,6 +334,8 @@ struct UcxTestCounters {
     owner_placed_transfers += o.owner_placed_transfers;
     inline_transfers += o.inline_transfers;
     rejected_peers += o.rejected_peers;
+    populated_bytes += o.populated_bytes;
+    populate_skipped_bytes += o.populate_skipped_bytes;
     return *this;
   }
 };
