@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "client/device_arena.h"
@@ -60,10 +61,24 @@ int Fail(const kvfabric::Status& s) {
 
 }  // namespace
 
+// Usage: attention_bench [MAX_TOKENS] [--cpu-kernels=scalar]
 int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::warn);
-  const std::uint32_t max_tokens =
-      argc > 1 ? static_cast<std::uint32_t>(std::atoi(argv[1])) : 131072;
+  std::uint32_t max_tokens = 131072;
+  kg::CpuDeviceOptions cpu_options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--cpu-kernels=scalar") {
+      cpu_options.scalar_kernels = true;
+    } else if (arg == "--cpu-kernels=best") {
+      cpu_options.scalar_kernels = false;
+    } else if (!arg.empty() && arg[0] != '-') {
+      max_tokens = static_cast<std::uint32_t>(std::atoi(arg.c_str()));
+    } else {
+      std::fprintf(stderr, "attention_bench: unknown flag %s\n", arg.c_str());
+      return 2;
+    }
+  }
   constexpr std::uint32_t kQHeads = 32, kKvHeads = 8, kDim = 128, kTpb = 16, kTile = 256;
   const double mem = MemcpyGBps();
   std::printf("memcpy (256 MiB, read+write): %.2f GB/s\n", mem);
@@ -125,8 +140,10 @@ int main(int argc, char** argv) {
               ? (" = " + std::to_string(gbps / scalar_gbps).substr(0, 5) + "x scalar").c_str()
               : "");
     }
-    std::printf("attention below runs %s (BestKernelIsa; KVF_CPU_KERNELS=scalar forces scalar)\n",
-                kg::cpu_kernels::KernelIsaName(kg::cpu_kernels::BestKernelIsa()));
+    std::printf("attention below runs %s (--cpu-kernels=scalar forces scalar)\n",
+                kg::cpu_kernels::KernelIsaName(cpu_options.scalar_kernels
+                                                   ? kg::cpu_kernels::KernelIsa::kScalar
+                                                   : kg::cpu_kernels::BestKernelIsa()));
   }
 
   for (std::uint32_t tokens : {8192u, 32768u, 131072u}) {
@@ -143,7 +160,7 @@ int main(int argc, char** argv) {
     ao.context_floor_pages = 2;
     kg::DeviceOptions dopt;
     dopt.arena_bytes = ao.scratch_bytes + 256 + (ao.staging_pages + 2) * ao.page_bytes;
-    auto device = kg::CreateCpuDevice(dopt, kg::CpuDeviceOptions());
+    auto device = kg::CreateCpuDevice(dopt, cpu_options);
     if (!device.ok()) return Fail(device.status());
     auto arena = kc::DeviceArena::Create((*device)->arena_bytes(), ao);
     if (!arena.ok()) return Fail(arena.status());

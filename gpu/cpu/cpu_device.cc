@@ -224,9 +224,10 @@ class CpuBorrowedHostBuffer final : public PinnedHostBuffer {
 class CpuDevice final : public Device, public CpuDeviceTestHooks {
  public:
   CpuDevice(std::unique_ptr<MappedRegion> arena, std::uint64_t arena_bytes,
-            std::size_t ring_capacity, std::string name)
+            std::size_t ring_capacity, cpu_kernels::KernelIsa isa, std::string name)
       : arena_(std::move(arena)),
         arena_bytes_(arena_bytes),
+        isa_(isa),
         name_(std::move(name)),
         hub_(std::make_shared<Hub>()),
         registry_(std::make_shared<PinnedBufferRegistry>()) {
@@ -545,7 +546,7 @@ class CpuDevice final : public Device, public CpuDeviceTestHooks {
     // gather checks its page offsets, which only exist once earlier work ran.
     const std::span<std::byte> arena_span(arena, arena_bytes_);
     if (const auto* a = std::get_if<AttentionTileArgs>(&entry)) {
-      return cpu_kernels::DecodeAttentionTileInArena(*a, arena_span);
+      return cpu_kernels::DecodeAttentionTileInArena(isa_, *a, arena_span);
     }
     if (const auto* m = std::get_if<MergeStatesArgs>(&entry)) {
       return cpu_kernels::MergeStatesInArena(*m, arena_span);
@@ -558,6 +559,7 @@ class CpuDevice final : public Device, public CpuDeviceTestHooks {
 
   const std::unique_ptr<MappedRegion> arena_;
   const std::uint64_t arena_bytes_;
+  const cpu_kernels::KernelIsa isa_;  // decode attention's instruction set
   const std::string name_;
   const std::shared_ptr<Hub> hub_;
   const std::shared_ptr<PinnedBufferRegistry> registry_;
@@ -602,14 +604,18 @@ StatusOr<std::unique_ptr<Device>> CreateCpuDevice(const DeviceOptions& options,
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   char ms[32];
   std::snprintf(ms, sizeof(ms), "%.1f", prefault_ms);
-  std::string name =
-      "cpu (arena " + FormatBytes(options.arena_bytes) + ", pre-faulted in " + ms + " ms)";
+  const cpu_kernels::KernelIsa isa =
+      cpu_options.scalar_kernels ? cpu_kernels::KernelIsa::kScalar : cpu_kernels::BestKernelIsa();
+  std::string name = "cpu (arena " + FormatBytes(options.arena_bytes) + ", pre-faulted in " + ms +
+                     " ms, " + cpu_kernels::KernelIsaName(isa) + " kernels)";
   spdlog::info(
       "cpu device: arena of {} mapped and pre-faulted in {} ms; queues h2d, d2h, "
-      "compute with {} entries each",
-      FormatBytesExact(options.arena_bytes), ms, cpu_options.max_pending_per_queue);
-  return std::unique_ptr<Device>(std::make_unique<CpuDevice>(
-      std::move(arena), options.arena_bytes, cpu_options.max_pending_per_queue, std::move(name)));
+      "compute with {} entries each; {} attention kernels",
+      FormatBytesExact(options.arena_bytes), ms, cpu_options.max_pending_per_queue,
+      cpu_kernels::KernelIsaName(isa));
+  return std::unique_ptr<Device>(std::make_unique<CpuDevice>(std::move(arena), options.arena_bytes,
+                                                             cpu_options.max_pending_per_queue, isa,
+                                                             std::move(name)));
 }
 
 StatusOr<std::unique_ptr<Device>> CreateCpuDevice(const DeviceOptions& options) {

@@ -48,6 +48,11 @@ struct CpuDeviceOptions {
   // decode step needs; raise it only for a workload that enqueues whole
   // histories ahead of the workers.
   std::size_t max_pending_per_queue = 1024;
+  // Run the scalar decode-attention kernel even where the CPU has AVX2 + FMA
+  // + F16C (gpu/kernels/cpu_kernels.h: both compute the same bits; for
+  // comparisons, and for a CPU whose detection is wrong). Default false:
+  // BestKernelIsa().
+  bool scalar_kernels = false;
 };
 
 // Fault injection on a CPU device, for tests only.

@@ -503,11 +503,7 @@ bool CpuHasAvx2FmaF16c() {
 #endif
 }
 
-KernelIsa DetectIsa() {
-  const char* forced = std::getenv("KVF_CPU_KERNELS");
-  if (forced != nullptr && std::strcmp(forced, "scalar") == 0) return KernelIsa::kScalar;
-  return CpuHasAvx2FmaF16c() ? KernelIsa::kAvx2 : KernelIsa::kScalar;
-}
+KernelIsa DetectIsa() { return CpuHasAvx2FmaF16c() ? KernelIsa::kAvx2 : KernelIsa::kScalar; }
 
 template <typename T>
 T* At(std::span<std::byte> arena, const DeviceRange& r) {
@@ -566,11 +562,16 @@ void GatherPages(std::uint32_t num_pages, std::uint64_t page_bytes,
 }
 
 Status DecodeAttentionTileInArena(const AttentionTileArgs& args, std::span<std::byte> arena) {
+  return DecodeAttentionTileInArena(BestKernelIsa(), args, arena);
+}
+
+Status DecodeAttentionTileInArena(KernelIsa isa, const AttentionTileArgs& args,
+                                  std::span<std::byte> arena) {
   KVF_RETURN_IF_ERROR(ValidateAttentionTile(args, arena.size()));
-  DecodeAttentionTile(args.shape, args.scale, args.tokens, At<const float>(arena, args.query),
-                      At<const std::byte>(arena, args.keys),
-                      At<const std::byte>(arena, args.values), At<float>(arena, args.output),
-                      At<float>(arena, args.lse));
+  DecodeAttentionTileWith(isa, args.shape, args.scale, args.tokens,
+                          At<const float>(arena, args.query), At<const std::byte>(arena, args.keys),
+                          At<const std::byte>(arena, args.values), At<float>(arena, args.output),
+                          At<float>(arena, args.lse));
   return Status::OK();
 }
 

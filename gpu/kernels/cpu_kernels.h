@@ -18,9 +18,10 @@
 // MergeStates is lse::MergeHead per head (lse.h).
 //
 // Instruction sets: DecodeAttentionTile uses BestKernelIsa(), chosen once at
-// run time: AVX2 + FMA + F16C where the CPU has all three, else scalar
-// (KVF_CPU_KERNELS=scalar in the environment forces scalar). The scalar path
-// calls fmaf, which is slow without hardware FMA; it is the fallback.
+// run time: AVX2 + FMA + F16C where the CPU has all three, else scalar. A
+// caller may ask for scalar (DeviceOptions::cpu_scalar_kernels, the binaries'
+// --cpu-kernels=scalar) through the *With / isa forms. The scalar path calls
+// fmaf, which is slow without hardware FMA; it is the fallback.
 //
 // The pointer forms do no validation (REQUIRES: the layout's sizes); the
 // *InArena forms validate with gpu/kernel_args.h first and are what a backend
@@ -76,6 +77,9 @@ void GatherPages(std::uint32_t num_pages, std::uint64_t page_bytes,
 // GatherPagesInArena also checks every page offset (ValidateGatherSource)
 // before copying anything. REQUIRES: arena.data() is 8-byte aligned.
 Status DecodeAttentionTileInArena(const AttentionTileArgs& args, std::span<std::byte> arena);
+// The same with a given instruction set. REQUIRES: KernelIsaSupported(isa).
+Status DecodeAttentionTileInArena(KernelIsa isa, const AttentionTileArgs& args,
+                                  std::span<std::byte> arena);
 Status MergeStatesInArena(const MergeStatesArgs& args, std::span<std::byte> arena);
 Status GatherPagesInArena(const GatherPagesArgs& args, std::span<std::byte> arena);
 
