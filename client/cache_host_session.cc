@@ -51,9 +51,7 @@ void AppendRanges(const Extents& extents, std::uint64_t region_offset,
   }
 }
 
-std::string Count(std::size_t n, const char* what) {
-  return std::to_string(n) + " " + what;
-}
+std::string Count(std::size_t n, const char* what) { return std::to_string(n) + " " + what; }
 
 }  // namespace
 
@@ -103,7 +101,8 @@ StatusOr<std::shared_ptr<CacheHostSession>> CacheHostSession::Open(
 
 Status CacheHostSession::CheckSharedMemory() {
   v1::HealthResponse health;
-  KVF_RETURN_IF_ERROR(Call("Health", stub_->Health(RpcContext().get(), v1::HealthRequest{}, &health)));
+  KVF_RETURN_IF_ERROR(
+      Call("Health", stub_->Health(RpcContext().get(), v1::HealthRequest{}, &health)));
   ProcessIdentity peer;
   peer.boot_id = health.process().boot_id();
   peer.uid = health.process().uid();
@@ -123,9 +122,10 @@ Status CacheHostSession::CheckSharedMemory() {
   const Status reachable = SharedMemoryReachable(self, peer);
   if (reachable.ok()) return reachable;
   return Status::FailedPrecondition(
-      "cache host " + o_.host_id + " (" + o_.grpc_address + "): " + std::string(reachable.message()) +
-      "; UCX would connect and then fail every transfer over shared memory (" +
-      o_.ucx_tls_setting + "=\"" + o_.ucx_tls + "\"). Set " + o_.ucx_tls_setting +
+      "cache host " + o_.host_id + " (" + o_.grpc_address +
+      "): " + std::string(reachable.message()) +
+      "; UCX would connect and then fail every transfer over shared memory (" + o_.ucx_tls_setting +
+      "=\"" + o_.ucx_tls + "\"). Set " + o_.ucx_tls_setting +
       " to \"tcp\" (or leave sm, sysv, posix and cma out of it), or run the engine and the "
       "daemon as one user");
 }
@@ -133,8 +133,7 @@ Status CacheHostSession::CheckSharedMemory() {
 StatusOr<DaemonConnection*> CacheHostSession::Connection(const std::string& grant_address) {
   MutexLock l(&conn_mu_);
   if (conn_ != nullptr) return conn_.get();
-  const std::string& address =
-      o_.transport_address.empty() ? grant_address : o_.transport_address;
+  const std::string& address = o_.transport_address.empty() ? grant_address : o_.transport_address;
   if (address.empty()) {
     return Status::FailedPrecondition("cache host " + o_.host_id +
                                       ": no data-plane address known yet (none was configured "
@@ -238,8 +237,7 @@ StatusOr<std::vector<Status>> CacheHostSession::Store(const v1::ModelFingerprint
   if (ttl_ms != 0) req.set_ttl_ms(ttl_ms);
   for (const StoreBlock& b : blocks) {
     if (b.descriptor.payload_bytes() > slots.bytes) {
-      return Status::InvalidArgument("Store of a " +
-                                     std::to_string(b.descriptor.payload_bytes()) +
+      return Status::InvalidArgument("Store of a " + std::to_string(b.descriptor.payload_bytes()) +
                                      "-byte block from a " + std::to_string(slots.bytes) +
                                      "-byte slot");
     }
@@ -281,8 +279,9 @@ StatusOr<std::vector<Status>> CacheHostSession::Store(const v1::ModelFingerprint
   if (reserved.empty()) return out;
   KVF_ASSIGN_OR_RETURN(const auto token, GrantToken(resp.grant(), "Reserve"));
   KVF_ASSIGN_OR_RETURN(DaemonConnection* const conn, Connection(resp.grant().transport_address()));
-  KVF_RETURN_IF_ERROR(data_->Transfer(conn, DataOp::kPut, resp.lease_id(), token,
-                                      o_.region_id, ranges, TransferDeadline())
+  KVF_RETURN_IF_ERROR(data_
+                          ->Transfer(conn, DataOp::kPut, resp.lease_id(), token, o_.region_id,
+                                     ranges, TransferDeadline())
                           .WithContext("kPut to cache host " + o_.host_id));
   v1::CommitResponse cresp;
   KVF_RETURN_IF_ERROR(Call("Commit", stub_->Commit(RpcContext().get(), commit, &cresp)));
@@ -391,7 +390,6 @@ Status CacheHostSession::StoreRound(DaemonConnection* conn,
                                     std::span<const wire::StoreEntry> entries,
                                     Clock::time_point give_up, std::vector<StatusCode>* codes) {
   codes->assign(entries.size(), StatusCode::kUnavailable);
-  const std::uint32_t max_window = std::max<std::uint32_t>(1, o_.max_stores_in_flight);
   const transport::Deadline deadline = TransferDeadline();
   std::deque<std::pair<std::uint64_t, std::size_t>> mine;  // request id, first entry
   Status first;
@@ -410,34 +408,26 @@ Status CacheHostSession::StoreRound(DaemonConnection* conn,
       first = got.status();
     }
     MutexLock l(&window_mu_);
-    --stores_in_flight_;
-    if (refused) {
-      store_window_ = std::max<std::uint32_t>(1, store_window_ / 2);
-      stores_accepted_ = 0;
-    } else if (got.ok() && ++stores_accepted_ >= store_window_) {
-      store_window_ = std::min(store_window_ + 1, max_window);
-      stores_accepted_ = 0;
-    }
+    stores_.Return(refused, got.ok(), o_.max_stores_in_flight);
     window_cv_.NotifyAll();
   };
   for (std::size_t i = 0; i < entries.size() && first.ok(); i += wire::kMaxStoreKeys) {
     for (;;) {
       {
         MutexLock l(&window_mu_);
-        if (stores_in_flight_ < store_window_) {
-          ++stores_in_flight_;
+        if (stores_.HasRoom()) {
+          ++stores_.in_flight;
           break;
         }
         // Others' messages hold the window: wait for a slot (ours come back
         // only when we wait for them, below).
         if (mine.empty() &&
-            !window_cv_.WaitUntil(&window_mu_, give_up, [&]() KVF_REQUIRES(window_mu_) {
-              return stores_in_flight_ < store_window_;
-            })) {
+            !window_cv_.WaitUntil(&window_mu_, give_up,
+                                  [&]() KVF_REQUIRES(window_mu_) { return stores_.HasRoom(); })) {
           first = Status::ResourceExhausted(
               "cache host " + o_.host_id + ": no store admitted within transfer_timeout (" +
-              std::to_string(stores_in_flight_) + " in flight, window " +
-              std::to_string(store_window_) + ")");
+              std::to_string(stores_.in_flight) + " in flight, window " +
+              std::to_string(stores_.size) + ")");
           break;
         }
         if (mine.empty()) continue;
@@ -451,7 +441,7 @@ Status CacheHostSession::StoreRound(DaemonConnection* conn,
     auto id = data_->StartStore(conn, one);
     if (!id.ok()) {
       MutexLock l(&window_mu_);
-      --stores_in_flight_;
+      --stores_.in_flight;
       window_cv_.NotifyAll();
       first = id.status();
       break;
@@ -464,7 +454,7 @@ Status CacheHostSession::StoreRound(DaemonConnection* conn,
 
 std::uint32_t CacheHostSession::store_window() const {
   MutexLock l(&window_mu_);
-  return store_window_;
+  return stores_.size;
 }
 
 StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::Fetch(
@@ -511,32 +501,24 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::FetchWithi
     std::span<const wire::FetchKey> keys, std::string_view expected_digest, SlotLayout slots,
     std::chrono::milliseconds patience, std::uint64_t* throttled) {
   const auto give_up = Clock::now() + patience;
-  const std::uint32_t max_window = std::max<std::uint32_t>(1, o_.max_fetches_in_flight);
   for (auto pause = std::chrono::milliseconds(1);;
        pause = std::min(pause * 2, std::chrono::milliseconds(64))) {
     {
       MutexLock l(&window_mu_);
       if (!window_cv_.WaitUntil(&window_mu_, give_up,
-                                [&]() KVF_REQUIRES(window_mu_) { return in_flight_ < window_; })) {
+                                [&]() KVF_REQUIRES(window_mu_) { return fetches_.HasRoom(); })) {
         return Status::ResourceExhausted(
             "cache host " + o_.host_id + ": no fetch admitted within " +
-            std::to_string(patience.count()) + " ms (" + std::to_string(in_flight_) +
-            " in flight, window " + std::to_string(window_) + ")");
+            std::to_string(patience.count()) + " ms (" + std::to_string(fetches_.in_flight) +
+            " in flight, window " + std::to_string(fetches_.size) + ")");
       }
-      ++in_flight_;
+      ++fetches_.in_flight;
     }
     StatusOr<std::vector<ReadResult>> got = Fetch(keys, expected_digest, slots);
     const bool refused = !got.ok() && got.status().code() == StatusCode::kResourceExhausted;
     {
       MutexLock l(&window_mu_);
-      --in_flight_;
-      if (refused) {
-        window_ = std::max<std::uint32_t>(1, window_ / 2);
-        accepted_ = 0;
-      } else if (got.ok() && ++accepted_ >= window_) {
-        window_ = std::min(window_ + 1, max_window);
-        accepted_ = 0;
-      }
+      fetches_.Return(refused, got.ok(), o_.max_fetches_in_flight);
       window_cv_.NotifyAll();
     }
     if (!refused || Clock::now() + pause >= give_up) return got;
@@ -547,7 +529,7 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::FetchWithi
 
 std::uint32_t CacheHostSession::fetch_window() const {
   MutexLock l(&window_mu_);
-  return window_;
+  return fetches_.size;
 }
 
 StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::LeaseGet(
@@ -603,11 +585,10 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::LeaseGet(
     // Every size from the network is checked before bytes move.
     const std::optional<std::uint64_t> extent_bytes = ExtentBytes(r.extents());
     if (extent_bytes != x.payload_bytes || x.payload_bytes > slots.bytes) {
-      x.status = Status::DataLoss("cache host " + o_.host_id + " offers " +
-                                  std::to_string(x.payload_bytes) + " bytes in " +
-                                  (extent_bytes ? std::to_string(*extent_bytes) : "overflowing") +
-                                  " bytes of extents for a " + std::to_string(slots.bytes) +
-                                  "-byte slot");
+      x.status = Status::DataLoss(
+          "cache host " + o_.host_id + " offers " + std::to_string(x.payload_bytes) + " bytes in " +
+          (extent_bytes ? std::to_string(*extent_bytes) : "overflowing") +
+          " bytes of extents for a " + std::to_string(slots.bytes) + "-byte slot");
       continue;
     }
     AppendRanges(r.extents(), slots.at(k), &ranges);

@@ -29,6 +29,7 @@
 #ifndef KVFABRIC_CLIENT_CACHE_HOST_SESSION_H_
 #define KVFABRIC_CLIENT_CACHE_HOST_SESSION_H_
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -180,8 +181,8 @@ class CacheHostSession {
 
   // What a read found for one key.
   struct ReadResult {
-    Status status;              // OK: the bytes are in the key's slot
-    std::uint32_t crc32c = 0;   // as committed (check it before use)
+    Status status;             // OK: the bytes are in the key's slot
+    std::uint32_t crc32c = 0;  // as committed (check it before use)
     std::uint64_t payload_bytes = 0;
     v1::Tier tier = v1::TIER_HOST;  // where the daemon read it from
   };
@@ -220,9 +221,8 @@ class CacheHostSession {
   // *kept (the caller Releases it); otherwise it is released whatever
   // happens.
   StatusOr<std::vector<ReadResult>> LeaseGet(std::span<const std::string> keys,
-                                             std::string_view expected_digest,
-                                             std::uint32_t ttl_ms, SlotLayout slots,
-                                             HeldLease* kept = nullptr);
+                                             std::string_view expected_digest, std::uint32_t ttl_ms,
+                                             SlotLayout slots, HeldLease* kept = nullptr);
   Status Release(const HeldLease& lease);
 
   // Deletes `keys`; per key OK or NotFound or the refusal. An administrative
@@ -270,15 +270,32 @@ class CacheHostSession {
   // Set once; the pointer stays valid while the session lives.
   std::shared_ptr<DaemonConnection> conn_ KVF_GUARDED_BY(conn_mu_);
   bool closed_ KVF_GUARDED_BY(conn_mu_) = false;
+  // An admission window (additive increase, multiplicative decrease): at
+  // most `size` requests in flight; it halves at a reply that refused
+  // something for room and grows by one after `size` replies that did not,
+  // up to `max`.
+  struct AdmissionWindow {
+    std::uint32_t size = 4;
+    std::uint32_t in_flight = 0;
+    std::uint32_t accepted = 0;  // replies since the window last changed
+    bool HasRoom() const { return in_flight < size; }
+    // A request's slot comes back: `refused` if its reply refused for room,
+    // `answered` if it got a reply at all.
+    void Return(bool refused, bool answered, std::uint32_t max) {
+      --in_flight;
+      if (refused) {
+        size = std::max<std::uint32_t>(1, size / 2);
+        accepted = 0;
+      } else if (answered && ++accepted >= size) {
+        size = std::min(size + 1, std::max<std::uint32_t>(1, max));
+        accepted = 0;
+      }
+    }
+  };
   mutable Mutex window_mu_;
   CondVar window_cv_;
-  std::uint32_t window_ KVF_GUARDED_BY(window_mu_) = 4;
-  std::uint32_t in_flight_ KVF_GUARDED_BY(window_mu_) = 0;
-  std::uint32_t accepted_ KVF_GUARDED_BY(window_mu_) = 0;  // since the window last grew
-  // StoreByKey's window, likewise (kStore messages).
-  std::uint32_t store_window_ KVF_GUARDED_BY(window_mu_) = 4;
-  std::uint32_t stores_in_flight_ KVF_GUARDED_BY(window_mu_) = 0;
-  std::uint32_t stores_accepted_ KVF_GUARDED_BY(window_mu_) = 0;
+  AdmissionWindow fetches_ KVF_GUARDED_BY(window_mu_);  // kFetch requests
+  AdmissionWindow stores_ KVF_GUARDED_BY(window_mu_);   // kStore messages
   // One pass of StoreByKey over `entries` through the window: codes[i] for
   // entries[i], or the first request-wide error (every message sent is
   // answered or failed before it returns).

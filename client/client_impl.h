@@ -319,8 +319,7 @@ class Client::Impl {
   void SaveBatch(std::vector<SaveJob>& jobs);
   // Stores `jobs` on `host`: per job OK (written), AlreadyExists (cached) or
   // why not in *outcome; a request-wide error is returned instead.
-  Status SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs,
-                std::vector<Status>* outcome);
+  Status SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs, std::vector<Status>* outcome);
   // kWritten: committed by this client; kCached: the cluster already held
   // it; kFailed: not written back (`why`).
   enum class SaveOutcome { kWritten, kCached, kFailed };
@@ -425,6 +424,34 @@ class Client::Impl {
   std::unique_ptr<std::byte[]> recompute_scratch_;  // its bytes: under scratch_mu_
 };
 
+// Helpers of client_io.cc and client_save.cc.
+namespace internal {
+
+inline double MicrosSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+inline std::string KeyBytes(const BlockKey& key) {
+  return std::string(reinterpret_cast<const char*>(key.bytes().data()), BlockKey::kSize);
+}
+
+// A daemon that failed this way is gone or stuck for this load.
+inline bool HostDown(const Status& s) {
+  return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded;
+}
+
+inline v1::TransferObservation Observation(v1::BusPath path, const std::string& host_id,
+                                           std::uint64_t bytes, double us) {
+  v1::TransferObservation o;
+  o.set_path(path);
+  o.set_host_id(host_id);
+  o.set_bytes(bytes);
+  o.set_observed_us(us);
+  return o;
+}
+
+}  // namespace internal
 }  // namespace kvfabric::client
 
 #endif  // KVFABRIC_CLIENT_CLIENT_IMPL_H_
