@@ -196,10 +196,13 @@ int main(int argc, char** argv) {
     if (static_cast<int>(co.daemons.size()) == daemons) break;
     kvfabric::server::EmbeddedDaemonOptions d;
     d.host_id = id;
-    // A namespace may fill half a pool by default (--quota): room for this
-    // daemon's share of the three histories, and for the whole history on
-    // either daemon.
-    d.host_pool_bytes = 2 * std::max(3 * history_bytes / daemons, history_bytes) + 16 * block_bytes;
+    // A namespace may fill half a pool by default (--quota). Two daemons:
+    // room for the whole history on either (the last history written evicts
+    // the first). One daemon: room for all three histories (eviction there
+    // left the last one unlisted). Pools sized for all three on two daemons
+    // made 32-layer loads 2x slower (2.2-2.7 against 5.0-5.4 GB/s,
+    // 2026-12-06; not explained yet), so two daemons keep the smaller pool.
+    d.host_pool_bytes = (daemons == 1 ? 6 * history_bytes : 2 * history_bytes) + 16 * block_bytes;
     d.host_page_bytes = 1 << 20;
     d.data_transport = transport;
     d.metrics = false;
