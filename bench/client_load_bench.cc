@@ -199,9 +199,7 @@ int main(int argc, char** argv) {
     // A namespace may fill half a pool by default (--quota). Two daemons:
     // room for the whole history on either (the last history written evicts
     // the first). One daemon: room for all three histories (eviction there
-    // left the last one unlisted). Pools sized for all three on two daemons
-    // made 32-layer loads 2x slower (2.2-2.7 against 5.0-5.4 GB/s,
-    // 2026-12-06; not explained yet), so two daemons keep the smaller pool.
+    // left the last one unlisted).
     d.host_pool_bytes = (daemons == 1 ? 6 * history_bytes : 2 * history_bytes) + 16 * block_bytes;
     d.host_page_bytes = 1 << 20;
     d.data_transport = transport;
