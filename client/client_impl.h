@@ -248,11 +248,11 @@ class Client::Impl {
   Status FetchFrom(Context& c, const MatchResult::Host& host, std::vector<std::uint32_t>* blocks,
                    std::uint64_t* moved_bytes);
   // One transfer observation per daemon that moved bytes (moved[h] for
-  // hosts[h] in its stream's stream_us[h]), and one of the client's ingest
-  // (every byte over `us`, the overlapped time) when two or more did.
+  // hosts[h] in its stream's stream_us[h], both from the fetch's start), and
+  // one of the client's ingest (every byte over the longest stream) when two
+  // or more did.
   void RecordTransfers(Context& c, const std::vector<MatchResult::Host>& hosts,
-                       std::span<const std::uint64_t> moved, std::span<const double> stream_us,
-                       double us);
+                       std::span<const std::uint64_t> moved, std::span<const double> stream_us);
   // (*arrived)[k]: batch[k] landed intact; *moved += bytes moved.
   // The blocks of `batch` whose read `results` are OK are checked in place
   // against their committed CRC and marked landed; the first per-block

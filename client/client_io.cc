@@ -361,7 +361,7 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
     for (std::size_t i = 1; i < hosts.size(); ++i) others.emplace_back(fetch, hosts[i]);
     if (!hosts.empty()) fetch(hosts[0]);
     for (std::thread& t : others) t.join();
-    RecordTransfers(*c, m.hosts, moved, stream_us, MicrosSince(start));
+    RecordTransfers(*c, m.hosts, moved, stream_us);
   }
   std::vector<bool> dead(m.hosts.size(), false);              // failed Unavailable in this load
   std::map<std::size_t, std::vector<std::uint32_t>> missing;  // run -> blocks
@@ -410,7 +410,7 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
       const auto start = Clock::now();
       Status s = FetchFrom(*c, m.hosts[h], &blocks, &moved[h]);
       stream_us[h] = MicrosSince(start);
-      RecordTransfers(*c, m.hosts, moved, stream_us, stream_us[h]);
+      RecordTransfers(*c, m.hosts, moved, stream_us);
       from_fallback += static_cast<std::uint32_t>(before - blocks.size());
       dead[h] = HostDown(s);
     }
@@ -443,12 +443,14 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
 
 void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Host>& hosts,
                                    std::span<const std::uint64_t> moved,
-                                   std::span<const double> stream_us, double us) {
+                                   std::span<const double> stream_us) {
   std::uint64_t total = 0;
   std::size_t streams = 0;
-  for (std::uint64_t b : moved) {
-    total += b;
-    streams += b > 0 ? 1 : 0;
+  double us = 0;  // the overlapped time: the longest stream (0 for a daemon not fetched from)
+  for (std::size_t h = 0; h < moved.size(); ++h) {
+    total += moved[h];
+    streams += moved[h] > 0 ? 1 : 0;
+    us = std::max(us, stream_us[h]);
   }
   if (total == 0) return;
   // The planner's FETCH MODEL: one stream per daemon, side by side, through

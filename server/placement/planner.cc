@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "core/units.h"
@@ -102,7 +103,7 @@ int SourceId(const BlockReplica& r) {
 
 std::string_view TierName(Tier t) { return t == Tier::kNvme ? "nvme" : "host"; }
 
-// The two candidate assignments of the cached prefix (FETCH MODEL in planner.h).
+// The candidate assignments of the cached prefix (FETCH MODEL in planner.h).
 enum Candidate : uint8_t { kSerial = 0, kBalanced = 1, kSerialImproved = 2, kCandidates = 3 };
 
 std::string_view CandidateName(uint8_t c) {
@@ -142,6 +143,10 @@ struct Work {
     return sources[r.host_index][r.tier == Tier::kNvme ? 1 : 0];
   }
   size_t SourceCount() const { return sources.size() * 2; }
+  // What block i's bytes add to a stream of `source`.
+  double BytesUs(uint32_t i, const SourceCost& source) const {
+    return static_cast<double>(in->blocks[i].bytes) * source.per_byte_us;
+  }
   double PrefixTokens(uint32_t i) const {
     return i == in->blocks.size() ? static_cast<double>(total_tokens)
                                   : static_cast<double>(in->blocks[i].prefix_tokens);
@@ -293,9 +298,6 @@ void Improve(const Work* w, std::vector<int32_t>* assignment) {
   std::vector<int32_t>& out = *assignment;
   std::vector<double> stream(w->SourceCount(), 0);
   std::vector<uint32_t> count(w->SourceCount(), 0);
-  auto bytes_us = [&](uint32_t i, const SourceCost& sc) {
-    return static_cast<double>(in.blocks[i].bytes) * sc.per_byte_us;
-  };
   std::vector<int> src(m);
   for (uint32_t i = 0; i < m; ++i) src[i] = SourceId(ReplicaAt(*w, i, out[i]));
   auto source_at = [&](int64_t i) {
@@ -306,7 +308,7 @@ void Improve(const Work* w, std::vector<int32_t>* assignment) {
     const SourceCost& sc = w->Source(r);
     const int s = src[i];
     stream[s] += (count[s] == 0 ? sc.wait_us : 0) + (source_at(i - 1) == s ? 0 : sc.alpha_us) +
-                 bytes_us(i, sc);
+                 w->BytesUs(i, sc);
     ++count[s];
   }
   for (int pass = 0; pass < kImprovePasses; ++pass) {
@@ -321,7 +323,7 @@ void Improve(const Work* w, std::vector<int32_t>* assignment) {
                 q = source_at(static_cast<int64_t>(i) + 1);
       // Stream s without block i: a run split in two pays one more alpha, a run of i alone one
       // fewer; the last block takes the queue wait with it.
-      double s_after = stream[s] - bytes_us(i, fs) +
+      double s_after = stream[s] - w->BytesUs(i, fs) +
                        (p == s && q == s   ? fs.alpha_us
                         : p != s && q != s ? -fs.alpha_us
                                            : 0);
@@ -332,7 +334,7 @@ void Improve(const Work* w, std::vector<int32_t>* assignment) {
         const int t = SourceId(b.replicas[r]);
         if (t == s) continue;
         const SourceCost& ts = w->Source(b.replicas[r]);
-        const double t_after = stream[t] + (count[t] == 0 ? ts.wait_us : 0) + bytes_us(i, ts) +
+        const double t_after = stream[t] + (count[t] == 0 ? ts.wait_us : 0) + w->BytesUs(i, ts) +
                                (p == t && q == t   ? -ts.alpha_us
                                 : p != t && q != t ? ts.alpha_us
                                                    : 0);
@@ -368,9 +370,6 @@ void BalancedCandidate(Work* w) {
   std::vector<uint32_t> count(w->SourceCount(), 0);
   std::vector<int32_t>& out = w->assign[kBalanced];
   out.assign(m, -1);
-  auto bytes_us = [&](uint32_t i, const SourceCost& sc) {
-    return static_cast<double>(in.blocks[i].bytes) * sc.per_byte_us;
-  };
   for (uint32_t i = 0; i < m; ++i) {
     if (in.blocks[i].replicas.size() != 1) continue;
     const BlockReplica& r = in.blocks[i].replicas[0];
@@ -378,7 +377,8 @@ void BalancedCandidate(Work* w) {
     const SourceCost& sc = w->Source(r);
     const bool continues =
         i > 0 && out[i - 1] >= 0 && SourceId(ReplicaAt(*w, i - 1, out[i - 1])) == s;
-    stream[s] += (count[s] == 0 ? sc.wait_us : 0) + (continues ? 0 : sc.alpha_us) + bytes_us(i, sc);
+    stream[s] +=
+        (count[s] == 0 ? sc.wait_us : 0) + (continues ? 0 : sc.alpha_us) + w->BytesUs(i, sc);
     ++count[s];
     out[i] = static_cast<int32_t>(w->offset[i]);
   }
@@ -392,7 +392,7 @@ void BalancedCandidate(Work* w) {
       const int s = SourceId(b.replicas[r]);
       const SourceCost& sc = w->Source(b.replicas[r]);
       const double end = stream[s] + (count[s] == 0 ? sc.wait_us : 0) +
-                         (s == prev ? 0 : sc.alpha_us) + bytes_us(i, sc);
+                         (s == prev ? 0 : sc.alpha_us) + w->BytesUs(i, sc);
       if (end < best) {
         best = end;
         arg = static_cast<int32_t>(w->offset[i] + r);
@@ -421,7 +421,7 @@ void PriceCandidate(Work* w, uint8_t c) {
     const BlockReplica& r = ReplicaAt(*w, i, a[i]);
     const SourceCost& sc = w->Source(r);
     source[i] = SourceId(r);
-    more_us[i] = static_cast<double>(in.blocks[i].bytes) * sc.per_byte_us;
+    more_us[i] = w->BytesUs(i, sc);
     first_us[i] = sc.alpha_us + more_us[i];
   }
   std::vector<double> stream(w->SourceCount(), -1);  // -1: not used yet
@@ -532,15 +532,6 @@ FetchShape ShapeFetch(const Work& w, uint32_t first, uint32_t end, uint8_t c) {
     }
   }
   return out;
-}
-
-// Appends the fetch runs of blocks [first, end) under the candidate the alternative priced;
-// returns the fetch time F.
-double AppendFetchRuns(const Work& w, uint32_t first, uint32_t end, uint8_t c,
-                       std::vector<PlanRun>* runs) {
-  FetchShape shape = ShapeFetch(w, first, end, c);
-  runs->insert(runs->end(), shape.runs.begin(), shape.runs.end());
-  return shape.total_us;
 }
 
 PlanRun RecomputeRun(const Work& w, uint32_t first, uint32_t end, double start, double finish) {
@@ -707,7 +698,8 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
   plan.kind = c.kind;
   plan.predicted_total_us = c.predicted_us;
 
-  uint32_t fetch_first = 0, fetch_end = 0;  // the chosen plan's fetched blocks
+  // The chosen plan's fetch, under the candidate its alternative was priced with.
+  std::optional<FetchShape> fetch;
   uint8_t fetch_candidate = kSerial;
   switch (c.kind) {
     case PlanKind::kRecomputeAll:
@@ -716,23 +708,22 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
     case PlanKind::kFetchAll:
     case PlanKind::kMixed: {
       const uint32_t j = c.prefix_blocks;
-      const uint8_t cand = j == w.m ? w.suffix_arg[0] : w.prefix_arg[j];
-      fetch_end = j;
-      fetch_candidate = cand;
-      const double fetched = AppendFetchRuns(w, 0, j, cand, &plan.runs);
-      if (j < n) plan.runs.push_back(RecomputeRun(w, j, n, fetched, c.predicted_us));
+      fetch_candidate = j == w.m ? w.suffix_arg[0] : w.prefix_arg[j];
+      fetch = ShapeFetch(w, 0, j, fetch_candidate);
+      plan.runs.insert(plan.runs.end(), fetch->runs.begin(), fetch->runs.end());
+      if (j < n) plan.runs.push_back(RecomputeRun(w, j, n, fetch->total_us, c.predicted_us));
       break;
     }
     case PlanKind::kSplit: {
       const uint32_t k = c.split_blocks;
       plan.runs.push_back(RecomputeRun(w, 0, k, 0, w.Front(k)));
-      fetch_first = k;
-      fetch_end = w.m;
       fetch_candidate = w.suffix_arg[k];
-      const double fetched = AppendFetchRuns(w, k, w.m, w.suffix_arg[k], &plan.runs);
+      fetch = ShapeFetch(w, k, w.m, fetch_candidate);
+      plan.runs.insert(plan.runs.end(), fetch->runs.begin(), fetch->runs.end());
       if (w.m < n) {
-        plan.runs.push_back(RecomputeRun(
-            w, w.m, n, SplitSidesMicros(in.recompute, w.Front(k), fetched), c.predicted_us));
+        plan.runs.push_back(
+            RecomputeRun(w, w.m, n, SplitSidesMicros(in.recompute, w.Front(k), fetch->total_us),
+                         c.predicted_us));
       }
       break;
     }
@@ -785,10 +776,12 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
         std::min(recompute_all, w.m >= 1 ? plan.alternatives[1].predicted_us : recompute_all);
     x += "chosen: " + std::string(PlanKindName(plan.kind)) + " " +
          FormatMicros(plan.predicted_total_us) + " (better pure plan " + FormatMicros(pure) + ")\n";
-    if (fetch_end > fetch_first) {
-      const FetchShape shape = ShapeFetch(w, fetch_first, fetch_end, fetch_candidate);
-      x += "fetch " + Blocks(fetch_first, fetch_end) + " (" +
-           std::string(CandidateName(fetch_candidate)) + " assignment), streams:";
+    if (fetch && !fetch->runs.empty()) {
+      const FetchShape& shape = *fetch;
+      const uint32_t first = shape.runs.front().first_block;
+      const uint32_t end = shape.runs.back().first_block + shape.runs.back().block_count;
+      x += "fetch " + Blocks(first, end) + " (" + std::string(CandidateName(fetch_candidate)) +
+           " assignment), streams:";
       for (const auto& [id, end_us] : shape.streams) {
         const PlannerHost& host = in.hosts[static_cast<size_t>(id / 2)];
         x += " " + host.host_id + "/" + std::string(TierName(id % 2 ? Tier::kNvme : Tier::kHost)) +
