@@ -29,6 +29,11 @@ PACKAGES=(
   # a real Prometheus scrapes a test cluster; promtool checks /metrics, rules and
   # alert tests (tests/observability_test.cc, deploy/prometheus/)
   prometheus
+  # the Python package (python/, docs/python.md): pybind11 binding, built and tested
+  # with Debian's python3 (/usr/bin/python3) in a venv that sees these; PyTorch (CPU
+  # build) for the zero-copy and vLLM-connector tests
+  python3-dev python3-venv python3-pip python3-setuptools python3-wheel python3-pytest
+  pybind11-dev python3-pybind11 python3-numpy python3-torch
 )
 
 missing=()

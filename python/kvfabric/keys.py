@@ -1,0 +1,35 @@
+"""Block keys (docs/block-key.md), computed by the library's own code, so an
+engine in Python keys blocks exactly as the C++ client and every other
+engine do; checked against the golden vectors in python/tests."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+
+from kvfabric import _kvfabric
+
+Extra = Union[str, bytes]
+
+
+def _model_dict(model: Any) -> Dict[str, Any]:
+    return model.as_dict() if hasattr(model, "as_dict") else dict(model)
+
+
+def compute_block_keys(
+    model: Any,
+    tokens: Iterable[int],
+    namespace_name: str = "",
+    extra_per_block: Optional[Sequence[Sequence[Extra]]] = None,
+) -> List[bytes]:
+    """The 32-byte keys of the ``len(tokens) // tokens_per_block`` full blocks
+    of ``tokens`` under ``namespace_name`` and ``model`` (a
+    :class:`kvfabric.ModelFingerprint` or its dict), chained from the root.
+    ``extra_per_block``: None, or one list of extra keys per full block (plus
+    optionally one for the partial tail, ignored)."""
+    return _kvfabric.compute_block_keys(_model_dict(model), namespace_name, list(tokens),
+                                        extra_per_block)
+
+
+def fingerprint_digest(model: Any) -> bytes:
+    """The model fingerprint's 32-byte digest (docs/block-key.md, section 2)."""
+    return _kvfabric.fingerprint_digest(_model_dict(model))
