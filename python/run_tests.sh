@@ -15,4 +15,4 @@ export KVFABRIC_BIN_DIR=$bin
 export PYTHONPATH=$runfiles/python
 export PYTHONDONTWRITEBYTECODE=1
 cd "$runfiles/python"
-exec "$python" -m pytest -q -p no:cacheprovider tests
+exec "$python" -m pytest -q -s -p no:cacheprovider tests

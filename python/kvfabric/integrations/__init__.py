@@ -1,0 +1,1 @@
+"""Integrations of kvfabric with serving engines: :mod:`kvfabric.integrations.vllm`."""
