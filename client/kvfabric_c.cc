@@ -336,7 +336,18 @@ Status ToClientOptions(const kvf_options& o, ClientOptions* out) {
   options.model.tokens_per_block = o.tokens_per_block;
   options.model.tp_rank = o.tp_rank;
   options.model.tp_size = o.tp_size;
+  options.model.key_version = o.key_version;
+  if (o.weights_revision != nullptr) options.model.weights_revision = o.weights_revision;
+  if (o.quantization != nullptr) options.model.quantization = o.quantization;
+  if (o.kv_scale_scheme != nullptr) options.model.kv_scale_scheme = o.kv_scale_scheme;
+  static_assert(sizeof(kvf_options::kv_scales_digest) == kvfabric::kFingerprintDigestSize);
+  std::memcpy(options.model.kv_scales_digest.data(), o.kv_scales_digest,
+              options.model.kv_scales_digest.size());
+  if (o.rope != nullptr) options.model.rope = o.rope;
+  options.model.v_head_dim = o.v_head_dim;
+  options.model.vocab_size = o.vocab_size;
   KVF_RETURN_IF_ERROR(options.model.Validate().WithContext("options"));
+  KVF_RETURN_IF_ERROR(options.model.RequireEqualKvHalves().WithContext("options"));
   if (o.ucx_tls != nullptr) options.ucx_tls = o.ucx_tls;
   if (o.data_transport != nullptr) options.data_transport = o.data_transport;
   options.arena.page_bytes = o.device_page_bytes;
@@ -467,6 +478,7 @@ void kvf_options_init(kvf_options* options) {
   options->tile_tokens = 256;
   options->staging_bytes = std::uint64_t{64} << 20;
   options->fetch_depth = 4;
+  options->key_version = 2;  // block-key encoding v2; the v2 fields are unstated (zero)
   options->ucx_tls = "sm,self,tcp";
   options->data_transport = "ucx";
   options->rpc_timeout_ms = 5000;

@@ -114,6 +114,14 @@ TEST(KvfabricCTest, OptionsInitFillsTheDocumentedDefaults) {
   EXPECT_EQ(o.device_index, 0u);
   EXPECT_EQ(o.device_staging_pages, 0u);
   EXPECT_EQ(o.device_context_floor_pages, 0u);
+  EXPECT_EQ(o.key_version, 2u);  // block-key encoding v2, every v2 field unstated
+  EXPECT_EQ(o.weights_revision, nullptr);
+  EXPECT_EQ(o.quantization, nullptr);
+  EXPECT_EQ(o.kv_scale_scheme, nullptr);
+  for (std::uint8_t b : o.kv_scales_digest) EXPECT_EQ(b, 0u);
+  EXPECT_EQ(o.rope, nullptr);
+  EXPECT_EQ(o.v_head_dim, 0u);
+  EXPECT_EQ(o.vocab_size, 0u);
   kvf_options_init(nullptr);  // does nothing
 }
 
@@ -199,6 +207,65 @@ TEST(KvfabricCTest, OpenRefusesBadModelGeometryNamingTheField) {
     c.spoil(o);
     ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, c.field);
   }
+}
+
+// Block-key v2 fields (docs/block-key.md, section 6): refused before anything
+// is allocated, naming the field.
+TEST(KvfabricCTest, OpenRefusesBadBlockKeyV2FieldsNamingTheField) {
+  struct Case {
+    const char* field;
+    void (*spoil)(kvf_options&);
+  };
+  const Case cases[] = {
+      {"key_version", [](kvf_options& o) { o.key_version = 3; }},
+      {"key_version", [](kvf_options& o) { o.key_version = 0; }},
+      {"rope \"theta=10000\" cannot be expressed in block-key v1",
+       [](kvf_options& o) {
+         o.key_version = 1;
+         o.rope = "theta=10000";
+       }},
+      {"vocab_size 32000 cannot be expressed in block-key v1",
+       [](kvf_options& o) {
+         o.key_version = 1;
+         o.vocab_size = 32000;
+       }},
+      {"kv_scale_scheme \"fp8-per-tensor\" needs kv_scales_digest",
+       [](kvf_options& o) { o.kv_scale_scheme = "fp8-per-tensor"; }},
+      {"kv_scales_digest", [](kvf_options& o) { o.kv_scales_digest[3] = 1; }},
+      {"write 1e6 as 1000000", [](kvf_options& o) { o.rope = "theta=1e6"; }},
+      {"quantization is 65 bytes",
+       [](kvf_options& o) {
+         static const std::string long_name(65, 'q');
+         o.quantization = long_name.c_str();
+       }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.field);
+    kvf_options o = ValidOptions();
+    c.spoil(o);
+    ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, c.field);
+  }
+  // Unequal key and value heads are keyed by v2 but not held by the client.
+  kvf_options o = ValidOptions();
+  o.v_head_dim = 32;
+  ExpectOpenRefused(o, KVF_UNIMPLEMENTED, "options: v_head_dim 32 != head_dim 64");
+}
+
+// Every v2 field set (and v1 with none) passes the C layer and the client's
+// checks: the open gets as far as placement, which nothing answers.
+TEST(KvfabricCTest, OpenAcceptsEveryBlockKeyV2FieldUpToPlacement) {
+  kvf_options o = ValidOptions();
+  o.weights_revision = "0e9e39f249a16976918f6564b8830bc894c89659";
+  o.quantization = "awq-int4";
+  o.kv_scale_scheme = "fp8-per-tensor";
+  std::memset(o.kv_scales_digest, 0x5a, sizeof(o.kv_scales_digest));
+  o.rope = "factor=8;scaling=llama3;theta=500000";
+  o.v_head_dim = o.head_dim;
+  o.vocab_size = 128256;
+  ExpectOpenRefused(o, KVF_UNAVAILABLE, "Unavailable");
+  o = ValidOptions();
+  o.key_version = 1;
+  ExpectOpenRefused(o, KVF_UNAVAILABLE, "Unavailable");
 }
 
 TEST(KvfabricCTest, OpenRefusesPrefillConstantsThatAreNotFiniteAndNonNegative) {

@@ -75,6 +75,9 @@ Status Client::Impl::Init() {
     return Status::InvalidArgument("client: no recompute function (the engine's prefill)");
   }
   KVF_RETURN_IF_ERROR(o_.model.Validate().WithContext("client: model"));
+  // Keys of unequal K and V heads are computed, but the history, the block
+  // format and attention hold equal halves.
+  KVF_RETURN_IF_ERROR(o_.model.RequireEqualKvHalves().WithContext("client: model"));
   KVF_RETURN_IF_ERROR(
       transport::ValidateDataTransportKind(o_.data_transport, "client: data_transport"));
   if (o_.num_q_heads == 0 || o_.num_q_heads % o_.model.kv_heads != 0) {

@@ -1,7 +1,9 @@
 #include "core/block_key.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "core/sha256.h"
@@ -9,9 +11,10 @@
 namespace kvfabric {
 namespace {
 
-// Domain-separation tag of the block-key encoding (docs/block-key.md). A new
-// encoding gets a new tag; this one is never changed.
-constexpr std::string_view kBlockKeyTag = "kvfabric/block-key/v1";
+// Domain-separation tags of the block-key encodings (docs/block-key.md). A new
+// encoding gets a new tag; these are never changed.
+constexpr std::string_view kBlockKeyTagV1 = "kvfabric/block-key/v1";
+constexpr std::string_view kBlockKeyTagV2 = "kvfabric/block-key/v2";
 
 void StoreU32(std::uint8_t* out, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) out[i] = static_cast<std::uint8_t>(v >> (8 * i));
@@ -61,14 +64,15 @@ Status ValidateExtraKeys(std::span<const std::string> extra_keys) {
   return Status::OK();
 }
 
-// The block-key message of docs/block-key.md, hashed.
+// The block-key message of docs/block-key.md, hashed. Versions 1 and 2 differ
+// only in their tag (the fingerprint digest under them differs too).
 // REQUIRES: tokens.size() <= kMaxTokensPerBlock; extra_keys validated.
-StatusOr<BlockKey> HashBlock(Sha256& sha, const Namespace& ns,
+StatusOr<BlockKey> HashBlock(Sha256& sha, std::string_view tag, const Namespace& ns,
                              const FingerprintDigest& fingerprint_digest, const BlockKey& parent,
                              std::span<const std::uint32_t> tokens,
                              std::span<const std::string> extra_keys) {
   KeyHasher h(sha);
-  h.LengthPrefixed(kBlockKeyTag);
+  h.LengthPrefixed(tag);
   h.LengthPrefixed(ns.tenant);
   h.Bytes(fingerprint_digest.data(), fingerprint_digest.size());
   h.Bytes(parent.bytes().data(), parent.bytes().size());
@@ -79,6 +83,10 @@ StatusOr<BlockKey> HashBlock(Sha256& sha, const Namespace& ns,
   h.U32(static_cast<std::uint32_t>(extra_keys.size()));
   for (const std::string& e : extra_keys) h.LengthPrefixed(e);
   return h.Finish();
+}
+
+std::string_view TagOf(std::uint32_t key_version) {
+  return key_version == kBlockKeyVersion1 ? kBlockKeyTagV1 : kBlockKeyTagV2;
 }
 
 }  // namespace
@@ -136,7 +144,24 @@ std::size_t BlockKey::Hash::operator()(const BlockKey& key) const noexcept {
 StatusOr<BlockKeyer> BlockKeyer::Create(Namespace ns, const ModelFingerprint& fingerprint) {
   KVF_RETURN_IF_ERROR(ns.Validate());
   KVF_ASSIGN_OR_RETURN(FingerprintDigest digest, fingerprint.Digest());
-  return BlockKeyer(std::move(ns), digest, fingerprint.tokens_per_block);
+  return BlockKeyer(std::move(ns), digest, fingerprint.tokens_per_block, fingerprint.key_version,
+                    fingerprint.vocab_size);
+}
+
+Status BlockKeyer::CheckVocabulary(std::span<const std::uint32_t> tokens, std::int64_t block,
+                                   std::size_t first_position) const {
+  if (vocab_size_ == 0) return Status::OK();
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < vocab_size_) continue;
+    const std::string where = block < 0 ? "token " + std::to_string(i) + " of the block"
+                                        : "block " + std::to_string(block) + ", token " +
+                                              std::to_string(first_position + i) + " (" +
+                                              std::to_string(i) + " within the block)";
+    return Status::InvalidArgument(where + ": token id " + std::to_string(tokens[i]) +
+                                   " >= vocab_size " + std::to_string(vocab_size_) +
+                                   " of the model fingerprint");
+  }
+  return Status::OK();
 }
 
 StatusOr<BlockKey> BlockKeyer::KeyBlock(const BlockKey& parent,
@@ -147,9 +172,10 @@ StatusOr<BlockKey> BlockKeyer::KeyBlock(const BlockKey& parent,
         "a block key needs exactly tokens_per_block=" + std::to_string(tokens_per_block_) +
         " tokens, got " + std::to_string(tokens.size()));
   }
+  KVF_RETURN_IF_ERROR(CheckVocabulary(tokens, -1, 0));
   KVF_RETURN_IF_ERROR(ValidateExtraKeys(extra_keys));
   KVF_ASSIGN_OR_RETURN(Sha256 sha, Sha256::Create());
-  return HashBlock(sha, ns_, fingerprint_digest_, parent, tokens, extra_keys);
+  return HashBlock(sha, TagOf(key_version_), ns_, fingerprint_digest_, parent, tokens, extra_keys);
 }
 
 StatusOr<std::vector<BlockKey>> BlockKeyer::KeyBlocks(
@@ -169,6 +195,10 @@ StatusOr<std::vector<BlockKey>> BlockKeyer::KeyBlocks(
     Status s = ValidateExtraKeys(extra_per_block[i]);
     if (!s.ok()) return s.WithContext("block " + std::to_string(i));
   }
+  for (std::size_t i = 0; i < full_blocks; ++i) {
+    KVF_RETURN_IF_ERROR(CheckVocabulary(tokens.subspan(i * tokens_per_block_, tokens_per_block_),
+                                        static_cast<std::int64_t>(i), i * tokens_per_block_));
+  }
 
   std::vector<BlockKey> keys;
   keys.reserve(full_blocks);
@@ -179,7 +209,7 @@ StatusOr<std::vector<BlockKey>> BlockKeyer::KeyBlocks(
     std::span<const std::string> extra;
     if (!extra_per_block.empty()) extra = extra_per_block[i];
     KVF_ASSIGN_OR_RETURN(
-        prev, HashBlock(sha, ns_, fingerprint_digest_, prev,
+        prev, HashBlock(sha, TagOf(key_version_), ns_, fingerprint_digest_, prev,
                         tokens.subspan(i * tokens_per_block_, tokens_per_block_), extra));
     keys.push_back(prev);
   }
@@ -199,6 +229,96 @@ StatusOr<std::vector<BlockKey>> ComputeBlockKeys(const Namespace& ns,
                                                  std::span<const ExtraKeys> extra_per_block) {
   KVF_ASSIGN_OR_RETURN(BlockKeyer keyer, BlockKeyer::Create(ns, fingerprint));
   return keyer.KeyBlocks(kRootParentKey, tokens, extra_per_block);
+}
+
+// ---------------------------------------------------------------- extra keys
+
+StatusOr<std::vector<ExtraKeys>> ExtraKeysPerBlock(const RequestExtras& extras,
+                                                   std::uint64_t token_count,
+                                                   std::uint32_t tokens_per_block) {
+  if (tokens_per_block == 0 || tokens_per_block > kMaxTokensPerBlock ||
+      kMaxTokensPerBlock % tokens_per_block != 0) {
+    return Status::InvalidArgument("extra keys: tokens_per_block must divide 256, got " +
+                                   std::to_string(tokens_per_block));
+  }
+  for (const auto& [field, value, prefix] :
+       {std::tuple{"lora_id", &extras.lora_id, kLoraExtraKeyPrefix},
+        std::tuple{"cache_salt", &extras.cache_salt, kSaltExtraKeyPrefix}}) {
+    if (value->size() + prefix.size() > kMaxExtraKeyBytes) {
+      return Status::InvalidArgument(
+          std::string("extra keys: ") + field + " is " + std::to_string(value->size()) +
+          " bytes, the limit is " + std::to_string(kMaxExtraKeyBytes - prefix.size()) +
+          " (an extra key is at most " + std::to_string(kMaxExtraKeyBytes) + " bytes)");
+    }
+  }
+
+  // The placeholders by offset, each checked, then checked against the next.
+  struct Span {
+    std::size_t index;  // in extras.multimodal
+    std::uint64_t offset, length;
+    std::string key;
+  };
+  std::vector<Span> spans;
+  spans.reserve(extras.multimodal.size());
+  for (std::size_t i = 0; i < extras.multimodal.size(); ++i) {
+    const MultimodalPlaceholder& m = extras.multimodal[i];
+    const std::string field = "extra keys: multimodal[" + std::to_string(i) + "]";
+    std::string hex = m.sha256_hex;
+    bool is_hex = hex.size() == 2 * kSha256DigestSize;
+    for (char& c : hex) {
+      if (c >= 'A' && c <= 'F') c = static_cast<char>(c - 'A' + 'a');
+      is_hex = is_hex && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'));
+    }
+    if (!is_hex) {
+      return Status::InvalidArgument(field + ".sha256_hex: \"" + m.sha256_hex +
+                                     "\" is not 64 hex characters (the SHA-256 of the input)");
+    }
+    if (m.length == 0 || m.offset > token_count || m.length > token_count - m.offset) {
+      return Status::InvalidArgument(
+          field + ": placeholder at offset " + std::to_string(m.offset) + " of length " +
+          std::to_string(m.length) + (m.length == 0 ? " is empty" : " runs past the end") +
+          " of the request's " + std::to_string(token_count) + " tokens");
+    }
+    spans.push_back({i, m.offset, m.length,
+                     std::string(kMultimodalExtraKeyPrefix) + hex + ":" + std::to_string(m.offset) +
+                         ":" + std::to_string(m.length)});
+  }
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& b) { return a.offset < b.offset; });
+  for (std::size_t j = 1; j < spans.size(); ++j) {
+    const Span& a = spans[j - 1];
+    const Span& b = spans[j];
+    if (b.offset < a.offset + a.length) {
+      return Status::InvalidArgument(
+          "extra keys: multimodal[" + std::to_string(b.index) + "] (tokens [" +
+          std::to_string(b.offset) + ", " + std::to_string(b.offset + b.length) +
+          ")) overlaps multimodal[" + std::to_string(a.index) + "] (tokens [" +
+          std::to_string(a.offset) + ", " + std::to_string(a.offset + a.length) + "))");
+    }
+  }
+
+  const std::uint64_t blocks = (token_count + tokens_per_block - 1) / tokens_per_block;
+  std::vector<ExtraKeys> out(blocks);
+  if (!extras.lora_id.empty()) {
+    for (ExtraKeys& keys : out) keys.push_back(std::string(kLoraExtraKeyPrefix) + extras.lora_id);
+  }
+  for (const Span& span : spans) {  // by offset, so each block's mm keys are in offset order
+    const std::uint64_t last = (span.offset + span.length - 1) / tokens_per_block;
+    for (std::uint64_t b = span.offset / tokens_per_block; b <= last; ++b) {
+      out[b].push_back(span.key);
+    }
+  }
+  if (!extras.cache_salt.empty() && !out.empty()) {
+    out[0].push_back(std::string(kSaltExtraKeyPrefix) + extras.cache_salt);
+  }
+  for (std::size_t b = 0; b < out.size(); ++b) {
+    if (out[b].size() > kMaxExtraKeysPerBlock) {
+      return Status::InvalidArgument("extra keys: block " + std::to_string(b) + " would carry " +
+                                     std::to_string(out[b].size()) + " extra keys, the limit is " +
+                                     std::to_string(kMaxExtraKeysPerBlock));
+    }
+  }
+  return out;
 }
 
 }  // namespace kvfabric

@@ -14,12 +14,19 @@
 // docs/block-key.md; tools/block_key_reference.py is an independent
 // implementation. Only full blocks are keyed: a partial tail has no key.
 //
-// Extra keys are opaque byte strings that must also match for a block to be
-// reused, e.g. a LoRA adapter id, a multimodal input hash, or a cache salt.
-// Their order matters.
+// Extra keys are byte strings that must also match for a block to be reused,
+// e.g. a LoRA adapter id, a multimodal input hash, or a cache salt. Their order
+// matters. The keyer hashes them as given; ExtraKeysPerBlock() writes the
+// canonical ones (docs/block-key.md, section 6.5: "lora:", "mm:", "salt:")
+// following the rule for which blocks carry them, so that engines agree.
+//
+// The fingerprint's key_version picks the encoding: 2 (the default) or 1, for
+// blocks written before version 2. With version 2 and a stated vocab_size, a
+// token id outside the vocabulary is refused.
 //
 // Thread safety: BlockKey and Namespace are values. A BlockKeyer is immutable
 // after Create(); its const methods may be called from any number of threads.
+// ExtraKeysPerBlock is a pure function.
 #ifndef KVFABRIC_CORE_BLOCK_KEY_H_
 #define KVFABRIC_CORE_BLOCK_KEY_H_
 
@@ -103,8 +110,9 @@ class BlockKeyer {
   // The key of one full block whose predecessor has key `parent`
   // (kRootParentKey for the first block).
   // InvalidArgument if tokens.size() != tokens_per_block (the message names both),
-  // or if an extra key is longer than kMaxExtraKeyBytes, or there are more than
-  // kMaxExtraKeysPerBlock of them.
+  // if a token id is >= the fingerprint's vocab_size (when stated; the message
+  // names the position and both values), or if an extra key is longer than
+  // kMaxExtraKeyBytes, or there are more than kMaxExtraKeysPerBlock of them.
   StatusOr<BlockKey> KeyBlock(const BlockKey& parent, std::span<const std::uint32_t> tokens,
                               std::span<const std::string> extra_keys = {}) const;
 
@@ -112,7 +120,9 @@ class BlockKeyer {
   // chained from `parent`; a partial tail is ignored. extra_per_block is either
   // empty (no extra keys on any block) or holds one entry per full block, in
   // order, optionally plus one for the partial tail (which is ignored). Any other
-  // size is InvalidArgument, as is a bad extra key (see KeyBlock).
+  // size is InvalidArgument, as is a bad extra key or a token id outside the
+  // vocabulary in a full block (see KeyBlock; the message names the block index
+  // and the token's position in `tokens`).
   StatusOr<std::vector<BlockKey>> KeyBlocks(const BlockKey& parent,
                                             std::span<const std::uint32_t> tokens,
                                             std::span<const ExtraKeys> extra_per_block = {}) const;
@@ -120,14 +130,30 @@ class BlockKeyer {
   const Namespace& ns() const { return ns_; }
   const FingerprintDigest& fingerprint_digest() const { return fingerprint_digest_; }
   std::uint32_t tokens_per_block() const { return tokens_per_block_; }
+  // The fingerprint's key_version (1 or 2) and vocab_size (0: not stated).
+  std::uint32_t key_version() const { return key_version_; }
+  std::uint32_t vocab_size() const { return vocab_size_; }
 
  private:
-  BlockKeyer(Namespace ns, const FingerprintDigest& digest, std::uint32_t tokens_per_block)
-      : ns_(std::move(ns)), fingerprint_digest_(digest), tokens_per_block_(tokens_per_block) {}
+  BlockKeyer(Namespace ns, const FingerprintDigest& digest, std::uint32_t tokens_per_block,
+             std::uint32_t key_version, std::uint32_t vocab_size)
+      : ns_(std::move(ns)),
+        fingerprint_digest_(digest),
+        tokens_per_block_(tokens_per_block),
+        key_version_(key_version),
+        vocab_size_(vocab_size) {}
+
+  // OK unless vocab_size_ is stated and a token id reaches it. `block` and
+  // `first_position` (the position of tokens[0] in the caller's sequence) name
+  // the offender; block < 0 for a lone block (KeyBlock).
+  Status CheckVocabulary(std::span<const std::uint32_t> tokens, std::int64_t block,
+                         std::size_t first_position) const;
 
   Namespace ns_;
   FingerprintDigest fingerprint_digest_;
   std::uint32_t tokens_per_block_;
+  std::uint32_t key_version_;
+  std::uint32_t vocab_size_;
 };
 
 // One-shot forms of BlockKeyer::KeyBlock and BlockKeyer::KeyBlocks (the latter
@@ -140,6 +166,56 @@ StatusOr<std::vector<BlockKey>> ComputeBlockKeys(const Namespace& ns,
                                                  const ModelFingerprint& fingerprint,
                                                  std::span<const std::uint32_t> tokens,
                                                  std::span<const ExtraKeys> extra_per_block = {});
+
+// ---------------------------------------------------------------- extra keys
+
+// The typed prefixes of the canonical extra keys (docs/block-key.md, 6.5).
+// Other prefixes are free for engine-specific extra keys.
+inline constexpr std::string_view kLoraExtraKeyPrefix = "lora:";
+inline constexpr std::string_view kMultimodalExtraKeyPrefix = "mm:";
+inline constexpr std::string_view kSaltExtraKeyPrefix = "salt:";
+
+// A multimodal input of a request (an image, an audio clip, ...) and the run of
+// placeholder tokens the engine replaces with its embeddings.
+struct MultimodalPlaceholder {
+  // SHA-256 of the input's content as the engine hashes it, 64 hex characters
+  // (either case; the key is written lower-case).
+  std::string sha256_hex;
+  // Position of the placeholder's first token in the request's tokens, and
+  // the number of placeholder tokens (>= 1).
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+};
+
+// What a request's blocks depend on besides their tokens.
+struct RequestExtras {
+  // The LoRA adapter the request runs with, a stable name of its weights (not
+  // an engine-local slot number); empty: none. At most kMaxExtraKeyBytes - 5.
+  std::string lora_id;
+  // The multimodal inputs, in any order; their placeholders must not overlap.
+  std::vector<MultimodalPlaceholder> multimodal;
+  // The per-request cache salt (a tenant or privacy boundary inside a
+  // namespace); empty: none. At most kMaxExtraKeyBytes - 5 bytes.
+  std::string cache_salt;
+};
+
+// The canonical extra keys of each block of a request of `token_count` tokens
+// keyed in blocks of `tokens_per_block` (docs/block-key.md, 6.5): one list per
+// block, ceil(token_count / tokens_per_block) lists including a partial tail
+// (BlockKeyer::KeyBlocks accepts that), in this order within a block:
+//   "lora:<lora_id>"                 on every block, when lora_id is set;
+//   "mm:<hex>:<offset>:<length>"     for each placeholder overlapping the
+//                                    block, by ascending offset (decimal
+//                                    offset and length, lower-case hex);
+//   "salt:<cache_salt>"              on block 0 only; the chain carries it on.
+// InvalidArgument naming the entry for: tokens_per_block not a power of two in
+// [1, 256], a lora_id or cache_salt too long, a hash that is not 64 hex
+// characters, a placeholder of length 0 or one that runs past token_count,
+// placeholders that overlap, or a block that would carry more than
+// kMaxExtraKeysPerBlock keys.
+StatusOr<std::vector<ExtraKeys>> ExtraKeysPerBlock(const RequestExtras& extras,
+                                                   std::uint64_t token_count,
+                                                   std::uint32_t tokens_per_block);
 
 }  // namespace kvfabric
 

@@ -12,6 +12,9 @@
 namespace kvfabric {
 
 v1::DType KvDtypeToProto(KvDtype dtype);
+// Every field, the block-key v2 ones included. key_version 1 is written as 0
+// (what senders that predate v2 send) and an all-zero kv_scales_digest as
+// empty, so a v1 fingerprint's wire bytes are those of an older sender.
 void FingerprintToProto(const ModelFingerprint& fingerprint, v1::ModelFingerprint* out);
 
 }  // namespace kvfabric

@@ -243,9 +243,38 @@ StatusOr<ModelFingerprint> FingerprintFromProto(const v1::ModelFingerprint& fp,
   out.tp_rank = fp.tp_rank();
   out.tp_size = fp.tp_size();
   out.layout_version = fp.layout_version();
+  // Block-key v2 fields. key_version 0 is a sender that predates them: v1.
+  if (fp.key_version() > kLatestBlockKeyVersion) {
+    return Status::InvalidArgument(
+        "fingerprint.key_version: " + Num(fp.key_version()) +
+        "; this server computes block-key encodings 1 and 2 (0 means 1)");
+  }
+  out.key_version = fp.key_version() == 0 ? kBlockKeyVersion1 : fp.key_version();
+  out.weights_revision = fp.weights_revision();
+  out.quantization = fp.quantization();
+  out.kv_scale_scheme = fp.kv_scale_scheme();
+  if (!fp.kv_scales_digest().empty()) {
+    if (fp.kv_scales_digest().size() != out.kv_scales_digest.size()) {
+      return Status::InvalidArgument(
+          "fingerprint.kv_scales_digest: " + Num(fp.kv_scales_digest().size()) +
+          " bytes; empty or " + Num(out.kv_scales_digest.size()) + " required");
+    }
+    std::memcpy(out.kv_scales_digest.data(), fp.kv_scales_digest().data(),
+                out.kv_scales_digest.size());
+  }
+  out.rope = fp.rope();
+  out.v_head_dim = fp.v_head_dim();
+  out.vocab_size = fp.vocab_size();
   Status valid = out.Validate();
   if (!valid.ok()) return Status::InvalidArgument(valid.message()).WithContext("fingerprint");
   return out;
+}
+
+StatusOr<ModelFingerprint> StorableFingerprintFromProto(const v1::ModelFingerprint& fingerprint,
+                                                        const v1::Limits& limits) {
+  KVF_ASSIGN_OR_RETURN(ModelFingerprint fp, FingerprintFromProto(fingerprint, limits));
+  KVF_RETURN_IF_ERROR(fp.RequireEqualKvHalves().WithContext("fingerprint"));
+  return fp;
 }
 
 // ---------------------------------------------------------------- descriptors

@@ -113,6 +113,14 @@ StatusOr<ModelFingerprint> FingerprintFromProto(const v1::ModelFingerprint& fing
                                                 const v1::Limits& limits);
 // FingerprintToProto: proto/model_proto.h.
 
+// FingerprintFromProto for a request whose blocks this daemon will hold
+// (Reserve): also refuses, whole-request, a fingerprint whose value heads
+// differ from its key heads (Unimplemented, "fingerprint: v_head_dim ..."),
+// since the block format and the daemon's layer slices hold equal K and V
+// halves. Keys of such models are still computed; placement plans them.
+StatusOr<ModelFingerprint> StorableFingerprintFromProto(const v1::ModelFingerprint& fingerprint,
+                                                        const v1::Limits& limits);
+
 // ---------------------------------------------------------------- descriptors
 
 // The BlockMeta of one Reserve descriptor, or the per-entry InvalidArgument

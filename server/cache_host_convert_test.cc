@@ -198,6 +198,104 @@ TEST(CacheHostConvertTest, FingerprintRoundTripsAndItsDigestIsTheCoreOne) {
   EXPECT_EQ(wire.SerializeAsString(), TestFingerprint().SerializeAsString());
 }
 
+// Block-key v2 (docs/block-key.md, 6.7): every new field crosses the wire both
+// ways, and the daemon's digest is the client's.
+TEST(CacheHostConvertTest, FingerprintV2FieldsRoundTripAndDigestAgrees) {
+  ModelFingerprint fp = *FingerprintFromProto(TestFingerprint(), DefaultLimits());
+  fp.key_version = 2;
+  fp.weights_revision = std::string("rev\0\xff", 5);  // bytes, not UTF-8
+  fp.quantization = "awq-int4";
+  fp.kv_scale_scheme = "fp8-per-tensor";
+  fp.kv_scales_digest.fill(0x5a);
+  fp.rope = "factor=8;scaling=llama3;theta=500000";
+  fp.v_head_dim = 8;
+  fp.vocab_size = 32000;
+  ASSERT_TRUE(fp.Validate().ok()) << fp.Validate();
+  v1::ModelFingerprint wire;
+  FingerprintToProto(fp, &wire);
+  EXPECT_EQ(wire.key_version(), 2u);
+  EXPECT_EQ(wire.kv_scales_digest().size(), 32u);
+  v1::ModelFingerprint parsed;  // through bytes, as a daemon receives it
+  ASSERT_TRUE(parsed.ParseFromString(wire.SerializeAsString()));
+  StatusOr<ModelFingerprint> back = FingerprintFromProto(parsed, DefaultLimits());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, fp);
+  EXPECT_EQ(*back->Digest(), *fp.Digest());
+
+  // Each field on its own changes what the daemon computes.
+  const v1::ModelFingerprint base = wire;
+  std::vector<v1::ModelFingerprint> changed(7, base);
+  changed[0].set_weights_revision("other");
+  changed[1].set_quantization("gptq");
+  changed[2].set_kv_scales_digest(std::string(32, 'x'));
+  changed[3].set_kv_scale_scheme("fp8-per-head");
+  changed[4].set_rope("theta=10000");
+  changed[5].set_v_head_dim(4);
+  changed[6].set_vocab_size(32001);
+  for (std::size_t i = 0; i < changed.size(); ++i) {
+    StatusOr<ModelFingerprint> c = FingerprintFromProto(changed[i], DefaultLimits());
+    ASSERT_TRUE(c.ok()) << i << ": " << c.status();
+    EXPECT_NE(*c->Digest(), *fp.Digest()) << i;
+  }
+
+  // A v1 fingerprint is written as an older sender writes it: key_version 0,
+  // no v2 field, and read back as v1.
+  fp = *FingerprintFromProto(TestFingerprint(), DefaultLimits());
+  EXPECT_EQ(fp.key_version, 1u);
+  fp.key_version = 1;
+  FingerprintToProto(fp, &wire);
+  EXPECT_EQ(wire.SerializeAsString(), TestFingerprint().SerializeAsString());
+  v1::ModelFingerprint explicit_v1 = TestFingerprint();
+  explicit_v1.set_key_version(1);
+  EXPECT_EQ(*FingerprintFromProto(explicit_v1, DefaultLimits())->Digest(), *fp.Digest());
+}
+
+TEST(CacheHostConvertTest, FingerprintV2FieldsOutOfRangeAreRefusedWhole) {
+  const v1::Limits limits = DefaultLimits();
+  auto refused = [&](const v1::ModelFingerprint& fp, std::string_view part) {
+    Status s = FingerprintFromProto(fp, limits).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(s.message().substr(0, 11), "fingerprint") << s;
+    EXPECT_NE(s.message().find(part), std::string_view::npos) << s;
+  };
+  v1::ModelFingerprint fp = TestFingerprint();
+  fp.set_key_version(3);
+  refused(fp, "fingerprint.key_version: 3; this server computes block-key encodings 1 and 2");
+  fp = TestFingerprint();
+  fp.set_key_version(2);
+  fp.set_kv_scale_scheme("fp8-per-tensor");
+  fp.set_kv_scales_digest(std::string(5, 'd'));
+  refused(fp, "fingerprint.kv_scales_digest: 5 bytes; empty or 32 required");
+  fp.clear_kv_scales_digest();
+  refused(fp, "needs kv_scales_digest");
+  fp = TestFingerprint();
+  fp.set_key_version(2);
+  fp.set_rope("theta=1e6");
+  refused(fp, "write 1e6 as 1000000");
+  fp = TestFingerprint();
+  fp.set_key_version(2);
+  fp.set_quantization(std::string(65, 'q'));
+  refused(fp, "quantization is 65 bytes, the limit is 64");
+  // v2 fields from a sender that left key_version unset (v1) are refused, not
+  // dropped: the digest would not cover them.
+  fp = TestFingerprint();
+  fp.set_vocab_size(32000);
+  refused(fp, "vocab_size 32000 cannot be expressed in block-key v1; set key_version 2");
+}
+
+TEST(CacheHostConvertTest, DaemonRefusesUnequalKeyAndValueHeadsItCannotStore) {
+  v1::ModelFingerprint fp = TestFingerprint();
+  fp.set_key_version(2);
+  fp.set_v_head_dim(8);                                         // head_dim 16
+  EXPECT_TRUE(FingerprintFromProto(fp, DefaultLimits()).ok());  // keyed, planned
+  Status s = StorableFingerprintFromProto(fp, DefaultLimits()).status();
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s;
+  EXPECT_EQ(s.message().rfind("fingerprint: v_head_dim 8 != head_dim 16", 0), 0u) << s;
+  fp.set_v_head_dim(16);
+  EXPECT_TRUE(StorableFingerprintFromProto(fp, DefaultLimits()).ok());
+  EXPECT_TRUE(StorableFingerprintFromProto(TestFingerprint(), DefaultLimits()).ok());
+}
+
 TEST(CacheHostConvertTest, IncompleteOrInvalidFingerprintIsRefusedWhole) {
   const v1::Limits limits = DefaultLimits();
   auto refused = [&](v1::ModelFingerprint fp) {

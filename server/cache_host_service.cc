@@ -57,7 +57,8 @@ grpc::Status CacheHostService::Reserve(grpc::ServerContext* context,
   KVF_GRPC_RETURN_IF_ERROR(CheckNamespace(request->namespace_(), limits));
   KVF_GRPC_RETURN_IF_ERROR(CheckBatchSize("blocks", request->blocks_size(), limits));
   KVF_GRPC_RETURN_IF_ERROR(CheckTtlMs(request->ttl_ms(), limits));
-  StatusOr<ModelFingerprint> fingerprint = FingerprintFromProto(request->fingerprint(), limits);
+  StatusOr<ModelFingerprint> fingerprint =
+      StorableFingerprintFromProto(request->fingerprint(), limits);
   if (!fingerprint.ok()) return ToGrpcStatus(fingerprint.status());
   StatusOr<FingerprintDigest> digest = fingerprint->Digest();
   if (!digest.ok()) return ToGrpcStatus(digest.status());

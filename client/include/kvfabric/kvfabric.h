@@ -362,6 +362,39 @@ typedef struct kvf_options {
    * straight from the history; 1 gRPC Reserve, a put from staging, gRPC
    * Commit (daemons older than kStore). */
   uint32_t write_back_protocol;
+
+  /* Block-key encoding v2 (docs/block-key.md, section 6): the rest of what
+   * decides every key, so that engines whose blocks differ in bytes never
+   * share one. key_version: 2 (default) or 1, to keep computing the keys of
+   * blocks written before v2; with 1 every field below must hold its
+   * default, else KVF_INVALID_ARGUMENT naming it. For the strings NULL and ""
+   * both mean not stated. */
+  uint32_t key_version;
+  /* A commit hash or checksum of the exact weights, at most 256 bytes. */
+  const char* weights_revision;
+  /* The weights' quantisation, e.g. "awq-int4", at most 64 bytes. Not
+   * stated: unquantised weights. */
+  const char* quantization;
+  /* How the cached values are scaled, e.g. "fp8-per-tensor", at most 64
+   * bytes, and kv_scales_digest, the SHA-256 of the scale values in the
+   * encoding of docs/block-key.md section 6.3: set both or neither (an
+   * all-zero digest). Neither: unscaled (every scale 1.0). */
+  const char* kv_scale_scheme;
+  uint8_t kv_scales_digest[32];
+  /* The rotary position embedding in the canonical form of docs/block-key.md
+   * section 6.4, e.g. "scaling=llama3;factor=8;..." with keys sorted, at most
+   * 256 bytes; a string not in that form is refused, naming its canonical
+   * spelling where it can. */
+  const char* rope;
+  /* Elements per value head where it differs from head_dim (MLA-style
+   * models). 0 (default): head_dim. Keys could be computed for another
+   * value, but the block format and attention hold equal K and V halves, so
+   * kvf_client_open refuses it with KVF_UNIMPLEMENTED naming v_head_dim. */
+  uint32_t v_head_dim;
+  /* Tokens in the vocabulary. 0 (default): not stated. When set,
+   * kvf_key_tokens refuses a token id >= vocab_size (KVF_INVALID_ARGUMENT
+   * naming the block, the position and both values). */
+  uint32_t vocab_size;
 } kvf_options;
 
 /* Fills *options with the defaults above (required fields zero or NULL) and
