@@ -21,7 +21,12 @@ from kvfabric.client import (
 from kvfabric.cluster import LocalCluster
 from kvfabric.errors import *  # noqa: F401,F403  (Error, Unavailable, ...)
 from kvfabric.errors import __all__ as _errors_all
-from kvfabric.keys import compute_block_keys, fingerprint_digest
+from kvfabric.keys import (
+    compute_block_keys,
+    extra_keys_per_block,
+    fingerprint_digest,
+    kv_scales_digest,
+)
 from kvfabric.kv_cache import KvCache
 
 __all__ = [
@@ -37,5 +42,7 @@ __all__ = [
     "RunOutcome",
     "Security",
     "compute_block_keys",
+    "extra_keys_per_block",
     "fingerprint_digest",
+    "kv_scales_digest",
 ] + list(_errors_all)

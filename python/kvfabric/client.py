@@ -61,9 +61,23 @@ class ModelFingerprint:
     tp_rank: int = 0
     tp_size: int = 1
     layout_version: int = 1
+    # Block-key encoding (docs/block-key.md): 2, or 1 for blocks written
+    # before version 2 (then every field below must keep its default).
+    key_version: int = 2
+    weights_revision: str = ""  # commit hash / checksum of the weights
+    quantization: str = ""  # the weights' quantisation scheme, "" for none
+    kv_scale_scheme: str = ""  # e.g. "fp8-per-tensor"; "" for unscaled KV
+    kv_scales_digest: bytes = bytes(32)  # kvfabric.kv_scales_digest(...) of the scales
+    rope: str = ""  # canonical RoPE description, e.g. "scaling=llama3;theta=500000"
+    v_head_dim: int = 0  # value head size when it differs from head_dim (MLA)
+    vocab_size: int = 0  # token ids >= it are refused; 0: not stated
 
     def as_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def digest(self) -> bytes:
+        """The fingerprint's 32-byte digest (docs/block-key.md)."""
+        return _kvfabric.fingerprint_digest(self.as_dict())
 
     def block_bytes(self) -> int:
         """Bytes of one block: every layer of the group, K and V."""

@@ -4,7 +4,7 @@ engine do; checked against the golden vectors in python/tests."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from kvfabric import _kvfabric
 
@@ -33,3 +33,25 @@ def compute_block_keys(
 def fingerprint_digest(model: Any) -> bytes:
     """The model fingerprint's 32-byte digest (docs/block-key.md, section 2)."""
     return _kvfabric.fingerprint_digest(_model_dict(model))
+
+
+def extra_keys_per_block(
+    token_count: int,
+    tokens_per_block: int,
+    lora_id: str = "",
+    multimodal: Sequence[Tuple[str, int, int]] = (),
+    cache_salt: str = "",
+) -> List[List[bytes]]:
+    """The canonical extra keys of each block of a request (docs/block-key.md,
+    section 6.5): ``lora:<id>`` on every block, ``mm:<sha256>:<offset>:<length>``
+    on each block a multimodal placeholder ``(sha256_hex, offset, length)``
+    overlaps, ``salt:<salt>`` on block 0. For ``compute_block_keys``."""
+    return _kvfabric.extra_keys_per_block(token_count, tokens_per_block, lora_id,
+                                          list(multimodal), cache_salt)
+
+
+def kv_scales_digest(k_scales: Sequence[float], v_scales: Sequence[float],
+                     layer_count: int) -> bytes:
+    """SHA-256 of the KV cache's scales in the canonical encoding (each layer's
+    k scales then its v scales, f32 LE), for ModelFingerprint.kv_scales_digest."""
+    return _kvfabric.kv_scales_digest(list(k_scales), list(v_scales), layer_count)

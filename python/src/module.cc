@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -397,6 +398,36 @@ PYBIND11_MODULE(_kvfabric, m) {
       },
       py::arg("model"), py::arg("namespace_name"), py::arg("tokens"),
       py::arg("extra_per_block") = py::none());
+
+  m.def(
+      "extra_keys_per_block",
+      [](std::uint64_t token_count, std::uint32_t tokens_per_block, std::string lora_id,
+         std::vector<std::tuple<std::string, std::uint64_t, std::uint64_t>> multimodal,
+         std::string cache_salt) {
+        RequestExtras extras;
+        extras.lora_id = std::move(lora_id);
+        extras.cache_salt = std::move(cache_salt);
+        for (auto& [hex, offset, length] : multimodal) {
+          extras.multimodal.push_back({std::move(hex), offset, length});
+        }
+        std::vector<ExtraKeys> per_block = ValueOrThrow(
+            ExtraKeysPerBlock(extras, token_count, tokens_per_block), "extra_keys_per_block");
+        py::list out;
+        for (const ExtraKeys& keys : per_block) {
+          py::list block;
+          for (const std::string& k : keys) block.append(py::bytes(k));
+          out.append(block);
+        }
+        return out;
+      },
+      py::arg("token_count"), py::arg("tokens_per_block"), py::arg("lora_id") = "",
+      py::arg("multimodal") = std::vector<std::tuple<std::string, std::uint64_t, std::uint64_t>>{},
+      py::arg("cache_salt") = "");
+  m.def("kv_scales_digest",
+        [](std::vector<float> k, std::vector<float> v, std::uint32_t layer_count) {
+          FingerprintDigest d = ValueOrThrow(KvScalesDigest(k, v, layer_count), "kv_scales_digest");
+          return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
+        });
 
   py::class_<client::RecomputeRequest>(m, "RecomputeRequest")
       .def_readonly("context", &client::RecomputeRequest::context)

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <set>
 #include <string>
@@ -139,6 +140,33 @@ ModelFingerprint ParseFingerprint(const py::dict& model) {
   fp.tp_rank = r.Unsigned<std::uint32_t>("tp_rank", fp.tp_rank);
   fp.tp_size = r.Unsigned<std::uint32_t>("tp_size", fp.tp_size);
   fp.layout_version = r.Unsigned<std::uint32_t>("layout_version", fp.layout_version);
+  fp.key_version = r.Unsigned<std::uint32_t>("key_version", fp.key_version);
+  fp.weights_revision = r.String("weights_revision", "");
+  fp.quantization = r.String("quantization", "");
+  fp.kv_scale_scheme = r.String("kv_scale_scheme", "");
+  if (r.Has("kv_scales_digest")) {
+    py::object v = r.Get("kv_scales_digest");
+    std::string bytes;
+    if (py::isinstance<py::bytes>(v)) {
+      bytes = v.cast<std::string>();
+    } else if (py::isinstance<py::str>(v)) {
+      try {
+        bytes =
+            py::module_::import("builtins").attr("bytes").attr("fromhex")(v).cast<std::string>();
+      } catch (py::error_already_set&) {
+        bytes.clear();  // not hex: refused below
+      }
+    }
+    if (bytes.size() != fp.kv_scales_digest.size()) {
+      Refuse(
+          "model option kv_scales_digest must be 32 bytes (or 64 hex characters), e.g. "
+          "kvfabric.kv_scales_digest(k_scales, v_scales, layer_count)");
+    }
+    std::memcpy(fp.kv_scales_digest.data(), bytes.data(), bytes.size());
+  }
+  fp.rope = r.String("rope", "");
+  fp.v_head_dim = r.Unsigned<std::uint32_t>("v_head_dim", fp.v_head_dim);
+  fp.vocab_size = r.Unsigned<std::uint32_t>("vocab_size", fp.vocab_size);
   r.Finish();
   ThrowIfError(fp.Validate(), "model");
   return fp;

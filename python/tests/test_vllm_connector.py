@@ -27,7 +27,8 @@ def vllm_config(cluster, prefill=None, max_model_len=4096):
         extra["prefill"] = prefill
     model_config = types.SimpleNamespace(
         model="kvfabric-test/tiny-decoder", revision="seed-7", dtype=torch.float32,
-        max_model_len=max_model_len,
+        max_model_len=max_model_len, quantization=None,
+        get_vocab_size=lambda: CONFIG.vocab,
         get_num_layers=lambda pc: CONFIG.layers,
         get_num_kv_heads=lambda pc: CONFIG.kv_heads,
         get_head_size=lambda: CONFIG.head_dim)
@@ -151,6 +152,23 @@ def test_time_to_first_token_with_and_without_the_cache(cluster, seed):
     for c in (cold, warm):
         c.scheduler.shutdown()
         c.worker.shutdown()
+
+
+def test_a_lora_request_never_loads_the_base_models_blocks(cluster, seed):
+    rng = random.Random(seed)
+    model = TinyDecoder(CONFIG, seed=13)
+    prompt = [rng.randrange(CONFIG.vocab) for _ in range(4 * BS + 3)]
+    make = factory(cluster, prefill=COSTLY_PREFILL)
+    loaded = []
+    for req in [Request("base", prompt, 1), Request("lora-1", prompt, 1, lora_name="adapter-a"),
+                Request("lora-2", prompt, 1, lora_name="adapter-a"),
+                Request("other-adapter", prompt, 1, lora_name="adapter-b")]:
+        engine = run(model, [req], make)
+        loaded.append(engine.scheduler.stats["tokens_loaded"])
+        engine.scheduler.shutdown()
+        engine.worker.shutdown()
+    # The adapter is in every block's key (lora:<id>): only the same adapter's blocks load.
+    assert loaded == [0, 0, 4 * BS, 0]
 
 
 def test_the_connector_has_vllms_method_set():

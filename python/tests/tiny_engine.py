@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import types
 from typing import Dict, List, Optional, Set
 
 import torch
@@ -118,8 +119,12 @@ class TinyDecoder:
 
 
 class Request:
-    def __init__(self, request_id: str, prompt: List[int], max_tokens: int) -> None:
+    def __init__(self, request_id: str, prompt: List[int], max_tokens: int,
+                 lora_name: Optional[str] = None) -> None:
         self.request_id = request_id
+        self.lora_request = types.SimpleNamespace(lora_name=lora_name) if lora_name else None
+        self.cache_salt: Optional[str] = None
+        self.mm_features: list = []
         self.prompt_token_ids = list(prompt)
         self.output_token_ids: List[int] = []
         self.max_tokens = max_tokens

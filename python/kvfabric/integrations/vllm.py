@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import logging
 import queue
 import re
@@ -117,6 +118,31 @@ except ImportError:
 log = logging.getLogger("kvfabric.vllm")
 
 
+@dataclasses.dataclass(frozen=True)
+class RequestExtras:
+    """What a request's blocks depend on besides their tokens (docs/block-key.md,
+    section 6.5): its LoRA adapter, its multimodal inputs' placeholders
+    ``(sha256 hex, offset, length)``, its cache salt."""
+
+    lora_id: str = ""
+    multimodal: Tuple[Tuple[str, int, int], ...] = ()
+    cache_salt: str = ""
+
+    @staticmethod
+    def of(request: Any) -> "RequestExtras":
+        lora = getattr(request, "lora_request", None)
+        mm = []
+        for feature in getattr(request, "mm_features", None) or []:
+            ident = str(getattr(feature, "identifier", ""))
+            if not re.fullmatch(r"[0-9a-fA-F]{64}", ident):
+                ident = hashlib.sha256(ident.encode()).hexdigest()
+            pos = feature.mm_position
+            mm.append((ident, int(pos.offset), int(pos.length)))
+        return RequestExtras(lora_id=str(getattr(lora, "lora_name", "") or "") if lora else "",
+                             multimodal=tuple(mm),
+                             cache_salt=str(getattr(request, "cache_salt", None) or ""))
+
+
 @dataclasses.dataclass
 class LoadSpec:
     """Load blocks [0, blocks) of ``token_ids`` into vLLM pages; pages for
@@ -125,6 +151,7 @@ class LoadSpec:
 
     req_id: str
     token_ids: List[int]
+    extras: "RequestExtras"
     blocks: int
     first_new_block: int
     page_ids: List[int]  # vLLM block ids of blocks [first_new_block, blocks)
@@ -137,6 +164,7 @@ class SaveSpec:
 
     req_id: str
     token_ids: List[int]
+    extras: "RequestExtras"
     first_block: int
     page_ids: List[int]
 
@@ -165,8 +193,11 @@ def model_fingerprint(vllm_config: Any, extra: Dict[str, Any]) -> kvfabric.Model
     pc = getattr(vllm_config, "parallel_config", None)
     cc = getattr(vllm_config, "cache_config", None)
     if mc is not None:
-        revision = getattr(mc, "revision", None)
-        fields["model_id"] = str(mc.model) + (f"@{revision}" if revision else "")
+        fields["model_id"] = str(mc.model)
+        fields["weights_revision"] = str(getattr(mc, "revision", None) or "")
+        fields["quantization"] = str(getattr(mc, "quantization", None) or "")
+        if hasattr(mc, "get_vocab_size"):
+            fields["vocab_size"] = int(mc.get_vocab_size())
         fields["layer_count"] = int(mc.get_num_layers(pc))
         fields["kv_heads"] = int(mc.get_num_kv_heads(pc))
         fields["head_dim"] = int(mc.get_head_size())
@@ -249,8 +280,13 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     # ---------------------------------------------------------- scheduler --
 
-    def _keys(self, token_ids: List[int]) -> List[bytes]:
-        return kvfabric.compute_block_keys(self._model, token_ids, self._ns)
+    def _keys(self, token_ids: List[int], extras: RequestExtras) -> List[bytes]:
+        per_block = None
+        if extras != RequestExtras():
+            per_block = kvfabric.extra_keys_per_block(
+                len(token_ids), self._bs, extras.lora_id, list(extras.multimodal),
+                extras.cache_salt)
+        return kvfabric.compute_block_keys(self._model, token_ids, self._ns, per_block)
 
     def get_num_new_matched_tokens(self, request: Any,
                                    num_computed_tokens: int) -> Tuple[int, bool]:
@@ -262,7 +298,7 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
         usable = (len(tokens) - 1) // self._bs
         if usable == 0:
             return 0, False
-        keys = self._keys(tokens[:usable * self._bs])
+        keys = self._keys(tokens[:usable * self._bs], RequestExtras.of(request))
         plan = self._client.match(keys, suffix_tokens=len(tokens) - usable * self._bs)
         fetched = 0
         for run in sorted(plan.runs, key=lambda r: r.first_block):
@@ -286,7 +322,7 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
         first_new = (tokens - num_external_tokens) // self._bs
         self._pending_loads[request.request_id] = LoadSpec(
             req_id=request.request_id, token_ids=list(request.all_token_ids)[:tokens],
-            blocks=fetched, first_new_block=first_new, page_ids=page_ids[first_new:fetched])
+            extras=RequestExtras.of(request), blocks=fetched, first_new_block=first_new, page_ids=page_ids[first_new:fetched])
 
     def build_connector_meta(self, scheduler_output: Any) -> KvfabricConnectorMetadata:
         """This step's loads (from update_state_after_alloc) and saves: every
@@ -329,6 +365,7 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if full <= done:
             return
         meta.saves.append(SaveSpec(req_id=req_id, token_ids=tokens[:full * self._bs],
+                                   extras=RequestExtras.of(self._requests[req_id]),
                                    first_block=done, page_ids=self._pages[req_id][done:full]))
         self._saved_blocks[req_id] = full
 
@@ -351,7 +388,7 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
         for spec in meta.loads:
             ctx = self._client.new_context(spec.blocks * self._bs)
             try:
-                keys = self._keys(spec.token_ids)
+                keys = self._keys(spec.token_ids, spec.extras)
                 plan = self._client.match(keys)
                 if plan.cached_prefix_blocks < spec.blocks or not all(r.fetch for r in plan.runs):
                     raise kvfabric.NotFound(5, f"request {spec.req_id}: placement no longer "
@@ -397,7 +434,7 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
             entry = self._saves.get(spec.req_id)
             if entry is None:
                 ctx = self._new_save_context(len(spec.token_ids))
-                keys = self._keys(spec.token_ids)[spec.first_block:]
+                keys = self._keys(spec.token_ids, spec.extras)[spec.first_block:]
                 entry = self._saves[spec.req_id] = (spec, ctx, keys)
             _, ctx, keys = entry
             self._client.save_from_kv_cache(ctx, self._cache, layer, spec.page_ids, keys,
