@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the Python package as a user would (docs/python.md: pip install .
+# into a venv that sees Debian's torch, no network) and runs python/tests
+# against the installed package, outside the source tree, with daemons from
+# BIN_DIR. CI runs it after the CMake build (.ci/run).
+#
+# usage: tools/python_package_check.sh CMAKE_BUILD_DIR BIN_DIR
+set -euo pipefail
+if [[ $# -ne 2 ]]; then
+  echo "usage: $0 CMAKE_BUILD_DIR BIN_DIR" >&2
+  exit 2
+fi
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$(realpath "$1")
+bin=$(realpath "$2")
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvf-pip.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+/usr/bin/python3 -m venv --system-site-packages "$tmp/venv"
+KVF_CMAKE_BUILD_DIR=$build "$tmp/venv/bin/pip" install --no-build-isolation --no-deps \
+  --no-index --quiet "$root"
+cd "$tmp"
+where=$("$tmp/venv/bin/python" -c 'import kvfabric; print(kvfabric.__file__)')
+case $where in
+  "$tmp/venv/"*) echo "python_package_check: imports the installed package: $where" ;;
+  *) echo "python_package_check: FAILED: kvfabric imported from $where" >&2; exit 1 ;;
+esac
+KVFABRIC_BIN_DIR=$bin PYTHONDONTWRITEBYTECODE=1 "$tmp/venv/bin/python" -m pytest -q \
+  -p no:cacheprovider "$root/python/tests"
