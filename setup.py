@@ -5,6 +5,8 @@ kvfabric_python; no network: every dependency is a Debian package that
 tools/setup.sh installs) and puts it into the package. KVF_CMAKE_BUILD_DIR
 reuses a configured build directory (CI passes build/ci); otherwise
 build/python is configured (Release, no tests) for the running interpreter.
+KVF_PREBUILT_MODULE names a module already built (tools/test.sh passes
+Bazel's bazel-bin/python/kvfabric/_kvfabric.so) and skips CMake.
 
     bash tools/setup.sh
     python3 -m venv --system-site-packages .venv     # sees Debian's torch
@@ -28,6 +30,12 @@ class BuildNativeModule(build_py):
 
     def run(self):
         super().run()
+        target = os.path.join(self.build_lib, "kvfabric")
+        os.makedirs(target, exist_ok=True)
+        prebuilt = os.environ.get("KVF_PREBUILT_MODULE")
+        if prebuilt:
+            shutil.copyfile(prebuilt, os.path.join(target, "_kvfabric.so"))
+            return
         build = os.environ.get("KVF_CMAKE_BUILD_DIR") or os.path.join(ROOT, "build", "python")
         build = os.path.abspath(build)
         if not os.path.exists(os.path.join(build, "CMakeCache.txt")):
@@ -41,8 +49,6 @@ class BuildNativeModule(build_py):
         if not os.path.exists(module):
             sys.exit(f"{module} was not built: the CMake configure step says why "
                      "(python3-dev and pybind11-dev are needed: tools/setup.sh)")
-        target = os.path.join(self.build_lib, "kvfabric")
-        os.makedirs(target, exist_ok=True)
         shutil.copy2(module, os.path.join(target, "_kvfabric.so"))
 
 

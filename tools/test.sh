@@ -122,6 +122,18 @@ for t in tools/*_test.py; do
   fi
 done
 
+# The Python package installed with pip into a fresh venv, as a user would
+# (docs/python.md), with the module Bazel built, and its tests run against it.
+if [[ ${#config[@]} -eq 0 || ${config[*]} == --nocache_test_results ]]; then
+  if tools/python_package_check.sh --bazel 2>&1 | sed 's/^/  /'; then
+    echo "tools/python_package_check.sh --bazel PASSED"
+    py_passed=$((py_passed + 1))
+  else
+    echo "tools/python_package_check.sh --bazel FAILED"
+    py_failed=$((py_failed + 1))
+  fi
+fi
+
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
 failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|INCOMPLETE|FLAKY)' "$log")
 passed=$((passed + py_passed))
