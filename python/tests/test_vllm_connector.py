@@ -171,6 +171,39 @@ def test_a_lora_request_never_loads_the_base_models_blocks(cluster, seed):
     assert loaded == [0, 0, 4 * BS, 0]
 
 
+def test_a_daemon_lost_mid_load_makes_vllm_recompute_the_same_tokens(seed):
+    """The only daemon holding a cached prefix is killed after the scheduler
+    matched it and before the worker loads: the load fails, the connector
+    reports its pages, the engine recomputes them, and the output equals full
+    recompute."""
+    rng = random.Random(seed)
+    model = TinyDecoder(CONFIG, seed=17)
+    prompt = [rng.randrange(CONFIG.vocab) for _ in range(6 * BS + 2)]
+    with kvfabric.LocalCluster(daemons=1, host_pool_bytes=16 << 20) as lonely:
+        make = factory(lonely, prefill=COSTLY_PREFILL)
+        first = run(model, [Request("saves", prompt, 2)], make)
+        engine = Engine(model, 256, make)
+        killed = []
+
+        def kill_before_load(meta):
+            if meta.loads and not killed:
+                lonely.kill_daemon(0)
+                killed.append(len(meta.loads))
+
+        engine.before_worker = kill_before_load
+        engine.add(Request("loads", prompt + [5], 3))
+        engine.run()
+        assert killed == [1]
+        assert engine.worker.stats["load_failures"] == 1
+        reference = run(model, [Request("ref", prompt + [5], 3)])
+        got, want = engine.finished["loads"], reference.finished["ref"]
+        assert got.output_token_ids == want.output_token_ids
+        assert torch.equal(got.final_logits, want.final_logits)
+        for e in (first, engine):
+            e.scheduler.shutdown()
+            e.worker.shutdown()
+
+
 def test_the_connector_has_vllms_method_set():
     base = kvf_vllm.KvfabricConnector
     for name in ["get_num_new_matched_tokens", "update_state_after_alloc",

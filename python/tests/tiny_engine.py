@@ -196,6 +196,9 @@ class Engine:
             self.worker.register_kv_caches(self.kv_caches)
         self.known: Set[str] = set()
         self.preempt_at: Dict[str, int] = {}  # req_id -> preempt after this many outputs
+        # Called with the step's connector metadata before the worker starts
+        # its loads (a fault test kills a daemon there).
+        self.before_worker = None
         self.steps = 0
 
     def add(self, request: Request) -> None:
@@ -257,6 +260,8 @@ class Engine:
                               scheduled, set())
         if self.scheduler is not None:
             meta = self.scheduler.build_connector_meta(out)
+            if self.before_worker is not None:
+                self.before_worker(meta)
             self.worker.bind_connector_metadata(meta)
             self.worker.start_load_kv(None)
         batch = [(r, r.num_computed_tokens, scheduled[r.request_id]) for r in self.running]

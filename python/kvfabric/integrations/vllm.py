@@ -265,7 +265,7 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._saved_blocks: Dict[str, int] = {}  # req -> full blocks saved or loaded so far
         self._requests: Dict[str, Any] = {}  # req -> vLLM's live Request
         self._pages: Dict[str, List[int]] = {}  # req -> its vLLM block ids, in order
-        self.stats = {"requests": 0, "prompt_tokens": 0, "tokens_loaded": 0}
+        self.stats = {"requests": 0, "prompt_tokens": 0, "tokens_loaded": 0, "load_failures": 0}
         # Worker state.
         self._cache: Optional[kvfabric.KvCache] = None
         self._layer_of: Dict[str, int] = {}
@@ -386,8 +386,11 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         for spec in meta.loads:
-            ctx = self._client.new_context(spec.blocks * self._bs)
+            ctx: Optional[int] = None
             try:
+                # A full history pool (ResourceExhausted) or a plan that changed
+                # fails only this load: vLLM recomputes its pages.
+                ctx = self._client.new_context(spec.blocks * self._bs)
                 keys = self._keys(spec.token_ids, spec.extras)
                 plan = self._client.match(keys)
                 if plan.cached_prefix_blocks < spec.blocks or not all(r.fetch for r in plan.runs):
@@ -399,11 +402,14 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 continue
             self._loads.append((spec, ctx))
 
-    def _fail_load(self, spec: LoadSpec, ctx: int, error: Exception) -> None:
+    def _fail_load(self, spec: LoadSpec, ctx: Optional[int], error: Exception) -> None:
         log.warning("kvfabric: load of request %s failed, vLLM recomputes %d blocks: %s",
                     spec.req_id, len(spec.page_ids), error)
         self._failed_loads.add(spec.req_id)
         self._load_errors.update(spec.page_ids)
+        self.stats["load_failures"] += 1
+        if ctx is None:
+            return
         try:
             self._client.finish(ctx)
         except kvfabric.Error:
@@ -422,8 +428,12 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 self._fail_load(spec, ctx, e)
         if layer == len(self._layer_of) - 1:
             for spec, ctx in self._loads:
-                if spec.req_id not in self._failed_loads:
+                if spec.req_id in self._failed_loads:
+                    continue
+                try:
                     self._client.finish(ctx)
+                except kvfabric.Error as e:
+                    self._fail_load(spec, None, e)
             self._loads = []
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any,
@@ -431,6 +441,11 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
         layer = self._layer_of[layer_name]
         meta = self._get_connector_metadata()
         for spec in meta.saves:
+            if spec.req_id in self._failed_loads:
+                # Computed over pages whose load failed this step: vLLM discards
+                # and recomputes them, and so must the cache (a block with some
+                # layers saved is never written back).
+                continue
             entry = self._saves.get(spec.req_id)
             if entry is None:
                 ctx = self._new_save_context(len(spec.token_ids))
