@@ -177,7 +177,9 @@ TEST(ModelFingerprintV2Test, KeyVersion1RefusesEveryV2OnlyFieldNamingIt) {
     EXPECT_TRUE(Contains(s, c.message_part)) << s;
     EXPECT_TRUE(Contains(s, "cannot be expressed in block-key v1; set key_version 2")) << s;
     fp.key_version = 2;  // the same value is fine under v2
-    if (std::string(c.name) != "kv_scales_digest") EXPECT_TRUE(fp.Validate().ok()) << fp.Validate();
+    if (std::string(c.name) != "kv_scales_digest") {
+      EXPECT_TRUE(fp.Validate().ok()) << fp.Validate();
+    }
   }
   // v_head_dim == head_dim says what v1 assumes: accepted.
   ModelFingerprint fp = Llama8bV2();
