@@ -71,14 +71,15 @@ TSAN_TARGETS=(
 config=()
 targets=(//...)
 tsan=0
+sanitizer=0
 for arg in "$@"; do
   case "$arg" in
     # The sanitizer runs build the tests and what they use, not every binary
     # and benchmark (the plain run compiles all of //...).
     # The Python tests load the module into Debian's interpreter, which would
     # need the sanitizer runtime preloaded: they run in the plain pass only.
-    --asan) config=(--config=asan --build_tests_only); targets=(//... -//python:python_test) ;;
-    --tsan) config=(--config=tsan --build_tests_only); targets=("${TSAN_TARGETS[@]}"); tsan=1 ;;
+    --asan) config=(--config=asan --build_tests_only); targets=(//... -//python:python_test); sanitizer=1 ;;
+    --tsan) config=(--config=tsan --build_tests_only); targets=("${TSAN_TARGETS[@]}"); tsan=1; sanitizer=1 ;;
     *) echo "usage: tools/test.sh [--asan | --tsan]" >&2; exit 2 ;;
   esac
 done
@@ -124,7 +125,7 @@ done
 
 # The Python package installed with pip into a fresh venv, as a user would
 # (docs/python.md), with the module Bazel built, and its tests run against it.
-if [[ ${#config[@]} -eq 0 || ${config[*]} == --nocache_test_results ]]; then
+if [[ $sanitizer -eq 0 ]]; then
   if tools/python_package_check.sh --bazel 2>&1 | sed 's/^/  /'; then
     echo "tools/python_package_check.sh --bazel PASSED"
     py_passed=$((py_passed + 1))

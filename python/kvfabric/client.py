@@ -77,11 +77,11 @@ class ModelFingerprint:
 
     def digest(self) -> bytes:
         """The fingerprint's 32-byte digest (docs/block-key.md)."""
-        return _kvfabric.fingerprint_digest(self.as_dict())
+        return _kvfabric.fingerprint_digest(self)
 
     def block_bytes(self) -> int:
         """Bytes of one block: every layer of the group, K and V."""
-        return _kvfabric.block_bytes(self.as_dict())
+        return _kvfabric.block_bytes(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +181,7 @@ class Client:
     @property
     def block_bytes(self) -> int:
         """Bytes of one block (every layer of the model's layer group)."""
-        return self._native.block_bytes
+        return self._model.block_bytes()
 
     # -- the engine's calls -------------------------------------------------
 

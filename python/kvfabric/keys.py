@@ -4,15 +4,11 @@ engine do; checked against the golden vectors in python/tests."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 from kvfabric import _kvfabric
 
 Extra = Union[str, bytes]
-
-
-def _model_dict(model: Any) -> Dict[str, Any]:
-    return model.as_dict() if hasattr(model, "as_dict") else dict(model)
 
 
 def compute_block_keys(
@@ -26,13 +22,13 @@ def compute_block_keys(
     :class:`kvfabric.ModelFingerprint` or its dict), chained from the root.
     ``extra_per_block``: None, or one list of extra keys per full block (plus
     optionally one for the partial tail, ignored)."""
-    return _kvfabric.compute_block_keys(_model_dict(model), namespace_name, list(tokens),
+    return _kvfabric.compute_block_keys(model, namespace_name, list(tokens),
                                         extra_per_block)
 
 
 def fingerprint_digest(model: Any) -> bytes:
     """The model fingerprint's 32-byte digest (docs/block-key.md, section 2)."""
-    return _kvfabric.fingerprint_digest(_model_dict(model))
+    return _kvfabric.fingerprint_digest(model)
 
 
 def extra_keys_per_block(

@@ -150,7 +150,6 @@ struct PyClient {
   std::unique_ptr<gpu::Device> device;
   std::unique_ptr<PyRecompute> recompute;
   std::unique_ptr<Client> client;
-  std::uint32_t block_bytes = 0;
 
   Client& c() {
     if (!client) {
@@ -199,9 +198,6 @@ PyClientPtr Open(py::dict options, py::object recompute) {
             "(client/device_arena.h), allocated once at open"),
     };
   }
-  StatusOr<std::uint64_t> block_bytes = o.model.BlockBytes();
-  ThrowIfError(block_bytes.status(), "model");
-  p->block_bytes = static_cast<std::uint32_t>(*block_bytes);
   {
     py::gil_scoped_release release;
     if (device.kind == "cpu") {
@@ -367,16 +363,17 @@ PYBIND11_MODULE(_kvfabric, m) {
     }
   });
 
-  m.def("block_bytes",
-        [](py::dict model) { return ValueOrThrow(ParseFingerprint(model).BlockBytes(), "model"); });
-  m.def("fingerprint_digest", [](py::dict model) {
-    FingerprintDigest d = ValueOrThrow(ParseFingerprint(model).Digest(), "model");
+  m.def("block_bytes", [](py::object model) {
+    return ValueOrThrow(ParseFingerprint(AsDict(model, "model")).BlockBytes(), "model");
+  });
+  m.def("fingerprint_digest", [](py::object model) {
+    FingerprintDigest d = ValueOrThrow(ParseFingerprint(AsDict(model, "model")).Digest(), "model");
     return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
   });
   m.def(
       "compute_block_keys",
-      [](py::dict model, std::string ns, py::iterable tokens, py::object extra_per_block) {
-        const ModelFingerprint fp = ParseFingerprint(model);
+      [](py::object model, std::string ns, py::iterable tokens, py::object extra_per_block) {
+        const ModelFingerprint fp = ParseFingerprint(AsDict(model, "model"));
         const std::vector<std::uint32_t> t = ToTokens(tokens);
         std::vector<ExtraKeys> extra;
         if (!extra_per_block.is_none()) {
@@ -521,7 +518,6 @@ PYBIND11_MODULE(_kvfabric, m) {
              ThrowIfError(s, "close");
            })
       .def_property_readonly("closed", [](const PyClient& p) { return !p.client; })
-      .def_property_readonly("block_bytes", [](const PyClient& p) { return p.block_bytes; })
       .def("key_tokens",
            [](PyClient& p, py::iterable tokens) {
              return FromKeys(ValueOrThrow(p.c().KeyTokens(ToTokens(tokens)), "key_tokens"));

@@ -91,15 +91,7 @@ class Reader {
     }
     return std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(seconds * 1000)));
   }
-  py::dict Dict(const char* key) {
-    if (!Has(key)) return py::dict();
-    py::object v = Get(key);
-    if (py::isinstance<py::dict>(v)) return v.cast<py::dict>();
-    // A dataclass (kvfabric.ModelFingerprint, kvfabric.Security) or any object
-    // with an as_dict() method.
-    if (py::hasattr(v, "as_dict")) return v.attr("as_dict")().cast<py::dict>();
-    Refuse(Name(key) + " must be a dict (or have as_dict())");
-  }
+  py::dict Dict(const char* key) { return Has(key) ? AsDict(Get(key), Name(key)) : py::dict(); }
 
   void Finish() {
     std::string unknown;
@@ -122,6 +114,12 @@ class Reader {
 };
 
 }  // namespace
+
+py::dict AsDict(const py::handle& value, const std::string& what) {
+  if (py::isinstance<py::dict>(value)) return py::reinterpret_borrow<py::dict>(value);
+  if (py::hasattr(value, "as_dict")) return value.attr("as_dict")().cast<py::dict>();
+  Refuse(what + " must be a dict (or have as_dict())");
+}
 
 ModelFingerprint ParseFingerprint(const py::dict& model) {
   Reader r(model, "model");

@@ -36,6 +36,11 @@ struct StatusError {
 // Throws StatusError for a non-OK status, with `what` before its message.
 void ThrowIfError(const Status& status, const char* what);
 
+// `value` as a dict: a dict, or an object with as_dict() (the dataclasses
+// kvfabric.ModelFingerprint and kvfabric.Security). InvalidArgument naming
+// `what` otherwise.
+pybind11::dict AsDict(const pybind11::handle& value, const std::string& what);
+
 // `model` as a dict of ModelFingerprint fields; dtype as its name ("bf16").
 ModelFingerprint ParseFingerprint(const pybind11::dict& model);
 

@@ -260,7 +260,7 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
             **options,
         )
         # Scheduler state.
-        self._matched: Dict[str, Tuple[int, int]] = {}  # req -> (tokens, blocks) of the last match
+        self._matched: Dict[str, int] = {}  # req -> blocks to load, from the last match
         self._pending_loads: Dict[str, LoadSpec] = {}
         self._saved_blocks: Dict[str, int] = {}  # req -> full blocks saved or loaded so far
         self._requests: Dict[str, Any] = {}  # req -> vLLM's live Request
@@ -307,7 +307,7 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
             fetched = run.first_block + run.block_count
         fetched = min(fetched, plan.cached_prefix_blocks)
         external = max(0, fetched * self._bs - num_computed_tokens)
-        self._matched[request.request_id] = (fetched * self._bs, fetched)
+        self._matched[request.request_id] = fetched
         return external, False
 
     def update_state_after_alloc(self, request: Any, blocks: Any,
@@ -317,11 +317,12 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._requests[request.request_id] = request
         if num_external_tokens == 0:
             return
-        tokens, fetched = self._matched[request.request_id]
+        fetched = self._matched[request.request_id]
         page_ids = list(blocks.get_block_ids()[0])
-        first_new = (tokens - num_external_tokens) // self._bs
+        first_new = fetched - num_external_tokens // self._bs
         self._pending_loads[request.request_id] = LoadSpec(
-            req_id=request.request_id, token_ids=list(request.all_token_ids)[:tokens],
+            req_id=request.request_id,
+            token_ids=list(request.all_token_ids)[:fetched * self._bs],
             extras=RequestExtras.of(request), blocks=fetched, first_new_block=first_new, page_ids=page_ids[first_new:fetched])
 
     def build_connector_meta(self, scheduler_output: Any) -> KvfabricConnectorMetadata:
