@@ -43,7 +43,13 @@ void Client::Impl::FinishSaves(std::vector<SaveJob*>& jobs, SaveOutcome outcome,
                                const Status& why) {
   if (jobs.empty()) return;
   for (SaveJob* j : jobs) {
+    // The write-back lets go of the context before the count Finish waits on
+    // reaches it: once pending_saves is 0 nothing here holds the context, so
+    // Finish recycles it (Recycle) instead of freeing it, and the engine's
+    // next request of no more blocks reuses its memory. Until then the
+    // context is kept alive by contexts_ or by the Finish waiting for it.
     Context& c = *j->context;
+    j->context.reset();
     MutexLock l(&c.mu);
     switch (outcome) {
       case SaveOutcome::kWritten:

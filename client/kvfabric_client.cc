@@ -325,6 +325,13 @@ StatusOr<ContextId> Client::Impl::NewContext(std::uint64_t tokens) {
     c->layer_bits.assign(std::size_t{c->full_blocks} * c->layer_words, 0);
     c->layers_saved.assign(c->full_blocks, 0);
     c->save_queued.assign(c->full_blocks, false);
+    // A plan has at most one run per block: Load copies the plan's runs and
+    // their outcomes into memory this context keeps when it is recycled, so
+    // sizing it here for the largest plan of this many blocks keeps a later
+    // plan with more runs than the first (a balanced assignment alternates
+    // daemons block by block) from allocating on the load path.
+    c->match.runs.reserve(c->blocks);
+    c->report.runs.reserve(c->blocks);
   }
   MutexLock l(&mu_);
   contexts_[c->id] = c;
@@ -562,7 +569,9 @@ Status Client::Impl::Finish(ContextId id, ContextReport* report) {
 }
 
 void Client::Impl::Recycle(std::shared_ptr<Context> c) {
-  // A saver batch may still hold it for a moment: then it is simply freed.
+  // Write-backs let go of a context before Finish sees its last save done
+  // (FinishSaves), so this is its last reference; anything else still holding
+  // one (a bug) makes it simply freed.
   if (c.use_count() != 1) return;
   c->Reset();
   MutexLock l(&mu_);
