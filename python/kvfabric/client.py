@@ -209,7 +209,9 @@ class Client:
 
     def wait_layer(self, context: int, layer: int, timeout: float = 300.0) -> None:
         """Returns when layer ``layer`` of every block is in the history and
-        verified; raises the load's error, or DeadlineExceeded."""
+        verified (that layer only: other layers may still be landing, and the
+        engine must not write into the history until each was waited for);
+        raises the load's error, or DeadlineExceeded."""
         self._native.wait_layer(context, layer, timeout)
 
     def block_view(self, context: int, block: int) -> memoryview:

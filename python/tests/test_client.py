@@ -64,7 +64,8 @@ def test_a_saved_prompt_loads_byte_for_byte_into_the_pool_with_no_copy(cluster, 
         assert all(run.fetch for run in plan.runs)
         ctx = reader.new_context(len(prompt))
         reader.load(plan, ctx)
-        reader.wait_layer(ctx, model.layer_count - 1)
+        for layer in range(model.layer_count):  # each layer's wait covers that layer only
+            reader.wait_layer(ctx, layer)
         views = [reader.block_view(ctx, b) for b in range(8)]
         for b, view in enumerate(views):
             assert view.nbytes == size and not view.readonly
@@ -145,7 +146,8 @@ def test_blocking_calls_release_the_gil(cluster):
                 prompt = [1000 * i + t for t in range(4 * TPB)]
                 ctx = client.new_context(len(prompt))
                 client.load(client.match(client.key_tokens(prompt)), ctx)
-                client.wait_layer(ctx, model.layer_count - 1, timeout=60)
+                for layer in range(model.layer_count):
+                    client.wait_layer(ctx, layer, timeout=60)
                 assert bytes(client.block_view(ctx, 2)) == block_bytes_for(5, 2, size)
                 client.finish(ctx)
             except Exception as e:  # reported below

@@ -307,5 +307,9 @@ class Engine:
                 self._preempt(r)
 
     def run(self) -> None:
+        """Serves every request, then waits for the connector's write-backs
+        (so that a later engine finds what this one saved)."""
         while self.waiting or self.running:
             self.step()
+        if self.worker is not None:
+            self.worker.wait_for_write_backs()

@@ -465,6 +465,12 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self._finishing.put((spec.req_id, ctx))
         self._saves = {}
 
+    def wait_for_write_backs(self) -> None:
+        """Returns when every write-back handed over by wait_for_save so far
+        has finished (not a vLLM hook: for a drain before shutdown, and for
+        tests that need earlier requests' blocks in the cluster)."""
+        self._finishing.join()
+
     def _finish_saves(self) -> None:
         while True:
             item = self._finishing.get()
@@ -485,7 +491,7 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
         except kvfabric.ResourceExhausted:
             # The history pool is held by write-backs still in flight: wait for
             # them, then ask once more (history_pool_bytes sizes this).
-            self._finishing.join()
+            self.wait_for_write_backs()
             return self._client.new_context(tokens)
 
     def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]],
