@@ -15,6 +15,7 @@ namespace {
 // encoding gets a new tag; these are never changed.
 constexpr std::string_view kBlockKeyTagV1 = "kvfabric/block-key/v1";
 constexpr std::string_view kBlockKeyTagV2 = "kvfabric/block-key/v2";
+constexpr std::string_view kCompactKeyTag = "kvfabric/compact-key/v1";
 
 void StoreU32(std::uint8_t* out, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) out[i] = static_cast<std::uint8_t>(v >> (8 * i));
@@ -232,6 +233,22 @@ StatusOr<std::vector<BlockKey>> ComputeBlockKeys(const Namespace& ns,
 }
 
 // ---------------------------------------------------------------- extra keys
+
+StatusOr<BlockKey> CompactBlockKey(const BlockKey& exact, std::string_view codec,
+                                   std::uint32_t version) {
+  if (codec.empty() || codec.size() > 64 || version == 0) {
+    return Status::InvalidArgument("compact key: codec id '" + std::string(codec) +
+                                   "' (1..64 bytes) version " + std::to_string(version) +
+                                   " (>= 1)");
+  }
+  KVF_ASSIGN_OR_RETURN(Sha256 sha, Sha256::Create());
+  KeyHasher h(sha);
+  h.LengthPrefixed(kCompactKeyTag);
+  h.Bytes(exact.bytes().data(), exact.bytes().size());
+  h.LengthPrefixed(codec);
+  h.U32(version);
+  return h.Finish();
+}
 
 StatusOr<std::vector<ExtraKeys>> ExtraKeysPerBlock(const RequestExtras& extras,
                                                    std::uint64_t token_count,

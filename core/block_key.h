@@ -175,6 +175,16 @@ inline constexpr std::string_view kLoraExtraKeyPrefix = "lora:";
 inline constexpr std::string_view kMultimodalExtraKeyPrefix = "mm:";
 inline constexpr std::string_view kSaltExtraKeyPrefix = "salt:";
 
+// The key of a block's compact copy (docs/block-key.md, section 8): SHA-256
+// over the tag "kvfabric/compact-key/v1", the exact block's key, the codec's
+// id and its version (length-prefixed string, u32 LE), so that a compact copy
+// and its exact block, or two codecs' copies, never share a key, and a
+// compact key cannot be any block-key message (other tag). The exact key
+// already commits to the namespace and the fingerprint. InvalidArgument for
+// an empty codec id or one longer than 64 bytes, or version 0.
+StatusOr<BlockKey> CompactBlockKey(const BlockKey& exact, std::string_view codec,
+                                   std::uint32_t version);
+
 // A multimodal input of a request (an image, an audio clip, ...) and the run of
 // placeholder tokens the engine replaces with its embeddings.
 struct MultimodalPlaceholder {

@@ -663,3 +663,28 @@ TEST(BlockKeyTest, OrdersBytewiseAndWorksAsAHashMapKey) {
 
 }  // namespace
 }  // namespace kvfabric
+
+namespace kvfabric {
+namespace {
+
+// docs/block-key.md, section 8; the expected key was computed independently
+// (Python's hashlib over the message the section specifies).
+TEST(CompactBlockKeyTest, DerivesFromTheExactKeyTheCodecAndItsVersion) {
+  StatusOr<BlockKey> exact =
+      BlockKey::FromHex("a932d7d94127cd06c0499fdb642476e6d4095adf72d2dbfd295736b3f514cffe");
+  ASSERT_TRUE(exact.ok());
+  StatusOr<BlockKey> compact = CompactBlockKey(*exact, "int8-kc-vt", 1);
+  ASSERT_TRUE(compact.ok()) << compact.status().ToString();
+  EXPECT_EQ(compact->ToHex(), "9676bc645f16364613dbac8904141d2ffaba7042569c991cf27fdc8bb98fa0b6");
+  EXPECT_NE(*compact, *exact);
+  EXPECT_NE(*CompactBlockKey(*exact, "int8-kc-vt", 2), *compact);
+  EXPECT_NE(*CompactBlockKey(*exact, "int8-kc-vs", 1), *compact);
+  EXPECT_NE(*CompactBlockKey(*compact, "int8-kc-vt", 1), *compact);
+  EXPECT_EQ(CompactBlockKey(*exact, "", 1).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CompactBlockKey(*exact, "int8-kc-vt", 0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CompactBlockKey(*exact, std::string(65, 'c'), 1).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvfabric
