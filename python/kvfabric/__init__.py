@@ -22,6 +22,7 @@ from kvfabric.cluster import LocalCluster
 from kvfabric.errors import *  # noqa: F401,F403  (Error, Unavailable, ...)
 from kvfabric.errors import __all__ as _errors_all
 from kvfabric.keys import (
+    compact_int8_roundtrip,
     compute_block_keys,
     extra_keys_per_block,
     fingerprint_digest,
@@ -41,6 +42,7 @@ __all__ = [
     "RecomputeRequest",
     "RunOutcome",
     "Security",
+    "compact_int8_roundtrip",
     "compute_block_keys",
     "extra_keys_per_block",
     "fingerprint_digest",

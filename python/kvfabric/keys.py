@@ -51,3 +51,11 @@ def kv_scales_digest(k_scales: Sequence[float], v_scales: Sequence[float],
     """SHA-256 of the KV cache's scales in the canonical encoding (each layer's
     k scales then its v scales, f32 LE), for ModelFingerprint.kv_scales_digest."""
     return _kvfabric.kv_scales_digest(list(k_scales), list(v_scales), layer_count)
+
+
+def compact_int8_roundtrip(dtype: str, layers: int, tokens: int, kv_heads: int, head_dim: int,
+                           exact: bytes) -> Tuple[bytes, int]:
+    """An exact block payload (docs/block-format.md) through the compact_int8
+    codec (docs/compact.md) and back: the decoded values as float32 bytes in
+    the exact layout, and the compact payload's size in bytes."""
+    return _kvfabric.compact_int8_roundtrip(dtype, layers, tokens, kv_heads, head_dim, exact)

@@ -28,6 +28,7 @@
 #include "core/block_key.h"
 #include "core/model_fingerprint.h"
 #include "gpu/device.h"
+#include "gpu/kernels/compact_int8.h"
 #include "metrics/exposition.h"
 #include "prometheus/collectable.h"
 #include "python/src/options.h"
@@ -425,6 +426,34 @@ PYBIND11_MODULE(_kvfabric, m) {
           FingerprintDigest d = ValueOrThrow(KvScalesDigest(k, v, layer_count), "kv_scales_digest");
           return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
         });
+
+  m.def(
+      "compact_int8_roundtrip",
+      [](const std::string& dtype, std::uint32_t layers, std::uint32_t tokens,
+         std::uint32_t kv_heads, std::uint32_t head_dim, const py::bytes& exact) {
+        gpu::CompactShape shape;
+        shape.dtype = ValueOrThrow(ParseKvDtype(dtype), "dtype");
+        shape.layers = layers;
+        shape.tokens = tokens;
+        shape.kv_heads = kv_heads;
+        shape.head_dim = head_dim;
+        const std::string in = exact;
+        std::vector<std::byte> compact(
+            gpu::CompactPayloadBytes(layers, tokens, kv_heads, head_dim));
+        std::vector<float> decoded(std::size_t{layers} * 2 * tokens * kv_heads * head_dim);
+        {
+          py::gil_scoped_release release;
+          ThrowIfError(gpu::EncodeCompactInt8(shape, std::as_bytes(std::span(in.data(), in.size())),
+                                              compact),
+                       "compact_int8 encode");
+          ThrowIfError(gpu::DecodeCompactInt8(shape, compact, decoded), "compact_int8 decode");
+        }
+        return py::make_tuple(
+            py::bytes(reinterpret_cast<const char*>(decoded.data()), decoded.size() * 4),
+            compact.size());
+      },
+      py::arg("dtype"), py::arg("layers"), py::arg("tokens"), py::arg("kv_heads"),
+      py::arg("head_dim"), py::arg("exact"));
 
   py::class_<client::RecomputeRequest>(m, "RecomputeRequest")
       .def_readonly("context", &client::RecomputeRequest::context)
