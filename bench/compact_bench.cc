@@ -133,16 +133,22 @@ State Attend(const Args& a, const std::uint16_t* keys, const std::uint16_t* valu
   const AttentionShape shape{a.q_heads, a.heads, a.dim, KvDtype::kFp16};
   const float scale = 1.0f / std::sqrt(static_cast<float>(a.dim));
   const std::size_t row = std::size_t{a.heads} * a.dim, qn = std::size_t{a.q_heads} * a.dim;
-  const std::uint32_t blocks = compact_tokens / a.block;
+  // Compact blocks go a tile (a.tile tokens) per call, as exact tiles do.
+  const std::uint32_t blocks_per_tile = a.tile / a.block;
+  const std::uint32_t compact_tiles = compact_tokens / a.tile;
   const std::uint32_t tiles = (a.tokens - compact_tokens) / a.tile;
-  const std::uint32_t states = blocks + tiles;
+  const std::uint32_t states = compact_tiles + tiles;
+  const std::uint32_t blocks = compact_tiles;  // states before the exact tiles
   std::vector<float> outs(std::size_t{states} * qn), lses(std::size_t{states} * a.q_heads);
   const std::uint64_t payload = CompactPayloadBytes(1, a.block, a.heads, a.dim);
-  const std::uint64_t half = CompactHalfBytes(a.block, a.heads, a.dim);
-  for (std::uint32_t b = 0; b < blocks; ++b) {
-    const std::byte* p = compact.data() + b * payload;
-    DecodeAttentionCompactInt8(shape, scale, a.block, q.data(), p, p + half, outs.data() + b * qn,
-                               lses.data() + b * a.q_heads);
+  std::vector<const std::byte*> slices(blocks_per_tile);
+  for (std::uint32_t c = 0; c < compact_tiles; ++c) {
+    for (std::uint32_t b = 0; b < blocks_per_tile; ++b) {
+      slices[b] = compact.data() + (std::size_t{c} * blocks_per_tile + b) * payload;
+    }
+    DecodeAttentionCompactInt8Blocks(shape, scale, a.block, blocks_per_tile, q.data(),
+                                     slices.data(), outs.data() + c * qn,
+                                     lses.data() + c * a.q_heads);
   }
   for (std::uint32_t t = 0; t < tiles; ++t) {
     const std::size_t first = compact_tokens + std::size_t{t} * a.tile;

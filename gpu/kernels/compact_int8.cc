@@ -239,6 +239,50 @@ RowOps RowOpsFor(cpu_kernels::KernelIsa isa) {
   return {DotScalar, AxpyScalar};
 }
 
+// Attention of one query over `blocks` compact slices of `block_tokens`
+// tokens each (keys k_halves[b], values v_halves[b]), in order, into one
+// state: every score first (their max), then the weighted values.
+void AttendBlocks(const RowOps& ops, const AttentionShape& shape, float scale,
+                  std::uint32_t block_tokens, std::uint32_t blocks, const float* q,
+                  const std::byte* const* k_halves, const std::byte* const* v_halves, float* out,
+                  float* lse) {
+  const std::size_t H = shape.num_kv_heads, D = shape.head_dim;
+  const std::size_t group = shape.num_q_heads / shape.num_kv_heads;
+  const std::size_t half_elements = std::size_t{block_tokens} * H * D;
+  std::array<float, kMaxHeadDim> qs;
+  std::array<float, kMaxCompactTileTokens> scores;
+  for (std::size_t h = 0; h < shape.num_q_heads; ++h) {
+    const std::size_t g = h / group;
+    float m = -std::numeric_limits<float>::infinity();
+    for (std::size_t b = 0; b < blocks; ++b) {
+      // The keys' channel scales (per block) fold into the query.
+      const std::byte* ks = k_halves[b] + half_elements;
+      for (std::size_t d = 0; d < D; ++d) qs[d] = scale * q[h * D + d] * GetScale(ks, g * D + d);
+      const auto* kq = reinterpret_cast<const std::int8_t*>(k_halves[b]);
+      for (std::size_t t = 0; t < block_tokens; ++t) {
+        float& s = scores[b * block_tokens + t];
+        s = ops.dot(qs.data(), kq + (t * H + g) * D, D);
+        m = std::max(m, s);
+      }
+    }
+    float* o = out + h * D;
+    std::fill(o, o + D, 0.0f);
+    float sum = 0;
+    for (std::size_t b = 0; b < blocks; ++b) {
+      const auto* vq = reinterpret_cast<const std::int8_t*>(v_halves[b]);
+      const std::byte* vs = v_halves[b] + half_elements;
+      for (std::size_t t = 0; t < block_tokens; ++t) {
+        const float p = std::exp(scores[b * block_tokens + t] - m);
+        sum += p;
+        // The values' token scale folds into the weight.
+        ops.axpy(p * GetScale(vs, t * H + g), vq + (t * H + g) * D, o, D);
+      }
+    }
+    for (std::size_t d = 0; d < D; ++d) o[d] /= sum;
+    lse[h] = m + std::log(sum);
+  }
+}
+
 }  // namespace
 
 void DecodeAttentionCompactInt8(const AttentionShape& shape, float scale, std::uint32_t tokens,
@@ -252,37 +296,27 @@ void DecodeAttentionCompactInt8With(cpu_kernels::KernelIsa isa, const AttentionS
                                     float scale, std::uint32_t tokens, const float* q,
                                     const std::byte* k_half, const std::byte* v_half, float* out,
                                     float* lse) {
-  const RowOps ops = RowOpsFor(isa);
-  const std::size_t H = shape.num_kv_heads, D = shape.head_dim;
-  const std::size_t group = shape.num_q_heads / shape.num_kv_heads;
-  const std::size_t half_elements = std::size_t{tokens} * H * D;
-  const auto* kq = reinterpret_cast<const std::int8_t*>(k_half);
-  const auto* vq = reinterpret_cast<const std::int8_t*>(v_half);
-  const std::byte* ks = k_half + half_elements;
-  const std::byte* vs = v_half + half_elements;
-  std::array<float, kMaxHeadDim> qs;
-  std::array<float, kMaxTokensPerBlock> scores;
-  for (std::size_t h = 0; h < shape.num_q_heads; ++h) {
-    const std::size_t g = h / group;
-    // The keys' channel scales fold into the query, once per head.
-    for (std::size_t d = 0; d < D; ++d) qs[d] = scale * q[h * D + d] * GetScale(ks, g * D + d);
-    float m = -std::numeric_limits<float>::infinity();
-    for (std::size_t t = 0; t < tokens; ++t) {
-      scores[t] = ops.dot(qs.data(), kq + (t * H + g) * D, D);
-      m = std::max(m, scores[t]);
-    }
-    float* o = out + h * D;
-    std::fill(o, o + D, 0.0f);
-    float sum = 0;
-    for (std::size_t t = 0; t < tokens; ++t) {
-      const float p = std::exp(scores[t] - m);
-      sum += p;
-      // The values' token scale folds into the weight.
-      ops.axpy(p * GetScale(vs, t * H + g), vq + (t * H + g) * D, o, D);
-    }
-    for (std::size_t d = 0; d < D; ++d) o[d] /= sum;
-    lse[h] = m + std::log(sum);
-  }
+  AttendBlocks(RowOpsFor(isa), shape, scale, tokens, 1, q, &k_half, &v_half, out, lse);
+}
+
+void DecodeAttentionCompactInt8Blocks(const AttentionShape& shape, float scale,
+                                      std::uint32_t block_tokens, std::uint32_t blocks,
+                                      const float* q, const std::byte* const* slices, float* out,
+                                      float* lse) {
+  static const cpu_kernels::KernelIsa isa = cpu_kernels::BestKernelIsa();
+  DecodeAttentionCompactInt8BlocksWith(isa, shape, scale, block_tokens, blocks, q, slices, out,
+                                       lse);
+}
+
+void DecodeAttentionCompactInt8BlocksWith(cpu_kernels::KernelIsa isa, const AttentionShape& shape,
+                                          float scale, std::uint32_t block_tokens,
+                                          std::uint32_t blocks, const float* q,
+                                          const std::byte* const* slices, float* out, float* lse) {
+  const std::uint64_t half = CompactHalfBytes(block_tokens, shape.num_kv_heads, shape.head_dim);
+  std::array<const std::byte*, kMaxCompactTileTokens> v_halves;
+  for (std::uint32_t b = 0; b < blocks; ++b) v_halves[b] = slices[b] + half;
+  AttendBlocks(RowOpsFor(isa), shape, scale, block_tokens, blocks, q, slices, v_halves.data(), out,
+               lse);
 }
 
 }  // namespace kvfabric::gpu

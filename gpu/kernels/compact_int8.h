@@ -84,6 +84,24 @@ Status DecodeCompactInt8(const CompactShape& shape, std::span<const std::byte> c
 void DecodeAttentionCompactInt8(const AttentionShape& shape, float scale, std::uint32_t tokens,
                                 const float* q, const std::byte* k_half, const std::byte* v_half,
                                 float* out, float* lse);
+// Most tokens one call of the blocks form below attends over.
+inline constexpr std::uint32_t kMaxCompactTileTokens = 4096;
+
+// Decode attention over `blocks` compact layer slices of `block_tokens`
+// tokens each, in order (slices[b]: block b's K half, its V half right
+// after, as in the payload), into one state: an attention tile of several
+// compact blocks, one (out, lse) to merge instead of one per block.
+// REQUIRES: as above; 1 <= blocks and blocks * block_tokens <=
+// kMaxCompactTileTokens.
+void DecodeAttentionCompactInt8Blocks(const AttentionShape& shape, float scale,
+                                      std::uint32_t block_tokens, std::uint32_t blocks,
+                                      const float* q, const std::byte* const* slices, float* out,
+                                      float* lse);
+void DecodeAttentionCompactInt8BlocksWith(cpu_kernels::KernelIsa isa, const AttentionShape& shape,
+                                          float scale, std::uint32_t block_tokens,
+                                          std::uint32_t blocks, const float* q,
+                                          const std::byte* const* slices, float* out, float* lse);
+
 // The same with a given instruction set (BestKernelIsa() above): AVX2 + FMA
 // widens eight int8 per step, scalar one. REQUIRES: KernelIsaSupported(isa).
 void DecodeAttentionCompactInt8With(cpu_kernels::KernelIsa isa, const AttentionShape& shape,

@@ -175,5 +175,46 @@ TEST(CompactInt8Test, TheKernelAttendsOverTheDecodedValuesAndMergesByLse) {
   }
 }
 
+// Several compact blocks in one call give the state that merging their
+// one-block states by LSE gives (up to float reassociation).
+TEST(CompactInt8Test, ATileOfBlocksIsTheMergeOfItsBlocks) {
+  const std::uint64_t seed =
+      TestSeed(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  const AttentionShape shape{4, kHeads, kDim, KvDtype::kFp32};
+  const float scale = 0.125f;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> q(shape.num_q_heads * kDim);
+  for (float& v : q) v = normal(rng);
+  std::vector<float> x;
+  const std::vector<std::byte> exact = ExactBlock(KvDtype::kFp32, seed, &x);
+  std::vector<std::byte> compact(CompactPayloadBytes(kLayers, kTokens, kHeads, kDim));
+  ASSERT_TRUE(EncodeCompactInt8(Shape(KvDtype::kFp32), exact, compact).ok());
+  // The block's two layer slices stand for two blocks of one layer.
+  const std::uint64_t half = CompactHalfBytes(kTokens, kHeads, kDim);
+  const std::byte* slices[2] = {compact.data(), compact.data() + 2 * half};
+  const std::size_t qn = q.size();
+  std::vector<float> tile(qn), tile_lse(shape.num_q_heads), one(2 * qn),
+      one_lse(2 * shape.num_q_heads);
+  for (auto isa : {cpu_kernels::KernelIsa::kScalar, cpu_kernels::BestKernelIsa()}) {
+    DecodeAttentionCompactInt8BlocksWith(isa, shape, scale, kTokens, 2, q.data(), slices,
+                                         tile.data(), tile_lse.data());
+    for (int b = 0; b < 2; ++b) {
+      DecodeAttentionCompactInt8With(isa, shape, scale, kTokens, q.data(), slices[b],
+                                     slices[b] + half, one.data() + b * qn,
+                                     one_lse.data() + b * shape.num_q_heads);
+    }
+    std::vector<float> merged(qn), merged_lse(shape.num_q_heads);
+    cpu_kernels::MergeStates(2, shape.num_q_heads, kDim, one.data(), one_lse.data(), merged.data(),
+                             merged_lse.data());
+    for (std::size_t i = 0; i < qn; ++i) {
+      EXPECT_NEAR(tile[i], merged[i], 1e-5f * (1.0f + std::fabs(merged[i]))) << i;
+    }
+    for (std::uint32_t h = 0; h < shape.num_q_heads; ++h) {
+      EXPECT_NEAR(tile_lse[h], merged_lse[h], 1e-5f * (1.0f + std::fabs(merged_lse[h])));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvfabric::gpu
