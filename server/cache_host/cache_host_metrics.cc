@@ -360,6 +360,42 @@ std::vector<MetricFamily> SnapshotFamilies(const CacheHostSnapshot& s, std::size
          S(r.dropped_duplicate, {{"reason", "duplicate"}}),
          S(s.recovery_orphans, {{"reason", "orphan"}})});
 
+  // ---- Compact converter (compact_converter.h; zero with --compact-threads=0) ----
+  const CompactConversionStats& c = s.compact;
+  Gauge(out, "compact_threads",
+        "Threads converting exact blocks to compact copies (--compact-threads; 0: off).",
+        {S(c.threads)});
+  Gauge(out, "compact_queue_blocks", "Committed blocks waiting for conversion to a compact copy.",
+        {S(c.queued)});
+  Counter(out, "compact_converted_total", "Compact copies published beside their exact blocks.",
+          {S(c.converted)});
+  std::vector<Sample> failed;
+  for (std::size_t i = 0; i < kCompactFailureKinds; ++i) {
+    failed.push_back(
+        S(c.failed[i],
+          {{"reason", std::string(CompactFailureName(static_cast<CompactFailure>(i)))}}));
+  }
+  Counter(out, "compact_failures_total",
+          "Conversions that made no copy (the block stays exact only): encode = the codec refused "
+          "it (non-finite value), no_saving = the copy would not be smaller, too_large = past the "
+          "converter's buffers, evicted = the block left the host pool first, error = other.",
+          std::move(failed));
+  Counter(out, "compact_dropped_total",
+          "Pending conversions dropped because the queue was full (--compact-queue-blocks).",
+          {S(c.dropped)});
+  Counter(out, "compact_paused_total",
+          "Times conversion was put off: free host bytes under --compact-min-free-bytes (or the "
+          "high watermark's reserve) with the copy placed, or the reservation refused.",
+          {S(c.paused)});
+  Counter(out, "compact_written_bytes_total", "Payload bytes of the compact copies published.",
+          {S(c.bytes_written)});
+  Counter(out, "compact_source_bytes_total",
+          "Payload bytes of the exact blocks that got a compact copy.",
+          {S(c.exact_bytes_converted)});
+  Counter(out, "compact_seconds_total",
+          "Time the converter's threads spent on conversions (read, encode, publish), in seconds.",
+          {S(c.seconds)});
+
   EmitNamespaces(s.namespaces, namespace_series, out);
   return out;
 }

@@ -199,6 +199,12 @@ Status CacheHostNode::CheckAdmitting() const {
 StatusOr<ReserveBatch> CacheHostNode::Reserve(const Namespace& ns,
                                               std::span<const ReserveEntry> entries,
                                               std::uint64_t ttl_us) {
+  return ReserveImpl(ns, entries, ttl_us, /*make_room=*/true);
+}
+
+StatusOr<ReserveBatch> CacheHostNode::ReserveImpl(const Namespace& ns,
+                                                  std::span<const ReserveEntry> entries,
+                                                  std::uint64_t ttl_us, bool make_room) {
   KVF_RETURN_IF_ERROR(CheckAdmitting());
   ttl_us = std::min(ttl_us == 0 ? options_.reservation_ttl_us : ttl_us,
                     options_.reservation_ttl_us);
@@ -217,7 +223,7 @@ StatusOr<ReserveBatch> CacheHostNode::Reserve(const Namespace& ns,
     // also free what brings the namespace back under it: pages_needed = free
     // pages + the overshoot.
     const auto give_up = std::chrono::steady_clock::now() + options_.reserve_wait;
-    while (!r.ok() && r.status().code() == StatusCode::kResourceExhausted &&
+    while (make_room && !r.ok() && r.status().code() == StatusCode::kResourceExhausted &&
            std::chrono::steady_clock::now() < give_up) {
       const std::uint64_t block_pages = pool_->PagesFor(e.meta.bytes);
       std::uint64_t pages = block_pages;
@@ -508,16 +514,24 @@ std::vector<Status> CacheHostNode::Delete(const Namespace& ns, std::span<const B
 void CacheHostNode::set_block_event_sink(BlockEventSink sink) {
   MutexLock lock(&observer_mu_);
   event_sink_ = std::move(sink);
-  has_sink_.store(static_cast<bool>(event_sink_));
+  has_sink_.store(static_cast<bool>(event_sink_) || static_cast<bool>(event_tap_));
+}
+
+void CacheHostNode::set_block_event_tap(BlockEventSink tap) {
+  MutexLock lock(&observer_mu_);
+  event_tap_ = std::move(tap);
+  has_sink_.store(static_cast<bool>(event_sink_) || static_cast<bool>(event_tap_));
 }
 
 void CacheHostNode::Emit(std::vector<BlockEventRecord> events) {
   if (events.empty()) return;
-  BlockEventSink sink;
+  BlockEventSink sink, tap;
   {
     MutexLock lock(&observer_mu_);
     sink = event_sink_;
+    tap = event_tap_;
   }
+  if (tap) tap(sink ? events : std::move(events));
   if (sink) sink(std::move(events));
 }
 

@@ -75,6 +75,7 @@
 #include "core/status.h"
 #include "core/statusor.h"
 #include "server/cache_host/block_index.h"
+#include "server/cache_host/compact_conversion_stats.h"
 #include "server/cache_host/data_plane.h"
 #include "server/cache_host/eviction_policy.h"
 #include "server/cache_host/host_page_pool.h"
@@ -274,6 +275,9 @@ struct CacheHostSnapshot {
   std::uint64_t demotion_failures = 0;  // demotions the NVMe tier failed (full, I/O error)
   bool demotion_backing_off = false;    // eviction drops instead of demoting for now
   CatalogStats catalog;                 // the NVMe catalog's (zero without a tier)
+  // The background compact converter's (compact_converter.h). Snapshot()
+  // leaves it zero: the daemon's snapshot source fills it in.
+  CompactConversionStats compact;
 };
 
 // A data-plane transfer the node allowed (see BeginTransfer).
@@ -407,12 +411,41 @@ class CacheHostNode {
   // Block events for the placement reporter (server/cache_host/
   // placement_reporter.h). Set once, before traffic.
   void set_block_event_sink(BlockEventSink sink);
+  // A second receiver of the same events, for in-process consumers (the
+  // compact converter, compact_converter.h): the same contract as the sink.
+  // Set once, before traffic; nullptr removes it.
+  void set_block_event_tap(BlockEventSink tap);
   // Every block held now, as kPresent events (a full report for placement).
   std::vector<BlockEventRecord> SnapshotBlocks() const;
   // Usage of each tier, for membership capacity reports.
   std::uint64_t host_free_bytes() const;
   std::uint64_t nvme_capacity_bytes() const { return nvme_ ? options_.nvme.capacity_bytes : 0; }
   std::uint64_t nvme_free_bytes() const;
+
+  // ---- In-process blocks (the compact converter, compact_converter.h) ----
+  // These let code in this process read and write blocks through the same
+  // grants, lease-table brackets, quotas and events as a client, without a
+  // transport. cache_host_node_local.cc.
+  //
+  // Reserve that never makes room: an entry the pool or the namespace's
+  // quota cannot hold now answers ResourceExhausted at once, and nothing is
+  // evicted, demoted or waited for. Otherwise as Reserve (grant, token, TTL).
+  StatusOr<ReserveBatch> ReserveWithoutEviction(const Namespace& ns,
+                                                std::span<const ReserveEntry> entries,
+                                                std::uint64_t ttl_us);
+  // Copies `payload` (the whole block) into the pages of `key`, reserved
+  // under `grant` and not yet committed, recorded as written so that Commit
+  // accepts it. NotFound (as Commit) for a grant that is not `ns`'s, not a
+  // write grant, or does not hold `key`; InvalidArgument for a payload that
+  // is not the reserved size.
+  Status WriteReservedBlock(const Namespace& ns, const GrantRef& grant, const BlockKey& key,
+                            std::span<const std::byte> payload);
+  // Copies the payload of `key`, leased under the read grant `grant` (from
+  // Lease), into `out` (exactly the block's bytes). The grant's lease keeps
+  // the pages from eviction and the copy is bracketed like a data-plane
+  // read. NotFound as above; InvalidArgument for a wrong-sized `out`.
+  Status ReadLeasedBlock(const Namespace& ns, const GrantRef& grant, const BlockKey& key,
+                         std::span<std::byte> out);
 
   // Runs one maintenance step now (tests): expiry, background eviction.
   void TEST_RunMaintenance();
@@ -436,6 +469,14 @@ class CacheHostNode {
   };
 
   CacheHostNode(CacheHostOptions options, transport::Transport* transport, Env* env);
+  // Reserve and ReserveWithoutEviction: `make_room` runs eviction passes and
+  // waits up to reserve_wait for a block that does not fit.
+  StatusOr<ReserveBatch> ReserveImpl(const Namespace& ns, std::span<const ReserveEntry> entries,
+                                     std::uint64_t ttl_us, bool make_room);
+  // The pages and reservation (write) of `key` under the grant `ref`, if
+  // `ref` is `ns`'s grant of kind `write` and holds it open.
+  std::optional<GrantBlock> FindGrantBlock(const Namespace& ns, const GrantRef& ref,
+                                           const BlockKey& key, bool write);
   Status Start();
   Status RecoverNvme();
   // Unavailable (naming the state) unless serving.
@@ -525,6 +566,7 @@ class CacheHostNode {
   Mutex observer_mu_;
   TransferObserver observer_ KVF_GUARDED_BY(observer_mu_);
   BlockEventSink event_sink_ KVF_GUARDED_BY(observer_mu_);
+  BlockEventSink event_tap_ KVF_GUARDED_BY(observer_mu_);
   std::atomic<bool> has_sink_{false};
   void Emit(std::vector<BlockEventRecord> events);
 

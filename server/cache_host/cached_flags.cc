@@ -6,12 +6,14 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/block_format.h"
 #include "core/bus_calibration.h"
 #include "core/config/unit_flags.h"
 #include "core/env.h"
@@ -212,6 +214,35 @@ StatusOr<cache_host::CacheHostOptions> BuildOptions(Flags& f, cache_host::CacheH
 
 // --check-config: what Create would refuse, and the arithmetic it would
 // print, on stdout; nothing is allocated, bound or opened.
+// The compact converter's options from --compact-*. Its buffers are sized
+// for the largest block of the --model list (64 MiB, the format's largest,
+// without one); a larger block is not converted (counted as too_large).
+// InvalidArgument naming the flag.
+StatusOr<cache_host::CompactConverterOptions> BuildCompactOptions(
+    const Flags& f, const cache_host::CacheHostOptions& o) {
+  cache_host::CompactConverterOptions c;
+  c.threads = f.compact_threads;
+  c.queue_blocks = static_cast<std::size_t>(f.compact_queue_blocks);
+  if (f.compact_min_free_bytes != Flags::kCompactMinFreeDefault) {
+    if (f.compact_min_free_bytes > o.pool.pool_bytes) {
+      return Status::InvalidArgument(
+          "--compact-min-free-bytes " + std::to_string(f.compact_min_free_bytes) +
+          " is more than --host-pool-bytes " + std::to_string(o.pool.pool_bytes));
+    }
+    c.min_free_bytes = f.compact_min_free_bytes;
+  }
+  if (!o.models.empty()) {
+    std::uint64_t largest = 0;
+    for (const cache_host::PoolModel& m : o.models) {
+      KVF_ASSIGN_OR_RETURN(std::uint64_t bytes, m.fingerprint.BlockBytes());
+      largest = std::max(largest, bytes);
+    }
+    c.max_block_bytes = std::min(largest, kMaxBlockPayloadBytes);
+  }
+  KVF_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
 int CheckConfig(const Flags& f, const cache_host::CacheHostOptions& o) {
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "kvfabric-cached: --check-config: %s\n", s.ToString().c_str());

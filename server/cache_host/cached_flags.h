@@ -16,6 +16,7 @@
 #include "security/grpc_security.h"
 #include "security/tenant_policy.h"
 #include "server/cache_host/cache_host_node.h"
+#include "server/cache_host/compact_converter.h"
 #include "server/grpc_server_limits.h"
 
 namespace kvfabric::cached {
@@ -81,12 +82,20 @@ struct Flags {
   std::uint32_t max_data_handshakes = 1024;
   bool data_plane_tls = false;
   std::chrono::microseconds data_session_ttl{3'600'000'000};
+  // The background compact converter (compact_converter.h, docs/cache-host.md).
+  int compact_threads = 0;
+  std::uint64_t compact_queue_blocks = 1024;
+  // kCompactMinFreeDefault: 10% of --host-pool-bytes.
+  std::uint64_t compact_min_free_bytes = kCompactMinFreeDefault;
+  static constexpr std::uint64_t kCompactMinFreeDefault = ~std::uint64_t{0};
 };
 
 GrpcSecurityOptions AdminSecurity(const Flags& f);
 GrpcSecurityOptions PlacementSecurity(const Flags& f);
 Status ValidateSecurity(Flags& f);
 StatusOr<cache_host::CacheHostOptions> BuildOptions(Flags& f, cache_host::CacheHostOptions o);
+StatusOr<cache_host::CompactConverterOptions> BuildCompactOptions(
+    const Flags& f, const cache_host::CacheHostOptions& o);
 int CheckConfig(const Flags& f, const cache_host::CacheHostOptions& o);
 
 }  // namespace kvfabric::cached

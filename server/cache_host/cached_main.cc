@@ -260,6 +260,19 @@ int Run(int argc, char** argv) {
                  "machine name clients compare with theirs to pick local paths (default hostname)");
   AddDurationOption(app, "--membership-ttl", &f.membership_ttl,
                     "membership lease with placement; a dead daemon leaves plans after it");
+  app.add_option("--compact-threads", f.compact_threads,
+                 "threads converting committed exact blocks to compact_int8 copies in the "
+                 "background (docs/compact.md); 0: off (nothing reads the copies yet)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
+  app.add_option("--compact-queue-blocks", f.compact_queue_blocks,
+                 "committed blocks waiting for conversion; a full queue drops the oldest")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 24));
+  AddBytesOption(app, "--compact-min-free-bytes", &f.compact_min_free_bytes,
+                 "conversion pauses while the host pool's free bytes (less the copy) are under "
+                 "this")
+      ->default_str("10% of --host-pool-bytes");
   AddDurationOption(app, "--shutdown-grace", &f.shutdown_grace,
                     "how long SIGTERM waits for leases in use before cancelling");
   try {
@@ -305,6 +318,11 @@ int Run(int argc, char** argv) {
         "kvfabric-cached: --tcp-receive-buffer-bytes={}: must be 0 (kernel "
         "autotuning) or 4KiB..64MiB",
         f.tcp_receive_buffer_bytes);
+    return 2;
+  }
+  auto compact_options = cached::BuildCompactOptions(f, *options);
+  if (!compact_options.ok()) {
+    spdlog::error("kvfabric-cached: {}", compact_options.status().ToString());
     return 2;
   }
   if (check_config) return CheckConfig(f, *options);
@@ -353,8 +371,23 @@ int Run(int argc, char** argv) {
     spdlog::error("kvfabric-cached: cannot start: {}", node.status().ToString());
     return 1;
   }
+  // Before any traffic, so that it sees every commit (its event tap).
+  std::shared_ptr<cache_host::CompactConverter> converter;
+  {
+    auto created = cache_host::CompactConverter::Create(*compact_options, node->get());
+    if (!created.ok()) {
+      spdlog::error("kvfabric-cached: cannot start: {}", created.status().ToString());
+      return 1;
+    }
+    converter = std::move(*created);
+  }
   auto metrics = std::make_shared<cache_host::CacheHostMetrics>(
-      [n = node->get()] { return n->Snapshot(); }, f.metrics_namespace_series);
+      [n = node->get(), c = std::weak_ptr<cache_host::CompactConverter>(converter)] {
+        cache_host::CacheHostSnapshot s = n->Snapshot();
+        if (auto live = c.lock()) s.compact = live->Stats();
+        return s;
+      },
+      f.metrics_namespace_series);
   (*node)->set_transfer_observer(cache_host::CacheHostMetrics::ObserverFor(metrics));
   auto rpc_metrics = metrics::RpcServerMetrics::Create("cached");
   auto build_info = metrics::NewBuildInfo("cached");
@@ -499,6 +532,7 @@ int Run(int argc, char** argv) {
   spdlog::info("kvfabric-cached: signal {}: draining", sig);
   health.SetState(v1::SERVING_STATUS_DRAINING, "shutting down");
   (*node)->Drain(false);
+  converter.reset();               // stops converting before the node shuts down
   if (reporter) reporter->Stop();  // deregisters: placement stops planning here
   (*node)->Shutdown(std::chrono::duration_cast<std::chrono::milliseconds>(f.shutdown_grace));
   // The listeners stop together, so SIGTERM ends within --shutdown-grace

@@ -1,0 +1,280 @@
+// CompactConverter over a real node (cache_host_node_test_fixture.h): what is
+// converted, what is refused and counted, and that conversion never costs
+// another block its place.
+#include "server/cache_host/compact_converter.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/block_key.h"
+#include "core/crc32c.h"
+#include "gpu/kernels/compact_int8.h"
+#include "gpu/kernels/float_convert.h"
+#include "server/cache_host/cache_host_node_test_fixture.h"
+
+namespace kvfabric::cache_host::node_test {
+namespace {
+
+using namespace std::chrono_literals;
+
+BlockKey CompactKey(const BlockKey& exact) {
+  return *CompactBlockKey(exact, gpu::kCompactInt8Codec, gpu::kCompactInt8Version);
+}
+
+gpu::CompactShape ShapeOf(const BlockMeta& m) {
+  return {m.dtype, m.layers, m.tokens, m.kv_heads, m.head_dim};
+}
+
+class CompactConverterTest : public CacheHostNodeTest {
+ protected:
+  void TearDown() override {
+    converter_.reset();  // before the node
+    CacheHostNodeTest::TearDown();
+  }
+
+  CompactConverterOptions ConverterOptions(int threads) {
+    CompactConverterOptions o;
+    o.threads = threads;
+    o.max_block_bytes = 4 << 20;
+    o.retry_interval = 5ms;
+    return o;
+  }
+
+  void StartConverter(CompactConverterOptions o) {
+    auto c = CompactConverter::Create(std::move(o), node_.get());
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    converter_ = std::move(*c);
+  }
+
+  // Fills staging [offset, +meta.bytes) with finite fp16 values in [-4, 4)
+  // (a NaN at element `nan_at` if given) and returns them as floats.
+  std::vector<float> FillFp16(const BlockMeta& meta, std::uint64_t offset,
+                              std::optional<std::size_t> nan_at = std::nullopt) {
+    std::mt19937_64 g(seed_ ^ offset ^ meta.token_offset);
+    std::uniform_real_distribution<float> d(-4.0f, 4.0f);
+    const std::size_t n = meta.bytes / 2;
+    std::vector<float> values(n);
+    auto dst = Staging(offset, meta.bytes);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint16_t bits = gpu::FloatToFp16Bits(d(g));
+      if (nan_at == i) bits = 0x7e00;
+      values[i] = gpu::Fp16BitsToFloat(bits);
+      std::memcpy(dst.data() + 2 * i, &bits, 2);
+    }
+    return values;
+  }
+
+  // Reserve, put staging [offset, +meta.bytes) as it is, commit.
+  Status PutStaged(const std::string& ns, const BlockKey& key, const BlockMeta& meta,
+                   std::uint64_t offset) {
+    ReserveEntry e{key, meta};
+    auto r = node_->Reserve(Namespace{ns}, std::span<const ReserveEntry>(&e, 1), 0);
+    if (!r.ok()) return r.status();
+    if (!r->results[0].status.ok()) return r->results[0].status;
+    KVF_RETURN_IF_ERROR(dp_->Transfer(conn_.get(), DataOp::kPut, r->grant.lease_id, r->grant.token,
+                                      region_, Ranges(r->results[0].extents, offset),
+                                      Clock::now() + std::chrono::seconds(10)));
+    CommitEntry c{key, crc32c::Value(Staging(offset, meta.bytes))};
+    auto s = node_->Commit(Namespace{ns}, GrantRef{r->grant.lease_id, r->grant.token},
+                           std::span<const CommitEntry>(&c, 1), true);
+    if (!s.ok()) return s.status();
+    return (*s)[0];
+  }
+
+  // Reads the compact copy of `exact_key` (lease, fetch, client-side CRC
+  // check) and checks that it decodes to within the codec's bound of
+  // `exact`: half a scale step, the scale at most the block's largest |x|
+  // over 127, plus the scale's fp16 rounding.
+  void ExpectCopyDecodesTo(const std::string& ns, const BlockKey& exact_key, const BlockMeta& meta,
+                           const std::vector<float>& exact) {
+    const BlockKey ckey = CompactKey(exact_key);
+    auto looked = node_->Lookup(Namespace{ns}, std::span<const BlockKey>(&ckey, 1));
+    ASSERT_TRUE(looked[0].status.ok()) << looked[0].status.ToString();
+    const BlockMeta& cm = looked[0].meta;
+    EXPECT_EQ(cm.representation, BlockRepresentation::kCompactInt8);
+    EXPECT_EQ(cm.dtype, meta.dtype);
+    EXPECT_EQ(cm.token_offset, meta.token_offset);
+    EXPECT_EQ(cm.fingerprint, meta.fingerprint);
+    const std::uint64_t bytes =
+        gpu::CompactPayloadBytes(meta.layers, meta.tokens, meta.kv_heads, meta.head_dim);
+    ASSERT_EQ(cm.bytes, bytes);
+    constexpr std::uint64_t kAt = 6 << 20;
+    ASSERT_TRUE(Get(ns, ckey, kAt).ok());  // checks the bytes against the block's CRC
+    EXPECT_EQ(crc32c::Value(Staging(kAt, bytes)), looked[0].crc32c);
+    std::vector<float> decoded(exact.size());
+    ASSERT_TRUE(gpu::DecodeCompactInt8(ShapeOf(meta), Staging(kAt, bytes), decoded).ok());
+    float max_abs = 0;
+    for (float x : exact) max_abs = std::max(max_abs, std::fabs(x));
+    const float bound = max_abs / 127.0f * (0.5f + 1.0f / 1024.0f);
+    for (std::size_t i = 0; i < exact.size(); ++i) {
+      ASSERT_LE(std::fabs(decoded[i] - exact[i]), bound) << "element " << i;
+    }
+  }
+
+  bool HasCopy(const std::string& ns, const BlockKey& exact_key) {
+    const BlockKey ckey = CompactKey(exact_key);
+    return node_->Lookup(Namespace{ns}, std::span<const BlockKey>(&ckey, 1))[0].status.ok();
+  }
+
+  std::unique_ptr<CompactConverter> converter_;
+};
+
+TEST_F(CompactConverterTest, PublishesACopyThatDecodesWithinTheBoundBesideTheExactBlock) {
+  StartNode(Options(8 << 20, false));
+  StartConverter(ConverterOptions(1));
+  const BlockMeta meta = Meta(2);
+  const std::vector<float> exact = FillFp16(meta, 0);
+  const std::vector<std::byte> written(Staging(0, meta.bytes).begin(),
+                                       Staging(0, meta.bytes).end());
+  ASSERT_TRUE(PutStaged("tenant", Key(1), meta, 0).ok());
+  ASSERT_TRUE(converter_->TEST_WaitIdle(10s));
+
+  ExpectCopyDecodesTo("tenant", Key(1), meta, exact);
+  const CompactConversionStats s = converter_->Stats();
+  EXPECT_EQ(s.converted, 1u);
+  EXPECT_EQ(s.bytes_written,
+            gpu::CompactPayloadBytes(meta.layers, meta.tokens, meta.kv_heads, meta.head_dim));
+  EXPECT_EQ(s.exact_bytes_converted, meta.bytes);
+  EXPECT_GT(s.seconds, 0.0);
+
+  // The exact block is as it was, and leases and reads as before.
+  const BlockKey key = Key(1);
+  auto looked = node_->Lookup(Namespace{"tenant"}, std::span<const BlockKey>(&key, 1));
+  ASSERT_TRUE(looked[0].status.ok());
+  EXPECT_EQ(looked[0].meta.representation, BlockRepresentation::kExact);
+  EXPECT_EQ(looked[0].meta.bytes, meta.bytes);
+  EXPECT_EQ(looked[0].active_leases, 0u);  // the converter's lease ended
+  ASSERT_TRUE(Get("tenant", Key(1), 2 << 20).ok());
+  EXPECT_EQ(0, std::memcmp(Staging(2 << 20, meta.bytes).data(), written.data(), meta.bytes));
+  // Another namespace sees neither.
+  EXPECT_FALSE(HasCopy("other", Key(1)));
+}
+
+TEST_F(CompactConverterTest, ABlockWithANaNGetsNoCopyAndCountsAnEncodeFailure) {
+  StartNode(Options(8 << 20, false));
+  StartConverter(ConverterOptions(1));
+  const BlockMeta meta = Meta(2);
+  FillFp16(meta, 0, /*nan_at=*/1234);
+  ASSERT_TRUE(PutStaged("tenant", Key(1), meta, 0).ok());
+  ASSERT_TRUE(converter_->TEST_WaitIdle(10s));
+  EXPECT_FALSE(HasCopy("tenant", Key(1)));
+  const CompactConversionStats s = converter_->Stats();
+  EXPECT_EQ(s.converted, 0u);
+  EXPECT_EQ(s.failed[static_cast<std::size_t>(CompactFailure::kEncode)], 1u);
+  EXPECT_TRUE(Get("tenant", Key(1), 2 << 20).ok());
+  // No reservation was left behind.
+  EXPECT_EQ(node_->Snapshot().pages.reserved, 0u);
+}
+
+TEST_F(CompactConverterTest, PausesWithoutEvictingWhileFreeBytesAreUnderTheMinimum) {
+  CacheHostOptions o = Options(4 << 20, false);  // 64 pages of 64 KiB
+  o.watermarks = {1.0, 1.0};  // no background eviction: only the converter's choice
+  StartNode(o);
+  const BlockMeta meta = Meta(2);  // 2 pages
+  for (int i = 0; i < 29; ++i) {   // 58 pages: 6 free, under 10% of the pool
+    Fill(0, meta.bytes, i);
+    ASSERT_TRUE(PutStaged("tenant", Key(i), Meta(2, 16 * i), 0).ok()) << i;
+  }
+  CompactConverterOptions co = ConverterOptions(1);  // min_free: the default, 10% of the pool
+  StartConverter(co);
+  EXPECT_EQ(converter_->min_free_bytes(), (4u << 20) / 10);
+  const BlockMeta last = Meta(2, 16 * 29);
+  const std::vector<float> exact = FillFp16(last, 0);
+  ASSERT_TRUE(PutStaged("tenant", Key(29), last, 0).ok());
+  ASSERT_TRUE(WaitFor([&] { return converter_->Stats().paused >= 3; }, 10s, "paused"));
+  CacheHostSnapshot snap = node_->Snapshot();
+  for (std::uint64_t n : snap.evictions_by_action) EXPECT_EQ(n, 0u);
+  EXPECT_EQ(converter_->Stats().converted, 0u);
+  EXPECT_EQ(converter_->Stats().queued, 1u);
+  EXPECT_FALSE(HasCopy("tenant", Key(29)));
+  std::vector<BlockKey> keys;
+  for (int i = 0; i < 30; ++i) keys.push_back(Key(i));
+  for (const LookupEntryResult& r : node_->Lookup(Namespace{"tenant"}, keys)) {
+    EXPECT_TRUE(r.status.ok());
+  }
+
+  // Room again: the paused conversion goes ahead.
+  std::vector<BlockKey> drop(keys.begin(), keys.begin() + 10);
+  for (const Status& s : node_->Delete(Namespace{"tenant"}, drop)) ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(converter_->TEST_WaitIdle(10s));
+  EXPECT_EQ(converter_->Stats().converted, 1u);
+  ExpectCopyDecodesTo("tenant", Key(29), last, exact);
+  snap = node_->Snapshot();
+  for (std::uint64_t n : snap.evictions_by_action) EXPECT_EQ(n, 0u);
+}
+
+TEST_F(CompactConverterTest, AFullQueueDropsTheOldestAndCountsIt) {
+  StartNode(Options(8 << 20, false));
+  CompactConverterOptions co = ConverterOptions(1);
+  co.queue_blocks = 2;
+  co.min_free_bytes = 8 << 20;  // never room: everything waits in the queue
+  StartConverter(co);
+  for (int i = 0; i < 5; ++i) {
+    FillFp16(Meta(2, 16 * i), 0);
+    ASSERT_TRUE(PutStaged("tenant", Key(i), Meta(2, 16 * i), 0).ok()) << i;
+  }
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const CompactConversionStats s = converter_->Stats();
+        return s.dropped == 3 && s.queued == 2 && s.paused > 0;
+      },
+      10s, "three dropped, two queued"));
+  EXPECT_EQ(converter_->Stats().converted, 0u);
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(HasCopy("tenant", Key(i))) << i;
+}
+
+TEST_F(CompactConverterTest, ZeroThreadsConvertsNothing) {
+  StartNode(Options(8 << 20, false));
+  StartConverter(ConverterOptions(0));
+  FillFp16(Meta(2), 0);
+  ASSERT_TRUE(PutStaged("tenant", Key(1), Meta(2), 0).ok());
+  ASSERT_TRUE(converter_->TEST_WaitIdle(1s));
+  node_->TEST_RunMaintenance();
+  EXPECT_FALSE(HasCopy("tenant", Key(1)));
+  const CompactConversionStats s = converter_->Stats();
+  EXPECT_EQ(s.threads, 0u);
+  EXPECT_EQ(s.converted + s.queued + s.dropped + s.paused, 0u);
+}
+
+TEST_F(CompactConverterTest, RefusesBadOptions) {
+  StartNode(Options(8 << 20, false));
+  CompactConverterOptions o = ConverterOptions(-1);
+  EXPECT_TRUE(CompactConverter::Create(o, node_.get()).status().IsInvalidArgument());
+  o = ConverterOptions(1);
+  o.queue_blocks = 0;
+  EXPECT_TRUE(CompactConverter::Create(o, node_.get()).status().IsInvalidArgument());
+}
+
+TEST_F(CompactConverterTest, ACopyDemotedToNvmeSurvivesARestart) {
+  StartNode(Options(1 << 20, true));  // 16 pages of 64 KiB
+  CompactConverterOptions co = ConverterOptions(1);
+  co.min_free_bytes = 0;
+  StartConverter(co);
+  const BlockMeta meta = Meta(2);
+  const std::vector<float> exact = FillFp16(meta, 0);
+  ASSERT_TRUE(PutStaged("tenant", Key(0), meta, 0).ok());
+  ASSERT_TRUE(converter_->TEST_WaitIdle(10s));
+  ASSERT_EQ(converter_->Stats().converted, 1u);
+  converter_.reset();
+
+  // Pressure from other blocks demotes the older ones, the copy among them.
+  const BlockKey ckey = CompactKey(Key(0));
+  auto copy_on_nvme = [&] {
+    auto r = node_->Lookup(Namespace{"tenant"}, std::span<const BlockKey>(&ckey, 1));
+    return r[0].status.ok() && OnNvme(r[0].tier);
+  };
+  for (int i = 1; i < 20 && !copy_on_nvme(); ++i) {
+    ASSERT_TRUE(Put("tenant", Key(i), Meta(2, 16 * i), 0, i).ok()) << i;
+  }
+  ASSERT_TRUE(WaitFor([&] { return copy_on_nvme(); }, 10s, "the copy on NVMe"));
+
+  RestartNode(Options(1 << 20, true));
+  auto r = node_->Lookup(Namespace{"tenant"}, std::span<const BlockKey>(&ckey, 1));
+  ASSERT_TRUE(r[0].status.ok()) << r[0].status.ToString();
+  EXPECT_EQ(r[0].meta.representation, BlockRepresentation::kCompactInt8);
+  ExpectCopyDecodesTo("tenant", Key(0), meta, exact);  // staged back from NVMe, CRC checked
+}
+
+}  // namespace
+}  // namespace kvfabric::cache_host::node_test
