@@ -345,8 +345,8 @@ StatusOr<LeaseBatch> CacheHostNode::Lease(const Namespace& ns, std::span<const B
   const std::uint64_t ttl_us = EffectiveTtl(options.ttl_us);
   const FingerprintDigest* expected =
       options.expected_fingerprint.has_value() ? &*options.expected_fingerprint : nullptr;
-  KVF_ASSIGN_OR_RETURN(ReadLease first,
-                       table_->Lease(ns, keys, ttl_us, expected, options.layer_crcs));
+  KVF_ASSIGN_OR_RETURN(ReadLease first, table_->Lease(ns, keys, ttl_us, expected,
+                                                      options.layer_crcs, options.count_access));
   LeaseBatch out;
   out.results.resize(keys.size());
   std::vector<std::uint64_t> table_leases;
@@ -404,7 +404,7 @@ StatusOr<LeaseBatch> CacheHostNode::Lease(const Namespace& ns, std::span<const B
     if (!s.ok() && options.prefix_only) prefix_end = i;
   }
   if (!staged.empty()) {
-    auto second = table_->Lease(ns, staged, ttl_us, expected);
+    auto second = table_->Lease(ns, staged, ttl_us, expected, false, options.count_access);
     if (second.ok() && second->id != 0) table_leases.push_back(second->id);
     for (std::size_t k = 0; k < staged.size(); ++k) {
       LeaseEntryResult& r = out.results[staged_index[k]];
@@ -429,7 +429,8 @@ StatusOr<LeaseBatch> CacheHostNode::Lease(const Namespace& ns, std::span<const B
       out.results[i].extents.clear();
     }
     if (prefix_end > 0) {
-      auto again = table_->Lease(ns, keys.first(prefix_end), ttl_us, expected);
+      auto again =
+          table_->Lease(ns, keys.first(prefix_end), ttl_us, expected, false, options.count_access);
       if (!again.ok()) return again.status();
       if (again->id != 0) table_leases.push_back(again->id);
       for (std::size_t i = 0; i < prefix_end; ++i) {

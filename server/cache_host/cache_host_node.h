@@ -202,6 +202,11 @@ struct LeaseRequestOptions {
   // Also return each leased block's layer CRCs (LeaseEntryResult::
   // layer_crc32c), for a data-plane fetch of a layer range.
   bool layer_crcs = false;
+  // A client's read (default): the block's hit count and last access are
+  // updated and the lease counts as a hit or a miss. The daemon's own readers
+  // (the compact converter) set false, so that reading a block to convert it
+  // does not make it look hot to eviction nor count in the hit ratio.
+  bool count_access = true;
 };
 
 struct LeaseEntryResult {

@@ -241,6 +241,7 @@ CompactConverter::Outcome CompactConverter::Convert(const Job& job, std::span<st
   LeaseRequestOptions lease_options;
   lease_options.ttl_us = options_.ttl_us;
   lease_options.host_only = true;
+  lease_options.count_access = false;  // converting a block is no use of it
   auto leased = node_->Lease(ns, std::span<const BlockKey>(&job.key, 1), lease_options);
   if (!leased.ok()) {
     Fail(CompactFailure::kError, leased.status());

@@ -33,9 +33,9 @@
 // are not converted (counted as too_large).
 //
 // Not done here (issue 24 continues): nothing reads compact copies until the
-// planner chooses them, eviction does not yet prefer dropping an exact copy
-// over its compact one, and the lease that reads a block counts as a hit in
-// the eviction policy's figures.
+// planner chooses them, and eviction does not yet prefer dropping an exact
+// copy over its compact one. The lease that reads a block is no access
+// (LeaseRequestOptions::count_access): eviction does not see it as hot.
 //
 // Thread safety: Stats() from any thread. The workers call the node; the
 // tap only queues (it never blocks and never calls the node).

@@ -145,6 +145,15 @@ TEST_F(CompactConverterTest, PublishesACopyThatDecodesWithinTheBoundBesideTheExa
   EXPECT_EQ(looked[0].meta.representation, BlockRepresentation::kExact);
   EXPECT_EQ(looked[0].meta.bytes, meta.bytes);
   EXPECT_EQ(looked[0].active_leases, 0u);  // the converter's lease ended
+  // Converting a block is no use of it: its hit count is still 0, so
+  // eviction does not see it as hot.
+  int found = 0;
+  for (const BlockEventRecord& r : node_->SnapshotBlocks()) {
+    if (r.key != key) continue;
+    ++found;
+    EXPECT_EQ(r.hit_count, 0u);
+  }
+  EXPECT_EQ(found, 1);
   ASSERT_TRUE(Get("tenant", Key(1), 2 << 20).ok());
   EXPECT_EQ(0, std::memcmp(Staging(2 << 20, meta.bytes).data(), written.data(), meta.bytes));
   // Another namespace sees neither.

@@ -325,7 +325,7 @@ Status LeaseTable::CheckWritten(std::uint64_t id, const Reservation& r) const {
 
 StatusOr<ReadLease> LeaseTable::Lease(const Namespace& ns, std::span<const BlockKey> keys,
                                       std::uint64_t ttl_us, const FingerprintDigest* expected,
-                                      bool with_layer_crcs) {
+                                      bool with_layer_crcs, bool count_access) {
   KVF_RETURN_IF_ERROR(CheckTtl(ttl_us));
   if (keys.size() > options_.max_keys_per_lease) {
     return Status::InvalidArgument(std::to_string(keys.size()) + " keys in one lease, more than " +
@@ -360,8 +360,10 @@ StatusOr<ReadLease> LeaseTable::Lease(const Namespace& ns, std::span<const Block
     BlockEntry* e = id.has_value() ? index_.FindMutable(*id, keys[i]) : nullptr;
     if (e == nullptr) {
       b.outcome = LeaseOutcome::kMissing;
-      ++c_.misses;
-      if (id.has_value()) index_.CountAccess(*id, false);
+      if (count_access) {
+        ++c_.misses;
+        if (id.has_value()) index_.CountAccess(*id, false);
+      }
       continue;
     }
     b.meta = e->meta;
@@ -385,10 +387,12 @@ StatusOr<ReadLease> LeaseTable::Lease(const Namespace& ns, std::span<const Block
       return Status::Internal("lease of " + keys[i].ToHex() + ": " + s.ToString());
     }
     ++e->read_pins;
-    ++e->hit_count;
-    e->last_access_us = now;
-    ++c_.hits;
-    index_.CountAccess(*id, true);
+    if (count_access) {
+      ++e->hit_count;
+      e->last_access_us = now;
+      ++c_.hits;
+      index_.CountAccess(*id, true);
+    }
     b.outcome = LeaseOutcome::kLeased;
     b.pages = e->host_pages;
     if (with_layer_crcs) b.layer_crc32c = e->layer_crc32c;

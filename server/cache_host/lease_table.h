@@ -280,10 +280,13 @@ class LeaseTable {
   // `expected`, a block of another fingerprint digest is kFingerprintMismatch
   // and not leased.
   // With `with_layer_crcs`, each leased block's layer CRCs are copied out
-  // (LeasedBlock::layer_crc32c; for a layer-range fetch).
+  // (LeasedBlock::layer_crc32c; for a layer-range fetch). Without
+  // `count_access`, a lease is no access: hit counts, last access and the
+  // hit/miss counters stay as they were (the daemon's own readers, which
+  // must not make a block look hot to eviction).
   StatusOr<ReadLease> Lease(const Namespace& ns, std::span<const BlockKey> keys,
                             std::uint64_t ttl_us, const FingerprintDigest* expected = nullptr,
-                            bool with_layer_crcs = false);
+                            bool with_layer_crcs = false, bool count_access = true);
 
   // Staging (NVMe -> host, "promotion"). BeginPromotion takes staging pages
   // for an NVMe-only block and marks it promoting (Delete refuses meanwhile,
