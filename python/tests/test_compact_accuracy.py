@@ -4,8 +4,15 @@ tiny PyTorch decoder of tiny_engine.py generates 256 tokens greedily after a
 than the newest N tokens passed through the codec (kvfabric's own encoder
 and decoder, as a decode over compact copies would see them). Printed:
 greedy token agreement, the first diverging position, and (teacher-forced on
-the exact run's tokens, so both runs see the same context) the change of the
-logits, at the last step and the largest over all steps."""
+the exact run's tokens, so both runs see the same context) the top-1
+agreement and the change of the logits, at the last step and the largest over
+all steps.
+
+Free-running agreement is printed, not asserted: one near-tie flipped at step
+k makes every later token differ (a seed in CI diverged at token 222 of 256,
+agreement 0.867, with logits within 4.6e-4 of the exact ones). The asserted
+figure is the teacher-forced top-1 agreement, which counts each step on its
+own."""
 
 import random
 
@@ -81,8 +88,8 @@ def test_greedy_agreement_and_logit_change_with_compact_older_pages(seed):
     assert again == exact  # exact mode is deterministic
     print(f"\ncompact_int8 on the tiny decoder (seed {seed}): 2048-token prompt, {new} greedy "
           f"tokens, block {BS}")
-    print(f"{'compact_after':>14} {'agreement':>10} {'first diff':>11} {'logits, last':>13} "
-          f"{'logits, max':>12}")
+    print(f"{'compact_after':>14} {'agreement':>10} {'first diff':>11} {'forced top-1':>13} "
+          f"{'logits, last':>13} {'logits, max':>12}")
     results = {}
     for after in (1024, 256, 0):
         tokens, _ = generate(model, prompt, new, compact_after=after)
@@ -90,13 +97,15 @@ def test_greedy_agreement_and_logit_change_with_compact_older_pages(seed):
         agree = sum(a == b for a, b in zip(tokens, exact)) / new
         first = next((i for i, (a, b) in enumerate(zip(tokens, exact)) if a != b), new)
         changes = [relative_change(f, e) for f, e in zip(forced, exact_logits)]
-        results[after] = (agree, changes)
-        print(f"{after:>14} {agree:>10.3f} {first:>11} {changes[-1]:>13.2e} {max(changes):>12.2e}")
+        top1 = sum(int(f.argmax()) == t for f, t in zip(forced, exact)) / new
+        results[after] = (top1, changes)
+        print(f"{after:>14} {agree:>10.3f} {first:>11} {top1:>13.3f} {changes[-1]:>13.2e} "
+              f"{max(changes):>12.2e}")
     # The codec changes the pages it touches (and only what the step reads).
     assert max(results[0][1]) > 0
     # Loose sanity bounds (a broken codec or a misplaced page gives logits
     # unrelated to the exact ones, relative change ~1): the measured figures
     # are printed above and recorded in docs/compact.md.
-    for after, (agree, changes) in results.items():
+    for after, (top1, changes) in results.items():
         assert max(changes) < 0.2, (after, max(changes))
-        assert agree >= 0.9, (after, agree)
+        assert top1 >= 0.95, (after, top1)
