@@ -338,4 +338,8 @@ StatusOr<std::vector<ExtraKeys>> ExtraKeysPerBlock(const RequestExtras& extras,
   return out;
 }
 
+BlockKey CompactInt8BlockKey(const BlockKey& exact) {
+  return *CompactBlockKey(exact, kCompactInt8Codec, kCompactInt8Version);
+}
+
 }  // namespace kvfabric

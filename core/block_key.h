@@ -185,6 +185,15 @@ inline constexpr std::string_view kSaltExtraKeyPrefix = "salt:";
 StatusOr<BlockKey> CompactBlockKey(const BlockKey& exact, std::string_view codec,
                                    std::uint32_t version);
 
+// The compact_int8 codec's identity (docs/compact.md; its encoder and kernels
+// are gpu/kernels/compact_int8.h), hashed into its copies' keys.
+inline constexpr char kCompactInt8Codec[] = "int8-kc-vt";
+inline constexpr std::uint32_t kCompactInt8Version = 1;
+// CompactBlockKey(exact, kCompactInt8Codec, kCompactInt8Version), which
+// cannot fail: the key under which daemons publish a block's compact_int8
+// copy and a client fetches it.
+BlockKey CompactInt8BlockKey(const BlockKey& exact);
+
 // A multimodal input of a request (an image, an audio clip, ...) and the run of
 // placeholder tokens the engine replaces with its embeddings.
 struct MultimodalPlaceholder {

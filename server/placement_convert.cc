@@ -485,6 +485,12 @@ StatusOr<placement::PlanRequest> PlanRequestFromProto(const v1::PlanRequest& req
     KVF_ASSIGN_OR_RETURN(out.locations,
                          ChainLocationsFromProto(request.locations(), keys.size(), limits));
   }
+  if (request.has_accuracy() && request.accuracy().allow_compact()) {
+    // The node refuses a non-finite or negative decode cost, naming the field.
+    const v1::AccuracyPolicy& a = request.accuracy();
+    out.compact = placement::PlanRequest::CompactPolicy{
+        a.compact_after_tokens(), a.compact_extra_decode_us_per_token(), a.decode_steps()};
+  }
   if (request.has_engine_prefill()) {
     // The node refuses non-finite or negative constants, naming engine_prefill.
     const v1::RecomputeParameters& r = request.engine_prefill();
@@ -509,6 +515,8 @@ void PlanResultToProto(const placement::PlanResult& result, const v1::Limits& li
     if (run.action == RunAction::kFetch) {
       r->set_host_index(run.host_index);
       r->set_tier(TierToProto(run.tier));
+      r->set_representation(run.compact ? v1::REPRESENTATION_COMPACT_INT8
+                                        : v1::REPRESENTATION_EXACT);
       if (i < result.fallback_host_indices.size()) {
         for (std::uint32_t h : result.fallback_host_indices[i]) r->add_fallback_host_indices(h);
       }
@@ -518,6 +526,8 @@ void PlanResultToProto(const placement::PlanResult& result, const v1::Limits& li
     r->set_predicted_end_us(run.predicted_end_us);
   }
   out->set_predicted_total_us(plan.predicted_total_us);
+  out->set_representation(static_cast<v1::RepresentationChoice>(plan.representation));
+  out->set_compact_penalty_us(plan.compact_penalty_us);
   out->mutable_alternatives()->Reserve(static_cast<int>(plan.alternatives.size()));
   for (const PlanAlternative& a : plan.alternatives) {
     v1::PlanAlternative* alt = out->add_alternatives();

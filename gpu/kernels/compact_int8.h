@@ -43,9 +43,8 @@
 
 namespace kvfabric::gpu {
 
-// The codec's identity, hashed into a compact block's key (CompactBlockKey).
-inline constexpr char kCompactInt8Codec[] = "int8-kc-vt";
-inline constexpr std::uint32_t kCompactInt8Version = 1;
+// The codec's identity, hashed into a compact block's key, is
+// kvfabric::kCompactInt8Codec / kCompactInt8Version (core/block_key.h).
 
 // Bytes of one half (K or V) of a compact layer slice of `tokens` tokens.
 std::uint64_t CompactHalfBytes(std::uint32_t tokens, std::uint32_t kv_heads,

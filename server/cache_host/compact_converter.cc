@@ -215,13 +215,9 @@ CompactConverter::Outcome CompactConverter::Convert(const Job& job, std::span<st
     Fail(CompactFailure::kNoSaving, Status::OK());
     return Outcome::kDone;
   }
-  auto key = CompactBlockKey(job.key, gpu::kCompactInt8Codec, gpu::kCompactInt8Version);
-  if (!key.ok()) {
-    Fail(CompactFailure::kError, key.status());
-    return Outcome::kDone;
-  }
+  const BlockKey key = CompactInt8BlockKey(job.key);
   // Already converted (a block committed again after a restart, say).
-  if (node_->Lookup(ns, std::span<const BlockKey>(&*key, 1))[0].status.ok()) {
+  if (node_->Lookup(ns, std::span<const BlockKey>(&key, 1))[0].status.ok()) {
     return Outcome::kDone;
   }
 
@@ -282,7 +278,7 @@ CompactConverter::Outcome CompactConverter::Convert(const Job& job, std::span<st
     crc = l == 0 ? c : crc32c::Combine(crc, c, slice);
   }
 
-  ReserveEntry entry{*key, m};
+  ReserveEntry entry{key, m};
   entry.meta.bytes = compact_bytes;
   entry.meta.representation = BlockRepresentation::kCompactInt8;
   auto reserved =
@@ -299,9 +295,9 @@ CompactConverter::Outcome CompactConverter::Convert(const Job& job, std::span<st
     return Outcome::kDone;
   }
   const GrantRef write{reserved->grant.lease_id, reserved->grant.token};
-  s = node_->WriteReservedBlock(ns, write, *key, out);
+  s = node_->WriteReservedBlock(ns, write, key, out);
   if (s.ok()) {
-    CommitEntry commit{*key, crc};
+    CommitEntry commit{key, crc};
     auto committed = node_->Commit(ns, write, std::span<const CommitEntry>(&commit, 1),
                                    /*release_uncommitted=*/true);
     s = committed.ok() ? (*committed)[0] : committed.status();

@@ -18,9 +18,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-BlockKey CompactKey(const BlockKey& exact) {
-  return *CompactBlockKey(exact, gpu::kCompactInt8Codec, gpu::kCompactInt8Version);
-}
+BlockKey CompactKey(const BlockKey& exact) { return CompactInt8BlockKey(exact); }
 
 gpu::CompactShape ShapeOf(const BlockMeta& m) {
   return {m.dtype, m.layers, m.tokens, m.kv_heads, m.head_dim};

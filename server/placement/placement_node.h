@@ -218,6 +218,18 @@ struct PlanRequest {
   // (one block per key); unset: placement locates the chain itself.
   std::optional<ChainLocations> locations;
   bool include_explanation = false;
+  // The accuracy policy (kvfabric.v1.AccuracyPolicy, docs/compact.md). nullopt: `exact`, and
+  // compact copies are never offered to the planner (not even ones `locations` lists).
+  struct CompactPolicy {
+    // compact_after=N: a block ending at least N tokens before the request's last token
+    // (chain + suffix_tokens) may be fetched as its compact_int8 copy.
+    std::uint64_t after_tokens = 0;
+    // The client's extra decode time per compact token per decode step, µs (finite, >= 0).
+    double extra_decode_us_per_token = 0;
+    // Decode steps that pay it; 0 counts as 1.
+    std::uint64_t decode_steps = 0;
+  };
+  std::optional<CompactPolicy> compact;
 };
 
 struct PlanResult {

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/block_format.h"
+#include "core/block_key.h"
 #include "core/mutex.h"
 #include "core/units.h"
 #include "server/placement/placement_node.h"
@@ -88,6 +90,12 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
         "engine_prefill: c0, c1, c2 must be finite and >= 0, split_serial_fraction in [0, 1]");
   }
 
+  if (request.compact && (!std::isfinite(request.compact->extra_decode_us_per_token) ||
+                          request.compact->extra_decode_us_per_token < 0)) {
+    return Status::InvalidArgument(
+        "accuracy.compact_extra_decode_us_per_token: must be finite and >= 0");
+  }
+
   PlanResult result;
   if (request.locations) {
     if (request.locations->blocks.size() != chain.size()) {
@@ -99,6 +107,59 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   } else {
     MutexLock lock(&mu_);
     result.locations = LocateLocked(request.ns, keys);
+  }
+  // Blocks the accuracy policy lets the plan read compact (docs/compact.md): those ending at
+  // least compact_after tokens before the request's last token. Their compact copies' replicas
+  // join the block's list with representation compact_int8 (the client fetches a run by the
+  // representation the plan gives it).
+  std::vector<std::uint8_t> may_compact(chain.size(), 0);
+  if (request.compact) {
+    const std::uint64_t last =
+        chain.back().prefix_tokens + chain.back().tokens + request.suffix_tokens;
+    std::vector<BlockKey> compact_keys;
+    std::vector<std::size_t> compact_at;
+    for (std::size_t i = 0; i < chain.size(); ++i) {
+      const std::uint64_t end = chain[i].prefix_tokens + chain[i].tokens;
+      if (end > last || last - end < request.compact->after_tokens) continue;
+      may_compact[i] = 1;
+      compact_keys.push_back(CompactInt8BlockKey(chain[i].key));
+      compact_at.push_back(i);
+    }
+    if (!compact_keys.empty()) {
+      ChainLocations found;
+      {
+        MutexLock lock(&mu_);
+        found = LocateLocked(request.ns, compact_keys);
+      }
+      std::vector<std::uint32_t> host_map(found.hosts.size());
+      for (std::size_t h = 0; h < found.hosts.size(); ++h) {
+        auto at = std::find_if(
+            result.locations.hosts.begin(), result.locations.hosts.end(),
+            [&](const MemberRecord& m) { return m.host_id == found.hosts[h].host_id; });
+        if (at == result.locations.hosts.end()) {
+          host_map[h] = static_cast<std::uint32_t>(result.locations.hosts.size());
+          result.locations.hosts.push_back(found.hosts[h]);
+        } else {
+          host_map[h] = static_cast<std::uint32_t>(at - result.locations.hosts.begin());
+        }
+      }
+      for (std::size_t c = 0; c < compact_keys.size(); ++c) {
+        auto& block = result.locations.blocks[compact_at[c]];
+        for (LocatedReplica r : found.blocks[c]) {
+          // Only what a daemon published as a compact_int8 copy.
+          if (r.representation != static_cast<std::uint8_t>(BlockRepresentation::kCompactInt8)) {
+            continue;
+          }
+          const bool dup = std::any_of(block.begin(), block.end(), [&](const LocatedReplica& x) {
+            return x.representation == r.representation && x.host_index == host_map[r.host_index] &&
+                   x.tier == r.tier;
+          });
+          if (dup) continue;
+          r.host_index = host_map[r.host_index];
+          block.push_back(r);
+        }
+      }
+    }
   }
   // The planner runs outside mu_: it is O(blocks x replicas) and reads only the cost model and
   // the path load, which synchronise themselves.
@@ -150,7 +211,19 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
     b.prefix_tokens = chain[i].prefix_tokens;
     b.bytes = chain[i].bytes;
     for (const LocatedReplica& r : result.locations.blocks[i]) {
-      b.replicas.push_back({r.host_index, r.tier});
+      if (r.representation != static_cast<std::uint8_t>(BlockRepresentation::kCompactInt8)) {
+        b.replicas.push_back({r.host_index, r.tier});
+      } else if (may_compact[i] && r.payload_bytes > 0) {
+        // Exact mode never sees a compact copy, whatever `locations` listed.
+        b.compact_replicas.push_back({r.host_index, r.tier});
+        b.compact_bytes = r.payload_bytes;
+      }
+    }
+    if (!b.compact_replicas.empty()) {
+      const double steps =
+          static_cast<double>(std::max<std::uint64_t>(1, request.compact->decode_steps));
+      b.compact_penalty_us =
+          static_cast<double>(b.tokens) * request.compact->extra_decode_us_per_token * steps;
     }
   }
   // A plan is made and its bytes admitted to the path load as one step: two plans made at once
@@ -174,7 +247,14 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   for (const PlanRun& run : result.plan.runs) {
     std::vector<std::uint32_t>& fallbacks = result.fallback_host_indices.emplace_back();
     if (run.action != RunAction::kFetch) continue;
+    // A fallback holds the run's blocks in the run's representation.
+    const auto same_copy = [&](const LocatedReplica& r) {
+      const bool compact =
+          r.representation == static_cast<std::uint8_t>(BlockRepresentation::kCompactInt8);
+      return compact == run.compact;
+    };
     for (const LocatedReplica& r : result.locations.blocks[run.first_block]) {
+      if (!same_copy(r)) continue;
       if (r.host_index != run.host_index &&
           std::find(fallbacks.begin(), fallbacks.end(), r.host_index) == fallbacks.end()) {
         fallbacks.push_back(r.host_index);
@@ -184,8 +264,9 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
          b < run.first_block + run.block_count && !fallbacks.empty(); ++b) {
       const auto& block = result.locations.blocks[b];
       std::erase_if(fallbacks, [&](std::uint32_t h) {
-        return std::none_of(block.begin(), block.end(),
-                            [&](const LocatedReplica& r) { return r.host_index == h; });
+        return std::none_of(block.begin(), block.end(), [&](const LocatedReplica& r) {
+          return r.host_index == h && same_copy(r);
+        });
       });
     }
   }

@@ -18,6 +18,84 @@
 namespace kvfabric::placement {
 namespace {
 
+// Issue 24: compact copies are offered to the planner only under a compact_after policy, only
+// for blocks old enough, and only as what a daemon published with representation compact_int8.
+TEST_F(PlacementNodeTest, ExactPolicyNeverPlansACompactCopyAndCompactAfterUsesOnlyOldBlocks) {
+  options_.remote_to_local = {20.0, 1e8};   // a slow bus: compact copies pay
+  options_.recompute = {1000.0, 1e5, 0.0};  // and recompute is dear
+  Start();
+  const std::uint64_t l0 = Register(Rec("h0", 1));
+  const std::uint64_t l1 = Register(Rec("h1", 1));
+  Report("h0", 1, l0, Commits(0, 4));  // exact copies of blocks 0..3 only
+  std::vector<BlockEvent> compact;
+  for (int i = 0; i < 8; ++i) {
+    BlockEvent e = Commit(i);
+    e.key = CompactInt8BlockKey(Key(i));
+    e.representation = 2;
+    e.payload_bytes = kBlockBytes * 9 / 16;
+    compact.push_back(e);
+  }
+  Report("h1", 1, l1, compact);
+
+  // exact (the default): blocks 4..7 have no exact copy and are recomputed.
+  PlanRequest req;
+  req.ns = "t";
+  req.chain = Chain(8);
+  req.client_id = "client-0";
+  req.include_explanation = true;
+  auto exact = node_->Plan(req);
+  ASSERT_TRUE(exact.ok()) << exact.status().ToString();
+  for (const PlanRun& run : exact->plan.runs) EXPECT_FALSE(run.compact);
+  for (const auto& block : exact->locations.blocks) {
+    for (const LocatedReplica& r : block) EXPECT_NE(r.representation, 2);
+  }
+  EXPECT_EQ(exact->plan.runs.back().action, RunAction::kRecompute);
+  EXPECT_EQ(exact->plan.runs.back().first_block, 4u);
+
+  // A client that hands placement locations listing compact copies still gets none in exact.
+  ChainLocations forged = exact->locations;
+  forged.hosts.push_back(Rec("h1", 1));
+  for (int i = 0; i < 8; ++i) {
+    forged.blocks[i].push_back({static_cast<std::uint32_t>(forged.hosts.size() - 1), Tier::kHost,
+                                kBlockBytes * 9 / 16, 2});
+  }
+  req.locations = forged;
+  auto forged_plan = node_->Plan(req);
+  ASSERT_TRUE(forged_plan.ok()) << forged_plan.status().ToString();
+  for (const PlanRun& run : forged_plan->plan.runs) EXPECT_FALSE(run.compact);
+  EXPECT_EQ(forged_plan->plan.runs.back().first_block, 4u);
+  req.locations.reset();
+
+  // compact_after = 2 blocks: blocks 0..5 may be compact (they end >= 32 tokens before the last
+  // token), 6..7 may not, and have no exact copy: the plan recomputes from block 6.
+  req.compact = PlanRequest::CompactPolicy{2 * kTokens, 0.5, 16};
+  auto plan = node_->Plan(req);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_NE(plan->plan.representation, RepresentationChoice::kExact) << plan->plan.explanation;
+  std::uint32_t compact_blocks = 0;
+  for (std::size_t i = 0; i < plan->plan.runs.size(); ++i) {
+    const PlanRun& run = plan->plan.runs[i];
+    if (run.action == RunAction::kRecompute) {
+      EXPECT_EQ(run.first_block, 6u);
+      continue;
+    }
+    EXPECT_LE(run.first_block + run.block_count, 6u);
+    if (!run.compact) continue;
+    compact_blocks += run.block_count;
+    EXPECT_EQ(plan->locations.hosts[run.host_index].host_id, "h1");
+    EXPECT_EQ(run.payload_bytes, run.block_count * (kBlockBytes * 9 / 16));
+    EXPECT_TRUE(plan->fallback_host_indices[i].empty());  // no other host holds the copies
+  }
+  EXPECT_GE(compact_blocks, 2u);  // at least blocks 4..5, which have no exact copy
+  EXPECT_EQ(compact_blocks, plan->plan.compact_blocks);
+  // Pen = tokens x 0.5 µs x 16 steps per compact block.
+  EXPECT_DOUBLE_EQ(plan->plan.compact_penalty_us, compact_blocks * kTokens * 0.5 * 16);
+  EXPECT_NE(plan->plan.explanation.find("representation"), std::string::npos);
+
+  req.compact->extra_decode_us_per_token = -1;
+  EXPECT_EQ(node_->Plan(req).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(PlacementNodeTest, PlanIsNeverPredictedSlowerThanRecomputeAllOrFetchAll) {
   const std::uint64_t seed =
       TestSeed("PlacementNodeTest.PlanIsNeverPredictedSlowerThanRecomputeAllOrFetchAll");

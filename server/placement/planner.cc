@@ -77,23 +77,33 @@ Status Validate(const PlannerInput& in) {
                                      ", the sum of the earlier blocks' tokens");
     }
     prefix += b.tokens;
-    for (size_t r1 = 0; r1 < b.replicas.size(); ++r1) {
-      const BlockReplica& x = b.replicas[r1];
-      if (x.host_index >= in.hosts.size()) {
-        return Status::InvalidArgument(w + ".replicas[" + std::to_string(r1) +
-                                       "].host_index: " + std::to_string(x.host_index) +
-                                       " >= " + std::to_string(in.hosts.size()) + " hosts");
-      }
-      if (x.tier != Tier::kHost && x.tier != Tier::kNvme) {
-        return Status::InvalidArgument(w + ".replicas[" + std::to_string(r1) +
-                                       "].tier: must be host or nvme");
-      }
-      for (size_t r2 = 0; r2 < r1; ++r2) {
-        if (b.replicas[r2].host_index == x.host_index && b.replicas[r2].tier == x.tier) {
-          return Status::InvalidArgument(w + ".replicas[" + std::to_string(r1) +
-                                         "]: repeats replicas[" + std::to_string(r2) + "]");
+    auto check = [&](const std::vector<BlockReplica>& list, const char* field) -> Status {
+      for (size_t r1 = 0; r1 < list.size(); ++r1) {
+        const BlockReplica& x = list[r1];
+        const std::string at = w + "." + field + "[" + std::to_string(r1) + "]";
+        if (x.host_index >= in.hosts.size()) {
+          return Status::InvalidArgument(at + ".host_index: " + std::to_string(x.host_index) +
+                                         " >= " + std::to_string(in.hosts.size()) + " hosts");
+        }
+        if (x.tier != Tier::kHost && x.tier != Tier::kNvme) {
+          return Status::InvalidArgument(at + ".tier: must be host or nvme");
+        }
+        for (size_t r2 = 0; r2 < r1; ++r2) {
+          if (list[r2].host_index == x.host_index && list[r2].tier == x.tier) {
+            return Status::InvalidArgument(at + ": repeats " + field + "[" + std::to_string(r2) +
+                                           "]");
+          }
         }
       }
+      return Status::OK();
+    };
+    KVF_RETURN_IF_ERROR(check(b.replicas, "replicas"));
+    KVF_RETURN_IF_ERROR(check(b.compact_replicas, "compact_replicas"));
+    if (!b.compact_replicas.empty() && b.compact_bytes == 0) {
+      return Status::InvalidArgument(w + ".compact_bytes: must be >= 1 with compact replicas");
+    }
+    if (!std::isfinite(b.compact_penalty_us) || b.compact_penalty_us < 0) {
+      return Status::InvalidArgument(w + ".compact_penalty_us: must be finite and >= 0");
     }
   }
   return Status::OK();
@@ -118,8 +128,9 @@ FetchShape ShapeFetch(const Work& w, uint32_t first, uint32_t end, uint8_t c) {
   for (uint32_t i = first; i < end;) {
     const BlockReplica& r = ReplicaAt(w, i, a[i]);
     const int s = SourceId(r);
+    const uint8_t compact = w.Compact(i);
     uint32_t j = i + 1;
-    while (j < end && SourceId(ReplicaAt(w, j, a[j])) == s) ++j;
+    while (j < end && SourceId(ReplicaAt(w, j, a[j])) == s && w.Compact(j) == compact) ++j;
     const SourceCost& sc = w.Source(r);
     if (!used[s]) {
       used[s] = 1;
@@ -131,6 +142,7 @@ FetchShape ShapeFetch(const Work& w, uint32_t first, uint32_t end, uint8_t c) {
     run.action = RunAction::kFetch;
     run.host_index = r.host_index;
     run.tier = r.tier;
+    run.compact = compact != 0;
     for (uint32_t x = i; x < j; ++x) run.payload_bytes += w.in->blocks[x].bytes;
     run.predicted_start_us = stream[s];
     stream[s] += sc.alpha_us + static_cast<double>(run.payload_bytes) * sc.per_byte_us;
@@ -220,9 +232,9 @@ std::string SourceText(const Work& w, const PlanRun& run) {
   const PlannerHost& host = w.in->hosts[run.host_index];
   const SourceCost& s = w.Source({run.host_index, run.tier});
   std::string out = "fetch " + Blocks(run.first_block, run.first_block + run.block_count) +
-                    " from " + host.host_id + " (" + std::string(TierName(run.tier)) + ", " +
-                    FormatBytes(run.payload_bytes) + "): " + FormatMicros(host.transfer.alpha_us) +
-                    " (" +
+                    (run.compact ? " compact" : " exact") + " from " + host.host_id + " (" +
+                    std::string(TierName(run.tier)) + ", " + FormatBytes(run.payload_bytes) +
+                    "): " + FormatMicros(host.transfer.alpha_us) + " (" +
                     std::string(BusPathArrowName(host.local ? BusPath::kLocalMemcpy
                                                             : BusPath::kRemoteHostToLocalHost)) +
                     ")";
@@ -232,10 +244,54 @@ std::string SourceText(const Work& w, const PlanRun& run) {
          FormatMicros(s.alpha_us + static_cast<double>(run.payload_bytes) * s.per_byte_us) +
          " (queue wait " + FormatMicros(s.wait_us) + ", paid once per stream)" + "; " +
          FormatMicros(run.predicted_start_us) + " → " + FormatMicros(run.predicted_end_us);
+  if (run.compact) {
+    double pen = 0;
+    for (uint32_t b = run.first_block; b < run.first_block + run.block_count; ++b) {
+      pen += w.in->blocks[b].compact_penalty_us;
+    }
+    out += "; decode penalty " + FormatMicros(pen);
+  }
   return out;
 }
 
+// The input as plan `compact` sees it: block i's compact copy in place of its exact one where
+// compact[i].
+PlannerInput WithRepresentation(const PlannerInput& in, const std::vector<uint8_t>& compact) {
+  PlannerInput v;
+  v.hosts = in.hosts;
+  v.client_id = in.client_id;
+  v.host_to_device = in.host_to_device;
+  v.client_ingest = in.client_ingest;
+  v.recompute = in.recompute;
+  v.suffix_tokens = in.suffix_tokens;
+  v.include_explanation = in.include_explanation;
+  v.max_explanation_bytes = in.max_explanation_bytes;
+  v.blocks.resize(in.blocks.size());
+  for (size_t i = 0; i < in.blocks.size(); ++i) {
+    const ChainBlock& b = in.blocks[i];
+    ChainBlock& o = v.blocks[i];
+    o.tokens = b.tokens;
+    o.prefix_tokens = b.prefix_tokens;
+    o.bytes = compact[i] ? b.compact_bytes : b.bytes;
+    o.replicas = compact[i] ? b.compact_replicas : b.replicas;
+    o.compact_penalty_us = compact[i] ? b.compact_penalty_us : 0;
+  }
+  return v;
+}
+
 }  // namespace
+
+std::string_view RepresentationChoiceName(RepresentationChoice choice) {
+  switch (choice) {
+    case RepresentationChoice::kExact:
+      return "exact";
+    case RepresentationChoice::kCompactWhereGone:
+      return "compact-where-gone";
+    case RepresentationChoice::kCompact:
+      return "compact";
+  }
+  return "unknown";
+}
 
 std::string_view PlanKindName(PlanKind kind) {
   switch (kind) {
@@ -269,13 +325,80 @@ std::string_view PlanKindLabel(PlanKind kind) {
 
 StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
   KVF_RETURN_IF_ERROR(Validate(in));
+  const size_t n = in.blocks.size();
+  std::vector<uint8_t> gone(n, 0), all(n, 0);
+  bool any = false, any_gone = false, any_both = false;
+  for (size_t i = 0; i < n; ++i) {
+    if (in.blocks[i].compact_replicas.empty()) continue;
+    any = true;
+    all[i] = 1;
+    if (in.blocks[i].replicas.empty()) {
+      gone[i] = 1;
+      any_gone = true;
+    } else {
+      any_both = true;
+    }
+  }
+  const std::vector<uint8_t> none(n, 0);
+  if (!any) {
+    KVF_ASSIGN_OR_RETURN(Plan plan, MakeOnePlan(in, none));
+    plan.representation_totals.emplace_back(RepresentationChoice::kExact,
+                                            plan.predicted_total_us);  // no compact: Pen = 0
+    return plan;
+  }
+  // The choices (REPRESENTATIONS in planner.h), each planned in full; the cheapest wins.
+  std::vector<std::pair<RepresentationChoice, const std::vector<uint8_t>*>> choices = {
+      {RepresentationChoice::kExact, &none}};
+  if (any_gone) choices.emplace_back(RepresentationChoice::kCompactWhereGone, &gone);
+  if (any_both) choices.emplace_back(RepresentationChoice::kCompact, &all);
+  std::optional<Plan> best;
+  std::vector<std::pair<RepresentationChoice, double>> totals;
+  for (const auto& [choice, compact] : choices) {
+    const PlannerInput v = WithRepresentation(in, *compact);
+    KVF_ASSIGN_OR_RETURN(Plan plan, MakeOnePlan(v, *compact));
+    plan.representation = choice;
+    const double total = plan.predicted_total_us + plan.compact_penalty_us;
+    totals.emplace_back(choice, total);
+    if (!best || total < best->predicted_total_us + best->compact_penalty_us) {
+      best = std::move(plan);
+    }
+  }
+  best->representation_totals = std::move(totals);
+  if (in.include_explanation) {
+    std::string head = "representation (accuracy policy allows compact copies of " +
+                       std::to_string(std::count(all.begin(), all.end(), 1)) + " blocks, " +
+                       std::to_string(std::count(gone.begin(), gone.end(), 1)) +
+                       " of them without an exact copy):";
+    for (const auto& [choice, total] : best->representation_totals) {
+      head += std::string(choice == best->representation ? " *" : " ") +
+              std::string(RepresentationChoiceName(choice)) + " " + FormatMicros(total) + ";";
+    }
+    head += " compact runs add Pen = decode penalty of their blocks (" +
+            std::to_string(best->compact_blocks) + " blocks, " +
+            FormatMicros(best->compact_penalty_us) + ")\n";
+    best->explanation = head + best->explanation;
+    if (best->explanation.size() > in.max_explanation_bytes) {
+      best->explanation.resize(in.max_explanation_bytes);
+    }
+  }
+  return std::move(*best);
+}
+
+StatusOr<Plan> Planner::MakeOnePlan(const PlannerInput& in,
+                                    const std::vector<uint8_t>& compact) const {
   Work w;
   w.in = &in;
+  w.compact = &compact;
   const uint32_t n = static_cast<uint32_t>(in.blocks.size());
   w.total_tokens = in.blocks.back().prefix_tokens + in.blocks.back().tokens;
   while (w.m < n && !in.blocks[w.m].replicas.empty()) ++w.m;
   ComputeSources(in, load_, &w);
   RunPasses(&w);
+  // Pen(0, i): the decode time the compact blocks of [0, i) add when fetched (REPRESENTATIONS).
+  std::vector<double> pen(n + 1, 0);
+  for (uint32_t i = 0; i < n; ++i) {
+    pen[i + 1] = pen[i] + (compact[i] ? in.blocks[i].compact_penalty_us : 0);
+  }
 
   Plan plan;
   plan.cached_prefix_blocks = w.m;
@@ -284,14 +407,15 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
   plan.alternatives.push_back({PlanKind::kRecomputeAll, recompute_all, 0, 0, false});
   if (w.m >= 1) {
     plan.alternatives.push_back(
-        {PlanKind::kFetchAll, w.FetchSuffix(0) + w.Rest(w.m), 0, w.m, false});
+        {PlanKind::kFetchAll, w.FetchSuffix(0) + w.Rest(w.m) + pen[w.m], 0, w.m, false});
   }
   if (w.m >= 2) {
     const double rest_m = w.Rest(w.m);
     double best_split = kInf;
     uint32_t best_k = 1;
     for (uint32_t k = 1; k < w.m; ++k) {
-      const double t = SplitSidesMicros(in.recompute, w.Front(k), w.FetchSuffix(k)) + rest_m;
+      const double t = SplitSidesMicros(in.recompute, w.Front(k), w.FetchSuffix(k)) + rest_m +
+                       (pen[w.m] - pen[k]);
       if (t < best_split) {
         best_split = t;
         best_k = k;
@@ -305,7 +429,7 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
     double best_prefix = kInf;
     uint32_t best_j = 1;
     for (uint32_t j = 1; j < w.m; ++j) {
-      const double t = w.FetchPrefix(j) + w.Rest(j);
+      const double t = w.FetchPrefix(j) + w.Rest(j) + pen[j];
       if (t < best_prefix) {
         best_prefix = t;
         best_j = j;
@@ -321,7 +445,11 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
   PlanAlternative& c = plan.alternatives[chosen];
   c.chosen = true;
   plan.kind = c.kind;
-  plan.predicted_total_us = c.predicted_us;
+  // The load's time: the alternative's total less the decode time its compact blocks add later.
+  const double chosen_pen = c.kind == PlanKind::kRecomputeAll ? 0
+                            : c.kind == PlanKind::kSplit      ? pen[w.m] - pen[c.split_blocks]
+                                                              : pen[c.prefix_blocks];
+  plan.predicted_total_us = c.predicted_us - chosen_pen;
 
   // The chosen plan's fetch, under the candidate its alternative was priced with.
   std::optional<FetchShape> fetch;
@@ -336,7 +464,9 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
       fetch_candidate = j == w.m ? w.suffix_arg[0] : w.prefix_arg[j];
       fetch = ShapeFetch(w, 0, j, fetch_candidate);
       plan.runs.insert(plan.runs.end(), fetch->runs.begin(), fetch->runs.end());
-      if (j < n) plan.runs.push_back(RecomputeRun(w, j, n, fetch->total_us, c.predicted_us));
+      if (j < n) {
+        plan.runs.push_back(RecomputeRun(w, j, n, fetch->total_us, plan.predicted_total_us));
+      }
       break;
     }
     case PlanKind::kSplit: {
@@ -348,7 +478,7 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
       if (w.m < n) {
         plan.runs.push_back(
             RecomputeRun(w, w.m, n, SplitSidesMicros(in.recompute, w.Front(k), fetch->total_us),
-                         c.predicted_us));
+                         plan.predicted_total_us));
       }
       break;
     }
@@ -356,6 +486,11 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
       return Status::Internal("planner chose an unknown plan kind");
   }
   AddCharges(w, plan.runs, &plan.charges);
+  for (const PlanRun& run : plan.runs) {
+    if (!run.compact) continue;
+    plan.compact_blocks += run.block_count;
+    plan.compact_penalty_us += pen[run.first_block + run.block_count] - pen[run.first_block];
+  }
 
   if (in.include_explanation) {
     std::string& x = plan.explanation;
@@ -379,6 +514,7 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
           break;
         case PlanKind::kFetchAll:
           x += ": " + FetchText(0, w.m, w.FetchSuffix(0)) + ", then " + RestText(w, w.m);
+          if (pen[w.m] > 0) x += ", + Pen " + FormatMicros(pen[w.m]);
           break;
         case PlanKind::kSplit:
           x += " k=" + std::to_string(a.split_blocks) + ": max(A, B) + s × min(A, B), A = " +
@@ -386,11 +522,15 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
                ", B = " + FetchText(a.split_blocks, w.m, w.FetchSuffix(a.split_blocks)) +
                ", s = " + FormatFraction(in.recompute.split_serial_fraction) + "; then " +
                RestText(w, w.m);
+          if (pen[w.m] > pen[a.split_blocks]) {
+            x += ", + Pen " + FormatMicros(pen[w.m] - pen[a.split_blocks]);
+          }
           break;
         case PlanKind::kMixed:
           x += " j=" + std::to_string(a.prefix_blocks) + ": " +
                FetchText(0, a.prefix_blocks, w.FetchPrefix(a.prefix_blocks)) + ", then " +
                RestText(w, a.prefix_blocks);
+          if (pen[a.prefix_blocks] > 0) x += ", + Pen " + FormatMicros(pen[a.prefix_blocks]);
           break;
         default:
           break;
@@ -400,7 +540,9 @@ StatusOr<Plan> Planner::MakePlan(const PlannerInput& in) const {
     const double pure =
         std::min(recompute_all, w.m >= 1 ? plan.alternatives[1].predicted_us : recompute_all);
     x += "chosen: " + std::string(PlanKindName(plan.kind)) + " " +
-         FormatMicros(plan.predicted_total_us) + " (better pure plan " + FormatMicros(pure) + ")\n";
+         FormatMicros(plan.predicted_total_us) + " to load" +
+         (chosen_pen > 0 ? " + Pen " + FormatMicros(chosen_pen) + " decode" : std::string()) +
+         " (better pure plan " + FormatMicros(pure) + ")\n";
     if (fetch && !fetch->runs.empty()) {
       const FetchShape& shape = *fetch;
       const uint32_t first = shape.runs.front().first_block;

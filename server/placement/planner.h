@@ -66,6 +66,24 @@
 // is never predicted slower than either candidate, and planner_test compares it with the brute-
 // force optimum on random chains.
 //
+// REPRESENTATIONS (docs/compact.md). A block may also have a compact copy (its own key, its own
+// replicas, fewer bytes), offered by the caller only where the request's accuracy policy allows it
+// (ChainBlock::compact_*; a request in `exact` mode offers none, so it can never be planned onto a
+// compact copy). Fetching a block's compact copy moves compact_bytes instead of bytes and costs
+// compact_penalty_us after the load (the client's extra decode time over the copy's tokens for the
+// request's decode steps), added to every alternative that fetches it:
+//   fetch-all += Pen(0, m), split(k) += Pen(k, m), fetch-prefix(j) += Pen(0, j),
+//   Pen(a, b) = sum over the blocks of [a, b) fetched compact of compact_penalty_us.
+// The plan is made under up to three representation choices and the cheapest total wins (ties
+// go to the one listed first):
+//   exact              every block by its exact copy (compact copies ignored);
+//   compact-where-gone compact only for blocks with no exact replica (the cached prefix grows
+//                      where eviction kept only the compact copy);
+//   compact            the compact copy wherever there is one.
+// A block is cached when it has a usable replica under the choice. A run (below) is also cut
+// where the representation changes, so each run has one; pricing still pays one run's alpha for
+// adjacent blocks of the same source (the client batches them), a small underestimate there.
+//
 // COST. O(m × R + H) time and memory for m cached blocks, R replicas per block (R <= 8) and H
 // hosts: one backward pass for the serial candidate, one forward pass for the balanced one, and
 // per candidate one backward sweep for F(k, m) of every k and one forward sweep for F(0, j) of
@@ -79,6 +97,8 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/bus_cost_model.h"
@@ -145,7 +165,21 @@ struct ChainBlock {
   uint64_t bytes = 0;
   // Live copies; empty = not cached. At most one per (host, tier).
   std::vector<BlockReplica> replicas;
+  // The block's compact copy (REPRESENTATIONS), offered only where the accuracy policy allows it:
+  // its payload bytes (>= 1 when compact_replicas is not empty), its live copies (at most one per
+  // (host, tier)), and the decode time fetching it adds, in µs (finite, >= 0).
+  uint64_t compact_bytes = 0;
+  std::vector<BlockReplica> compact_replicas;
+  double compact_penalty_us = 0;
 };
+
+// Values equal kvfabric.v1.RepresentationChoice.
+enum class RepresentationChoice : int {
+  kExact = 0,
+  kCompactWhereGone = 1,
+  kCompact = 2,
+};
+std::string_view RepresentationChoiceName(RepresentationChoice choice);
 
 struct PlannerInput {
   std::vector<PlannerHost> hosts;
@@ -176,6 +210,8 @@ struct PlanRun {
   uint32_t host_index = 0;
   Tier tier = Tier::kUnspecified;
   uint64_t payload_bytes = 0;
+  // kFetch only: the run reads the blocks' compact copies (REPRESENTATIONS), not the exact ones.
+  bool compact = false;
   // Microseconds after the plan starts. A fetch run's times are those of its source's stream
   // (streams of different sources overlap); the plan's fetch ends at F, which may be later than
   // every run's end when the client's shared stages are the limit (FETCH MODEL).
@@ -210,6 +246,15 @@ struct Plan {
   uint32_t cached_prefix_blocks = 0;
   // Bytes the plan moves per path resource, for PathLoad::Admit.
   std::vector<PathCharge> charges;
+  // Which representation choice the plan was made under, and the best total of each choice
+  // considered (REPRESENTATIONS; only kExact when no block offered a compact copy).
+  RepresentationChoice representation = RepresentationChoice::kExact;
+  std::vector<std::pair<RepresentationChoice, double>> representation_totals;
+  // Blocks the plan fetches as compact copies, and the decode time they add (Pen), µs.
+  // predicted_total_us is the load's time alone; the choice between plans (alternatives'
+  // predicted_us, representation_totals) is by load time + Pen.
+  uint32_t compact_blocks = 0;
+  double compact_penalty_us = 0;
   std::string explanation;
 };
 
@@ -225,6 +270,9 @@ class Planner {
   StatusOr<Plan> MakePlan(const PlannerInput& input) const;
 
  private:
+  // One plan with block i read compact where compact[i] (the exact copy otherwise).
+  StatusOr<Plan> MakeOnePlan(const PlannerInput& input, const std::vector<uint8_t>& compact) const;
+
   const PathLoad* const load_;
 };
 

@@ -50,6 +50,8 @@ inline std::string_view CandidateName(uint8_t c) {
 // Everything one MakePlan call computes, kept together for reconstruction and explanation.
 struct Work {
   const PlannerInput* in = nullptr;
+  // Per block: read as its compact copy (in->blocks already hold that copy's bytes and replicas).
+  const std::vector<uint8_t>* compact = nullptr;
   std::vector<std::array<SourceCost, 2>> sources;  // [host][tier - 1]
   double plan_fixed_us = 0;                        // alpha_h2d + wait_h2d
   double h2d_wait_us = 0;
@@ -80,6 +82,7 @@ struct Work {
     return sources[r.host_index][r.tier == Tier::kNvme ? 1 : 0];
   }
   size_t SourceCount() const { return sources.size() * 2; }
+  uint8_t Compact(uint32_t i) const { return compact != nullptr ? (*compact)[i] : 0; }
   // What block i's bytes add to a stream of `source`.
   double BytesUs(uint32_t i, const SourceCost& source) const {
     return static_cast<double>(in->blocks[i].bytes) * source.per_byte_us;

@@ -549,5 +549,118 @@ TEST(PlannerTest, RejectsMalformedInputNamingTheField) {
   EXPECT_EQ(planner.MakePlan(in).status().code(), StatusCode::kInvalidArgument);
 }
 
+// ---- Representations (planner.h REPRESENTATIONS) ----
+
+// Every block cached exact on cache-0 and compact (0.56x its bytes) on cache-0 too.
+PlannerInput WithCompactCopies(PlannerInput in, double penalty_us) {
+  for (ChainBlock& b : in.blocks) {
+    b.compact_bytes = b.bytes * 9 / 16;
+    b.compact_replicas.push_back({0, Tier::kHost});
+    b.compact_penalty_us = penalty_us;
+  }
+  return in;
+}
+
+int CompactRuns(const Plan& p) {
+  return static_cast<int>(
+      std::count_if(p.runs.begin(), p.runs.end(), [](const PlanRun& r) { return r.compact; }));
+}
+
+TEST(PlannerTest, NoCompactCopyOfferedPlansExactOnly) {
+  const PlannerInput in = Chain(8, 8, 1 << 20, {20.0, 1e8});
+  auto plan = Planner(nullptr).MakePlan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->representation, RepresentationChoice::kExact);
+  ASSERT_EQ(plan->representation_totals.size(), 1u);
+  EXPECT_EQ(CompactRuns(*plan), 0);
+  EXPECT_EQ(plan->compact_blocks, 0u);
+}
+
+TEST(PlannerTest, CompactCopiesWinOnASlowBusWhenTheirDecodeCostIsSmall) {
+  // 100 MB/s: a 1 MiB block takes 10.5 ms to fetch, its copy 5.9 ms; recompute at 100 ms per
+  // token makes fetching everything the plan either way.
+  PlannerInput exact_in = Chain(8, 8, 1 << 20, {20.0, 1e8});
+  exact_in.recompute = {0.0, 1e5, 0.0};
+  auto exact = Planner(nullptr).MakePlan(exact_in);
+  ASSERT_TRUE(exact.ok());
+  ASSERT_EQ(exact->kind, PlanKind::kFetchAll);
+  PlannerInput in = WithCompactCopies(exact_in, 100.0);
+  in.include_explanation = true;
+  auto plan = Planner(nullptr).MakePlan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->representation, RepresentationChoice::kCompact);
+  ASSERT_EQ(plan->representation_totals.size(), 2u);  // exact, compact (nothing is gone)
+  EXPECT_LT(plan->representation_totals[1].second, plan->representation_totals[0].second);
+  EXPECT_EQ(plan->compact_blocks, 8u);
+  EXPECT_DOUBLE_EQ(plan->compact_penalty_us, 800.0);
+  uint64_t bytes = 0;
+  for (const PlanRun& r : plan->runs) {
+    if (r.action != RunAction::kFetch) continue;
+    EXPECT_TRUE(r.compact);
+    bytes += r.payload_bytes;
+  }
+  EXPECT_EQ(bytes, 8u * ((1u << 20) * 9 / 16));
+  // The load is predicted faster; its total excludes the decode penalty.
+  EXPECT_LT(plan->predicted_total_us, exact->predicted_total_us);
+  EXPECT_NE(plan->explanation.find("*compact"), std::string::npos) << plan->explanation;
+  EXPECT_NE(plan->explanation.find("compact from cache-0"), std::string::npos);
+  EXPECT_NE(plan->explanation.find("decode penalty"), std::string::npos);
+}
+
+TEST(PlannerTest, ADecodePenaltyLargerThanTheBytesSavedKeepsExact) {
+  PlannerInput in = WithCompactCopies(Chain(8, 8, 1 << 20, {20.0, 1e8}), 1e6);
+  in.recompute = {0.0, 1000.0, 0.0};
+  auto plan = Planner(nullptr).MakePlan(in);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->representation, RepresentationChoice::kExact);
+  EXPECT_EQ(CompactRuns(*plan), 0);
+  EXPECT_EQ(plan->compact_penalty_us, 0.0);
+}
+
+TEST(PlannerTest, CompactCopiesOfBlocksWithoutAnExactCopyExtendTheCachedPrefix) {
+  // Blocks 4..7 lost their exact copies (eviction kept the compact ones); recompute is dear.
+  PlannerInput in = Chain(8, 4, 1 << 20, {20.0, 6.4e9});
+  in.recompute = {0.0, 1000.0, 0.0};
+  for (uint32_t i = 0; i < 8; ++i) {
+    in.blocks[i].compact_bytes = (1u << 20) * 9 / 16;
+    in.blocks[i].compact_replicas.push_back({0, Tier::kHost});
+    in.blocks[i].compact_penalty_us = 50.0;  // each compact block: 50 µs of decode
+  }
+  auto plan = Planner(nullptr).MakePlan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  // On a fast bus the bytes saved on blocks 0..3 (~74 µs each way) do not pay 50 µs each of
+  // decode plus... whichever wins, blocks 4..7 are fetched compact and nothing is recomputed.
+  EXPECT_NE(plan->representation, RepresentationChoice::kExact);
+  EXPECT_EQ(plan->cached_prefix_blocks, 8u);
+  for (const PlanRun& r : plan->runs) {
+    ASSERT_EQ(r.action, RunAction::kFetch);
+    if (r.first_block >= 4) EXPECT_TRUE(r.compact);
+  }
+  // Runs are cut where the representation changes, even on one source.
+  if (plan->representation == RepresentationChoice::kCompactWhereGone) {
+    ASSERT_EQ(plan->runs.size(), 2u);
+    EXPECT_FALSE(plan->runs[0].compact);
+    EXPECT_EQ(plan->runs[1].first_block, 4u);
+  }
+  ASSERT_EQ(plan->representation_totals.size(), 3u);
+  EXPECT_EQ(plan->representation_totals[1].first, RepresentationChoice::kCompactWhereGone);
+}
+
+TEST(PlannerTest, RejectsMalformedCompactCopies) {
+  Planner planner(nullptr);
+  PlannerInput in = WithCompactCopies(Chain(4, 4, 1 << 20, {20.0, 6.4e9}), 1.0);
+  in.blocks[2].compact_bytes = 0;
+  EXPECT_NE(planner.MakePlan(in).status().message().find("blocks[2].compact_bytes"),
+            std::string_view::npos);
+  in = WithCompactCopies(Chain(4, 4, 1 << 20, {20.0, 6.4e9}), 1.0);
+  in.blocks[1].compact_penalty_us = -1;
+  EXPECT_NE(planner.MakePlan(in).status().message().find("blocks[1].compact_penalty_us"),
+            std::string_view::npos);
+  in = WithCompactCopies(Chain(4, 4, 1 << 20, {20.0, 6.4e9}), 1.0);
+  in.blocks[3].compact_replicas.push_back({5, Tier::kHost});
+  EXPECT_NE(planner.MakePlan(in).status().message().find("blocks[3].compact_replicas[1]"),
+            std::string_view::npos);
+}
+
 }  // namespace
 }  // namespace kvfabric
