@@ -210,13 +210,13 @@ struct PlanRun {
   uint32_t host_index = 0;
   Tier tier = Tier::kUnspecified;
   uint64_t payload_bytes = 0;
-  // kFetch only: the run reads the blocks' compact copies (REPRESENTATIONS), not the exact ones.
-  bool compact = false;
   // Microseconds after the plan starts. A fetch run's times are those of its source's stream
   // (streams of different sources overlap); the plan's fetch ends at F, which may be later than
   // every run's end when the client's shared stages are the limit (FETCH MODEL).
   double predicted_start_us = 0;
   double predicted_end_us = 0;
+  // kFetch only: the run reads the blocks' compact copies (REPRESENTATIONS), not the exact ones.
+  bool compact = false;
 };
 
 struct PlanAlternative {
