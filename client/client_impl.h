@@ -86,6 +86,10 @@ struct Context {
   // Per layer: blocks of the context whose slice of that layer landed.
   // WaitLayer(l) returns once layer_ready[l] == blocks.
   std::vector<std::uint32_t> layer_ready KVF_GUARDED_BY(mu);
+  // Per block: 1 when its page holds its compact_int8 copy (a compact run
+  // landed it; docs/compact.md), 0 for exact bytes. Set before the block is
+  // marked landed; a block recomputed after a failed compact fetch is exact.
+  std::vector<std::uint8_t> compact KVF_GUARDED_BY(mu);
   std::uint32_t landed_blocks KVF_GUARDED_BY(mu) = 0;  // with every layer
   // Blocks [0, landed_prefix) have all landed: a recompute starting at block
   // b waits until landed_prefix >= b (its prefill attends to them).
@@ -162,12 +166,14 @@ class Client::Impl {
   // kvfabric_client.cc
   StatusOr<MatchResult> Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens,
                               bool explain);
-  Status Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens, bool explain,
-               MatchResult* out);
+  Status Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens,
+               const MatchOptions& options, MatchResult* out);
   StatusOr<ContextId> NewContext(std::uint64_t tokens);
   Status Load(const MatchResult& match, ContextId id);
   Status WaitLayer(ContextId id, std::uint32_t layer, std::chrono::milliseconds timeout);
   StatusOr<std::span<std::byte>> BlockPayload(ContextId id, std::uint32_t block);
+  StatusOr<bool> BlockIsCompact(ContextId id, std::uint32_t block);
+  Status DecodeBlock(ContextId id, std::uint32_t block, std::span<float> out);
   StatusOr<HostHistory> History(ContextId id);
   Status Save(ContextId id, std::uint32_t layer, std::uint32_t first_block,
               std::span<const BlockKey> keys);
@@ -247,6 +253,14 @@ class Client::Impl {
   // sorted); *moved_bytes: the bytes that moved. The first error, if any.
   Status FetchFrom(Context& c, const MatchResult::Host& host, std::vector<std::uint32_t>* blocks,
                    std::uint64_t* moved_bytes);
+  // The same for blocks a compact run fetches (client_compact.cc): their
+  // compact_int8 copies, under CompactInt8BlockKey, whole blocks of
+  // compact_bytes_ into the start of their pages, fetch_batch_ per request
+  // (the data plane; blocks only on NVMe through the control plane's Lease).
+  Status FetchCompactFrom(Context& c, const MatchResult::Host& host,
+                          std::vector<std::uint32_t>* blocks, std::uint64_t* moved_bytes);
+  // Measures compact_extra_decode_us_ at Init when the option is unset.
+  void ProbeCompactDecode();
   // One transfer observation per daemon that moved bytes (moved[h] for
   // hosts[h] in its stream's stream_us[h], both from the fetch's start), and
   // one of the client's ingest (every byte over the longest stream) when two
@@ -352,6 +366,11 @@ class Client::Impl {
   std::size_t layered_batch_ = 16;
   // Bytes of one layer slice of a block.
   std::uint64_t layer_bytes_ = 0;
+  // Bytes of a block's compact_int8 copy (gpu::CompactPayloadBytes; 0 when
+  // the model's dtype has no compact codec), and what one compact token adds
+  // to a decode step, µs (options or ProbeCompactDecode).
+  std::uint64_t compact_bytes_ = 0;
+  double compact_extra_decode_us_ = 0;
   std::string client_node_;
 
   // One stub per placement replica (placement_address split at commas);
@@ -434,6 +453,13 @@ inline double MicrosSince(std::chrono::steady_clock::time_point start) {
 
 inline std::string KeyBytes(const BlockKey& key) {
   return std::string(reinterpret_cast<const char*>(key.bytes().data()), BlockKey::kSize);
+}
+
+// OutOfRange unless `block` is one of context `id`'s blocks.
+inline Status BlockInRange(const Context& c, ContextId id, std::uint32_t block) {
+  if (block < c.blocks) return Status::OK();
+  return Status::OutOfRange("client: block " + std::to_string(block) + " of context " +
+                            std::to_string(id) + " with " + std::to_string(c.blocks) + " blocks");
 }
 
 // A daemon that failed this way is gone or stuck for this load.

@@ -212,12 +212,15 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
   // Placement spreads a chain over hosts block by block, so runs are short
   // and alternate: fetch every planned block of a host in full batches, all
   // hosts at once.
+  // Compact runs' blocks (their compact copies) go in a list of their own
+  // per host, fetched after the host's exact blocks on the same stream.
   std::vector<std::vector<std::uint32_t>> by_host(m.hosts.size());
+  std::vector<std::vector<std::uint32_t>> compact_by_host(m.hosts.size());
   std::vector<std::size_t> run_of(m.chain.size(), 0);
   for (std::size_t ri : runs) {
     const MatchResult::Run& run = m.runs[ri];
     for (std::uint32_t b = run.first_block; b < run.first_block + run.block_count; ++b) {
-      by_host[run.host].push_back(b);
+      (run.compact ? compact_by_host : by_host)[run.host].push_back(b);
       run_of[b] = ri;
     }
   }
@@ -225,13 +228,19 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
   {
     std::vector<std::size_t> hosts;
     for (std::size_t h = 0; h < by_host.size(); ++h) {
-      if (!by_host[h].empty()) hosts.push_back(h);
+      if (!by_host[h].empty() || !compact_by_host[h].empty()) hosts.push_back(h);
     }
     std::vector<std::uint64_t> moved(m.hosts.size(), 0);
     std::vector<double> stream_us(m.hosts.size(), 0);
     const auto start = Clock::now();
     auto fetch = [&](std::size_t h) {
-      host_status[h] = FetchFrom(*c, m.hosts[h], &by_host[h], &moved[h]);
+      if (!by_host[h].empty()) host_status[h] = FetchFrom(*c, m.hosts[h], &by_host[h], &moved[h]);
+      if (!compact_by_host[h].empty() && !HostDown(host_status[h])) {
+        std::uint64_t compact_moved = 0;
+        Status s = FetchCompactFrom(*c, m.hosts[h], &compact_by_host[h], &compact_moved);
+        moved[h] += compact_moved;
+        if (host_status[h].ok()) host_status[h] = std::move(s);
+      }
       stream_us[h] = MicrosSince(start);
     };
     // One thread per further daemon; this thread takes the first.
@@ -251,9 +260,11 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
                  by_host[h].size(), m.hosts[h].host_id, s.ToString());
       dead[h] = HostDown(s);
     }
-    for (std::uint32_t b : by_host[h]) {
-      missing[run_of[b]].push_back(b);
-      if (failures.find(run_of[b]) == failures.end()) failures[run_of[b]] = s.ToString();
+    for (const auto* list : {&by_host[h], &compact_by_host[h]}) {
+      for (std::uint32_t b : *list) {
+        missing[run_of[b]].push_back(b);
+        if (failures.find(run_of[b]) == failures.end()) failures[run_of[b]] = s.ToString();
+      }
     }
   }
   // Then each run's fallback hosts, then recompute, in contiguous pieces.
@@ -286,7 +297,10 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
       std::vector<std::uint64_t> moved(m.hosts.size(), 0);
       std::vector<double> stream_us(m.hosts.size(), 0);
       const auto start = Clock::now();
-      Status s = FetchFrom(*c, m.hosts[h], &blocks, &moved[h]);
+      // A compact run's fallbacks hold its compact copies (placement lists
+      // only those); an exact run's, exact ones.
+      Status s = m.runs[ri].compact ? FetchCompactFrom(*c, m.hosts[h], &blocks, &moved[h])
+                                    : FetchFrom(*c, m.hosts[h], &blocks, &moved[h]);
       stream_us[h] = MicrosSince(start);
       RecordTransfers(*c, m.hosts, moved, stream_us);
       from_fallback += static_cast<std::uint32_t>(before - blocks.size());

@@ -47,12 +47,15 @@ std::string TierName(v1::Tier tier) {
 StatusOr<MatchResult> Client::Impl::Match(std::span<const BlockKey> chain,
                                           std::uint64_t suffix_tokens, bool explain) {
   MatchResult m;
-  KVF_RETURN_IF_ERROR(Match(chain, suffix_tokens, explain, &m));
+  MatchOptions options;
+  options.explain = explain;
+  KVF_RETURN_IF_ERROR(Match(chain, suffix_tokens, options, &m));
   return m;
 }
 
 Status Client::Impl::Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens,
-                           bool explain, MatchResult* out) {
+                           const MatchOptions& options, MatchResult* out) {
+  const bool explain = options.explain;
   if (chain.empty()) return Status::InvalidArgument("client: Match of an empty chain");
   // Every field is assigned in place: vectors and strings keep their memory.
   MatchResult& m = *out;
@@ -63,6 +66,14 @@ Status Client::Impl::Match(std::span<const BlockKey> chain, std::uint64_t suffix
   m.predicted_us = 0;
   m.explanation.clear();
   m.hosts.clear();
+  m.representation = "exact";
+  m.compact_penalty_us = 0;
+  const AccuracyPolicy& accuracy = options.accuracy;
+  if (accuracy.compact_after_tokens && compact_bytes_ == 0) {
+    return Status::InvalidArgument("client: Match with accuracy " + accuracy.ToString() +
+                                   ": the model's KV dtype has no compact codec (fp16, bf16 "
+                                   "and fp32 have; docs/compact.md)");
+  }
   v1::PlanRequest req;
   req.set_namespace_(o_.namespace_name);
   *req.mutable_fingerprint() = fingerprint_;
@@ -72,6 +83,13 @@ Status Client::Impl::Match(std::span<const BlockKey> chain, std::uint64_t suffix
   req.set_client_node(client_node_);
   req.set_suffix_tokens(suffix_tokens);
   req.set_include_explanation(explain);
+  if (accuracy.compact_after_tokens) {
+    v1::AccuracyPolicy* a = req.mutable_accuracy();
+    a->set_allow_compact(true);
+    a->set_compact_after_tokens(*accuracy.compact_after_tokens);
+    a->set_compact_extra_decode_us_per_token(compact_extra_decode_us_);
+    a->set_decode_steps(accuracy.decode_steps);
+  }
   if (o_.prefill) {
     v1::RecomputeParameters* r = req.mutable_engine_prefill();
     r->set_c0_us(o_.prefill->c0_us);
@@ -105,6 +123,7 @@ Status Client::Impl::Match(std::span<const BlockKey> chain, std::uint64_t suffix
     r.fallback_hosts.clear();
     r.predicted_start_us = 0;
     r.predicted_end_us = 0;
+    r.compact = false;
     return Status::OK();
   }
   m.plan_id = resp.plan_id();
@@ -132,6 +151,14 @@ Status Client::Impl::Match(std::span<const BlockKey> chain, std::uint64_t suffix
     r.fallback_hosts.assign(pr.fallback_host_indices().begin(), pr.fallback_host_indices().end());
     r.predicted_start_us = pr.predicted_start_us();
     r.predicted_end_us = pr.predicted_end_us();
+    r.compact = r.fetch && pr.representation() == v1::REPRESENTATION_COMPACT_INT8;
+    // A compact run where the request did not allow one is placement's
+    // error, and never reaches the history (exact mode gets exact bytes).
+    if (r.compact && !accuracy.compact_after_tokens) {
+      return Status::Internal("client: placement's plan " + std::to_string(m.plan_id) +
+                              " fetches compact copies of blocks " + std::to_string(r.first_block) +
+                              ".. for an exact request");
+    }
     // Check what the network said before anything acts on it.
     bool hosts_ok = !r.fetch || r.host < m.hosts.size();
     for (std::uint32_t f : r.fallback_hosts) hosts_ok = hosts_ok && f < m.hosts.size();
@@ -142,6 +169,18 @@ Status Client::Impl::Match(std::span<const BlockKey> chain, std::uint64_t suffix
     }
     covered += r.block_count;
   }
+  switch (resp.representation()) {
+    case v1::REPRESENTATION_CHOICE_COMPACT_WHERE_GONE:
+      m.representation = "compact-where-gone";
+      break;
+    case v1::REPRESENTATION_CHOICE_COMPACT:
+      m.representation = "compact";
+      break;
+    default:
+      m.representation = "exact";
+      break;
+  }
+  m.compact_penalty_us = resp.compact_penalty_us();
   if (covered != chain.size()) {
     return Status::Internal("client: placement's plan covers " + std::to_string(covered) + " of " +
                             std::to_string(chain.size()) + " blocks");

@@ -12,6 +12,7 @@
 #include "client/client_log.h"
 #include "core/secure_random.h"
 #include "core/socket_address.h"
+#include "gpu/kernels/compact_int8.h"
 #include "proto/model_proto.h"
 #include "transport/data_transport.h"
 
@@ -108,6 +109,23 @@ Status Client::Impl::Init() {
   if (o_.rpc_timeout.count() <= 0 || o_.transfer_timeout.count() <= 0) {
     return Status::InvalidArgument("client: rpc_timeout and transfer_timeout must be positive");
   }
+  if (o_.compact_extra_decode_us_per_token &&
+      (!std::isfinite(*o_.compact_extra_decode_us_per_token) ||
+       *o_.compact_extra_decode_us_per_token < 0)) {
+    return Status::InvalidArgument(
+        "client: compact_extra_decode_us_per_token (--client-compact-extra-decode-us) must be "
+        "finite and >= 0");
+  }
+  // The compact_int8 copy of a block (docs/compact.md): only for the dtypes the
+  // codec takes, and only when smaller than the block (daemons make no other).
+  compact_bytes_ = 0;
+  if (o_.model.dtype == KvDtype::kFp16 || o_.model.dtype == KvDtype::kBf16 ||
+      o_.model.dtype == KvDtype::kFp32) {
+    const std::uint64_t bytes = gpu::CompactPayloadBytes(
+        o_.model.layer_count, o_.model.tokens_per_block, o_.model.kv_heads, o_.model.head_dim);
+    if (bytes < block_bytes_) compact_bytes_ = bytes;
+  }
+  ProbeCompactDecode();
 
   KVF_ASSIGN_OR_RETURN(BlockKeyer keyer, BlockKeyer::Create(Namespace{o_.namespace_name}, o_.model));
   keyer_ = std::make_unique<BlockKeyer>(std::move(keyer));
@@ -361,6 +379,7 @@ Status Client::Impl::Load(const MatchResult& match, ContextId id) {
   c->landed_prefix = 0;
   c->landed_layer_bits.assign(std::size_t{c->blocks} * c->layer_words, 0);
   c->layer_ready.assign(o_.model.layer_count, 0);
+  c->compact.assign(c->blocks, 0);
   c->landed_blocks = 0;
   c->report.plan_id = match.plan_id;
   c->report.kind = match.kind;
@@ -412,10 +431,15 @@ Status Client::Impl::WaitLayer(ContextId id, std::uint32_t layer,
 
 StatusOr<std::span<std::byte>> Client::Impl::BlockPayload(ContextId id, std::uint32_t block) {
   KVF_ASSIGN_OR_RETURN(std::shared_ptr<Context> c, Find(id));
-  if (block >= c->blocks) {
-    return Status::OutOfRange("client: block " + std::to_string(block) + " of context " +
-                              std::to_string(id) + " with " + std::to_string(c->blocks) +
-                              " blocks");
+  KVF_RETURN_IF_ERROR(internal::BlockInRange(*c, id, block));
+  {
+    MutexLock l(&c->mu);
+    if (block < c->compact.size() && c->compact[block] != 0) {
+      return Status::FailedPrecondition(
+          "client: block " + std::to_string(block) + " of context " + std::to_string(id) +
+          " holds its compact_int8 copy (the request's accuracy policy allowed it): its page is "
+          "not the exact payload; read it with DecodeBlock");
+    }
   }
   return BlockBytes(*c, block);
 }
@@ -451,6 +475,13 @@ Status Client::Impl::Save(ContextId id, std::uint32_t layer, std::uint32_t first
     MutexLock l(&c->mu);
     for (std::size_t k = 0; k < keys.size(); ++k) {
       const std::uint32_t b = first_block + static_cast<std::uint32_t>(k);
+      if (b < c->compact.size() && c->compact[b] != 0) {
+        // Its page holds approximate KV: writing it back would publish it as exact.
+        return Status::FailedPrecondition(
+            "client: Save of block " + std::to_string(b) + " of context " + std::to_string(id) +
+            ", which holds its compact_int8 copy (loaded under a compact_after policy): only "
+            "exact KV is written back (nothing of this call was recorded)");
+      }
       if ((c->layer_bits[std::size_t{b} * c->layer_words + layer / 64] & bit) != 0) {
         return Status::FailedPrecondition(
             "client: Save of layer " + std::to_string(layer) + " of block " + std::to_string(b) +
@@ -500,6 +531,10 @@ Status Client::Impl::Attend(ContextId id, std::uint32_t layer, std::uint64_t ste
       return Status::FailedPrecondition("client: Attend on layer " + std::to_string(layer) +
                                         " of context " + std::to_string(id) +
                                         " before that layer loaded OK (WaitLayer)");
+    }
+    if (std::find(c->compact.begin(), c->compact.end(), 1) != c->compact.end()) {
+      return Status::Unimplemented("client: Attend over compact blocks (context " +
+                                   std::to_string(id) + ")");
     }
   }
   const auto start = Clock::now();
@@ -603,6 +638,7 @@ void Context::Reset() {
   landed_prefix = 0;
   landed_layer_bits.clear();
   layer_ready.clear();
+  compact.clear();
   landed_blocks = 0;
   workers.clear();
   layer_bits.clear();
@@ -651,7 +687,13 @@ StatusOr<MatchResult> Client::Match(std::span<const BlockKey> chain, std::uint64
 }
 Status Client::Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens, bool explain,
                      MatchResult* out) {
-  return impl_->Match(chain, suffix_tokens, explain, out);
+  MatchOptions options;
+  options.explain = explain;
+  return impl_->Match(chain, suffix_tokens, options, out);
+}
+Status Client::Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens,
+                     const MatchOptions& options, MatchResult* out) {
+  return impl_->Match(chain, suffix_tokens, options, out);
 }
 StatusOr<ContextId> Client::NewContext(std::uint64_t tokens) { return impl_->NewContext(tokens); }
 Status Client::Load(const MatchResult& match, ContextId context) {
@@ -663,6 +705,12 @@ Status Client::WaitLayer(ContextId context, std::uint32_t layer,
 }
 StatusOr<std::span<std::byte>> Client::BlockPayload(ContextId context, std::uint32_t block) {
   return impl_->BlockPayload(context, block);
+}
+StatusOr<bool> Client::BlockIsCompact(ContextId context, std::uint32_t block) {
+  return impl_->BlockIsCompact(context, block);
+}
+Status Client::DecodeBlock(ContextId context, std::uint32_t block, std::span<float> out) {
+  return impl_->DecodeBlock(context, block, out);
 }
 StatusOr<HostHistory> Client::History(ContextId context) const {
   return impl_->History(context);

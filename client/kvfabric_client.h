@@ -85,6 +85,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "client/device_arena.h"
@@ -233,6 +234,13 @@ struct ClientOptions {
   std::chrono::milliseconds transfer_timeout{30000};
   // Read-lease TTL asked of daemons. Default 30 s.
   std::uint32_t lease_ttl_ms = 30000;
+  // The extra decode time of a compact token over an exact one, per decode
+  // step, all layers, in µs (--client-compact-extra-decode-us): what a
+  // compact_after request tells placement a compact block costs after its
+  // load. Unset: measured at Open on this CPU's attention kernels for the
+  // model's shape (logged); set it for a GPU device, where the CPU's figure
+  // does not apply. Finite, >= 0.
+  std::optional<double> compact_extra_decode_us_per_token;
   // Where the client serves its own Prometheus /metrics (HOST:PORT, port 0
   // picks; --client-metrics-address). Empty (default): no listener; the
   // engine serves metrics_collectable() from its own endpoint instead.
@@ -303,6 +311,32 @@ struct RunOutcome {
   std::string failure;  // the first fetch error, if any
 };
 
+// A request's accuracy policy (docs/compact.md, issue 24).
+struct AccuracyPolicy {
+  // nullopt (the default): `exact`. Every block that reaches the history is
+  // bit-identical to what was saved or recomputes; no compact copy is ever
+  // fetched. N: `compact_after=N`: a block that ends at least N tokens
+  // before the request's last token (chain plus suffix) may be fetched as
+  // its compact_int8 copy when the plan finds that cheaper (its bytes on the
+  // bus against its extra decode time).
+  std::optional<std::uint64_t> compact_after_tokens;
+  // Decode steps the request expects to run over this history: each pays
+  // the extra decode time of every compact token. 0 counts as 1.
+  std::uint64_t decode_steps = 0;
+
+  // "exact" or "compact_after=N" (N a token count); InvalidArgument naming
+  // the text otherwise.
+  static StatusOr<AccuracyPolicy> Parse(std::string_view text);
+  std::string ToString() const;
+};
+
+// Options of one Match call.
+struct MatchOptions {
+  // Fill MatchResult::explanation with the plan's formula.
+  bool explain = false;
+  AccuracyPolicy accuracy;
+};
+
 // What Match returns: the plan, and the chain it was made for.
 struct MatchResult {
   std::vector<BlockKey> chain;
@@ -321,8 +355,16 @@ struct MatchResult {
     std::vector<std::uint32_t> fallback_hosts;
     double predicted_start_us = 0;
     double predicted_end_us = 0;
+    // A fetch of the blocks' compact_int8 copies (only under a compact_after
+    // policy): they land compact (Client::BlockIsCompact).
+    bool compact = false;
   };
   std::vector<Run> runs;
+  // The plan's representation choice: "exact", "compact-where-gone" (compact
+  // copies only where no exact copy is cached) or "compact"; and the decode
+  // time its compact runs add after the load, µs (not in predicted_us).
+  std::string representation = "exact";
+  double compact_penalty_us = 0;
   struct Host {
     std::string host_id;
     std::string grpc_address;
@@ -389,6 +431,9 @@ class Client {
   // *out holds no usable plan.
   Status Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens, bool explain,
                MatchResult* out);
+  // The same with the request's accuracy policy (Match above is `exact`).
+  Status Match(std::span<const BlockKey> chain, std::uint64_t suffix_tokens,
+               const MatchOptions& options, MatchResult* out);
 
   // A context for a history of `tokens` tokens: ceil(tokens /
   // tokens_per_block) pages of the history pool and an arena budget.
@@ -408,7 +453,17 @@ class Client {
 
   // Block `block`'s payload in the context's history (all layers; layer l's
   // K at l * 2 * layer_half, V after it; core/block_format.h).
+  // FailedPrecondition for a block that landed as its compact copy (read it
+  // with DecodeBlock).
   StatusOr<std::span<std::byte>> BlockPayload(ContextId context, std::uint32_t block);
+  // Whether block `block` landed as its compact_int8 copy (a compact_after
+  // plan's compact run; docs/compact.md). Meaningful once its layers landed.
+  StatusOr<bool> BlockIsCompact(ContextId context, std::uint32_t block);
+  // Block `block`'s KV as fp32 values, laid out as the payload
+  // ([layers][K, V][tokens][kv_heads][head_dim]), into `out` (that many
+  // floats): the exact values converted, or a compact copy decoded
+  // (gpu::DecodeCompactInt8). For engines that keep their own KV cache.
+  Status DecodeBlock(ContextId context, std::uint32_t block, std::span<float> out);
   // The whole history as its blocks (for a reference check).
   StatusOr<HostHistory> History(ContextId context) const;
 
