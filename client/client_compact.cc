@@ -104,6 +104,11 @@ Status Client::Impl::FetchCompactFrom(Context& c, const MatchResult::Host& host,
       MutexLock l(&c.mu);
       for (const FetchTally::Landed& x : tally.landed) c.compact[x.block] = 1;
     }
+    if (!tally.landed.empty()) {
+      MutexLock l(&metrics_mu_);
+      m_.compact_blocks_fetched += tally.landed.size();
+      m_.compact_bytes_fetched += tally.bytes;
+    }
     RecordFetch(c, tally);
   };
   auto request_failed = [&](std::span<const std::uint32_t> batch, const Status& s) {

@@ -181,6 +181,10 @@ Status Client::Impl::Match(std::span<const BlockKey> chain, std::uint64_t suffix
       break;
   }
   m.compact_penalty_us = resp.compact_penalty_us();
+  if (std::any_of(m.runs.begin(), m.runs.end(),
+                  [](const MatchResult::Run& r) { return r.compact; })) {
+    ++m_.plans_with_compact;
+  }
   if (covered != chain.size()) {
     return Status::Internal("client: placement's plan covers " + std::to_string(covered) + " of " +
                             std::to_string(chain.size()) + " blocks");

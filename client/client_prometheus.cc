@@ -166,6 +166,16 @@ std::vector<MetricFamily> ClientPrometheus::Collect() const {
             {S(m.placement_calls_skipped)});
     Counter(out, "blocks_fetched_total", "Blocks fetched from daemons into histories.",
             {S(m.blocks_fetched)});
+    Counter(out, "compact_blocks_fetched_total",
+            "Blocks fetched as their compact_int8 copies (compact_after requests), of "
+            "blocks_fetched_total.",
+            {S(m.compact_blocks_fetched)});
+    Counter(out, "compact_bytes_fetched_total",
+            "Bytes of compact_int8 copies fetched (compact_after requests).",
+            {S(m.compact_bytes_fetched)});
+    Counter(out, "plans_compact_total",
+            "Plans with at least one run of compact copies (compact_after requests).",
+            {S(m.plans_with_compact)});
     Counter(out, "blocks_recomputed_total",
             "Blocks produced by the engine's prefill (planned, or after a failed fetch).",
             {S(m.blocks_recomputed)});

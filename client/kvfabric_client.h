@@ -260,6 +260,11 @@ struct ClientMetrics {
   std::uint64_t placement_calls_skipped = 0;
   std::uint64_t blocks_fetched = 0;
   std::uint64_t bytes_fetched = 0;
+  // Of those, blocks that landed as their compact_int8 copies (compact_after
+  // requests; docs/compact.md) and their bytes; and the plans with a compact run.
+  std::uint64_t compact_blocks_fetched = 0;
+  std::uint64_t compact_bytes_fetched = 0;
+  std::uint64_t plans_with_compact = 0;
   std::uint64_t fetch_us = 0;  // wall time of fetch batches
   std::uint64_t blocks_recomputed = 0;
   std::uint64_t tokens_recomputed = 0;
