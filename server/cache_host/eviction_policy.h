@@ -56,9 +56,10 @@
 // block of its tier (host copy dropped, demoted or evicted).
 //   step 3: kept and held copies, in policy order, only when steps 1 and 2
 //           ran out of candidates: B never keeps the pool from freeing pages.
-// Hence after every pass K <= B (a held copy that is leased when x leaves is
-// left loose rather than kept over B), and a held copy never leaves before
-// its exact block while that block is a candidate. B = 0: no copy is held or
+// Hence K <= B after every pass that starts with K <= B (a held copy that is
+// no candidate when x leaves, being leased or demoted, is left loose: never
+// kept, so never counted), and a held copy never leaves before its exact
+// block while that block is a candidate. B = 0: no copy is held or
 // kept, and the order is steps 1 and 2 alone (the behaviour before issue 24).
 //
 // Every decision carries one line saying why, with the formula and its
