@@ -92,6 +92,10 @@ void BlockIndex::Account(const BlockEntry& e, int sign) {
   u.nvme_blocks += s * (OnNvme(e.tier) ? 1 : 0);
   u.host_bytes += s * (InHost(e.tier) ? e.host_resident_bytes : 0);
   u.nvme_bytes += s * (OnNvme(e.tier) ? e.nvme.bytes : 0);
+  if (e.compact_kept && InHost(e.tier)) {
+    compact_kept_bytes_ += s * e.host_resident_bytes;
+    compact_kept_blocks_ += s;
+  }
 }
 
 Status BlockIndex::Publish(BlockEntry entry) {
@@ -127,6 +131,20 @@ Status BlockIndex::ReplaceLocation(NamespaceId ns, const BlockKey& key, BlockTie
   e->host_pages = InHost(tier) ? host_pages : PageRuns{};
   e->host_resident_bytes = InHost(tier) ? host_resident_bytes : 0;
   e->nvme = OnNvme(tier) ? nvme : NvmeLocation{};
+  if (!InHost(tier)) e->compact_kept = false;  // kept means kept in the host pool
+  Account(*e, +1);
+  return Status::OK();
+}
+
+Status BlockIndex::SetCompactKept(NamespaceId ns, const BlockKey& key, bool kept) {
+  BlockEntry* e = FindMutable(ns, key);
+  if (e == nullptr) return Status::NotFound("block " + key.ToHex() + " is not indexed");
+  if (kept && !InHost(e->tier)) {
+    return Status::FailedPrecondition("block " + key.ToHex() + " has no host copy to keep (tier " +
+                                      std::string(BlockTierName(e->tier)) + ")");
+  }
+  Account(*e, -1);
+  e->compact_kept = kept;
   Account(*e, +1);
   return Status::OK();
 }

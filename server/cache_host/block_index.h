@@ -17,9 +17,16 @@
 // means unlimited.
 //
 // Entry fields that affect accounting (tier, host pages, resident bytes, NVMe
-// location) change only through Publish, Remove and ReplaceLocation. Fields the
-// lease table keeps up to date on every access (pins, demoting, last access,
-// hit count) may be changed through FindMutable.
+// location, compact_kept) change only through Publish, Remove,
+// ReplaceLocation and SetCompactKept. Fields the lease table keeps up to date
+// on every access (pins, demoting, last access, hit count) may be changed
+// through FindMutable.
+//
+// Kept compact copies (eviction_policy.h, "Compact copies"): the index sums
+// the resident bytes of the blocks marked compact_kept that have a host copy
+// (compact_kept_bytes(), the figure --compact-keep-bytes bounds). A block
+// that loses its host copy (ReplaceLocation to NVMe only, Remove) is no
+// longer kept.
 //
 // Thread safety: none. The index is owned by the LeaseTable, which serialises
 // every call under its mutex.
@@ -82,6 +89,13 @@ struct BlockEntry {
   std::uint32_t read_pins = 0;  // read leases holding the host pages
   bool demoting = false;        // a host -> NVMe copy is in flight (pages pinned)
   bool promoting = false;       // an NVMe -> host staging read is in flight
+  // An exact block's compact copy would have this key (CompactBlockKey with
+  // the lease table's CompactKeepOptions codec); set at publish while
+  // --compact-keep-bytes > 0, nullopt otherwise and for compact blocks.
+  std::optional<BlockKey> compact_key;
+  // A compact copy that eviction kept in the host pool when it took its exact
+  // block's host copy (see the class comment; SetCompactKept).
+  bool compact_kept = false;
 };
 
 struct NamespaceUsage {
@@ -168,6 +182,13 @@ class BlockIndex {
                          const PageRuns& host_pages, std::uint64_t host_resident_bytes,
                          const NvmeLocation& nvme);
 
+  // Marks (ns, key) kept or not (the class comment, "Kept compact copies").
+  // NotFound if absent; FailedPrecondition to keep a block without a host copy.
+  Status SetCompactKept(NamespaceId ns, const BlockKey& key, bool kept);
+  // Resident bytes and blocks of the kept compact copies.
+  std::uint64_t compact_kept_bytes() const { return compact_kept_bytes_; }
+  std::uint64_t compact_kept_blocks() const { return compact_kept_blocks_; }
+
   // Calls fn for every entry (of `only`, when set), in no particular order.
   // fn must not modify the index.
   void ForEach(std::optional<NamespaceId> only,
@@ -194,6 +215,8 @@ class BlockIndex {
   std::vector<std::uint8_t> live_;     // indexed by NamespaceId
   std::vector<NamespaceId> free_ids_;  // reclaimed ids, reused first
   std::unordered_map<Slot, BlockEntry, SlotHash> entries_;
+  std::uint64_t compact_kept_bytes_ = 0;
+  std::uint64_t compact_kept_blocks_ = 0;
 };
 
 }  // namespace kvfabric::cache_host

@@ -52,6 +52,26 @@ TEST(BlockIndexTest, SameKeyInTwoNamespacesIsTwoBlocks) {
   EXPECT_EQ(seen_by_b, 1);
 }
 
+TEST(BlockIndexTest, KeptCompactCopiesCountOnlyWhileTheyHaveAHostCopy) {
+  BlockIndex index;
+  const NamespaceId a = *index.InternNamespace({"a"});
+  ASSERT_TRUE(index.Publish(HostEntry(a, KeyOf(1), 4096)).ok());
+  ASSERT_TRUE(index.Publish(HostEntry(a, KeyOf(2), 8192)).ok());
+  ASSERT_TRUE(index.SetCompactKept(a, KeyOf(1), true).ok());
+  ASSERT_TRUE(index.SetCompactKept(a, KeyOf(2), true).ok());
+  EXPECT_EQ(index.compact_kept_bytes(), 4096u + 8192u);
+  EXPECT_EQ(index.compact_kept_blocks(), 2u);
+  // Demoted: no host copy, no longer kept (and not kept again if it comes back).
+  ASSERT_TRUE(index.ReplaceLocation(a, KeyOf(1), BlockTier::kNvme, {}, 0, {}).ok());
+  EXPECT_FALSE(index.Find(a, KeyOf(1))->compact_kept);
+  EXPECT_EQ(index.compact_kept_bytes(), 8192u);
+  EXPECT_EQ(index.SetCompactKept(a, KeyOf(1), true).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(index.Remove(a, KeyOf(2)).ok());
+  EXPECT_EQ(index.compact_kept_bytes(), 0u);
+  EXPECT_EQ(index.compact_kept_blocks(), 0u);
+  EXPECT_TRUE(index.SetCompactKept(a, KeyOf(3), false).IsNotFound());
+}
+
 TEST(BlockIndexTest, PublishTwiceIsAlreadyExists) {
   BlockIndex index;
   const NamespaceId a = *index.InternNamespace({""});

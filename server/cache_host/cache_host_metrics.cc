@@ -46,6 +46,18 @@ Sample S(double value, std::vector<ClientMetric::Label> labels = {}) {
 
 double Bool(bool b) { return b ? 1.0 : 0.0; }
 
+// One sample per eviction action of `counts` (indexed by EvictionAction),
+// labelled `label`="drop-host-copy" / "demote" / "evict".
+std::vector<Sample> ByAction(const std::uint64_t (&counts)[4], const std::string& label) {
+  std::vector<Sample> out;
+  for (EvictionAction action :
+       {EvictionAction::kDropHostCopy, EvictionAction::kDemote, EvictionAction::kEvict}) {
+    out.push_back(S(counts[static_cast<std::size_t>(action)],
+                    {{label, std::string(EvictionActionName(action))}}));
+  }
+  return out;
+}
+
 // The names ServingStateName (cache_host_node.cc) gives, in enum order; kept
 // here so that this library does not link the node.
 constexpr std::array<std::pair<ServingState, std::string_view>, 4> kServingStates = {{
@@ -301,16 +313,10 @@ std::vector<MetricFamily> SnapshotFamilies(const CacheHostSnapshot& s, std::size
   Counter(out, "deletes_total", "Blocks deleted on request.", {S(t.deletes)});
 
   // ---- Eviction, demotion, promotion ----
-  std::vector<Sample> evictions;
-  for (EvictionAction action :
-       {EvictionAction::kDropHostCopy, EvictionAction::kDemote, EvictionAction::kEvict}) {
-    evictions.push_back(S(s.evictions_by_action[static_cast<std::size_t>(action)],
-                          {{"reason", std::string(EvictionActionName(action))}}));
-  }
   Counter(out, "evictions_total",
           "Blocks the eviction policy moved out of the host pool, by action: drop-host-copy (NVMe "
           "copy kept), demote (copied to NVMe), evict (dropped from the cache).",
-          std::move(evictions));
+          ByAction(s.evictions_by_action, "reason"));
   Gauge(out, "pages_demoting", "Host pages pinned by demotions in flight.", {S(t.pages_demoting)});
   Counter(out, "demotions_total", "Host-to-NVMe copies by stage.",
           {S(t.demotions_started, {{"result", "started"}}),
@@ -395,6 +401,35 @@ std::vector<MetricFamily> SnapshotFamilies(const CacheHostSnapshot& s, std::size
   Counter(out, "compact_seconds_total",
           "Time the converter's threads spent on conversions (read, encode, publish), in seconds.",
           {S(c.seconds)});
+
+  // ---- Compact copies eviction keeps (eviction_policy.h, "Compact copies") ----
+  Gauge(out, "compact_keep_budget_bytes",
+        "Host bytes compact copies may hold while eviction has taken their exact blocks' host "
+        "copies (--compact-keep-bytes; 0: no preference).",
+        {S(s.compact_keep_budget_bytes)});
+  Gauge(out, "compact_kept_bytes",
+        "Resident host bytes of the compact copies eviction kept in the pool after taking their "
+        "exact blocks' host copies (at most compact_keep_budget_bytes).",
+        {S(t.compact_kept_bytes)});
+  Gauge(out, "compact_kept_blocks",
+        "Compact copies eviction kept in the host pool after taking their exact blocks' host "
+        "copies.",
+        {S(t.compact_kept_blocks)});
+  Counter(out, "compact_kept_evictions_total",
+          "Exact blocks whose host copy eviction took while keeping their compact copy in the "
+          "pool, by the exact block's action: drop-host-copy, demote, evict.",
+          ByAction(s.compact_kept_by_action, "action"));
+  std::vector<Sample> copies;
+  for (CompactOutcome o : {CompactOutcome::kCopyOverBudget, CompactOutcome::kCopyLastResort}) {
+    copies.push_back(S(s.compact_copies_evicted[static_cast<std::size_t>(o)],
+                       {{"reason", std::string(CompactOutcomeName(o))}}));
+  }
+  Counter(out, "compact_evicted_total",
+          "Compact copies eviction took out of the host pool as copies: over_budget = to keep the "
+          "kept copies within --compact-keep-bytes (a newer copy ranked after them, or their "
+          "exact block left with no room), last_resort = kept or held copies taken when nothing "
+          "else was left. Also counted in evictions_total by action.",
+          std::move(copies));
 
   EmitNamespaces(s.namespaces, namespace_series, out);
   return out;

@@ -66,6 +66,13 @@ CacheHostSnapshot SampleSnapshot() {
   s.data_plane.closed_idle = 7;
   s.data_plane.closed_overloaded = 8;
   s.data_plane.closed_transfer_timeout = 9;
+  s.compact_keep_budget_bytes = 32 << 20;
+  s.table.compact_kept_bytes = 6 << 20;
+  s.table.compact_kept_blocks = 3;
+  s.compact_kept_by_action[static_cast<int>(EvictionAction::kEvict)] = 21;
+  s.compact_kept_by_action[static_cast<int>(EvictionAction::kDemote)] = 22;
+  s.compact_copies_evicted[static_cast<int>(CompactOutcome::kCopyOverBudget)] = 23;
+  s.compact_copies_evicted[static_cast<int>(CompactOutcome::kCopyLastResort)] = 24;
   NamespaceUsage a;
   a.tenant = "alpha";
   a.host_bytes = 4 << 20;
@@ -129,6 +136,14 @@ TEST(CacheHostMetricsTest, RendersSnapshotCountsAsExactLines) {
            "kvfabric_cache_host_evictions_total{reason=\"drop-host-copy\"} 11",
            "kvfabric_cache_host_evictions_total{reason=\"demote\"} 12",
            "kvfabric_cache_host_evictions_total{reason=\"evict\"} 13",
+           "kvfabric_cache_host_compact_keep_budget_bytes 33554432",
+           "kvfabric_cache_host_compact_kept_bytes 6291456",
+           "kvfabric_cache_host_compact_kept_blocks 3",
+           "kvfabric_cache_host_compact_kept_evictions_total{action=\"drop-host-copy\"} 0",
+           "kvfabric_cache_host_compact_kept_evictions_total{action=\"demote\"} 22",
+           "kvfabric_cache_host_compact_kept_evictions_total{action=\"evict\"} 21",
+           "kvfabric_cache_host_compact_evicted_total{reason=\"over_budget\"} 23",
+           "kvfabric_cache_host_compact_evicted_total{reason=\"last_resort\"} 24",
            "kvfabric_cache_host_crc_failures_total{where=\"commit\"} 3",
            "kvfabric_cache_host_crc_failures_total{where=\"nvme_read\"} 1",
            "kvfabric_cache_host_recovered_blocks 40",

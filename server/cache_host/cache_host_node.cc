@@ -1,6 +1,7 @@
 #include "server/cache_host/cache_host_node.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "core/block_format.h"
@@ -76,7 +77,22 @@ StatusOr<std::string> CacheHostNode::CheckOptions(const CacheHostOptions& option
     // (Open repeats them with the device's).
     KVF_RETURN_IF_ERROR(ValidateNvmeTierOptions(options.nvme, Env::kDefaultDirectIoAlignment));
   }
-  return DescribePoolArithmetic(options.pool, options.models, options.watermarks.high);
+  const CompactKeepOptions& keep = options.leases.compact_keep;
+  KVF_RETURN_IF_ERROR(keep.Validate(options.pool.pool_bytes));
+  KVF_ASSIGN_OR_RETURN(std::string out, DescribePoolArithmetic(options.pool, options.models,
+                                                               options.watermarks.high));
+  if (keep.budget_bytes == 0) {
+    return out + "compact copies: no eviction preference (--compact-keep-bytes 0)\n";
+  }
+  const std::uint64_t page = options.pool.page_bytes;
+  char percent[32];
+  std::snprintf(percent, sizeof(percent), "%.1f%%",
+                100.0 * static_cast<double>(keep.budget_bytes) /
+                    static_cast<double>(options.pool.pool_bytes));
+  return out + "compact copies: eviction keeps up to " + FormatBytesExact(keep.budget_bytes) +
+         " = " + std::to_string(keep.budget_bytes / page) + " pages x " + FormatBytes(page) + " (" +
+         percent + " of the host pool; --compact-keep-bytes) of " + keep.codec +
+         " copies whose exact blocks it took out of the pool; kept bytes <= budget\n";
 }
 
 StatusOr<std::unique_ptr<CacheHostNode>> CacheHostNode::Create(CacheHostOptions options,
@@ -89,8 +105,7 @@ StatusOr<std::unique_ptr<CacheHostNode>> CacheHostNode::Create(CacheHostOptions 
 }
 
 Status CacheHostNode::Start() {
-  KVF_ASSIGN_OR_RETURN(arithmetic_, DescribePoolArithmetic(options_.pool, options_.models,
-                                                           options_.watermarks.high));
+  KVF_ASSIGN_OR_RETURN(arithmetic_, CheckOptions(options_));
   const std::uint64_t pool_bytes =
       options_.pool.pool_bytes / options_.pool.page_bytes * options_.pool.page_bytes;
   PoolMemory memory;
@@ -571,6 +586,11 @@ CacheHostSnapshot CacheHostNode::Snapshot() const {
   for (EvictionAction a :
        {EvictionAction::kDropHostCopy, EvictionAction::kDemote, EvictionAction::kEvict}) {
     s.evictions_by_action[static_cast<int>(a)] = table_->decisions().Count(a);
+    s.compact_kept_by_action[static_cast<int>(a)] = table_->decisions().CountCopyKept(a);
+  }
+  s.compact_keep_budget_bytes = options_.leases.compact_keep.budget_bytes;
+  for (CompactOutcome o : {CompactOutcome::kCopyOverBudget, CompactOutcome::kCopyLastResort}) {
+    s.compact_copies_evicted[static_cast<int>(o)] = table_->decisions().CountCompact(o);
   }
   {
     MutexLock lock(&mu_);

@@ -38,7 +38,12 @@
 // occupancy passes the high watermark; Reserve runs a pass scoped to the
 // requesting namespace when the pool cannot hold its block. Demotions are
 // written to the NVMe catalog (one sync per pass) and then queued on the NVMe
-// tier; their pages return when the tier reports them durable.
+// tier; their pages return when the tier reports them durable. With
+// --compact-keep-bytes (options.leases.compact_keep) an exact block's host
+// copy leaves before its compact copy, which stays within that budget
+// (eviction_policy.h, "Compact copies"); the exact block's leaving is
+// reported to placement as it is without a copy (kEvicted, kDemoted), and the
+// copy, under its own key, stays listed.
 //
 // Drain and shutdown. Drain() refuses new reservations and leases
 // (Unavailable) and keeps everything else working. Shutdown() drains, waits
@@ -120,7 +125,8 @@ struct CacheHostOptions {
   EvictionPolicyKind policy = EvictionPolicyKind::kCostAware;
   // Cost model parameters of the cost-aware policy.
   CostAwareOptions cost_aware;
-  // Lease-table limits (--max-lease-ttl, --max-reservations, ...).
+  // Lease-table limits (--max-lease-ttl, --max-reservations, ...), and
+  // leases.compact_keep: --compact-keep-bytes and its codec.
   LeaseTableOptions leases;
   // TTL of a request that leaves it at 0 (default_ttl_ms of the Limits).
   std::uint64_t default_ttl_us = 30'000'000;
@@ -270,6 +276,14 @@ struct CacheHostSnapshot {
   NvmeRecoveryReport recovery;
   std::uint64_t recovery_orphans = 0;  // NVMe blocks without a catalog record (dropped)
   std::uint64_t evictions_by_action[4] = {};  // indexed by EvictionAction
+  // Eviction's compact copies (eviction_policy.h, "Compact copies"; zero
+  // with --compact-keep-bytes 0; the kept bytes and blocks are in `table`):
+  // the budget; exact blocks whose host copy left while their copy stayed,
+  // by the exact block's action; copies that left, by CompactOutcome
+  // (kCopyOverBudget, kCopyLastResort).
+  std::uint64_t compact_keep_budget_bytes = 0;
+  std::uint64_t compact_kept_by_action[4] = {};  // indexed by EvictionAction
+  std::uint64_t compact_copies_evicted[4] = {};  // indexed by CompactOutcome
   std::uint64_t grants_active = 0;
   std::uint64_t grants_expired = 0;
   std::uint64_t staging_reads = 0;

@@ -19,6 +19,7 @@
 #include "core/env.h"
 #include "core/model_fingerprint.h"
 #include "core/units.h"
+#include "gpu/kernels/compact_int8.h"
 #include "metrics/metrics_server.h"
 #include "proto/wire_limits.h"
 #include "security/grpc_security.h"
@@ -138,6 +139,15 @@ StatusOr<cache_host::CacheHostOptions> BuildOptions(Flags& f, cache_host::CacheH
   o.leases.max_leases_per_namespace = f.max_leases_per_namespace;
   o.leases.max_leased_bytes_per_namespace = f.max_leased_bytes_per_namespace;
   o.leases.decision_log_capacity = f.eviction_log_capacity;
+  // Compact copies eviction keeps in place of their exact blocks: a quarter
+  // of the pool by default while the converter makes copies, none without
+  // it. CacheHostNode::CheckOptions refuses a budget above the pool.
+  o.leases.compact_keep.budget_bytes = f.compact_keep_bytes != Flags::kCompactKeepDefault
+                                           ? f.compact_keep_bytes
+                                       : f.compact_threads > 0 ? o.pool.pool_bytes / 4
+                                                               : 0;
+  o.leases.compact_keep.codec = kCompactInt8Codec;
+  o.leases.compact_keep.codec_version = kCompactInt8Version;
   o.data_plane.max_connections = f.max_data_connections;
   o.data_plane.max_connections_per_host = f.max_data_connections_per_host;
   o.data_plane.max_outstanding_per_connection = f.max_requests_per_connection;

@@ -88,6 +88,10 @@ struct Flags {
   // kCompactMinFreeDefault: 10% of --host-pool-bytes.
   std::uint64_t compact_min_free_bytes = kCompactMinFreeDefault;
   static constexpr std::uint64_t kCompactMinFreeDefault = ~std::uint64_t{0};
+  // kCompactKeepDefault: 25% of --host-pool-bytes with --compact-threads > 0,
+  // else 0 (eviction_policy.h, "Compact copies").
+  std::uint64_t compact_keep_bytes = kCompactKeepDefault;
+  static constexpr std::uint64_t kCompactKeepDefault = ~std::uint64_t{0};
 };
 
 GrpcSecurityOptions AdminSecurity(const Flags& f);

@@ -273,6 +273,11 @@ int Run(int argc, char** argv) {
                  "conversion pauses while the host pool's free bytes (less the copy) are under "
                  "this")
       ->default_str("10% of --host-pool-bytes");
+  AddBytesOption(app, "--compact-keep-bytes", &f.compact_keep_bytes,
+                 "host bytes that compact copies may hold while eviction has dropped their exact "
+                 "blocks from the pool (exact copies leave first, their copies stay within this); "
+                 "0: no preference, copies are evicted like any block")
+      ->default_str("25% of --host-pool-bytes with --compact-threads > 0, else 0");
   AddDurationOption(app, "--shutdown-grace", &f.shutdown_grace,
                     "how long SIGTERM waits for leases in use before cancelling");
   try {

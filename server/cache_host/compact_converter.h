@@ -33,9 +33,11 @@
 // are not converted (counted as too_large).
 //
 // Not done here (issue 24 continues): nothing reads compact copies until the
-// planner chooses them, and eviction does not yet prefer dropping an exact
-// copy over its compact one. The lease that reads a block is no access
-// (LeaseRequestOptions::count_access): eviction does not see it as hot.
+// planner chooses them. Eviction keeps a copy in place of its exact block
+// within --compact-keep-bytes (eviction_policy.h, "Compact copies"; the node
+// pairs them by the key this converter writes). The lease that reads a block
+// is no access (LeaseRequestOptions::count_access): eviction does not see it
+// as hot.
 //
 // Thread safety: Stats() from any thread. The workers call the node; the
 // tap only queues (it never blocks and never calls the node).

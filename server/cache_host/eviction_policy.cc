@@ -168,6 +168,33 @@ Status Watermarks::Validate() const {
   return Status::OK();
 }
 
+Status CompactKeepOptions::Validate(std::uint64_t pool_bytes) const {
+  if (budget_bytes > pool_bytes) {
+    return Status::InvalidArgument("--compact-keep-bytes " + FormatBytesExact(budget_bytes) +
+                                   " is more than --host-pool-bytes " +
+                                   FormatBytesExact(pool_bytes));
+  }
+  if (budget_bytes > 0 && (codec.empty() || codec_version == 0)) {
+    return Status::InvalidArgument("--compact-keep-bytes " + FormatBytesExact(budget_bytes) +
+                                   " needs the compact codec whose copies it keeps");
+  }
+  return Status::OK();
+}
+
+std::string_view CompactOutcomeName(CompactOutcome outcome) {
+  switch (outcome) {
+    case CompactOutcome::kNone:
+      return "none";
+    case CompactOutcome::kCopyKept:
+      return "kept";
+    case CompactOutcome::kCopyOverBudget:
+      return "over_budget";
+    case CompactOutcome::kCopyLastResort:
+      return "last_resort";
+  }
+  return "unknown";
+}
+
 std::vector<EvictionDecision> PlanEviction(const EvictionPolicy& policy,
                                            std::vector<EvictionCandidate> candidates,
                                            const EvictionTrigger& t, std::uint64_t now_us) {
@@ -192,16 +219,100 @@ std::vector<EvictionDecision> PlanEviction(const EvictionPolicy& policy,
   trigger += "; target <= " + std::to_string(target) + " pages = min(low watermark " +
              std::to_string(low) + ", pages - needed)";
 
+  // Compact copies ("Compact copies" in the header): with B = 0 every role is
+  // kNone and the plan is the two steps alone.
+  const std::uint64_t budget = t.compact_keep_bytes;
+  const std::size_t n = candidates.size();
+  std::vector<Scored> scored(n);
+  std::vector<CompactRole> role(n, CompactRole::kNone);
+  std::vector<char> gone(n, 0);  // already decided in this pass
+  for (std::size_t i = 0; i < n; ++i) {
+    scored[i] = {policy.Score(candidates[i]), &candidates[i]};
+    if (budget > 0) role[i] = candidates[i].compact_role;
+  }
+  auto after = [](const Scored& a, const Scored& b) { return EvictsBefore(b, a); };
+  auto index_of = [&](const Scored& s) {
+    return static_cast<std::size_t>(s.c - candidates.data());
+  };
+  // The kept copies in policy order, for displacing them over budget.
+  std::vector<Scored> kept_heap;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (role[i] == CompactRole::kKept) kept_heap.push_back(scored[i]);
+  }
+  std::make_heap(kept_heap.begin(), kept_heap.end(), after);
+  std::uint64_t kept = t.compact_kept_bytes;
+  auto arithmetic = [&](std::uint64_t copy) {
+    return "kept " + FormatBytesExact(kept) + " + " + FormatBytesExact(copy) + " = " +
+           FormatBytesExact(kept + copy) + (kept + copy <= budget ? " <= " : " > ") + "budget " +
+           FormatBytesExact(budget) + " (--compact-keep-bytes)";
+  };
+
   std::uint64_t occupied = t.occupied_pages;
   std::uint64_t nvme_budget = t.nvme_free_bytes;
-  for (std::uint32_t step = 1; step <= 2 && occupied > target; ++step) {
+  // How `c` leaves the host pool: its host copy is dropped when it is on NVMe
+  // too, else it is demoted or evicted. Sets *why.
+  auto leave = [&](const EvictionCandidate& c, std::string* why) {
+    if (c.tier == BlockTier::kBoth) {
+      *why = "the NVMe copy remains";
+      return EvictionAction::kDropHostCopy;
+    }
+    if (t.nvme_enabled && policy.WorthDemoting(c, why)) {
+      // What the record takes on NVMe: header and payload, padded to the
+      // tier's unit.
+      const std::uint64_t unit = std::max<std::uint64_t>(1, t.nvme_record_alignment);
+      const std::uint64_t stored = (kBlockHeaderBytes + c.bytes + unit - 1) / unit * unit;
+      if (stored <= nvme_budget) {
+        nvme_budget -= stored;
+        return EvictionAction::kDemote;
+      }
+      *why = "worth demoting, but the NVMe tier has " + FormatBytes(nvme_budget) + " free for " +
+             FormatBytes(stored);
+      return EvictionAction::kEvict;
+    }
+    if (!t.nvme_enabled) *why = t.nvme_off_reason.empty() ? "no NVMe tier" : t.nvme_off_reason;
+    return EvictionAction::kEvict;
+  };
+  auto decision = [&](const Scored& s, std::uint32_t step) {
+    const EvictionCandidate& c = *s.c;
+    EvictionDecision d;
+    d.time_us = now_us;
+    d.ns = c.ns;
+    d.key = c.key;
+    d.step = step;
+    d.pages = c.pages;
+    d.score = s.score;
+    gone[index_of(s)] = 1;
+    occupied -= std::min(occupied, c.pages);
+    return d;
+  };
+  // A copy that leaves over budget (with its exact block x, or displaced by
+  // x's copy).
+  auto over_budget = [&](const Scored& s, std::uint32_t step, const std::string& reason) {
+    EvictionDecision d = decision(s, step);
+    std::string why;
+    d.action = leave(*s.c, &why);
+    d.compact = CompactOutcome::kCopyOverBudget;
+    d.explanation = std::string(EvictionActionName(d.action)) + " " + s.c->key.ToHex() + " (" +
+                    std::to_string(s.c->pages) + " pages): compact copy over budget: " + reason +
+                    "; by " + policy.ExplainScore(*s.c) + "; " + trigger + "; " + why;
+    out.push_back(std::move(d));
+  };
+
+  static constexpr const char* kStepName[] = {
+      "", " (host copies of blocks on NVMe)", " (host-only blocks)",
+      " (compact copies kept or held: steps 1 and 2 had no candidate left)"};
+  for (std::uint32_t step = 1; step <= 3 && occupied > target; ++step) {
     std::vector<Scored> heap;
-    for (const EvictionCandidate& c : candidates) {
-      const bool wanted = step == 1 ? c.tier == BlockTier::kBoth : c.tier == BlockTier::kHost;
-      if (wanted) heap.push_back({policy.Score(c), &c});
+    for (std::size_t i = 0; i < n; ++i) {
+      if (gone[i]) continue;
+      const bool copy = role[i] != CompactRole::kNone;
+      const BlockTier tier = candidates[i].tier;
+      const bool wanted = step == 3   ? copy
+                          : step == 1 ? !copy && tier == BlockTier::kBoth
+                                      : !copy && tier == BlockTier::kHost;
+      if (wanted) heap.push_back(scored[i]);
     }
     // A min-heap by EvictsBefore: O(n) to build, O(log n) per victim taken.
-    auto after = [](const Scored& a, const Scored& b) { return EvictsBefore(b, a); };
     std::make_heap(heap.begin(), heap.end(), after);
     const std::uint64_t in_step = heap.size();
     std::uint64_t rank = 0;
@@ -209,44 +320,64 @@ std::vector<EvictionDecision> PlanEviction(const EvictionPolicy& policy,
       std::pop_heap(heap.begin(), heap.end(), after);
       const Scored s = heap.back();
       heap.pop_back();
+      if (gone[index_of(s)]) continue;  // left over budget earlier in this step
       const EvictionCandidate& c = *s.c;
-      EvictionDecision d;
-      d.time_us = now_us;
-      d.ns = c.ns;
-      d.key = c.key;
-      d.step = step;
+      EvictionDecision d = decision(s, step);
       d.rank = ++rank;
       d.candidates = in_step;
-      d.pages = c.pages;
-      d.score = s.score;
       std::string why;
-      if (step == 1) {
-        d.action = EvictionAction::kDropHostCopy;
-        why = "the NVMe copy remains";
-      } else if (t.nvme_enabled && policy.WorthDemoting(c, &why)) {
-        // What the record takes on NVMe: header and payload, padded to the
-        // tier's unit.
-        const std::uint64_t unit = std::max<std::uint64_t>(1, t.nvme_record_alignment);
-        const std::uint64_t stored = (kBlockHeaderBytes + c.bytes + unit - 1) / unit * unit;
-        if (stored <= nvme_budget) {
-          d.action = EvictionAction::kDemote;
-          nvme_budget -= stored;
-        } else {
-          d.action = EvictionAction::kEvict;
-          why = "worth demoting, but the NVMe tier has " + FormatBytes(nvme_budget) +
-                " free for " + FormatBytes(stored);
-        }
-      } else {
-        d.action = EvictionAction::kEvict;
-        if (!t.nvme_enabled) why = t.nvme_off_reason.empty() ? "no NVMe tier" : t.nvme_off_reason;
-      }
+      d.action = leave(c, &why);
+      if (step == 3) d.compact = CompactOutcome::kCopyLastResort;
       d.explanation = std::string(EvictionActionName(d.action)) + " " + c.key.ToHex() + " (" +
                       std::to_string(c.pages) + " pages): step " + std::to_string(step) +
-                      (step == 1 ? " (host copies of blocks on NVMe)" : " (host-only blocks)") +
-                      ", rank " + std::to_string(rank) + " of " + std::to_string(in_step) + " by " +
-                      policy.ExplainScore(c) + "; " + trigger + "; " + why;
-      occupied -= std::min(occupied, c.pages);
+                      kStepName[step] + ", rank " + std::to_string(rank) + " of " +
+                      std::to_string(in_step) + " by " + policy.ExplainScore(c) + "; " + trigger +
+                      "; " + why;
+      if (role[index_of(s)] == CompactRole::kKept) kept -= std::min(kept, c.resident_bytes);
+
+      const std::size_t ci = c.held_copy;
+      if (step == 3 || ci >= n || role[ci] != CompactRole::kHeld || gone[ci]) {
+        out.push_back(std::move(d));
+        continue;
+      }
+      // x = c has a held copy: keep it within the budget.
+      const Scored& copy = scored[ci];
+      const std::uint64_t need = copy.c->resident_bytes;
+      while (kept + need > budget && !kept_heap.empty()) {
+        const Scored k = kept_heap.front();
+        if (gone[index_of(k)] || role[index_of(k)] != CompactRole::kKept) {
+          std::pop_heap(kept_heap.begin(), kept_heap.end(), after);
+          kept_heap.pop_back();
+          continue;
+        }
+        if (!EvictsBefore(k, copy)) break;  // the kept copies all rank after the new one
+        std::pop_heap(kept_heap.begin(), kept_heap.end(), after);
+        kept_heap.pop_back();
+        const std::string reason = "makes room for " + copy.c->key.ToHex() + ", the copy of " +
+                                   c.key.ToHex() +
+                                   ", which the policy ranks after it: " + arithmetic(need);
+        kept -= std::min(kept, k.c->resident_bytes);
+        over_budget(k, step, reason);
+      }
+      const std::string copy_line =
+          "compact copy " + copy.c->key.ToHex() + " (" + std::to_string(copy.c->pages) + " pages) ";
+      if (kept + need <= budget) {
+        d.compact = CompactOutcome::kCopyKept;
+        d.compact_key = copy.c->key;
+        d.explanation += "; " + copy_line + "stays in the host pool, kept: " + arithmetic(need);
+        kept += need;
+        role[ci] = CompactRole::kKept;
+        kept_heap.push_back(copy);
+        std::push_heap(kept_heap.begin(), kept_heap.end(), after);
+        out.push_back(std::move(d));
+        continue;
+      }
+      const std::string arith = arithmetic(need);
+      d.explanation += "; " + copy_line + "leaves with it: " + arith;
       out.push_back(std::move(d));
+      over_budget(copy, step,
+                  "its exact block " + c.key.ToHex() + " leaves and " + arith +
+                      ", with no kept copy ranked before it");
     }
   }
   return out;
@@ -256,6 +387,10 @@ void DecisionLog::Record(EvictionDecision decision) {
   MutexLock lock(&mu_);
   decision.sequence = next_sequence_++;
   ++counts_[static_cast<int>(decision.action) & 3];
+  ++compact_counts_[static_cast<int>(decision.compact) & 3];
+  if (decision.compact == CompactOutcome::kCopyKept) {
+    ++kept_counts_[static_cast<int>(decision.action) & 3];
+  }
   if (ring_.size() == capacity_) ring_.pop_front();
   ring_.push_back(std::move(decision));
 }
@@ -282,6 +417,16 @@ std::vector<EvictionDecision> DecisionLog::Recent(std::size_t n, const std::stri
 std::uint64_t DecisionLog::Count(EvictionAction action) const {
   MutexLock lock(&mu_);
   return counts_[static_cast<int>(action) & 3];
+}
+
+std::uint64_t DecisionLog::CountCompact(CompactOutcome outcome) const {
+  MutexLock lock(&mu_);
+  return compact_counts_[static_cast<int>(outcome) & 3];
+}
+
+std::uint64_t DecisionLog::CountCopyKept(EvictionAction action) const {
+  MutexLock lock(&mu_);
+  return kept_counts_[static_cast<int>(action) & 3];
 }
 
 }  // namespace kvfabric::cache_host

@@ -33,6 +33,35 @@
 //           (kEvict).
 // Within a step, victims go in policy order.
 //
+// Compact copies (issue 24; CompactKeepOptions, B = --compact-keep-bytes).
+// The compact copy c of an exact block x is the block of x's namespace whose
+// key is CompactBlockKey(x.key, codec, version) (the lease table pairs them);
+// it is smaller, and stands in for x where a request accepts it. With B > 0
+// a copy is
+//   held   while x has a host copy and c is not kept: c is no candidate in
+//          steps 1 and 2; its fate is decided when x is a victim;
+//   kept   once eviction took x's host copy and left c in the pool;
+//   loose  otherwise (x deleted, or c written after x left): any block.
+// K = sum of resident(k) over the kept copies k (EvictionTrigger::
+// compact_kept_bytes, then as this pass changes it). When a victim x (either
+// step, any action) has a held copy c that is a candidate:
+//   while K + resident(c) > B and the kept copy k the policy evicts first
+//     evicts before c (same order as the steps): k leaves, over budget;
+//   K + resident(c) <= B:  c stays, kept;           K += resident(c)
+//   otherwise:             c leaves with x, over budget.
+// x leaves exactly as it would without a copy: step 1 drops its host copy,
+// step 2 demotes it (when an NVMe tier is configured, worth it and has room)
+// or evicts it. So with an NVMe tier the exact block goes to NVMe as before
+// and the copy is kept in the host pool; a copy that leaves is treated as any
+// block of its tier (host copy dropped, demoted or evicted).
+//   step 3: kept and held copies, in policy order, only when steps 1 and 2
+//           ran out of candidates: B never keeps the pool from freeing pages.
+// Hence K <= B after every pass that starts with K <= B (a held copy that is
+// no candidate when x leaves, being leased or demoted, is left loose: never
+// kept, so never counted), and a held copy never leaves before its exact
+// block while that block is a candidate. B = 0: no copy is held or
+// kept, and the order is steps 1 and 2 alone (the behaviour before issue 24).
+//
 // Every decision carries one line saying why, with the formula and its
 // numbers; the DecisionLog keeps the most recent ones for `kvfabric explain`.
 //
@@ -59,6 +88,35 @@
 
 namespace kvfabric::cache_host {
 
+// A compact copy's part in eviction (see "Compact copies"), set by the caller.
+enum class CompactRole : std::uint8_t {
+  kNone = 0,  // an exact block, a loose copy, or B = 0
+  kHeld = 1,  // its exact block has a host copy
+  kKept = 2,  // kept in the pool after its exact block's host copy left
+};
+
+// EvictionCandidate::held_copy when there is none.
+inline constexpr std::size_t kNoHeldCopy = ~std::size_t{0};
+
+// What eviction keeps for compact copies (--compact-keep-bytes).
+struct CompactKeepOptions {
+  // --compact-keep-bytes: host bytes (whole pages) that compact copies may
+  // hold while eviction has taken their exact blocks' host copies (B above).
+  // Default 0: no preference, compact copies are blocks like any other. The
+  // daemon's default is 25% of --host-pool-bytes with --compact-threads > 0
+  // (0 without): a quarter of the pool for old history at ~0.56x the bytes,
+  // three quarters for exact blocks. At most the pool.
+  std::uint64_t budget_bytes = 0;
+  // The codec whose copies are paired with their exact blocks:
+  // CompactBlockKey(exact key, codec, codec_version). The daemon sets the
+  // converter's (compact_int8's, gpu/kernels/compact_int8.h).
+  std::string codec;
+  std::uint32_t codec_version = 0;
+  // InvalidArgument naming --compact-keep-bytes: a budget above the pool, or
+  // a budget without a codec.
+  Status Validate(std::uint64_t pool_bytes) const;
+};
+
 // A block the policy may choose: committed, in the host pool, not pinned by a
 // read lease, not being demoted.
 struct EvictionCandidate {
@@ -72,6 +130,11 @@ struct EvictionCandidate {
   std::uint64_t token_offset = 0;
   std::uint64_t last_access_us = 0;
   std::uint64_t hit_count = 0;
+  // Compact copies ("Compact copies"): this block's role as a copy, and for
+  // an exact block whose held copy is a candidate too, that copy's index in
+  // the candidates handed to PlanEviction.
+  CompactRole compact_role = CompactRole::kNone;
+  std::size_t held_copy = kNoHeldCopy;
 };
 
 class EvictionPolicy {
@@ -167,6 +230,10 @@ struct EvictionTrigger {
   // Why demotion is off while a tier exists (e.g. demotions failing and
   // backing off); explains the evictions it causes. Empty: no tier.
   std::string nvme_off_reason;
+  // B and K of "Compact copies": --compact-keep-bytes (0: no preference) and
+  // the resident bytes of the kept copies when the pass starts.
+  std::uint64_t compact_keep_bytes = 0;
+  std::uint64_t compact_kept_bytes = 0;
 };
 
 // Numbered explicitly: metric labels and explain output.
@@ -179,6 +246,17 @@ enum class EvictionAction : std::uint8_t {
 // "drop-host-copy", "demote", "evict".
 std::string_view EvictionActionName(EvictionAction action);
 
+// What a decision does about a compact copy ("Compact copies"). Numbered
+// explicitly: metric labels and explain output.
+enum class CompactOutcome : std::uint8_t {
+  kNone = 0,
+  kCopyKept = 1,        // an exact block's host copy leaves, its copy stays (kept)
+  kCopyOverBudget = 2,  // a copy leaves so that K stays <= B
+  kCopyLastResort = 3,  // a kept or held copy leaves in step 3
+};
+// "none", "kept", "over_budget", "last_resort".
+std::string_view CompactOutcomeName(CompactOutcome outcome);
+
 struct EvictionDecision {
   std::uint64_t sequence = 0;  // set by DecisionLog::Record
   std::uint64_t time_us = 0;
@@ -186,12 +264,20 @@ struct EvictionDecision {
   std::string tenant;  // filled in by whoever knows it (the lease table)
   BlockKey key;
   EvictionAction action = EvictionAction::kEvict;
-  std::uint32_t step = 0;        // 1 or 2
-  std::uint64_t rank = 0;        // 1-based position in the step's order
+  // 1, 2 or 3; a copy that leaves over budget has the step of the exact
+  // block whose turn made it leave.
+  std::uint32_t step = 0;
+  std::uint64_t rank = 0;        // 1-based position in the step's order; 0 for an over-budget copy
   std::uint64_t candidates = 0;  // candidates in the step
   std::uint64_t pages = 0;
   double score = 0;
-  // One line: action, step, rank, policy formula, trigger, demotion reason.
+  // Compact copies: kCopyKept on an exact block's decision (compact_key is
+  // the copy that stays); kCopyOverBudget / kCopyLastResort on a copy's.
+  CompactOutcome compact = CompactOutcome::kNone;
+  BlockKey compact_key;
+  // One line: action, step, rank, policy formula, trigger, demotion reason,
+  // and for compact copies which copy stays or why it leaves, with the
+  // budget's arithmetic.
   std::string explanation;
 };
 
@@ -219,6 +305,10 @@ class DecisionLog {
   std::vector<EvictionDecision> Recent(std::size_t n, const std::string* tenant = nullptr) const;
   std::size_t capacity() const { return capacity_; }
   std::uint64_t Count(EvictionAction action) const;
+  // Decisions ever recorded with `outcome` (kCopyKept: by the exact block's
+  // action, CountCopyKept).
+  std::uint64_t CountCompact(CompactOutcome outcome) const;
+  std::uint64_t CountCopyKept(EvictionAction action) const;
 
  private:
   const std::size_t capacity_;
@@ -226,6 +316,8 @@ class DecisionLog {
   std::deque<EvictionDecision> ring_ KVF_GUARDED_BY(mu_);
   std::uint64_t next_sequence_ KVF_GUARDED_BY(mu_) = 1;
   std::uint64_t counts_[4] KVF_GUARDED_BY(mu_) = {};  // indexed by EvictionAction
+  std::uint64_t compact_counts_[4] KVF_GUARDED_BY(mu_) = {};  // indexed by CompactOutcome
+  std::uint64_t kept_counts_[4] KVF_GUARDED_BY(mu_) = {};     // kCopyKept, by EvictionAction
 };
 
 }  // namespace kvfabric::cache_host

@@ -125,6 +125,8 @@ Status LeaseTable::Commit(std::uint64_t reservation_id, std::uint32_t crc32c) {
   PageRuns pages;
   std::uint64_t bytes = 0;
   std::uint32_t layers = 0;
+  BlockKey key;
+  BlockRepresentation representation = BlockRepresentation::kExact;
   {
     MutexLock lock(&mu_);
     auto it = reservations_.find(reservation_id);
@@ -145,6 +147,8 @@ Status LeaseTable::Commit(std::uint64_t reservation_id, std::uint32_t crc32c) {
     pages = it->second.pages;
     bytes = it->second.meta.bytes;
     layers = it->second.meta.layers;
+    key = it->second.key;
+    representation = it->second.meta.representation;
   }
   // The CRC of up to 64 MiB runs without the mutex; the pages stay reserved.
   // Per layer slice when the payload splits into its layers (the CRCs a
@@ -154,6 +158,7 @@ Status LeaseTable::Commit(std::uint64_t reservation_id, std::uint32_t crc32c) {
   const std::uint32_t computed = layers >= 1 && layers <= kMaxBlockLayers && bytes % layers == 0
                                      ? pool_->SliceCrc32c(pages, bytes, layers, &layer_crcs)
                                      : pool_->Crc32c(pages, bytes);
+  const std::optional<BlockKey> compact_key = CompactKeyOf(key, representation);
 
   MutexLock lock(&mu_);
   Reservation& r = reservations_.at(reservation_id);
@@ -180,8 +185,11 @@ Status LeaseTable::Commit(std::uint64_t reservation_id, std::uint32_t crc32c) {
   e.host_resident_bytes = r.resident_bytes;
   e.committed_us = clock_();
   e.last_access_us = e.committed_us;
+  e.compact_key = compact_key;
+  const NamespaceId ns = e.ns;
   // Cannot collide: reserved_keys_ kept every other writer of this key out.
   KVF_RETURN_IF_ERROR(index_.Publish(std::move(e)));
+  HoldCopyLocked(ns, compact_key);  // an exact block written again after eviction took it
   DropReservationLocked(reservation_id, /*free_pages=*/false);
   ++c_.commits;
   return Status::OK();
@@ -674,6 +682,8 @@ LeaseTableCounters LeaseTable::Counters() const {
   LeaseTableCounters c = c_;
   c.active_reservations = reservations_.size();
   c.active_leases = leases_.size();
+  c.compact_kept_bytes = index_.compact_kept_bytes();
+  c.compact_kept_blocks = index_.compact_kept_blocks();
   return c;
 }
 

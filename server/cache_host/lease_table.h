@@ -55,6 +55,14 @@
 //   records each in the DecisionLog. A demotion pins the pages and is returned
 //   as a DemotionOrder; the NVMe tier writes them and calls CompleteDemotion
 //   (host pages freed, tier NVMe) or AbortDemotion.
+// Compact copies. With CompactKeepOptions::budget_bytes > 0, every exact
+//   block gets its compact copy's key at publish (CompactBlockKey, one
+//   SHA-256 over ~100 bytes); MakeRoom pairs each exact block with a host
+//   copy with its copy (held) and hands PlanEviction the roles and the kept
+//   copies' bytes ("Compact copies" in eviction_policy.h); it marks the
+//   copies it keeps (BlockEntry::compact_kept). A kept copy whose exact block
+//   comes back into the pool (committed again, or staged from NVMe) is held
+//   again, no longer counted against the budget.
 //
 // Limits (LeaseTableOptions) bound every request: TTLs, keys per lease, live
 // reservations and leases, so no request makes the table grow without bound.
@@ -118,6 +126,9 @@ struct LeaseTableOptions {
   BlockIndexOptions index;
   // Recent eviction decisions kept for explain (--eviction-log-capacity).
   std::size_t decision_log_capacity = 4096;
+  // --compact-keep-bytes and the codec of the copies it keeps
+  // (eviction_policy.h, "Compact copies"). Default: no preference.
+  CompactKeepOptions compact_keep;
 };
 
 // A byte range of the pool (offsets into the pool region).
@@ -239,6 +250,9 @@ struct LeaseTableCounters {
   std::uint64_t promotions_completed = 0;
   std::uint64_t promotions_failed = 0;
   std::uint64_t recovered = 0;
+  // Gauges: the compact copies eviction keeps (BlockIndex::compact_kept_bytes).
+  std::uint64_t compact_kept_bytes = 0;
+  std::uint64_t compact_kept_blocks = 0;
 };
 
 class LeaseTable {
@@ -422,6 +436,13 @@ class LeaseTable {
   // FailedPrecondition naming how many bytes are missing and the first gap.
   Status CheckWritten(std::uint64_t id, const Reservation& r) const;
   void ReleaseLocked(std::uint64_t id) KVF_REQUIRES(mu_);
+  // The key of the compact copy of an exact block `key` while copies are
+  // kept (budget > 0); nullopt otherwise. Computed without the mutex.
+  std::optional<BlockKey> CompactKeyOf(const BlockKey& key,
+                                       BlockRepresentation representation) const;
+  // The exact block (ns, *compact_key's owner) has a host copy again: its
+  // copy, if kept, is held again (no longer counted against the budget).
+  void HoldCopyLocked(NamespaceId ns, const std::optional<BlockKey>& compact_key) KVF_REQUIRES(mu_);
 
   HostPagePool* const pool_;
   const MicrosClock clock_;

@@ -4,9 +4,11 @@
 // lease_table.cc.
 #include <algorithm>
 #include <optional>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "core/block_key.h"
 #include "core/mutex.h"
 #include "server/cache_host/lease_table.h"
 
@@ -24,8 +26,22 @@ StatusOr<EvictionPassResult> LeaseTable::MakeRoom(const EvictionPolicy& policy,
     if (!scope.has_value()) return out;  // a namespace with no blocks has nothing to give
   }
   std::vector<EvictionCandidate> candidates;
+  // Compact copies (eviction_policy.h): the copies among the candidates, and
+  // the exact blocks with a host copy whose copy they may be (with their
+  // candidate index, or kNoHeldCopy when they are not candidates).
+  const bool keep = options_.compact_keep.budget_bytes > 0;
+  std::unordered_map<SlotKey, std::size_t, SlotKeyHash> copies;
+  std::vector<std::pair<std::size_t, const BlockEntry*>> exact_in_host;
   index_.ForEach(scope, [&](const BlockEntry& e) {
-    if (!InHost(e.tier) || e.read_pins > 0 || e.demoting) return;
+    if (!InHost(e.tier)) return;
+    const bool candidate = e.read_pins == 0 && !e.demoting;
+    if (keep && e.compact_key.has_value()) {
+      exact_in_host.emplace_back(candidate ? candidates.size() : kNoHeldCopy, &e);
+    }
+    if (!candidate) return;
+    if (keep && e.meta.representation != BlockRepresentation::kExact) {
+      copies.emplace(SlotKey{e.ns, e.key}, candidates.size());
+    }
     candidates.push_back(EvictionCandidate{
         .ns = e.ns,
         .key = e.key,
@@ -37,8 +53,15 @@ StatusOr<EvictionPassResult> LeaseTable::MakeRoom(const EvictionPolicy& policy,
         .token_offset = e.meta.token_offset,
         .last_access_us = e.last_access_us,
         .hit_count = e.hit_count,
+        .compact_role = keep && e.compact_kept ? CompactRole::kKept : CompactRole::kNone,
     });
   });
+  for (const auto& [exact, e] : exact_in_host) {
+    auto it = copies.find(SlotKey{e->ns, *e->compact_key});
+    if (it == copies.end() || candidates[it->second].compact_role == CompactRole::kKept) continue;
+    candidates[it->second].compact_role = CompactRole::kHeld;
+    if (exact != kNoHeldCopy) candidates[exact].held_copy = it->second;
+  }
   const PagePoolCounts counts = pool_->Counts();
   EvictionTrigger trigger;
   trigger.pool_pages = counts.pages;
@@ -50,11 +73,19 @@ StatusOr<EvictionPassResult> LeaseTable::MakeRoom(const EvictionPolicy& policy,
   trigger.nvme_free_bytes = req.nvme_free_bytes;
   trigger.nvme_record_alignment = req.nvme_record_alignment;
   trigger.nvme_off_reason = req.nvme_off_reason;
+  trigger.compact_keep_bytes = options_.compact_keep.budget_bytes;
+  trigger.compact_kept_bytes = index_.compact_kept_bytes();
   out.decisions = PlanEviction(policy, std::move(candidates), trigger, now);
 
   for (EvictionDecision& d : out.decisions) {
     BlockEntry* e = index_.FindMutable(d.ns, d.key);
     const PageRuns pages = e->host_pages;
+    // A kept copy that leaves (even to NVMe, still in flight) no longer
+    // counts against the budget; the copy a decision keeps does.
+    if (e->compact_kept) KVF_RETURN_IF_ERROR(index_.SetCompactKept(d.ns, d.key, false));
+    if (d.compact == CompactOutcome::kCopyKept) {
+      KVF_RETURN_IF_ERROR(index_.SetCompactKept(d.ns, d.compact_key, true));
+    }
     switch (d.action) {
       case EvictionAction::kDropHostCopy:
         KVF_RETURN_IF_ERROR(pool_->Free(pages));
@@ -99,7 +130,8 @@ Status LeaseTable::CompleteDemotion(NamespaceId ns, const BlockKey& key,
   ++c_.demotions_completed;
   if (e->read_pins > 0) {
     // A reader leased it meanwhile: keep the host copy; a later pass drops it
-    // (step 1) once the lease is gone.
+    // (step 1) once the lease is gone. Its compact copy is held again until then.
+    HoldCopyLocked(ns, e->compact_key);
     return index_.ReplaceLocation(ns, key, BlockTier::kBoth, pages, e->host_resident_bytes,
                                   location);
   }
@@ -157,6 +189,7 @@ Status LeaseTable::CompletePromotion(const PromotionOrder& order,
   e->last_access_us = clock_();
   if (layer_crcs.size() == e->meta.layers) e->layer_crc32c = std::move(layer_crcs);
   ++c_.promotions_completed;
+  HoldCopyLocked(order.ns, e->compact_key);  // the exact block is back in the pool
   return index_.ReplaceLocation(order.ns, order.key, BlockTier::kBoth, order.pages,
                                 order.pages.TotalPages() * pool_->page_bytes(), e->nvme);
 }
@@ -180,6 +213,7 @@ StatusOr<std::optional<BlockEntry>> LeaseTable::AbortPromotion(const PromotionOr
 
 Status LeaseTable::AdoptRecovered(const Namespace& ns, const BlockKey& key, const BlockMeta& meta,
                                   std::uint32_t crc32c, const NvmeLocation& location) {
+  const std::optional<BlockKey> compact_key = CompactKeyOf(key, meta.representation);
   MutexLock lock(&mu_);
   KVF_ASSIGN_OR_RETURN(const NamespaceId id, index_.InternNamespace(ns));
   BlockEntry e;
@@ -191,9 +225,27 @@ Status LeaseTable::AdoptRecovered(const Namespace& ns, const BlockKey& key, cons
   e.nvme = location;
   e.committed_us = clock_();
   e.last_access_us = e.committed_us;
+  e.compact_key = compact_key;
   KVF_RETURN_IF_ERROR(index_.Publish(std::move(e)));
   ++c_.recovered;
   return Status::OK();
+}
+
+std::optional<BlockKey> LeaseTable::CompactKeyOf(const BlockKey& key,
+                                                 BlockRepresentation representation) const {
+  const CompactKeepOptions& o = options_.compact_keep;
+  if (o.budget_bytes == 0 || representation != BlockRepresentation::kExact) return std::nullopt;
+  // Validate() made sure of the codec, so this fails only if SHA-256 does.
+  StatusOr<BlockKey> k = CompactBlockKey(key, o.codec, o.codec_version);
+  if (!k.ok()) return std::nullopt;
+  return *k;
+}
+
+void LeaseTable::HoldCopyLocked(NamespaceId ns, const std::optional<BlockKey>& compact_key) {
+  if (!compact_key.has_value()) return;
+  const BlockEntry* copy = index_.Find(ns, *compact_key);
+  if (copy != nullptr && copy->compact_kept)
+    index_.SetCompactKept(ns, *compact_key, false).IgnoreError();
 }
 
 }  // namespace kvfabric::cache_host
