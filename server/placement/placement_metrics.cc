@@ -359,6 +359,13 @@ std::vector<MetricFamily> PlacementFamilies(const PlacementSnapshot& s) {
           "(recompute a head while fetching the rest), mixed (any other mix, e.g. fetch a shorter "
           "prefix).",
           std::move(plans));
+  Counter(out, "plans_compact_total",
+          "Plans with at least one run of compact copies (requests under a compact_after "
+          "accuracy policy; docs/compact.md).",
+          {S(D(s.plans_compact))});
+  Counter(out, "compact_blocks_planned_total",
+          "Blocks plans fetch as their compact copies instead of exact ones.",
+          {S(D(s.compact_blocks_planned))});
   Gauge(out, "plans_in_flight",
         "Plans whose bytes are charged to the path load (neither reported finished nor past "
         "their deadline).",

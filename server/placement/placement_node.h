@@ -385,6 +385,9 @@ struct PlacementSnapshot {
   std::uint64_t locates = 0;
   std::uint64_t plans = 0;
   std::array<std::uint64_t, 5> plans_by_kind{};  // indexed by PlanKind
+  // Plans with a run of compact copies (compact_after requests), and their compact blocks.
+  std::uint64_t plans_compact = 0;
+  std::uint64_t compact_blocks_planned = 0;
   std::uint64_t plans_admitted = 0;              // gauge: plans holding path load
   std::uint64_t plans_finished = 0;
   std::uint64_t split_observations = 0;  // CalibratedCostModel::ObserveSplit calls that counted

@@ -303,6 +303,10 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   ++counters_.plans;
   const auto kind = static_cast<std::size_t>(result.plan.kind);
   if (kind < counters_.plans_by_kind.size()) ++counters_.plans_by_kind[kind];
+  if (result.plan.compact_blocks > 0) {
+    ++counters_.plans_compact;
+    counters_.compact_blocks_planned += result.plan.compact_blocks;
+  }
   return result;
 }
 
