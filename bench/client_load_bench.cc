@@ -31,6 +31,12 @@
 //                          placement's online fit sees several sizes; default 0)
 //                          [--no-populate]  (the daemons do not populate their
 //                          mappings of the client's pool when they import it)
+//                          [--compact-after exact,0,4096,16384]  (issue 24: the
+//                          daemons convert every block to compact_int8 copies;
+//                          then one load per accuracy policy listed, bytes per
+//                          token and load time against the exact row)
+//                          [--compact-extra-decode-us X]  (the client's extra
+//                          decode µs per compact token; default: measured at Open)
 // Defaults: 32768 tokens, 256 tokens per block (2 MiB blocks of a 4-layer,
 // 8 x 64 fp16 model), ucx, depth 4.
 #include <spdlog/spdlog.h>
@@ -86,8 +92,11 @@ double MemcpyGBps(std::uint64_t bytes, int threads) {
 
 // The bytes the "engine" writes for block b of the chain: a word per 8 bytes
 // derived from (b, offset), so a block in the wrong place or torn is seen.
+// Four fp16 values per word with bit 14 clear (exponent <= 15: finite, below
+// 2 in magnitude), so that the daemons' compact converter can encode them.
 std::uint64_t Word(std::uint64_t block, std::uint64_t offset) {
-  return (block * 0x9e3779b97f4a7c15ull) ^ (offset * 0xbf58476d1ce4e5b9ull);
+  return ((block * 0x9e3779b97f4a7c15ull) ^ (offset * 0xbf58476d1ce4e5b9ull)) &
+         0xbfffbfffbfffbfffull;
 }
 void FillBlock(std::uint64_t block, std::span<std::byte> out) {
   for (std::uint64_t o = 0; o + 8 <= out.size(); o += 8) {
@@ -115,6 +124,90 @@ struct LoadRun {
 
 }  // namespace
 
+// Issue 24's measurement: one load of the whole history per accuracy policy,
+// after the daemons converted every block; bytes per token moved and load
+// time, against the policy `exact` measured in the same run.
+int CompactRows(kvfabric::server::EmbeddedCluster& cluster, kc::Client& client,
+                const std::vector<kvfabric::BlockKey>& chain,
+                const std::vector<std::string>& policies, const kvfabric::ModelFingerprint& model,
+                std::uint64_t tokens, double mem1) {
+  const auto blocks = static_cast<std::uint32_t>(chain.size());
+  const auto t0 = Clock::now();
+  if (!cluster.WaitForCompactConversions(std::chrono::seconds(120))) {
+    std::printf("compact: the daemons did not finish converting in 120 s\n");
+  }
+  // Placement lists the copies after the daemons' next report.
+  for (const auto until = Clock::now() + std::chrono::seconds(10);;) {
+    kc::MatchOptions mo;
+    mo.explain = true;
+    mo.accuracy.compact_after_tokens = 0;
+    kc::MatchResult m;
+    if (client.Match(chain, 0, mo, &m).ok() &&
+        m.explanation.find("compact copies of " + std::to_string(blocks) + " blocks") !=
+            std::string::npos) {
+      break;
+    }
+    if (Clock::now() > until) {
+      std::printf("compact: placement does not list every block's copy after 10 s\n");
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const std::uint64_t block_bytes = *model.BlockBytes();
+  std::printf(
+      "compact: every block converted and listed %.2f s after the write-back; a compact token "
+      "adds %.4f us per decode step (%s)\n",
+      Seconds(t0, Clock::now()), client.compact_extra_decode_us_per_token(),
+      client.options().compact_extra_decode_us_per_token ? "--compact-extra-decode-us"
+                                                         : "the client's probe at Open");
+  double exact_ms = 0, exact_bytes = 0;
+  for (const std::string& text : policies) {
+    auto policy = kc::AccuracyPolicy::Parse(text);
+    if (!policy.ok()) return Fail(policy.status());
+    kc::MatchOptions mo;
+    mo.explain = std::getenv("KVF_BENCH_EXPLAIN") != nullptr;
+    mo.accuracy = *policy;
+    kc::MatchResult match;
+    if (auto s = client.Match(chain, 0, mo, &match); !s.ok()) return Fail(s);
+    if (!match.explanation.empty()) std::printf("%s\n", match.explanation.c_str());
+    auto ctx = client.NewContext(tokens);
+    if (!ctx.ok()) return Fail(ctx.status());
+    if (auto s = client.Load(match, *ctx); !s.ok()) return Fail(s);
+    for (std::uint32_t l = 0; l < model.layer_count; ++l) {
+      if (auto s = client.WaitLayer(*ctx, l); !s.ok()) return Fail(s);
+    }
+    std::uint32_t compact = 0, wrong = 0;
+    for (std::uint32_t b = 0; b < blocks; ++b) {
+      auto c = client.BlockIsCompact(*ctx, b);
+      if (c.ok() && *c) {
+        ++compact;
+        continue;
+      }
+      auto payload = client.BlockPayload(*ctx, b);
+      if (!payload.ok() || !BlockIntact(b, *payload)) ++wrong;
+    }
+    auto report = client.Finish(*ctx);
+    if (!report.ok()) return Fail(report.status());
+    const double ms = report->load_us / 1e3;
+    const double bytes = static_cast<double>(report->bytes_fetched);
+    if (text == "exact") {
+      exact_ms = ms;
+      exact_bytes = bytes;
+    }
+    std::printf(
+        "%-20s plan %-9s representation %-18s %3u of %u blocks compact, %u recomputed, %u "
+        "wrong; %.1f MiB fetched = %.0f bytes/token (%.3fx exact), load %.1f ms (%.2fx exact; "
+        "%.2f GB/s = %.2fx memcpy), predicted %.1f ms + %.1f ms decode penalty\n",
+        text.c_str(), match.kind.c_str(), match.representation.c_str(), compact, blocks,
+        report->blocks_recomputed, wrong, bytes / 1048576.0, bytes / static_cast<double>(tokens),
+        exact_bytes > 0 ? bytes / exact_bytes : 0.0, ms, exact_ms > 0 ? ms / exact_ms : 0.0,
+        bytes / (ms / 1e3) / 1e9, bytes / (ms / 1e3) / 1e9 / mem1, match.predicted_us / 1e3,
+        match.compact_penalty_us / 1e3);
+  }
+  (void)block_bytes;
+  return 0;
+}
+
 int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::warn);
   std::uint64_t tokens = 32768;
@@ -127,6 +220,8 @@ int main(int argc, char** argv) {
   double prefill_us_per_token = 50.0;
   int warmup = 0;
   bool populate = true;
+  std::vector<std::string> compact_policies;
+  double compact_extra_us = -1;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--no-populate") {
       populate = false;
@@ -153,6 +248,15 @@ int main(int argc, char** argv) {
       layers = static_cast<std::uint32_t>(std::strtoul(value.c_str(), nullptr, 10));
     } else if (flag == "--depth") {
       depth = static_cast<std::uint32_t>(std::strtoul(value.c_str(), nullptr, 10));
+    } else if (flag == "--compact-after") {
+      for (std::size_t p = 0; p < value.size();) {
+        const std::size_t e = std::min(value.find(',', p), value.size());
+        const std::string v = value.substr(p, e - p);
+        compact_policies.push_back(v == "exact" ? v : "compact_after=" + v);
+        p = e + 1;
+      }
+    } else if (flag == "--compact-extra-decode-us") {
+      compact_extra_us = std::strtod(value.c_str(), nullptr);
     } else if (flag == "--contexts") {
       contexts.clear();
       for (std::size_t p = 0; p < value.size();) {
@@ -205,6 +309,7 @@ int main(int argc, char** argv) {
     d.data_transport = transport;
     d.metrics = false;
     d.populate_imports = populate;
+    d.compact_threads = compact_policies.empty() ? 0 : 1;
     co.daemons.push_back(d);
   }
   co.placement_metrics = false;
@@ -234,6 +339,7 @@ int main(int argc, char** argv) {
   // is spent, not just stated): every cached block is fetched.
   const double kPrefillUsPerToken = prefill_us_per_token;  // --prefill-us-per-token
   o.prefill = kvfabric::RecomputeParameters{0.0, kPrefillUsPerToken, 0.0, 0.0};
+  if (compact_extra_us >= 0) o.compact_extra_decode_us_per_token = compact_extra_us;
   o.recompute = [&](const kc::RecomputeRequest& r, std::span<std::byte> out) {
     const auto until = Clock::now() + std::chrono::microseconds(static_cast<std::int64_t>(
                                           kPrefillUsPerToken * static_cast<double>(r.tokens)));
@@ -297,11 +403,14 @@ int main(int argc, char** argv) {
     if (!other_chain.ok()) return other_chain.status();
     return write_back(**c, *other_chain, how);
   };
-  if (auto s = other_client(false, 1, 1, "Place + gRPC Reserve / kPut / Commit"); !s.ok()) {
-    return Fail(s);
-  }
-  if (auto s = other_client(true, 1, 2, "Place + kStore, one saver thread"); !s.ok()) {
-    return Fail(s);
+  // With compact copies the pools hold one history and its copies only.
+  if (compact_policies.empty()) {
+    if (auto s = other_client(false, 1, 1, "Place + gRPC Reserve / kPut / Commit"); !s.ok()) {
+      return Fail(s);
+    }
+    if (auto s = other_client(true, 1, 2, "Place + kStore, one saver thread"); !s.ok()) {
+      return Fail(s);
+    }
   }
   if (auto s = write_back(**client, *chain, "Place + kStore, save_threads 2 (default)"); !s.ok()) {
     return Fail(s);
@@ -317,6 +426,9 @@ int main(int argc, char** argv) {
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!compact_policies.empty()) {
+    return CompactRows(**cluster, **client, *chain, compact_policies, model, tokens, mem1);
   }
   // memcached PUT of the same bytes.
   {

@@ -198,25 +198,43 @@ void Client::Impl::ProbeCompactDecode() {
   for (float& e : k) e = next();
   for (float& e : v) e = next();
   for (float& e : q) e = next();
-  // The exact tile in fp32 (the kernel's input dtype for this probe) and one
-  // compact slice per block, encoded from an fp32 one-layer block.
+  // The values in the model's KV dtype: K and V tiles for the exact kernel,
+  // and per block a one-layer exact block (K then V) encoded into its
+  // compact slice.
+  const std::uint64_t es = f.dtype == KvDtype::kFp32 ? 4 : 2;
+  auto to_dtype = [&](const float* in, std::uint64_t n, std::byte* out) {
+    for (std::uint64_t i = 0; i < n; ++i) {
+      if (es == 4) {
+        std::memcpy(out + i * 4, in + i, 4);
+      } else {
+        const std::uint16_t h =
+            f.dtype == KvDtype::kFp16 ? gpu::FloatToFp16Bits(in[i]) : gpu::FloatToBf16Bits(in[i]);
+        std::memcpy(out + i * 2, &h, 2);
+      }
+    }
+  };
+  std::vector<std::byte> kx(elems * es), vx(elems * es);
+  to_dtype(k.data(), elems, kx.data());
+  to_dtype(v.data(), elems, vx.data());
   const std::uint64_t half = gpu::CompactHalfBytes(bt, f.kv_heads, f.head_dim);
   std::vector<std::byte> compact(blocks * 2 * half);
   std::vector<const std::byte*> slices(blocks);
   const std::uint64_t block_elems = std::uint64_t{bt} * f.kv_heads * f.head_dim;
-  std::vector<float> one(2 * block_elems);
+  std::vector<std::byte> one(2 * block_elems * es);
   for (std::uint32_t b = 0; b < blocks; ++b) {
-    std::copy_n(k.begin() + b * block_elems, block_elems, one.begin());
-    std::copy_n(v.begin() + b * block_elems, block_elems, one.begin() + block_elems);
-    const gpu::CompactShape shape{KvDtype::kFp32, 1, bt, f.kv_heads, f.head_dim};
-    if (!gpu::EncodeCompactInt8(shape, std::as_bytes(std::span<const float>(one)),
-                                std::span<std::byte>(compact).subspan(b * 2 * half, 2 * half))
-             .ok()) {
+    std::memcpy(one.data(), kx.data() + b * block_elems * es, block_elems * es);
+    std::memcpy(one.data() + block_elems * es, vx.data() + b * block_elems * es, block_elems * es);
+    const gpu::CompactShape shape{f.dtype, 1, bt, f.kv_heads, f.head_dim};
+    if (Status e = gpu::EncodeCompactInt8(
+            shape, one, std::span<std::byte>(compact).subspan(b * 2 * half, 2 * half));
+        !e.ok()) {
+      Log().warn("kvfabric client: compact decode probe: {}; compact tokens cost nothing extra",
+                 e.ToString());
       return;
     }
     slices[b] = compact.data() + b * 2 * half;
   }
-  const gpu::AttentionShape shape{o_.num_q_heads, f.kv_heads, f.head_dim, KvDtype::kFp32};
+  const gpu::AttentionShape shape{o_.num_q_heads, f.kv_heads, f.head_dim, f.dtype};
   const float scale = 1.0f / std::sqrt(static_cast<float>(f.head_dim));
   auto best = [](auto&& fn) {
     double b = 1e300;
@@ -239,10 +257,11 @@ void Client::Impl::ProbeCompactDecode() {
   compact_extra_decode_us_ =
       std::max(0.0, (compact_us - exact_us) / tokens) * static_cast<double>(f.layer_count);
   Log().info(
-      "kvfabric client: compact decode probe ({} tokens, {} query heads, CPU kernels): exact "
+      "kvfabric client: compact decode probe ({} tokens, {} query heads, {}, CPU kernels): exact "
       "{:.1f} us, compact {:.1f} us per layer; a compact token adds {:.4f} us per decode step "
       "over {} layers (compact_extra_decode_us_per_token; set it for a GPU device)",
-      tokens, o_.num_q_heads, exact_us, compact_us, compact_extra_decode_us_, f.layer_count);
+      tokens, o_.num_q_heads, KvDtypeName(f.dtype), exact_us, compact_us, compact_extra_decode_us_,
+      f.layer_count);
 }
 
 // ---------------------------------------------------------------- reading

@@ -186,6 +186,7 @@ class Client::Impl {
   const ClientOptions& options() const { return o_; }
   std::string DescribeArena() const { return arena_->DescribeLayout(); }
   std::string DescribeHistoryPool() const { return history_pool_->DescribeLayout(); }
+  double compact_extra_decode_us_per_token() const { return compact_extra_decode_us_; }
   StatusOr<std::vector<BlockKey>> KeyTokens(std::span<const std::uint32_t> tokens) const;
 
  private:

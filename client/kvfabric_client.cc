@@ -706,6 +706,9 @@ Status Client::WaitLayer(ContextId context, std::uint32_t layer,
 StatusOr<std::span<std::byte>> Client::BlockPayload(ContextId context, std::uint32_t block) {
   return impl_->BlockPayload(context, block);
 }
+double Client::compact_extra_decode_us_per_token() const {
+  return impl_->compact_extra_decode_us_per_token();
+}
 StatusOr<bool> Client::BlockIsCompact(ContextId context, std::uint32_t block) {
   return impl_->BlockIsCompact(context, block);
 }

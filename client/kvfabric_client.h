@@ -511,6 +511,10 @@ class Client {
   std::string DescribeArena() const;
   // The history pool's arithmetic, one line (HistoryPool::DescribeLayout).
   std::string DescribeHistoryPool() const;
+  // What a compact token adds to a decode step, µs, as compact_after
+  // requests tell placement: options.compact_extra_decode_us_per_token, or
+  // the probe's measurement at Open (0 when the model has no compact codec).
+  double compact_extra_decode_us_per_token() const;
 
   class Impl;
 

@@ -14,6 +14,7 @@
 #include "security/grpc_authorizer.h"
 #include "server/cache_host/cache_host_metrics.h"
 #include "server/cache_host/cache_host_node.h"
+#include "server/cache_host/compact_converter.h"
 #include "server/cache_host/placement_reporter.h"
 #include "server/cache_host_service.h"
 #include "server/grpc_server_limits.h"
@@ -87,6 +88,12 @@ StatusOr<cache_host::CacheHostOptions> NodeOptions(const EmbeddedDaemonOptions& 
   // Development machines allow 8 MiB of locked memory: do not try.
   o.pool.lock_mode = cache_host::LockMode::kOff;
   o.transport_allocates_pool = true;
+  if (d.compact_threads > 0) {
+    // As kvfabric-cached's default with --compact-threads > 0.
+    o.leases.compact_keep.budget_bytes = d.host_pool_bytes / 4;
+    o.leases.compact_keep.codec = kCompactInt8Codec;
+    o.leases.compact_keep.codec_version = kCompactInt8Version;
+  }
   o.policy = cache_host::EvictionPolicyKind::kCostAware;
   // The figures cached_main uses without --calibration (core/cost_defaults.h).
   o.cost_aware = cache_host::DefaultCostAwareOptions();
@@ -112,6 +119,7 @@ struct EmbeddedCluster::Daemon {
   // Declared in construction order; Stop/Kill tear down in reverse, explicitly.
   std::unique_ptr<transport::Transport> transport;
   std::unique_ptr<cache_host::CacheHostNode> node;
+  std::shared_ptr<cache_host::CompactConverter> converter;  // goes before the node
   std::shared_ptr<cache_host::CacheHostMetrics> metrics;
   std::shared_ptr<metrics::RpcServerMetrics> rpc_metrics;
   std::shared_ptr<prometheus::Collectable> build_info;
@@ -195,8 +203,17 @@ Status EmbeddedCluster::StartDaemon(const EmbeddedDaemonOptions& options, Daemon
   if (options.wrap_transport) d->transport = options.wrap_transport(std::move(d->transport));
   KVF_ASSIGN_OR_RETURN(
       d->node, cache_host::CacheHostNode::Create(std::move(node_options), d->transport.get(), env));
-  d->metrics =
-      std::make_shared<cache_host::CacheHostMetrics>([n = d->node.get()] { return n->Snapshot(); });
+  if (options.compact_threads > 0) {
+    cache_host::CompactConverterOptions co;
+    co.threads = options.compact_threads;
+    KVF_ASSIGN_OR_RETURN(d->converter, cache_host::CompactConverter::Create(co, d->node.get()));
+  }
+  d->metrics = std::make_shared<cache_host::CacheHostMetrics>(
+      [n = d->node.get(), c = std::weak_ptr<cache_host::CompactConverter>(d->converter)] {
+        cache_host::CacheHostSnapshot s = n->Snapshot();
+        if (auto live = c.lock()) s.compact = live->Stats();
+        return s;
+      });
   d->node->set_transfer_observer(cache_host::CacheHostMetrics::ObserverFor(d->metrics));
   d->rpc_metrics = metrics::RpcServerMetrics::Create("cached");
   d->build_info = metrics::NewBuildInfo("cached");
@@ -349,9 +366,21 @@ void EmbeddedCluster::StopDaemon(Daemon* d) {
   d->uplink_service.reset();
   d->service.reset();
   d->metrics_server.reset();
+  d->converter.reset();
   d->node.reset();
   d->metrics.reset();
   d->transport.reset();
+}
+
+bool EmbeddedCluster::WaitForCompactConversions(std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  for (const auto& d : daemons_) {
+    if (d->info.killed || !d->converter) continue;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || !d->converter->TEST_WaitIdle(left)) return false;
+  }
+  return true;
 }
 
 Status EmbeddedCluster::KillDaemon(std::size_t i) {
@@ -380,6 +409,7 @@ Status EmbeddedCluster::KillDaemon(std::size_t i) {
   d.node->Shutdown(std::chrono::milliseconds(0));
   d.service.reset();
   d.metrics_server.reset();
+  d.converter.reset();
   d.node.reset();
   d.metrics.reset();
   d.transport.reset();  // force-closes every endpoint: peers see the daemon gone

@@ -90,6 +90,10 @@ struct EmbeddedDaemonOptions {
   int data_workers = 1;
   // Serve /metrics on 127.0.0.1 with a picked port. Default true.
   bool metrics = true;
+  // Background compact_int8 converter threads (kvfabric-cached
+  // --compact-threads; docs/compact.md), with its other settings at their
+  // defaults (eviction keeps copies within a quarter of the pool). Default 0: off.
+  int compact_threads = 0;
   // Tests: wraps the daemon's data-plane transport once it is made (e.g. in
   // transport/testing/fault_injection_transport.h, to corrupt what the
   // daemon pushes to clients). Null: the transport as made.
@@ -187,6 +191,11 @@ class EmbeddedCluster {
   // InvalidArgument for an index out of range; FailedPrecondition if already
   // killed.
   Status KillDaemon(std::size_t i);
+
+  // Waits until every live daemon's compact converter (compact_threads > 0)
+  // has nothing queued or converting, or `timeout` passes (false). A
+  // converter paused for room does not go idle.
+  bool WaitForCompactConversions(std::chrono::milliseconds timeout);
 
  private:
   struct Daemon;

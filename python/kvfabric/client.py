@@ -190,13 +190,39 @@ class Client:
         has none), under this client's namespace and model."""
         return self._native.key_tokens(tokens)
 
-    def match(self, keys: Keys, suffix_tokens: int = 0, explain: bool = False) -> Match:
+    def match(
+        self,
+        keys: Keys,
+        suffix_tokens: int = 0,
+        explain: bool = False,
+        accuracy: str = "exact",
+        decode_steps: int = 0,
+    ) -> Match:
         """Placement's plan for the chain ``keys`` plus ``suffix_tokens`` the
         engine prefills anyway: ``cached_prefix_blocks``, ``kind``, ``runs``
         (fetch or recompute per run of blocks), ``predicted_us`` and, with
         ``explain``, the formula. Placement being down is not an error: a
-        local recompute-all plan (``plan_id`` 0) comes back."""
-        return self._native.match(keys, suffix_tokens, explain)
+        local recompute-all plan (``plan_id`` 0) comes back.
+
+        ``accuracy`` is the request's policy (docs/compact.md): ``"exact"``
+        (the default; nothing compact is ever fetched) or
+        ``"compact_after=N"``: blocks ending N or more tokens before the last
+        may be fetched as their compact_int8 copies where the plan finds that
+        cheaper over ``decode_steps`` decode steps (0 counts as 1). Runs that
+        do say ``compact``; ``representation`` names the plan's choice."""
+        return self._native.match(keys, suffix_tokens, explain, accuracy, decode_steps)
+
+    def block_is_compact(self, context: int, block: int) -> bool:
+        """Whether block ``block`` landed as its compact copy (then
+        :meth:`block_view` refuses it, :meth:`decode_block` decodes it, and
+        :meth:`load_into_kv_cache` decodes it into the engine's dtype)."""
+        return self._native.block_is_compact(context, block)
+
+    def decode_block(self, context: int, block: int) -> bytes:
+        """Block ``block``'s KV as float32 values in the payload's layout
+        ([layers][K, V][tokens][kv_heads][head_dim]): exact values converted,
+        or a compact copy decoded. ``numpy.frombuffer(b, numpy.float32)``."""
+        return self._native.decode_block(context, block)
 
     def new_context(self, tokens: int) -> int:
         """A request's history of ``tokens`` tokens: pages of the history pool

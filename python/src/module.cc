@@ -29,6 +29,7 @@
 #include "core/model_fingerprint.h"
 #include "gpu/device.h"
 #include "gpu/kernels/compact_int8.h"
+#include "gpu/kernels/float_convert.h"
 #include "metrics/exposition.h"
 #include "prometheus/collectable.h"
 #include "python/src/options.h"
@@ -240,6 +241,9 @@ py::dict MetricsDict(const client::ClientMetrics& m) {
   KVF_FIELD(placement_calls_skipped);
   KVF_FIELD(blocks_fetched);
   KVF_FIELD(bytes_fetched);
+  KVF_FIELD(compact_blocks_fetched);
+  KVF_FIELD(compact_bytes_fetched);
+  KVF_FIELD(plans_with_compact);
   KVF_FIELD(fetch_us);
   KVF_FIELD(blocks_recomputed);
   KVF_FIELD(tokens_recomputed);
@@ -319,6 +323,30 @@ PagedKvCache MakeKvCache(PyClient& p, const py::list& layers) {
                       "register_kv_cache");
 }
 
+// Block `block` of `context` decoded from its compact copy into the model's
+// KV dtype, in `*decoded` (through `*values`, fp32).
+std::span<std::byte> DecodeToModelDtype(Client& c, ContextId context, std::uint32_t block,
+                                        std::vector<float>* values,
+                                        std::vector<std::byte>* decoded) {
+  const ModelFingerprint& m = c.options().model;
+  const std::uint64_t bytes = ValueOrThrow(m.BlockBytes(), "block");
+  const std::uint64_t elems =
+      std::uint64_t{m.layer_count} * 2 * m.tokens_per_block * m.kv_heads * m.head_dim;
+  values->resize(elems);
+  decoded->resize(bytes);
+  ThrowIfError(c.DecodeBlock(context, block, *values), "decode compact block");
+  if (m.dtype == KvDtype::kFp32) {
+    std::memcpy(decoded->data(), values->data(), bytes);
+  } else {
+    auto* out = reinterpret_cast<std::uint16_t*>(decoded->data());
+    for (std::uint64_t i = 0; i < elems; ++i) {
+      out[i] = m.dtype == KvDtype::kFp16 ? gpu::FloatToFp16Bits((*values)[i])
+                                         : gpu::FloatToBf16Bits((*values)[i]);
+    }
+  }
+  return *decoded;
+}
+
 // History blocks [first_block, first_block + n) of `context` into engine
 // pages `pages[i]` of `layer` (a load), or the reverse (a save), all of
 // layer `layer`; `tokens` of the last block when it is a partial tail.
@@ -328,9 +356,18 @@ void CopyLayer(PyClient& p, ContextId context, const PagedKvCache& cache, std::u
   Client& c = p.c();
   py::gil_scoped_release release;
   const std::uint32_t tpb = c.options().model.tokens_per_block;
+  // A block that landed as its compact copy (a compact_after request) is
+  // decoded to the model's dtype first; it is never saved (Client::Save refuses it).
+  thread_local std::vector<float> values;
+  thread_local std::vector<std::byte> decoded;
   for (std::size_t i = 0; i < pages.size(); ++i) {
     const auto block = static_cast<std::uint32_t>(first_block + i);
-    std::span<std::byte> payload = ValueOrThrow(c.BlockPayload(context, block), "block");
+    std::span<std::byte> payload;
+    if (to_cache && ValueOrThrow(c.BlockIsCompact(context, block), "block")) {
+      payload = DecodeToModelDtype(c, context, block, &values, &decoded);
+    } else {
+      payload = ValueOrThrow(c.BlockPayload(context, block), "block");
+    }
     if (to_cache) {
       const std::uint32_t tokens = (i + 1 == pages.size() && last_tokens != 0) ? last_tokens : tpb;
       ThrowIfError(cache.BlockToPage(payload, layer, pages[i], tokens), "load_into_kv_cache");
@@ -476,7 +513,8 @@ PYBIND11_MODULE(_kvfabric, m) {
       .def_readonly("host", &MatchResult::Run::host)
       .def_readonly("tier", &MatchResult::Run::tier)
       .def_readonly("predicted_start_us", &MatchResult::Run::predicted_start_us)
-      .def_readonly("predicted_end_us", &MatchResult::Run::predicted_end_us);
+      .def_readonly("predicted_end_us", &MatchResult::Run::predicted_end_us)
+      .def_readonly("compact", &MatchResult::Run::compact);
 
   py::class_<MatchResult, std::shared_ptr<MatchResult>>(m, "Match")
       .def_property_readonly("chain_blocks", [](const MatchResult& r) { return r.chain.size(); })
@@ -488,6 +526,8 @@ PYBIND11_MODULE(_kvfabric, m) {
       .def_readonly("predicted_us", &MatchResult::predicted_us)
       .def_readonly("explanation", &MatchResult::explanation)
       .def_readonly("runs", &MatchResult::runs)
+      .def_readonly("representation", &MatchResult::representation)
+      .def_readonly("compact_penalty_us", &MatchResult::compact_penalty_us)
       .def_property_readonly("hosts", [](const MatchResult& r) {
         py::list out;
         for (const MatchResult::Host& h : r.hosts) out.append(h.host_id);
@@ -552,16 +592,40 @@ PYBIND11_MODULE(_kvfabric, m) {
              return FromKeys(ValueOrThrow(p.c().KeyTokens(ToTokens(tokens)), "key_tokens"));
            })
       .def("match",
-           [](PyClient& p, py::iterable keys, std::uint64_t suffix_tokens, bool explain) {
+           [](PyClient& p, py::iterable keys, std::uint64_t suffix_tokens, bool explain,
+              const std::string& accuracy, std::uint64_t decode_steps) {
              const std::vector<BlockKey> chain = ToKeys(keys);
+             client::MatchOptions options;
+             options.explain = explain;
+             options.accuracy = ValueOrThrow(client::AccuracyPolicy::Parse(accuracy), "match");
+             options.accuracy.decode_steps = decode_steps;
              auto out = std::make_shared<MatchResult>();
              Status s;
              {
                py::gil_scoped_release release;
-               s = p.c().Match(chain, suffix_tokens, explain, out.get());
+               s = p.c().Match(chain, suffix_tokens, options, out.get());
              }
              ThrowIfError(s, "match");
              return out;
+           })
+      .def("block_is_compact",
+           [](PyClient& p, ContextId context, std::uint32_t block) {
+             return ValueOrThrow(p.c().BlockIsCompact(context, block), "block_is_compact");
+           })
+      .def("decode_block",
+           [](PyClient& p, ContextId context, std::uint32_t block) {
+             const ModelFingerprint& m = p.c().options().model;
+             const std::uint64_t elems =
+                 std::uint64_t{m.layer_count} * 2 * m.tokens_per_block * m.kv_heads * m.head_dim;
+             std::vector<float> values(elems);
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = p.c().DecodeBlock(context, block, values);
+             }
+             ThrowIfError(s, "decode_block");
+             return py::bytes(reinterpret_cast<const char*>(values.data()),
+                              values.size() * sizeof(float));
            })
       .def("new_context",
            [](PyClient& p, std::uint64_t tokens) {

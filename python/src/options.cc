@@ -233,6 +233,9 @@ client::ClientOptions ParseClientOptions(const py::dict& options, DeviceChoice* 
   o.transfer_timeout = r.Seconds("transfer_timeout", o.transfer_timeout);
   o.lease_ttl_ms = r.Unsigned<std::uint32_t>("lease_ttl_ms", o.lease_ttl_ms);
   o.metrics_address = r.String("metrics_address", "");
+  if (r.Has("compact_extra_decode_us_per_token")) {
+    o.compact_extra_decode_us_per_token = r.Double("compact_extra_decode_us_per_token", 0);
+  }
   // Taken by the module itself (a Python callable), not a ClientOptions value here.
   r.Has("recompute");
   r.Finish();
