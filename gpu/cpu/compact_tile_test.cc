@@ -16,17 +16,14 @@
 
 #include "core/testing/test_seed.h"
 #include "gpu/cpu/cpu_device.h"
-#include "gpu/kernels/attention_test_util.h"
 #include "gpu/kernels/compact_int8.h"
+#include "gpu/kernels/compact_test_util.h"
 #include "gpu/kernels/cpu_kernels.h"
-#include "gpu/kernels/float_convert.h"
 
 namespace kvfabric::gpu {
 namespace {
 
 constexpr std::uint64_t kArenaBytes = 4 << 20;
-
-std::uint64_t Align(std::uint64_t x) { return (x + 255) / 256 * 256; }
 
 std::unique_ptr<Device> MakeDevice(bool scalar) {
   DeviceOptions options;
@@ -36,62 +33,6 @@ std::unique_ptr<Device> MakeDevice(bool scalar) {
   auto device = CreateCpuDevice(options, cpu);
   EXPECT_TRUE(device.ok()) << device.status();
   return std::move(device).value();
-}
-
-// A tile of `blocks` compact blocks (one layer each) encoded from random fp16
-// KV shaped like real KV (keys with outlier channels, values whose size
-// varies by token), and the values they decode to.
-struct CompactTile {
-  std::uint32_t block_tokens = 0, blocks = 0, kv_heads = 0, head_dim = 0;
-  std::vector<std::byte> slices;    // blocks x [K half, V half]
-  std::vector<float> keys, values;  // decoded, [blocks * block_tokens, kv_heads, head_dim]
-
-  std::uint64_t SliceBytes() const {
-    return 2 * CompactHalfBytes(block_tokens, kv_heads, head_dim);
-  }
-};
-
-CompactTile MakeTile(std::mt19937_64& rng, std::uint32_t block_tokens, std::uint32_t blocks,
-                     std::uint32_t kv_heads, std::uint32_t head_dim) {
-  CompactTile tile{block_tokens, blocks, kv_heads, head_dim, {}, {}, {}};
-  const CompactShape shape{KvDtype::kFp16, 1, block_tokens, kv_heads, head_dim};
-  const std::size_t row = std::size_t{kv_heads} * head_dim;
-  const std::size_t half = block_tokens * row;
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<std::byte> exact(2 * half * 2);
-  std::vector<float> decoded(2 * half);
-  tile.slices.resize(blocks * tile.SliceBytes());
-  for (std::uint32_t b = 0; b < blocks; ++b) {
-    for (std::size_t i = 0; i < 2 * half; ++i) {
-      const bool key = i < half;
-      float x = normal(rng);
-      if (key && (i % row) % 13 == 5) x *= 20.0f;
-      if (!key) x *= 0.5f + static_cast<float>((i - half) / row % 4);
-      const std::uint16_t bits = FloatToFp16Bits(x);
-      std::memcpy(exact.data() + i * 2, &bits, 2);
-    }
-    std::span<std::byte> slice(tile.slices.data() + b * tile.SliceBytes(), tile.SliceBytes());
-    EXPECT_TRUE(EncodeCompactInt8(shape, exact, slice).ok());
-    EXPECT_TRUE(DecodeCompactInt8(shape, slice, decoded).ok());
-    tile.keys.insert(tile.keys.end(), decoded.begin(), decoded.begin() + half);
-    tile.values.insert(tile.values.end(), decoded.begin() + half, decoded.end());
-  }
-  return tile;
-}
-
-// Arena layout of one call: query, slices, output, lse, each 256-aligned.
-CompactAttentionTileArgs Layout(const CompactTile& tile, std::uint32_t q_heads, float scale) {
-  CompactAttentionTileArgs a;
-  a.shape = {q_heads, tile.kv_heads, tile.head_dim, KvDtype::kInt8};
-  a.scale = scale;
-  a.block_tokens = tile.block_tokens;
-  a.blocks = tile.blocks;
-  const std::uint64_t q_bytes = std::uint64_t{q_heads} * tile.head_dim * 4;
-  a.query = {0, q_bytes};
-  a.slices = {Align(q_bytes), tile.slices.size()};
-  a.output = {Align(a.slices.offset + a.slices.bytes), q_bytes};
-  a.lse = {Align(a.output.offset + q_bytes), std::uint64_t{q_heads} * 4};
-  return a;
 }
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -118,9 +59,10 @@ TEST(CompactTileTest, ThroughTheDeviceEqualsTheKernelBitForBitAndExactAttentionO
           " kv_heads " + std::to_string(c.kv_heads) + " head_dim " + std::to_string(c.head_dim) +
           " blocks " + std::to_string(c.blocks) + " x " + std::to_string(c.block_tokens);
       SCOPED_TRACE(what);
-      const CompactTile tile = MakeTile(rng, c.block_tokens, c.blocks, c.kv_heads, c.head_dim);
+      const testing::CompactTile tile =
+          testing::MakeCompactTile(rng, c.block_tokens, c.blocks, c.kv_heads, c.head_dim);
       const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-      const CompactAttentionTileArgs a = Layout(tile, c.q_heads, scale);
+      const CompactAttentionTileArgs a = testing::CompactTileLayout(tile, c.q_heads, scale);
       std::vector<float> q(std::size_t{c.q_heads} * c.head_dim);
       for (float& x : q) x = normal(rng);
       ASSERT_TRUE(device->TEST_Write(std::as_bytes(std::span(q)), a.query).ok());
@@ -143,16 +85,9 @@ TEST(CompactTileTest, ThroughTheDeviceEqualsTheKernelBitForBitAndExactAttentionO
       EXPECT_TRUE(SameBits(lse, direct_lse));
 
       // Exact attention over the values the codes stand for, in FP64.
-      testing::Problem p;
-      p.shape = {c.q_heads, c.kv_heads, c.head_dim, KvDtype::kFp32};
-      p.scale = scale;
-      p.tokens = c.blocks * c.block_tokens;
-      p.q = q;
-      p.k.resize(tile.keys.size() * 4);
-      p.v.resize(tile.values.size() * 4);
-      std::memcpy(p.k.data(), tile.keys.data(), p.k.size());
-      std::memcpy(p.v.data(), tile.values.data(), p.v.size());
-      worst = std::max(worst, testing::ExpectNearFp64(p, {out, lse}, 1, what, c.head_dim + 3));
+      const testing::Problem p = testing::DecodedProblem(tile, c.q_heads, scale, q);
+      worst = std::max(worst, testing::ExpectNearFp64(p, {out, lse}, 1, what,
+                                                      testing::CompactDotRoundings(c.head_dim)));
       ++cases;
     }
   }
@@ -165,8 +100,8 @@ TEST(CompactTileTest, ThroughTheDeviceEqualsTheKernelBitForBitAndExactAttentionO
 TEST(CompactTileTest, RefusesBadArgumentsNamingTheField) {
   auto device = MakeDevice(false);
   std::mt19937_64 rng(1);
-  const CompactTile tile = MakeTile(rng, 16, 2, 2, 64);
-  const CompactAttentionTileArgs good = Layout(tile, 4, 0.125f);
+  const testing::CompactTile tile = testing::MakeCompactTile(rng, 16, 2, 2, 64);
+  const CompactAttentionTileArgs good = testing::CompactTileLayout(tile, 4, 0.125f);
   auto refusal = [&](CompactAttentionTileArgs a) {
     Status s = device->DecodeAttentionCompactTile(a);
     EXPECT_TRUE(s.IsInvalidArgument()) << s;
