@@ -78,9 +78,10 @@ Status DecodeCompactInt8(const CompactShape& shape, std::span<const std::byte> c
 // Decode attention of one query over one compact layer slice (`k_half` and
 // `v_half`, CompactHalfBytes each, of `tokens` tokens): out [num_q_heads,
 // head_dim] and natural-log lse [num_q_heads], as DecodeAttentionTile.
-// REQUIRES: the shape's heads and head_dim pass ValidateAttentionTile
-// (head_dim <= kMaxHeadDim, num_q_heads a multiple of num_kv_heads; its dtype
-// is not read); 1 <= tokens <= kMaxCompactTileTokens.
+// REQUIRES: shape passes ValidateAttentionTile (head_dim <= kMaxHeadDim,
+// num_q_heads a multiple of num_kv_heads); 1 <= tokens <= kMaxTokensPerBlock
+// (a compact slice is one block's). The shape's dtype is not read (the
+// device op passes kInt8, CompactAttentionTileArgs').
 void DecodeAttentionCompactInt8(const AttentionShape& shape, float scale, std::uint32_t tokens,
                                 const float* q, const std::byte* k_half, const std::byte* v_half,
                                 float* out, float* lse);
