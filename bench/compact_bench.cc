@@ -7,7 +7,12 @@
 //     head, over random queries), for this codec and for the alternative it
 //     was chosen over (keys scaled per token instead of per channel);
 //   - decode time per token on the CPU backend: exact tiles, and exact tiles
-//     for the newest tokens with compact blocks before them, merged by LSE.
+//     for the newest tokens with compact blocks before them, merged by LSE;
+//   - the same decode through the CPU Device path (client StreamingAttention
+//     over a pinned host history with compact blocks flagged: host->device
+//     copies into two staging buffers, DecodeAttentionTile or
+//     DecodeAttentionCompactTile per tile, MergeAttentionStates), against its
+//     all-exact run in the same process.
 // The history is synthetic, shaped like real KV: keys with outlier channels
 // (a few channels 20x the rest), values whose size varies by token.
 //
@@ -24,6 +29,10 @@
 #include <string>
 #include <vector>
 
+#include "client/device_arena.h"
+#include "client/host_history.h"
+#include "client/streaming_attention.h"
+#include "gpu/cpu/cpu_device.h"
 #include "gpu/kernels/compact_int8.h"
 #include "gpu/kernels/cpu_kernels.h"
 #include "gpu/kernels/float_convert.h"
@@ -184,6 +193,115 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
+// Tokens older than the newest `after` (all of them for 0; none for -1, exact).
+std::uint32_t CompactTokens(const Args& a, std::int64_t after) {
+  return after < 0 ? 0 : static_cast<std::uint32_t>(std::max<std::int64_t>(0, a.tokens - after));
+}
+
+[[noreturn]] void Fail(const char* what, const kvfabric::Status& s) {
+  std::fprintf(stderr, "compact_bench: %s: %s\n", what, s.ToString().c_str());
+  std::exit(1);
+}
+
+// The decode through the CPU Device (client/streaming_attention.h): one layer,
+// tiles of a.tile tokens, two staging buffers, the history in pinned host
+// memory as blocks of [K, V] with compact blocks' payloads in place of the
+// exact ones for tokens [0, compact_tokens). The settings take turns, three
+// rounds of every query each (the history rewritten at every turn), so that
+// a burst of load on a shared machine falls on all of them. Prints, per
+// compact_after, the median time of one decode step, its ratio to the
+// all-exact median of this run, the bytes copied host->device per step, and
+// the largest relative difference of an output head from the in-memory
+// Attend above (the same tiles, merged in another order).
+void DevicePath(const Args& a, const History& h, const std::vector<std::byte>& compact,
+                const std::vector<std::vector<float>>& queries) {
+  namespace kc = kvfabric::client;
+  const kc::HistoryLayout layout{1, a.block, a.heads, a.dim, KvDtype::kFp16, 0};
+  kc::StreamingAttentionOptions so;
+  so.num_q_heads = a.q_heads;
+  so.tile_tokens = a.tile;
+  kc::DeviceArenaOptions ao;
+  ao.page_bytes = 64 << 10;
+  ao.staging_pages = static_cast<std::uint32_t>(
+      2 * kc::StreamingAttention::PagesPerBuffer(layout, so, ao.page_bytes));
+  ao.scratch_bytes = kc::StreamingAttention::ScratchBytes(layout, so);
+  ao.context_floor_pages = 2;
+  DeviceOptions dopt;
+  dopt.arena_bytes = ao.scratch_bytes + 256 + (ao.staging_pages + 2) * ao.page_bytes;
+  auto device = CreateCpuDevice(dopt, CpuDeviceOptions{});
+  if (!device.ok()) Fail("device", device.status());
+  auto arena = kc::DeviceArena::Create((*device)->arena_bytes(), ao);
+  if (!arena.ok()) Fail("arena", arena.status());
+  auto sa = kc::StreamingAttention::Create(**device, **arena, (*arena)->scratch(), layout, so);
+  if (!sa.ok()) Fail("streaming attention", sa.status());
+  const std::uint32_t blocks = a.tokens / a.block;
+  const std::size_t half = std::size_t{a.block} * a.heads * a.dim;  // elements
+  const std::uint64_t exact_block = half * 2 * 2;
+  const std::uint64_t compact_block = CompactPayloadBytes(1, a.block, a.heads, a.dim);
+  auto pinned = (*device)->AllocatePinnedHost(std::uint64_t{blocks} * exact_block);
+  if (!pinned.ok()) Fail("pinned history", pinned.status());
+  std::byte* base = (*pinned)->bytes().data();
+  std::vector<std::uint8_t> flags(blocks);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(a.dim));
+
+  constexpr std::int64_t kAfter[] = {-1, 16384, 4096, 0};  // -1: exact
+  constexpr int kSettings = 4, kRounds = 3;
+  std::vector<double> step_ms[kSettings];
+  double worst[kSettings] = {};
+  std::uint64_t step = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    for (int setting = 0; setting < kSettings; ++setting) {
+      const std::int64_t after = kAfter[setting];
+      const std::uint32_t compact_tokens = CompactTokens(a, after);
+      for (std::uint32_t b = 0; b < blocks; ++b) {
+        std::byte* block = base + b * exact_block;
+        flags[b] = (b + 1) * a.block <= compact_tokens ? 1 : 0;
+        if (flags[b] != 0) {
+          std::memcpy(block, compact.data() + b * compact_block, compact_block);
+        } else {
+          std::memcpy(block, h.k.data() + b * half, half * 2);
+          std::memcpy(block + half * 2, h.v.data() + b * half, half * 2);
+        }
+      }
+      const kc::HostHistory history =
+          kc::HostHistory::Contiguous(base, blocks, exact_block).WithCompact(flags);
+      for (std::size_t i = 0; i <= queries.size(); ++i) {  // query 0 twice: once to warm up
+        const std::vector<float>& q = queries[i == 0 ? 0 : i - 1];
+        std::copy(q.begin(), q.end(), (*sa)->query().begin());
+        const auto start = std::chrono::steady_clock::now();
+        const kvfabric::Status s = (*sa)->Decode(1, 0, step++, 1, history, a.tokens, scale);
+        if (i > 0) step_ms[setting].push_back(1e3 * Seconds(start));
+        if (!s.ok()) Fail("decode", s);
+        if (round > 0 || i == 0) continue;
+        const State in_memory = Attend(a, h.k.data(), h.v.data(), compact, compact_tokens, q);
+        const State got{{(*sa)->output().begin(), (*sa)->output().end()},
+                        {(*sa)->lse().begin(), (*sa)->lse().end()}};
+        worst[setting] = std::max(worst[setting], RelativeError(a, got, in_memory).first);
+      }
+    }
+  }
+  std::printf(
+      "\nthrough the CPU Device (StreamingAttention, tiles of %u tokens, 2 staging "
+      "buffers; %s), median of %d rounds x %zu queries:\n%-16s %12s %10s %14s %18s\n",
+      a.tile, (*device)->name().c_str(), kRounds, queries.size(), "compact_after", "decode ms",
+      "vs exact", "H2D MB/step", "max rel diff");
+  double exact_ms = 0;
+  for (int setting = 0; setting < kSettings; ++setting) {
+    std::vector<double>& t = step_ms[setting];
+    std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+    const double ms = t[t.size() / 2];
+    if (setting == 0) exact_ms = ms;
+    const std::int64_t after = kAfter[setting];
+    const std::uint32_t compact_tokens = CompactTokens(a, after);
+    const double h2d = (static_cast<double>(compact_tokens) / a.block * compact_block +
+                        static_cast<double>(a.tokens - compact_tokens) / a.block * exact_block) /
+                       1e6;
+    std::printf("%-16s %12.3f %9.3fx %14.1f %18.2e\n",
+                after < 0 ? "exact" : std::to_string(after).c_str(), ms, ms / exact_ms, h2d,
+                worst[setting]);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -220,8 +338,7 @@ int main(int argc, char** argv) {
               "max rel err", "mean rel err", "alt max err", "decode ms");
   for (std::int64_t after :
        {std::int64_t{-1}, std::int64_t{16384}, std::int64_t{4096}, std::int64_t{0}}) {
-    const std::uint32_t compact_tokens =
-        after < 0 ? 0 : static_cast<std::uint32_t>(std::max<std::int64_t>(0, a.tokens - after));
+    const std::uint32_t compact_tokens = CompactTokens(a, after);
     double worst = 0, mean = 0, alt_worst = 0, decode_s = 0;
     for (const auto& q : queries) {
       const State ref = Attend(a, h.k.data(), h.v.data(), compact, 0, q);
@@ -251,5 +368,9 @@ int main(int argc, char** argv) {
   std::printf(
       "\n(alt: keys scaled per token instead of per channel, values as here, same "
       "bytes +-1%%; decode ms: one query over the whole history, one layer, one core)\n");
+  DevicePath(a, h, compact, queries);
+  std::printf(
+      "(decode ms: one Decode step, copies and kernels on the device's queue threads; max rel "
+      "diff: against the in-memory merge above)\n");
   return 0;
 }

@@ -67,8 +67,17 @@ Status Client::Impl::RecomputeRun(Context& c, std::uint32_t first, std::uint32_t
   if (partial) scratch_lock.emplace(&scratch_mu_);
   const std::span<std::byte> out =
       partial ? std::span<std::byte>(recompute_scratch_.get(), block_bytes_) : page;
-  req.prefix = HostHistory::Paged(
-      history_pool_->base(), std::span<const std::uint32_t>(c.pages).first(first), block_bytes_);
+  // Blocks [0, first) landed, so their compact flags are final (a fetch
+  // thread may still flag later blocks: other bytes of the vector).
+  std::span<const std::uint8_t> flags;
+  {
+    MutexLock l(&c.mu);
+    flags = std::span<const std::uint8_t>(c.compact).first(first);
+  }
+  req.prefix =
+      HostHistory::Paged(history_pool_->base(),
+                         std::span<const std::uint32_t>(c.pages).first(first), block_bytes_)
+          .WithCompact(flags);
   const auto start = Clock::now();
   Status s = o_.recompute(req, out);
   const double us = MicrosSince(start);

@@ -4,8 +4,17 @@
 // lives in pages of the client's history pool (client/history_pool.h) is a
 // page table over the pool, a plain buffer is block b at b * block_bytes.
 //
-// A view: it borrows the memory (and the page table) and copies cheaply.
-// Thread safety: a value; the bytes are the owner's to synchronise.
+// Representation per block (docs/compact.md): WithCompact attaches one flag
+// per block; a block whose flag is nonzero holds, at the start of block(b),
+// the compact_int8 payload of the block (layer l's slice, a K half then a V
+// half of CompactHalfBytes each, at l * 2 * CompactHalfBytes) instead of the
+// exact payload. A history without flags is all exact, as before flags
+// existed. compact(b) is false past the end of the flags, but a reader that
+// takes flags refuses fewer flags than the blocks it reads
+// (StreamingAttention::Decode: InvalidArgument), as a short span is a bug.
+//
+// A view: it borrows the memory, the page table and the flags, and copies
+// cheaply. Thread safety: a value; the bytes are the owner's to synchronise.
 #ifndef KVFABRIC_CLIENT_HOST_HISTORY_H_
 #define KVFABRIC_CLIENT_HOST_HISTORY_H_
 
@@ -47,6 +56,14 @@ class HostHistory {
     return h;
   }
 
+  // This history with block b compact where compact[b] != 0. `compact` is
+  // borrowed: it must outlive every use of the returned view.
+  HostHistory WithCompact(std::span<const std::uint8_t> compact) const {
+    HostHistory h = *this;
+    h.compact_ = compact;
+    return h;
+  }
+
   std::uint32_t blocks() const { return blocks_; }
   std::uint64_t block_bytes() const { return block_bytes_; }
   // REQUIRES: b < blocks().
@@ -54,10 +71,15 @@ class HostHistory {
     const std::uint64_t page = pages_.empty() ? b : pages_[b];
     return {base_ + page * block_bytes_, block_bytes_};
   }
+  // Whether block b holds its compact payload (see the class comment).
+  bool compact(std::uint32_t b) const { return b < compact_.size() && compact_[b] != 0; }
+  // The flags given to WithCompact (empty: every block is exact).
+  std::span<const std::uint8_t> compact_flags() const { return compact_; }
 
  private:
   const std::byte* base_ = nullptr;
   std::span<const std::uint32_t> pages_;  // empty: contiguous
+  std::span<const std::uint8_t> compact_;  // empty: every block exact
   std::uint64_t block_bytes_ = 0;
   std::uint32_t blocks_ = 0;
 };

@@ -446,7 +446,8 @@ StatusOr<std::span<std::byte>> Client::Impl::BlockPayload(ContextId id, std::uin
 
 StatusOr<HostHistory> Client::Impl::History(ContextId id) {
   KVF_ASSIGN_OR_RETURN(std::shared_ptr<Context> c, Find(id));
-  return HostHistory::Paged(history_pool_->base(), c->pages, block_bytes_);
+  MutexLock l(&c->mu);
+  return HostHistory::Paged(history_pool_->base(), c->pages, block_bytes_).WithCompact(c->compact);
 }
 
 Status Client::Impl::Save(ContextId id, std::uint32_t layer, std::uint32_t first_block,
@@ -521,8 +522,10 @@ Status Client::Impl::Attend(ContextId id, std::uint32_t layer, std::uint64_t ste
                                    "; got " + std::to_string(q.size()) + ", " +
                                    std::to_string(out.size()) + ", " + std::to_string(lse.size()));
   }
+  std::span<const std::uint8_t> compact;  // final once the layer loaded
   {
     MutexLock l(&c->mu);
+    compact = c->compact;
     // This layer of every block landed and verified (WaitLayer), while later
     // layers may still be on the wire; a failed load is refused.
     const bool ready =
@@ -532,10 +535,6 @@ Status Client::Impl::Attend(ContextId id, std::uint32_t layer, std::uint64_t ste
                                         " of context " + std::to_string(id) +
                                         " before that layer loaded OK (WaitLayer)");
     }
-    if (std::find(c->compact.begin(), c->compact.end(), 1) != c->compact.end()) {
-      return Status::Unimplemented("client: Attend over compact blocks (context " +
-                                   std::to_string(id) + ")");
-    }
   }
   const auto start = Clock::now();
   MutexLock l(&attend_mu_);
@@ -544,7 +543,9 @@ Status Client::Impl::Attend(ContextId id, std::uint32_t layer, std::uint64_t ste
   const float scale = 1.0f / std::sqrt(static_cast<float>(o_.model.head_dim));
   KVF_RETURN_IF_ERROR(attention_->Decode(
       id, layer, step, /*host_generation=*/1,
-      HostHistory::Paged(history_pool_->base(), c->pages, block_bytes_),
+      // Compact blocks (a compact_after load) are decoded as compact tiles;
+      // the flags are final once the layer loaded.
+      HostHistory::Paged(history_pool_->base(), c->pages, block_bytes_).WithCompact(compact),
       static_cast<std::uint32_t>(c->tokens), scale));
   std::copy(attention_->output().begin(), attention_->output().end(), out.begin());
   std::copy(attention_->lse().begin(), attention_->lse().end(), lse.begin());

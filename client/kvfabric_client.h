@@ -117,7 +117,9 @@ struct RecomputeRequest {
   // The history's blocks [0, first_block): the KV the prefill attends to.
   // Every one has landed (fetched, or recomputed by an earlier call) before
   // the call is made, as a serving engine's prefill after a cached prefix
-  // needs; the view is valid during the call.
+  // needs; the view is valid during the call. Under a compact_after policy
+  // some may hold their compact_int8 copies (prefix.compact(b); decode
+  // them with gpu::DecodeCompactInt8): the policy accepts their error.
   HostHistory prefix;
 };
 
@@ -469,7 +471,8 @@ class Client {
   // floats): the exact values converted, or a compact copy decoded
   // (gpu::DecodeCompactInt8). For engines that keep their own KV cache.
   Status DecodeBlock(ContextId context, std::uint32_t block, std::span<float> out);
-  // The whole history as its blocks (for a reference check).
+  // The whole history as its blocks (for a reference check), with its
+  // compact blocks flagged (HostHistory::compact).
   StatusOr<HostHistory> History(ContextId context) const;
 
   // The engine has written layer `layer` of full blocks [first_block,

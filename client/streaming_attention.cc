@@ -87,6 +87,13 @@ StatusOr<std::unique_ptr<StreamingAttention>> StreamingAttention::Create(
   sa->block_stride_ = layout.block_stride != 0 ? layout.block_stride : payload;
   sa->token_bytes_ = TokenBytes(layout);
   sa->layer_bytes_ = layer_bytes;
+  sa->compact_slice_bytes_ =
+      2 * gpu::CompactHalfBytes(layout.tokens_per_block, layout.kv_heads, layout.head_dim);
+  // A compact tile must fit the staging sized for exact tiles (class comment).
+  if (sa->compact_slice_bytes_ <= layer_bytes) {
+    sa->compact_tile_tokens_ = std::min(options.tile_tokens, gpu::kMaxCompactTileTokens) /
+                               layout.tokens_per_block * layout.tokens_per_block;
+  }
 
   StagerOptions so;
   so.buffers = options.staging_buffers;
@@ -146,6 +153,32 @@ Status StreamingAttention::EnqueueTileCopies(const HostHistory& history,
   return Status::OK();
 }
 
+Status StreamingAttention::EnqueueCompactTileCopies(const HostHistory& history, std::uint32_t layer,
+                                                    std::uint32_t first_block, std::uint32_t blocks,
+                                                    gpu::DeviceRange buffer) {
+  const std::uint64_t slice = compact_slice_bytes_;
+  for (std::uint32_t i = 0; i < blocks; ++i) {
+    const std::span<const std::byte> b = history.block(first_block + i);
+    KVF_RETURN_IF_ERROR(device_.CopyHostToDevice(b.subspan(layer * slice, slice),
+                                                 {buffer.offset + i * slice, slice}));
+  }
+  return Status::OK();
+}
+
+StreamingAttention::Tile StreamingAttention::NextTile(const HostHistory& history,
+                                                      std::uint32_t first,
+                                                      std::uint32_t tokens) const {
+  const std::uint32_t tpb = layout_.tokens_per_block;
+  const std::uint32_t block = first / tpb;
+  const bool compact = history.compact(block);
+  std::uint32_t n = std::min(compact ? compact_tile_tokens_ : options_.tile_tokens, tokens - first);
+  if (history.compact_flags().empty()) return {n, false};
+  for (std::uint32_t t = tpb; t < n; t += tpb) {
+    if (history.compact(block + t / tpb) != compact) return {t, compact};
+  }
+  return {n, compact};
+}
+
 Status StreamingAttention::RunTiles(std::uint32_t layer, const HostHistory& history,
                                     std::uint32_t tokens, float scale, std::uint32_t* pair) {
   const std::uint64_t q_bytes = query_dev_.bytes;
@@ -155,6 +188,11 @@ Status StreamingAttention::RunTiles(std::uint32_t layer, const HostHistory& hist
   tile.shape = {options_.num_q_heads, layout_.kv_heads, layout_.head_dim, layout_.dtype};
   tile.scale = scale;
   tile.query = query_dev_;
+  gpu::CompactAttentionTileArgs compact;
+  compact.shape = {options_.num_q_heads, layout_.kv_heads, layout_.head_dim, KvDtype::kInt8};
+  compact.scale = scale;
+  compact.block_tokens = layout_.tokens_per_block;
+  compact.query = query_dev_;
   gpu::MergeStatesArgs merge;
   merge.num_states = 2;
   merge.num_heads = options_.num_q_heads;
@@ -167,24 +205,40 @@ Status StreamingAttention::RunTiles(std::uint32_t layer, const HostHistory& hist
     tile.lse = {lses_[0].offset, l_bytes};
     KVF_RETURN_IF_ERROR(device_.DecodeAttentionTile(tile));
   }
-  for (std::uint32_t first = 0; first < tokens; first += options_.tile_tokens) {
-    const std::uint32_t n = std::min(options_.tile_tokens, tokens - first);
+  for (std::uint32_t first = 0; first < tokens;) {
+    const Tile next = NextTile(history, first, tokens);
+    const std::uint32_t n = next.tokens;
     KVF_ASSIGN_OR_RETURN(const StageLease lease, stager_->Acquire());
     LeaseGuard guard(*stager_, lease);
-    KVF_RETURN_IF_ERROR(EnqueueTileCopies(history, layer, first, n, lease.range));
+    if (next.compact) {
+      KVF_RETURN_IF_ERROR(EnqueueCompactTileCopies(history, layer, first / layout_.tokens_per_block,
+                                                   n / layout_.tokens_per_block, lease.range));
+    } else {
+      KVF_RETURN_IF_ERROR(EnqueueTileCopies(history, layer, first, n, lease.range));
+    }
     KVF_ASSIGN_OR_RETURN(const gpu::Event* copied,
                          stager_->RecordUse(lease, gpu::Queue::kHostToDevice));
     KVF_RETURN_IF_ERROR(device_.QueueWaitEvent(gpu::Queue::kCompute, *copied));
     // The first tile becomes the running state (slot 0 of pair p); every later
     // tile lands in slot 1 and pair p merges into slot 0 of the other pair.
     const std::uint64_t slot = first == 0 ? 0 : 1;
-    tile.tokens = n;
-    tile.keys = {lease.range.offset, std::uint64_t{n} * token_bytes_};
-    tile.values = {lease.range.offset + std::uint64_t{options_.tile_tokens} * token_bytes_,
-                   std::uint64_t{n} * token_bytes_};
-    tile.output = {states_[p].offset + slot * q_bytes, q_bytes};
-    tile.lse = {lses_[p].offset + slot * l_bytes, l_bytes};
-    KVF_RETURN_IF_ERROR(device_.DecodeAttentionTile(tile));
+    const gpu::DeviceRange output{states_[p].offset + slot * q_bytes, q_bytes};
+    const gpu::DeviceRange lse{lses_[p].offset + slot * l_bytes, l_bytes};
+    if (next.compact) {
+      compact.blocks = n / layout_.tokens_per_block;
+      compact.slices = {lease.range.offset, compact.blocks * compact_slice_bytes_};
+      compact.output = output;
+      compact.lse = lse;
+      KVF_RETURN_IF_ERROR(device_.DecodeAttentionCompactTile(compact));
+    } else {
+      tile.tokens = n;
+      tile.keys = {lease.range.offset, std::uint64_t{n} * token_bytes_};
+      tile.values = {lease.range.offset + std::uint64_t{options_.tile_tokens} * token_bytes_,
+                     std::uint64_t{n} * token_bytes_};
+      tile.output = output;
+      tile.lse = lse;
+      KVF_RETURN_IF_ERROR(device_.DecodeAttentionTile(tile));
+    }
     if (slot == 1) {
       merge.outputs = states_[p];
       merge.lses = lses_[p];
@@ -194,6 +248,7 @@ Status StreamingAttention::RunTiles(std::uint32_t layer, const HostHistory& hist
       p = 1 - p;
     }
     KVF_RETURN_IF_ERROR(stager_->RecordUse(lease, gpu::Queue::kCompute).status());
+    first += n;
   }
   *pair = p;
   return Status::OK();
@@ -220,6 +275,36 @@ Status StreamingAttention::Decode(std::uint64_t owner, std::uint32_t layer, std:
                 tokens, scale);
 }
 
+Status StreamingAttention::CheckCompactBlocks(const HostHistory& history,
+                                              std::uint32_t tokens) const {
+  const std::span<const std::uint8_t> flags = history.compact_flags();
+  if (flags.empty()) return Status::OK();
+  const std::uint32_t tpb = layout_.tokens_per_block;
+  const std::uint64_t blocks = (std::uint64_t{tokens} + tpb - 1) / tpb;
+  if (flags.size() < blocks) {
+    return Status::InvalidArgument("streaming attention: " + Num(flags.size()) +
+                                   " compact flags for the " + Num(blocks) + " blocks of " +
+                                   Num(tokens) + " tokens (one flag per block)");
+  }
+  const auto first_compact =
+      std::find_if(flags.begin(), flags.begin() + blocks, [](std::uint8_t f) { return f != 0; });
+  if (first_compact == flags.begin() + blocks) return Status::OK();
+  if (compact_tile_tokens_ == 0) {
+    return Status::InvalidArgument(
+        "streaming attention: block " + Num(first_compact - flags.begin()) +
+        " is compact, but this layout cannot decode compact blocks: a compact layer slice of " +
+        Num(compact_slice_bytes_) + " bytes must fit the exact slice of " + Num(layer_bytes_) +
+        " bytes (the staging is sized for exact tiles) and tokens_per_block " + Num(tpb) +
+        " must be <= " + Num(gpu::kMaxCompactTileTokens));
+  }
+  if (tokens % tpb != 0 && flags[blocks - 1] != 0) {
+    return Status::InvalidArgument("streaming attention: block " + Num(blocks - 1) +
+                                   " is compact but only " + Num(tokens % tpb) + " of its " +
+                                   Num(tpb) + " tokens are attended: compact blocks are full");
+  }
+  return Status::OK();
+}
+
 Status StreamingAttention::Decode(std::uint64_t owner, std::uint32_t layer, std::uint64_t step,
                                   std::uint64_t host_generation, const HostHistory& history,
                                   std::uint32_t tokens, float scale) {
@@ -231,6 +316,7 @@ Status StreamingAttention::Decode(std::uint64_t owner, std::uint32_t layer, std:
                                    Num(blocks) + " blocks, the history has " +
                                    Num(history.blocks()));
   }
+  KVF_RETURN_IF_ERROR(CheckCompactBlocks(history, tokens));
   KVF_RETURN_IF_ERROR(stager_->BeginStage(owner, layer, step, host_generation));
   std::uint32_t pair = 0;
   Status s = device_.CopyHostToDevice(std::as_bytes(std::span<const float>(query_)), query_dev_);

@@ -6,7 +6,8 @@
 // Backends: gpu/cpu (reference, always built: the arena is a separate
 // allocation, queues are real threads, events are real fences), gpu/cuda
 // (streams, events, cudaMemcpyAsync from pinned memory) and gpu/level_zero
-// (command queues and events; copies plus the CPU merge at first).
+// (command queues and events; copies plus the CPU merge at first, no
+// attention kernels).
 //
 // Memory is a decision: the arena size is explicit (DeviceOptions); a size of
 // 0 ("automatic") is refused with InvalidArgument naming the setting. Nothing
@@ -126,6 +127,11 @@ class Device {
 
   // Kernels, enqueued on Queue::kCompute (shapes and layouts in kernel_args.h).
   virtual Status DecodeAttentionTile(const AttentionTileArgs& args) = 0;
+  // Decode attention over a tile of compact_int8 blocks (docs/compact.md),
+  // dequantised inside the kernel; its (output, lse) merges with exact tiles'
+  // states like any other. InvalidArgument as ValidateCompactAttentionTile;
+  // Unimplemented on a backend without the kernel (level_zero).
+  virtual Status DecodeAttentionCompactTile(const CompactAttentionTileArgs& args) = 0;
   virtual Status MergeAttentionStates(const MergeStatesArgs& args) = 0;
   virtual Status GatherPages(const GatherPagesArgs& args) = 0;
 

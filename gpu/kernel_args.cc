@@ -1,5 +1,6 @@
 #include "gpu/kernel_args.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <string_view>
@@ -95,7 +96,37 @@ Status CheckRanges(const NamedRange (&ranges)[N], std::size_t num_written,
   return Status::OK();
 }
 
+// The rules every attention kernel's shape follows (the dtype is the
+// caller's): heads, head_dim and a finite scale. `args` names the struct.
+Status CheckHeadsAndScale(const char* args, const AttentionShape& s, float scale) {
+  if (s.num_kv_heads == 0) {
+    return Status::InvalidArgument(std::string(args) + ".shape.num_kv_heads=0: must be > 0");
+  }
+  if (s.num_q_heads == 0 || s.num_q_heads % s.num_kv_heads != 0) {
+    return Status::InvalidArgument(
+        std::string(args) + ".shape.num_q_heads=" + Num(s.num_q_heads) +
+        " must be a positive multiple of num_kv_heads=" + Num(s.num_kv_heads));
+  }
+  if (s.head_dim == 0 || s.head_dim > kMaxHeadDim) {
+    return Status::InvalidArgument(std::string(args) + ".shape.head_dim=" + Num(s.head_dim) +
+                                   " must be in [1, " + Num(kMaxHeadDim) + "]");
+  }
+  if (!std::isfinite(scale)) {
+    return Status::InvalidArgument(std::string(args) + ".scale=" + std::to_string(scale) +
+                                   " must be finite");
+  }
+  return Status::OK();
+}
+
 }  // namespace
+
+std::uint64_t CompactHalfBytes(std::uint32_t tokens, std::uint32_t kv_heads,
+                               std::uint32_t head_dim) {
+  const std::uint64_t elements = std::uint64_t{tokens} * kv_heads * head_dim;
+  const std::uint64_t scales =
+      std::max(std::uint64_t{kv_heads} * head_dim, std::uint64_t{tokens} * kv_heads);
+  return (elements + 2 * scales + 7) / 8 * 8;
+}
 
 Status ValidateAttentionTile(const AttentionTileArgs& args, std::uint64_t arena_bytes) {
   const AttentionShape& s = args.shape;
@@ -104,22 +135,7 @@ Status ValidateAttentionTile(const AttentionTileArgs& args, std::uint64_t arena_
         "AttentionTileArgs.shape.dtype=" + std::string(KvDtypeName(s.dtype)) + " (" +
         Num(static_cast<std::uint32_t>(s.dtype)) + ") is not supported: fp16, bf16 or fp32");
   }
-  if (s.num_kv_heads == 0) {
-    return Status::InvalidArgument("AttentionTileArgs.shape.num_kv_heads=0: must be > 0");
-  }
-  if (s.num_q_heads == 0 || s.num_q_heads % s.num_kv_heads != 0) {
-    return Status::InvalidArgument(
-        "AttentionTileArgs.shape.num_q_heads=" + Num(s.num_q_heads) +
-        " must be a positive multiple of num_kv_heads=" + Num(s.num_kv_heads));
-  }
-  if (s.head_dim == 0 || s.head_dim > kMaxHeadDim) {
-    return Status::InvalidArgument("AttentionTileArgs.shape.head_dim=" + Num(s.head_dim) +
-                                   " must be in [1, " + Num(kMaxHeadDim) + "]");
-  }
-  if (!std::isfinite(args.scale)) {
-    return Status::InvalidArgument("AttentionTileArgs.scale=" + std::to_string(args.scale) +
-                                   " must be finite");
-  }
+  KVF_RETURN_IF_ERROR(CheckHeadsAndScale("AttentionTileArgs", s, args.scale));
   const std::uint64_t dsize = KvDtypeSize(s.dtype);
   std::uint64_t q_elems = 0, kv_row = 0, kv_elems = 0, kv_bytes = 0, q_bytes = 0;
   KVF_RETURN_IF_ERROR(CheckedMul(s.num_q_heads, s.head_dim, "num_q_heads * head_dim", &q_elems));
@@ -138,6 +154,41 @@ Status ValidateAttentionTile(const AttentionTileArgs& args, std::uint64_t arena_
       {"AttentionTileArgs.query", args.query, q_bytes, 4, {q, hd, f32}, 3},
       {"AttentionTileArgs.keys", args.keys, kv_bytes, dsize, {t, kv, hd, ds}, 4},
       {"AttentionTileArgs.values", args.values, kv_bytes, dsize, {t, kv, hd, ds}, 4},
+  };
+  return CheckRanges(ranges, 2, arena_bytes);
+}
+
+Status ValidateCompactAttentionTile(const CompactAttentionTileArgs& args,
+                                    std::uint64_t arena_bytes) {
+  const AttentionShape& s = args.shape;
+  if (s.dtype != KvDtype::kInt8) {
+    return Status::InvalidArgument(
+        "CompactAttentionTileArgs.shape.dtype=" + std::string(KvDtypeName(s.dtype)) +
+        ": a compact tile's codes are int8");
+  }
+  KVF_RETURN_IF_ERROR(CheckHeadsAndScale("CompactAttentionTileArgs", s, args.scale));
+  const std::uint64_t tile_tokens = std::uint64_t{args.blocks} * args.block_tokens;
+  if (args.block_tokens == 0 || args.blocks == 0 || tile_tokens > kMaxCompactTileTokens) {
+    return Status::InvalidArgument("CompactAttentionTileArgs.blocks=" + Num(args.blocks) +
+                                   " * block_tokens=" + Num(args.block_tokens) +
+                                   " must be in [1, kMaxCompactTileTokens=" +
+                                   Num(kMaxCompactTileTokens) + "], each factor > 0");
+  }
+  // Bounded above: tokens <= 2^12 and head_dim <= 2^9, so the half fits 64 bits.
+  const std::uint64_t half = CompactHalfBytes(args.block_tokens, s.num_kv_heads, s.head_dim);
+  std::uint64_t q_elems = 0, q_bytes = 0, slices = 0;
+  KVF_RETURN_IF_ERROR(CheckedMul(s.num_q_heads, s.head_dim, "num_q_heads * head_dim", &q_elems));
+  KVF_RETURN_IF_ERROR(CheckedMul(q_elems, 4, "num_q_heads * head_dim * 4", &q_bytes));
+  KVF_RETURN_IF_ERROR(
+      CheckedMul(std::uint64_t{args.blocks} * 2, half, "blocks * 2 * CompactHalfBytes", &slices));
+  const Factor q{"num_q_heads", s.num_q_heads}, hd{"head_dim", s.head_dim}, f32{"sizeof(float)", 4},
+      b{"blocks", args.blocks}, two{"halves", 2},
+      h{"CompactHalfBytes(block_tokens, num_kv_heads, head_dim)", half};
+  const NamedRange ranges[] = {
+      {"CompactAttentionTileArgs.output", args.output, q_bytes, 4, {q, hd, f32}, 3},
+      {"CompactAttentionTileArgs.lse", args.lse, std::uint64_t{s.num_q_heads} * 4, 4, {q, f32}, 2},
+      {"CompactAttentionTileArgs.query", args.query, q_bytes, 4, {q, hd, f32}, 3},
+      {"CompactAttentionTileArgs.slices", args.slices, slices, 8, {b, two, h}, 3},
   };
   return CheckRanges(ranges, 2, arena_bytes);
 }

@@ -287,6 +287,42 @@ TEST_F(CompactEndToEndTest, ExactNeverReceivesACompactCopyAndCompactAfterFetches
     EXPECT_LE(worst, 0.5 / 127 + 1e-3) << "worst element error " << worst;
     std::printf("compact_after=%llu: worst element error %.5f\n",
                 static_cast<unsigned long long>(kCompactAfter), worst);
+    // Attend streams compact tiles for blocks 0..47 and exact ones after,
+    // merged by LSE: within the codec's error of exact attention.
+    {
+      std::vector<std::byte> exact(std::uint64_t{kBlocks} * block_bytes);
+      for (std::uint32_t b = 0; b < kBlocks; ++b) {
+        ASSERT_TRUE(
+            Expected(b, std::span<std::byte>(exact).subspan(b * block_bytes, block_bytes)).ok());
+      }
+      std::mt19937_64 rng(seed_);
+      std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+      std::vector<float> q(kQHeads * model_.head_dim), out(q.size()), lse(kQHeads);
+      std::vector<float> ref(q.size()), ref_lse(kQHeads);
+      double worst_out = 0, worst_lse = 0;
+      for (std::uint32_t l = 0; l < model_.layer_count; ++l) {
+        for (float& x : q) x = dist(rng);
+        const Status a = client_->Attend(ctx, l, 1, q, out, lse);
+        ASSERT_TRUE(a.ok()) << a.ToString();
+        ASSERT_TRUE(client::ResidentAttention(model_, kQHeads, kTileTokens, exact, kTokens, l, q,
+                                              ref, ref_lse)
+                        .ok());
+        for (std::uint32_t h = 0; h < kQHeads; ++h) {
+          double num = 0, den = 0;
+          for (std::uint32_t d = 0; d < model_.head_dim; ++d) {
+            const double x = out[h * model_.head_dim + d], y = ref[h * model_.head_dim + d];
+            num += (x - y) * (x - y);
+            den += y * y;
+          }
+          worst_out = std::max(worst_out, std::sqrt(num / den));
+          worst_lse = std::max(worst_lse, static_cast<double>(std::fabs(lse[h] - ref_lse[h])));
+        }
+      }
+      std::printf("Attend over mixed tiles: worst relative output error %.2e, lse %.2e\n",
+                  worst_out, worst_lse);
+      EXPECT_LT(worst_out, 3e-2);
+      EXPECT_LT(worst_lse, 2e-2);
+    }
     // A compact block is never written back as exact.
     const Status save = client_->Save(ctx, 0, 0, std::span<const BlockKey>(chain_).first(1));
     EXPECT_EQ(save.code(), StatusCode::kFailedPrecondition) << save.ToString();

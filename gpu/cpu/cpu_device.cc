@@ -19,6 +19,7 @@
 #include "core/units.h"
 #include "gpu/device_checks.h"
 #include "gpu/kernel_args.h"
+#include "gpu/kernels/compact_int8.h"
 #include "gpu/kernels/cpu_kernels.h"
 
 namespace kvfabric::gpu {
@@ -110,7 +111,7 @@ struct WaitOp {
   std::uint64_t generation = 0;
 };
 using Entry = std::variant<std::monostate, CopyOp, MarkerOp, WaitOp, AttentionTileArgs,
-                           MergeStatesArgs, GatherPagesArgs>;
+                           CompactAttentionTileArgs, MergeStatesArgs, GatherPagesArgs>;
 
 // The state shared by a device, its workers and its events (events may
 // outlive the device). One mutex: the CPU backend values obviously-correct
@@ -322,6 +323,11 @@ class CpuDevice final : public Device, public CpuDeviceTestHooks {
 
   Status DecodeAttentionTile(const AttentionTileArgs& args) override {
     KVF_RETURN_IF_ERROR(ValidateAttentionTile(args, arena_bytes_));
+    return Enqueue(Queue::kCompute, args);
+  }
+
+  Status DecodeAttentionCompactTile(const CompactAttentionTileArgs& args) override {
+    KVF_RETURN_IF_ERROR(ValidateCompactAttentionTile(args, arena_bytes_));
     return Enqueue(Queue::kCompute, args);
   }
 
@@ -548,6 +554,9 @@ class CpuDevice final : public Device, public CpuDeviceTestHooks {
     if (const auto* a = std::get_if<AttentionTileArgs>(&entry)) {
       return cpu_kernels::DecodeAttentionTileInArena(isa_, *a, arena_span);
     }
+    if (const auto* c = std::get_if<CompactAttentionTileArgs>(&entry)) {
+      return DecodeAttentionCompactTileInArena(isa_, *c, arena_span);
+    }
     if (const auto* m = std::get_if<MergeStatesArgs>(&entry)) {
       return cpu_kernels::MergeStatesInArena(*m, arena_span);
     }
@@ -559,7 +568,7 @@ class CpuDevice final : public Device, public CpuDeviceTestHooks {
 
   const std::unique_ptr<MappedRegion> arena_;
   const std::uint64_t arena_bytes_;
-  const cpu_kernels::KernelIsa isa_;  // decode attention's instruction set
+  const cpu_kernels::KernelIsa isa_;  // the attention kernels' instruction set
   const std::string name_;
   const std::shared_ptr<Hub> hub_;
   const std::shared_ptr<PinnedBufferRegistry> registry_;

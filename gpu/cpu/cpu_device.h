@@ -14,6 +14,11 @@
 //   QueueWaitEvent puts a wait in the queue: that queue's worker (not the
 //   host) blocks until the event's generation at the time of the call
 //   completes. Waiting on a never-recorded event is a no-op, as on CUDA.
+// - Kernels run on the compute queue's thread: DecodeAttentionTile,
+//   MergeAttentionStates and GatherPages are gpu/kernels/cpu_kernels.h's,
+//   DecodeAttentionCompactTile is gpu/kernels/compact_int8.h's
+//   (DecodeAttentionCompactTileInArena: bit-identical to calling
+//   DecodeAttentionCompactInt8BlocksWith on the same bytes).
 // - Copies check that host spans lie inside a PinnedHostBuffer of this device
 //   and device ranges inside the arena; kernels validate their arguments
 //   (gpu/kernel_args.h) before they are enqueued, so a bad call fails at once
@@ -48,8 +53,9 @@ struct CpuDeviceOptions {
   // decode step needs; raise it only for a workload that enqueues whole
   // histories ahead of the workers.
   std::size_t max_pending_per_queue = 1024;
-  // Run the scalar decode-attention kernel even where the CPU has AVX2 + FMA
-  // + F16C (gpu/kernels/cpu_kernels.h: both compute the same bits; for
+  // Run the scalar decode-attention kernels even where the CPU has AVX2 + FMA
+  // + F16C (gpu/kernels/cpu_kernels.h: both compute the same bits; the
+  // compact kernel's two paths sum in different orders, compact_int8.h; for
   // comparisons, and for a CPU whose detection is wrong). Default false:
   // BestKernelIsa().
   bool scalar_kernels = false;

@@ -18,6 +18,16 @@
 // order, online rescaling, FMA contraction, CUDA's expf/logf); the two agree
 // within the tolerance of gpu/kernels/attention_test_util.h.
 //
+// DecodeAttentionCompactTileKernel<kHeadDim>: the same structure over a tile
+// of compact_int8 blocks (gpu/kernels/compact_int8.h), dequantised in the
+// kernel, never in memory: a warp that enters a block folds that block's key
+// channel scales into its query registers once (qs = scale * q * ks), so a
+// logit is qs . kq (int8 codes widened to float); a token's value scale
+// folds into its weight (w = p * vs), so the accumulator adds w * vq. Online
+// softmax, warp merge and natural-log lse as above. It agrees with the CPU
+// kernel (DecodeAttentionCompactInt8Blocks) to float rounding, not bit for
+// bit (that kernel takes two passes: every score, then the weighted values).
+//
 // MergeStatesKernel: one block per head, threads over head_dim; every thread
 // evaluates lse::ComputeMergeScale and lse::MergedElement (lse.h), the same
 // source as the CPU merge, in index order.
@@ -67,6 +77,69 @@ __device__ __forceinline__ float WarpSum(float x) {
   return x;
 }
 
+// The half-precision bits at p[index] as float (compact_int8's scales).
+__device__ __forceinline__ float LoadFp16(const unsigned short* p, std::size_t index) {
+  return __half2float(__ushort_as_half(p[index]));
+}
+
+// One token into a warp's online-softmax state (running max m, sum s): the
+// token's weight p = exp(logit - m') and the factor by which the state's
+// accumulator must be rescaled, exp(m - m') (0 on the first token: exp(-inf)).
+__device__ __forceinline__ void OnlineSoftmaxStep(float logit, float& m, float& s,
+                                                  float& correction, float& p) {
+  const float new_m = fmaxf(m, logit);
+  correction = expf(m - new_m);
+  p = expf(logit - new_m);
+  s = s * correction + p;
+  m = new_m;
+}
+
+// The decode kernels' per-warp states of one query head, in shared memory.
+template <int kHeadDim>
+struct WarpStates {
+  float acc[kDecodeWarps][kHeadDim];
+  float m[kDecodeWarps];
+  float s[kDecodeWarps];
+};
+
+// Stores each warp's state (acc unnormalised: O_w = acc / s, lse_w = m +
+// log(s); lane l holds elements l, l + 32, ...) and merges them in warp order
+// with lse.h's formula on unnormalised accumulators: M = max m_w; S = sum s_w
+// e^(m_w - M); O = sum acc_w e^(m_w - M) / S. Writes out_h[kHeadDim] and
+// *lse_h (-inf and 0 when no warp saw a token). Every thread of the block
+// calls it once.
+template <int kHeadDim>
+__device__ __forceinline__ void MergeWarpStates(WarpStates<kHeadDim>& shared,
+                                                const float (&acc)[kHeadDim / kWarpSize], float m,
+                                                float s, float* __restrict__ out_h,
+                                                float* __restrict__ lse_h) {
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int i = 0; i < kHeadDim / kWarpSize; ++i) shared.acc[warp][lane + i * kWarpSize] = acc[i];
+  if (lane == 0) {
+    shared.m[warp] = m;
+    shared.s[warp] = s;
+  }
+  __syncthreads();
+  float big_m = gpu::lse::NegativeInfinity();
+  for (int w = 0; w < kDecodeWarps; ++w) big_m = fmaxf(big_m, shared.m[w]);
+  float big_s = 0.0f;
+  for (int w = 0; w < kDecodeWarps; ++w) {
+    if (!gpu::lse::IsEmpty(shared.m[w])) big_s += shared.s[w] * expf(shared.m[w] - big_m);
+  }
+  for (int d = threadIdx.x; d < kHeadDim; d += blockDim.x) {
+    float o = 0.0f;
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      if (!gpu::lse::IsEmpty(shared.m[w])) o += shared.acc[w][d] * expf(shared.m[w] - big_m);
+    }
+    out_h[d] = big_s == 0.0f ? 0.0f : o / big_s;
+  }
+  if (threadIdx.x == 0) {
+    *lse_h = big_s == 0.0f ? gpu::lse::NegativeInfinity() : big_m + logf(big_s);
+  }
+}
+
 // ---- kernels ----
 
 // grid: num_q_heads blocks; block: kDecodeWarps * 32 threads.
@@ -80,9 +153,7 @@ __global__ void __launch_bounds__(kDecodeWarps* kWarpSize)
                               std::uint32_t num_kv_heads, std::uint32_t group) {
   static_assert(kHeadDim % kWarpSize == 0, "head_dim must be a multiple of 32");
   constexpr int kPerLane = kHeadDim / kWarpSize;
-  __shared__ float shared_acc[kDecodeWarps][kHeadDim];
-  __shared__ float shared_m[kDecodeWarps];
-  __shared__ float shared_s[kDecodeWarps];
+  __shared__ WarpStates<kHeadDim> shared;
 
   const std::uint32_t h = blockIdx.x;
   const std::uint32_t g = h / group;
@@ -105,42 +176,90 @@ __global__ void __launch_bounds__(kDecodeWarps* kWarpSize)
     for (int i = 0; i < kPerLane; ++i)
       partial += q_reg[i] * LoadKv<kDtype>(k, row + lane + i * kWarpSize);
     const float logit = scale * WarpSum(partial);
-    const float new_m = fmaxf(m, logit);
-    const float correction = expf(m - new_m);  // exp(-inf) = 0 on the first token
-    const float p = expf(logit - new_m);
-    s = s * correction + p;
+    float correction, p;
+    OnlineSoftmaxStep(logit, m, s, correction, p);
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       acc[i] = acc[i] * correction + p * LoadKv<kDtype>(v, row + lane + i * kWarpSize);
     }
-    m = new_m;
   }
-  // acc is unnormalised: O_w = acc / s, lse_w = m + log(s).
+  MergeWarpStates(shared, acc, m, s, out + std::size_t{h} * kHeadDim, lse + h);
+}
+
+// grid: num_q_heads blocks; block: kDecodeWarps * 32 threads.
+// q [num_q_heads, kHeadDim] fp32; slices: `blocks` compact_int8 layer slices
+// back to back, each a K half then a V half of `half_bytes` (int8 codes
+// [block_tokens, num_kv_heads, kHeadDim], then fp16 scales: K [num_kv_heads,
+// kHeadDim], V [block_tokens, num_kv_heads]); out [num_q_heads, kHeadDim]
+// fp32; lse [num_q_heads] fp32. REQUIRES: slices 8-byte aligned and
+// half_bytes a multiple of 8 (ValidateCompactAttentionTile), so the scales,
+// which start kHeadDim-multiple bytes into a half, are 2-byte aligned.
+template <int kHeadDim>
+__global__ void __launch_bounds__(kDecodeWarps* kWarpSize)
+    DecodeAttentionCompactTileKernel(const float* __restrict__ q,
+                                     const std::byte* __restrict__ slices, float* __restrict__ out,
+                                     float* __restrict__ lse, float scale,
+                                     std::uint32_t block_tokens, std::uint32_t blocks,
+                                     std::uint64_t half_bytes, std::uint32_t num_kv_heads,
+                                     std::uint32_t group) {
+  static_assert(kHeadDim % kWarpSize == 0, "head_dim must be a multiple of 32");
+  constexpr int kPerLane = kHeadDim / kWarpSize;
+  __shared__ WarpStates<kHeadDim> shared;
+
+  const std::uint32_t h = blockIdx.x;
+  const std::uint32_t g = h / group;
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const std::size_t codes = std::size_t{block_tokens} * num_kv_heads * kHeadDim;  // per half
+
+  float q_reg[kPerLane];  // scale * q
+  float qs[kPerLane];     // scale * q * the current block's key channel scales
+  float acc[kPerLane];
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) shared_acc[warp][lane + i * kWarpSize] = acc[i];
-  if (lane == 0) {
-    shared_m[warp] = m;
-    shared_s[warp] = s;
+  for (int i = 0; i < kPerLane; ++i) {
+    q_reg[i] = scale * q[std::size_t{h} * kHeadDim + lane + i * kWarpSize];
+    qs[i] = 0.0f;
+    acc[i] = 0.0f;
   }
-  __syncthreads();
-  // Merge the warps' states in warp order (lse.h's formula on unnormalised
-  // accumulators): M = max m_w; S = sum s_w e^(m_w - M); O = sum acc_w e^(m_w - M) / S.
-  float big_m = gpu::lse::NegativeInfinity();
-  for (int w = 0; w < kDecodeWarps; ++w) big_m = fmaxf(big_m, shared_m[w]);
-  float big_s = 0.0f;
-  for (int w = 0; w < kDecodeWarps; ++w) {
-    if (!gpu::lse::IsEmpty(shared_m[w])) big_s += shared_s[w] * expf(shared_m[w] - big_m);
-  }
-  for (int d = threadIdx.x; d < kHeadDim; d += blockDim.x) {
-    float o = 0.0f;
-    for (int w = 0; w < kDecodeWarps; ++w) {
-      if (!gpu::lse::IsEmpty(shared_m[w])) o += shared_acc[w][d] * expf(shared_m[w] - big_m);
+  float m = gpu::lse::NegativeInfinity();
+  float s = 0.0f;
+  const std::int8_t* kq = nullptr;
+  const std::int8_t* vq = nullptr;
+  const unsigned short* vs = nullptr;
+  std::uint32_t block = blocks;  // none yet
+  const std::uint32_t tokens = block_tokens * blocks;
+  for (std::uint32_t t = warp; t < tokens; t += kDecodeWarps) {
+    const std::uint32_t b = t / block_tokens;
+    const std::uint32_t tb = t - b * block_tokens;
+    if (b != block) {
+      // A new block: its keys' channel scales fold into the query.
+      block = b;
+      const std::byte* k_half = slices + 2 * half_bytes * b;
+      const auto* ks = reinterpret_cast<const unsigned short*>(k_half + codes);
+      kq = reinterpret_cast<const std::int8_t*>(k_half);
+      vq = reinterpret_cast<const std::int8_t*>(k_half + half_bytes);
+      vs = reinterpret_cast<const unsigned short*>(k_half + half_bytes + codes);
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        qs[i] = q_reg[i] * LoadFp16(ks, std::size_t{g} * kHeadDim + lane + i * kWarpSize);
+      }
     }
-    out[std::size_t{h} * kHeadDim + d] = big_s == 0.0f ? 0.0f : o / big_s;
+    const std::size_t row = (std::size_t{tb} * num_kv_heads + g) * kHeadDim;
+    float partial = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      partial += qs[i] * static_cast<float>(kq[row + lane + i * kWarpSize]);
+    }
+    float correction, p;
+    OnlineSoftmaxStep(WarpSum(partial), m, s, correction, p);
+    // The values' token scale folds into the weight.
+    const float w = p * LoadFp16(vs, std::size_t{tb} * num_kv_heads + g);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      acc[i] = acc[i] * correction + w * static_cast<float>(vq[row + lane + i * kWarpSize]);
+    }
   }
-  if (threadIdx.x == 0) {
-    lse[h] = big_s == 0.0f ? gpu::lse::NegativeInfinity() : big_m + logf(big_s);
-  }
+  MergeWarpStates(shared, acc, m, s, out + std::size_t{h} * kHeadDim, lse + h);
 }
 
 // grid: num_heads blocks; block: kMergeThreads threads.

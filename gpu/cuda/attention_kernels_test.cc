@@ -296,5 +296,35 @@ TEST(CudaLauncherArgumentsTest, RefuseUnsupportedShapesAndBadRanges) {
   EXPECT_TRUE(LaunchGatherPages(g, fake_arena, 16, nullptr).IsInvalidArgument());
 }
 
+TEST(CudaLauncherArgumentsTest, CompactTilesRefuseUnsupportedHeadDimsAfterValidation) {
+  gpu::CompactAttentionTileArgs a;
+  a.shape = {4, 2, 96, KvDtype::kInt8};
+  a.scale = 0.1f;
+  a.block_tokens = 16;
+  a.blocks = 2;
+  a.query = {0, 4 * 96 * 4};
+  a.slices = {2048, 2 * 2 * gpu::CompactHalfBytes(16, 2, 96)};
+  a.output = {16384, 4 * 96 * 4};
+  a.lse = {18432, 16};
+  alignas(16) static std::byte fake_arena[16];  // never dereferenced: refused first
+  Status s = LaunchDecodeAttentionCompactTile(a, fake_arena, 18448, nullptr);
+  EXPECT_NE(s.message().find("head_dim=96 is not supported (64, 128 or 256)"),
+            std::string_view::npos)
+      << s;
+  a.shape.dtype = KvDtype::kFp16;  // validation runs before the dispatch
+  s = LaunchDecodeAttentionCompactTile(a, fake_arena, 18448, nullptr);
+  EXPECT_NE(s.message().find("CompactAttentionTileArgs.shape.dtype=fp16"), std::string_view::npos)
+      << s;
+  a.shape = {4, 2, 128, KvDtype::kInt8};  // supported and valid: the arena is checked
+  a.query.bytes = a.output.bytes = 4 * 128 * 4;
+  a.slices.bytes = 2 * 2 * gpu::CompactHalfBytes(16, 2, 128);  // 18432
+  a.output.offset = 20480;
+  a.lse.offset = 22528;
+  s = LaunchDecodeAttentionCompactTile(a, nullptr, 22544, nullptr);
+  EXPECT_NE(s.message().find("LaunchDecodeAttentionCompactTile: arena is null"),
+            std::string_view::npos)
+      << s;
+}
+
 }  // namespace
 }  // namespace kvfabric::cuda

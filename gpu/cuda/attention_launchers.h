@@ -10,9 +10,9 @@
 // DeviceRange offsets in the arguments are relative to it.
 //
 // Supported decode shapes: dtype fp16, bf16 or fp32 with head_dim 64, 128 or
-// 256 (any GQA ratio). Anything else that passes validation is refused with
-// InvalidArgument naming the supported set. Merge and gather take any valid
-// arguments.
+// 256 (any GQA ratio); compact tiles (int8 codes) with head_dim 64, 128 or
+// 256. Anything else that passes validation is refused with InvalidArgument
+// naming the supported set. Merge and gather take any valid arguments.
 //
 // This header needs no CUDA headers: a stream is passed as CUstream_st*
 // (what cudaStream_t is).
@@ -38,6 +38,10 @@ Status CheckDecodeAttentionSupported(KvDtype dtype, std::uint32_t head_dim);
 
 Status LaunchDecodeAttentionTile(const gpu::AttentionTileArgs& args, std::byte* arena,
                                  std::uint64_t arena_bytes, CUstream_st* stream);
+// The compact_int8 tile kernel (attention_kernels.cuh): dequantises in the
+// kernel; agrees with gpu::DecodeAttentionCompactInt8Blocks to float rounding.
+Status LaunchDecodeAttentionCompactTile(const gpu::CompactAttentionTileArgs& args, std::byte* arena,
+                                        std::uint64_t arena_bytes, CUstream_st* stream);
 Status LaunchMergeStates(const gpu::MergeStatesArgs& args, std::byte* arena,
                          std::uint64_t arena_bytes, CUstream_st* stream);
 // Out-of-range page offsets cannot be reported by the kernel: such a page is

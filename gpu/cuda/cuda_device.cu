@@ -204,6 +204,12 @@ class CudaDevice final : public Device {
     return cuda::LaunchDecodeAttentionTile(args, arena(), arena_bytes_, stream(Queue::kCompute));
   }
 
+  Status DecodeAttentionCompactTile(const CompactAttentionTileArgs& args) override {
+    KVF_RETURN_IF_ERROR(MakeCurrent());
+    return cuda::LaunchDecodeAttentionCompactTile(args, arena(), arena_bytes_,
+                                                  stream(Queue::kCompute));
+  }
+
   Status MergeAttentionStates(const MergeStatesArgs& args) override {
     KVF_RETURN_IF_ERROR(MakeCurrent());
     return cuda::LaunchMergeStates(args, arena(), arena_bytes_, stream(Queue::kCompute));

@@ -14,7 +14,8 @@
 // sticky error leaves the context unusable, and every later call reports it.
 //
 // Kernels: the launchers validate their arguments (InvalidArgument at once).
-// DecodeAttentionTile supports head_dim 64, 128 and 256 (see
+// DecodeAttentionTile and DecodeAttentionCompactTile (compact_int8,
+// dequantised in the kernel) support head_dim 64, 128 and 256 (see
 // attention_launchers.h). GatherPages: the page offsets live in device memory,
 // where a kernel cannot return a Status; an out-of-range page is zero-filled,
 // so callers check each offset with ValidateGatherSource before copying the

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -19,6 +20,8 @@
 #include <vector>
 
 #include "core/testing/test_seed.h"
+#include "gpu/kernels/compact_int8.h"
+#include "gpu/kernels/compact_test_util.h"
 #include "gpu/kernels/cpu_kernels.h"
 #include "gpu/kernels/float_convert.h"
 
@@ -300,6 +303,63 @@ TEST_F(CudaDeviceTest, KernelsMatchTheCpuKernelsAndAreDeterministic) {
   for (std::uint32_t i = 0; i < 4; ++i) {
     EXPECT_EQ(std::memcmp(gathered.data() + i * 4096, in.data() + offsets[i], 4096), 0) << i;
   }
+}
+
+// The compact tile through the CUDA device, against the CPU kernel on the
+// same bytes and FP64 over the decoded values (attention_test_util.h's
+// bound), and run to run.
+TEST_F(CudaDeviceTest, CompactTileMatchesTheCpuKernelAndIsDeterministic) {
+  std::mt19937_64 rng(TestSeed("CudaDeviceTest.CompactTileMatchesTheCpuKernelAndIsDeterministic"));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  double worst = 0;
+  for (std::uint32_t head_dim : {64u, 128u, 256u}) {
+    for (std::uint32_t ratio : {1u, 4u}) {
+      for (std::uint32_t blocks : {1u, 7u, 64u}) {
+        const std::string what = "head_dim " + std::to_string(head_dim) + " ratio " +
+                                 std::to_string(ratio) + " blocks " + std::to_string(blocks);
+        SCOPED_TRACE(what);
+        const std::uint32_t q_heads = 2 * ratio;
+        const testing::CompactTile tile = testing::MakeCompactTile(rng, 16, blocks, 2, head_dim);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        const CompactAttentionTileArgs a = testing::CompactTileLayout(tile, q_heads, scale);
+        ASSERT_LE(testing::CompactTileArenaBytes(a), kArenaBytes);
+        std::vector<float> q(std::size_t{q_heads} * head_dim);
+        for (float& x : q) x = normal(rng);
+        ASSERT_TRUE(device_->TEST_Write(std::as_bytes(std::span(q)), a.query).ok());
+        ASSERT_TRUE(device_->TEST_Write(tile.slices, a.slices).ok());
+        ASSERT_TRUE(device_->DecodeAttentionCompactTile(a).ok());
+        const std::vector<std::byte> first_out = ReadArena(a.output);
+        const std::vector<std::byte> first_lse = ReadArena(a.lse);
+        ASSERT_TRUE(device_->DecodeAttentionCompactTile(a).ok());
+        EXPECT_EQ(ReadArena(a.output), first_out) << "the same tile gives the same bits";
+        EXPECT_EQ(ReadArena(a.lse), first_lse);
+
+        testing::State gpu{std::vector<float>(q.size()), std::vector<float>(q_heads)};
+        std::memcpy(gpu.out.data(), first_out.data(), first_out.size());
+        std::memcpy(gpu.lse.data(), first_lse.data(), first_lse.size());
+        std::vector<const std::byte*> slices;
+        for (std::uint32_t b = 0; b < blocks; ++b) {
+          slices.push_back(tile.slices.data() + b * tile.SliceBytes());
+        }
+        testing::State cpu{std::vector<float>(q.size()), std::vector<float>(q_heads)};
+        DecodeAttentionCompactInt8Blocks(a.shape, scale, 16, blocks, q.data(), slices.data(),
+                                         cpu.out.data(), cpu.lse.data());
+        const testing::Problem p = testing::DecodedProblem(tile, q_heads, scale, q);
+        const std::uint32_t roundings = testing::CompactDotRoundings(head_dim);
+        worst = std::max(worst, testing::ExpectNearFp64(p, gpu, 1, what, roundings));
+        const testing::Tolerance tol = testing::BoundFor(p, 1, roundings);
+        for (std::size_t i = 0; i < q.size(); ++i) {
+          ASSERT_NEAR(gpu.out[i], cpu.out[i], 2 * tol.out) << "out " << i;
+        }
+        for (std::uint32_t h = 0; h < q_heads; ++h) {
+          ASSERT_NEAR(gpu.lse[h], cpu.lse[h], 2 * (tol.lse + 0x1p-24 * std::abs(cpu.lse[h])))
+              << "lse " << h;
+        }
+      }
+    }
+  }
+  std::printf("largest error against FP64 over the decoded values / asserted tolerance: %.3g\n",
+              worst);
 }
 
 TEST_F(CudaDeviceTest, DestroyingTheDeviceLetsWorkInFlightFinish) {

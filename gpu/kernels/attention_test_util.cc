@@ -80,10 +80,10 @@ void ExpectNoNaN(const State& s, const std::string& what) {
   for (float x : s.lse) ASSERT_FALSE(std::isnan(x)) << what;
 }
 
-Tolerance BoundFor(const Problem& p, std::uint32_t tiles) {
+Tolerance BoundFor(const Problem& p, std::uint32_t tiles, std::uint32_t dot_roundings) {
   const std::uint32_t dim = p.shape.head_dim;
   const std::uint32_t group = p.shape.num_q_heads / p.shape.num_kv_heads;
-  const double n = dim / 8 + 4;
+  const double n = dot_roundings != 0 ? dot_roundings : dim / 8 + 4;
   const double gamma = n * kU / (1 - n * kU);
   double delta = 0, vmax = 0;
   for (std::uint32_t h = 0; h < p.shape.num_q_heads; ++h) {
@@ -105,12 +105,12 @@ Tolerance BoundFor(const Problem& p, std::uint32_t tiles) {
 // Asserts `s` is within BoundFor of FP64 and NaN-free; returns the largest
 // error as a fraction of the tolerance.
 double ExpectNearFp64(const Problem& p, const State& s, std::uint32_t tiles,
-                      const std::string& what) {
+                      const std::string& what, std::uint32_t dot_roundings) {
   std::vector<double> out(p.QElems()), lse(p.shape.num_q_heads);
   Status st = NaiveAttentionFp64(p.shape, p.scale, p.tokens, p.q, p.k, p.v, out, lse);
   EXPECT_TRUE(st.ok()) << st;
   ExpectNoNaN(s, what);
-  const Tolerance tol = BoundFor(p, tiles);
+  const Tolerance tol = BoundFor(p, tiles, dot_roundings);
   double worst = 0;
   for (std::size_t i = 0; i < out.size(); ++i) {
     const double err = std::abs(s.out[i] - out[i]);

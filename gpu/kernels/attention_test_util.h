@@ -73,13 +73,17 @@ struct Tolerance {
 // `tiles`: how many tile states were merged to produce the result (1 for one
 // tile). Also covers the CUDA kernel's online softmax (its dot has depth
 // head_dim / 32 + 5 <= head_dim / 8 + 4, and its rescalings are counted in
-// the `tokens` term).
-Tolerance BoundFor(const Problem& p, std::uint32_t tiles);
+// the `tokens` term). `dot_roundings` replaces head_dim / 8 + 4 for a kernel
+// whose logits take more roundings: the compact_int8 kernels over a Problem
+// of their decoded fp32 values take head_dim + 3 (the query times the scale
+// and the key's channel scale, times the code, then a sum that may run in
+// sequence; the decoded keys code * scale are exact in fp32). 0: the default.
+Tolerance BoundFor(const Problem& p, std::uint32_t tiles, std::uint32_t dot_roundings = 0);
 
-// Asserts `s` is NaN-free and within BoundFor(p, tiles) of NaiveAttentionFp64;
-// returns the largest error as a fraction of the tolerance.
+// Asserts `s` is NaN-free and within BoundFor(p, tiles, dot_roundings) of
+// NaiveAttentionFp64; returns the largest error as a fraction of the tolerance.
 double ExpectNearFp64(const Problem& p, const State& s, std::uint32_t tiles,
-                      const std::string& what);
+                      const std::string& what, std::uint32_t dot_roundings = 0);
 
 }  // namespace kvfabric::gpu::testing
 

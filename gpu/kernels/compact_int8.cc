@@ -69,14 +69,6 @@ float GetScale(const std::byte* at, std::size_t i) {
 
 }  // namespace
 
-std::uint64_t CompactHalfBytes(std::uint32_t tokens, std::uint32_t kv_heads,
-                               std::uint32_t head_dim) {
-  const std::uint64_t elements = std::uint64_t{tokens} * kv_heads * head_dim;
-  const std::uint64_t scales =
-      std::max(std::uint64_t{kv_heads} * head_dim, std::uint64_t{tokens} * kv_heads);
-  return (elements + 2 * scales + 7) / 8 * 8;
-}
-
 std::uint64_t CompactPayloadBytes(std::uint32_t layers, std::uint32_t tokens,
                                   std::uint32_t kv_heads, std::uint32_t head_dim) {
   return std::uint64_t{layers} * 2 * CompactHalfBytes(tokens, kv_heads, head_dim);
@@ -317,6 +309,24 @@ void DecodeAttentionCompactInt8BlocksWith(cpu_kernels::KernelIsa isa, const Atte
   for (std::uint32_t b = 0; b < blocks; ++b) v_halves[b] = slices[b] + half;
   AttendBlocks(RowOpsFor(isa), shape, scale, block_tokens, blocks, q, slices, v_halves.data(), out,
                lse);
+}
+
+Status DecodeAttentionCompactTileInArena(cpu_kernels::KernelIsa isa,
+                                         const CompactAttentionTileArgs& args,
+                                         std::span<std::byte> arena) {
+  KVF_RETURN_IF_ERROR(ValidateCompactAttentionTile(args, arena.size()));
+  const std::uint64_t slice =
+      2 * CompactHalfBytes(args.block_tokens, args.shape.num_kv_heads, args.shape.head_dim);
+  std::array<const std::byte*, kMaxCompactTileTokens> slices;
+  for (std::uint32_t b = 0; b < args.blocks; ++b) {
+    slices[b] = arena.data() + args.slices.offset + b * slice;
+  }
+  DecodeAttentionCompactInt8BlocksWith(
+      isa, args.shape, args.scale, args.block_tokens, args.blocks,
+      reinterpret_cast<const float*>(arena.data() + args.query.offset), slices.data(),
+      reinterpret_cast<float*>(arena.data() + args.output.offset),
+      reinterpret_cast<float*>(arena.data() + args.lse.offset));
+  return Status::OK();
 }
 
 }  // namespace kvfabric::gpu

@@ -46,9 +46,10 @@ namespace kvfabric::gpu {
 // The codec's identity, hashed into a compact block's key, is
 // kvfabric::kCompactInt8Codec / kCompactInt8Version (core/block_key.h).
 
-// Bytes of one half (K or V) of a compact layer slice of `tokens` tokens.
-std::uint64_t CompactHalfBytes(std::uint32_t tokens, std::uint32_t kv_heads,
-                               std::uint32_t head_dim);
+// CompactHalfBytes (the bytes of one half of a layer slice) and
+// kMaxCompactTileTokens are in gpu/kernel_args.h, beside the device op's
+// arguments (CompactAttentionTileArgs) whose sizes they give.
+
 // Bytes of a compact block: layers * 2 * CompactHalfBytes.
 std::uint64_t CompactPayloadBytes(std::uint32_t layers, std::uint32_t tokens,
                                   std::uint32_t kv_heads, std::uint32_t head_dim);
@@ -79,13 +80,11 @@ Status DecodeCompactInt8(const CompactShape& shape, std::span<const std::byte> c
 // head_dim] and natural-log lse [num_q_heads], as DecodeAttentionTile.
 // REQUIRES: shape passes ValidateAttentionTile (head_dim <= kMaxHeadDim,
 // num_q_heads a multiple of num_kv_heads); 1 <= tokens <= kMaxTokensPerBlock
-// (a compact slice is one block's).
+// (a compact slice is one block's). The shape's dtype is not read (the
+// device op passes kInt8, CompactAttentionTileArgs').
 void DecodeAttentionCompactInt8(const AttentionShape& shape, float scale, std::uint32_t tokens,
                                 const float* q, const std::byte* k_half, const std::byte* v_half,
                                 float* out, float* lse);
-// Most tokens one call of the blocks form below attends over.
-inline constexpr std::uint32_t kMaxCompactTileTokens = 4096;
-
 // Decode attention over `blocks` compact layer slices of `block_tokens`
 // tokens each, in order (slices[b]: block b's K half, its V half right
 // after, as in the payload), into one state: an attention tile of several
@@ -107,6 +106,16 @@ void DecodeAttentionCompactInt8With(cpu_kernels::KernelIsa isa, const AttentionS
                                     float scale, std::uint32_t tokens, const float* q,
                                     const std::byte* k_half, const std::byte* v_half, float* out,
                                     float* lse);
+
+// The device op (Device::DecodeAttentionCompactTile) on an arena, as the CPU
+// backend runs it: validates `args` (ValidateCompactAttentionTile against
+// arena.size()), then DecodeAttentionCompactInt8BlocksWith(isa, ...) over the
+// tile's slices, block b's at args.slices.offset + b * 2 * CompactHalfBytes.
+// Its output is bit-identical to that direct call. REQUIRES: arena.data() is
+// 8-byte aligned; KernelIsaSupported(isa).
+Status DecodeAttentionCompactTileInArena(cpu_kernels::KernelIsa isa,
+                                         const CompactAttentionTileArgs& args,
+                                         std::span<std::byte> arena);
 
 }  // namespace kvfabric::gpu
 

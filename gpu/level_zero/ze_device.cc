@@ -242,6 +242,13 @@ class ZeDevice final : public Device {
         "level zero device: DecodeAttentionTile has no kernel yet (use the CPU or CUDA backend)");
   }
 
+  Status DecodeAttentionCompactTile(const CompactAttentionTileArgs& args) override {
+    KVF_RETURN_IF_ERROR(ValidateCompactAttentionTile(args, arena_bytes_));
+    return Status::Unimplemented(
+        "level zero device: DecodeAttentionCompactTile has no kernel yet (use the CPU or CUDA "
+        "backend)");
+  }
+
   Status MergeAttentionStates(const MergeStatesArgs& args) override {
     KVF_RETURN_IF_ERROR(ValidateMergeStates(args, arena_bytes_));
     MutexLock lock(&host_step_mu_);

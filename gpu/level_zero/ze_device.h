@@ -12,7 +12,8 @@
 // bounded by the deadline.
 //
 // Kernels (no SPIR-V kernels yet):
-//   - DecodeAttentionTile returns Unimplemented.
+//   - DecodeAttentionTile and DecodeAttentionCompactTile validate their
+//     arguments, then return Unimplemented.
 //   - MergeAttentionStates runs the CPU merge (gpu/kernels/cpu_kernels.h): it
 //     waits on the host for the compute queue to drain, copies the states to
 //     host scratch, merges and copies the result back, all before returning.

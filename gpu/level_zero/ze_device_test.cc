@@ -155,6 +155,19 @@ TEST_F(LevelZeroDeviceTest, MergeRunsTheCpuMergeAndAttentionIsUnimplemented) {
   tile.output = {12288, 128};
   tile.lse = {16384, 8};
   EXPECT_EQ(device_->DecodeAttentionTile(tile).code(), StatusCode::kUnimplemented);
+
+  CompactAttentionTileArgs compact;
+  compact.shape = {2, 2, 16, KvDtype::kInt8};
+  compact.scale = 0.25f;
+  compact.block_tokens = 4;
+  compact.blocks = 2;
+  compact.query = {0, 128};
+  compact.slices = {4096, 2 * 2 * CompactHalfBytes(4, 2, 16)};
+  compact.output = {12288, 128};
+  compact.lse = {16384, 8};
+  EXPECT_EQ(device_->DecodeAttentionCompactTile(compact).code(), StatusCode::kUnimplemented);
+  compact.blocks = 0;  // validated first
+  EXPECT_EQ(device_->DecodeAttentionCompactTile(compact).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
