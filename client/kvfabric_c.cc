@@ -578,6 +578,45 @@ kvf_status kvf_match(kvf_client* client, const kvf_block_key* keys, size_t n,
   });
 }
 
+kvf_status kvf_match_accuracy(kvf_client* client, const kvf_block_key* keys, size_t n,
+                              uint64_t suffix_tokens, const char* accuracy, uint64_t decode_steps,
+                              kvf_match_result** out) {
+  if (out != nullptr) *out = nullptr;
+  return Guard("kvf_match_accuracy", [&]() -> Status {
+    KVF_C_REQUIRE(client);
+    KVF_C_REQUIRE(out);
+    if (keys == nullptr && n > 0) {
+      return Status::InvalidArgument("keys is NULL (n is " + std::to_string(n) + ")");
+    }
+    kvfabric::client::MatchOptions options;
+    if (accuracy != nullptr) {
+      KVF_ASSIGN_OR_RETURN(options.accuracy, kvfabric::client::AccuracyPolicy::Parse(accuracy));
+    }
+    options.accuracy.decode_steps = decode_steps;
+    const std::vector<BlockKey> chain = ToBlockKeys(keys, n);
+    auto match = std::make_unique<kvf_match_result>();
+    KVF_RETURN_IF_ERROR(client->client->Match(chain, suffix_tokens, options, &match->result));
+    *out = match.release();
+    return Status::OK();
+  });
+}
+
+const char* kvf_match_representation(const kvf_match_result* match) {
+  return match == nullptr ? "" : match->result.representation.c_str();
+}
+
+kvf_status kvf_block_is_compact(kvf_client* client, kvf_context_id context, uint32_t block,
+                                int* out) {
+  if (out != nullptr) *out = 0;
+  return Guard("kvf_block_is_compact", [&]() -> Status {
+    KVF_C_REQUIRE(client);
+    KVF_C_REQUIRE(out);
+    KVF_ASSIGN_OR_RETURN(const bool compact, client->client->BlockIsCompact(context, block));
+    *out = compact ? 1 : 0;
+    return Status::OK();
+  });
+}
+
 uint32_t kvf_match_cached_blocks(const kvf_match_result* match) {
   return match == nullptr ? 0 : match->result.cached_prefix_blocks;
 }

@@ -321,6 +321,14 @@ TEST(KvfabricCTest, EveryCallRefusesANullClientNamingIt) {
   EXPECT_EQ(kvf_match(nullptr, &key, 1, 0, &match), KVF_INVALID_ARGUMENT);
   EXPECT_EQ(LastError(), "kvf_match" + expected);
   EXPECT_EQ(match, nullptr);
+  EXPECT_EQ(kvf_match_accuracy(nullptr, &key, 1, 0, "compact_after=16", 0, &match),
+            KVF_INVALID_ARGUMENT);
+  EXPECT_EQ(LastError(), "kvf_match_accuracy" + expected);
+  EXPECT_EQ(match, nullptr);
+  int compact = 7;
+  EXPECT_EQ(kvf_block_is_compact(nullptr, context, 0, &compact), KVF_INVALID_ARGUMENT);
+  EXPECT_EQ(LastError(), "kvf_block_is_compact" + expected);
+  EXPECT_EQ(compact, 0);
   EXPECT_EQ(kvf_new_context(nullptr, 16, &context), KVF_INVALID_ARGUMENT);
   EXPECT_EQ(LastError(), "kvf_new_context" + expected);
   EXPECT_EQ(kvf_load(nullptr, match, context), KVF_INVALID_ARGUMENT);
@@ -343,6 +351,7 @@ TEST(KvfabricCTest, EveryCallRefusesANullClientNamingIt) {
 TEST(KvfabricCTest, NullHandlesAreHarmlessWhereDocumented) {
   EXPECT_EQ(kvf_client_close(nullptr), KVF_OK);
   kvf_match_free(nullptr);
+  EXPECT_STREQ(kvf_match_representation(nullptr), "");
   EXPECT_EQ(kvf_match_cached_blocks(nullptr), 0u);
   EXPECT_EQ(kvf_match_chain_blocks(nullptr), 0u);
   EXPECT_EQ(kvf_match_plan_id(nullptr), 0u);

@@ -279,6 +279,38 @@ TEST_P(CApiClusterTest, AFailingPrefillFailsTheLoadItDoesNotHang) {
   EXPECT_EQ(report.blocks_fetched, 0u);
 }
 
+TEST_P(CApiClusterTest, MatchAccuracyParsesThePolicyAndNamesTheRepresentation) {
+  std::vector<std::uint32_t> tokens(kTokens, 11);
+  std::vector<kvf_block_key> keys(kTokens / 16);
+  size_t n = 0;
+  ASSERT_EQ(kvf_key_tokens(client_, tokens.data(), tokens.size(), keys.data(), keys.size(), &n),
+            KVF_OK);
+  kvf_match_result* match = nullptr;
+  EXPECT_EQ(kvf_match_accuracy(client_, keys.data(), n, 0, "compact_after=lots", 0, &match),
+            KVF_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(kvf_last_error(), "compact_after=N"), nullptr) << kvf_last_error();
+  EXPECT_EQ(match, nullptr);
+  // Nothing is cached (no compact copies either): an exact recompute plan.
+  ASSERT_EQ(kvf_match_accuracy(client_, keys.data(), n, 0, "compact_after=64", 4, &match), KVF_OK)
+      << kvf_last_error();
+  EXPECT_STREQ(kvf_match_representation(match), "exact");
+  EXPECT_STREQ(kvf_match_kind(match), "recompute_all");
+  kvf_match_free(match);
+  ASSERT_EQ(kvf_match_accuracy(client_, keys.data(), n, 0, nullptr, 0, &match), KVF_OK);
+  EXPECT_STREQ(kvf_match_representation(match), "exact");
+  kvf_context_id ctx = 0;
+  ASSERT_EQ(kvf_new_context(client_, kTokens, &ctx), KVF_OK);
+  ASSERT_EQ(kvf_load(client_, match, ctx), KVF_OK);
+  kvf_match_free(match);
+  for (std::uint32_t l = 0; l < kLayers; ++l)
+    ASSERT_EQ(kvf_wait_layer(client_, ctx, l, 60000), KVF_OK);
+  int compact = 7;
+  ASSERT_EQ(kvf_block_is_compact(client_, ctx, 0, &compact), KVF_OK);
+  EXPECT_EQ(compact, 0);
+  EXPECT_EQ(kvf_block_is_compact(client_, ctx, 1u << 20, &compact), KVF_OUT_OF_RANGE);
+  EXPECT_EQ(kvf_finish(client_, ctx, nullptr), KVF_OK);
+}
+
 INSTANTIATE_TEST_SUITE_P(DataTransports, CApiClusterTest,
                          ::testing::Values("ucx", "tcp", "tcp_mtls"),
                          [](const ::testing::TestParamInfo<const char*>& info) {

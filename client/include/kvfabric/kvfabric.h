@@ -434,6 +434,17 @@ kvf_status kvf_key_tokens(kvf_client* client, const uint32_t* tokens, size_t n,
 kvf_status kvf_match(kvf_client* client, const kvf_block_key* keys, size_t n,
                      uint64_t suffix_tokens, kvf_match_result** out);
 
+/* kvf_match under the request's accuracy policy (docs/compact.md):
+ * accuracy "exact" (or NULL: what kvf_match does; nothing compact is ever
+ * fetched) or "compact_after=N": blocks ending N or more tokens before the
+ * last may be fetched as their compact_int8 copies where the plan finds that
+ * cheaper over decode_steps decode steps (0 counts as 1). Such blocks land
+ * compact (kvf_block_is_compact): kvf_block_payload and kvf_save refuse
+ * them with KVF_FAILED_PRECONDITION; kvf_attend decodes them. */
+kvf_status kvf_match_accuracy(kvf_client* client, const kvf_block_key* keys, size_t n,
+                              uint64_t suffix_tokens, const char* accuracy, uint64_t decode_steps,
+                              kvf_match_result** out);
+
 /* Accessors of a match; they cannot fail (NULL match: 0, or ""). */
 /* Blocks of the chain cached per placement's directory. */
 uint32_t kvf_match_cached_blocks(const kvf_match_result* match);
@@ -445,6 +456,9 @@ uint64_t kvf_match_plan_id(const kvf_match_result* match);
 const char* kvf_match_kind(const kvf_match_result* match);
 /* Predicted load time of the plan, microseconds. */
 double kvf_match_predicted_us(const kvf_match_result* match);
+/* "exact", "compact-where-gone" or "compact": the plan's representation
+ * choice; valid while `match` is. */
+const char* kvf_match_representation(const kvf_match_result* match);
 /* Frees a match. NULL: does nothing. */
 void kvf_match_free(kvf_match_result* match);
 
@@ -465,6 +479,11 @@ kvf_status kvf_load(kvf_client* client, const kvf_match_result* match, kvf_conte
  * KVF_DEADLINE_EXCEEDED after timeout_ms (0: do not wait). */
 kvf_status kvf_wait_layer(kvf_client* client, kvf_context_id context, uint32_t layer,
                           uint32_t timeout_ms);
+
+/* *out: 1 when block `block` landed as its compact_int8 copy (a
+ * kvf_match_accuracy plan), else 0. */
+kvf_status kvf_block_is_compact(kvf_client* client, kvf_context_id context, uint32_t block,
+                                int* out);
 
 /* Block `block`'s payload in the history: all layers, layer l's K at
  * l * 2 * layer_half and its V after it (docs/block-format.md). *data stays
