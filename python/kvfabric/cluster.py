@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from kvfabric.errors import FailedPrecondition, Unavailable
 
@@ -35,7 +35,9 @@ def _binary(name: str, bin_dir: Optional[str]) -> str:
 
 
 class LocalCluster:
-    """One placement service and ``daemons`` cache hosts on 127.0.0.1."""
+    """One placement service and ``daemons`` cache hosts on 127.0.0.1;
+    ``daemon_args`` are added to every cache host's command line (e.g.
+    ``["--compact-threads=1"]`` for compact copies, docs/compact.md)."""
 
     def __init__(
         self,
@@ -45,6 +47,7 @@ class LocalCluster:
         data_transport: str = "ucx",
         bin_dir: Optional[str] = None,
         ready_timeout: float = 60.0,
+        daemon_args: Sequence[str] = (),
     ) -> None:
         self._placement_bin = _binary("kvfabric-placement", bin_dir)
         self._cached_bin = _binary("kvfabric-cached", bin_dir)
@@ -53,6 +56,7 @@ class LocalCluster:
         self._host_page_bytes = host_page_bytes
         self._data_transport = data_transport
         self._ready_timeout = ready_timeout
+        self._daemon_args = list(daemon_args)
         self._dir: Optional[tempfile.TemporaryDirectory] = None
         self._procs: List[subprocess.Popen] = []
         self.placement_address = ""
@@ -92,7 +96,7 @@ class LocalCluster:
                 "--lock-memory=off", f"--host-pool-bytes={self._host_pool_bytes}",
                 f"--host-page-bytes={self._host_page_bytes}",
                 f"--data-transport={self._data_transport}",
-                f"--placement-address={self.placement_address}"] + common)
+                f"--placement-address={self.placement_address}"] + common + self._daemon_args)
             self.host_ids.append(host_id)
         return self
 
