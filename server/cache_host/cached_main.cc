@@ -262,7 +262,7 @@ int Run(int argc, char** argv) {
                     "membership lease with placement; a dead daemon leaves plans after it");
   app.add_option("--compact-threads", f.compact_threads,
                  "threads converting committed exact blocks to compact_int8 copies in the "
-                 "background (docs/compact.md); 0: off (nothing reads the copies yet)")
+                 "background (docs/compact.md); 0: off (only compact_after requests read them)")
       ->capture_default_str()
       ->check(CLI::Range(0, 64));
   app.add_option("--compact-queue-blocks", f.compact_queue_blocks,
