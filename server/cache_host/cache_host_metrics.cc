@@ -393,6 +393,10 @@ std::vector<MetricFamily> SnapshotFamilies(const CacheHostSnapshot& s, std::size
           "Times conversion was put off: free host bytes under --compact-min-free-bytes (or the "
           "high watermark's reserve) with the copy placed, or the reservation refused.",
           {S(c.paused)});
+  Counter(out, "compact_paused_for_load_total",
+          "Times conversion was put off because more than --compact-pause-leases read leases "
+          "were held (clients' loads come first).",
+          {S(c.paused_for_load)});
   Counter(out, "compact_written_bytes_total", "Payload bytes of the compact copies published.",
           {S(c.bytes_written)});
   Counter(out, "compact_source_bytes_total",

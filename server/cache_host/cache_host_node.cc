@@ -551,6 +551,8 @@ void CacheHostNode::Emit(std::vector<BlockEventRecord> events) {
   if (sink) sink(std::move(events));
 }
 
+std::uint64_t CacheHostNode::active_leases() const { return table_->Counters().active_leases; }
+
 std::uint64_t CacheHostNode::host_free_bytes() const {
   return pool_->Counts().free * pool_->page_bytes();
 }

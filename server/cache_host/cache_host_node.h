@@ -438,6 +438,8 @@ class CacheHostNode {
   std::vector<BlockEventRecord> SnapshotBlocks() const;
   // Usage of each tier, for membership capacity reports.
   std::uint64_t host_free_bytes() const;
+  // Read leases held now (clients' and in-process readers').
+  std::uint64_t active_leases() const;
   std::uint64_t nvme_capacity_bytes() const { return nvme_ ? options_.nvme.capacity_bytes : 0; }
   std::uint64_t nvme_free_bytes() const;
 

@@ -233,6 +233,7 @@ StatusOr<cache_host::CompactConverterOptions> BuildCompactOptions(
   cache_host::CompactConverterOptions c;
   c.threads = f.compact_threads;
   c.queue_blocks = static_cast<std::size_t>(f.compact_queue_blocks);
+  c.pause_above_leases = f.compact_pause_leases;
   if (f.compact_min_free_bytes != Flags::kCompactMinFreeDefault) {
     if (f.compact_min_free_bytes > o.pool.pool_bytes) {
       return Status::InvalidArgument(

@@ -85,6 +85,7 @@ struct Flags {
   // The background compact converter (compact_converter.h, docs/cache-host.md).
   int compact_threads = 0;
   std::uint64_t compact_queue_blocks = 1024;
+  std::uint64_t compact_pause_leases = 32;
   // kCompactMinFreeDefault: 10% of --host-pool-bytes.
   std::uint64_t compact_min_free_bytes = kCompactMinFreeDefault;
   static constexpr std::uint64_t kCompactMinFreeDefault = ~std::uint64_t{0};

@@ -269,6 +269,10 @@ int Run(int argc, char** argv) {
                  "committed blocks waiting for conversion; a full queue drops the oldest")
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 24));
+  app.add_option("--compact-pause-leases", f.compact_pause_leases,
+                 "conversion pauses while more read leases than this are held (clients' loads "
+                 "come first); 0: never for load")
+      ->capture_default_str();
   AddBytesOption(app, "--compact-min-free-bytes", &f.compact_min_free_bytes,
                  "conversion pauses while the host pool's free bytes (less the copy) are under "
                  "this")

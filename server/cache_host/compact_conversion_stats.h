@@ -46,6 +46,7 @@ struct CompactConversionStats {
   std::array<std::uint64_t, kCompactFailureKinds> failed{};  // by CompactFailure
   std::uint64_t dropped = 0;                // pending conversions dropped by a full queue
   std::uint64_t paused = 0;                 // times a conversion was put off (free bytes, refusal)
+  std::uint64_t paused_for_load = 0;        // ... for clients' leases (--compact-pause-leases)
   std::uint64_t bytes_written = 0;          // payload bytes of the compact copies published
   std::uint64_t exact_bytes_converted = 0;  // payload bytes of the exact blocks they copy
   double seconds = 0;                       // time spent converting (read, encode, publish)

@@ -171,8 +171,8 @@ void CompactConverter::Work(std::size_t worker) {
     lock.Lock();
     --s.busy;
     s.stats.seconds += seconds;
-    if (outcome == Outcome::kPause) {
-      ++s.stats.paused;
+    if (outcome != Outcome::kDone) {
+      ++(outcome == Outcome::kPause ? s.stats.paused : s.stats.paused_for_load);
       s.resume_at = std::chrono::steady_clock::now() + options_.retry_interval;
       // Back at the head: the oldest pending block is still the next one
       // tried, and the first dropped if newer commits filled the queue.
@@ -231,6 +231,11 @@ CompactConverter::Outcome CompactConverter::Convert(const Job& job, std::span<st
       (pages - static_cast<std::uint64_t>(static_cast<double>(pages) * high)) * page;
   const std::uint64_t copy = (compact_bytes + page - 1) / page * page;
   if (node_->host_free_bytes() < std::max(min_free_bytes_, reserve) + copy) return Outcome::kPause;
+  // Loads in flight come first: their leases pin pages and their transfers
+  // want the memory bus this copy would use.
+  if (options_.pause_above_leases != 0 && node_->active_leases() > options_.pause_above_leases) {
+    return Outcome::kPauseForLoad;
+  }
 
   // Read the exact block under a host-only lease: no staging I/O, and its
   // pages stay put while they are copied.

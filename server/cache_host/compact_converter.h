@@ -19,9 +19,10 @@
 // key). It never evicts to make room: while the pool's free bytes would fall
 // under max(min_free_bytes, the high watermark's reserve) with the copy
 // placed, or the node refuses the reservation (pool full, namespace quota,
-// too many reservations), the conversion is put back at the head of the
-// queue and every worker waits retry_interval before trying again (counted
-// as paused). A block the codec refuses (a non-finite value, a scale past
+// too many reservations), or more than pause_above_leases read leases are held
+// (clients are loading: they come first), the conversion is put back at the
+// head of the queue and every worker waits retry_interval before trying
+// again (counted as paused, by reason). A block the codec refuses (a non-finite value, a scale past
 // fp16), one whose copy would not be smaller, or one that left the host pool
 // first only costs the bytes the copy would have saved, and is counted by
 // reason (CompactFailure).
@@ -80,6 +81,11 @@ struct CompactConverterOptions {
   // allocated at Create. Default kMaxBlockPayloadBytes (64 MiB); the daemon
   // sets the largest block of its --model list when it has one.
   std::uint64_t max_block_bytes = kMaxBlockPayloadBytes;
+  // --compact-pause-leases. Conversion pauses while more than this many read
+  // leases are held on the node (clients' loads in flight, plus the
+  // converter's own one per thread): serving loads comes first. 0: never for
+  // load. Default 32.
+  std::uint64_t pause_above_leases = 32;
   // How long the workers wait after a pause before trying again. Default 100 ms.
   std::chrono::milliseconds retry_interval{100};
   // TTL of the converter's own leases and reservations. Default 10 s (a
@@ -113,7 +119,7 @@ class CompactConverter {
  private:
   struct State;
   struct Job;
-  enum class Outcome : std::uint8_t { kDone, kPause };
+  enum class Outcome : std::uint8_t { kDone, kPause, kPauseForLoad };
 
   CompactConverter(CompactConverterOptions options, CacheHostNode* node);
   void Work(std::size_t worker);

@@ -107,6 +107,38 @@ TEST_F(CompactConverterTest, PausesWithoutEvictingWhileFreeBytesAreUnderTheMinim
   for (std::uint64_t n : snap.evictions_by_action) EXPECT_EQ(n, 0u);
 }
 
+TEST_F(CompactConverterTest, PausesWhileClientsHoldMoreLeasesThanTheBound) {
+  StartNode(Options(8 << 20, false));
+  const BlockMeta meta = Meta(2);
+  Fill(0, meta.bytes, 1);
+  ASSERT_TRUE(PutStaged("tenant", Key(1), meta, 0).ok());
+  CompactConverterOptions co = ConverterOptions(1);
+  co.pause_above_leases = 1;
+  StartConverter(co);
+  // Two clients' loads in flight: more leases than the bound.
+  const BlockKey k = Key(1);
+  auto a = node_->Lease(Namespace{"tenant"}, std::span<const BlockKey>(&k, 1), {});
+  auto b = node_->Lease(Namespace{"tenant"}, std::span<const BlockKey>(&k, 1), {});
+  ASSERT_TRUE(a.ok() && a->results[0].status.ok());
+  ASSERT_TRUE(b.ok() && b->results[0].status.ok());
+  const BlockMeta next = Meta(2, 16);
+  const std::vector<float> exact = FillFp16(next, 0);
+  ASSERT_TRUE(PutStaged("tenant", Key(2), next, 0).ok());
+  ASSERT_TRUE(
+      WaitFor([&] { return converter_->Stats().paused_for_load >= 2; }, 10s, "paused for load"));
+  EXPECT_EQ(converter_->Stats().converted, 0u);
+  EXPECT_FALSE(HasCopy("tenant", Key(2)));
+  // The loads end: the conversion goes ahead.
+  for (const auto* l : {&a, &b}) {
+    ReleaseEntry rel{(*l)->grant.lease_id, (*l)->grant.token, {}};
+    ASSERT_TRUE(
+        node_->Release(Namespace{"tenant"}, std::span<const ReleaseEntry>(&rel, 1))[0].ok());
+  }
+  ASSERT_TRUE(converter_->TEST_WaitIdle(10s));
+  EXPECT_EQ(converter_->Stats().converted, 1u);
+  ExpectCopyDecodesTo("tenant", Key(2), next, exact);
+}
+
 TEST_F(CompactConverterTest, AFullQueueDropsTheOldestAndCountsIt) {
   StartNode(Options(8 << 20, false));
   CompactConverterOptions co = ConverterOptions(1);
