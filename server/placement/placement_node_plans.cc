@@ -159,6 +159,10 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
           block.push_back(r);
         }
       }
+      // The cached prefix as this request may use it: exact or allowed compact copies.
+      std::uint32_t prefix = 0;
+      while (prefix < chain.size() && !result.locations.blocks[prefix].empty()) ++prefix;
+      result.locations.cached_prefix_blocks = prefix;
     }
   }
   // The planner runs outside mu_: it is O(blocks x replicas) and reads only the cost model and

@@ -226,7 +226,10 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
     ``model_config.max_model_len``), ``device_arena_bytes`` (default 16 MiB),
     ``model`` (fingerprint fields overriding vLLM's), ``client`` (any other
     kvfabric.Client option), ``prefill`` (the engine's prefill cost, for
-    placement's decision).
+    placement's decision), ``accuracy`` (``"exact"``, the default, or
+    ``"compact_after=N"``: older blocks may load from their compact copies,
+    decoded into vLLM's pages; docs/compact.md) and ``decode_steps`` (what
+    the plan weighs a compact token's extra decode time over; default 256).
     """
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole,
@@ -237,6 +240,8 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._model = model_fingerprint(vllm_config, extra)
         self._bs = self._model.tokens_per_block
         self._ns = extra.get("namespace_name", "")
+        self._accuracy = str(extra.get("accuracy", "exact"))
+        self._decode_steps = int(extra.get("decode_steps", 256))
         mc = getattr(vllm_config, "model_config", None)
         max_tokens = int(extra.get("max_context_tokens",
                                    getattr(mc, "max_model_len", 0) or 64 * self._bs))
@@ -299,7 +304,8 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if usable == 0:
             return 0, False
         keys = self._keys(tokens[:usable * self._bs], RequestExtras.of(request))
-        plan = self._client.match(keys, suffix_tokens=len(tokens) - usable * self._bs)
+        plan = self._client.match(keys, suffix_tokens=len(tokens) - usable * self._bs,
+                                  accuracy=self._accuracy, decode_steps=self._decode_steps)
         fetched = 0
         for run in sorted(plan.runs, key=lambda r: r.first_block):
             if not run.fetch or run.first_block != fetched:
@@ -393,7 +399,8 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 # fails only this load: vLLM recomputes its pages.
                 ctx = self._client.new_context(spec.blocks * self._bs)
                 keys = self._keys(spec.token_ids, spec.extras)
-                plan = self._client.match(keys)
+                plan = self._client.match(keys, accuracy=self._accuracy,
+                                          decode_steps=self._decode_steps)
                 if plan.cached_prefix_blocks < spec.blocks or not all(r.fetch for r in plan.runs):
                     raise kvfabric.NotFound(5, f"request {spec.req_id}: placement no longer "
                                             f"plans a fetch of {spec.blocks} blocks ({plan.kind})")
