@@ -57,6 +57,7 @@ TSAN_TARGETS=(
   -//tests:calibrate_daemon_test
   -//tests:client_e2e_test
   -//tests:client_fault_injection_test
+  -//tests:compact_e2e_test
   -//tests:cross_user_test
   -//tests:observability_test
   -//tests:placement_cluster_test
