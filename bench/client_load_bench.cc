@@ -153,7 +153,6 @@ int CompactRows(kvfabric::server::EmbeddedCluster& cluster, kc::Client& client,
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  const std::uint64_t block_bytes = *model.BlockBytes();
   std::printf(
       "compact: every block converted and listed %.2f s after the write-back; a compact token "
       "adds %.4f us per decode step (%s)\n",
@@ -204,7 +203,6 @@ int CompactRows(kvfabric::server::EmbeddedCluster& cluster, kc::Client& client,
         bytes / (ms / 1e3) / 1e9, bytes / (ms / 1e3) / 1e9 / mem1, match.predicted_us / 1e3,
         match.compact_penalty_us / 1e3);
   }
-  (void)block_bytes;
   return 0;
 }
 

@@ -398,30 +398,14 @@ kvf_status kvf_key_tokens(kvf_client* client, const uint32_t* tokens, size_t n,
   });
 }
 
-kvf_status kvf_match(kvf_client* client, const kvf_block_key* keys, size_t n,
-                     uint64_t suffix_tokens, kvf_match_result** out) {
-  if (out != nullptr) *out = nullptr;
-  return Guard("kvf_match", [&]() -> Status {
-    KVF_C_REQUIRE(client);
-    KVF_C_REQUIRE(out);
-    if (keys == nullptr && n > 0) {
-      return Status::InvalidArgument("keys is NULL (n is " + std::to_string(n) + ")");
-    }
-    const std::vector<BlockKey> chain = ToBlockKeys(keys, n);
-    StatusOr<MatchResult> result = client->client->Match(chain, suffix_tokens);
-    if (!result.ok()) return std::move(result).status();
-    auto match = std::make_unique<kvf_match_result>();
-    match->result = std::move(result).value();
-    *out = match.release();
-    return Status::OK();
-  });
-}
+namespace {
 
-kvf_status kvf_match_accuracy(kvf_client* client, const kvf_block_key* keys, size_t n,
-                              uint64_t suffix_tokens, const char* accuracy, uint64_t decode_steps,
-                              kvf_match_result** out) {
+// kvf_match and kvf_match_accuracy: `accuracy` NULL is `exact`.
+kvf_status MatchAs(const char* function, kvf_client* client, const kvf_block_key* keys, size_t n,
+                   uint64_t suffix_tokens, const char* accuracy, uint64_t decode_steps,
+                   kvf_match_result** out) {
   if (out != nullptr) *out = nullptr;
-  return Guard("kvf_match_accuracy", [&]() -> Status {
+  return Guard(function, [&]() -> Status {
     KVF_C_REQUIRE(client);
     KVF_C_REQUIRE(out);
     if (keys == nullptr && n > 0) {
@@ -438,6 +422,19 @@ kvf_status kvf_match_accuracy(kvf_client* client, const kvf_block_key* keys, siz
     *out = match.release();
     return Status::OK();
   });
+}
+
+}  // namespace
+
+kvf_status kvf_match(kvf_client* client, const kvf_block_key* keys, size_t n,
+                     uint64_t suffix_tokens, kvf_match_result** out) {
+  return MatchAs("kvf_match", client, keys, n, suffix_tokens, nullptr, 0, out);
+}
+
+kvf_status kvf_match_accuracy(kvf_client* client, const kvf_block_key* keys, size_t n,
+                              uint64_t suffix_tokens, const char* accuracy, uint64_t decode_steps,
+                              kvf_match_result** out) {
+  return MatchAs("kvf_match_accuracy", client, keys, n, suffix_tokens, accuracy, decode_steps, out);
 }
 
 const char* kvf_match_representation(const kvf_match_result* match) {
