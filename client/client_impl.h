@@ -248,12 +248,28 @@ class Client::Impl {
   void FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t> runs);
   void RecomputeRuns(std::shared_ptr<Context> c, std::vector<std::size_t> runs);
   void WorkerDone(Context& c, const Status& status);
-  // Fetches `blocks` of `c` from `host` into its history, in batches of
-  // fetch_batch_ with options.fetch_depth of them in flight; the
-  // blocks that arrived intact are removed from *blocks (the rest stay,
-  // sorted); *moved_bytes: the bytes that moved. The first error, if any.
+  // What one daemon's stream moved, split as placement prices it: two
+  // sources per daemon (server/placement/planner.h, FETCH MODEL), its host
+  // pool (kFetch on the data plane) and its NVMe tier (staged by a control-
+  // plane Lease). Each part's time runs from the fetch's start to the last
+  // byte of that part landing.
+  struct StreamTally {
+    std::uint64_t host_bytes = 0;
+    std::uint64_t nvme_bytes = 0;
+    double host_us = 0;
+    double nvme_us = 0;
+  };
+  // Fetches `blocks` of `c` from `host` into its history: blocks
+  // [0, nvme_from) by kFetch, in batches of fetch_batch_ with
+  // options.fetch_depth of them in flight; blocks [nvme_from, end), which
+  // the plan says rest on the daemon's NVMe only, and any the daemon
+  // answers are not in its host pool, by Lease (the daemon stages them),
+  // two leases in flight (one with fetch_depth 1) beside the kFetch
+  // requests. The blocks that arrived intact are removed from *blocks (the
+  // rest stay, sorted); *tally: the bytes that moved and when. The first
+  // error, if any.
   Status FetchFrom(Context& c, const MatchResult::Host& host, std::vector<std::uint32_t>* blocks,
-                   std::uint64_t* moved_bytes);
+                   std::size_t nvme_from, StreamTally* tally);
   // The same for blocks a compact run fetches (client_compact.cc): their
   // compact_int8 copies, under CompactInt8BlockKey, whole blocks of
   // compact_bytes_ into the start of their pages, fetch_batch_ per request
@@ -262,12 +278,14 @@ class Client::Impl {
                           std::vector<std::uint32_t>* blocks, std::uint64_t* moved_bytes);
   // Measures compact_extra_decode_us_ at Init when the option is unset.
   void ProbeCompactDecode();
-  // One transfer observation per daemon that moved bytes (moved[h] for
-  // hosts[h] in its stream's stream_us[h], both from the fetch's start), and
-  // one of the client's ingest (every byte over the longest stream) when two
-  // or more did.
+  // Transfer observations of one fetch (tallies[h] for hosts[h]): per
+  // daemon, its host-pool part as remote_host_to_local_host and its NVMe
+  // part as nvme_to_host (the whole staged path: Lease, NVMe read, the
+  // transfer), each with its own bytes and time; and one of the client's
+  // ingest (every byte over the longest part) when two or more daemons
+  // moved bytes.
   void RecordTransfers(Context& c, const std::vector<MatchResult::Host>& hosts,
-                       std::span<const std::uint64_t> moved, std::span<const double> stream_us);
+                       std::span<const StreamTally> tallies);
   // (*arrived)[k]: batch[k] landed intact; *moved += bytes moved.
   // The blocks of `batch` whose read `results` are OK are checked in place
   // against their committed CRC and marked landed; the first per-block

@@ -214,15 +214,25 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
   // hosts at once.
   // Compact runs' blocks (their compact copies) go in a list of their own
   // per host, fetched after the host's exact blocks on the same stream.
+  // Blocks the plan has on a daemon's NVMe only go last in its list
+  // (nvme_from): FetchFrom leases them from the start instead of asking the
+  // host pool first.
   std::vector<std::vector<std::uint32_t>> by_host(m.hosts.size());
+  std::vector<std::vector<std::uint32_t>> nvme_by_host(m.hosts.size());
   std::vector<std::vector<std::uint32_t>> compact_by_host(m.hosts.size());
   std::vector<std::size_t> run_of(m.chain.size(), 0);
   for (std::size_t ri : runs) {
     const MatchResult::Run& run = m.runs[ri];
+    auto& list = run.compact ? compact_by_host : run.tier == "nvme" ? nvme_by_host : by_host;
     for (std::uint32_t b = run.first_block; b < run.first_block + run.block_count; ++b) {
-      (run.compact ? compact_by_host : by_host)[run.host].push_back(b);
+      list[run.host].push_back(b);
       run_of[b] = ri;
     }
+  }
+  std::vector<std::size_t> nvme_from(m.hosts.size(), 0);
+  for (std::size_t h = 0; h < by_host.size(); ++h) {
+    nvme_from[h] = by_host[h].size();
+    by_host[h].insert(by_host[h].end(), nvme_by_host[h].begin(), nvme_by_host[h].end());
   }
   std::vector<Status> host_status(m.hosts.size());
   {
@@ -230,25 +240,28 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
     for (std::size_t h = 0; h < by_host.size(); ++h) {
       if (!by_host[h].empty() || !compact_by_host[h].empty()) hosts.push_back(h);
     }
-    std::vector<std::uint64_t> moved(m.hosts.size(), 0);
-    std::vector<double> stream_us(m.hosts.size(), 0);
+    std::vector<StreamTally> tallies(m.hosts.size());
     const auto start = Clock::now();
     auto fetch = [&](std::size_t h) {
-      if (!by_host[h].empty()) host_status[h] = FetchFrom(*c, m.hosts[h], &by_host[h], &moved[h]);
+      StreamTally& t = tallies[h];
+      if (!by_host[h].empty()) {
+        host_status[h] = FetchFrom(*c, m.hosts[h], &by_host[h], nvme_from[h], &t);
+      }
       if (!compact_by_host[h].empty() && !HostDown(host_status[h])) {
         std::uint64_t compact_moved = 0;
         Status s = FetchCompactFrom(*c, m.hosts[h], &compact_by_host[h], &compact_moved);
-        moved[h] += compact_moved;
+        // Compact copies follow the exact blocks on the host-pool stream.
+        t.host_bytes += compact_moved;
+        if (compact_moved > 0) t.host_us = MicrosSince(start);
         if (host_status[h].ok()) host_status[h] = std::move(s);
       }
-      stream_us[h] = MicrosSince(start);
     };
     // One thread per further daemon; this thread takes the first.
     std::vector<std::thread> others;
     for (std::size_t i = 1; i < hosts.size(); ++i) others.emplace_back(fetch, hosts[i]);
     if (!hosts.empty()) fetch(hosts[0]);
     for (std::thread& t : others) t.join();
-    RecordTransfers(*c, m.hosts, moved, stream_us);
+    RecordTransfers(*c, m.hosts, tallies);
   }
   std::vector<bool> dead(m.hosts.size(), false);              // failed Unavailable in this load
   std::map<std::size_t, std::vector<std::uint32_t>> missing;  // run -> blocks
@@ -294,15 +307,20 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
       if (blocks.empty()) break;
       if (dead[h]) continue;
       const std::size_t before = blocks.size();
-      std::vector<std::uint64_t> moved(m.hosts.size(), 0);
-      std::vector<double> stream_us(m.hosts.size(), 0);
+      std::vector<StreamTally> tallies(m.hosts.size());
+      StreamTally& t = tallies[h];
       const auto start = Clock::now();
       // A compact run's fallbacks hold its compact copies (placement lists
-      // only those); an exact run's, exact ones.
-      Status s = m.runs[ri].compact ? FetchCompactFrom(*c, m.hosts[h], &blocks, &moved[h])
-                                    : FetchFrom(*c, m.hosts[h], &blocks, &moved[h]);
-      stream_us[h] = MicrosSince(start);
-      RecordTransfers(*c, m.hosts, moved, stream_us);
+      // only those); an exact run's, exact ones (where on the fallback the
+      // plan does not say: the host pool first).
+      Status s;
+      if (m.runs[ri].compact) {
+        s = FetchCompactFrom(*c, m.hosts[h], &blocks, &t.host_bytes);
+        t.host_us = MicrosSince(start);
+      } else {
+        s = FetchFrom(*c, m.hosts[h], &blocks, blocks.size(), &t);
+      }
+      RecordTransfers(*c, m.hosts, tallies);
       from_fallback += static_cast<std::uint32_t>(before - blocks.size());
       dead[h] = HostDown(s);
     }
@@ -334,28 +352,39 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
 }
 
 void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Host>& hosts,
-                                   std::span<const std::uint64_t> moved,
-                                   std::span<const double> stream_us) {
+                                   std::span<const StreamTally> tallies) {
   std::uint64_t total = 0;
   std::size_t streams = 0;
-  double us = 0;  // the overlapped time: the longest stream (0 for a daemon not fetched from)
-  for (std::size_t h = 0; h < moved.size(); ++h) {
-    total += moved[h];
-    streams += moved[h] > 0 ? 1 : 0;
-    us = std::max(us, stream_us[h]);
+  double us = 0;  // the overlapped time: the longest part of any stream
+  for (const StreamTally& t : tallies) {
+    total += t.host_bytes + t.nvme_bytes;
+    streams += t.host_bytes + t.nvme_bytes > 0 ? 1 : 0;
+    if (t.host_bytes > 0) us = std::max(us, t.host_us);
+    if (t.nvme_bytes > 0) us = std::max(us, t.nvme_us);
   }
   if (total == 0) return;
-  // The planner's FETCH MODEL: one stream per daemon, side by side, through
-  // the client's ingest they share. Each daemon's bytes are observed with its
-  // own stream's wall time (what it delivered beside the others); a load from
-  // two or more daemons at once is also an observation of the ingest, all
-  // bytes over the overlapped time (host_id "": every client's default).
+  // The planner's FETCH MODEL: two sources per daemon (its host pool; its
+  // NVMe tier, staged by the daemon and then moved like the rest), side by
+  // side, through the client's ingest they all share. Each source's bytes
+  // are observed with its own part's wall time (what it delivered beside
+  // the others): the host pool's as remote_host_to_local_host, the NVMe
+  // tier's as nvme_to_host, so a daemon's slow NVMe never makes its host
+  // pool look slow and the staged path's cost is learned where the planner
+  // prices it. A load from two or more daemons at once is also an
+  // observation of the ingest, all bytes over the overlapped time (host_id
+  // "": every client's default).
   {
     MutexLock l(&c.mu);
-    for (std::size_t h = 0; h < hosts.size(); ++h) {
-      if (moved[h] == 0) continue;
-      c.transfers.push_back(Observation(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST, hosts[h].host_id,
-                                        moved[h], std::max(stream_us[h], 1.0)));
+    for (std::size_t h = 0; h < hosts.size() && h < tallies.size(); ++h) {
+      const StreamTally& t = tallies[h];
+      if (t.host_bytes > 0) {
+        c.transfers.push_back(Observation(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST, hosts[h].host_id,
+                                          t.host_bytes, std::max(t.host_us, 1.0)));
+      }
+      if (t.nvme_bytes > 0) {
+        c.transfers.push_back(Observation(v1::BUS_PATH_NVME_TO_HOST, hosts[h].host_id, t.nvme_bytes,
+                                          std::max(t.nvme_us, 1.0)));
+      }
     }
     if (streams >= 2) {
       c.transfers.push_back(Observation(v1::BUS_PATH_CLIENT_INGEST, "", total, std::max(us, 1.0)));
@@ -367,7 +396,10 @@ void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Ho
 }
 
 Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
-                               std::vector<std::uint32_t>* blocks, std::uint64_t* moved_bytes) {
+                               std::vector<std::uint32_t>* blocks, std::size_t nvme_from,
+                               StreamTally* tally) {
+  nvme_from = std::min(nvme_from, blocks->size());
+  const auto start = Clock::now();
   auto daemon = GetDaemon(host);
   if (!daemon.ok()) return daemon.status();
   // The session stays valid while this thread holds it, even if another
@@ -381,10 +413,14 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
   // move. Blocks the daemon holds on NVMe only (or without layer CRCs) go to
   // one more worker, which leases them whole through the control plane (the
   // daemon stages them) while the host-pool units go on; a block that missed
-  // a unit is left out of the later ones (it falls back whole).
+  // a unit is left out of the later ones (it falls back whole). Blocks the
+  // plan has on NVMe only ([nvme_from, end)) go to the lease workers from
+  // the start: two of them (one with fetch_depth 1), so that the daemon
+  // stages one lease's blocks from NVMe while another's move, as the
+  // planner's NVMe source assumes (its stages pipeline).
   const bool layered = fetch_groups_.front().count != 0;
   const std::size_t per_batch = layered ? layered_batch_ : fetch_batch_;
-  const std::size_t batches = (blocks->size() + per_batch - 1) / per_batch;
+  const std::size_t batches = (nvme_from + per_batch - 1) / per_batch;
   const std::size_t units = batches * fetch_groups_.size();
   struct Progress {
     Mutex mu;
@@ -394,19 +430,31 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
     bool down KVF_GUARDED_BY(mu) = false;
     std::vector<bool> out KVF_GUARDED_BY(mu);            // per position: left the units
     std::vector<std::uint32_t> nvme KVF_GUARDED_BY(mu);  // to lease
+    std::size_t planned_nvme KVF_GUARDED_BY(mu) = 0;     // of them, the plan's (at the front)
     std::vector<std::uint32_t> left KVF_GUARDED_BY(mu);
     Status first KVF_GUARDED_BY(mu);
-    std::uint64_t moved KVF_GUARDED_BY(mu) = 0;
+    std::uint64_t host_moved KVF_GUARDED_BY(mu) = 0;
+    std::uint64_t nvme_moved KVF_GUARDED_BY(mu) = 0;
+    double host_end_us KVF_GUARDED_BY(mu) = 0;
+    double nvme_end_us KVF_GUARDED_BY(mu) = 0;
   } p;
   {
     MutexLock l(&p.mu);
     p.out.assign(blocks->size(), false);
+    for (std::size_t k = nvme_from; k < blocks->size(); ++k) {
+      p.out[k] = true;
+      p.nvme.push_back((*blocks)[k]);
+    }
+    p.planned_nvme = p.nvme.size();
   }
   // Records one request's outcome. REQUIRES: p.mu held.
   auto record = [&](std::span<const std::size_t> positions, const std::vector<bool>& arrived,
                     const std::vector<bool>& to_nvme, const Status& s, std::uint64_t moved)
                     KVF_REQUIRES(p.mu) {
-                      p.moved += moved;
+                      if (moved > 0) {
+                        p.host_moved += moved;
+                        p.host_end_us = MicrosSince(start);
+                      }
                       for (std::size_t k = 0; k < positions.size(); ++k) {
                         if (arrived[k] || p.out[positions[k]]) continue;
                         p.out[positions[k]] = true;
@@ -435,7 +483,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
         // This unit's blocks that are still in play.
         positions.clear();
         const std::size_t from = (unit % batches) * per_batch;
-        const std::size_t to = std::min(from + per_batch, blocks->size());
+        const std::size_t to = std::min(from + per_batch, nvme_from);
         for (std::size_t k = from; k < to; ++k) {
           if (!p.out[k]) positions.push_back(k);
         }
@@ -475,24 +523,31 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
     for (;;) {
       {
         MutexLock l(&p.mu);
+        // A lease of fewer than fetch_batch_ blocks goes only when no more
+        // can come (or it holds the plan's NVMe blocks, known from the start).
         p.cv.Wait(&p.mu, [&]() KVF_REQUIRES(p.mu) {
-          return p.down || p.nvme.size() >= fetch_batch_ || p.fetchers == 0;
+          return p.down || p.nvme.size() >= fetch_batch_ || p.planned_nvme > 0 || p.fetchers == 0;
         });
         if (p.down || p.nvme.empty()) {
           p.left.insert(p.left.end(), p.nvme.begin(), p.nvme.end());
           p.nvme.clear();
+          p.cv.NotifyAll();  // the other lease worker ends too
           return;
         }
         const std::size_t n = std::min(fetch_batch_, p.nvme.size());
         batch.assign(p.nvme.begin(), p.nvme.begin() + static_cast<std::ptrdiff_t>(n));
         p.nvme.erase(p.nvme.begin(), p.nvme.begin() + static_cast<std::ptrdiff_t>(n));
+        p.planned_nvme -= std::min(p.planned_nvme, n);
       }
       arrived.assign(batch.size(), false);
       none.assign(batch.size(), false);
       std::uint64_t moved = 0;
       const Status s = LeaseAndGet(c, *d, batch, &arrived, &moved);
       MutexLock l(&p.mu);
-      p.moved += moved;
+      if (moved > 0) {
+        p.nvme_moved += moved;
+        p.nvme_end_us = MicrosSince(start);
+      }
       for (std::size_t k = 0; k < batch.size(); ++k) {
         if (!arrived[k]) p.left.push_back(batch[k]);
       }
@@ -509,6 +564,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
   }
   std::vector<std::thread> threads;
   threads.emplace_back(lease_nvme);
+  if (o_.fetch_depth > 1 && nvme_from < blocks->size()) threads.emplace_back(lease_nvme);
   for (std::size_t w = 1; w < workers; ++w) threads.emplace_back(fetch_host_pool);
   fetch_host_pool();
   for (std::thread& t : threads) t.join();
@@ -521,7 +577,10 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
       if (!p.out[k] && c.landed_us[(*blocks)[k]] < 0) p.left.push_back((*blocks)[k]);
     }
   }
-  *moved_bytes = p.moved;
+  tally->host_bytes += p.host_moved;
+  tally->nvme_bytes += p.nvme_moved;
+  if (p.host_moved > 0) tally->host_us = std::max(tally->host_us, p.host_end_us);
+  if (p.nvme_moved > 0) tally->nvme_us = std::max(tally->nvme_us, p.nvme_end_us);
   std::sort(p.left.begin(), p.left.end());
   p.left.erase(std::unique(p.left.begin(), p.left.end()), p.left.end());
   *blocks = std::move(p.left);

@@ -194,7 +194,9 @@ struct ClientOptions {
   // a window that halves when the daemon refuses one for its per-namespace
   // lease bound and grows back as requests succeed
   // (CacheHostSession::FetchWithin); a refused request is asked again after a
-  // pause (ClientMetrics::fetch_requests_throttled).
+  // pause (ClientMetrics::fetch_requests_throttled). Blocks on a daemon's
+  // NVMe only are leased (the daemon stages them) by two further workers per
+  // daemon (one with fetch_depth 1) beside these requests.
   std::uint32_t fetch_depth = 4;
   // Write-back protocol (--client-store-by-key). true: one data-plane kStore
   // per batch of up to 8 blocks, several in flight, the daemon pulling each

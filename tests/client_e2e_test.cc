@@ -265,6 +265,38 @@ class ClientEndToEndTest : public ::testing::Test {
 
   // Match, load, wait, check every byte and a decode step in every layer
   // against the resident reference. Returns the context's report.
+  // Placement's explanation of a fresh plan for chain_ (its inputs: every
+  // path's parameters and out-of-sample error as the plan was made), and
+  // that plan, carried out so that it leaves placement's path load.
+  std::string ExplainFreshPlan() {
+    auto match = client_->Match(chain_, 0, /*explain=*/true);
+    EXPECT_TRUE(match.ok()) << match.status().ToString();
+    if (!match.ok()) return {};
+    auto stub = v1::Placement::NewStub(
+        grpc::CreateChannel(placement_->grpc(), grpc::InsecureChannelCredentials()));
+    v1::ExplainRequest req;
+    req.set_plan_id(match->plan_id);
+    v1::ExplainResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(stub->Explain(&ctx, req, &resp).ok());
+    auto ctx_id = client_->NewContext(kTokens);
+    EXPECT_TRUE(ctx_id.ok());
+    if (!ctx_id.ok()) return resp.text();
+    EXPECT_TRUE(client_->Load(*match, *ctx_id).ok());
+    for (std::uint32_t l = 0; l < model_.layer_count; ++l) {
+      EXPECT_TRUE(client_->WaitLayer(*ctx_id, l).ok());
+    }
+    EXPECT_TRUE(client_->Finish(*ctx_id).ok());
+    return resp.text();
+  }
+  // The line of `text` (ExplainFreshPlan) that starts with `prefix` after
+  // its indent; empty if there is none.
+  static std::string InputLine(const std::string& text, const std::string& prefix) {
+    const std::size_t at = text.find("\n  " + prefix);
+    if (at == std::string::npos) return std::string();
+    return text.substr(at + 1, text.find('\n', at + 1) - at - 1);
+  }
+
   ContextReport LoadAndCheck(const std::string& what) {
     auto match = client_->Match(chain_, 0, /*explain=*/true);
     EXPECT_TRUE(match.ok()) << match.status().ToString();
@@ -440,38 +472,17 @@ TEST_F(ClientEndToEndTest, SavedHistoryLoadsExactlyAndSurvivesADaemonThroughReco
     for (const client::RunOutcome& run : fetched.runs) {
       if (run.fetch) sources.insert(run.host_id);
     }
-    auto match = client_->Match(chain_, 0, /*explain=*/true);
-    ASSERT_TRUE(match.ok()) << match.status().ToString();
-    auto stub = v1::Placement::NewStub(
-        grpc::CreateChannel(placement_->grpc(), grpc::InsecureChannelCredentials()));
-    v1::ExplainRequest req;
-    req.set_plan_id(match->plan_id);
-    v1::ExplainResponse resp;
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(stub->Explain(&ctx, req, &resp).ok());
-    auto line = [&](const std::string& prefix) {
-      const std::size_t at = resp.text().find("\n  " + prefix);
-      if (at == std::string::npos) return std::string();
-      return resp.text().substr(at + 1, resp.text().find('\n', at + 1) - at - 1);
-    };
+    const std::string text = ExplainFreshPlan();
     for (const std::string& host : sources) {
-      const std::string l = line("remote→local " + host + ":");
-      EXPECT_NE(l.find("out-of-sample error"), std::string::npos) << l << "\n" << resp.text();
+      const std::string l = InputLine(text, "remote→local " + host + ":");
+      EXPECT_NE(l.find("out-of-sample error"), std::string::npos) << l << "\n" << text;
     }
-    const std::string ingest = line("daemons→client:");
-    ASSERT_FALSE(ingest.empty()) << resp.text();
+    const std::string ingest = InputLine(text, "daemons→client:");
+    ASSERT_FALSE(ingest.empty()) << text;
     std::printf("fetched from %zu daemons; placement: %s\n", sources.size(), ingest.c_str());
     if (sources.size() >= 2) {
       EXPECT_NE(ingest.find("out-of-sample error"), std::string::npos) << ingest;
     }
-    // Carry the plan out, so that it leaves placement's path load.
-    auto ctx_id = client_->NewContext(kTokens);
-    ASSERT_TRUE(ctx_id.ok());
-    ASSERT_TRUE(client_->Load(*match, *ctx_id).ok());
-    for (std::uint32_t l = 0; l < model_.layer_count; ++l) {
-      ASSERT_TRUE(client_->WaitLayer(*ctx_id, l).ok());
-    }
-    ASSERT_TRUE(client_->Finish(*ctx_id).ok());
   }
 
   // 3. One daemon dies; placement still plans with it.
@@ -724,6 +735,25 @@ TEST_F(ClientEndToEndNvmeTest, LoadsHostAndNvmeBlocksExactly) {
   EXPECT_GT(r.fetch_from_nvme_tier_bytes, 0u);
   EXPECT_EQ(r.fetch_from_host_tier_bytes + r.fetch_from_nvme_tier_bytes, r.bytes_fetched);
   EXPECT_EQ(client_->metrics().crc_failures, 0u);
+  // Placement prices a daemon's NVMe tier as a source of its own
+  // (planner.h, FETCH MODEL); the client reports what each tier delivered
+  // under its own path, so the NVMe runs taught placement nvme→host for
+  // their daemon (scored out of sample), and the host-pool runs remote→local.
+  std::set<std::string> nvme_sources, host_sources;
+  for (const client::RunOutcome& run : r.runs) {
+    if (run.fetch) (run.tier == "nvme" ? nvme_sources : host_sources).insert(run.host_id);
+  }
+  ASSERT_FALSE(nvme_sources.empty()) << "no run planned on NVMe";
+  const std::string text = ExplainFreshPlan();
+  for (const std::string& host : nvme_sources) {
+    const std::string l = InputLine(text, "nvme→host " + host + ":");
+    EXPECT_NE(l.find("out-of-sample error"), std::string::npos) << l << "\n" << text;
+    std::printf("placement: %s\n", l.c_str());
+  }
+  for (const std::string& host : host_sources) {
+    const std::string l = InputLine(text, "remote→local " + host + ":");
+    EXPECT_NE(l.find("out-of-sample error"), std::string::npos) << l << "\n" << text;
+  }
 }
 
 }  // namespace

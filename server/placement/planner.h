@@ -48,8 +48,10 @@
 // overlap: two equal daemons holding half each take half as long as one holding all, unless
 // the client's ingest (or its host→device link) is the limit, as on every machine measured so
 // far (docs/benchmarks.md). The per-source betas are what a daemon's stream delivered beside the
-// plan's other streams (the client reports each stream's own wall time, RecordTransfers); the
-// ingest beta is what all streams delivered together (reported for loads with two or more).
+// plan's other streams (the client reports each source's own wall time, RecordTransfers: a
+// daemon's host-pool part as remote→local, its NVMe part, staged by Lease, as nvme→host, so the
+// NVMe source's per-byte cost max(1/beta_nvme, 1/beta_transfer) learns the staged path's rate);
+// the ingest beta is what all streams delivered together (reported for loads with two or more).
 //
 // A run is a maximal stretch of consecutive blocks fetched from one source; each run pays its
 // source's alphas (the client batches a daemon's blocks, so this is conservative when runs
