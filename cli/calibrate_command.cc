@@ -184,6 +184,10 @@ CalibrateArgs EmbeddedClusterCalibrateArgs(const std::vector<std::string>& grpc_
   a.repeats = 3;
   a.cache_scrub_bytes = std::uint64_t{16} << 20;
   a.nvme_dir = dir;
+  // The embedded daemons' NVMe tiers are folders on the one device under `dir`: each gets what
+  // the device delivers while the others read too.
+  a.nvme_readers = static_cast<std::uint32_t>(
+      std::clamp<std::size_t>(grpc_addresses.size(), 1, kMaxNvmeProbeReaders));
   a.data_transport = data_transport;
   a.security.insecure = true;  // the embedded cluster's default: plaintext on 127.0.0.1
   return a;
@@ -214,6 +218,10 @@ CLI::App* AddCalibrateSubcommand(CLI::App& app, CalibrateArgs* args) {
       ->take_all();
   sub->add_option("--nvme-dir", args->nvme_dir,
                   "directory on the NVMe device: O_DIRECT reads of a scratch file made there");
+  sub->add_option("--nvme-readers", args->nvme_readers,
+                  "readers of that device at once: the daemons that share it (each gets the "
+                  "fitted rate while the others read too); 1..16, default 1")
+      ->check(CLI::Range(1u, kMaxNvmeProbeReaders));
   AddBytesOption(*sub, "--min-bytes", &args->min_bytes, "smallest probe (a multiple of 4 KiB)");
   AddBytesOption(*sub, "--max-bytes", &args->max_bytes,
                  "largest probe; sizes go up by 4x from --min-bytes");
@@ -323,10 +331,13 @@ StatusOr<CalibrationReport> RunCalibrate(const CalibrateArgs& args,
     NvmeReadProbeOptions o;
     o.dir = args.nvme_dir;
     o.max_bytes = sizes.back();
-    calibrator.Progress("nvme→host: writing a " + FormatBytes(4 * o.max_bytes) +
+    o.readers = args.nvme_readers;
+    calibrator.Progress("nvme→host: writing a " + FormatBytes(4 * o.max_bytes * o.readers) +
                         " scratch file in " + o.dir);
     KVF_ASSIGN_OR_RETURN(std::unique_ptr<PathProbe> probe, CreateNvmeReadProbe(env, o));
-    KVF_RETURN_IF_ERROR(calibrator.Measure(*probe, BusPath::kNvmeToHost, "", args.nvme_dir));
+    const std::string where =
+        args.nvme_dir + (o.readers > 1 ? " (" + std::to_string(o.readers) + " readers)" : "");
+    KVF_RETURN_IF_ERROR(calibrator.Measure(*probe, BusPath::kNvmeToHost, "", where));
   }
 
   for (bool to_device : {true, false}) {

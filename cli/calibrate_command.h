@@ -5,14 +5,17 @@
 // Paths (the method is core/bus_probe.h's: a size ladder, runs A and B, fit on A, judge on B,
 // final fit on A + B):
 //   local_memcpy               always: one memcpy between cold host buffers
-//   nvme_to_host               with --nvme-dir: O_DIRECT reads of a scratch file made there
+//   nvme_to_host               with --nvme-dir: O_DIRECT reads of a scratch file made there, by
+//                              --nvme-readers readers at once (the daemons sharing the device;
+//                              each reader's rate is what one daemon gets beside the others)
 //   host_to_device, device_to_host
 //                              only with a GPU (a CUDA device in a CUDA build); otherwise listed
 //                              as "not measured: no GPU ..." and absent from the file, never
 //                              guessed
-//   remote_host_to_local_host  per --cache-host: Lease + data-plane kGet of blocks totalling the
-//                              probe size (blocks of at most 64 MiB, all in one transfer),
-//                              timed together; the blocks are put once, before the runs
+//   remote_host_to_local_host  per --cache-host: one data-plane kFetch of blocks totalling the
+//                              probe size (blocks of at most 64 MiB, all in one request), the
+//                              client's own read with no gRPC call in it; the blocks are put
+//                              once, before the runs
 //   local_host_to_remote_host  per --cache-host: Reserve + kPut + Commit, timed together; the
 //                              blocks are deleted after each probe (untimed)
 // Cache-host paths are recorded under the daemon's host_id (its Health server_id); local paths
@@ -63,6 +66,10 @@ struct CalibrateArgs {
   std::vector<std::string> cache_host_admins;
   // --nvme-dir: a directory on the NVMe device to read from; empty skips the NVMe path.
   std::string nvme_dir;
+  // --nvme-readers: readers of that device at once, the daemons that share it (1..16; default
+  // 1): the fitted nvme_to_host is what one of them gets while the others read too
+  // (NvmeReadProbeOptions::readers).
+  std::uint32_t nvme_readers = 1;
   // --min-bytes / --max-bytes: the probe size ladder (core/bus_probe.h). Defaults 64 KiB and
   // 256 MiB: the block sizes engines move, and large enough for bandwidth to dominate.
   std::uint64_t min_bytes = std::uint64_t{64} << 10;

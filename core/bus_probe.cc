@@ -1,12 +1,15 @@
 #include "core/bus_probe.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "core/aligned_buffer.h"
 #include "core/stream_copy.h"
@@ -86,13 +89,14 @@ class MemcpyProbe final : public PathProbe {
 
 class NvmeReadProbe final : public PathProbe {
  public:
+  // `file_bytes` per reader: reader r reads within [r * file_bytes, (r + 1) * file_bytes).
   NvmeReadProbe(Env* env, std::string path, std::unique_ptr<RandomRWFile> file, uint64_t file_bytes,
-                AlignedBuffer buffer)
+                std::vector<AlignedBuffer> buffers)
       : env_(env),
         path_(std::move(path)),
         file_(std::move(file)),
         file_bytes_(file_bytes),
-        buffer_(std::move(buffer)) {}
+        buffers_(std::move(buffers)) {}
 
   ~NvmeReadProbe() override {
     // Best effort: a scratch file that cannot be closed or deleted is reported by nobody, but
@@ -101,35 +105,60 @@ class NvmeReadProbe final : public PathProbe {
     env_->DeleteFile(path_).IgnoreError();
   }
 
-  // Fills the file with a pattern (the read buffer serves as the source) and syncs it.
+  // Fills the file with a pattern (the first read buffer serves as the source) and syncs it.
   Status WriteScratch() {
-    FillPattern(buffer_.span(), 0x7e57);
-    for (uint64_t off = 0; off < file_bytes_; off += buffer_.size()) {
-      const uint64_t n = std::min<uint64_t>(buffer_.size(), file_bytes_ - off);
-      KVF_RETURN_IF_ERROR(file_->Write(off, buffer_.span().subspan(0, n)));
+    AlignedBuffer& b = buffers_.front();
+    FillPattern(b.span(), 0x7e57);
+    const uint64_t total = file_bytes_ * buffers_.size();
+    for (uint64_t off = 0; off < total; off += b.size()) {
+      const uint64_t n = std::min<uint64_t>(b.size(), total - off);
+      KVF_RETURN_IF_ERROR(file_->Write(off, b.span().subspan(0, n)));
     }
     return file_->Sync();
   }
 
   StatusOr<double> Measure(uint64_t bytes) override {
-    if (bytes == 0 || bytes > buffer_.size() || bytes % kProbeGranuleBytes != 0) {
+    const uint64_t max = buffers_.front().size();
+    if (bytes == 0 || bytes > max || bytes % kProbeGranuleBytes != 0) {
       return Status::InvalidArgument("NVMe probe: " + Bytes(bytes) +
-                                     " is not a multiple of 4 KiB in (0, " + Bytes(buffer_.size()) +
-                                     "]");
+                                     " is not a multiple of 4 KiB in (0, " + Bytes(max) + "]");
     }
     // Consecutive reads walk the file, so the next read never starts where the last ended up
     // cached in the drive.
     if (next_offset_ + bytes > file_bytes_) next_offset_ = 0;
     const uint64_t offset = next_offset_;
     next_offset_ += bytes;
+    const size_t readers = buffers_.size();
+    std::vector<StatusOr<size_t>> got(readers, size_t{0});
+    auto read = [&](size_t r) {
+      got[r] = file_->Read(r * file_bytes_ + offset, buffers_[r].span().subspan(0, bytes));
+    };
+    // The other readers start on threads of their own, each spinning (yielding) on `go` once
+    // ready, so that thread start-up is not timed and all reads begin together.
+    std::atomic<size_t> ready{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> others;
+    others.reserve(readers - 1);
+    for (size_t r = 1; r < readers; ++r) {
+      others.emplace_back([&, r] {
+        ready.fetch_add(1);
+        while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+        read(r);
+      });
+    }
+    while (ready.load() < readers - 1) std::this_thread::yield();
     const auto start = SteadyClock::now();
-    StatusOr<size_t> n = file_->Read(offset, buffer_.span().subspan(0, bytes));
+    go.store(true, std::memory_order_release);
+    read(0);
+    for (std::thread& t : others) t.join();
     const double us = MicrosSince(start);
-    if (!n.ok()) return n.status().WithContext("NVMe probe read of " + path_);
-    if (*n != bytes) {
-      return Status::DataLoss("NVMe probe: read " + std::to_string(*n) + " of " +
-                              std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
-                              " of " + path_);
+    for (size_t r = 0; r < readers; ++r) {
+      if (!got[r].ok()) return got[r].status().WithContext("NVMe probe read of " + path_);
+      if (*got[r] != bytes) {
+        return Status::DataLoss("NVMe probe: read " + std::to_string(*got[r]) + " of " +
+                                std::to_string(bytes) + " bytes at offset " +
+                                std::to_string(r * file_bytes_ + offset) + " of " + path_);
+      }
     }
     return us;
   }
@@ -139,7 +168,7 @@ class NvmeReadProbe final : public PathProbe {
   const std::string path_;
   std::unique_ptr<RandomRWFile> file_;
   const uint64_t file_bytes_;
-  AlignedBuffer buffer_;
+  std::vector<AlignedBuffer> buffers_;  // one per reader, max_bytes each
   uint64_t next_offset_ = 0;
 };
 
@@ -425,12 +454,23 @@ StatusOr<std::unique_ptr<PathProbe>> CreateNvmeReadProbe(Env* env,
     return Status::InvalidArgument("NVMe probe: max_bytes " + std::to_string(options.max_bytes) +
                                    " is not a positive multiple of " + std::to_string(align));
   }
+  if (options.readers < 1 || options.readers > kMaxNvmeProbeReaders) {
+    return Status::InvalidArgument("--nvme-readers " + std::to_string(options.readers) +
+                                   ": must be in [1, " + std::to_string(kMaxNvmeProbeReaders) +
+                                   "] (the daemons that share the device)");
+  }
   const uint64_t file_bytes =
       options.scratch_bytes != 0 ? options.scratch_bytes : 4 * options.max_bytes;
   if (file_bytes < options.max_bytes || file_bytes % align != 0) {
     return Status::InvalidArgument("NVMe probe: scratch file of " + Bytes(file_bytes) +
                                    " must be a multiple of " + std::to_string(align) +
                                    " and hold the largest read, " + Bytes(options.max_bytes));
+  }
+  // The buffers first: nothing may fail between creating the file and handing it to the probe.
+  std::vector<AlignedBuffer> buffers;
+  for (uint32_t r = 0; r < options.readers; ++r) {
+    KVF_ASSIGN_OR_RETURN(AlignedBuffer buffer, AlignedBuffer::Allocate(options.max_bytes, align));
+    buffers.push_back(std::move(buffer));
   }
   std::random_device rd;
   char name[64];
@@ -446,12 +486,12 @@ StatusOr<std::unique_ptr<PathProbe>> CreateNvmeReadProbe(Env* env,
                                      ": cannot create an O_DIRECT scratch file");
   }
   // From here on the probe owns the file and deletes it, also when the set-up below fails.
-  KVF_ASSIGN_OR_RETURN(AlignedBuffer buffer, AlignedBuffer::Allocate(options.max_bytes, align));
   auto probe =
-      std::make_unique<NvmeReadProbe>(env, path, std::move(*file), file_bytes, std::move(buffer));
+      std::make_unique<NvmeReadProbe>(env, path, std::move(*file), file_bytes, std::move(buffers));
   Status s = probe->WriteScratch();
   if (!s.ok()) {
-    return s.WithContext("--nvme-dir " + options.dir + ": writing the " + Bytes(file_bytes) +
+    return s.WithContext("--nvme-dir " + options.dir + ": writing the " +
+                         Bytes(file_bytes * options.readers) +
                          " scratch file (it needs that much free space)");
   }
   return std::unique_ptr<PathProbe>(std::move(probe));

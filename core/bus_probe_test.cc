@@ -2,9 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "core/testing/test_seed.h"
@@ -365,6 +369,124 @@ TEST(NvmeReadProbeTest, ReadsAScratchFileWithODirectAndDeletesIt) {
   }
   EXPECT_TRUE(env->GetChildren(dir)->empty()) << "the scratch file must be deleted";
   EXPECT_TRUE(env->DeleteDir(dir).ok());
+}
+
+// An Env whose files hold every read until `readers` reads are in flight at once (or 10 s
+// pass), and record where each read was.
+class BarrierEnv final : public EnvWrapper {
+ public:
+  BarrierEnv(Env* target, size_t readers) : EnvWrapper(target), readers_(readers) {}
+  StatusOr<std::unique_ptr<RandomRWFile>> NewRandomRWFile(const std::string& path,
+                                                          const FileOptions& options) override {
+    KVF_ASSIGN_OR_RETURN(std::unique_ptr<RandomRWFile> f, target()->NewRandomRWFile(path, options));
+    return std::unique_ptr<RandomRWFile>(new File(this, std::move(f)));
+  }
+  // Measure calls whose reads were all in flight together, and the offsets read.
+  size_t gathered() {
+    std::lock_guard<std::mutex> l(mu_);
+    return gathered_;
+  }
+  std::vector<uint64_t> offsets() {
+    std::lock_guard<std::mutex> l(mu_);
+    return offsets_;
+  }
+  void Arm() { armed_ = true; }
+
+ private:
+  class File final : public RandomRWFile {
+   public:
+    File(BarrierEnv* env, std::unique_ptr<RandomRWFile> f) : env_(env), f_(std::move(f)) {}
+    StatusOr<size_t> Read(uint64_t offset, std::span<std::byte> dst) override {
+      if (env_->armed_) env_->Gather(offset);
+      return f_->Read(offset, dst);
+    }
+    Status Write(uint64_t offset, std::span<const std::byte> src) override {
+      return f_->Write(offset, src);
+    }
+    Status Sync() override { return f_->Sync(); }
+    StatusOr<uint64_t> Size() override { return f_->Size(); }
+    Status Truncate(uint64_t size) override { return f_->Truncate(size); }
+    Status Close() override { return f_->Close(); }
+
+   private:
+    BarrierEnv* const env_;
+    std::unique_ptr<RandomRWFile> f_;
+  };
+  void Gather(uint64_t offset) {
+    std::unique_lock<std::mutex> l(mu_);
+    offsets_.push_back(offset);
+    const uint64_t generation = generation_;
+    if (++waiting_ == readers_) {
+      waiting_ = 0;
+      ++generation_;
+      ++gathered_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait_for(l, std::chrono::seconds(10), [&] { return generation_ != generation; });
+    if (generation_ == generation) waiting_ = 0;  // timed out: the reads were not concurrent
+  }
+  const size_t readers_;
+  std::atomic<bool> armed_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t waiting_ = 0;
+  uint64_t generation_ = 0;
+  size_t gathered_ = 0;
+  std::vector<uint64_t> offsets_;
+};
+
+TEST(NvmeReadProbeTest, SeveralReadersReadTheirOwnRegionsAtOnce) {
+  constexpr uint32_t kReaders = 3;
+  BarrierEnv env(Env::Default(), kReaders);
+  const std::string dir = ::testing::TempDir() + "/bus_probe_nvme_readers";
+  ASSERT_TRUE(env.CreateDirIfMissing(dir).ok());
+  NvmeReadProbeOptions o;
+  o.dir = dir;
+  o.max_bytes = 64 * kKiB;
+  o.readers = kReaders;
+  {
+    auto probe = CreateNvmeReadProbe(&env, o);
+    if (probe.status().IsInvalidArgument()) {
+      GTEST_SKIP() << "no O_DIRECT on " << dir << ": " << probe.status();
+    }
+    ASSERT_TRUE(probe.ok()) << probe.status();
+    auto children = env.GetChildren(dir);
+    ASSERT_TRUE(children.ok());
+    ASSERT_EQ(children->size(), 1u);
+    const uint64_t region = 4 * o.max_bytes;
+    EXPECT_EQ(*env.GetFileSize(dir + "/" + children->front()), kReaders * region);
+    env.Arm();
+    constexpr int kMeasures = 6;  // wraps within each region
+    for (int i = 0; i < kMeasures; ++i) {
+      auto us = (*probe)->Measure(i % 2 == 0 ? 4 * kKiB : 64 * kKiB);
+      ASSERT_TRUE(us.ok()) << us.status();
+      EXPECT_GT(*us, 0);
+    }
+    // Every Measure had all its readers in flight together, each in its own region.
+    EXPECT_EQ(env.gathered(), static_cast<size_t>(kMeasures));
+    const std::vector<uint64_t> offsets = env.offsets();
+    ASSERT_EQ(offsets.size(), kReaders * kMeasures);
+    for (int i = 0; i < kMeasures; ++i) {
+      std::set<uint64_t> regions;
+      for (uint32_t r = 0; r < kReaders; ++r) regions.insert(offsets[i * kReaders + r] / region);
+      EXPECT_EQ(regions, (std::set<uint64_t>{0, 1, 2})) << "measure " << i;
+    }
+  }
+  EXPECT_TRUE(env.GetChildren(dir)->empty()) << "the scratch file must be deleted";
+  EXPECT_TRUE(env.DeleteDir(dir).ok());
+}
+
+TEST(NvmeReadProbeTest, RefusesReaderCountsOutOfRangeNamingTheFlag) {
+  for (uint32_t readers : {0u, kMaxNvmeProbeReaders + 1}) {
+    NvmeReadProbeOptions o;
+    o.dir = ::testing::TempDir();
+    o.max_bytes = 64 * kKiB;
+    o.readers = readers;
+    auto probe = CreateNvmeReadProbe(Env::Default(), o);
+    ASSERT_TRUE(probe.status().IsInvalidArgument()) << probe.status();
+    EXPECT_NE(probe.status().message().find("--nvme-readers"), std::string_view::npos);
+  }
 }
 
 TEST(NvmeReadProbeTest, NamesTheDirectoryWhenItCannotCreateTheFile) {
