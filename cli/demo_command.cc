@@ -285,20 +285,23 @@ Status Demo::OpenClient() {
 
 Status Demo::ProbePrefill() {
   std::printf("%s\n", engine_->Describe().c_str());
-  std::printf(
-      "probing its prefill (t = c0 + c1 n + c2 n (p + n/2); n in 16..1024, p in "
-      "0..4096)...\n");
-  std::fflush(stdout);
   const auto start = Clock::now();
   RecomputeProbeOptions po;
   po.repeats = a_.prefill_probe_repeats;
+  // The default grid and two shapes at the demo's own scale (its calls prefill up to a quarter
+  // of the longest history at once).
+  po.shapes = RecomputeShapesUpTo(a_.max_history_tokens);
   std::uint64_t max_n = 0, max_p = 0;
-  for (const RecomputeShape& sh : DefaultRecomputeShapes()) {
-    if (sh.tokens + sh.prefix_tokens > a_.max_history_tokens) continue;
-    po.shapes.push_back(sh);
+  for (const RecomputeShape& sh : po.shapes) {
     max_n = std::max(max_n, sh.tokens);
     max_p = std::max(max_p, sh.prefix_tokens);
   }
+  std::printf(
+      "probing its prefill (t = c0 + c1 n + c2 n (p + n/2); %zu shapes, n in 16..%llu, p in "
+      "0..%llu)...\n",
+      po.shapes.size(), static_cast<unsigned long long>(max_n),
+      static_cast<unsigned long long>(max_p));
+  std::fflush(stdout);
   KVF_ASSIGN_OR_RETURN(std::unique_ptr<client::SyntheticPrefillProbe> harness,
                        client::SyntheticPrefillProbe::Create(engine_.get(), max_n, max_p));
   auto probe = [&](std::uint64_t n, std::uint64_t p) { return harness->Run(n, p); };

@@ -16,6 +16,23 @@ std::vector<RecomputeShape> DefaultRecomputeShapes() {
   return shapes;
 }
 
+std::vector<RecomputeShape> RecomputeShapesUpTo(uint64_t max_context_tokens) {
+  std::vector<RecomputeShape> shapes;
+  uint64_t grid_max_n = 0;
+  for (const RecomputeShape& s : DefaultRecomputeShapes()) {
+    grid_max_n = std::max(grid_max_n, s.tokens);
+    if (s.tokens + s.prefix_tokens <= max_context_tokens) shapes.push_back(s);
+  }
+  const auto round = [](uint64_t x) { return x / 16 * 16; };
+  for (const RecomputeShape s :
+       {RecomputeShape{round(max_context_tokens / 4), 0},
+        RecomputeShape{round(max_context_tokens / 8), round(max_context_tokens / 4)}}) {
+    // Only prefills longer than the grid's add anything.
+    if (s.tokens > grid_max_n) shapes.push_back(s);
+  }
+  return shapes;
+}
+
 StatusOr<RecomputeProbeReport> ProbeRecompute(const PrefillProbe& probe,
                                               const RecomputeProbeOptions& options) {
   const std::vector<RecomputeShape> shapes =

@@ -67,8 +67,16 @@ struct RecomputeProbeReport {
   uint64_t samples = 0;  // timed calls behind `parameters`
 };
 
-// The default grid.
+// The default grid: n in {16, 64, 256, 1024} after p in {0, 1024, 4096}.
 std::vector<RecomputeShape> DefaultRecomputeShapes();
+
+// The default grid's shapes that fit in `max_context_tokens` (n + p), plus two shapes near the
+// engine's own scale when it is larger than the grid's: (max/4, 0) and (max/8, max/4), rounded
+// down to multiples of 16. The linear-plus-attention form does not follow a CPU prefill from
+// n = 16 to n in the thousands (per-token and per-pair costs fall as the matrices grow): fitted
+// on the default grid only, the synthetic transformer's calls of 2,000-7,000 tokens ran at
+// 0.77-0.82x the prediction; with these two shapes, 0.88-0.95x (docs/benchmarks.md).
+std::vector<RecomputeShape> RecomputeShapesUpTo(uint64_t max_context_tokens);
 
 // InvalidArgument for repeats out of range, an empty or n = 0 shape; the probe's first error
 // with the shape as context; FailedPrecondition when the shapes cannot separate c0, c1, c2.

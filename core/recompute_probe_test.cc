@@ -66,6 +66,31 @@ TEST(RecomputeProbeTest, RefusesShapesThatCannotSeparateTheTerms) {
   EXPECT_EQ(ProbeRecompute(probe, o).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(RecomputeShapesUpToTest, AddsShapesAtTheEnginesScaleOnlyWhenItIsLarger) {
+  auto has = [](const std::vector<RecomputeShape>& v, uint64_t n, uint64_t p) {
+    for (const RecomputeShape& s : v) {
+      if (s.tokens == n && s.prefix_tokens == p) return true;
+    }
+    return false;
+  };
+  // 16K tokens: the whole default grid, plus (4096, 0) and (2048, 4096).
+  const std::vector<RecomputeShape> big = RecomputeShapesUpTo(16384);
+  EXPECT_EQ(big.size(), DefaultRecomputeShapes().size() + 2);
+  EXPECT_TRUE(has(big, 4096, 0));
+  EXPECT_TRUE(has(big, 2048, 4096));
+  // 4K tokens: the grid's shapes that fit (n + p <= 4096), nothing added (1024 tokens at most
+  // is no longer than the grid's prefills).
+  const std::vector<RecomputeShape> small = RecomputeShapesUpTo(4096);
+  for (const RecomputeShape& s : small) EXPECT_LE(s.tokens + s.prefix_tokens, 4096u);
+  EXPECT_FALSE(has(small, 1024, 4096));
+  EXPECT_TRUE(has(small, 1024, 1024));
+  EXPECT_EQ(small.size(), 8u);
+  // 10,000 tokens: rounded down to multiples of 16.
+  const std::vector<RecomputeShape> odd = RecomputeShapesUpTo(10000);
+  EXPECT_TRUE(has(odd, 2496, 0));
+  EXPECT_TRUE(has(odd, 1248, 2496));
+}
+
 TEST(NoiseFloorTest, IsTheTenToNinetyPercentSpreadAroundEachMedian) {
   // Ten repeats 95 .. 104, median 99.5. Nearest rank: p10 is the 1st of 10
   // (95), p90 the 9th (103); 1 - 95 / 99.5 is the larger side.
