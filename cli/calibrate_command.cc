@@ -365,6 +365,21 @@ StatusOr<CalibrationReport> RunCalibrate(const CalibrateArgs& args,
             calibrator.Measure(probe, path, session->host_id(), session->address()));
       }
     }
+    if (context.prefill) {
+      // Whether the engine's prefill and a fetch share a resource: the first daemon's reads of
+      // the largest probe size beside the prefill (core/recompute_probe.h, ProbeSplitOverlap).
+      calibrator.Progress("prefill of " + context.prefill_model_id +
+                          ": split overlap beside reads from " + sessions.front()->host_id());
+      CacheHostTarget* target = sessions.front().get();
+      const std::uint64_t bytes = sizes.back();
+      KVF_ASSIGN_OR_RETURN(
+          report.split_overlap,
+          ProbeSplitOverlap(
+              context.prefill, [target, bytes] { return target->TimedGet(bytes).status(); },
+              context.split_overlap_options));
+      calibrator.Progress("prefill of " + context.prefill_model_id + ": " +
+                          FormatSplitOverlap(*report.split_overlap));
+    }
     sessions.clear();  // deletes the read probes while the fabric is still up
   }
 #endif
@@ -384,6 +399,9 @@ StatusOr<CalibrationReport> RunCalibrate(const CalibrateArgs& args,
     RecomputeProbeOptions po = context.prefill_options;
     if (!po.progress) po.progress = context.progress;
     KVF_ASSIGN_OR_RETURN(RecomputeProbeReport probe, ProbeRecompute(context.prefill, po));
+    if (report.split_overlap) {
+      probe.parameters.split_serial_fraction = report.split_overlap->serial_fraction;
+    }
     calibration.recompute.push_back(ToRecomputeCalibration(context.prefill_model_id, probe));
     report.prefill = std::move(probe);
     report.prefill_model_id = context.prefill_model_id;
@@ -431,6 +449,10 @@ std::string FormatCalibrationText(const CalibrationReport& r) {
                   Percent(r.prefill->noise_floor_ratio).c_str(),
                   static_cast<unsigned long long>(r.prefill->samples));
     out += line;
+  }
+  if (r.split_overlap) {
+    out +=
+        "split overlap " + r.prefill_model_id + ": " + FormatSplitOverlap(*r.split_overlap) + "\n";
   }
   out += "wrote " + r.out_path + ": " + std::to_string(r.calibration.paths.size()) +
          " paths; target met on " + std::to_string(r.targets_met()) + " of " +
@@ -492,6 +514,13 @@ std::string FormatCalibrationJson(const CalibrationReport& r) {
                     {"worst_error_ratio", r.prefill->worst_abs_error},
                     {"noise_floor_ratio", r.prefill->noise_floor_ratio},
                     {"samples", r.prefill->samples}};
+    if (r.split_overlap) {
+      j["prefill"]["split_serial_fraction"] = r.split_overlap->serial_fraction;
+      j["prefill"]["split_overlap"] = {{"prefill_us", r.split_overlap->prefill_us},
+                                       {"fetch_us", r.split_overlap->fetch_us},
+                                       {"fetches", r.split_overlap->fetches},
+                                       {"together_us", r.split_overlap->together_us}};
+    }
   }
   return j.dump() + "\n";
 }

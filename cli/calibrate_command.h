@@ -18,6 +18,9 @@
 //                              once, before the runs
 //   local_host_to_remote_host  per --cache-host: Reserve + kPut + Commit, timed together; the
 //                              blocks are deleted after each probe (untimed)
+// With --prefill-probe and a --cache-host, the split overlap too: how much the prefill and reads
+// from the first daemon slow each other (core/recompute_probe.h, ProbeSplitOverlap), written as
+// the model's split_serial_fraction.
 // Cache-host paths are recorded under the daemon's host_id (its Health server_id); local paths
 // under host_id "" (the default for every host). The probe blocks live in the namespace
 // "kvfabric.calibrate" under a shape of 4 KiB per layer, and are deleted when done.
@@ -148,6 +151,10 @@ struct CalibrationReport {
   // The prefill probe's outcome, when CalibrateContext::prefill was given.
   std::optional<RecomputeProbeReport> prefill;
   std::string prefill_model_id;
+  // With a prefill and a cache host: how much the prefill and a fetch from the first daemon
+  // slow each other (core/recompute_probe.h, ProbeSplitOverlap); its s is the recompute
+  // entry's split_serial_fraction.
+  std::optional<SplitOverlapReport> split_overlap;
 
   // Measured paths, and those of them that met the target.
   int measured_paths() const;
@@ -169,6 +176,8 @@ struct CalibrateContext {
   PrefillProbe prefill;
   std::string prefill_model_id;
   RecomputeProbeOptions prefill_options;
+  // With `prefill` and at least one cache host, the split overlap is measured too.
+  SplitOverlapOptions split_overlap_options;
 };
 
 // Runs the calibration and writes args.out_path. Errors: ValidateCalibrateArgs'; Unavailable

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -88,8 +89,10 @@ class Demo {
   Status StartCluster();
   Status OpenClient();
   Status Prefill(const client::RecomputeRequest& r, std::span<std::byte> out);
-  // Probes the engine stand-in's prefill and prints the fit.
-  Status ProbePrefill();
+  // The prefill probe of the engine stand-in: its shapes and harness (prints what it will do).
+  Status PreparePrefillProbe();
+  // Prints the fit (and the split overlap, when calibration measured it).
+  void PrintPrefillFit(double seconds) const;
   Status RunTurn(std::uint32_t index, std::uint32_t conversation, std::uint32_t turn);
   void PrintSummary(double seconds) const;
   // --keep-running: a prometheus.yml scraping every process of the demo.
@@ -104,7 +107,10 @@ class Demo {
   std::unique_ptr<gpu::Device> device_;
   std::unique_ptr<client::Client> client_;
   std::unique_ptr<client::SyntheticTransformer> engine_;
+  std::unique_ptr<client::SyntheticPrefillProbe> prefill_harness_;
+  RecomputeProbeOptions prefill_probe_options_;
   RecomputeProbeReport prefill_probe_;
+  std::optional<SplitOverlapReport> split_overlap_;
   std::vector<std::vector<std::uint32_t>> tokens_;  // per conversation, its longest history
   std::vector<std::vector<BlockKey>> keys_;         // per conversation
   std::uint32_t total_turns_ = 0;
@@ -204,6 +210,11 @@ Status Demo::StartCluster() {
   std::fflush(stdout);
   KVF_ASSIGN_OR_RETURN(cluster_, server::EmbeddedCluster::StartDaemons(co));
 
+  KVF_RETURN_IF_ERROR(PreparePrefillProbe());
+  const PrefillProbe prefill = [this](std::uint64_t n, std::uint64_t p) {
+    return prefill_harness_->Run(n, p);
+  };
+  const auto prefill_start = Clock::now();
   BusCalibration calibration;
   if (a_.calibrate) {
     std::vector<std::string> grpc, admin;
@@ -214,19 +225,31 @@ Status Demo::StartCluster() {
     CalibrateArgs ca =
         EmbeddedClusterCalibrateArgs(grpc, admin, dir_, a_.calibrate_max_bytes, a_.data_transport);
     ca.security = Security();
+    // The prefill is probed with the calibration, which also measures how much it and a fetch
+    // from a daemon slow each other (the split overlap s).
     CalibrateContext cc;
+    cc.prefill = prefill;
+    cc.prefill_model_id = model_.model_id;
+    cc.prefill_options = prefill_probe_options_;
     const auto start = Clock::now();
-    std::printf("calibrating the bus cost model (probes of %s to %s)...\n",
-                FormatBytes(ca.min_bytes).c_str(), FormatBytes(ca.max_bytes).c_str());
+    std::printf(
+        "calibrating the bus cost model (probes of %s to %s), the prefill and their "
+        "overlap...\n",
+        FormatBytes(ca.min_bytes).c_str(), FormatBytes(ca.max_bytes).c_str());
     std::fflush(stdout);
     KVF_ASSIGN_OR_RETURN(CalibrationReport report, RunCalibrate(ca, cc));
     for (const PathCalibration& p : report.calibration.paths) {
       std::fputs(FormatPathCalibrationLine(p).c_str(), stdout);
     }
     std::printf("  calibrated in %.1f s\n", Seconds(Clock::now() - start));
+    if (!report.prefill) return Status::Internal("calibration returned no prefill fit");
+    prefill_probe_ = std::move(*report.prefill);
+    split_overlap_ = report.split_overlap;
     calibration = std::move(report.calibration);
+  } else {
+    KVF_ASSIGN_OR_RETURN(prefill_probe_, ProbeRecompute(prefill, prefill_probe_options_));
   }
-  KVF_RETURN_IF_ERROR(ProbePrefill());
+  PrintPrefillFit(Seconds(Clock::now() - prefill_start));
   return cluster_->StartPlacement(calibration);
 }
 
@@ -283,10 +306,9 @@ Status Demo::OpenClient() {
   return Status::OK();
 }
 
-Status Demo::ProbePrefill() {
+Status Demo::PreparePrefillProbe() {
   std::printf("%s\n", engine_->Describe().c_str());
-  const auto start = Clock::now();
-  RecomputeProbeOptions po;
+  RecomputeProbeOptions& po = prefill_probe_options_;
   po.repeats = a_.prefill_probe_repeats;
   // The default grid and two shapes at the demo's own scale (its calls prefill up to a quarter
   // of the longest history at once).
@@ -296,28 +318,34 @@ Status Demo::ProbePrefill() {
     max_n = std::max(max_n, sh.tokens);
     max_p = std::max(max_p, sh.prefix_tokens);
   }
+  // The split-overlap probe prefills 1024 tokens after none.
+  max_n = std::max<std::uint64_t>(max_n, 1024);
   std::printf(
-      "probing its prefill (t = c0 + c1 n + c2 n (p + n/2); %zu shapes, n in 16..%llu, p in "
-      "0..%llu)...\n",
+      "its prefill is probed for t = c0 + c1 n + c2 n (p + n/2) at %zu shapes, n in 16..%llu, p "
+      "in 0..%llu\n",
       po.shapes.size(), static_cast<unsigned long long>(max_n),
       static_cast<unsigned long long>(max_p));
   std::fflush(stdout);
-  KVF_ASSIGN_OR_RETURN(std::unique_ptr<client::SyntheticPrefillProbe> harness,
+  KVF_ASSIGN_OR_RETURN(prefill_harness_,
                        client::SyntheticPrefillProbe::Create(engine_.get(), max_n, max_p));
-  auto probe = [&](std::uint64_t n, std::uint64_t p) { return harness->Run(n, p); };
-  KVF_ASSIGN_OR_RETURN(prefill_probe_, ProbeRecompute(probe, po));
+  return Status::OK();
+}
+
+void Demo::PrintPrefillFit(double seconds) const {
   const RecomputeParameters& r = prefill_probe_.parameters;
   std::printf(
       "  prefill                      t = %.0f us + %.2f us * n + %.4f us * n * (p + n/2)   "
       "worst out-of-sample %5.1f%%, noise floor %5.1f%% (%llu calls, %.1f s)\n",
       r.c0_us, r.c1_us_per_token, r.c2_us_per_token2, 100 * prefill_probe_.worst_abs_error,
       100 * prefill_probe_.noise_floor_ratio,
-      static_cast<unsigned long long>(prefill_probe_.samples), Seconds(Clock::now() - start));
+      static_cast<unsigned long long>(prefill_probe_.samples), seconds);
+  if (split_overlap_) {
+    std::printf("  split overlap                %s\n", FormatSplitOverlap(*split_overlap_).c_str());
+  }
   std::printf("  e.g. %s; fetching it: %s of KV\n",
               ExplainRecompute(r, a_.tokens_per_block, a_.system_prompt_tokens).c_str(),
               FormatBytes(block_bytes_).c_str());
   std::fflush(stdout);
-  return Status::OK();
 }
 
 // The engine's prefill: the synthetic transformer over the context's tokens

@@ -1,7 +1,11 @@
 #include "core/recompute_probe.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <thread>
 
 #include "core/bus_probe.h"
 #include "core/cost_fit.h"
@@ -114,6 +118,81 @@ StatusOr<RecomputeProbeReport> ProbeRecompute(const PrefillProbe& probe,
   report.parameters = *final_fit;
   report.samples = 2 * shapes.size() * static_cast<uint64_t>(options.repeats);
   return report;
+}
+
+StatusOr<SplitOverlapReport> ProbeSplitOverlap(const PrefillProbe& prefill, const FetchProbe& fetch,
+                                               const SplitOverlapOptions& options) {
+  if (options.tokens == 0 || options.repeats < 1 || options.repeats > 100 ||
+      options.max_fetches < 1) {
+    return Status::InvalidArgument(
+        "split overlap probe: tokens must be >= 1, repeats in [1, 100], max_fetches >= 1");
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::micro>(Clock::now() - t).count();
+  };
+  auto prefill_once = [&]() -> StatusOr<double> {
+    const auto t0 = Clock::now();
+    Status s = prefill(options.tokens, options.prefix_tokens).status();
+    if (!s.ok()) return s.WithContext("split overlap probe: prefill");
+    return since(t0);
+  };
+  auto fetch_side = [&](uint32_t k) -> StatusOr<double> {
+    const auto t0 = Clock::now();
+    for (uint32_t i = 0; i < k; ++i) {
+      Status s = fetch();
+      if (!s.ok()) return s.WithContext("split overlap probe: fetch");
+    }
+    return since(t0);
+  };
+  // Warm-up, and K: a fetch side about as long as the prefill.
+  KVF_RETURN_IF_ERROR(prefill_once().status());
+  KVF_ASSIGN_OR_RETURN(const double a0, prefill_once());
+  KVF_RETURN_IF_ERROR(fetch_side(1).status());
+  KVF_ASSIGN_OR_RETURN(const double f1, fetch_side(3));
+  const double per_fetch = std::max(f1 / 3, 1.0);
+  const auto k =
+      static_cast<uint32_t>(std::clamp<double>(std::round(a0 / per_fetch), 1, options.max_fetches));
+  std::vector<double> a, b, t;
+  for (int r = 0; r < options.repeats; ++r) {
+    KVF_ASSIGN_OR_RETURN(const double ar, prefill_once());
+    a.push_back(ar);
+    KVF_ASSIGN_OR_RETURN(const double br, fetch_side(k));
+    b.push_back(br);
+    // Both sides, started together: the prefill on a thread of its own.
+    StatusOr<double> front = 0.0;
+    std::atomic<bool> go{false};
+    const auto t0 = Clock::now();
+    std::thread th([&] {
+      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      front = prefill_once();
+    });
+    go.store(true, std::memory_order_release);
+    StatusOr<double> side = fetch_side(k);
+    th.join();
+    const double together = since(t0);
+    KVF_RETURN_IF_ERROR(front.status());
+    KVF_RETURN_IF_ERROR(side.status());
+    t.push_back(together);
+  }
+  SplitOverlapReport rep;
+  rep.prefill_us = MedianOf(a);
+  rep.fetch_us = MedianOf(b);
+  rep.together_us = MedianOf(t);
+  rep.fetches = k;
+  const double longer = std::max(rep.prefill_us, rep.fetch_us);
+  const double shorter = std::min(rep.prefill_us, rep.fetch_us);
+  rep.serial_fraction = std::clamp((rep.together_us - longer) / shorter, 0.0, 1.0);
+  return rep;
+}
+
+std::string FormatSplitOverlap(const SplitOverlapReport& r) {
+  char b[256];
+  std::snprintf(b, sizeof(b), "s = %.2f: prefill alone %s, fetch alone %u x %s = %s, together %s",
+                r.serial_fraction, FormatMicros(r.prefill_us).c_str(), r.fetches,
+                FormatMicros(r.fetch_us / std::max<uint32_t>(r.fetches, 1)).c_str(),
+                FormatMicros(r.fetch_us).c_str(), FormatMicros(r.together_us).c_str());
+  return b;
 }
 
 RecomputeCalibration ToRecomputeCalibration(std::string model_id,

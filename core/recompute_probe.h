@@ -17,7 +17,17 @@
 // The callback is the engine's prefill (or a stand-in such as client/synthetic_transformer.h);
 // `kvfabric demo` and `kvfabric calibrate --recompute-probe` use it.
 //
-// Thread safety: ProbeRecompute calls the probe from the calling thread only.
+// Split overlap (ProbeSplitOverlap): a split plan prefills a front of the chain while it fetches
+// the rest, predicted as max(A, B) + s × min(A, B) (RecomputeParameters::split_serial_fraction).
+// Whether the two sides share a resource (a CPU prefill beside the copies and CRC checks of a
+// fetch on the same cores) is measured, not assumed: a prefill alone (A), a fetch side of K
+// transfers alone (B, K chosen so that B is about A, where s is best determined), and both
+// started together (T), in interleaved rounds; s = clamp((T - max(A, B)) / min(A, B), 0, 1) on
+// the medians.
+//
+// Thread safety: ProbeRecompute calls the probe from the calling thread only; ProbeSplitOverlap
+// calls the prefill on a thread of its own while the caller's thread fetches (never both
+// callbacks from two threads at once with the same callback).
 #ifndef KVFABRIC_CORE_RECOMPUTE_PROBE_H_
 #define KVFABRIC_CORE_RECOMPUTE_PROBE_H_
 
@@ -66,6 +76,35 @@ struct RecomputeProbeReport {
   double noise_floor_ratio = 0;
   uint64_t samples = 0;  // timed calls behind `parameters`
 };
+
+// One transfer of a fetch side (e.g. a data-plane read of a cache host's probe blocks); its
+// wall time is what counts, so it may do untimed work too (a CRC check of what it read).
+using FetchProbe = std::function<Status()>;
+
+struct SplitOverlapOptions {
+  // The prefill measured: a split's front starts at the chain's start (p = 0). Default 1024.
+  uint64_t tokens = 1024;
+  uint64_t prefix_tokens = 0;
+  // Rounds of (A, B, together), interleaved. Default 3, in [1, 100].
+  int repeats = 3;
+  // The most transfers a fetch side may take (its K). Default 1000.
+  uint32_t max_fetches = 1000;
+};
+
+struct SplitOverlapReport {
+  double prefill_us = 0;       // A: median of the prefills alone
+  double fetch_us = 0;         // B: median of the fetch sides alone (K transfers one after another)
+  double together_us = 0;      // T: median wall time of both started together
+  uint32_t fetches = 0;        // K
+  double serial_fraction = 0;  // s
+};
+
+// InvalidArgument for options out of range; the callbacks' first error with context.
+StatusOr<SplitOverlapReport> ProbeSplitOverlap(const PrefillProbe& prefill, const FetchProbe& fetch,
+                                               const SplitOverlapOptions& options);
+
+// "s = 0.84: prefill alone 210 ms, fetch alone 12 x 17.3 ms = 208 ms, together 386 ms".
+std::string FormatSplitOverlap(const SplitOverlapReport& r);
 
 // The default grid: n in {16, 64, 256, 1024} after p in {0, 1024, 4096}.
 std::vector<RecomputeShape> DefaultRecomputeShapes();

@@ -2,7 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "core/bus_probe.h"
 #include "core/testing/test_seed.h"
@@ -89,6 +94,71 @@ TEST(RecomputeShapesUpToTest, AddsShapesAtTheEnginesScaleOnlyWhenItIsLarger) {
   const std::vector<RecomputeShape> odd = RecomputeShapesUpTo(10000);
   EXPECT_TRUE(has(odd, 2496, 0));
   EXPECT_TRUE(has(odd, 1248, 2496));
+}
+
+// Stand-ins that sleep: a prefill of 30 ms and transfers of 3 ms, sharing one resource (a mutex
+// each holds while it works) or not.
+struct SleepySides {
+  bool shared = false;
+  std::mutex resource;
+  std::atomic<int> prefills{0}, fetches{0};
+  void Work(std::chrono::milliseconds d) {
+    if (shared) {
+      std::lock_guard<std::mutex> l(resource);
+      std::this_thread::sleep_for(d);
+    } else {
+      std::this_thread::sleep_for(d);
+    }
+  }
+  PrefillProbe Prefill() {
+    return [this](uint64_t n, uint64_t p) -> StatusOr<double> {
+      EXPECT_EQ(n, 1024u);
+      EXPECT_EQ(p, 0u);
+      ++prefills;
+      Work(std::chrono::milliseconds(30));
+      return 30000.0;
+    };
+  }
+  FetchProbe Fetch() {
+    return [this] {
+      ++fetches;
+      Work(std::chrono::milliseconds(3));
+      return Status::OK();
+    };
+  }
+};
+
+TEST(SplitOverlapProbeTest, SidesThatShareAResourceAreSerialAndOthersOverlap) {
+  for (bool shared : {true, false}) {
+    SleepySides sides;
+    sides.shared = shared;
+    SplitOverlapOptions o;
+    auto r = ProbeSplitOverlap(sides.Prefill(), sides.Fetch(), o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    std::printf("shared %d: %s\n", shared, FormatSplitOverlap(*r).c_str());
+    // K balances the sides: about 30 ms / 3 ms.
+    EXPECT_GE(r->fetches, 5u);
+    EXPECT_LE(r->fetches, 20u);
+    EXPECT_EQ(sides.prefills.load(), 2 + 2 * o.repeats);
+    if (shared) {
+      // Serialised by the mutex: T is A + B, s near 1 (sleeps only ever overshoot).
+      EXPECT_GE(r->serial_fraction, 0.5);
+    } else {
+      EXPECT_LE(r->serial_fraction, 0.5);
+    }
+  }
+}
+
+TEST(SplitOverlapProbeTest, PassesTheCallbacksErrorsAndRefusesBadOptions) {
+  SleepySides sides;
+  const FetchProbe broken = [] { return Status::Unavailable("daemon gone"); };
+  auto r = ProbeSplitOverlap(sides.Prefill(), broken, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(r.status().IsUnavailable());
+  EXPECT_NE(r.status().message().find("split overlap probe: fetch"), std::string_view::npos);
+  SplitOverlapOptions bad;
+  bad.repeats = 0;
+  EXPECT_TRUE(ProbeSplitOverlap(sides.Prefill(), sides.Fetch(), bad).status().IsInvalidArgument());
 }
 
 TEST(NoiseFloorTest, IsTheTenToNinetyPercentSpreadAroundEachMedian) {

@@ -8,8 +8,12 @@
 // and leaves the daemon as it found it.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <string>
+#include <thread>
 
 #include "cli/calibrate_command.h"
 #include "core/bus_calibration.h"
@@ -19,32 +23,46 @@
 namespace kvfabric {
 namespace {
 
-class CalibrateDaemonTest : public ::testing::TestWithParam<const char*> {};
+// A daemon on loopback with `transport`, and calibrate's arguments for it (up to 64 MiB, so
+// that bytes, not the RPC round trips, dominate the largest probes and the fit always sees time
+// grow with size).
+struct Target {
+  std::string dir;
+  std::unique_ptr<testing::ServerProcess> daemon;
+  cli::CalibrateArgs args;
+};
 
-TEST_P(CalibrateDaemonTest, MeasuresBothDirectionsOfADaemonAndWritesAFileServicesLoad) {
+void StartTarget(const std::string& transport, Target* t) {
   char tmpl[] = "/tmp/kvf_calibrate_test_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  t->dir = tmpl;
   auto daemon = testing::ServerProcess::Start(
-      testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), "cached", dir,
+      testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), "cached", t->dir,
       {"--host-id=calib-host", "--insecure", "--grpc-address=127.0.0.1:0",
        "--transport-address=127.0.0.1:0", "--metrics-address=off", "--admin-address=127.0.0.1:0",
        "--lock-memory=off", "--log-level=warn", "--host-pool-bytes=384MiB",
-       "--host-page-bytes=1MiB", std::string("--data-transport=") + GetParam()});
+       "--host-page-bytes=1MiB", "--data-transport=" + transport});
   ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
-
-  cli::CalibrateArgs args;
-  args.out_path = dir + "/calibration.json";
-  args.cache_hosts = {(*daemon)->grpc()};
+  t->daemon = std::move(*daemon);
+  cli::CalibrateArgs& args = t->args;
+  args.out_path = t->dir + "/calibration.json";
+  args.cache_hosts = {t->daemon->grpc()};
   args.security.insecure = true;
-  args.cache_host_admins = {(*daemon)->Get("admin")};
-  // Up to 64 MiB, so that bytes (not the RPC round trips) dominate the
-  // largest probes and the fit always sees time grow with size.
+  args.cache_host_admins = {t->daemon->Get("admin")};
   args.min_bytes = 256 << 10;
   args.max_bytes = 64 << 20;
   args.repeats = 3;
   args.cache_scrub_bytes = 0;
-  args.data_transport = GetParam();
+  args.data_transport = transport;
+}
+
+class CalibrateDaemonTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CalibrateDaemonTest, MeasuresBothDirectionsOfADaemonAndWritesAFileServicesLoad) {
+  Target t;
+  ASSERT_NO_FATAL_FAILURE(StartTarget(GetParam(), &t));
+  const cli::CalibrateArgs& args = t.args;
+  const std::string& dir = t.dir;
   cli::CalibrateContext ctx;
   ctx.env = Env::Default();
   ctx.no_device_reason = "no GPU in this test";
@@ -66,6 +84,43 @@ TEST_P(CalibrateDaemonTest, MeasuresBothDirectionsOfADaemonAndWritesAFileService
   EXPECT_TRUE(get) << text;
   EXPECT_TRUE(put) << text;
   std::filesystem::remove_all(dir);
+}
+
+// With an engine's prefill, calibrate also measures how much the prefill and reads from the
+// daemon slow each other, and writes s as the model's split_serial_fraction. The stand-in
+// prefill sleeps (t = 2 ms + 5 us n + 1 ns n (p + n/2)), so it shares nothing with the reads and
+// s is small; the test checks the plumbing, not the figure.
+TEST(CalibrateDaemonSplitOverlapTest, IsMeasuredBesideReadsAndWrittenWithThePrefillFit) {
+  Target t;
+  ASSERT_NO_FATAL_FAILURE(StartTarget("tcp", &t));
+  cli::CalibrateContext ctx;
+  ctx.env = Env::Default();
+  ctx.no_device_reason = "no GPU in this test";
+  ctx.prefill_model_id = "sleepy";
+  ctx.prefill_options.repeats = 1;
+  ctx.prefill = [](std::uint64_t n, std::uint64_t p) -> StatusOr<double> {
+    const double us = 2000 + 5.0 * n + 0.001 * n * (p + n / 2.0);
+    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<std::int64_t>(us)));
+    return us;
+  };
+  auto report = cli::RunCalibrate(t.args, ctx);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->split_overlap.has_value());
+  const SplitOverlapReport& o = *report->split_overlap;
+  EXPECT_GE(o.fetches, 1u);
+  EXPECT_GT(o.prefill_us, 0);
+  EXPECT_GT(o.fetch_us, 0);
+  EXPECT_GE(o.serial_fraction, 0);
+  EXPECT_LE(o.serial_fraction, 1);
+  const std::string text = cli::FormatCalibrationText(*report);
+  EXPECT_NE(text.find("split overlap sleepy: s = "), std::string::npos) << text;
+  auto loaded = LoadBusCalibration(Env::Default(), t.args.out_path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ASSERT_EQ(loaded->recompute.size(), 1u);
+  EXPECT_EQ(loaded->recompute[0].model_id, "sleepy");
+  EXPECT_DOUBLE_EQ(loaded->recompute[0].parameters.split_serial_fraction, o.serial_fraction);
+  std::printf("%s", text.c_str());
+  std::filesystem::remove_all(t.dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(DataTransports, CalibrateDaemonTest, ::testing::Values("ucx", "tcp"),
