@@ -67,6 +67,9 @@ struct Context {
   bool load_started KVF_GUARDED_BY(mu) = false;
   bool load_done KVF_GUARDED_BY(mu) = false;
   int load_workers KVF_GUARDED_BY(mu) = 0;  // loader threads still running
+  // The fetch loader's streams are still moving the plan's blocks: a
+  // prefill that overlaps them is observed as beside_fetch.
+  bool fetching KVF_GUARDED_BY(mu) = false;
   Status load_status KVF_GUARDED_BY(mu);
   Clock::time_point load_start KVF_GUARDED_BY(mu);
   // Written by Load (under mu) before the loader threads start; read-only

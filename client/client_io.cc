@@ -262,6 +262,10 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
     if (!hosts.empty()) fetch(hosts[0]);
     for (std::thread& t : others) t.join();
     RecordTransfers(*c, m.hosts, tallies);
+    // The plan's streams are done; a fallback below fetches and recomputes
+    // one after another on this thread.
+    MutexLock l(&c->mu);
+    c->fetching = false;
   }
   std::vector<bool> dead(m.hosts.size(), false);              // failed Unavailable in this load
   std::map<std::size_t, std::vector<std::uint32_t>> missing;  // run -> blocks

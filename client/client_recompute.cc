@@ -78,6 +78,11 @@ Status Client::Impl::RecomputeRun(Context& c, std::uint32_t first, std::uint32_t
       HostHistory::Paged(history_pool_->base(),
                          std::span<const std::uint32_t>(c.pages).first(first), block_bytes_)
           .WithCompact(flags);
+  bool beside_fetch = false;
+  {
+    MutexLock l(&c.mu);
+    beside_fetch = c.fetching;
+  }
   const auto start = Clock::now();
   Status s = o_.recompute(req, out);
   const double us = MicrosSince(start);
@@ -106,6 +111,8 @@ Status Client::Impl::RecomputeRun(Context& c, std::uint32_t first, std::uint32_t
     o.set_tokens(req.tokens);
     o.set_prefix_tokens(req.prefix_tokens);
     o.set_observed_us(us);
+    // Overlapped the fetch at its start or its end: a split's front.
+    o.set_beside_fetch(beside_fetch || c.fetching);
     c.recomputes.push_back(o);
     c.report.blocks_recomputed += count;
     // The engine's prefill wrote every layer of these blocks (of a partly

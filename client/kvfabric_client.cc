@@ -396,6 +396,7 @@ Status Client::Impl::Load(const MatchResult& match, ContextId id) {
   }
   // Fetches and recomputes run concurrently, as the plan assumes.
   c->load_workers = 2;
+  c->fetching = !fetch_runs.empty();
   c->workers.emplace_back([this, c, fetch_runs] { FetchRuns(c, fetch_runs); });
   c->workers.emplace_back([this, c, recompute_runs] { RecomputeRuns(c, recompute_runs); });
   return Status::OK();

@@ -582,7 +582,7 @@ StatusOr<placement::ObservationReport> ObservationReportFromProto(
   }
   out.recomputes.reserve(request.recomputes_size());
   for (const v1::RecomputeObservation& r : request.recomputes()) {
-    out.recomputes.push_back({r.tokens(), r.prefix_tokens(), r.observed_us()});
+    out.recomputes.push_back({r.tokens(), r.prefix_tokens(), r.observed_us(), r.beside_fetch()});
   }
   out.stale_entries.reserve(request.stale_entries_size());
   for (int i = 0; i < request.stale_entries_size(); ++i) {

@@ -409,6 +409,10 @@ std::vector<MetricFamily> PlacementFamilies(const PlacementSnapshot& s) {
           "Observed transfers and recomputes not scored: no parameters for the path or model, "
           "not a member, or a model beyond max_models (PlacementOptions, default 64).",
           {S(D(s.observations_unscored))});
+  Counter(out, "observations_beside_fetch_total",
+          "Prefill calls that ran beside their load's fetches (split fronts), left out of the "
+          "prefill model's fit and error: the split prediction's overlap term covers them.",
+          {S(D(s.observations_beside_fetch))});
   Counter(out, "fallback_runs_total",
           "Plan runs a client could not complete as planned and fell back (another replica or "
           "recompute).",

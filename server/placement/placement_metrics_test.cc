@@ -95,6 +95,7 @@ PlacementSnapshot SampleSnapshot() {
   s.plan_history = 21;
   s.observations_unknown_plan = 1;
   s.observations_unscored = 11;
+  s.observations_beside_fetch = 4;
   s.fallback_runs = 3;
   s.stale_reports = 13;
   s.places = 8;
@@ -190,6 +191,7 @@ TEST(PlacementMetricsTest, RendersSnapshotCountsAsExactLines) {
            "kvfabric_placement_path_observations_total{path=\"remote_host_to_local_host\","
            "host=\"host-a\"} 2",
            "kvfabric_placement_path_observations_total{path=\"nvme_to_host\",host=\"host-a\"} 0",
+           "kvfabric_placement_observations_beside_fetch_total 4",
            "kvfabric_placement_models 1",
            "kvfabric_placement_model_error_ratio{model=\"llama-3-8b\",stat=\"max\"} 0.05",
            "kvfabric_placement_model_c0_seconds{model=\"llama-3-8b\"} 0.002",

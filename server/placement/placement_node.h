@@ -253,6 +253,9 @@ struct RecomputeObservation {
   std::uint64_t tokens = 0;
   std::uint64_t prefix_tokens = 0;
   double observed_us = 0;
+  // Ran beside the load's fetches (kvfabric.v1.RecomputeObservation.beside_fetch): not scored
+  // or fitted as a prefill alone.
+  bool beside_fetch = false;
 };
 
 struct StaleEntry {
@@ -396,6 +399,9 @@ struct PlacementSnapshot {
   std::uint64_t observations_unknown_plan = 0;
   // No parameters for the path or model, not a member, or over max_models.
   std::uint64_t observations_unscored = 0;
+  // Prefill calls that ran beside their load's fetches (split fronts): left out of the prefill's
+  // fit and error on purpose.
+  std::uint64_t observations_beside_fetch = 0;
   std::uint64_t fallback_runs = 0;
   std::uint64_t stale_reports = 0;
   std::uint64_t places = 0;

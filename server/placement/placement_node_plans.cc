@@ -491,6 +491,7 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
   }
   // The cost model synchronises itself; scoring and refitting happen outside mu_.
   std::uint64_t unscored = 0;
+  std::uint64_t beside_fetch = 0;
   for (std::size_t i = 0; i < r.transfers.size(); ++i) {
     const TransferObservation& t = r.transfers[i];
     if (!member[i]) {
@@ -506,6 +507,12 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
           cost_model_.SetRecompute(r.model_id, options_.recompute, ParameterSource::kDefault).ok();
     }
     for (const RecomputeObservation& o : r.recomputes) {
+      // A split's front, slowed by the fetch beside it: the split's own score covers it, and
+      // fitting c0, c1, c2 to it would count the overlap twice (once in them, once in s).
+      if (o.beside_fetch) {
+        ++beside_fetch;
+        continue;
+      }
       if (!known ||
           !cost_model_.ObserveRecompute(r.model_id, o.tokens, o.prefix_tokens, o.observed_us)
                .ok()) {
@@ -516,6 +523,7 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
 
   MutexLock lock(&mu_);
   counters_.observations_unscored += unscored;
+  counters_.observations_beside_fetch += beside_fetch;
   for (std::size_t i = 0; i < r.transfers.size(); ++i) {
     const TransferObservation& t = r.transfers[i];
     const int path = static_cast<int>(t.path);

@@ -481,6 +481,9 @@ TEST_F(PlacementNodeTest, ObservationsScorePathsAndDropStaleEntries) {
   }
   r.transfers.push_back({BusPath::kRemoteHostToLocalHost, "not-a-member", kBlockBytes, 10.0});
   r.recomputes.push_back({64, 0, 2 * RecomputeMicros(options_.recompute, 64, 0)});
+  // A split's front, ten times slower beside its fetch: neither scored nor fitted.
+  r.recomputes.push_back(
+      {64, 0, 10 * RecomputeMicros(options_.recompute, 64, 0), /*beside_fetch=*/true});
   r.stale_entries.push_back({"a", Key(0)});
   r.fallback_runs = {0};
   ASSERT_TRUE(node_->ReportObservations(r).ok());
@@ -498,6 +501,8 @@ TEST_F(PlacementNodeTest, ObservationsScorePathsAndDropStaleEntries) {
   ASSERT_EQ(s.models.size(), 1u);
   EXPECT_EQ(s.models[0].model_id, "m");
   EXPECT_EQ(s.models[0].error.count, 1u);
+  EXPECT_NEAR(s.models[0].error.worst_abs, 1.0, 1e-9);
+  EXPECT_EQ(s.observations_beside_fetch, 1u);
   EXPECT_EQ(s.observations_unscored, 1u);
   EXPECT_EQ(s.stale_reports, 1u);
   EXPECT_EQ(s.fallback_runs, 1u);
