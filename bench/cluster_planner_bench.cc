@@ -34,8 +34,8 @@
 // fixed policy, the noise floor, kvfabric's measured/predicted per side (the fetch runs' end and
 // the recompute runs' time), plan kinds, blocks kvfabric fetched from bench-a; and N: the
 // transfers placement observed on bench-a's path after the cap before its model followed
-// (fitted bandwidth within 2x of the cap). --per-request prints every request's figures. Not a
-// test (no assertions).
+// (the lower fitted bandwidth of its two sources within 2x of the cap). --per-request prints every
+// request's figures. Not a test (no assertions).
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -421,21 +421,31 @@ Status Bench::Phase(const char* name, std::vector<Outcome>* out) {
   return Status::OK();
 }
 
+// bench-a's two sources (planner.h, FETCH MODEL): its host pool (remote->local) and its NVMe
+// tier (nvme->host, observed over the whole staged path, the capped send included). The cap
+// shows in whichever carried bench-a's bytes: the fitted beta is the lower of the two learned
+// ones, the observations those of both.
 double Bench::FittedBetaOfA() const {
-  auto p = cluster_->placement_node()->Snapshot().paths;
-  for (const auto& r : p) {
-    if (r.path == BusPath::kRemoteHostToLocalHost && r.host_id == "bench-a") {
-      return r.parameters.beta_bytes_per_s;
+  double beta = 0;
+  for (const auto& r : cluster_->placement_node()->Snapshot().paths) {
+    if ((r.path == BusPath::kRemoteHostToLocalHost || r.path == BusPath::kNvmeToHost) &&
+        r.host_id == "bench-a") {
+      const double b = r.parameters.beta_bytes_per_s;
+      beta = beta == 0 ? b : std::min(beta, b);
     }
   }
-  return 0;
+  return beta;
 }
 
 std::uint64_t Bench::ObservationsOfA() const {
+  std::uint64_t n = 0;
   for (const auto& r : cluster_->placement_node()->Snapshot().paths) {
-    if (r.path == BusPath::kRemoteHostToLocalHost && r.host_id == "bench-a") return r.error.count;
+    if ((r.path == BusPath::kRemoteHostToLocalHost || r.path == BusPath::kNvmeToHost) &&
+        r.host_id == "bench-a") {
+      n += r.error.count;
+    }
   }
-  return 0;
+  return n;
 }
 
 void Bench::Report(const char* name, const std::vector<Outcome>& o) const {
@@ -545,8 +555,10 @@ Status Bench::Run() {
   KVF_RETURN_IF_ERROR(Phase("phase 1 (both daemons at full speed)", &before));
   const std::uint64_t obs_at_cap = ObservationsOfA();
   KVF_RETURN_IF_ERROR(cluster_->SetDaemonSendRate(0, a_.slow_rate));
-  std::printf("\nbench-a's sends capped at %s/s (fitted remote->local beta of bench-a: %s)\n",
-              FormatBytes(a_.slow_rate).c_str(), FormatRate(FittedBetaOfA()).c_str());
+  std::printf(
+      "\nbench-a's sends capped at %s/s (fitted beta of bench-a, the lower of its two sources: "
+      "%s)\n",
+      FormatBytes(a_.slow_rate).c_str(), FormatRate(FittedBetaOfA()).c_str());
   // Adaptation: transfers observed on bench-a's path until its fitted bandwidth is within 2x of
   // the cap, watched while phase 2 runs.
   std::atomic<bool> done{false};

@@ -497,9 +497,9 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::Fetch(
   return out;
 }
 
-StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::FetchWithin(
-    std::span<const wire::FetchKey> keys, std::string_view expected_digest, SlotLayout slots,
-    std::chrono::milliseconds patience, std::uint64_t* throttled) {
+template <typename Request>
+StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::WithinWindow(
+    std::chrono::milliseconds patience, std::uint64_t* throttled, const Request& request) {
   const auto give_up = Clock::now() + patience;
   for (auto pause = std::chrono::milliseconds(1);;
        pause = std::min(pause * 2, std::chrono::milliseconds(64))) {
@@ -514,7 +514,7 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::FetchWithi
       }
       ++fetches_.in_flight;
     }
-    StatusOr<std::vector<ReadResult>> got = Fetch(keys, expected_digest, slots);
+    StatusOr<std::vector<ReadResult>> got = request();
     const bool refused = !got.ok() && got.status().code() == StatusCode::kResourceExhausted;
     {
       MutexLock l(&window_mu_);
@@ -525,6 +525,19 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::FetchWithi
     if (throttled != nullptr) ++*throttled;
     std::this_thread::sleep_for(pause);
   }
+}
+
+StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::FetchWithin(
+    std::span<const wire::FetchKey> keys, std::string_view expected_digest, SlotLayout slots,
+    std::chrono::milliseconds patience, std::uint64_t* throttled) {
+  return WithinWindow(patience, throttled, [&] { return Fetch(keys, expected_digest, slots); });
+}
+
+StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::LeaseGetWithin(
+    std::span<const std::string> keys, std::string_view expected_digest, std::uint32_t ttl_ms,
+    SlotLayout slots, std::chrono::milliseconds patience, std::uint64_t* throttled) {
+  return WithinWindow(patience, throttled,
+                      [&] { return LeaseGet(keys, expected_digest, ttl_ms, slots); });
 }
 
 std::uint32_t CacheHostSession::fetch_window() const {

@@ -223,6 +223,16 @@ class CacheHostSession {
   StatusOr<std::vector<ReadResult>> LeaseGet(std::span<const std::string> keys,
                                              std::string_view expected_digest, std::uint32_t ttl_ms,
                                              SlotLayout slots, HeldLease* kept = nullptr);
+  // LeaseGet through FetchWithin's admission window: a lease pins pool pages
+  // under the same per-namespace bound as a kFetch, so it takes a slot of
+  // the window, and one the daemon refuses for that bound is asked again
+  // after a pause (for at most `patience`; *throttled counts the refusals)
+  // instead of failing its blocks into a fallback.
+  StatusOr<std::vector<ReadResult>> LeaseGetWithin(std::span<const std::string> keys,
+                                                   std::string_view expected_digest,
+                                                   std::uint32_t ttl_ms, SlotLayout slots,
+                                                   std::chrono::milliseconds patience,
+                                                   std::uint64_t* throttled);
   Status Release(const HeldLease& lease);
 
   // Deletes `keys`; per key OK or NotFound or the refusal. An administrative
@@ -249,6 +259,11 @@ class CacheHostSession {
   std::unique_ptr<grpc::ClientContext> RpcContext() const;
 
  private:
+  // FetchWithin's loop around `call` (a kFetch or a LeaseGet).
+  template <typename Request>
+  StatusOr<std::vector<ReadResult>> WithinWindow(std::chrono::milliseconds patience,
+                                                 std::uint64_t* throttled, const Request& request);
+
   CacheHostSession(DataPlaneClient* data, CacheHostSessionOptions options);
   Status Call(const char* rpc, const grpc::Status& g) const;
   // check_shared_memory, check_ucx_listener: the daemon's identity against

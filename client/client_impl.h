@@ -267,10 +267,9 @@ class Client::Impl {
   // options.fetch_depth of them in flight; blocks [nvme_from, end), which
   // the plan says rest on the daemon's NVMe only, and any the daemon
   // answers are not in its host pool, by Lease (the daemon stages them),
-  // two leases in flight (one with fetch_depth 1) beside the kFetch
-  // requests. The blocks that arrived intact are removed from *blocks (the
-  // rest stay, sorted); *tally: the bytes that moved and when. The first
-  // error, if any.
+  // one lease at a time beside the kFetch requests. The blocks that arrived intact are removed from
+  // *blocks (the rest stay, sorted); *tally: the bytes that moved and when. The first error, if
+  // any.
   Status FetchFrom(Context& c, const MatchResult::Host& host, std::vector<std::uint32_t>* blocks,
                    std::size_t nvme_from, StreamTally* tally);
   // The same for blocks a compact run fetches (client_compact.cc): their

@@ -418,10 +418,11 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
   // one more worker, which leases them whole through the control plane (the
   // daemon stages them) while the host-pool units go on; a block that missed
   // a unit is left out of the later ones (it falls back whole). Blocks the
-  // plan has on NVMe only ([nvme_from, end)) go to the lease workers from
-  // the start: two of them (one with fetch_depth 1), so that the daemon
-  // stages one lease's blocks from NVMe while another's move, as the
-  // planner's NVMe source assumes (its stages pipeline).
+  // plan has on NVMe only ([nvme_from, end)) go to the lease worker from the
+  // start, without a kFetch first. One lease at a time: a second in flight
+  // overlapped staging with moving but ran into daemons' per-namespace lease
+  // bound (--max-leased-bytes-per-namespace) beside the kFetch requests,
+  // whose refusals fell back to recompute (cluster_planner_bench, 48 MiB).
   const bool layered = fetch_groups_.front().count != 0;
   const std::size_t per_batch = layered ? layered_batch_ : fetch_batch_;
   const std::size_t batches = (nvme_from + per_batch - 1) / per_batch;
@@ -535,7 +536,6 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
         if (p.down || p.nvme.empty()) {
           p.left.insert(p.left.end(), p.nvme.begin(), p.nvme.end());
           p.nvme.clear();
-          p.cv.NotifyAll();  // the other lease worker ends too
           return;
         }
         const std::size_t n = std::min(fetch_batch_, p.nvme.size());
@@ -568,7 +568,6 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
   }
   std::vector<std::thread> threads;
   threads.emplace_back(lease_nvme);
-  if (o_.fetch_depth > 1 && nvme_from < blocks->size()) threads.emplace_back(lease_nvme);
   for (std::size_t w = 1; w < workers; ++w) threads.emplace_back(fetch_host_pool);
   fetch_host_pool();
   for (std::thread& t : threads) t.join();
@@ -691,7 +690,15 @@ Status Client::Impl::LeaseAndGet(Context& c, Daemon& d, std::span<const std::uin
   for (std::uint32_t b : batch) keys.push_back(KeyBytes(c.match.chain[b]));
   const std::vector<std::uint64_t> offsets = PageOffsets(c, batch);
   const SlotLayout slots(offsets, block_bytes_, kHistoryRegionId);
-  auto got = d.LeaseGet(keys, fingerprint_digest_, o_.lease_ttl_ms, slots);
+  // Through the session's admission window, as kFetch requests are: a lease
+  // refused for the daemon's per-namespace bound waits and is asked again.
+  std::uint64_t throttled = 0;
+  auto got = d.LeaseGetWithin(keys, fingerprint_digest_, o_.lease_ttl_ms, slots,
+                              o_.transfer_timeout, &throttled);
+  if (throttled != 0) {
+    MutexLock l(&metrics_mu_);
+    m_.fetch_requests_throttled += throttled;
+  }
   if (!got.ok()) {
     if (HostDown(got.status())) ReplacePages(c, batch);
     return got.status();

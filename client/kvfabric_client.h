@@ -195,8 +195,8 @@ struct ClientOptions {
   // lease bound and grows back as requests succeed
   // (CacheHostSession::FetchWithin); a refused request is asked again after a
   // pause (ClientMetrics::fetch_requests_throttled). Blocks on a daemon's
-  // NVMe only are leased (the daemon stages them) by two further workers per
-  // daemon (one with fetch_depth 1) beside these requests.
+  // NVMe only are leased (the daemon stages them) one lease at a time per
+  // daemon beside these requests.
   std::uint32_t fetch_depth = 4;
   // Write-back protocol (--client-store-by-key). true: one data-plane kStore
   // per batch of up to 8 blocks, several in flight, the daemon pulling each
@@ -288,8 +288,8 @@ struct ClientMetrics {
   // Pages set aside after a fetch into them failed as a whole (the daemon
   // may still write them until transfer_timeout): total so far.
   std::uint64_t history_pages_quarantined = 0;
-  // Fetch requests a daemon refused for its per-namespace lease bound and
-  // this client asked again after a pause.
+  // Fetch requests and NVMe leases a daemon refused for its per-namespace
+  // lease bound and this client asked again after a pause.
   std::uint64_t fetch_requests_throttled = 0;
   // Blocks a daemon refused at write-back for room (its namespace's
   // reservation bound, or a full pool) that this client sent again after
