@@ -5,6 +5,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KVF_CRC32C_HAVE_SSE42 1
+#include <immintrin.h>
 #include <nmmintrin.h>
 #else
 #define KVF_CRC32C_HAVE_SSE42 0
@@ -133,10 +134,108 @@ __attribute__((target("sse4.2"))) inline std::uint32_t Sse42Stripes(
   return crc;
 }
 
+// The folding path: carry-less multiplication (VPCLMULQDQ on 512-bit
+// registers), four times the bytes per cycle of the `crc32` instruction,
+// which retires 8 bytes a cycle at best (15 GB/s in cache on the development
+// VM; a 2 MiB block's CRC pass was what held its loads below memcpy speed).
+//
+// The algebra, in the CRC's reflected bit order (bit t of a little-endian
+// 128-bit lane is the coefficient of x^(E - t), E fixed by the lane's place
+// in the message): a lane can be moved D bits further along the message
+// without changing the CRC of the whole, by replacing it with
+//   clmul(lo64, x^(D+31) mod P) xor clmul(hi64, x^(D-33) mod P),
+// each constant in the register's 32-bit reflected form. (The product of a
+// 64-bit reflected operand and a 32-bit one fills bits 0..94; the exponents
+// +31 and -33 place bit t of the product at x^(E - D - t), exactly the lane D
+// bits on, so it is XORed into the data found there with no shift.) Four
+// registers of four lanes each fold 256 bytes at a time; at the end they
+// fold into one lane, then lane by lane, and the last 16-byte lane is fed
+// through the `crc32` instruction from a zero register, which yields the
+// register of the whole prefix (the incoming register was XORed into the
+// first four bytes, as the instruction itself would have combined it).
+
+// x^m mod P, reflected (bit 31 is x^0).
+constexpr std::uint32_t XPowModP(std::uint32_t m) {
+  std::uint32_t r = 0x80000000u;
+  for (std::uint32_t i = 0; i < m; ++i) r = (r & 1) ? (r >> 1) ^ kPoly : r >> 1;
+  return r;
+}
+
+// The pair of constants that folds a lane `bits` further on.
+struct FoldPair {
+  std::uint64_t lo;
+  std::uint64_t hi;
+};
+constexpr FoldPair FoldBy(std::uint32_t bits) { return {XPowModP(bits + 31), XPowModP(bits - 33)}; }
+
+constexpr FoldPair kFold128 = FoldBy(128);
+constexpr FoldPair kFold256 = FoldBy(256);
+constexpr FoldPair kFold384 = FoldBy(384);
+constexpr FoldPair kFold512 = FoldBy(512);
+constexpr FoldPair kFold2048 = FoldBy(2048);
+
+// Below this many bytes the three `crc32` chains are as fast.
+constexpr std::size_t kFoldMinBytes = 1024;
+
+__attribute__((target("sse4.2,pclmul"))) inline __m128i Fold128(__m128i x, FoldPair k) {
+  const __m128i kk = _mm_set_epi64x(static_cast<long long>(k.hi), static_cast<long long>(k.lo));
+  return _mm_xor_si128(_mm_clmulepi64_si128(x, kk, 0x00), _mm_clmulepi64_si128(x, kk, 0x11));
+}
+
+__attribute__((target("avx512f,vpclmulqdq"))) inline __m512i Fold512(__m512i x, __m512i k) {
+  return _mm512_xor_si512(_mm512_clmulepi64_epi128(x, k, 0x00),
+                          _mm512_clmulepi64_epi128(x, k, 0x11));
+}
+
+__attribute__((target("avx512f"))) inline __m512i Broadcast(FoldPair k) {
+  return _mm512_broadcast_i32x4(
+      _mm_set_epi64x(static_cast<long long>(k.hi), static_cast<long long>(k.lo)));
+}
+
+// Consumes the largest multiple of 16 bytes of [p, p + n) (n >= 256) and
+// returns the register after them. `l` is the register before them.
+__attribute__((target("sse4.2,pclmul,avx512f,vpclmulqdq"))) std::uint32_t FoldAvx512(
+    std::uint32_t l, const std::uint8_t*& p, std::size_t& n) {
+  __m512i z0 = _mm512_loadu_si512(p);
+  __m512i z1 = _mm512_loadu_si512(p + 64);
+  __m512i z2 = _mm512_loadu_si512(p + 128);
+  __m512i z3 = _mm512_loadu_si512(p + 192);
+  z0 = _mm512_xor_si512(z0, _mm512_zextsi128_si512(_mm_cvtsi32_si128(static_cast<int>(l))));
+  p += 256;
+  n -= 256;
+  const __m512i k2048 = Broadcast(kFold2048);
+  while (n >= 256) {
+    z0 = _mm512_xor_si512(Fold512(z0, k2048), _mm512_loadu_si512(p));
+    z1 = _mm512_xor_si512(Fold512(z1, k2048), _mm512_loadu_si512(p + 64));
+    z2 = _mm512_xor_si512(Fold512(z2, k2048), _mm512_loadu_si512(p + 128));
+    z3 = _mm512_xor_si512(Fold512(z3, k2048), _mm512_loadu_si512(p + 192));
+    p += 256;
+    n -= 256;
+  }
+  const __m512i k512 = Broadcast(kFold512);
+  z1 = _mm512_xor_si512(z1, Fold512(z0, k512));
+  z2 = _mm512_xor_si512(z2, Fold512(z1, k512));
+  z3 = _mm512_xor_si512(z3, Fold512(z2, k512));
+  __m128i x = _mm512_extracti32x4_epi32(z3, 3);
+  x = _mm_xor_si128(x, Fold128(_mm512_extracti32x4_epi32(z3, 0), kFold384));
+  x = _mm_xor_si128(x, Fold128(_mm512_extracti32x4_epi32(z3, 1), kFold256));
+  x = _mm_xor_si128(x, Fold128(_mm512_extracti32x4_epi32(z3, 2), kFold128));
+  while (n >= 16) {
+    x = _mm_xor_si128(Fold128(x, kFold128), _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    p += 16;
+    n -= 16;
+  }
+  std::uint64_t r = _mm_crc32_u64(0, static_cast<std::uint64_t>(_mm_cvtsi128_si64(x)));
+  r = _mm_crc32_u64(r, static_cast<std::uint64_t>(_mm_extract_epi64(x, 1)));
+  return static_cast<std::uint32_t>(r);
+}
+
+// The `crc32` chains, with the folding path for long inputs when `fold`.
 __attribute__((target("sse4.2"))) std::uint32_t ExtendSse42(std::uint32_t crc, const void* data,
-                                                            std::size_t n) {
+                                                            std::size_t n, bool fold) {
   const auto* p = static_cast<const std::uint8_t*>(data);
   std::uint32_t l = crc ^ 0xffffffffu;
+  if (fold && n >= kFoldMinBytes) l = FoldAvx512(l, p, n);
   // Leading bytes up to an 8-byte boundary, so the 64-bit loads are aligned.
   while (n > 0 && (reinterpret_cast<std::uintptr_t>(p) & 7) != 0) {
     l = _mm_crc32_u8(l, *p++);
@@ -183,6 +282,25 @@ std::uint32_t ExtendPortable(std::uint32_t crc, const void* data, std::size_t n)
   return l ^ 0xffffffffu;
 }
 
+bool FoldingAvailable() {
+#if KVF_CRC32C_HAVE_SSE42
+  __builtin_cpu_init();
+  // __builtin_cpu_supports also checks that the OS saves the registers.
+  return __builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("pclmul") &&
+         __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq");
+#else
+  return false;
+#endif
+}
+
+std::uint32_t ExtendFolding(std::uint32_t crc, const void* data, std::size_t n) {
+#if KVF_CRC32C_HAVE_SSE42
+  return ExtendSse42(crc, data, n, /*fold=*/true);
+#else
+  return ExtendPortable(crc, data, n);
+#endif
+}
+
 bool HardwareAvailable() {
 #if KVF_CRC32C_HAVE_SSE42
   // __builtin_cpu_init is only required before main (e.g. from a static
@@ -196,7 +314,7 @@ bool HardwareAvailable() {
 
 std::uint32_t ExtendHardware(std::uint32_t crc, const void* data, std::size_t n) {
 #if KVF_CRC32C_HAVE_SSE42
-  return ExtendSse42(crc, data, n);
+  return ExtendSse42(crc, data, n, /*fold=*/false);
 #else
   return ExtendPortable(crc, data, n);
 #endif
@@ -208,7 +326,8 @@ std::uint32_t Extend(std::uint32_t crc, const void* data, std::size_t n) {
 #if KVF_CRC32C_HAVE_SSE42
   // Decided once; function-local static initialisation is thread-safe.
   static const bool kUseHardware = internal::HardwareAvailable();
-  if (kUseHardware) return ExtendSse42(crc, data, n);
+  static const bool kUseFolding = internal::FoldingAvailable();
+  if (kUseHardware) return ExtendSse42(crc, data, n, kUseFolding);
 #endif
   return internal::ExtendPortable(crc, data, n);
 }

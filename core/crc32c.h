@@ -1,10 +1,12 @@
 // CRC32C (Castagnoli, reflected polynomial 0x82F63B78): the checksum every
 // kvfabric block carries for its payload and header, on disk and on the wire.
 //
-// Extend() and Value() use the SSE4.2 `crc32` instruction when the CPU running
-// the binary has it (decided once, at first use) and a portable slicing-by-8
-// table otherwise; both produce identical values, so a block written on one
-// machine verifies on any other. Non-x86-64 builds compile only the portable
+// Extend() and Value() fold inputs of 1 KiB and more by carry-less
+// multiplication (VPCLMULQDQ on 512-bit registers) when the CPU has AVX-512
+// and VPCLMULQDQ, use the SSE4.2 `crc32` instruction otherwise (and for short
+// inputs) when the CPU has it, and a portable slicing-by-8 table elsewhere
+// (decided once, at first use). Every path produces identical values, so a
+// block written on one machine verifies on any other. Non-x86-64 builds compile only the portable
 // path.
 //
 // Conventions follow LevelDB's util/crc32c.h: Value(data, n) is the standard
@@ -78,7 +80,17 @@ std::uint32_t ExtendPortable(std::uint32_t crc, const void* data, std::size_t n)
 // (x86-64 with SSE4.2).
 bool HardwareAvailable();
 
-// SSE4.2 implementation.
+// True when this build has the folding path and the CPU supports it
+// (x86-64 with SSE4.2, PCLMULQDQ, AVX-512F and VPCLMULQDQ, and an OS that
+// saves the AVX-512 registers).
+bool FoldingAvailable();
+
+// Carry-less-multiplication folding (VPCLMULQDQ over 512-bit registers) for
+// inputs of kFoldMinBytes (1 KiB) or more, the SSE4.2 path below that.
+// REQUIRES: FoldingAvailable().
+std::uint32_t ExtendFolding(std::uint32_t crc, const void* data, std::size_t n);
+
+// SSE4.2 implementation (the `crc32` instruction only).
 // REQUIRES: HardwareAvailable(). (On builds without a hardware path this
 // forwards to ExtendPortable, so callers never execute an illegal instruction.)
 std::uint32_t ExtendHardware(std::uint32_t crc, const void* data, std::size_t n);

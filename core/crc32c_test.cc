@@ -26,6 +26,7 @@ std::vector<Impl> RunnableImpls() {
   std::vector<Impl> impls = {{"portable", &internal::ExtendPortable},
                              {"dispatch", static_cast<ExtendFn>(&Extend)}};
   if (internal::HardwareAvailable()) impls.push_back({"hardware", &internal::ExtendHardware});
+  if (internal::FoldingAvailable()) impls.push_back({"folding", &internal::ExtendFolding});
   return impls;
 }
 
@@ -106,6 +107,41 @@ TEST(Crc32cTest, HardwareMatchesPortableOnRandomLengthsAlignmentsAndSplits) {
     const std::uint32_t sw_split =
         internal::ExtendPortable(internal::ExtendPortable(init, p, split), p + split, len - split);
     ASSERT_EQ(sw_split, portable) << "seed " << seed << " len " << len << " split " << split;
+  }
+}
+
+// The folding path (inputs of 1 KiB and more): every length around its
+// 256-byte main loop and 16-byte tail, every alignment, a non-zero incoming
+// CRC, and a single flipped bit anywhere in a long input.
+TEST(Crc32cTest, FoldingMatchesPortableAroundEveryBoundary) {
+  if (!internal::FoldingAvailable()) GTEST_SKIP() << "no AVX-512 VPCLMULQDQ on this CPU/build";
+  const std::uint64_t seed = TestSeed("Crc32cTest.FoldingMatchesPortableAroundEveryBoundary");
+  std::mt19937_64 rng(seed);
+  std::vector<std::uint8_t> buffer((1u << 20) + 128);
+  for (auto& b : buffer) b = static_cast<std::uint8_t>(rng());
+  std::vector<std::size_t> lengths;
+  for (std::size_t len = 1000; len <= 1600; ++len) lengths.push_back(len);
+  for (std::size_t k : {4096u, 8192u, 65536u, 1u << 20}) {
+    for (std::size_t d = 0; d < 20; ++d) lengths.push_back(k - d);
+  }
+  for (int i = 0; i < 300; ++i) lengths.push_back(1024 + rng() % ((1u << 20) - 1024));
+  for (std::size_t len : lengths) {
+    const std::size_t offset = rng() % 64;
+    const std::uint32_t init = static_cast<std::uint32_t>(rng());
+    const std::uint8_t* p = buffer.data() + offset;
+    ASSERT_EQ(internal::ExtendFolding(init, p, len), internal::ExtendPortable(init, p, len))
+        << "seed " << seed << " offset " << offset << " len " << len;
+  }
+  std::vector<std::uint8_t> block(buffer.begin(), buffer.begin() + (64 << 10));
+  const std::uint32_t intact = internal::ExtendFolding(0, block.data(), block.size());
+  for (int i = 0; i < 200; ++i) {
+    const std::size_t bit = rng() % (block.size() * 8);
+    block[bit / 8] ^= static_cast<std::uint8_t>(1u << (bit % 8));
+    const std::uint32_t flipped = internal::ExtendFolding(0, block.data(), block.size());
+    EXPECT_NE(flipped, intact) << "seed " << seed << " bit " << bit;
+    EXPECT_EQ(flipped, internal::ExtendPortable(0, block.data(), block.size()))
+        << "seed " << seed << " bit " << bit;
+    block[bit / 8] ^= static_cast<std::uint8_t>(1u << (bit % 8));
   }
 }
 
