@@ -5,8 +5,9 @@
 #include <cstring>
 #include <utility>
 
-#include "core/mutex.h"
+#include "core/crc32c.h"
 #include "core/guarded_copy.h"
+#include "core/mutex.h"
 
 namespace kvfabric {
 namespace {
@@ -20,7 +21,8 @@ constexpr std::size_t kCutAlign = 4096;
 Status CopyAll(std::span<const CopyRange> ranges, bool streaming) {
   Status first;
   for (const CopyRange& r : ranges) {
-    Status s = GuardedCopy(r.dst, r.src, r.bytes, streaming);
+    Status s = r.crc != nullptr ? GuardedCopyChecked(r.dst, r.src, r.bytes, r.crc)
+                                : GuardedCopy(r.dst, r.src, r.bytes, streaming);
     if (!s.ok() && first.ok()) first = std::move(s);
   }
   return first;
@@ -47,7 +49,7 @@ std::vector<std::vector<CopyRange>> Split(std::span<const CopyRange> ranges, std
         const std::size_t aligned = ((dst + want + kCutAlign - 1) / kCutAlign) * kCutAlign - dst;
         take = std::min(r.bytes, std::max<std::size_t>(aligned, 1));
       }
-      out.back().push_back({r.dst, r.src, take});
+      out.back().push_back({r.dst, r.src, take, r.crc});
       in_part += take;
       r.dst = static_cast<char*>(r.dst) + take;
       r.src = static_cast<const char*>(r.src) + take;
@@ -86,9 +88,64 @@ void CopyPool::Work() {
   }
 }
 
+namespace {
+
+// Points the pieces of every checked range (CopyRange::crc) in `shares` at
+// slots of `piece_crcs`, so that FoldPieces can fold them in order. Pieces
+// follow their ranges' order, share after share. Returns, per piece, the
+// index of its range.
+std::vector<std::size_t> AimPieces(std::span<const CopyRange> ranges,
+                                   std::vector<std::vector<CopyRange>>* shares,
+                                   std::vector<std::uint32_t>* piece_crcs) {
+  std::size_t pieces = 0;
+  for (const auto& share : *shares) pieces += share.size();
+  piece_crcs->assign(pieces, 0);
+  std::vector<std::size_t> origin;
+  origin.reserve(pieces);
+  std::size_t k = 0, left = 0, slot = 0;
+  for (auto& share : *shares) {
+    for (CopyRange& piece : share) {
+      while (left == 0) left = ranges[k++].bytes;  // a piece has bytes: its range is ahead
+      origin.push_back(k - 1);
+      left -= piece.bytes;
+      if (piece.crc != nullptr) piece.crc = &(*piece_crcs)[slot];
+      ++slot;
+    }
+  }
+  return origin;
+}
+
+// Sets each checked range's CRC from its pieces' (after every copy succeeded).
+void FoldPieces(std::span<const CopyRange> ranges,
+                const std::vector<std::vector<CopyRange>>& shares,
+                const std::vector<std::uint32_t>& piece_crcs,
+                const std::vector<std::size_t>& origin) {
+  std::vector<std::uint32_t> folded(ranges.size(), 0);
+  std::size_t slot = 0;
+  for (const auto& share : shares) {
+    for (const CopyRange& piece : share) {
+      const std::size_t k = origin[slot];
+      if (ranges[k].crc != nullptr) {
+        folded[k] = crc32c::Combine(folded[k], piece_crcs[slot], piece.bytes);
+      }
+      ++slot;
+    }
+  }
+  for (std::size_t k = 0; k < ranges.size(); ++k) {
+    if (ranges[k].crc != nullptr) *ranges[k].crc = folded[k];
+  }
+}
+
+}  // namespace
+
 Status CopyPool::Copy(std::span<const CopyRange> ranges, bool streaming) {
   if (workers_.empty() || ranges.empty()) return CopyAll(ranges, streaming);
-  const std::vector<std::vector<CopyRange>> shares = Split(ranges, workers_.size() + 1);
+  std::vector<std::vector<CopyRange>> shares = Split(ranges, workers_.size() + 1);
+  bool checked = false;
+  for (const CopyRange& r : ranges) checked = checked || r.crc != nullptr;
+  std::vector<std::uint32_t> piece_crcs;
+  std::vector<std::size_t> origin;
+  if (checked) origin = AimPieces(ranges, &shares, &piece_crcs);
   // Completion of the helpers' shares; lives on this stack frame, which
   // outlives every job (Copy waits for all of them).
   Mutex done_mu;
@@ -110,7 +167,9 @@ Status CopyPool::Copy(std::span<const CopyRange> ranges, bool streaming) {
   Status mine = CopyAll(shares[0], streaming);
   MutexLock lock(&done_mu);
   done_cv.Wait(&done_mu, [&] { return left == 0; });
-  return mine.ok() ? failed : mine;
+  Status result = mine.ok() ? failed : mine;
+  if (checked && result.ok()) FoldPieces(ranges, shares, piece_crcs, origin);
+  return result;
 }
 
 }  // namespace kvfabric

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/crc32c.h"
 #include "core/testing/test_seed.h"
 
 namespace kvfabric {
@@ -73,6 +74,49 @@ TEST(CopyPoolTest, ConcurrentCallersShareThePool) {
   }
   for (auto& t : callers) t.join();
   for (int c = 0; c < 4; ++c) EXPECT_EQ(bad[c], 0) << "caller " << c;
+}
+
+// Checked ranges (CopyRange::crc) beside unchecked ones, split across 0 to 3
+// helpers at any cut: each checked range's CRC is the CRC of its
+// destination's bytes, which equal the source's; unchecked ranges' slots
+// are left alone.
+TEST(CopyPoolTest, CheckedRangesGetTheirDestinationsCrcWhereverTheyAreCut) {
+  const std::uint64_t seed = Seed();
+  std::mt19937_64 rng(seed);
+  const std::size_t kBytes = 8 << 20;
+  std::vector<unsigned char> src(kBytes);
+  for (auto& b : src) b = static_cast<unsigned char>(rng());
+  for (int threads = 0; threads <= 3; ++threads) {
+    CopyPool pool(threads);
+    for (int round = 0; round < 4; ++round) {
+      std::vector<unsigned char> dst(kBytes, 0xee);
+      std::vector<CopyRange> ranges;
+      std::vector<std::uint32_t> crcs(40, 0xdeadbeefu);
+      std::size_t at = 0;
+      while (ranges.size() < crcs.size()) {
+        const std::size_t gap = rng() % 3000;
+        const std::size_t n = rng() % 5 == 0 ? 0 : rng() % (3 << 18);
+        if (at + gap + n > kBytes) break;
+        at += gap;
+        const bool check = rng() % 3 != 0;
+        ranges.push_back(
+            {dst.data() + at, src.data() + at, n, check ? &crcs[ranges.size()] : nullptr});
+        at += n;
+      }
+      ASSERT_TRUE(pool.Copy(ranges, /*streaming=*/round % 2 == 0).ok());
+      for (std::size_t k = 0; k < ranges.size(); ++k) {
+        const CopyRange& r = ranges[k];
+        ASSERT_EQ(std::memcmp(r.dst, r.src, r.bytes), 0) << "seed " << seed << " range " << k;
+        if (r.crc != nullptr) {
+          EXPECT_EQ(crcs[k], crc32c::Value(r.dst, r.bytes))
+              << "seed " << seed << " threads " << threads << " range " << k << " of " << r.bytes
+              << " bytes";
+        } else {
+          EXPECT_EQ(crcs[k], 0xdeadbeefu) << "an unchecked range's slot was written";
+        }
+      }
+    }
+  }
 }
 
 TEST(CopyPoolTest, EmptyCopiesReturn) {

@@ -3,12 +3,14 @@
 #include <setjmp.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <string>
 
+#include "core/crc32c.h"
 #include "core/stream_copy.h"
 
 namespace kvfabric {
@@ -65,8 +67,11 @@ void InstallOnce() {
 
 }  // namespace
 
-Status GuardedCopy(void* dst, const void* src, std::size_t n, bool streaming) {
-  if (n == 0) return Status::OK();
+namespace {
+
+// Runs `copy` guarded: DataLoss naming the fault if the memory faulted.
+template <typename Fn>
+Status Guarded(std::size_t n, Fn&& copy) {
   InstallOnce();
   Guard guard;
   if (sigsetjmp(guard.jump, /*savemask=*/1) != 0) {
@@ -78,12 +83,39 @@ Status GuardedCopy(void* dst, const void* src, std::size_t n, bool streaming) {
                             " bytes: the memory's owner shrank or unmapped it");
   }
   t_guard = &guard;
-  if (streaming) {
-    StreamingCopy(dst, src, n);
-  } else {
-    std::memcpy(dst, src, n);
-  }
+  copy();
   t_guard = nullptr;
+  return Status::OK();
+}
+
+}  // namespace
+
+Status GuardedCopy(void* dst, const void* src, std::size_t n, bool streaming) {
+  if (n == 0) return Status::OK();
+  return Guarded(n, [&] {
+    if (streaming) {
+      StreamingCopy(dst, src, n);
+    } else {
+      std::memcpy(dst, src, n);
+    }
+  });
+}
+
+Status GuardedCopyChecked(void* dst, const void* src, std::size_t n, std::uint32_t* crc) {
+  std::uint32_t value = 0;
+  if (n != 0) {
+    Status s = Guarded(n, [&] {
+      auto* d = static_cast<std::byte*>(dst);
+      const auto* from = static_cast<const std::byte*>(src);
+      for (std::size_t at = 0; at < n; at += kCheckedPieceBytes) {
+        const std::size_t piece = std::min(kCheckedPieceBytes, n - at);
+        std::memcpy(d + at, from + at, piece);
+        value = crc32c::Extend(value, d + at, piece);
+      }
+    });
+    if (!s.ok()) return s;
+  }
+  *crc = value;
   return Status::OK();
 }
 

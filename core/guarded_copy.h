@@ -23,6 +23,7 @@
 #define KVFABRIC_CORE_GUARDED_COPY_H_
 
 #include <cstddef>
+#include <cstdint>
 
 #include "core/status.h"
 
@@ -31,6 +32,19 @@ namespace kvfabric {
 // Copies n bytes from src to dst (std::memcpy, or StreamingCopy when
 // `streaming`). DataLoss if the memory faulted (SIGBUS / SIGSEGV) meanwhile.
 Status GuardedCopy(void* dst, const void* src, std::size_t n, bool streaming);
+
+// Bytes GuardedCopyChecked copies before reading them back: well inside a
+// core's L2 (and near its L1), so the read-back hits cache.
+inline constexpr std::size_t kCheckedPieceBytes = std::size_t{64} << 10;
+
+// As GuardedCopy with std::memcpy, and sets *crc to the CRC32C of the
+// destination's bytes after the copy: copied and read back kCheckedPieceBytes
+// at a time, each piece read while it is still in this core's cache. The
+// bytes checked are the bytes landed, for a fraction of what a second pass
+// over memory costs (on the development VM: copy and check at 0.82x a
+// streaming copy's rate, where a streaming copy and a later cold CRC pass
+// run at 0.6x). *crc is left alone on error.
+Status GuardedCopyChecked(void* dst, const void* src, std::size_t n, std::uint32_t* crc);
 
 }  // namespace kvfabric
 

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/crc32c.h"
+
 namespace kvfabric {
 namespace {
 
@@ -33,6 +35,35 @@ TEST(GuardedCopyTest, CopyFromOrIntoAShrunkMappingFailsInsteadOfKilling) {
   EXPECT_EQ(into.code(), StatusCode::kDataLoss) << into;
   // The page still backed copies fine, again and again.
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(GuardedCopy(local.data(), bytes, page, false).ok());
+  munmap(map, 4 * page);
+  close(fd);
+}
+
+// A checked copy reads back what it wrote: its CRC is the destination's,
+// for lengths around its piece size; on a shrunk mapping it fails as a
+// plain guarded copy does and leaves the CRC alone.
+TEST(GuardedCopyTest, CheckedCopyReportsTheDestinationsCrcOrTheFault) {
+  std::vector<unsigned char> src(3 * kCheckedPieceBytes + 100);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, kCheckedPieceBytes - 1, kCheckedPieceBytes,
+                        kCheckedPieceBytes + 1, src.size()}) {
+    std::vector<unsigned char> dst(src.size(), 0);
+    std::uint32_t crc = 0xdeadbeefu;
+    ASSERT_TRUE(GuardedCopyChecked(dst.data(), src.data(), n, &crc).ok());
+    EXPECT_EQ(std::memcmp(dst.data(), src.data(), n), 0) << n;
+    EXPECT_EQ(crc, crc32c::Value(src.data(), n)) << n;
+  }
+  const long page = sysconf(_SC_PAGESIZE);
+  const int fd = memfd_create("kvf-guarded-copy-checked", 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 4 * page), 0);
+  void* map = mmap(nullptr, 4 * page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ASSERT_EQ(ftruncate(fd, page), 0);
+  std::uint32_t crc = 0x12345678u;
+  Status into = GuardedCopyChecked(map, src.data(), 2 * page, &crc);
+  EXPECT_EQ(into.code(), StatusCode::kDataLoss) << into;
+  EXPECT_EQ(crc, 0x12345678u);
   munmap(map, 4 * page);
   close(fd);
 }

@@ -13,12 +13,14 @@ BatchCompletion::BatchCompletion(std::size_t entries, std::function<void()> canc
       remaining_(entries),
       cancel_(std::move(cancel)) {}
 
-void BatchCompletion::Complete(std::size_t index, Status status, std::uint64_t bytes) {
+void BatchCompletion::Complete(std::size_t index, Status status, std::uint64_t bytes,
+                               std::optional<std::uint32_t> landed_crc32c) {
   std::function<void()> done;
   {
     MutexLock lock(&mu_);
     if (completed_[index]) return;
     completed_[index] = true;
+    results_[index].landed_crc32c = status.ok() ? landed_crc32c : std::nullopt;
     results_[index].status = std::move(status);
     results_[index].bytes = bytes;
     if (--remaining_ != 0) return;

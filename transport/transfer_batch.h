@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -26,6 +27,11 @@ namespace kvfabric::transport {
 struct TransferResult {
   Status status = Status::Unknown("not completed");
   std::uint64_t bytes = 0;  // bytes moved by this entry (its length when OK)
+  // For an OK entry submitted with Transfer::checksum, where the backend
+  // copied the bytes itself: the CRC32C of the destination range's bytes,
+  // read back after they were written (transport.h, Transfer::checksum).
+  // Empty where the backend did not compute it; the caller then checks.
+  std::optional<std::uint32_t> landed_crc32c;
 };
 
 // The shared completion state of one batch.
@@ -40,8 +46,9 @@ class BatchCompletion {
 
   // Records entry `index`'s outcome. A second completion of the same entry is
   // ignored (a backend racing cancellation against success keeps the first).
-  // REQUIRES: index < size().
-  void Complete(std::size_t index, Status status, std::uint64_t bytes);
+  // REQUIRES: index < size(). `landed_crc32c` is kept only with an OK status.
+  void Complete(std::size_t index, Status status, std::uint64_t bytes,
+                std::optional<std::uint32_t> landed_crc32c = std::nullopt);
 
   // Runs `fn` once every entry has completed (at once, on this thread, if
   // that is already so; otherwise on the thread of the last Complete()).

@@ -155,6 +155,15 @@ struct Transfer {
   const RemoteRegion* remote = nullptr;  // kRead and kWrite only
   std::uint64_t remote_offset = 0;
   std::span<const std::byte> header;  // kSend only; at most kMaxMessageHeaderBytes
+  // kRead/kWrite: asks for the CRC32C of the destination range after the
+  // bytes landed. A backend that copies the bytes itself (UCX through a
+  // shared-memory mapping) copies in 64 KiB pieces and reads each back from
+  // cache (core/guarded_copy.h, GuardedCopyChecked) and reports the CRC in
+  // TransferResult::landed_crc32c; one that does not (NIC or kernel copies,
+  // owner-placed transfers) leaves it empty, and the caller checks the bytes
+  // itself. Lets a daemon check a block where it landed in a client's memory
+  // for a fraction of a second pass (docs/protocol.md, kFetch flag bit 3).
+  bool checksum = false;
 };
 
 // How an endpoint treats a failed peer. Explicit, never a backend default.

@@ -268,6 +268,8 @@ void OnBaseDone(const std::shared_ptr<WrappedBatch>& wb, const std::shared_ptr<S
         break;
       case FaultKind::kCorrupt:
         if (r.status.ok()) FlipBit(wb->local[j], wb->faults[j].bit);
+        // The base's CRC was of the bytes before the flip: the caller checks.
+        r.landed_crc32c.reset();
         break;
       case FaultKind::kDelay: {
         MutexLock lock(&wb->mu);
@@ -280,14 +282,16 @@ void OnBaseDone(const std::shared_ptr<WrappedBatch>& wb, const std::shared_ptr<S
             MutexLock lock(&wb->mu);
             held.swap(wb->held[j]);
           }
-          if (held) wb->outer->Complete(j, std::move(held->status), held->bytes);
+          if (held) {
+            wb->outer->Complete(j, std::move(held->status), held->bytes, held->landed_crc32c);
+          }
         });
         continue;
       }
       default:
         break;
     }
-    wb->outer->Complete(j, std::move(r.status), r.bytes);
+    wb->outer->Complete(j, std::move(r.status), r.bytes, r.landed_crc32c);
   }
 }
 

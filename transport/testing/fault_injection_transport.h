@@ -33,6 +33,9 @@
 //               peer receives a flipped bit in transit while the local bytes
 //               stay intact (a daemon's pool page, say). Entries shorter
 //               than rates.corrupt_write_min_bytes are left alone.
+// Transfer::checksum goes to the base transport: a corrupt_write entry's
+// landed CRC is that of the flipped bytes that landed, and a corrupt entry
+// reports none (the base's was of the bytes before the flip).
 // Submit validates a batch itself (transport.h's rules) before drawing, so a
 // batch that the base transport would reject is rejected whole even if some of
 // its entries would have been failed or dropped.

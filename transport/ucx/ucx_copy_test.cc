@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/crc32c.h"
 #include "core/testing/test_seed.h"
 #include "transport/ucx/ucx_test_fixture.h"
 
@@ -150,6 +151,50 @@ TEST_P(UcxCopyHelpersTest, SplitBatchesLandExactly) {
   EXPECT_EQ(TEST_GetCounters(*client_).inline_transfers - before.inline_transfers, 1u);
   EXPECT_TRUE(Same(owned_->bytes().subspan(3 * kMiB + 1, kLimit - 1),
                    local_->bytes().subspan(3, kLimit - 1)));
+}
+
+// Transfer::checksum: entries copied through the mapping, inline, on the
+// progress thread and split across the helpers, report the CRC32C of their
+// destination's bytes; entries without it, and an owner-placed entry (the
+// bytes are placed by the peer), report none.
+TEST_P(UcxCopyHelpersTest, CheckedEntriesReportTheirDestinationsCrc) {
+  const std::uint64_t a = kMiB + 12345, b = 2 * kMiB - 777;
+  auto checked = [](Transfer t) {
+    t.checksum = true;
+    return t;
+  };
+  std::vector<Transfer> queued = {checked(Read(local_.get(), 3, remote_.get(), 5, a)),
+                                  Read(local_.get(), a + 3, remote_.get(), a + 9, b)};
+  auto big = client_ep_->Submit(queued);
+  ASSERT_TRUE(big.ok()) << big.status();
+  ASSERT_TRUE((*big)->Wait(Clock::now() + std::chrono::seconds(10)).ok());
+  ASSERT_TRUE((*big)->FirstError().ok()) << (*big)->FirstError();
+  ASSERT_TRUE((*big)->results()[0].landed_crc32c.has_value());
+  EXPECT_EQ(*(*big)->results()[0].landed_crc32c, crc32c::Value(local_->bytes().subspan(3, a)));
+  EXPECT_FALSE((*big)->results()[1].landed_crc32c.has_value());
+
+  std::vector<Transfer> small = {
+      checked(Write(local_.get(), 3, remote_.get(), 3 * kMiB + 1, 4099))};
+  auto inline_batch = client_ep_->Submit(small);
+  ASSERT_TRUE(inline_batch.ok()) << inline_batch.status();
+  ASSERT_TRUE((*inline_batch)->Done());
+  ASSERT_TRUE((*inline_batch)->results()[0].landed_crc32c.has_value());
+  EXPECT_EQ(*(*inline_batch)->results()[0].landed_crc32c,
+            crc32c::Value(owned_->bytes().subspan(3 * kMiB + 1, 4099)));
+
+  std::vector<std::byte> user(4096, std::byte{9});
+  auto user_region = server_->RegisterMemory(user, MemoryKind::kHost);
+  ASSERT_TRUE(user_region.ok()) << user_region.status();
+  auto exported = (*user_region)->Export(0, user.size());
+  ASSERT_TRUE(exported.ok());
+  auto to_user = client_ep_->ImportRegion(*exported);
+  ASSERT_TRUE(to_user.ok()) << to_user.status();
+  std::vector<Transfer> placed = {checked(Write(local_.get(), 0, to_user->get(), 0, 4096))};
+  auto owner = client_ep_->Submit(placed);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  ASSERT_TRUE((*owner)->Wait(Clock::now() + std::chrono::seconds(10)).ok());
+  ASSERT_TRUE((*owner)->FirstError().ok()) << (*owner)->FirstError();
+  EXPECT_FALSE((*owner)->results()[0].landed_crc32c.has_value());
 }
 
 INSTANTIATE_TEST_SUITE_P(SharedMemory, UcxCopyHelpersTest, ::testing::Values("sm,self,tcp"));

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <thread>
@@ -180,6 +181,10 @@ struct PreparedTransfer {
   std::uint64_t remote_address = 0;  // kRead/kWrite: for UCX get/put
   std::uint64_t remote_offset = 0;   // kRead/kWrite: within the granted range
   std::string header;                // kSend, or the RmaRequest (kept until the send completes)
+  // Transfer::checksum. Where the entry is copied through a mapping, the
+  // copy sets landed_crc32c (MappedRange points its CopyRange::crc here).
+  bool checksum = false;
+  std::uint32_t landed_crc32c = 0;
 };
 
 // One Submit(). Fields below `completion` are progress-thread only.
@@ -197,8 +202,9 @@ struct BatchOp {
 };
 
 // The copy `t` makes through its range's mapping (REQUIRES: t.rkey->mapped,
-// held stable by the caller until the copy is done).
-CopyRange MappedRange(const PreparedTransfer& t);
+// held stable by the caller until the copy is done); checked into
+// t.landed_crc32c when t.checksum.
+CopyRange MappedRange(PreparedTransfer& t);
 
 // The requester's record of one owner-placed operation awaiting its reply.
 struct AwaitingRma {
@@ -348,7 +354,8 @@ class UcxCore {
   // otherwise UCX purged the request because the peer failed: Unavailable.
   Status EntryStatus(const EpState& s, ucs_status_t status, const char* what,
                      bool user_cancelled = false) const;
-  void FinishEntry(BatchOp& op, std::size_t i, const Status& s);
+  void FinishEntry(BatchOp& op, std::size_t i, const Status& s,
+                   std::optional<std::uint32_t> landed_crc32c = std::nullopt);
 
   // Requests (ucx_core_ops.cc). Every non-blocking call goes through
   // Track: it handles the three outcomes (done inline, error, in flight),

@@ -31,11 +31,12 @@ Status UcxCore::EntryStatus(const EpState& s, ucs_status_t status, const char* w
   return st;
 }
 
-void UcxCore::FinishEntry(BatchOp& op, std::size_t i, const Status& s) {
+void UcxCore::FinishEntry(BatchOp& op, std::size_t i, const Status& s,
+                          std::optional<std::uint32_t> landed_crc32c) {
   if (!s.ok() && op.status[i].ok()) op.status[i] = s;
   if (--op.pending[i] > 0) return;
   const bool ok = op.status[i].ok();
-  op.completion->Complete(i, op.status[i], ok ? op.entries[i].length : 0);
+  op.completion->Complete(i, op.status[i], ok ? op.entries[i].length : 0, landed_crc32c);
 }
 
 // ---------------------------------------------------------------------------
@@ -111,10 +112,11 @@ void UcxCore::FinishReq(Req* r, void* request, ucs_status_t status, std::size_t 
 // ---------------------------------------------------------------------------
 // Batches.
 
-CopyRange MappedRange(const PreparedTransfer& t) {
+CopyRange MappedRange(PreparedTransfer& t) {
   std::byte* remote = t.rkey->mapped + t.remote_offset;
-  if (t.op == TransferOp::kRead) return {t.local, remote, t.length};
-  return {remote, t.local, t.length};
+  std::uint32_t* crc = t.checksum ? &t.landed_crc32c : nullptr;
+  if (t.op == TransferOp::kRead) return {t.local, remote, t.length, crc};
+  return {remote, t.local, t.length, crc};
 }
 
 Status UcxCore::CopyRanges(std::span<const CopyRange> ranges) {
@@ -159,9 +161,12 @@ void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
   // (RkeyHolder::Reset), and it is blocked in the copy meanwhile.
   // (`mapped` is set only while the key is alive: RkeyHolder.)
   std::vector<CopyRange> mapped;
-  for (const PreparedTransfer& t : op->entries) {
+  std::vector<bool> checked(n, false);  // entries whose copy computed landed_crc32c
+  for (std::size_t i = 0; i < n; ++i) {
+    PreparedTransfer& t = op->entries[i];
     if (t.op != TransferOp::kSend && t.length > 0 && t.rkey->mapped != nullptr) {
       mapped.push_back(MappedRange(t));
+      checked[i] = t.checksum;
     }
   }
   // A fault in the copy (the peer shrank the memory it shared: SIGBUS)
@@ -196,7 +201,8 @@ void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
         if (t.rkey->mapped != nullptr) {
           // Mapped here: copied above, through the mapping (UCX's get/put
           // on these lanes are the same copy cut into bcopy fragments).
-          FinishEntry(*op, i, copied);
+          FinishEntry(*op, i, copied,
+                      checked[i] ? std::optional<std::uint32_t>(t.landed_crc32c) : std::nullopt);
           break;
         }
         if (t.op == TransferOp::kRead) {

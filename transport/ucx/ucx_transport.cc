@@ -220,14 +220,17 @@ class UcxEndpoint final : public Endpoint {
     op.completion = std::make_shared<BatchCompletion>(op.entries.size(), nullptr);
     std::vector<CopyRange> ranges;
     ranges.reserve(op.entries.size());
-    for (const PreparedTransfer& t : op.entries) ranges.push_back(MappedRange(t));
+    for (PreparedTransfer& t : op.entries) ranges.push_back(MappedRange(t));
     // A fault (the peer shrank the memory it shared: SIGBUS) fails the batch,
     // not the process (core/guarded_copy.h).
     const Status copied = core_->CopyRanges(ranges);
     // Complete() publishes under the completion's mutex: the bytes are in
     // place before anyone learns the batch completed.
     for (std::size_t i = 0; i < op.entries.size(); ++i) {
-      op.completion->Complete(i, copied, copied.ok() ? op.entries[i].length : 0);
+      const PreparedTransfer& t = op.entries[i];
+      op.completion->Complete(
+          i, copied, copied.ok() ? t.length : 0,
+          t.checksum ? std::optional<std::uint32_t>(t.landed_crc32c) : std::nullopt);
     }
     return true;
   }
@@ -330,6 +333,7 @@ class UcxEndpoint final : public Endpoint {
         out->rkey = remote->holder();
         out->remote_address = remote->holder()->address + t.remote_offset;
         out->remote_offset = t.remote_offset;
+        out->checksum = t.checksum;
         return Status::OK();
       }
       case TransferOp::kSend:
