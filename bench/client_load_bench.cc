@@ -510,6 +510,8 @@ int main(int argc, char** argv) {
   }
 
   std::uint64_t throttled_before = (*client)->metrics().fetch_requests_throttled;
+  std::uint64_t fetched_before = (*client)->metrics().bytes_fetched;
+  std::uint64_t checked_before = (*client)->metrics().bytes_checked_by_daemon;
   for (int n : contexts) {
     std::vector<LoadRun> runs(n);
     std::atomic<int> wrong{0};
@@ -560,6 +562,8 @@ int main(int argc, char** argv) {
     for (auto& t : threads) t.join();
     const double wall = Seconds(t0, Clock::now());
     const std::uint64_t throttled_now = (*client)->metrics().fetch_requests_throttled;
+    const std::uint64_t fetched_now = (*client)->metrics().bytes_fetched;
+    const std::uint64_t checked_now = (*client)->metrics().bytes_checked_by_daemon;
     double slowest = 0, layer0 = 0, all = 0, predicted = 0, measured = 0, layer0_load = 0,
            all_load = 0;
     std::uint32_t fetched = 0, recomputed = 0;
@@ -585,13 +589,18 @@ int main(int argc, char** argv) {
         "every layer at %.1f ms (%.2f of it; target <= 1.5/%u = %.2f + one round trip), after "
         "Match; from Load: %.1f of %.1f ms = %.2f; plan predicted %.1f ms, load took %.1f ms "
         "(x%.2f); wall %.3f s; fetch requests refused for the daemons' lease bound and asked "
-        "again: %llu\n",
+        "again: %llu; landed bytes checked by the daemons %.0f%%\n",
         n, n == 1 ? "" : "s", kinds.c_str(), fetched, recomputed, wrong.load(), aggregate,
         aggregate / mem1, aggregate / mem2, per, layer0 * 1e3, all * 1e3, layer0 / all,
         model.layer_count, 1.5 / model.layer_count, layer0_load, all_load, layer0_load / all_load,
         predicted, measured, measured / predicted, wall,
-        static_cast<unsigned long long>(throttled_now - throttled_before));
+        static_cast<unsigned long long>(throttled_now - throttled_before),
+        fetched_now == fetched_before ? 0.0
+                                      : 100.0 * static_cast<double>(checked_now - checked_before) /
+                                            static_cast<double>(fetched_now - fetched_before));
     throttled_before = throttled_now;
+    fetched_before = fetched_now;
+    checked_before = checked_now;
   }
   return 0;
 }

@@ -477,6 +477,7 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::Fetch(
   req.slot_offsets = slots.offsets;
   req.first_layer = slots.first_layer;
   req.layer_count = slots.layer_count;
+  req.check_landing = slots.check_landing;
   KVF_RETURN_IF_ERROR(health());
   KVF_ASSIGN_OR_RETURN(DaemonConnection* const conn, Connection(""));
   KVF_ASSIGN_OR_RETURN(std::vector<wire::FetchKeyResult> got,
@@ -488,6 +489,7 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::Fetch(
                         : Status(got[k].code, "cache host " + o_.host_id + " did not fetch it");
     out[k].crc32c = got[k].crc32c;
     out[k].payload_bytes = got[k].payload_bytes;
+    out[k].landing_checked = slots.check_landing && got[k].landing_checked;
     if (out[k].status.ok() && got[k].payload_bytes > slots.bytes) {
       out[k].status = Status::DataLoss("cache host " + o_.host_id + " reports " +
                                        std::to_string(got[k].payload_bytes) + " bytes in a " +

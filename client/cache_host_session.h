@@ -121,6 +121,9 @@ struct SlotLayout {
   // then holds that range: `bytes` is its size).
   std::uint32_t first_layer = 0;
   std::uint32_t layer_count = 0;
+  // Fetch only: ask the daemon to check each key's bytes where they landed
+  // (kFetch flag bit 3; ReadResult::landing_checked says where it did).
+  bool check_landing = false;
   std::uint64_t at(std::size_t k) const {
     return offsets.empty() ? offset + k * bytes : offsets[k];
   }
@@ -185,6 +188,9 @@ class CacheHostSession {
     std::uint32_t crc32c = 0;  // as committed (check it before use)
     std::uint64_t payload_bytes = 0;
     v1::Tier tier = v1::TIER_HOST;  // where the daemon read it from
+    // Fetch with SlotLayout::check_landing: the daemon read the bytes back in
+    // the slot right after writing them and they matched crc32c.
+    bool landing_checked = false;
   };
   // kFetch of `keys` (32 bytes each) into `slots`. Per key: OK, Unavailable
   // (not in the daemon's host pool now: LeaseGet stages it), NotFound, or

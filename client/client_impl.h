@@ -140,6 +140,7 @@ struct LayerGroup {
 // What one fetch request landed in the history.
 struct FetchTally {
   std::uint64_t bytes = 0, host_tier = 0, nvme_tier = 0;
+  std::uint64_t checked_by_daemon = 0;  // of `bytes`
   std::uint32_t crc_failures = 0;
   struct Landed {
     std::uint32_t block = 0;
@@ -322,8 +323,10 @@ class Client::Impl {
   // Checks layers `group` of block `block`'s page against the CRC the daemon
   // answered (committed with); false, counted in *tally and set as *first (if
   // still OK) on a mismatch.
-  bool Land(Context& c, std::uint32_t block, LayerGroup group, std::uint32_t crc, bool from_nvme,
-            FetchTally* tally, Status* first);
+  // `checked`: the daemon checked the bytes where they landed
+  // (ReadResult::landing_checked); no second read.
+  bool Land(Context& c, std::uint32_t block, LayerGroup group, std::uint32_t crc, bool checked,
+            bool from_nvme, FetchTally* tally, Status* first);
   // Adds one fetch request's landed blocks to the context's report and the
   // client's metrics.
   void RecordFetch(Context& c, const FetchTally& tally);

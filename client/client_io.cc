@@ -363,10 +363,35 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
   // overlapped staging with moving but ran into daemons' per-namespace lease
   // bound (--max-leased-bytes-per-namespace) beside the kFetch requests,
   // whose refusals fell back to recompute (cluster_planner_bench, 48 MiB).
+  //
+  // Layer 0 (the first group of a layered model) goes in at most
+  // fetch_depth units, all in flight at once: a fifth unit of 64 KiB slices
+  // waiting behind four would start only after one of them, beside the
+  // next group's 8 MiB requests, and hold WaitLayer(0) back (the plan's
+  // blocks need not split evenly between daemons: 76 and 52 of 128, say).
+  // Such a unit may name more than 16 blocks: it goes as several kFetch
+  // messages at once, each pinning at most 16 blocks of the daemon's pages.
   const bool layered = fetch_groups_.front().count != 0;
   const std::size_t per_batch = layered ? layered_batch_ : fetch_batch_;
   const std::size_t batches = (nvme_from + per_batch - 1) / per_batch;
-  const std::size_t units = batches * fetch_groups_.size();
+  const std::size_t first_units =
+      layered ? std::min<std::size_t>(batches, std::max<std::uint32_t>(1, o_.fetch_depth))
+              : batches;
+  const std::size_t first_per =
+      !layered || first_units == 0 ? per_batch : (nvme_from + first_units - 1) / first_units;
+  const std::size_t units = first_units + batches * (fetch_groups_.size() - 1);
+  // Unit u's layer group and its positions [from, to) in `blocks`.
+  struct UnitSpan {
+    std::size_t group = 0, from = 0, to = 0;
+  };
+  auto span_of = [&](std::size_t unit) {
+    if (unit < first_units) {
+      return UnitSpan{0, unit * first_per, std::min(unit * first_per + first_per, nvme_from)};
+    }
+    const std::size_t later = unit - first_units;
+    const std::size_t from = (later % batches) * per_batch;
+    return UnitSpan{1 + later / batches, from, std::min(from + per_batch, nvme_from)};
+  };
   struct Progress {
     Mutex mu;
     CondVar cv;
@@ -427,13 +452,12 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
         unit = p.next++;
         // This unit's blocks that are still in play.
         positions.clear();
-        const std::size_t from = (unit % batches) * per_batch;
-        const std::size_t to = std::min(from + per_batch, nvme_from);
-        for (std::size_t k = from; k < to; ++k) {
+        const UnitSpan us = span_of(unit);
+        for (std::size_t k = us.from; k < us.to; ++k) {
           if (!p.out[k]) positions.push_back(k);
         }
       }
-      const LayerGroup group = fetch_groups_[unit / batches];
+      const LayerGroup group = fetch_groups_[span_of(unit).group];
       batch.clear();
       if (group.count != 0) {
         // A fallback from another daemon skips the layers that landed.
@@ -606,6 +630,7 @@ Status Client::Impl::FetchByKey(Context& c, Daemon& d, std::span<const std::uint
                    kHistoryRegionId);
   slots.first_layer = group.first;
   slots.layer_count = group.count;
+  slots.check_landing = o_.daemon_checks_landing;
   // Admitted by the session's window, shared by every load from this daemon:
   // a daemon that refuses requests for its per-namespace lease bound (other
   // loads' leases in flight) gets fewer at once and the refused one is asked

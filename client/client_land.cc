@@ -93,8 +93,8 @@ Status Client::Impl::LandResults(Context& c, const Daemon& d, std::span<const st
                            std::to_string(expected));
     } else if (s.ok()) {
       *moved += expected;
-      if (Land(c, batch[k], group, r.crc32c, from_lease && r.tier == v1::TIER_NVME, &tally,
-               &first)) {
+      if (Land(c, batch[k], group, r.crc32c, r.landing_checked,
+               from_lease && r.tier == v1::TIER_NVME, &tally, &first)) {
         (*arrived)[k] = true;
       }
     } else if (s.IsUnavailable() && on_nvme != nullptr) {
@@ -119,15 +119,16 @@ Status Client::Impl::LandResults(Context& c, const Daemon& d, std::span<const st
 }
 
 bool Client::Impl::Land(Context& c, std::uint32_t block, LayerGroup group, std::uint32_t crc,
-                        bool from_nvme, FetchTally* tally, Status* first) {
+                        bool checked, bool from_nvme, FetchTally* tally, Status* first) {
   // The bytes checked are the bytes landed: the block's page (its layers
-  // `group`), where the daemon wrote them and Attend will read them. Bytes
-  // that fail are not marked present; their fallback overwrites them.
+  // `group`), where the daemon wrote them and Attend will read them, by the
+  // daemon right after writing them (`checked`) or here. Bytes that fail are
+  // not marked present; their fallback overwrites them.
   const std::uint32_t first_layer = group.first;
   const std::uint32_t count = group.count == 0 ? o_.model.layer_count : group.count;
   const std::span<std::byte> bytes = BlockBytes(c, block).subspan(
       std::uint64_t{first_layer} * layer_bytes_, std::uint64_t{count} * layer_bytes_);
-  if (crc32c::Value(bytes) != crc) {
+  if (!checked && crc32c::Value(bytes) != crc) {
     ++tally->crc_failures;
     if (first->ok()) {
       *first =
@@ -141,6 +142,7 @@ bool Client::Impl::Land(Context& c, std::uint32_t block, LayerGroup group, std::
   }
   tally->landed.push_back({block, first_layer, count});
   tally->bytes += bytes.size();
+  if (checked) tally->checked_by_daemon += bytes.size();
   (from_nvme ? tally->nvme_tier : tally->host_tier) += bytes.size();
   return true;
 }
@@ -164,6 +166,7 @@ void Client::Impl::RecordFetch(Context& c, const FetchTally& tally) {
   MutexLock l(&metrics_mu_);
   m_.blocks_fetched += completed;
   m_.bytes_fetched += tally.bytes;
+  m_.bytes_checked_by_daemon += tally.checked_by_daemon;
   m_.crc_failures += tally.crc_failures;
 }
 

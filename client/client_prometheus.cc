@@ -192,6 +192,10 @@ std::vector<MetricFamily> ClientPrometheus::Collect() const {
             "Fetched blocks whose bytes did not match their committed CRC32C (refetched or "
             "recomputed, never used).",
             {S(m.crc_failures)});
+    Counter(out, "fetch_bytes_checked_by_daemon_total",
+            "Fetched bytes whose CRC32C the daemon checked where they landed in the history "
+            "pool (daemon_checks_landing; the client checked the rest of bytes_fetched itself).",
+            {S(m.bytes_checked_by_daemon)});
     Counter(out, "stale_entries_reported_total",
             "Directory entries reported to placement as stale (the daemon no longer had them).",
             {S(m.stale_entries_reported)});

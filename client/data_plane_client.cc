@@ -330,6 +330,7 @@ StatusOr<std::vector<wire::FetchKeyResult>> DataPlaneClient::Fetch(DaemonConnect
     const std::size_t k = std::min<std::size_t>(wire::kMaxFetchKeys, n - i);
     m.fetch_first_layer = request.first_layer;
     m.fetch_layer_count = request.layer_count;
+    m.fetch_check_landing = request.check_landing;
     if (!request.slot_offsets.empty()) {
       if (request.slot_offsets.size() != n) {
         first =

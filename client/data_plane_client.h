@@ -116,6 +116,9 @@ class DataPlaneClient {
     // result's crc32c / payload_bytes are the range's.
     std::uint32_t first_layer = 0;
     std::uint32_t layer_count = 0;
+    // kFetch flag bit 3: the daemon checks each key where it landed, where it
+    // can (FetchKeyResult::landing_checked).
+    bool check_landing = false;
   };
   // Sends `request` as kFetch messages of at most wire::kMaxFetchKeys keys, all
   // in flight at once, and waits for every reply. Returns one result per key

@@ -198,6 +198,20 @@ struct ClientOptions {
   // NVMe only are leased (the daemon stages them) one lease at a time per
   // daemon beside these requests.
   std::uint32_t fetch_depth = 4;
+  // Who reads a fetched block's bytes again for its CRC32C. true (default):
+  // the daemon is asked to (kFetch flag bit 3); where it copies into the
+  // history pool through a shared-memory mapping (UCX on one host) it reads
+  // each 64 KiB back from its cache right after writing it and says which
+  // blocks matched, and the client skips its own pass over those
+  // (ClientMetrics::bytes_checked_by_daemon). Elsewhere (TCP, RDMA, an
+  // older daemon) the client checks every byte as before. false: the client
+  // always checks itself, one more pass over memory: 1.4-1.9x the load time
+  // of a 32K-token history on the development VM (docs/benchmarks.md). The
+  // daemon checks the bytes where they landed, in the client's pages, so
+  // either way the bytes checked are the bytes the engine reads; what
+  // changes is whose CPU reads them, and that the client then trusts the
+  // daemon's answer, as it already trusts it to serve the right block.
+  bool daemon_checks_landing = true;
   // Write-back protocol (--client-store-by-key). true: one data-plane kStore
   // per batch of up to 8 blocks, several in flight, the daemon pulling each
   // block from its page of the history and checking its CRC before it
@@ -277,6 +291,10 @@ struct ClientMetrics {
   std::uint64_t fallbacks_to_recompute = 0;  // runs (or parts) recomputed after a failed fetch
   std::uint64_t blocks_fallen_back = 0;      // blocks recomputed after a failed fetch
   std::uint64_t crc_failures = 0;
+  // Fetched bytes the daemon checked where they landed
+  // (ClientOptions::daemon_checks_landing); the rest of bytes_fetched the
+  // client checked itself.
+  std::uint64_t bytes_checked_by_daemon = 0;
   std::uint64_t stale_entries_reported = 0;
   std::uint64_t blocks_saved = 0;  // written back by this client
   std::uint64_t bytes_saved = 0;

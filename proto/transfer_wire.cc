@@ -5,6 +5,9 @@
 namespace kvfabric::wire {
 namespace {
 
+// Bit 63 of a fetch result's payload_bytes: the daemon checked the landing.
+constexpr std::uint64_t kLandingCheckedBit = std::uint64_t{1} << 63;
+
 void Put8(std::string* out, std::uint8_t v) { out->push_back(static_cast<char>(v)); }
 void Put16(std::string* out, std::uint16_t v) {
   for (int i = 0; i < 2; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
@@ -208,7 +211,8 @@ StatusOr<std::string> EncodeTransferMessage(const TransferMessage& m) {
       Put16(&out, static_cast<std::uint16_t>(m.fetch_namespace.size()));
       Put8(&out, static_cast<std::uint8_t>((m.fetch_fingerprint.has_value() ? 1 : 0) |
                                            (m.fetch_slot_offsets.empty() ? 0 : 2) |
-                                           (m.fetch_layer_count == 0 ? 0 : 4)));
+                                           (m.fetch_layer_count == 0 ? 0 : 4) |
+                                           (m.fetch_check_landing ? 8 : 0)));
       Put8(&out, 0);
       if (m.fetch_layer_count != 0) {
         Put32(&out, m.fetch_first_layer);
@@ -258,7 +262,8 @@ StatusOr<std::string> EncodeTransferMessage(const TransferMessage& m) {
       for (const FetchKeyResult& r : m.fetch_results) {
         Put32(&out, static_cast<std::uint32_t>(static_cast<std::int32_t>(r.code)));
         Put32(&out, r.crc32c);
-        Put64(&out, r.payload_bytes);
+        Put64(&out, (r.payload_bytes & ~kLandingCheckedBit) |
+                        (r.landing_checked ? kLandingCheckedBit : 0));
       }
       out += msg;
       break;
@@ -357,9 +362,10 @@ StatusOr<TransferMessage> DecodeTransferMessage(std::span<const std::byte> bytes
           !r.Read(2, &ns_len) || !r.Read(1, &flags) || !r.Read(1, &reserved2)) {
         return Status::InvalidArgument("fetch request: malformed header");
       }
-      if ((flags & ~std::uint64_t{7}) != 0 || reserved2 != 0) {
+      if ((flags & ~std::uint64_t{15}) != 0 || reserved2 != 0) {
         return Status::InvalidArgument("fetch request: reserved bits set");
       }
+      m.fetch_check_landing = (flags & 8) != 0;
       if ((flags & 4) != 0) {
         std::uint64_t first = 0, layers = 0;
         if (!r.Read(4, &first) || !r.Read(4, &layers) || layers == 0) {
@@ -489,6 +495,8 @@ StatusOr<TransferMessage> DecodeTransferMessage(std::span<const std::byte> bytes
         }
         x.code = static_cast<StatusCode>(k);
         x.crc32c = static_cast<std::uint32_t>(crc);
+        x.landing_checked = (x.payload_bytes & kLandingCheckedBit) != 0;
+        x.payload_bytes &= ~kLandingCheckedBit;
       }
       std::string msg(len, '\0');
       r.Bytes(len, msg.data());

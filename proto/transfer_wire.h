@@ -63,6 +63,12 @@
 //   payload_bytes / layers contiguous bytes), landing at the key's slot; the
 //   result's crc32c and payload_bytes are then the range's, so a client can
 //   verify layer 0 of a batch and use it while later layers are on the wire.
+//   With flag bit 3 (check landing) the daemon, where it copies the bytes
+//   itself through a mapping of the client's region (UCX shared memory),
+//   reads each key's bytes back in the slot right after writing them and
+//   compares their CRC32C with the one it answers; a key that matched has
+//   bit 63 of its result's payload_bytes set (landing_checked), and the
+//   client need not read it again. Keys without the bit the client checks.
 // kStore: lease_id and token zero; `count` keys, 1 <= count <= kMaxStoreKeys:
 //   u32 ttl_ms (0: the daemon's default), u16 namespace length (<=
 //   kMaxFetchNamespaceBytes), u8 flags (0), u8 representation
@@ -84,8 +90,9 @@
 // kFetchReply: lease_id, token and region_id zero; `count` results (0 when the
 //   whole request failed, else exactly the request's key count): i32 code,
 //   u64 bytes_moved, u16 message length (<= kMaxFetchReplyMessageBytes), then
-//   `count` results of 16 bytes (i32 code, u32 crc32c, u64 payload_bytes),
-//   then the message.
+//   `count` results of 16 bytes (i32 code, u32 crc32c, u64 payload_bytes;
+//   bit 63 of payload_bytes: landing checked, see kFetch flag bit 3), then
+//   the message.
 // Decoding is exact: every size and count is checked, trailing bytes are an
 // error, and nothing is allocated beyond what the message's own size bounds.
 // Pure functions; thread-safe.
@@ -158,7 +165,10 @@ using FetchKey = std::array<std::uint8_t, kFetchKeyBytes>;
 struct FetchKeyResult {
   StatusCode code = StatusCode::kOk;
   std::uint32_t crc32c = 0;
-  std::uint64_t payload_bytes = 0;
+  std::uint64_t payload_bytes = 0;  // < 2^63 (bit 63 of the field is landing_checked)
+  // The daemon read the bytes back where they landed in the client's slot
+  // and their CRC32C matched crc32c (only when the request asked, flag bit 3).
+  bool landing_checked = false;
 };
 
 // One block of a kStore: its bytes are [region_offset, + payload_bytes) of
@@ -217,6 +227,9 @@ struct TransferMessage {
   // Layer range (flag bit 2): fetch_layer_count 0 means whole blocks.
   std::uint32_t fetch_first_layer = 0;
   std::uint32_t fetch_layer_count = 0;
+  // Flag bit 3: check each key's bytes where they landed, where the daemon
+  // can (FetchKeyResult::landing_checked).
+  bool fetch_check_landing = false;
   // kFetchReply and kStoreReply.
   std::vector<FetchKeyResult> fetch_results;
   // kStore (its namespace is fetch_namespace).

@@ -260,6 +260,34 @@ TEST(TransferWireTest, LayerRangeFetchRoundTripsAndIsChecked) {
   EXPECT_EQ(dec->fetch_layer_count, 0u);
 }
 
+// Flag bit 3 asks the daemon to check landings; a result's landing_checked
+// travels in bit 63 of its payload_bytes, which stays the size.
+TEST(TransferWireTest, CheckLandingFlagAndResultBitRoundTrip) {
+  TransferMessage m = FetchOf(2, 3, false);
+  for (bool check : {false, true}) {
+    m.fetch_check_landing = check;
+    auto enc = EncodeTransferMessage(m);
+    ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+    auto dec = DecodeTransferMessage(AsBytes(*enc));
+    ASSERT_TRUE(dec.ok()) << dec.status().ToString();
+    EXPECT_EQ(dec->fetch_check_landing, check);
+  }
+  TransferMessage reply;
+  reply.op = TransferOpCode::kFetchReply;
+  reply.request_id = 11;
+  reply.fetch_results = {{StatusCode::kOk, 0xdeadbeef, 256 << 10, true},
+                         {StatusCode::kOk, 0x1234, 2 << 20, false}};
+  auto enc = EncodeTransferMessage(reply);
+  ASSERT_TRUE(enc.ok()) << enc.status().ToString();
+  auto dec = DecodeTransferMessage(AsBytes(*enc));
+  ASSERT_TRUE(dec.ok()) << dec.status().ToString();
+  ASSERT_EQ(dec->fetch_results.size(), 2u);
+  EXPECT_TRUE(dec->fetch_results[0].landing_checked);
+  EXPECT_EQ(dec->fetch_results[0].payload_bytes, 256u << 10);
+  EXPECT_FALSE(dec->fetch_results[1].landing_checked);
+  EXPECT_EQ(dec->fetch_results[1].payload_bytes, 2u << 20);
+}
+
 TransferMessage StoreOf(std::size_t keys, std::size_t ns_bytes) {
   TransferMessage m;
   m.op = TransferOpCode::kStore;

@@ -209,6 +209,7 @@ class ClientEndToEndTest : public ::testing::Test {
     // One 16K-token history (32 MiB), or the concurrent test's 8 x 1K tokens.
     o.history_pool_bytes = 40 << 20;
     o.max_context_tokens = kTokens;
+    o.daemon_checks_landing = daemon_checks_landing_;
     o.recompute = [this](const client::RecomputeRequest& r, std::span<std::byte> out) {
       return Prefill(r, out);
     };
@@ -426,6 +427,7 @@ class ClientEndToEndTest : public ::testing::Test {
   ModelFingerprint model_ = TestModel();
   std::uint64_t page_bytes_ = 0;
   std::uint32_t pool_pages_ = 2;  // arena pool pages (2: one context at a time)
+  bool daemon_checks_landing_ = true;  // ClientOptions::daemon_checks_landing
   std::vector<BlockKey> chain_;
   std::atomic<bool> fail_prefill_{false};
   std::atomic<int> prefix_not_landed_{0};
@@ -463,6 +465,10 @@ TEST_F(ClientEndToEndTest, SavedHistoryLoadsExactlyAndSurvivesADaemonThroughReco
   EXPECT_EQ(fetched.blocks_recomputed, PlannedRecompute(fetched));
   EXPECT_EQ(client_->metrics().blocks_fallen_back, 0u);
   EXPECT_LE(client_->metrics().peak_arena_pages, 4u);
+  // Over UCX shared memory the daemons checked every block where it landed
+  // (daemon_checks_landing), and the bytes are exact (LoadAndCheck).
+  EXPECT_GT(client_->metrics().bytes_fetched, 0u);
+  EXPECT_EQ(client_->metrics().bytes_checked_by_daemon, client_->metrics().bytes_fetched);
 
   // What the load taught placement, in its FETCH MODEL's terms: each daemon's
   // stream was observed (its own path's error is scored), and a load from
@@ -505,6 +511,22 @@ TEST_F(ClientEndToEndTest, SavedHistoryLoadsExactlyAndSurvivesADaemonThroughReco
   EXPECT_EQ(m.history_pool_pages, (40u << 20) / *model_.BlockBytes());
   EXPECT_EQ(m.history_pages_in_use, 0u);
   EXPECT_EQ(m.peak_history_pages_in_use, chain_.size());
+}
+
+// daemon_checks_landing = false: the client reads every landed byte for its
+// CRC itself, and the daemons are not asked to.
+TEST_F(ClientEndToEndTest, WithoutTheDaemonsCheckTheClientChecksEveryLanding) {
+  daemon_checks_landing_ = false;
+  client_.reset();
+  ASSERT_NO_FATAL_FAILURE(OpenClient());
+  ASSERT_NO_FATAL_FAILURE(MakeChain());
+  ASSERT_NO_FATAL_FAILURE(PrefillAndSave());
+  const ContextReport fetched = LoadAndCheck("cached, checked by the client");
+  EXPECT_GT(fetched.blocks_fetched, chain_.size() / 2) << fetched.kind;
+  const client::ClientMetrics m = client_->metrics();
+  EXPECT_GT(m.bytes_fetched, 0u);
+  EXPECT_EQ(m.bytes_checked_by_daemon, 0u);
+  EXPECT_EQ(m.crc_failures, 0u);
 }
 
 // Regression: Save counted calls per block, not layers, so saving layer 0

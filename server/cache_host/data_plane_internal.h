@@ -121,9 +121,11 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
 
   // ---- kPut, kGet, kFetch (data_plane_transfers.cc) ----
 
-  // What a launched batch calls once: its status, the bytes moved, and whether
-  // the endpoint is still there to answer.
-  using Finish = std::function<void(const Status&, std::uint64_t bytes, bool peer)>;
+  // What a launched batch calls once: its status, the bytes moved, whether
+  // the endpoint is still there to answer, and the entries' results (empty
+  // when nothing was submitted; valid only during the call).
+  using Finish = std::function<void(const Status&, std::uint64_t bytes, bool peer,
+                                    std::span<const transport::TransferResult> results)>;
 
   std::vector<transport::Transfer> Entries(std::span<const wire::TransferRange> ranges,
                                            const transport::RemoteRegion* remote, bool write);

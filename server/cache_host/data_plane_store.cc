@@ -261,7 +261,8 @@ void DataPlane::Impl::StoreReserve(const std::shared_ptr<StoreJob>& job) {
     return;
   }
   Launch(ep, Entries(ranges, remote, /*write=*/true), std::move(*ticket), /*write=*/true,
-         [self = shared_from_this(), job](const Status& status, std::uint64_t bytes, bool peer) {
+         [self = shared_from_this(), job](const Status& status, std::uint64_t bytes, bool peer,
+                                          std::span<const transport::TransferResult>) {
            // The CRC check runs on a worker, not on this (progress) thread.
            if (!self->PostStore([self, job, status, bytes, peer] {
                  self->StoreCommit(job, status, bytes, peer);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/block_format.h"
+#include "core/crc32c.h"
 #include "core/mutex.h"
 #include "proto/transfer_wire.h"
 #include "server/cache_host/cache_host_node.h"
@@ -98,8 +99,9 @@ void DataPlane::Impl::Move(Endpoint* ep, wire::TransferMessage m, const DataSess
     return;
   }
   Launch(ep, Entries(m.ranges, remote, write), std::move(*ticket), write,
-         [self = shared_from_this(), ep, request = m.request_id](const Status& status,
-                                                                 std::uint64_t bytes, bool peer) {
+         [self = shared_from_this(), ep, request = m.request_id](
+             const Status& status, std::uint64_t bytes, bool peer,
+             std::span<const transport::TransferResult>) {
            if (peer) self->Reply(ep, request, status, bytes);
          });
 }
@@ -123,14 +125,14 @@ void DataPlane::Impl::Launch(Endpoint* ep, const std::vector<Transfer>& entries,
   }
   if (id == 0) {
     node->EndTransfer(ticket, /*landed=*/false);
-    finish(Status::Unavailable("connection closed"), 0, false);
+    finish(Status::Unavailable("connection closed"), 0, false, {});
     return;
   }
   const std::uint64_t started = NowMicros();
   auto batch = ep->Submit(entries);
   if (!batch.ok()) {
     node->EndTransfer(ticket, /*landed=*/false);
-    finish(batch.status(), 0, true);
+    finish(batch.status(), 0, true, {});
     Done(ep, 0);
     MutexLock lock(&mu);
     in_flight.erase(id);
@@ -148,7 +150,7 @@ void DataPlane::Impl::Launch(Endpoint* ep, const std::vector<Transfer>& entries,
     const std::uint64_t bytes = raw->TotalBytes();
     self->node->EndTransfer(ticket, /*landed=*/status.ok());
     self->node->ObserveTransfer(write, bytes, NowMicros() - started, status);
-    finish(status, bytes, true);
+    finish(status, bytes, true, raw->results());
     MutexLock lock(&self->mu);
     auto it = self->in_flight.find(id);
     if (it != self->in_flight.end()) {
@@ -165,6 +167,33 @@ void DataPlane::Impl::Done(Endpoint* ep, std::uint64_t) {
   auto pit = peers.find(ep);
   if (pit != peers.end()) --pit->second.in_flight;
 }
+
+namespace {
+
+// Sets landing_checked on every key whose entries all report a landed CRC
+// (Transfer::checksum) that folds to the CRC the key's result answers.
+void MarkCheckedLandings(std::span<const transport::TransferResult> moved,
+                         std::span<const std::size_t> entry_key,
+                         std::vector<wire::FetchKeyResult>* results) {
+  if (moved.size() != entry_key.size()) return;
+  for (std::size_t j = 0; j < moved.size();) {
+    const std::size_t key = entry_key[j];
+    bool all = true;
+    std::uint32_t crc = 0;
+    for (; j < moved.size() && entry_key[j] == key; ++j) {
+      const transport::TransferResult& r = moved[j];
+      if (!r.status.ok() || !r.landed_crc32c.has_value()) {
+        all = false;
+        continue;
+      }
+      crc = crc32c::Combine(crc, *r.landed_crc32c, r.bytes);
+    }
+    wire::FetchKeyResult& out = (*results)[key];
+    out.landing_checked = all && out.code == StatusCode::kOk && crc == out.crc32c;
+  }
+}
+
+}  // namespace
 
 void DataPlane::Impl::FetchReply(Endpoint* ep, std::uint64_t request_id, const Status& status,
                                  std::vector<wire::FetchKeyResult> results, std::uint64_t bytes,
@@ -246,6 +275,7 @@ void DataPlane::Impl::Fetch(Endpoint* ep, const wire::TransferMessage& m,
   std::vector<wire::FetchKeyResult> results(n);
   std::vector<wire::TransferRange> ranges;
   std::vector<ByteExtent> extents;
+  std::vector<std::size_t> range_key;  // ranges[j] holds bytes of key range_key[j]
   for (std::size_t i = 0; i < n; ++i) {
     const LeaseEntryResult& r = leased->results[i];
     wire::FetchKeyResult& out = results[i];
@@ -291,6 +321,7 @@ void DataPlane::Impl::Fetch(Endpoint* ep, const wire::TransferMessage& m,
       const ByteExtent part{x.offset + skip, std::min(x.length - skip, left)};
       skip = 0;
       ranges.push_back({part.offset, part.length, pos});
+      range_key.push_back(i);
       extents.push_back(part);
       pos += part.length;
       left -= part.length;
@@ -313,12 +344,34 @@ void DataPlane::Impl::Fetch(Endpoint* ep, const wire::TransferMessage& m,
     fail(ticket.status());
     return;
   }
+  // Checking landings (flag bit 3): one entry per key's run of ranges (a
+  // key's ranges are joined only with each other), each asking the
+  // transport for the CRC of the bytes where they landed.
+  std::vector<Transfer> entries;
+  std::vector<std::size_t> entry_key;
+  if (m.fetch_check_landing) {
+    for (std::size_t j = 0; j < ranges.size();) {
+      std::size_t end = j;
+      while (end < ranges.size() && range_key[end] == range_key[j]) ++end;
+      for (Transfer t : Entries(std::span(ranges).subspan(j, end - j), remote, /*write=*/false)) {
+        t.checksum = true;
+        entries.push_back(t);
+        entry_key.push_back(range_key[j]);
+      }
+      j = end;
+    }
+  } else {
+    entries = Entries(ranges, remote, /*write=*/false);
+  }
   Launch(
-      ep, Entries(ranges, remote, /*write=*/false), std::move(*ticket), /*write=*/false,
-      [self = shared_from_this(), ep, release, request = m.request_id,
-       results = std::move(results)](const Status& status, std::uint64_t bytes, bool peer) mutable {
+      ep, entries, std::move(*ticket), /*write=*/false,
+      [self = shared_from_this(), ep, release, request = m.request_id, results = std::move(results),
+       entry_key = std::move(entry_key)](const Status& status, std::uint64_t bytes, bool peer,
+                                         std::span<const transport::TransferResult> moved) mutable {
         release();
-        if (peer) self->FetchReply(ep, request, status, std::move(results), bytes);
+        if (!peer) return;
+        if (status.ok()) MarkCheckedLandings(moved, entry_key, &results);
+        self->FetchReply(ep, request, status, std::move(results), bytes);
       });
 }
 
