@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -63,6 +64,7 @@ struct Op {
   std::span<std::byte> local;           // the local range (empty for a bare kSend)
   std::uint64_t region_id = 0;          // kRead/kWrite: the peer's region
   std::uint64_t region_offset = 0;      // kRead/kWrite: offset within that region
+  bool checksum = false;                // kRead/kWrite: Transfer::checksum
   std::vector<std::byte> header;        // kSend: copied at Submit
   std::weak_ptr<EndpointState> origin;  // where it was submitted
   std::weak_ptr<EndpointState> target;  // the peer's end of the connection
@@ -86,12 +88,13 @@ struct EndpointState {
 
 // Removes a finished op from its endpoint and completes its entry.
 // REQUIRES: the caller moved op->state to kFinished.
-void CompleteOp(const std::shared_ptr<Op>& op, Status status, std::uint64_t bytes) {
+void CompleteOp(const std::shared_ptr<Op>& op, Status status, std::uint64_t bytes,
+                std::optional<std::uint32_t> landed_crc32c = std::nullopt) {
   if (std::shared_ptr<EndpointState> origin = op->origin.lock()) {
     MutexLock lock(&origin->mu);
     origin->pending.erase(op);
   }
-  op->completion->Complete(op->index, std::move(status), bytes);
+  op->completion->Complete(op->index, std::move(status), bytes, landed_crc32c);
 }
 
 // Marks `ep` failed with `failure` (if not already) and completes its pending

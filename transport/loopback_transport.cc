@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/crc32c.h"
 #include "core/mutex.h"
 #include "transport/loopback_state.h"
 
@@ -140,7 +141,8 @@ class Core : public std::enable_shared_from_this<Core> {
     return true;
   }
   void Run();
-  Status Copy(const Op& op, std::uint64_t* bytes);
+  // Sets *landed to the destination's CRC32C when op.checksum.
+  Status Copy(const Op& op, std::uint64_t* bytes, std::optional<std::uint32_t>* landed);
   Status Deliver(const Op& op, EndpointState& target);
 
   const std::shared_ptr<Registry> registry_;
@@ -431,6 +433,7 @@ StatusOr<std::unique_ptr<TransferBatch>> LoopbackEndpoint::Submit(
       auto* remote = static_cast<const LoopbackRemoteRegion*>(t.remote);
       op->region_id = remote->region_id();
       op->region_offset = remote->offset() + t.remote_offset;
+      op->checksum = t.checksum;
     }
     op->origin = state_;
     op->target = target;
@@ -505,7 +508,7 @@ void Core::Run() {
   for (Job& job : peer) job(true);
 }
 
-Status Core::Copy(const Op& op, std::uint64_t* bytes) {
+Status Core::Copy(const Op& op, std::uint64_t* bytes, std::optional<std::uint32_t>* landed) {
   std::shared_ptr<RegionState> region;
   {
     MutexLock lock(&regions_mu_);
@@ -525,6 +528,11 @@ Status Core::Copy(const Op& op, std::uint64_t* bytes) {
     } else {
       std::memcpy(remote, op.local.data(), op.local.size());
     }
+  }
+  if (op.checksum) {
+    *landed = crc32c::Value(
+        op.op == TransferOp::kRead ? op.local.data() : region->bytes.data() + op.region_offset,
+        op.local.size());
   }
   *bytes = op.local.size();
   return Status::OK();
@@ -551,6 +559,7 @@ void Core::Execute(const std::shared_ptr<Op>& op, bool shutting_down) {
   if (!op->TryStart()) return;  // cancelled or failed while queued
   Status status;
   std::uint64_t bytes = 0;
+  std::optional<std::uint32_t> landed;
   std::shared_ptr<EndpointState> target = op->target.lock();
   Status target_failure = Status::Unavailable("peer endpoint is gone");
   if (target != nullptr) {
@@ -565,10 +574,10 @@ void Core::Execute(const std::shared_ptr<Op>& op, bool shutting_down) {
     status = Deliver(*op, *target);
     bytes = status.ok() ? op->local.size() : 0;
   } else {
-    status = Copy(*op, &bytes);
+    status = Copy(*op, &bytes, &landed);
   }
   op->state.store(Op::kFinished);
-  CompleteOp(op, std::move(status), bytes);
+  CompleteOp(op, std::move(status), bytes, landed);
 }
 
 void Core::DeliverAccept(std::shared_ptr<EndpointState> ep, bool shutting_down) {

@@ -305,7 +305,8 @@ StatusOr<std::vector<Status>> CacheHostNode::Commit(const Namespace& ns, const G
   }
   std::vector<Status> results(todo.size());
   for (std::size_t k = 0; k < todo.size(); ++k) {
-    results[k] = table_->Commit(sub_ids[k], entries[todo[k].first].crc32c);
+    const CommitEntry& e = entries[todo[k].first];
+    results[k] = table_->Commit(sub_ids[k], e.crc32c, e.landed_slice_crcs);
   }
   std::vector<std::uint64_t> to_abort;
   {

@@ -195,6 +195,11 @@ struct ReserveBatch {
 struct CommitEntry {
   BlockKey key;
   std::uint32_t crc32c = 0;
+  // Daemon-internal (kStore, from its own transport's landed CRCs; never set
+  // from a request): the payload's per-layer-slice CRCs over the reserved
+  // pages, so that the commit need not read them again
+  // (LeaseTable::Commit). Empty: the commit computes them.
+  std::vector<std::uint32_t> landed_slice_crcs = {};
 };
 
 struct LeaseRequestOptions {

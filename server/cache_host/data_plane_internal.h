@@ -150,6 +150,11 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
     std::vector<BlockKey> keys;                 // one per entry
     std::vector<bool> reserved;                 // per entry: this request reserved it
     GrantInfo grant;
+    // The pull's transport entries, in order: entry `pulled[j].first`'s
+    // layer slice `pulled[j].second` (entries never straddle a slice, so
+    // their landed CRCs fold into each slice's); and each entry's slice count.
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> pulled;
+    std::vector<std::uint32_t> slices;
     // The reserving worker hands the job to the committing one through the
     // transport's completion, which a race detector cannot see through every
     // transport (UCX's shared memory): taken once after the reserve's writes
@@ -167,8 +172,10 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
   Status StoreMetas(const wire::TransferMessage& m, std::vector<BlockMeta>* metas,
                     std::vector<wire::FetchKeyResult>* results) const;
   void StoreReserve(const std::shared_ptr<StoreJob>& job);
+  // `landed`: per entry, its slices' CRCs as the pull computed them where the
+  // bytes landed (empty where the transport did not: the commit reads them).
   void StoreCommit(const std::shared_ptr<StoreJob>& job, const Status& moved, std::uint64_t bytes,
-                   bool peer);
+                   std::vector<std::vector<std::uint32_t>> landed, bool peer);
 };
 
 }  // namespace kvfabric::cache_host

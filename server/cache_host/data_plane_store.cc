@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/block_format.h"
+#include "core/crc32c.h"
 #include "core/mutex.h"
 #include "proto/transfer_wire.h"
 #include "server/cache_host/cache_host_node.h"
@@ -17,6 +18,36 @@
 namespace kvfabric::cache_host {
 
 using transport::Endpoint;
+using transport::Transfer;
+using transport::TransferOp;
+
+namespace {
+
+// Per entry of `job`, its slices' CRCs folded from the pull's landed CRCs
+// (job.pulled names each piece's entry and slice); empty for an entry any of
+// whose pieces has none (not copied by this process, or failed).
+std::vector<std::vector<std::uint32_t>> LandedSliceCrcs(
+    const DataPlane::Impl::StoreJob& job, std::span<const transport::TransferResult> moved) {
+  std::vector<std::vector<std::uint32_t>> out(job.slices.size());
+  if (moved.size() != job.pulled.size()) return out;
+  std::vector<bool> whole(job.slices.size(), true);
+  for (std::size_t i = 0; i < job.slices.size(); ++i) out[i].assign(job.slices[i], 0);
+  for (std::size_t j = 0; j < moved.size(); ++j) {
+    const auto [entry, slice] = job.pulled[j];
+    const transport::TransferResult& r = moved[j];
+    if (!r.status.ok() || !r.landed_crc32c.has_value() || slice >= out[entry].size()) {
+      whole[entry] = false;
+      continue;
+    }
+    out[entry][slice] = crc32c::Combine(out[entry][slice], *r.landed_crc32c, r.bytes);
+  }
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (!whole[i]) out[i].clear();
+  }
+  return out;
+}
+
+}  // namespace
 
 // False once the workers stopped (the job is dropped).
 bool DataPlane::Impl::PostStore(std::function<void()> job) {
@@ -219,6 +250,7 @@ void DataPlane::Impl::StoreReserve(const std::shared_ptr<StoreJob>& job) {
   }
   std::vector<ReserveEntry> entries;
   std::vector<std::size_t> index;  // entries[j] is request entry index[j]
+  job->slices.assign(n, 0);
   job->keys.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
     job->keys.emplace_back(m.store_entries[i].key);
@@ -241,11 +273,27 @@ void DataPlane::Impl::StoreReserve(const std::shared_ptr<StoreJob>& job) {
       job->results[i].code = r.status.code();
       if (!r.status.ok()) continue;
       job->reserved[i] = true;
+      // Cut at layer-slice boundaries (the commit's per-layer CRCs): each
+      // piece of the pull reports the CRC of its bytes where they landed.
+      const BlockMeta& meta = metas[i];
+      const bool sliced =
+          meta.layers >= 1 && meta.layers <= kMaxBlockLayers && meta.bytes % meta.layers == 0;
+      const std::uint64_t slice_bytes = sliced ? meta.bytes / meta.layers : meta.bytes;
+      job->slices[i] = sliced ? meta.layers : 1;
       std::uint64_t pos = m.store_entries[i].region_offset;
+      std::uint64_t done = 0;  // payload bytes before this extent
       for (const ByteExtent& x : r.extents) {
-        ranges.push_back({x.offset, x.length, pos});
         extents.push_back(x);
+        for (std::uint64_t at = 0; at < x.length;) {
+          const std::uint64_t into = (done + at) % slice_bytes;
+          const std::uint64_t n = std::min(x.length - at, slice_bytes - into);
+          ranges.push_back({x.offset + at, n, pos + at});
+          job->pulled.emplace_back(static_cast<std::uint32_t>(i),
+                                   static_cast<std::uint32_t>((done + at) / slice_bytes));
+          at += n;
+        }
         pos += x.length;
+        done += x.length;
       }
     }
   }
@@ -257,15 +305,30 @@ void DataPlane::Impl::StoreReserve(const std::shared_ptr<StoreJob>& job) {
   auto ticket = node->BeginTransfer(job->grant.lease_id, job->grant.token, /*write=*/true, extents,
                                     job->tenant.get());
   if (!ticket.ok()) {
-    StoreCommit(job, ticket.status(), 0, true);
+    StoreCommit(job, ticket.status(), 0, {}, true);
     return;
   }
-  Launch(ep, Entries(ranges, remote, /*write=*/true), std::move(*ticket), /*write=*/true,
+  // One entry per piece (not joined), each asking for its landed CRC.
+  std::vector<Transfer> pulls;
+  pulls.reserve(ranges.size());
+  for (const wire::TransferRange& r : ranges) {
+    Transfer t;
+    t.op = TransferOp::kRead;
+    t.local = node->pool_region();
+    t.local_offset = r.pool_offset;
+    t.length = r.length;
+    t.remote = remote;
+    t.remote_offset = r.region_offset;
+    t.checksum = true;
+    pulls.push_back(t);
+  }
+  Launch(ep, pulls, std::move(*ticket), /*write=*/true,
          [self = shared_from_this(), job](const Status& status, std::uint64_t bytes, bool peer,
-                                          std::span<const transport::TransferResult>) {
-           // The CRC check runs on a worker, not on this (progress) thread.
-           if (!self->PostStore([self, job, status, bytes, peer] {
-                 self->StoreCommit(job, status, bytes, peer);
+                                          std::span<const transport::TransferResult> moved) {
+           std::vector<std::vector<std::uint32_t>> landed = LandedSliceCrcs(*job, moved);
+           // The commit runs on a worker, not on this (progress) thread.
+           if (!self->PostStore([self, job, status, bytes, peer, landed = std::move(landed)] {
+                 self->StoreCommit(job, status, bytes, landed, peer);
                })) {
              self->StoreDone(job->ep);  // stopping: the grant ends with its TTL
            }
@@ -274,7 +337,8 @@ void DataPlane::Impl::StoreReserve(const std::shared_ptr<StoreJob>& job) {
 
 // On a worker: commit what arrived (the CRC check), release the rest, answer.
 void DataPlane::Impl::StoreCommit(const std::shared_ptr<StoreJob>& job, const Status& moved,
-                                  std::uint64_t bytes, bool peer) {
+                                  std::uint64_t bytes,
+                                  std::vector<std::vector<std::uint32_t>> landed, bool peer) {
   { MutexLock acquire(&job->handoff); }
   const Namespace ns{job->m.fetch_namespace};
   std::vector<CommitEntry> commits;
@@ -282,7 +346,8 @@ void DataPlane::Impl::StoreCommit(const std::shared_ptr<StoreJob>& job, const St
   if (moved.ok()) {
     for (std::size_t i = 0; i < job->reserved.size(); ++i) {
       if (!job->reserved[i]) continue;
-      commits.push_back({job->keys[i], job->m.store_entries[i].crc32c});
+      commits.push_back({job->keys[i], job->m.store_entries[i].crc32c,
+                         i < landed.size() ? std::move(landed[i]) : std::vector<std::uint32_t>()});
       index.push_back(i);
     }
   }

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/block_format.h"
+#include "core/crc32c.h"
 #include "core/mutex.h"
 #include "core/units.h"
 
@@ -121,7 +122,8 @@ void LeaseTable::DropReservationLocked(std::uint64_t id, bool free_pages) {
   index_.ReclaimIfEmpty(ns);
 }
 
-Status LeaseTable::Commit(std::uint64_t reservation_id, std::uint32_t crc32c) {
+Status LeaseTable::Commit(std::uint64_t reservation_id, std::uint32_t crc32c,
+                          std::span<const std::uint32_t> landed_slice_crcs) {
   PageRuns pages;
   std::uint64_t bytes = 0;
   std::uint32_t layers = 0;
@@ -154,10 +156,24 @@ Status LeaseTable::Commit(std::uint64_t reservation_id, std::uint32_t crc32c) {
   // Per layer slice when the payload splits into its layers (the CRCs a
   // layer-range fetch is checked against), folded to the whole CRC the
   // writer declared, so they name the writer's bytes.
+  // With the slices' CRCs from the transfer that wrote the pages (kStore),
+  // folded without reading the pages again.
   std::vector<std::uint32_t> layer_crcs;
-  const std::uint32_t computed = layers >= 1 && layers <= kMaxBlockLayers && bytes % layers == 0
-                                     ? pool_->SliceCrc32c(pages, bytes, layers, &layer_crcs)
-                                     : pool_->Crc32c(pages, bytes);
+  const bool sliced = layers >= 1 && layers <= kMaxBlockLayers && bytes % layers == 0;
+  std::uint32_t computed = 0;
+  if (sliced && landed_slice_crcs.size() == layers) {
+    layer_crcs.assign(landed_slice_crcs.begin(), landed_slice_crcs.end());
+    const std::uint32_t shift = crc32c::ShiftFor(bytes / layers);
+    computed = layer_crcs[0];
+    for (std::uint32_t l = 1; l < layers; ++l) {
+      computed = crc32c::CombineShifted(computed, layer_crcs[l], shift);
+    }
+  } else if (!sliced && landed_slice_crcs.size() == 1) {
+    computed = landed_slice_crcs[0];
+  } else {
+    computed = sliced ? pool_->SliceCrc32c(pages, bytes, layers, &layer_crcs)
+                      : pool_->Crc32c(pages, bytes);
+  }
   const std::optional<BlockKey> compact_key = CompactKeyOf(key, representation);
 
   MutexLock lock(&mu_);

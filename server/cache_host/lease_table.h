@@ -270,8 +270,14 @@ class LeaseTable {
   // NotFound for an unknown or expired reservation; FailedPrecondition while
   // another Commit of it runs, or when some payload byte was never written
   // (the reservation stays; write the gap and commit again); DataLoss on a
-  // CRC mismatch (pages freed).
-  Status Commit(std::uint64_t reservation_id, std::uint32_t crc32c);
+  // CRC mismatch (pages freed). `landed_slice_crcs`: the CRC32C of each
+  // layer slice (or of the whole payload, one value, for a payload that does
+  // not split into its layers) as the daemon's own transport computed it over
+  // these pages right after writing them (Transfer::checksum, kStore); when
+  // given in that count, Commit folds them instead of reading the pages
+  // again. Daemon-internal: never from a request.
+  Status Commit(std::uint64_t reservation_id, std::uint32_t crc32c,
+                std::span<const std::uint32_t> landed_slice_crcs = {});
   // Gives a reservation up; its pages return. NotFound if unknown;
   // FailedPrecondition while a write or Commit is in flight.
   Status Abort(std::uint64_t reservation_id);

@@ -174,6 +174,54 @@ TEST_F(LeaseTableTest, CrcMismatchAtCommitReturnsPagesAndPublishesNothing) {
   Put(a_, 1, 2 * kPage);
 }
 
+// kStore's commit: the transport computed each layer slice's CRC where the
+// bytes landed, and Commit folds those instead of reading the pages again.
+// They are what is compared with the writer's CRC (a slice CRC of other
+// bytes fails the commit although the pages match), and they become the
+// block's layer CRCs; a count that is not the block's slices is ignored
+// and the pages are read.
+TEST_F(LeaseTableTest, CommitFoldsLandedSliceCrcsInsteadOfReadingThePagesAgain) {
+  MakeTable(32);
+  auto meta = [] {
+    BlockMeta m = Meta(4 * kPage);
+    m.layers = 4;
+    return m;
+  };
+  auto slices_of = [](std::span<const std::byte> data) {
+    std::vector<std::uint32_t> out;
+    for (std::size_t at = 0; at < data.size(); at += kPage) {
+      out.push_back(crc32c::Value(data.subspan(at, kPage)));
+    }
+    return out;
+  };
+  const std::vector<std::byte> data = Pattern(1, 4 * kPage);
+  auto r = table_->Reserve(a_, KeyOf(1), meta(), kTtl);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(table_->CopyIn(r->id, data).ok());
+  const std::vector<std::uint32_t> slices = slices_of(data);
+  ASSERT_TRUE(table_->Commit(r->id, crc32c::Value(data), slices).ok());
+  const BlockKey one[] = {KeyOf(1)};
+  auto lease = table_->Lease(a_, one, kTtl, nullptr, /*with_layer_crcs=*/true);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(lease->blocks[0].crc32c, crc32c::Value(data));
+  EXPECT_EQ(lease->blocks[0].layer_crc32c, slices);
+  ASSERT_TRUE(table_->Release(lease->id).ok());
+
+  // The pages hold key 2's bytes; slice CRCs of other bytes fail the commit.
+  const std::vector<std::byte> other = Pattern(2, 4 * kPage);
+  r = table_->Reserve(a_, KeyOf(2), meta(), kTtl);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(table_->CopyIn(r->id, other).ok());
+  EXPECT_TRUE(table_->Commit(r->id, crc32c::Value(other), slices).IsDataLoss());
+
+  // Three CRCs for four slices: not the transfer's, so the pages are read.
+  r = table_->Reserve(a_, KeyOf(3), meta(), kTtl);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(table_->CopyIn(r->id, other).ok());
+  const std::vector<std::uint32_t> three(slices.begin(), slices.begin() + 3);
+  EXPECT_TRUE(table_->Commit(r->id, crc32c::Value(other), three).ok());
+}
+
 // Issue 17's probe, the half that lives in Commit's answer: tenant B reserves
 // the pages tenant A's deleted block used and commits with a wrong CRC. The
 // DATA_LOSS answer must not carry the CRC the daemon computed over those

@@ -1,4 +1,3 @@
-#include "core/mutex.h"
 #include "transport/testing/fault_injection_transport.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "core/crc32c.h"
+#include "core/mutex.h"
 #include "core/testing/test_seed.h"
 #include "transport/loopback_transport.h"
 #include "transport/testing/transport_conformance.h"
@@ -97,12 +98,14 @@ class FaultInjectionTransportTest : public ::testing::Test {
     remote_ = std::move(client_ep_->ImportRegion(*server_mem_->Export(0, kSize))).value();
   }
 
-  std::unique_ptr<TransferBatch> Submit(TransferOp op, std::uint64_t length = kSize) {
+  std::unique_ptr<TransferBatch> Submit(TransferOp op, std::uint64_t length = kSize,
+                                        bool checksum = false) {
     std::vector<Transfer> t = {{.op = op,
                                 .local = client_mem_.get(),
                                 .length = length,
                                 .remote = remote_.get(),
-                                .header = {}}};
+                                .header = {},
+                                .checksum = checksum}};
     auto b = client_ep_->Submit(t);
     EXPECT_TRUE(b.ok()) << b.status();
     return std::move(b).value();
@@ -230,6 +233,35 @@ TEST_F(FaultInjectionTransportTest, CorruptWriteFlipsOneBitOfWhatThePeerGetsAndN
   ASSERT_TRUE(r->Wait(Soon()).ok());
   EXPECT_EQ(DifferingBits(client_mem_->bytes(), server_mem_->bytes()), 0);
   EXPECT_EQ(client_->counters().corrupted, 0u);
+}
+
+// Transfer::checksum through the wrapper: a corrupted read reports no landed
+// CRC (the base's was of the bytes before the flip), a corrupted write
+// reports the CRC of the flipped bytes the peer got, an untouched entry the
+// base's.
+TEST_F(FaultInjectionTransportTest, LandedCrcsNeverVouchForBytesTheWrapperFlipped) {
+  std::mt19937_64 rng(TestSeed("FaultInjectionTransportTest.LandedCrcs"));
+  Connect({.seed = rng(),
+           .rates = {
+               .corrupt_one_in = 1, .corrupt_write_one_in = 1, .corrupt_write_min_bytes = kSize}});
+  for (std::byte& b : server_mem_->bytes()) b = static_cast<std::byte>(rng());
+  auto r = Submit(TransferOp::kRead, kSize, /*checksum=*/true);
+  ASSERT_TRUE(r->Wait(Soon()).ok());
+  ASSERT_TRUE(r->results()[0].status.ok());
+  EXPECT_FALSE(r->results()[0].landed_crc32c.has_value());
+  for (std::byte& b : client_mem_->bytes()) b = static_cast<std::byte>(rng());
+  auto w = Submit(TransferOp::kWrite, kSize, /*checksum=*/true);
+  ASSERT_TRUE(w->Wait(Soon()).ok());
+  ASSERT_TRUE(w->results()[0].landed_crc32c.has_value());
+  EXPECT_EQ(*w->results()[0].landed_crc32c, crc32c::Value(server_mem_->bytes().first(kSize)));
+  EXPECT_NE(*w->results()[0].landed_crc32c, crc32c::Value(client_mem_->bytes().first(kSize)));
+  // Shorter than corrupt_write_min_bytes: spared, and the base's CRC stands.
+  for (std::byte& b : client_mem_->bytes()) b = static_cast<std::byte>(rng());
+  auto plain = Submit(TransferOp::kWrite, kSize / 2, /*checksum=*/true);
+  ASSERT_TRUE(plain->Wait(Soon()).ok());
+  ASSERT_TRUE(plain->results()[0].landed_crc32c.has_value());
+  EXPECT_EQ(*plain->results()[0].landed_crc32c,
+            crc32c::Value(client_mem_->bytes().first(kSize / 2)));
 }
 
 TEST_F(FaultInjectionTransportTest, CorruptWriteSparesEntriesShorterThanItsMinimum) {
