@@ -31,6 +31,8 @@
 //                          placement's online fit sees several sizes; default 0)
 //                          [--no-populate]  (the daemons do not populate their
 //                          mappings of the client's pool when they import it)
+//                          [--client-checks]  (daemon_checks_landing = false: the
+//                          client reads every landed byte again for its CRC)
 //                          [--compact-after exact,0,4096,16384]  (issue 24: the
 //                          daemons convert every block to compact_int8 copies;
 //                          then one load per accuracy policy listed, bytes per
@@ -130,6 +132,17 @@ double CrcGBps(std::uint64_t bytes,
     best = std::max(best, bytes / Seconds(t0, Clock::now()) / 1e9);
   }
   return best;
+}
+
+// CRC32C of one 64 KiB piece, again and again: in cache, as a daemon's
+// checked copy reads each piece back (core/guarded_copy.h). GB/s.
+double HotCrcGBps(std::uint32_t (*extend)(std::uint32_t, const void*, std::size_t)) {
+  std::vector<char> piece(64 << 10, 3);
+  volatile std::uint32_t sink = 0;
+  const int rounds = 16384;  // 1 GiB
+  const auto t0 = Clock::now();
+  for (int i = 0; i < rounds; ++i) sink = sink + extend(0, piece.data(), piece.size());
+  return static_cast<double>(piece.size()) * rounds / Seconds(t0, Clock::now()) / 1e9;
 }
 
 struct LoadRun {
@@ -237,11 +250,16 @@ int main(int argc, char** argv) {
   double prefill_us_per_token = 50.0;
   int warmup = 0;
   bool populate = true;
+  bool client_checks = false;
   std::vector<std::string> compact_policies;
   double compact_extra_us = -1;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--no-populate") {
       populate = false;
+      continue;
+    }
+    if (std::string(argv[i]) == "--client-checks") {
+      client_checks = true;
       continue;
     }
     if (i + 1 >= argc) {
@@ -321,6 +339,16 @@ int main(int argc, char** argv) {
         "(VPCLMULQDQ) %.2f GB/s (%.2fx memcpy)%s\n",
         hw, hw / mem1, fold, fold / mem1,
         kvfabric::crc32c::internal::FoldingAvailable() ? "" : " (not on this CPU)");
+    const double hot_hw = kvfabric::crc32c::internal::HardwareAvailable()
+                              ? HotCrcGBps(&kvfabric::crc32c::internal::ExtendHardware)
+                              : 0;
+    const double hot_fold = kvfabric::crc32c::internal::FoldingAvailable()
+                                ? HotCrcGBps(&kvfabric::crc32c::internal::ExtendFolding)
+                                : 0;
+    std::printf(
+        "CRC32C of a 64 KiB piece in cache: crc32 instruction %.1f GB/s, folding %.1f GB/s "
+        "(%.1fx)\n",
+        hot_hw, hot_fold, hot_hw > 0 ? hot_fold / hot_hw : 0.0);
   }
 
   // One or two daemons, together able to hold the three histories written
@@ -361,6 +389,7 @@ int main(int argc, char** argv) {
   o.tile_tokens = block_tokens;
   o.staging_bytes = 16 * block_bytes;
   o.fetch_depth = depth;
+  o.daemon_checks_landing = !client_checks;
   o.history_pool_bytes = std::uint64_t(max_contexts) * history_bytes;
   o.max_context_tokens = tokens;
   // The "engine" writes a known pattern and takes kPrefillUsPerToken per

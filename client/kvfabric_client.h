@@ -205,7 +205,7 @@ struct ClientOptions {
   // blocks matched, and the client skips its own pass over those
   // (ClientMetrics::bytes_checked_by_daemon). Elsewhere (TCP, RDMA, an
   // older daemon) the client checks every byte as before. false: the client
-  // always checks itself, one more pass over memory: 1.4-1.9x the load time
+  // always checks itself, one more pass over memory: 1.2-1.4x the load time
   // of a 32K-token history on the development VM (docs/benchmarks.md). The
   // daemon checks the bytes where they landed, in the client's pages, so
   // either way the bytes checked are the bytes the engine reads; what
