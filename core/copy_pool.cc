@@ -28,14 +28,17 @@ Status CopyAll(std::span<const CopyRange> ranges, bool streaming) {
   return first;
 }
 
-// Splits `ranges` into at most `parts` lists of about equal bytes.
-std::vector<std::vector<CopyRange>> Split(std::span<const CopyRange> ranges, std::size_t parts) {
+// Splits `ranges` into at most `parts` lists of about equal bytes. Appends
+// to `origin`, per piece in order (share after share), its range's index.
+std::vector<std::vector<CopyRange>> Split(std::span<const CopyRange> ranges, std::size_t parts,
+                                          std::vector<std::size_t>* origin) {
   std::size_t total = 0;
   for (const CopyRange& r : ranges) total += r.bytes;
   const std::size_t target = std::max<std::size_t>(kCutAlign, (total + parts - 1) / parts);
   std::vector<std::vector<CopyRange>> out(1);
   std::size_t in_part = 0;
-  for (CopyRange r : ranges) {
+  for (std::size_t k = 0; k < ranges.size(); ++k) {
+    CopyRange r = ranges[k];
     while (r.bytes > 0) {
       if (in_part >= target && out.size() < parts) {
         out.emplace_back();
@@ -50,6 +53,7 @@ std::vector<std::vector<CopyRange>> Split(std::span<const CopyRange> ranges, std
         take = std::min(r.bytes, std::max<std::size_t>(aligned, 1));
       }
       out.back().push_back({r.dst, r.src, take, r.crc});
+      origin->push_back(k);
       in_part += take;
       r.dst = static_cast<char*>(r.dst) + take;
       r.src = static_cast<const char*>(r.src) + take;
@@ -90,29 +94,17 @@ void CopyPool::Work() {
 
 namespace {
 
-// Points the pieces of every checked range (CopyRange::crc) in `shares` at
-// slots of `piece_crcs`, so that FoldPieces can fold them in order. Pieces
-// follow their ranges' order, share after share. Returns, per piece, the
-// index of its range.
-std::vector<std::size_t> AimPieces(std::span<const CopyRange> ranges,
-                                   std::vector<std::vector<CopyRange>>* shares,
-                                   std::vector<std::uint32_t>* piece_crcs) {
-  std::size_t pieces = 0;
-  for (const auto& share : *shares) pieces += share.size();
-  piece_crcs->assign(pieces, 0);
-  std::vector<std::size_t> origin;
-  origin.reserve(pieces);
-  std::size_t k = 0, left = 0, slot = 0;
+// Points every piece of a checked range (CopyRange::crc) at its own slot of
+// `piece_crcs` (one per piece, in Split's order), for FoldPieces.
+void AimPieces(std::vector<std::vector<CopyRange>>* shares,
+               std::vector<std::uint32_t>* piece_crcs) {
+  std::size_t slot = 0;
   for (auto& share : *shares) {
     for (CopyRange& piece : share) {
-      while (left == 0) left = ranges[k++].bytes;  // a piece has bytes: its range is ahead
-      origin.push_back(k - 1);
-      left -= piece.bytes;
       if (piece.crc != nullptr) piece.crc = &(*piece_crcs)[slot];
       ++slot;
     }
   }
-  return origin;
 }
 
 // Sets each checked range's CRC from its pieces' (after every copy succeeded).
@@ -140,12 +132,12 @@ void FoldPieces(std::span<const CopyRange> ranges,
 
 Status CopyPool::Copy(std::span<const CopyRange> ranges, bool streaming) {
   if (workers_.empty() || ranges.empty()) return CopyAll(ranges, streaming);
-  std::vector<std::vector<CopyRange>> shares = Split(ranges, workers_.size() + 1);
+  std::vector<std::size_t> origin;
+  std::vector<std::vector<CopyRange>> shares = Split(ranges, workers_.size() + 1, &origin);
   bool checked = false;
   for (const CopyRange& r : ranges) checked = checked || r.crc != nullptr;
-  std::vector<std::uint32_t> piece_crcs;
-  std::vector<std::size_t> origin;
-  if (checked) origin = AimPieces(ranges, &shares, &piece_crcs);
+  std::vector<std::uint32_t> piece_crcs(checked ? origin.size() : 0, 0);
+  if (checked) AimPieces(&shares, &piece_crcs);
   // Completion of the helpers' shares; lives on this stack frame, which
   // outlives every job (Copy waits for all of them).
   Mutex done_mu;

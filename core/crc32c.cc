@@ -188,8 +188,9 @@ __attribute__((target("avx512f,vpclmulqdq"))) inline __m512i Fold512(__m512i x, 
 }
 
 __attribute__((target("avx512f"))) inline __m512i Broadcast(FoldPair k) {
-  return _mm512_broadcast_i32x4(
-      _mm_set_epi64x(static_cast<long long>(k.hi), static_cast<long long>(k.lo)));
+  const auto lo = static_cast<long long>(k.lo);
+  const auto hi = static_cast<long long>(k.hi);
+  return _mm512_set_epi64(hi, lo, hi, lo, hi, lo, hi, lo);
 }
 
 // Consumes the largest multiple of 16 bytes of [p, p + n) (n >= 256) and
@@ -216,10 +217,14 @@ __attribute__((target("sse4.2,pclmul,avx512f,vpclmulqdq"))) std::uint32_t FoldAv
   z1 = _mm512_xor_si512(z1, Fold512(z0, k512));
   z2 = _mm512_xor_si512(z2, Fold512(z1, k512));
   z3 = _mm512_xor_si512(z3, Fold512(z2, k512));
-  __m128i x = _mm512_extracti32x4_epi32(z3, 3);
-  x = _mm_xor_si128(x, Fold128(_mm512_extracti32x4_epi32(z3, 0), kFold384));
-  x = _mm_xor_si128(x, Fold128(_mm512_extracti32x4_epi32(z3, 1), kFold256));
-  x = _mm_xor_si128(x, Fold128(_mm512_extracti32x4_epi32(z3, 2), kFold128));
+  // The four lanes through memory: GCC 12's extract intrinsics warn about
+  // their own placeholder operand.
+  alignas(64) __m128i lanes[4];
+  _mm512_store_si512(lanes, z3);
+  __m128i x = lanes[3];
+  x = _mm_xor_si128(x, Fold128(lanes[0], kFold384));
+  x = _mm_xor_si128(x, Fold128(lanes[1], kFold256));
+  x = _mm_xor_si128(x, Fold128(lanes[2], kFold128));
   while (n >= 16) {
     x = _mm_xor_si128(Fold128(x, kFold128), _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     p += 16;
@@ -284,9 +289,8 @@ std::uint32_t ExtendPortable(std::uint32_t crc, const void* data, std::size_t n)
 
 bool FoldingAvailable() {
 #if KVF_CRC32C_HAVE_SSE42
-  __builtin_cpu_init();
   // __builtin_cpu_supports also checks that the OS saves the registers.
-  return __builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("pclmul") &&
+  return HardwareAvailable() && __builtin_cpu_supports("pclmul") &&
          __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq");
 #else
   return false;

@@ -12,22 +12,45 @@
 namespace kvfabric {
 namespace {
 
+// Four pages of a memory file, mapped shared; its owner may shrink the file
+// under the mapping (Shrink), as a hostile client does.
+class ShrinkableMapping {
+ public:
+  ShrinkableMapping() : page_(sysconf(_SC_PAGESIZE)), fd_(memfd_create("kvf-guarded-copy", 0)) {
+    if (fd_ < 0 || ftruncate(fd_, 4 * page_) != 0) return;
+    void* map = mmap(nullptr, 4 * page_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (map != MAP_FAILED) bytes_ = static_cast<std::byte*>(map);
+  }
+  ~ShrinkableMapping() {
+    if (bytes_ != nullptr) munmap(bytes_, 4 * page_);
+    if (fd_ >= 0) close(fd_);
+  }
+  ShrinkableMapping(const ShrinkableMapping&) = delete;
+  ShrinkableMapping& operator=(const ShrinkableMapping&) = delete;
+
+  std::byte* bytes() const { return bytes_; }  // null if the setup failed
+  long page() const { return page_; }
+  bool Shrink(long pages) { return ftruncate(fd_, pages * page_) == 0; }
+
+ private:
+  const long page_;
+  const int fd_;
+  std::byte* bytes_ = nullptr;
+};
+
 // Issue 17's attack on the daemon, in one process: memory backed by a file
 // its owner then shrinks. Touching it raises SIGBUS; a guarded copy reports
 // it instead, in either direction, and the process goes on.
 TEST(GuardedCopyTest, CopyFromOrIntoAShrunkMappingFailsInsteadOfKilling) {
-  const long page = sysconf(_SC_PAGESIZE);
-  const int fd = memfd_create("kvf-guarded-copy-test", 0);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(ftruncate(fd, 4 * page), 0);
-  void* map = mmap(nullptr, 4 * page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ASSERT_NE(map, MAP_FAILED);
-  auto* bytes = static_cast<std::byte*>(map);
+  ShrinkableMapping mapping;
+  ASSERT_NE(mapping.bytes(), nullptr);
+  const long page = mapping.page();
+  std::byte* bytes = mapping.bytes();
   std::vector<std::byte> local(4 * page, std::byte{7});
   EXPECT_TRUE(GuardedCopy(bytes, local.data(), local.size(), false).ok());
   EXPECT_TRUE(GuardedCopy(local.data(), bytes, local.size(), true).ok());
 
-  ASSERT_EQ(ftruncate(fd, page), 0);  // the owner shrinks it to one page
+  ASSERT_TRUE(mapping.Shrink(1));  // the owner shrinks it to one page
   Status from = GuardedCopy(local.data(), bytes, local.size(), /*streaming=*/true);
   EXPECT_EQ(from.code(), StatusCode::kDataLoss) << from;
   EXPECT_NE(from.message().find("SIGBUS"), std::string_view::npos) << from;
@@ -35,8 +58,6 @@ TEST(GuardedCopyTest, CopyFromOrIntoAShrunkMappingFailsInsteadOfKilling) {
   EXPECT_EQ(into.code(), StatusCode::kDataLoss) << into;
   // The page still backed copies fine, again and again.
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(GuardedCopy(local.data(), bytes, page, false).ok());
-  munmap(map, 4 * page);
-  close(fd);
 }
 
 // A checked copy reads back what it wrote: its CRC is the destination's,
@@ -53,19 +74,13 @@ TEST(GuardedCopyTest, CheckedCopyReportsTheDestinationsCrcOrTheFault) {
     EXPECT_EQ(std::memcmp(dst.data(), src.data(), n), 0) << n;
     EXPECT_EQ(crc, crc32c::Value(src.data(), n)) << n;
   }
-  const long page = sysconf(_SC_PAGESIZE);
-  const int fd = memfd_create("kvf-guarded-copy-checked", 0);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(ftruncate(fd, 4 * page), 0);
-  void* map = mmap(nullptr, 4 * page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ASSERT_NE(map, MAP_FAILED);
-  ASSERT_EQ(ftruncate(fd, page), 0);
+  ShrinkableMapping mapping;
+  ASSERT_NE(mapping.bytes(), nullptr);
+  ASSERT_TRUE(mapping.Shrink(1));
   std::uint32_t crc = 0x12345678u;
-  Status into = GuardedCopyChecked(map, src.data(), 2 * page, &crc);
+  Status into = GuardedCopyChecked(mapping.bytes(), src.data(), 2 * mapping.page(), &crc);
   EXPECT_EQ(into.code(), StatusCode::kDataLoss) << into;
   EXPECT_EQ(crc, 0x12345678u);
-  munmap(map, 4 * page);
-  close(fd);
 }
 
 // Outside a guarded copy a fault is what it always was.

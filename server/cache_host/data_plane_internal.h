@@ -16,6 +16,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -72,6 +73,15 @@ inline std::uint64_t NowMicros() {
                                         std::chrono::steady_clock::now().time_since_epoch())
                                         .count());
 }
+
+// Folds the landed CRCs (Transfer::checksum) of a batch's results into
+// `groups` groups: result j belongs to group_of[j], and a group's results are
+// adjacent and in byte order. Per group its CRC, or none where the group has
+// no result, or one that failed or reported no CRC. All none when the counts
+// disagree (nothing was submitted).
+std::vector<std::optional<std::uint32_t>> FoldLandedCrcs(
+    std::span<const transport::TransferResult> moved, std::span<const std::size_t> group_of,
+    std::size_t groups);
 
 }  // namespace internal
 
@@ -150,11 +160,14 @@ struct DataPlane::Impl : std::enable_shared_from_this<DataPlane::Impl> {
     std::vector<BlockKey> keys;                 // one per entry
     std::vector<bool> reserved;                 // per entry: this request reserved it
     GrantInfo grant;
-    // The pull's transport entries, in order: entry `pulled[j].first`'s
-    // layer slice `pulled[j].second` (entries never straddle a slice, so
-    // their landed CRCs fold into each slice's); and each entry's slice count.
-    std::vector<std::pair<std::uint32_t, std::uint32_t>> pulled;
+    // The pull's layer slices, numbered across the request: entry i's are
+    // [first_slice[i], first_slice[i] + slices[i]); pulled[j] is the slice
+    // of transport entry j (entries never straddle a slice, so their landed
+    // CRCs fold into each slice's).
+    std::vector<std::size_t> pulled;
+    std::vector<std::size_t> first_slice;
     std::vector<std::uint32_t> slices;
+    std::size_t total_slices = 0;
     // The reserving worker hands the job to the committing one through the
     // transport's completion, which a race detector cannot see through every
     // transport (UCX's shared memory): taken once after the reserve's writes

@@ -23,26 +23,21 @@ using transport::TransferOp;
 
 namespace {
 
-// Per entry of `job`, its slices' CRCs folded from the pull's landed CRCs
-// (job.pulled names each piece's entry and slice); empty for an entry any of
-// whose pieces has none (not copied by this process, or failed).
+// Per entry of `job`, its slices' CRCs folded from the pull's landed CRCs;
+// empty for an entry any slice of which has none.
 std::vector<std::vector<std::uint32_t>> LandedSliceCrcs(
     const DataPlane::Impl::StoreJob& job, std::span<const transport::TransferResult> moved) {
+  const std::vector<std::optional<std::uint32_t>> landed =
+      internal::FoldLandedCrcs(moved, job.pulled, job.total_slices);
   std::vector<std::vector<std::uint32_t>> out(job.slices.size());
-  if (moved.size() != job.pulled.size()) return out;
-  std::vector<bool> whole(job.slices.size(), true);
-  for (std::size_t i = 0; i < job.slices.size(); ++i) out[i].assign(job.slices[i], 0);
-  for (std::size_t j = 0; j < moved.size(); ++j) {
-    const auto [entry, slice] = job.pulled[j];
-    const transport::TransferResult& r = moved[j];
-    if (!r.status.ok() || !r.landed_crc32c.has_value() || slice >= out[entry].size()) {
-      whole[entry] = false;
-      continue;
-    }
-    out[entry][slice] = crc32c::Combine(out[entry][slice], *r.landed_crc32c, r.bytes);
-  }
   for (std::size_t i = 0; i < out.size(); ++i) {
-    if (!whole[i]) out[i].clear();
+    for (std::size_t s = job.first_slice[i]; s < job.first_slice[i] + job.slices[i]; ++s) {
+      if (!landed[s].has_value()) {
+        out[i].clear();
+        break;
+      }
+      out[i].push_back(*landed[s]);
+    }
   }
   return out;
 }
@@ -251,6 +246,7 @@ void DataPlane::Impl::StoreReserve(const std::shared_ptr<StoreJob>& job) {
   std::vector<ReserveEntry> entries;
   std::vector<std::size_t> index;  // entries[j] is request entry index[j]
   job->slices.assign(n, 0);
+  job->first_slice.assign(n, 0);
   job->keys.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
     job->keys.emplace_back(m.store_entries[i].key);
@@ -280,6 +276,8 @@ void DataPlane::Impl::StoreReserve(const std::shared_ptr<StoreJob>& job) {
           meta.layers >= 1 && meta.layers <= kMaxBlockLayers && meta.bytes % meta.layers == 0;
       const std::uint64_t slice_bytes = sliced ? meta.bytes / meta.layers : meta.bytes;
       job->slices[i] = sliced ? meta.layers : 1;
+      job->first_slice[i] = job->total_slices;
+      job->total_slices += job->slices[i];
       std::uint64_t pos = m.store_entries[i].region_offset;
       std::uint64_t done = 0;  // payload bytes before this extent
       for (const ByteExtent& x : r.extents) {
@@ -288,8 +286,7 @@ void DataPlane::Impl::StoreReserve(const std::shared_ptr<StoreJob>& job) {
           const std::uint64_t into = (done + at) % slice_bytes;
           const std::uint64_t n = std::min(x.length - at, slice_bytes - into);
           ranges.push_back({x.offset + at, n, pos + at});
-          job->pulled.emplace_back(static_cast<std::uint32_t>(i),
-                                   static_cast<std::uint32_t>((done + at) / slice_bytes));
+          job->pulled.push_back(job->first_slice[i] + (done + at) / slice_bytes);
           at += n;
         }
         pos += x.length;

@@ -168,32 +168,29 @@ void DataPlane::Impl::Done(Endpoint* ep, std::uint64_t) {
   if (pit != peers.end()) --pit->second.in_flight;
 }
 
-namespace {
+namespace internal {
 
-// Sets landing_checked on every key whose entries all report a landed CRC
-// (Transfer::checksum) that folds to the CRC the key's result answers.
-void MarkCheckedLandings(std::span<const transport::TransferResult> moved,
-                         std::span<const std::size_t> entry_key,
-                         std::vector<wire::FetchKeyResult>* results) {
-  if (moved.size() != entry_key.size()) return;
-  for (std::size_t j = 0; j < moved.size();) {
-    const std::size_t key = entry_key[j];
-    bool all = true;
-    std::uint32_t crc = 0;
-    for (; j < moved.size() && entry_key[j] == key; ++j) {
-      const transport::TransferResult& r = moved[j];
-      if (!r.status.ok() || !r.landed_crc32c.has_value()) {
-        all = false;
-        continue;
-      }
-      crc = crc32c::Combine(crc, *r.landed_crc32c, r.bytes);
+std::vector<std::optional<std::uint32_t>> FoldLandedCrcs(
+    std::span<const transport::TransferResult> moved, std::span<const std::size_t> group_of,
+    std::size_t groups) {
+  std::vector<std::optional<std::uint32_t>> out(groups);
+  if (moved.size() != group_of.size()) return out;
+  std::vector<bool> bad(groups, false);
+  for (std::size_t j = 0; j < moved.size(); ++j) {
+    const std::size_t g = group_of[j];
+    if (g >= groups || bad[g]) continue;
+    const transport::TransferResult& r = moved[j];
+    if (!r.status.ok() || !r.landed_crc32c.has_value()) {
+      bad[g] = true;
+      out[g].reset();
+      continue;
     }
-    wire::FetchKeyResult& out = (*results)[key];
-    out.landing_checked = all && out.code == StatusCode::kOk && crc == out.crc32c;
+    out[g] = crc32c::Combine(out[g].value_or(0), *r.landed_crc32c, r.bytes);
   }
+  return out;
 }
 
-}  // namespace
+}  // namespace internal
 
 void DataPlane::Impl::FetchReply(Endpoint* ep, std::uint64_t request_id, const Status& status,
                                  std::vector<wire::FetchKeyResult> results, std::uint64_t bytes,
@@ -370,7 +367,16 @@ void DataPlane::Impl::Fetch(Endpoint* ep, const wire::TransferMessage& m,
                                          std::span<const transport::TransferResult> moved) mutable {
         release();
         if (!peer) return;
-        if (status.ok()) MarkCheckedLandings(moved, entry_key, &results);
+        if (status.ok()) {
+          // A key is checked where its pieces' landed CRCs fold to the CRC
+          // it answers.
+          const std::vector<std::optional<std::uint32_t>> landed =
+              internal::FoldLandedCrcs(moved, entry_key, results.size());
+          for (std::size_t k = 0; k < results.size(); ++k) {
+            wire::FetchKeyResult& out = results[k];
+            out.landing_checked = out.code == StatusCode::kOk && landed[k] == out.crc32c;
+          }
+        }
         self->FetchReply(ep, request, status, std::move(results), bytes);
       });
 }

@@ -239,7 +239,7 @@ void CancelWrapped(const std::shared_ptr<WrappedBatch>& wb) {
     wb->cancelled = true;
     for (std::size_t j = 0; j < wb->faults.size(); ++j) {
       if (wb->faults[j].kind == FaultKind::kDrop) {
-        now.push_back({j, {Status::Cancelled("dropped entry cancelled"), 0}});
+        now.push_back({j, {Status::Cancelled("dropped entry cancelled"), 0, std::nullopt}});
       } else if (wb->held[j].has_value()) {
         now.push_back({j, std::move(*wb->held[j])});
         wb->held[j].reset();
@@ -264,7 +264,7 @@ void OnBaseDone(const std::shared_ptr<WrappedBatch>& wb, const std::shared_ptr<S
     TransferResult r = results[b];
     switch (wb->faults[j].kind) {
       case FaultKind::kFailAfter:
-        r = {shared->FailStatus("injected failure after the transfer"), 0};
+        r = {shared->FailStatus("injected failure after the transfer"), 0, std::nullopt};
         break;
       case FaultKind::kCorrupt:
         if (r.status.ok()) FlipBit(wb->local[j], wb->faults[j].bit);

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <memory>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -45,9 +46,33 @@ class UcxInlineCopyTest : public UcxTransportTest {
     remote_.reset();
     local_.reset();
     owned_.reset();
+    registered_.clear();
+    registered_bytes_.clear();
     UcxTransportTest::TearDown();
   }
 
+  // `size` bytes of `fill` that the fixture owns (*bytes), registered on the
+  // server (memory UCX did not allocate, so transfers to it are
+  // owner-placed) and imported by the client; null on a failure (reported).
+  // The import must go before TearDown.
+  std::unique_ptr<RemoteRegion> ImportRegistered(std::size_t size, std::byte fill,
+                                                 std::span<std::byte>* bytes) {
+    registered_bytes_.push_back(std::make_unique<std::vector<std::byte>>(size, fill));
+    *bytes = *registered_bytes_.back();
+    auto region = server_->RegisterMemory(*bytes, MemoryKind::kHost);
+    EXPECT_TRUE(region.ok()) << region.status();
+    if (!region.ok()) return nullptr;
+    registered_.push_back(std::move(*region));
+    auto exported = registered_.back()->Export(0, size);
+    EXPECT_TRUE(exported.ok()) << exported.status();
+    if (!exported.ok()) return nullptr;
+    auto imported = client_ep_->ImportRegion(*exported);
+    EXPECT_TRUE(imported.ok()) << imported.status();
+    return imported.ok() ? std::move(*imported) : nullptr;
+  }
+
+  std::vector<std::unique_ptr<std::vector<std::byte>>> registered_bytes_;
+  std::vector<std::unique_ptr<MemoryRegion>> registered_;
   std::unique_ptr<MemoryRegion> owned_, local_;
   std::unique_ptr<RemoteRegion> remote_;
 };
@@ -83,16 +108,12 @@ TEST_P(UcxInlineCopyTest, BatchOverTheLimitGoesThroughTheProgressThread) {
 }
 
 TEST_P(UcxInlineCopyTest, BatchWithAnOwnerPlacedEntryIsNotCopiedInline) {
-  std::vector<std::byte> user(4096);
-  auto user_region = server_->RegisterMemory(user, MemoryKind::kHost);
-  ASSERT_TRUE(user_region.ok()) << user_region.status();
-  auto exported = (*user_region)->Export(0, user.size());
-  ASSERT_TRUE(exported.ok());
-  auto to_user = client_ep_->ImportRegion(*exported);
-  ASSERT_TRUE(to_user.ok()) << to_user.status();
+  std::span<std::byte> user;
+  std::unique_ptr<RemoteRegion> to_user = ImportRegistered(4096, std::byte{0}, &user);
+  ASSERT_NE(to_user, nullptr);
   const auto before = TEST_GetCounters(*client_);
   ASSERT_TRUE(SubmitAndWait(*client_ep_, {Read(local_.get(), 0, remote_.get(), 0, 4096),
-                                          Write(local_.get(), 0, to_user->get(), 0, 4096)})
+                                          Write(local_.get(), 0, to_user.get(), 0, 4096)})
                   .ok());
   const auto after = TEST_GetCounters(*client_);
   EXPECT_EQ(after.inline_transfers, before.inline_transfers);
@@ -182,14 +203,10 @@ TEST_P(UcxCopyHelpersTest, CheckedEntriesReportTheirDestinationsCrc) {
   EXPECT_EQ(*(*inline_batch)->results()[0].landed_crc32c,
             crc32c::Value(owned_->bytes().subspan(3 * kMiB + 1, 4099)));
 
-  std::vector<std::byte> user(4096, std::byte{9});
-  auto user_region = server_->RegisterMemory(user, MemoryKind::kHost);
-  ASSERT_TRUE(user_region.ok()) << user_region.status();
-  auto exported = (*user_region)->Export(0, user.size());
-  ASSERT_TRUE(exported.ok());
-  auto to_user = client_ep_->ImportRegion(*exported);
-  ASSERT_TRUE(to_user.ok()) << to_user.status();
-  std::vector<Transfer> placed = {checked(Write(local_.get(), 0, to_user->get(), 0, 4096))};
+  std::span<std::byte> user;
+  std::unique_ptr<RemoteRegion> to_user = ImportRegistered(4096, std::byte{9}, &user);
+  ASSERT_NE(to_user, nullptr);
+  std::vector<Transfer> placed = {checked(Write(local_.get(), 0, to_user.get(), 0, 4096))};
   auto owner = client_ep_->Submit(placed);
   ASSERT_TRUE(owner.ok()) << owner.status();
   ASSERT_TRUE((*owner)->Wait(Clock::now() + std::chrono::seconds(10)).ok());

@@ -185,6 +185,11 @@ struct PreparedTransfer {
   // copy sets landed_crc32c (MappedRange points its CopyRange::crc here).
   bool checksum = false;
   std::uint32_t landed_crc32c = 0;
+  // What the entry completes with: landed_crc32c if it was asked for (the
+  // caller knows the entry was copied through its mapping).
+  std::optional<std::uint32_t> LandedCrc() const {
+    return checksum ? std::optional<std::uint32_t>(landed_crc32c) : std::nullopt;
+  }
 };
 
 // One Submit(). Fields below `completion` are progress-thread only.

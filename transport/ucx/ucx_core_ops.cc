@@ -161,12 +161,9 @@ void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
   // (RkeyHolder::Reset), and it is blocked in the copy meanwhile.
   // (`mapped` is set only while the key is alive: RkeyHolder.)
   std::vector<CopyRange> mapped;
-  std::vector<bool> checked(n, false);  // entries whose copy computed landed_crc32c
-  for (std::size_t i = 0; i < n; ++i) {
-    PreparedTransfer& t = op->entries[i];
+  for (PreparedTransfer& t : op->entries) {
     if (t.op != TransferOp::kSend && t.length > 0 && t.rkey->mapped != nullptr) {
       mapped.push_back(MappedRange(t));
-      checked[i] = t.checksum;
     }
   }
   // A fault in the copy (the peer shrank the memory it shared: SIGBUS)
@@ -201,8 +198,7 @@ void UcxCore::StartBatch(const std::shared_ptr<BatchOp>& op) {
         if (t.rkey->mapped != nullptr) {
           // Mapped here: copied above, through the mapping (UCX's get/put
           // on these lanes are the same copy cut into bcopy fragments).
-          FinishEntry(*op, i, copied,
-                      checked[i] ? std::optional<std::uint32_t>(t.landed_crc32c) : std::nullopt);
+          FinishEntry(*op, i, copied, t.LandedCrc());
           break;
         }
         if (t.op == TransferOp::kRead) {

@@ -228,9 +228,7 @@ class UcxEndpoint final : public Endpoint {
     // place before anyone learns the batch completed.
     for (std::size_t i = 0; i < op.entries.size(); ++i) {
       const PreparedTransfer& t = op.entries[i];
-      op.completion->Complete(
-          i, copied, copied.ok() ? t.length : 0,
-          t.checksum ? std::optional<std::uint32_t>(t.landed_crc32c) : std::nullopt);
+      op.completion->Complete(i, copied, copied.ok() ? t.length : 0, t.LandedCrc());
     }
     return true;
   }
