@@ -576,13 +576,20 @@ void RunWorker(BaselineKind kind, BaselineOp op, std::uint16_t port, std::uint64
                std::uint64_t ring_bytes, std::uint64_t first, std::uint64_t last,
                std::latch& connected, std::latch& go, std::atomic<bool>& stop, WorkerResult& out) {
   auto client = BaselineClient::Connect(kind, "127.0.0.1", port);
-  // GETs land in slot after slot of the ring; one slot when it is no larger
-  // than a value. Touched once here, so no GET pays for page faults.
+  // GETs land in, and PUTs are sent from, slot after slot of the ring; one
+  // slot when it is no larger than a value. Touched (PUT: filled) once here,
+  // so no request pays for page faults.
   const std::uint64_t slots = std::max<std::uint64_t>(1, ring_bytes / value_bytes);
   std::vector<std::byte> ring(static_cast<std::size_t>(slots * value_bytes), std::byte{0});
-  std::span<std::byte> buf(ring.data(), static_cast<std::size_t>(value_bytes));
+  auto slot_bytes = [&](std::uint64_t s) {
+    return std::span<std::byte>(ring.data() + s * value_bytes,
+                                static_cast<std::size_t>(value_bytes));
+  };
+  std::span<std::byte> buf = slot_bytes(0);
   std::uint64_t slot = 0;
-  if (client.ok() && op == BaselineOp::kPut) FillBaselineValue(first, buf);
+  if (client.ok() && op == BaselineOp::kPut) {
+    for (std::uint64_t s = 0; s < slots; ++s) FillBaselineValue(first + s, slot_bytes(s));
+  }
   out.latencies_us.reserve(static_cast<std::size_t>(last - first));
   connected.count_down();
   go.wait();
@@ -599,13 +606,12 @@ void RunWorker(BaselineKind kind, BaselineOp op, std::uint16_t port, std::uint64
     const std::string key = BaselineKey(i);
     Status s;
     const Clock::time_point t0 = Clock::now();
+    buf = slot_bytes(slot);
+    slot = (slot + 1) % slots;
     if (op == BaselineOp::kPut) {
       StampBaselineValue(i, buf);
       s = c.Set(key, buf);
     } else {
-      buf = std::span<std::byte>(ring.data() + slot * value_bytes,
-                                 static_cast<std::size_t>(value_bytes));
-      slot = (slot + 1) % slots;
       auto n = c.Get(key, buf);
       if (!n.ok()) {
         s = n.status();
@@ -645,7 +651,7 @@ double Percentile(std::vector<double>& v, std::size_t per_mille) {
 
 StatusOr<BaselineResult> RunBaseline(BaselineKind kind, BaselineOp op, std::uint16_t port,
                                      std::uint64_t value_bytes, std::uint64_t total_bytes,
-                                     int connections, std::uint64_t get_ring_bytes) {
+                                     int connections, std::uint64_t ring_bytes) {
   if (value_bytes == 0 || value_bytes > total_bytes || value_bytes > kMaxBaselineValueBytes) {
     return Status::InvalidArgument("value_bytes = " + std::to_string(value_bytes) +
                                    " with total_bytes = " + std::to_string(total_bytes) +
@@ -669,8 +675,7 @@ StatusOr<BaselineResult> RunBaseline(BaselineKind kind, BaselineOp op, std::uint
   for (std::size_t t = 0; t < threads; ++t) {
     const std::uint64_t first = keys * t / threads;
     const std::uint64_t last = keys * (t + 1) / threads;
-    workers.emplace_back(RunWorker, kind, op, port, value_bytes,
-                         op == BaselineOp::kGet ? get_ring_bytes : 0, first, last,
+    workers.emplace_back(RunWorker, kind, op, port, value_bytes, ring_bytes, first, last,
                          std::ref(connected), std::ref(go), std::ref(stop), std::ref(results[t]));
   }
   connected.wait();

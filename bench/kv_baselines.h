@@ -292,13 +292,19 @@ struct BaselineResult {
 // each with its own client and a contiguous share of the keys. Connecting is
 // not timed; the wall clock runs from when every thread is connected until
 // the last one finishes.
-//   put: SET of every key with its FillBaselineValue value. A first put
+//   put: SET of every key with its FillBaselineValue value, sent from one
+//        per-thread buffer of value_bytes that stays in cache. A first put
 //        writes fresh memory on the server (page faults): callers warm up with
-//        one untimed put and report a second, overwriting one.
+//        one untimed put and report a second, overwriting one. With
+//        ring_bytes > value_bytes each thread instead sends value after value
+//        from the next slot of its own ring of that many bytes (every slot
+//        filled before the clock starts), wrapping around: the values are
+//        read from distinct, mostly cold memory, as kvfabric's write-back
+//        reads a history's blocks from the client's history pool.
 //   get: GET of every key into a per-thread buffer of value_bytes, checking
 //        the length and StampedEndsMatch: DataLoss if either is wrong,
 //        NotFound (with the key) if a key is absent (run a put first, or the
-//        server evicted: raise memcached_memory_mib). With get_ring_bytes >
+//        server evicted: raise memcached_memory_mib). With ring_bytes >
 //        value_bytes each thread instead receives value after value into the
 //        next slot of its own ring of that many bytes, wrapping around: the
 //        values land in distinct, mostly cold memory, as kvfabric's blocks
@@ -311,7 +317,7 @@ struct BaselineResult {
 // kMaxBaselineValueBytes, connections >= 1.
 StatusOr<BaselineResult> RunBaseline(BaselineKind kind, BaselineOp op, std::uint16_t port,
                                      std::uint64_t value_bytes, std::uint64_t total_bytes,
-                                     int connections, std::uint64_t get_ring_bytes = 0);
+                                     int connections, std::uint64_t ring_bytes = 0);
 
 }  // namespace kvfabric::bench
 

@@ -162,6 +162,27 @@ TEST_P(KvBaselinesTest, RunBaselinePutsThenGetsEveryKey) {
   EXPECT_EQ(ring->ops, kTotal / kValue);
 }
 
+TEST_P(KvBaselinesTest, RunBaselinePutFromARingStoresEveryKeysWholeValue) {
+  // Two threads, each sending from a ring of two and a half values, so
+  // both rings wrap: every key must still hold its own value, byte for byte.
+  constexpr std::uint64_t kValue = 64 * kKiB;
+  constexpr std::uint64_t kTotal = 10 * kValue;
+  auto put =
+      RunBaseline(GetParam(), BaselineOp::kPut, server_->port(), kValue, kTotal, 2, 5 * kValue / 2);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->ops, kTotal / kValue);
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<std::byte> want(kValue), got(kValue);
+  for (std::uint64_t i = 0; i < kTotal / kValue; ++i) {
+    FillBaselineValue(i, want);
+    auto n = client->Get(BaselineKey(i), got);
+    ASSERT_TRUE(n.ok()) << "key " << i << ": " << n.status();
+    ASSERT_EQ(*n, kValue) << "key " << i;
+    EXPECT_TRUE(got == want) << "key " << i;
+  }
+}
+
 TEST_P(KvBaselinesTest, RunBaselineGetDetectsWrongValue) {
   constexpr std::uint64_t kValue = 4 * kKiB;
   ASSERT_TRUE(

@@ -21,7 +21,7 @@ constexpr std::size_t kCutAlign = 4096;
 Status CopyAll(std::span<const CopyRange> ranges, bool streaming) {
   Status first;
   for (const CopyRange& r : ranges) {
-    Status s = r.crc != nullptr ? GuardedCopyChecked(r.dst, r.src, r.bytes, r.crc)
+    Status s = r.crc != nullptr ? GuardedCopyChecked(r.dst, r.src, r.bytes, streaming, r.crc)
                                 : GuardedCopy(r.dst, r.src, r.bytes, streaming);
     if (!s.ok() && first.ok()) first = std::move(s);
   }

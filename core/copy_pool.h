@@ -37,8 +37,9 @@ struct CopyRange {
   void* dst = nullptr;
   const void* src = nullptr;
   std::size_t bytes = 0;
-  // When set, the range is copied and checked (GuardedCopyChecked, never
-  // streaming) and *crc receives the CRC32C of dst's bytes after the copy,
+  // When set, the range is copied and checked (GuardedCopyChecked, with
+  // streaming stores when the copy is) and *crc receives the CRC32C of the
+  // bytes stored in dst,
   // folded (crc32c::Combine) from the pieces the helpers copied. Untouched
   // if the copy faulted.
   std::uint32_t* crc = nullptr;
@@ -56,9 +57,8 @@ class CopyPool {
   int threads() const { return static_cast<int>(workers_.size()); }
 
   // Copies every range, with streaming stores (core/stream_copy.h) when
-  // `streaming`, else std::memcpy (ranges with a `crc` are always copied and
-  // checked piece by piece, see CopyRange); returns when all bytes are in
-  // place.
+  // `streaming`, else std::memcpy (ranges with a `crc` are copied and
+  // checked, see CopyRange); returns when all bytes are in place.
   // Every copy is guarded (core/guarded_copy.h): memory that faults (a peer
   // shrank what it shared) makes it return DataLoss, after the other ranges
   // were copied; the faulting range's destination is then not to be trusted.

@@ -1,6 +1,8 @@
 #include "core/crc32c.h"
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstring>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -193,6 +195,34 @@ __attribute__((target("avx512f"))) inline __m512i Broadcast(FoldPair k) {
   return _mm512_set_epi64(hi, lo, hi, lo, hi, lo, hi, lo);
 }
 
+// Folds four registers, each 256 bytes after the one before it, into one
+// 16-byte lane.
+__attribute__((target("sse4.2,pclmul,avx512f,vpclmulqdq"))) inline __m128i FoldFour(__m512i z0,
+                                                                                    __m512i z1,
+                                                                                    __m512i z2,
+                                                                                    __m512i z3) {
+  const __m512i k512 = Broadcast(kFold512);
+  z1 = _mm512_xor_si512(z1, Fold512(z0, k512));
+  z2 = _mm512_xor_si512(z2, Fold512(z1, k512));
+  z3 = _mm512_xor_si512(z3, Fold512(z2, k512));
+  // The four lanes through memory: GCC 12's extract intrinsics warn about
+  // their own placeholder operand.
+  alignas(64) __m128i lanes[4];
+  _mm512_store_si512(lanes, z3);
+  __m128i x = lanes[3];
+  x = _mm_xor_si128(x, Fold128(lanes[0], kFold384));
+  x = _mm_xor_si128(x, Fold128(lanes[1], kFold256));
+  return _mm_xor_si128(x, Fold128(lanes[2], kFold128));
+}
+
+// The register after the last lane: fed through the `crc32` instruction from
+// a zero register (see above).
+__attribute__((target("sse4.2"))) inline std::uint32_t LastLane(__m128i x) {
+  std::uint64_t r = _mm_crc32_u64(0, static_cast<std::uint64_t>(_mm_cvtsi128_si64(x)));
+  r = _mm_crc32_u64(r, static_cast<std::uint64_t>(_mm_extract_epi64(x, 1)));
+  return static_cast<std::uint32_t>(r);
+}
+
 // Consumes the largest multiple of 16 bytes of [p, p + n) (n >= 256) and
 // returns the register after them. `l` is the register before them.
 __attribute__((target("sse4.2,pclmul,avx512f,vpclmulqdq"))) std::uint32_t FoldAvx512(
@@ -213,26 +243,61 @@ __attribute__((target("sse4.2,pclmul,avx512f,vpclmulqdq"))) std::uint32_t FoldAv
     p += 256;
     n -= 256;
   }
-  const __m512i k512 = Broadcast(kFold512);
-  z1 = _mm512_xor_si512(z1, Fold512(z0, k512));
-  z2 = _mm512_xor_si512(z2, Fold512(z1, k512));
-  z3 = _mm512_xor_si512(z3, Fold512(z2, k512));
-  // The four lanes through memory: GCC 12's extract intrinsics warn about
-  // their own placeholder operand.
-  alignas(64) __m128i lanes[4];
-  _mm512_store_si512(lanes, z3);
-  __m128i x = lanes[3];
-  x = _mm_xor_si128(x, Fold128(lanes[0], kFold384));
-  x = _mm_xor_si128(x, Fold128(lanes[1], kFold256));
-  x = _mm_xor_si128(x, Fold128(lanes[2], kFold128));
+  __m128i x = FoldFour(z0, z1, z2, z3);
   while (n >= 16) {
     x = _mm_xor_si128(Fold128(x, kFold128), _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     p += 16;
     n -= 16;
   }
-  std::uint64_t r = _mm_crc32_u64(0, static_cast<std::uint64_t>(_mm_cvtsi128_si64(x)));
-  r = _mm_crc32_u64(r, static_cast<std::uint64_t>(_mm_extract_epi64(x, 1)));
-  return static_cast<std::uint32_t>(r);
+  return LastLane(x);
+}
+
+// FoldAvx512's loop with a copy fused in: copies n bytes (a positive multiple
+// of 256) from s to d, storing each 64-byte register it loaded and folding
+// that same register, and returns the register after them (`l` before).
+// Streaming: non-temporal stores; d must then be 64-byte aligned (the caller
+// fences).
+template <bool kStreaming>
+__attribute__((target("avx512f"))) inline void Store512(std::uint8_t* at, __m512i v) {
+  if constexpr (kStreaming) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(at), v);
+  } else {
+    _mm512_storeu_si512(at, v);
+  }
+}
+
+template <bool kStreaming>
+__attribute__((target("sse4.2,pclmul,avx512f,vpclmulqdq"))) std::uint32_t FoldCopyAvx512(
+    std::uint32_t l, std::uint8_t* d, const std::uint8_t* s, std::size_t n) {
+  constexpr auto store = Store512<kStreaming>;
+  __m512i v0 = _mm512_loadu_si512(s);
+  __m512i v1 = _mm512_loadu_si512(s + 64);
+  __m512i v2 = _mm512_loadu_si512(s + 128);
+  __m512i v3 = _mm512_loadu_si512(s + 192);
+  store(d, v0);
+  store(d + 64, v1);
+  store(d + 128, v2);
+  store(d + 192, v3);
+  __m512i z0 = _mm512_xor_si512(v0, _mm512_zextsi128_si512(_mm_cvtsi32_si128(static_cast<int>(l))));
+  __m512i z1 = v1;
+  __m512i z2 = v2;
+  __m512i z3 = v3;
+  const __m512i k2048 = Broadcast(kFold2048);
+  for (std::size_t at = 256; at < n; at += 256) {
+    v0 = _mm512_loadu_si512(s + at);
+    v1 = _mm512_loadu_si512(s + at + 64);
+    v2 = _mm512_loadu_si512(s + at + 128);
+    v3 = _mm512_loadu_si512(s + at + 192);
+    store(d + at, v0);
+    store(d + at + 64, v1);
+    store(d + at + 128, v2);
+    store(d + at + 192, v3);
+    z0 = _mm512_xor_si512(Fold512(z0, k2048), v0);
+    z1 = _mm512_xor_si512(Fold512(z1, k2048), v1);
+    z2 = _mm512_xor_si512(Fold512(z2, k2048), v2);
+    z3 = _mm512_xor_si512(Fold512(z3, k2048), v3);
+  }
+  return LastLane(FoldFour(z0, z1, z2, z3));
 }
 
 // The `crc32` chains, with the folding path for long inputs when `fold`.
@@ -324,7 +389,63 @@ std::uint32_t ExtendHardware(std::uint32_t crc, const void* data, std::size_t n)
 #endif
 }
 
+std::uint32_t ExtendCopyFolding(std::uint32_t crc, void* dst, const void* src, std::size_t n,
+                                bool streaming) {
+#if KVF_CRC32C_HAVE_SSE42
+  auto* d = static_cast<std::uint8_t*>(dst);
+  const auto* s = static_cast<const std::uint8_t*>(src);
+  // Up to a 64-byte boundary of the destination (streaming stores need it),
+  // and the bytes after the last whole 256: copied, then read back from cache.
+  const std::size_t head =
+      std::min(n, (64 - (reinterpret_cast<std::uintptr_t>(d) & 63)) & std::size_t{63});
+  if (head > 0) {
+    std::memcpy(d, s, head);
+    crc = Extend(crc, d, head);
+  }
+  const std::size_t body = (n - head) & ~std::size_t{255};
+  if (body > 0) {
+    const std::uint32_t l = crc ^ 0xffffffffu;
+    crc = (streaming ? FoldCopyAvx512<true>(l, d + head, s + head, body)
+                     : FoldCopyAvx512<false>(l, d + head, s + head, body)) ^
+          0xffffffffu;
+  }
+  const std::size_t tail = n - head - body;
+  if (tail > 0) {
+    std::memcpy(d + head + body, s + head + body, tail);
+    crc = Extend(crc, d + head + body, tail);
+  }
+  if (streaming && body > 0) _mm_sfence();  // streaming stores are weakly ordered
+  return crc;
+#else
+  (void)streaming;
+  return ExtendCopyReadBack(crc, dst, src, n);
+#endif
+}
+
+std::uint32_t ExtendCopyReadBack(std::uint32_t crc, void* dst, const void* src, std::size_t n) {
+  auto* d = static_cast<std::uint8_t*>(dst);
+  const auto* s = static_cast<const std::uint8_t*>(src);
+  for (std::size_t at = 0; at < n; at += kCopyPieceBytes) {
+    const std::size_t piece = std::min(kCopyPieceBytes, n - at);
+    std::memcpy(d + at, s + at, piece);
+    crc = Extend(crc, d + at, piece);
+  }
+  return crc;
+}
+
 }  // namespace internal
+
+std::uint32_t ExtendCopy(std::uint32_t crc, void* dst, const void* src, std::size_t n,
+                         bool streaming) {
+#if KVF_CRC32C_HAVE_SSE42
+  static const bool kUseFolding = internal::FoldingAvailable();
+  if (kUseFolding && n >= kFoldMinBytes) {
+    return internal::ExtendCopyFolding(crc, dst, src, n, streaming);
+  }
+#endif
+  (void)streaming;
+  return internal::ExtendCopyReadBack(crc, dst, src, n);
+}
 
 std::uint32_t Extend(std::uint32_t crc, const void* data, std::size_t n) {
 #if KVF_CRC32C_HAVE_SSE42

@@ -39,6 +39,23 @@ inline std::uint32_t Extend(std::uint32_t crc, std::span<const std::byte> bytes)
   return Extend(crc, bytes.data(), bytes.size());
 }
 
+// Copies n bytes from src to dst (the ranges must not overlap, as for
+// std::memcpy) and returns Extend(crc, dst, n): the CRC of the bytes it
+// stored. Where the CPU folds (FoldingAvailable()), one pass: each 64-byte
+// line is loaded once into a register, stored from it and folded into the
+// CRC from it, so the CRC covers exactly the values the store instructions
+// wrote and neither side is read twice. Elsewhere, pieces of kCopyPieceBytes
+// are copied with std::memcpy and each read back while it is still in this
+// core's cache. With `streaming`, the stores of the one-pass path bypass the
+// caches (non-temporal, fenced before return, as core/stream_copy.h), for a
+// destination not read again soon.
+std::uint32_t ExtendCopy(std::uint32_t crc, void* dst, const void* src, std::size_t n,
+                         bool streaming);
+
+// Bytes ExtendCopy's read-back path copies before reading them back: well
+// inside a core's L2 (and near its L1), so the read-back hits cache.
+inline constexpr std::size_t kCopyPieceBytes = std::size_t{64} << 10;
+
 // Returns the CRC32C of concat(A, B) from crc_a = Value(A), crc_b = Value(B)
 // and B's length, without reading the bytes: O(log len_b) carry-less
 // multiplications modulo the polynomial, about a microsecond. Lets a block's
@@ -94,6 +111,12 @@ std::uint32_t ExtendFolding(std::uint32_t crc, const void* data, std::size_t n);
 // REQUIRES: HardwareAvailable(). (On builds without a hardware path this
 // forwards to ExtendPortable, so callers never execute an illegal instruction.)
 std::uint32_t ExtendHardware(std::uint32_t crc, const void* data, std::size_t n);
+
+// ExtendCopy's two paths, exposed so tests and benchmarks can compare them.
+// REQUIRES (one-pass): FoldingAvailable().
+std::uint32_t ExtendCopyFolding(std::uint32_t crc, void* dst, const void* src, std::size_t n,
+                                bool streaming);
+std::uint32_t ExtendCopyReadBack(std::uint32_t crc, void* dst, const void* src, std::size_t n);
 
 }  // namespace internal
 }  // namespace kvfabric::crc32c

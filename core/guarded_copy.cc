@@ -101,18 +101,11 @@ Status GuardedCopy(void* dst, const void* src, std::size_t n, bool streaming) {
   });
 }
 
-Status GuardedCopyChecked(void* dst, const void* src, std::size_t n, std::uint32_t* crc) {
+Status GuardedCopyChecked(void* dst, const void* src, std::size_t n, bool streaming,
+                          std::uint32_t* crc) {
   std::uint32_t value = 0;
   if (n != 0) {
-    Status s = Guarded(n, [&] {
-      auto* d = static_cast<std::byte*>(dst);
-      const auto* from = static_cast<const std::byte*>(src);
-      for (std::size_t at = 0; at < n; at += kCheckedPieceBytes) {
-        const std::size_t piece = std::min(kCheckedPieceBytes, n - at);
-        std::memcpy(d + at, from + at, piece);
-        value = crc32c::Extend(value, d + at, piece);
-      }
-    });
+    Status s = Guarded(n, [&] { value = crc32c::ExtendCopy(0, dst, src, n, streaming); });
     if (!s.ok()) return s;
   }
   *crc = value;

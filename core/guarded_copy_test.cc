@@ -60,27 +60,33 @@ TEST(GuardedCopyTest, CopyFromOrIntoAShrunkMappingFailsInsteadOfKilling) {
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(GuardedCopy(local.data(), bytes, page, false).ok());
 }
 
-// A checked copy reads back what it wrote: its CRC is the destination's,
-// for lengths around its piece size; on a shrunk mapping it fails as a
-// plain guarded copy does and leaves the CRC alone.
+// A checked copy's CRC is the destination's, with and without streaming
+// stores, for lengths around the read-back path's piece size; on a shrunk
+// mapping it fails as a plain guarded copy does and leaves the CRC alone.
 TEST(GuardedCopyTest, CheckedCopyReportsTheDestinationsCrcOrTheFault) {
-  std::vector<unsigned char> src(3 * kCheckedPieceBytes + 100);
+  constexpr std::size_t kPiece = crc32c::kCopyPieceBytes;
+  std::vector<unsigned char> src(3 * kPiece + 100);
   for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
-  for (std::size_t n : {std::size_t{0}, std::size_t{1}, kCheckedPieceBytes - 1, kCheckedPieceBytes,
-                        kCheckedPieceBytes + 1, src.size()}) {
-    std::vector<unsigned char> dst(src.size(), 0);
-    std::uint32_t crc = 0xdeadbeefu;
-    ASSERT_TRUE(GuardedCopyChecked(dst.data(), src.data(), n, &crc).ok());
-    EXPECT_EQ(std::memcmp(dst.data(), src.data(), n), 0) << n;
-    EXPECT_EQ(crc, crc32c::Value(src.data(), n)) << n;
+  for (bool streaming : {false, true}) {
+    for (std::size_t n :
+         {std::size_t{0}, std::size_t{1}, kPiece - 1, kPiece, kPiece + 1, src.size()}) {
+      std::vector<unsigned char> dst(src.size(), 0);
+      std::uint32_t crc = 0xdeadbeefu;
+      ASSERT_TRUE(GuardedCopyChecked(dst.data(), src.data(), n, streaming, &crc).ok());
+      EXPECT_EQ(std::memcmp(dst.data(), src.data(), n), 0) << n << " streaming " << streaming;
+      EXPECT_EQ(crc, crc32c::Value(src.data(), n)) << n << " streaming " << streaming;
+    }
   }
   ShrinkableMapping mapping;
   ASSERT_NE(mapping.bytes(), nullptr);
   ASSERT_TRUE(mapping.Shrink(1));
-  std::uint32_t crc = 0x12345678u;
-  Status into = GuardedCopyChecked(mapping.bytes(), src.data(), 2 * mapping.page(), &crc);
-  EXPECT_EQ(into.code(), StatusCode::kDataLoss) << into;
-  EXPECT_EQ(crc, 0x12345678u);
+  for (bool streaming : {false, true}) {
+    std::uint32_t crc = 0x12345678u;
+    Status into =
+        GuardedCopyChecked(mapping.bytes(), src.data(), 2 * mapping.page(), streaming, &crc);
+    EXPECT_EQ(into.code(), StatusCode::kDataLoss) << into;
+    EXPECT_EQ(crc, 0x12345678u);
+  }
 }
 
 // Outside a guarded copy a fault is what it always was.
