@@ -6,7 +6,8 @@
 //      a load cannot beat: every byte lands once in the history pool).
 //   2. write-back: one context saves every layer of a history; GB/s from the
 //      first Save to Finish. Three ways, each the first save of a new client
-//      (so each includes opening the client's data sessions to the daemons):
+//      (whose Open started its data sessions with the daemons in the
+//      background, ClientOptions::connect_at_open):
 //      Place then gRPC Reserve, the daemon's pull from staging, Commit; Place
 //      then kStore with one saver thread; the default (kStore, two saver
 //      threads pipelining batches). Then the default once the sessions are

@@ -13,6 +13,7 @@
 #ifndef KVFABRIC_CLIENT_CLIENT_IMPL_H_
 #define KVFABRIC_CLIENT_CLIENT_IMPL_H_
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -441,6 +442,13 @@ class Client::Impl {
   std::deque<SaveJob> save_queue_ KVF_GUARDED_BY(save_mu_);
   bool save_stop_ KVF_GUARDED_BY(save_mu_) = false;
   std::vector<std::thread> savers_;  // save_threads of them (1 through staging)
+  // ClientOptions::connect_at_open: opens the daemons' sessions (ConnectAll),
+  // stopping between daemons once closing_ is set; joined by Close.
+  std::thread connector_;
+  std::atomic<bool> closing_{false};
+  void ConnectAll();
+  // Daemons ConnectAll connects to at most.
+  static constexpr int kMaxDaemonsConnectedAtOpen = 64;
 
   // Prometheus view (metrics_collectable) and, with o_.metrics_address,
   // its listener. Both made by Init.

@@ -242,7 +242,39 @@ Status Client::Impl::Init() {
   // the one staging region, so it keeps one.
   const std::uint32_t savers = o_.store_by_key ? o_.save_threads : 1;
   for (std::uint32_t i = 0; i < savers; ++i) savers_.emplace_back([this] { SaverLoop(); });
+  if (o_.connect_at_open) connector_ = std::thread([this] { ConnectAll(); });
   return Status::OK();
+}
+
+void Client::Impl::ConnectAll() {
+  const auto start = Clock::now();
+  v1::ListHostsResponse resp;
+  const grpc::Status g = CallPlacement([&](v1::Placement::Stub* stub, grpc::ClientContext* ctx) {
+    return stub->ListHosts(ctx, v1::ListHostsRequest(), &resp);
+  });
+  if (!g.ok()) {
+    Log().info("kvfabric client: no daemon connected at open: placement ListHosts: {}",
+               g.error_message());
+    return;
+  }
+  int tried = 0;
+  int connected = 0;
+  for (const v1::HostStatus& h : resp.hosts()) {
+    if (closing_.load(std::memory_order_relaxed) || tried == kMaxDaemonsConnectedAtOpen) break;
+    if (h.status() != v1::SERVING_STATUS_SERVING) continue;
+    ++tried;
+    const MatchResult::Host host{h.host().host_id(), h.host().grpc_address(),
+                                 h.host().transport_address()};
+    StatusOr<std::shared_ptr<Daemon>> d = GetDaemon(host);
+    if (d.ok()) {
+      ++connected;
+    } else {
+      Log().info("kvfabric client: daemon {} not connected at open (connected on first use): {}",
+                 host.host_id, d.status().ToString());
+    }
+  }
+  Log().info("kvfabric client: connected to {} of {} serving daemons at open in {:.1f} ms",
+             connected, tried, internal::MicrosSince(start) / 1e3);
 }
 
 Client::Impl::~Impl() {
@@ -273,6 +305,8 @@ Status Client::Impl::Close() {
     closed_ = true;
     for (const auto& [id, c] : contexts_) ids.push_back(id);
   }
+  closing_.store(true, std::memory_order_relaxed);
+  if (connector_.joinable()) connector_.join();
   Status first;
   for (ContextId id : ids) {
     ContextReport report;

@@ -225,6 +225,14 @@ struct ClientOptions {
   // (docs/benchmarks.md, write-back). The Reserve/kPut/Commit path uses one
   // (it copies through the one staging region).
   std::uint32_t save_threads = 2;
+  // Open starts, on a thread of its own, a data session with every daemon
+  // placement lists as serving (at most 64): gRPC OpenDataSession, the
+  // transport's connection, and the daemon's import of the history pool,
+  // 30-80 ms each on the development VM, which a first save or load
+  // otherwise pays (docs/benchmarks.md, write-back). Open does not wait for
+  // it; a daemon that does not answer is connected when a request needs it,
+  // as with false (connect on first use).
+  bool connect_at_open = true;
   // The pinned host memory every context's history lives in
   // (--client-history-pool-bytes; client/history_pool.h): allocated,
   // pinned and pre-faulted at Open, handed out in pages of one block, so no

@@ -28,8 +28,8 @@ struct TransferResult {
   Status status = Status::Unknown("not completed");
   std::uint64_t bytes = 0;  // bytes moved by this entry (its length when OK)
   // For an OK entry submitted with Transfer::checksum, where the backend
-  // copied the bytes itself: the CRC32C of the destination range's bytes,
-  // read back after they were written (transport.h, Transfer::checksum).
+  // copied the bytes itself: the CRC32C of the bytes it stored in the
+  // destination range (transport.h, Transfer::checksum).
   // Empty where the backend did not compute it; the caller then checks.
   std::optional<std::uint32_t> landed_crc32c;
 };

@@ -157,8 +157,8 @@ struct Transfer {
   std::span<const std::byte> header;  // kSend only; at most kMaxMessageHeaderBytes
   // kRead/kWrite: asks for the CRC32C of the destination range after the
   // bytes landed. A backend that copies the bytes itself (UCX through a
-  // shared-memory mapping; the in-process loopback) copies in 64 KiB pieces and reads each back
-  // from cache (core/guarded_copy.h, GuardedCopyChecked) and reports the CRC in
+  // shared-memory mapping; the in-process loopback) computes it in the same
+  // pass as the copy (core/guarded_copy.h, GuardedCopyChecked) and reports it in
   // TransferResult::landed_crc32c; one that does not (NIC or kernel copies,
   // owner-placed transfers) leaves it empty, and the caller checks the bytes
   // itself. Lets a daemon check a block where it landed in a client's memory
