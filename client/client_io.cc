@@ -371,6 +371,13 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
   // blocks need not split evenly between daemons: 76 and 52 of 128, say).
   // Such a unit may name more than 16 blocks: it goes as several kFetch
   // messages at once, each pinning at most 16 blocks of the daemon's pages.
+  // The next group's units go only once this daemon answered every layer-0
+  // unit: the daemon copies a connection's requests one after another on its
+  // progress thread, and an 8 MiB request of later layers started beside
+  // them delayed layer 0 (32 layers, two daemons: layer 0 ready after 0.08-
+  // 0.20 of the load, mean 0.14; waiting, 0.07-0.14, mean 0.11, at the same
+  // load rate). Another daemon's layer 0 is not waited for, so no daemon
+  // idles for a slower one.
   const bool layered = fetch_groups_.front().count != 0;
   const std::size_t per_batch = layered ? layered_batch_ : fetch_batch_;
   const std::size_t batches = (nvme_from + per_batch - 1) / per_batch;
@@ -396,6 +403,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
     Mutex mu;
     CondVar cv;
     std::size_t next KVF_GUARDED_BY(mu) = 0;
+    std::size_t first_done KVF_GUARDED_BY(mu) = 0;  // layer-0 units answered
     std::size_t fetchers KVF_GUARDED_BY(mu) = 0;  // host-pool workers still running
     bool down KVF_GUARDED_BY(mu) = false;
     std::vector<bool> out KVF_GUARDED_BY(mu);            // per position: left the units
@@ -450,6 +458,12 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
           return;
         }
         unit = p.next++;
+        // A layered model's later groups wait until this daemon answered
+        // every layer-0 unit (other daemons' are not waited for).
+        if (layered && unit >= first_units) {
+          p.cv.Wait(&p.mu,
+                    [&]() KVF_REQUIRES(p.mu) { return p.down || p.first_done >= first_units; });
+        }
         // This unit's blocks that are still in play.
         positions.clear();
         const UnitSpan us = span_of(unit);
@@ -472,7 +486,14 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
         }
         positions.resize(kept);
       }
-      if (positions.empty()) continue;
+      if (positions.empty()) {
+        if (unit < first_units) {
+          MutexLock l(&p.mu);
+          ++p.first_done;
+          p.cv.NotifyAll();
+        }
+        continue;
+      }
       for (std::size_t k : positions) batch.push_back((*blocks)[k]);
       arrived.assign(batch.size(), false);
       to_nvme.assign(batch.size(), false);
@@ -483,6 +504,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
         for (std::size_t k : on_nvme) to_nvme[k] = true;
       }
       MutexLock l(&p.mu);
+      if (unit < first_units) ++p.first_done;
       record(positions, arrived, to_nvme, s, moved);
     }
   };
