@@ -39,6 +39,8 @@
 //                          mappings of the client's pool when they import it)
 //                          [--client-checks]  (daemon_checks_landing = false: the
 //                          client reads every landed byte again for its CRC)
+//                          [--save-threads N]  (the default client's save_threads;
+//                          default the client's default, 2)
 //                          [--compact-after exact,0,4096,16384]  (issue 24: the
 //                          daemons convert every block to compact_int8 copies;
 //                          then one load per accuracy policy listed, bytes per
@@ -258,6 +260,7 @@ int main(int argc, char** argv) {
   int warmup = 0;
   bool populate = true;
   bool client_checks = false;
+  std::uint32_t save_threads = kc::ClientOptions().save_threads;
   std::vector<std::string> compact_policies;
   double compact_extra_us = -1;
   for (int i = 1; i < argc; ++i) {
@@ -290,6 +293,8 @@ int main(int argc, char** argv) {
       layers = static_cast<std::uint32_t>(std::strtoul(value.c_str(), nullptr, 10));
     } else if (flag == "--depth") {
       depth = static_cast<std::uint32_t>(std::strtoul(value.c_str(), nullptr, 10));
+    } else if (flag == "--save-threads") {
+      save_threads = static_cast<std::uint32_t>(std::strtoul(value.c_str(), nullptr, 10));
     } else if (flag == "--compact-after") {
       for (std::size_t p = 0; p < value.size();) {
         const std::size_t e = std::min(value.find(',', p), value.size());
@@ -399,6 +404,7 @@ int main(int argc, char** argv) {
   o.staging_bytes = 16 * block_bytes;
   o.fetch_depth = depth;
   o.daemon_checks_landing = !client_checks;
+  o.save_threads = save_threads;
   o.history_pool_bytes = std::uint64_t(max_contexts) * history_bytes;
   o.max_context_tokens = tokens;
   // The "engine" writes a known pattern and takes kPrefillUsPerToken per
@@ -498,32 +504,31 @@ int main(int argc, char** argv) {
       return Fail(s);
     }
     std::vector<double> steady;
+    const std::string kstore =
+        "Place + kStore, save_threads " + std::to_string(save_threads) +
+        (save_threads == kc::ClientOptions().save_threads ? " (default)" : "");
+    const std::string first_save = kstore + ", first save";
+    const std::string open_save = kstore + ", sessions open";
     for (std::uint32_t shift : {3u, 4u, 5u}) {
       auto keys = shifted_chain(**client, shift);
       if (!keys.ok()) return Fail(keys.status());
       double gbps = 0;
-      if (auto s =
-              write_back(**client, *keys,
-                         shift == 3 ? "Place + kStore, save_threads 2 (default), first save"
-                                    : "Place + kStore, save_threads 2 (default), sessions open",
-                         &gbps);
+      if (auto s = write_back(**client, *keys, shift == 3 ? first_save.c_str() : open_save.c_str(),
+                              &gbps);
           !s.ok()) {
         return Fail(s);
       }
       if (shift != 3) steady.push_back(gbps);
     }
     double gbps = 0;
-    if (auto s = write_back(**client, *chain,
-                            "Place + kStore, save_threads 2 (default), sessions open", &gbps);
-        !s.ok()) {
+    if (auto s = write_back(**client, *chain, open_save.c_str(), &gbps); !s.ok()) {
       return Fail(s);
     }
     steady.push_back(gbps);
     steady_gbps = kvfabric::bench::Percentile(steady, 0.5);
-    std::printf("write-back (default, sessions open), median of %zu: %.2f GB/s = %.2fx memcpy\n",
-                steady.size(), steady_gbps, steady_gbps / mem1);
-  } else if (auto s = write_back(**client, *chain, "Place + kStore, save_threads 2 (default)");
-             !s.ok()) {
+    std::printf("write-back (%s, sessions open), median of %zu: %.2f GB/s = %.2fx memcpy\n",
+                kstore.c_str(), steady.size(), steady_gbps, steady_gbps / mem1);
+  } else if (auto s = write_back(**client, *chain, "Place + kStore"); !s.ok()) {
     return Fail(s);
   }
   // Daemons tell placement what they hold on their next report: wait (at
