@@ -126,45 +126,45 @@ bool BlockIntact(std::uint64_t block, std::span<const std::byte> in) {
   return true;
 }
 
-// CRC32C of `bytes` in 2 MiB blocks, cold (as a landing pass reads what a
-// daemon just wrote): best of three, GB/s.
-double CrcGBps(std::uint64_t bytes,
-               std::uint32_t (*extend)(std::uint32_t, const void*, std::size_t)) {
-  std::vector<char> a(bytes, 1), evict(bytes, 2);
+// Best of three passes of `pass(offset, n)` over `bytes` in 2 MiB blocks,
+// each pass cold (the caches filled with other bytes first), GB/s.
+template <typename Pass>
+double ColdBlocksGBps(std::uint64_t bytes, Pass pass) {
+  std::vector<char> evict(bytes, 2);
   double best = 0;
   volatile std::uint32_t sink = 0;
   for (int i = 0; i < 3; ++i) {
     std::memset(evict.data(), i, evict.size());
     const auto t0 = Clock::now();
     for (std::uint64_t o = 0; o < bytes; o += 2 << 20) {
-      sink = sink + extend(0, a.data() + o, std::min<std::uint64_t>(2 << 20, bytes - o));
+      sink = sink + pass(o, std::min<std::uint64_t>(2 << 20, bytes - o));
     }
     best = std::max(best, bytes / Seconds(t0, Clock::now()) / 1e9);
   }
   return best;
 }
 
-// A checked copy of `bytes` in 2 MiB blocks, cold (the daemon's landing
-// check and kStore's pull, core/guarded_copy.h): best of three, GB/s of
-// bytes copied. `way`: 0 one pass with streaming stores, 1 one pass with
-// ordinary stores, 2 memcpy then read back 64 KiB at a time.
+// CRC32C of `bytes`, cold (as a landing pass reads what a daemon just
+// wrote).
+double CrcGBps(std::uint64_t bytes,
+               std::uint32_t (*extend)(std::uint32_t, const void*, std::size_t)) {
+  std::vector<char> a(bytes, 1);
+  return ColdBlocksGBps(
+      bytes, [&](std::uint64_t o, std::uint64_t n) { return extend(0, a.data() + o, n); });
+}
+
+// A checked copy of `bytes`, cold (the daemon's landing check and kStore's
+// pull, core/guarded_copy.h), GB/s of bytes copied. `way`: 0 one pass with
+// streaming stores, 1 one pass with ordinary stores, 2 memcpy then read back
+// 64 KiB at a time.
 double CheckedCopyGBps(std::uint64_t bytes, int way) {
-  std::vector<char> a(bytes, 1), b(bytes, 2), evict(bytes, 3);
-  double best = 0;
-  volatile std::uint32_t sink = 0;
-  for (int i = 0; i < 3; ++i) {
-    std::memset(evict.data(), i, evict.size());
-    const auto t0 = Clock::now();
-    for (std::uint64_t o = 0; o < bytes; o += 2 << 20) {
-      const std::uint64_t n = std::min<std::uint64_t>(2 << 20, bytes - o);
-      sink = sink + (way == 2 ? kvfabric::crc32c::internal::ExtendCopyReadBack(0, b.data() + o,
-                                                                               a.data() + o, n)
-                              : kvfabric::crc32c::internal::ExtendCopyFolding(
-                                    0, b.data() + o, a.data() + o, n, way == 0));
-    }
-    best = std::max(best, bytes / Seconds(t0, Clock::now()) / 1e9);
-  }
-  return best;
+  std::vector<char> a(bytes, 1), b(bytes, 3);
+  return ColdBlocksGBps(bytes, [&](std::uint64_t o, std::uint64_t n) {
+    return way == 2
+               ? kvfabric::crc32c::internal::ExtendCopyReadBack(0, b.data() + o, a.data() + o, n)
+               : kvfabric::crc32c::internal::ExtendCopyFolding(0, b.data() + o, a.data() + o, n,
+                                                               way == 0);
+  });
 }
 
 // CRC32C of one 64 KiB piece, again and again: in cache, as a daemon's

@@ -252,11 +252,7 @@ __attribute__((target("sse4.2,pclmul,avx512f,vpclmulqdq"))) std::uint32_t FoldAv
   return LastLane(x);
 }
 
-// FoldAvx512's loop with a copy fused in: copies n bytes (a positive multiple
-// of 256) from s to d, storing each 64-byte register it loaded and folding
-// that same register, and returns the register after them (`l` before).
-// Streaming: non-temporal stores; d must then be 64-byte aligned (the caller
-// fences).
+// One 64-byte store: non-temporal (`at` 64-byte aligned) when kStreaming.
 template <bool kStreaming>
 __attribute__((target("avx512f"))) inline void Store512(std::uint8_t* at, __m512i v) {
   if constexpr (kStreaming) {
@@ -266,6 +262,11 @@ __attribute__((target("avx512f"))) inline void Store512(std::uint8_t* at, __m512
   }
 }
 
+// FoldAvx512's loop with a copy fused in: copies n bytes (a positive multiple
+// of 256) from s to d, storing each 64-byte register it loaded and folding
+// that same register, and returns the register after them (`l` before).
+// Streaming: non-temporal stores; d must then be 64-byte aligned (the caller
+// fences).
 template <bool kStreaming>
 __attribute__((target("sse4.2,pclmul,avx512f,vpclmulqdq"))) std::uint32_t FoldCopyAvx512(
     std::uint32_t l, std::uint8_t* d, const std::uint8_t* s, std::size_t n) {

@@ -41,7 +41,8 @@ inline std::uint32_t Extend(std::uint32_t crc, std::span<const std::byte> bytes)
 
 // Copies n bytes from src to dst (the ranges must not overlap, as for
 // std::memcpy) and returns Extend(crc, dst, n): the CRC of the bytes it
-// stored. Where the CPU folds (FoldingAvailable()), one pass: each 64-byte
+// stored. Where the CPU folds (FoldingAvailable()) and n is at least 1 KiB,
+// one pass: each 64-byte
 // line is loaded once into a register, stored from it and folded into the
 // CRC from it, so the CRC covers exactly the values the store instructions
 // wrote and neither side is read twice. Elsewhere, pieces of kCopyPieceBytes
