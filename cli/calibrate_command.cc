@@ -419,8 +419,9 @@ std::string FormatCalibrationText(const CalibrationReport& r) {
                     FormatBytes(r.judge_from_bytes) + ".." + FormatBytes(r.sizes.back()) +
                     " (target: worst |error| <= " + Percent(r.target_error_ratio) + "%)\n";
   char line[512];
-  std::snprintf(line, sizeof(line), "%-26s %-16s %10s %10s %13s %12s %8s  %s\n", "path", "host",
-                "alpha_us", "beta GB/s", "median err %", "worst err %", "noise %", "target met");
+  std::snprintf(line, sizeof(line), "%-26s %-16s %10s %10s %13s %12s %11s %8s  %s\n", "path",
+                "host", "alpha_us", "beta GB/s", "median err %", "worst err %", "line worst",
+                "noise %", "target met");
   out += line;
   for (const PathOutcome& p : r.paths) {
     const std::string host = p.host_id.empty() ? "-" : p.host_id;
@@ -429,10 +430,11 @@ std::string FormatCalibrationText(const CalibrationReport& r) {
                     std::string(BusPathName(p.path)).c_str(), host.c_str(),
                     p.not_measured_reason.c_str());
     } else {
-      std::snprintf(line, sizeof(line), "%-26s %-16s %10.2f %10.3f %13s %12s %8s  %s\n",
+      std::snprintf(line, sizeof(line), "%-26s %-16s %10.2f %10.3f %13s %12s %11s %8s  %s\n",
                     std::string(BusPathName(p.path)).c_str(), host.c_str(),
                     p.fit.final_parameters.alpha_us, p.fit.final_parameters.beta_bytes_per_s / 1e9,
                     Percent(p.fit.median_abs_error).c_str(), Percent(p.fit.worst_abs_error).c_str(),
+                    Percent(p.fit.line_worst_abs_error).c_str(),
                     Percent(p.fit.noise_floor_ratio).c_str(),
                     p.fit.target_met ? "yes (within max(target, noise))" : "no");
     }
@@ -488,6 +490,9 @@ std::string FormatCalibrationJson(const CalibrationReport& r) {
     e["beta_bytes_per_s"] = f.final_parameters.beta_bytes_per_s;
     e["median_error_ratio"] = f.median_abs_error;
     e["worst_error_ratio"] = f.worst_abs_error;
+    e["line_median_error_ratio"] = f.line_median_abs_error;
+    e["line_worst_error_ratio"] = f.line_worst_abs_error;
+    e["size_factors"] = f.final_parameters.size_factors;
     e["noise_floor_ratio"] = f.noise_floor_ratio;
     e["target_met"] = f.target_met;
     e["samples"] = f.samples;

@@ -83,6 +83,13 @@ Status Validate(const BusCalibration& c) {
     KVF_RETURN_IF_ERROR(CheckNonNegative(p.median_error_ratio, w + ".median_error_ratio"));
     KVF_RETURN_IF_ERROR(CheckNonNegative(p.worst_error_ratio, w + ".worst_error_ratio"));
     KVF_RETURN_IF_ERROR(CheckNonNegative(p.noise_floor_ratio, w + ".noise_floor_ratio"));
+    for (int k = 0; k < kSizeClasses; ++k) {
+      const double f = p.parameters.size_factors[k];
+      if (!std::isfinite(f) || f < kMinSizeFactor || f > kMaxSizeFactor) {
+        return Status::InvalidArgument(w + ".size_factors[" + std::to_string(k) +
+                                       "]: must be in [0.25, 4], got " + Num(f));
+      }
+    }
     if (p.min_bytes > p.max_bytes) {
       return Status::InvalidArgument(w + ".min_bytes: " + std::to_string(p.min_bytes) +
                                      " > max_bytes " + std::to_string(p.max_bytes));
@@ -120,7 +127,11 @@ Status Validate(const BusCalibration& c) {
 std::string BusCalibrationToJson(const BusCalibration& c) {
   Json j;
   j["format"] = kFormat;
-  j["version"] = kBusCalibrationVersion;
+  // Version 1 unless a path carries a size curve: a reader of version 1 would ignore the
+  // factors and predict with the line alone, so such a file must be refused by it instead.
+  bool curved = false;
+  for (const PathCalibration& p : c.paths) curved = curved || !HasFlatSizeCurve(p.parameters);
+  j["version"] = curved ? kBusCalibrationVersion : 1;
   j["created_unix_us"] = c.created_unix_us;
   j["machine"] = c.machine;
   j["paths"] = Json::array();
@@ -136,6 +147,10 @@ std::string BusCalibrationToJson(const BusCalibration& c) {
     e["median_error_ratio"] = p.median_error_ratio;
     e["worst_error_ratio"] = p.worst_error_ratio;
     e["noise_floor_ratio"] = p.noise_floor_ratio;
+    if (!HasFlatSizeCurve(p.parameters)) {
+      e["size_factors"] = Json::array();
+      for (double f : p.parameters.size_factors) e["size_factors"].push_back(f);
+    }
     j["paths"].push_back(std::move(e));
   }
   j["recompute"] = Json::array();
@@ -166,9 +181,9 @@ StatusOr<BusCalibration> BusCalibrationFromJson(std::string_view text) {
                                    format + "\"");
   }
   KVF_ASSIGN_OR_RETURN(uint64_t version, GetUint(j, "", "version"));
-  if (version != kBusCalibrationVersion) {
+  if (version < 1 || version > kBusCalibrationVersion) {
     return Status::InvalidArgument("version: " + std::to_string(version) +
-                                   " is not supported (this build reads version " +
+                                   " is not supported (this build reads versions 1 to " +
                                    std::to_string(kBusCalibrationVersion) + ")");
   }
   BusCalibration c;
@@ -196,6 +211,23 @@ StatusOr<BusCalibration> BusCalibrationFromJson(std::string_view text) {
     KVF_ASSIGN_OR_RETURN(p.median_error_ratio, GetDouble(e, w, "median_error_ratio"));
     KVF_ASSIGN_OR_RETURN(p.worst_error_ratio, GetDouble(e, w, "worst_error_ratio"));
     KVF_ASSIGN_OR_RETURN(p.noise_floor_ratio, GetOptionalDouble(e, w, "noise_floor_ratio"));
+    if (const auto f = e.find("size_factors"); f != e.end()) {
+      if (version < 2) {
+        return Status::InvalidArgument(w + ".size_factors: needs version 2, the file says " +
+                                       std::to_string(version));
+      }
+      if (!f->is_array() || f->size() != kSizeClasses) {
+        return Status::InvalidArgument(w + ".size_factors: must be an array of " +
+                                       std::to_string(kSizeClasses) + " numbers");
+      }
+      for (int k = 0; k < kSizeClasses; ++k) {
+        if (!(*f)[k].is_number()) {
+          return Status::InvalidArgument(w + ".size_factors[" + std::to_string(k) +
+                                         "]: must be a number");
+        }
+        p.parameters.size_factors[k] = (*f)[k].get<double>();
+      }
+    }
     c.paths.push_back(std::move(p));
   }
   const auto recompute = j.find("recompute");

@@ -3,7 +3,7 @@
 //
 //   {
 //     "format": "kvfabric.bus_calibration",
-//     "version": 1,
+//     "version": 2,                                // 1 when no path has a size curve
 //     "created_unix_us": 1764460800000000,        // when it was measured (informational)
 //     "machine": "node-17",                        // where (informational, may be empty)
 //     "paths": [
@@ -11,6 +11,9 @@
 //         "host_id": "cache-0",                    // "" = default for every host
 //         "alpha_us": 85.0,                        // >= 0, finite
 //         "beta_bytes_per_s": 1.95e9,              // > 0, finite
+//         "size_factors": [1.08, 1.02, 1, 0.99, 1, 1.01, 1.04, 1.04],   // optional, version 2:
+//                                                  // the size curve (bus_cost_model.h), each in
+//                                                  // [0.25, 4]; absent = all 1
 //         "samples": 40,                           // probes the fit used (>= 0)
 //         "min_bytes": 65536, "max_bytes": 268435456,   // probe size range fitted
 //         "median_error_ratio": 0.004,             // out-of-sample |observed/predicted - 1|
@@ -26,9 +29,10 @@
 //
 // Load rejects (InvalidArgument, naming the field, e.g.
 // "paths[2].beta_bytes_per_s: must be finite and > 0, got -3") any missing or mistyped field, an
-// unknown path name, a version other than 1, a duplicate (path, host_id) or model_id. Unknown
-// extra fields are ignored, so a newer writer can add informational fields without a version
-// bump; anything that changes meaning bumps the version.
+// unknown path name, a version other than 1 or 2, size_factors in a version-1 file or not 8
+// factors in [0.25, 4], a duplicate (path, host_id) or model_id. Unknown extra fields are ignored,
+// so a newer writer can add informational fields without a version bump; anything that changes
+// meaning bumps the version.
 //
 // Thread safety: pure functions.
 #ifndef KVFABRIC_CORE_BUS_CALIBRATION_H_
@@ -45,7 +49,9 @@
 
 namespace kvfabric {
 
-inline constexpr int kBusCalibrationVersion = 1;
+// The newest version this build reads and writes. Files without a size curve are written as
+// version 1, so older builds keep reading them.
+inline constexpr int kBusCalibrationVersion = 2;
 
 struct PathCalibration {
   BusPath path = BusPath::kUnspecified;

@@ -46,6 +46,51 @@ std::string ThreeDigits(double v, std::string_view unit) {
 
 bool IsValidBusPath(int value) { return value >= 1 && value <= kMaxBusPath; }
 
+bool HasFlatSizeCurve(const PathParameters& p) {
+  for (double k : p.size_factors) {
+    if (k != 1) return false;
+  }
+  return true;
+}
+
+bool SizeFactorsValid(const PathParameters& p) {
+  for (double k : p.size_factors) {
+    if (!std::isfinite(k) || k < kMinSizeFactor || k > kMaxSizeFactor) return false;
+  }
+  return true;
+}
+
+SizeClassWeights SizeClassWeightsFor(double bytes) {
+  SizeClassWeights w;
+  // Position on the knots: 0 at 64 KiB, 1 at 256 KiB, ... (two doublings per knot).
+  const double x = bytes > 0 ? (std::log2(bytes) - 16.0) / 2.0 : 0.0;
+  if (!(x > 0)) return w;  // also NaN
+  if (x >= kSizeClasses - 1) {
+    w.first = kSizeClasses - 1;
+    return w;
+  }
+  w.first = static_cast<int>(x);
+  const double frac = x - w.first;
+  w.weights[0] = 1 - frac;
+  w.weights[1] = frac;
+  return w;
+}
+
+double SizeFactor(const PathParameters& p, double bytes) {
+  const SizeClassWeights w = SizeClassWeightsFor(bytes);
+  double k = w.weights[0] * p.size_factors[w.first];
+  if (w.weights[1] > 0) k += w.weights[1] * p.size_factors[w.first + 1];
+  return k;
+}
+
+PathParameters AtSize(const PathParameters& p, double bytes) {
+  const double k = SizeFactor(p, bytes);
+  PathParameters out;
+  out.alpha_us = p.alpha_us * k;
+  out.beta_bytes_per_s = p.beta_bytes_per_s / k;
+  return out;
+}
+
 std::string_view BusPathArrowName(BusPath path) {
   const int v = static_cast<int>(path);
   return IsValidBusPath(v) ? kPathNames[v].arrow : kPathNames[0].arrow;
@@ -90,8 +135,14 @@ std::string ExplainFetch(BusPath path, const PathParameters& p, uint64_t bytes) 
   out += ", ";
   out += FormatBytes(bytes);
   out += ") = " + FormatMicros(p.alpha_us) + " + " + std::to_string(bytes) + " B / " +
-         FormatRate(p.beta_bytes_per_s) + " = " +
-         FormatMicros(FetchMicros(p, static_cast<double>(bytes)));
+         FormatRate(p.beta_bytes_per_s);
+  const double k = SizeFactor(p, static_cast<double>(bytes));
+  if (k != 1) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.3f", k);
+    out += std::string(" × ") + buf + " (size curve at " + FormatBytes(bytes) + ")";
+  }
+  out += " = " + FormatMicros(FetchMicros(p, static_cast<double>(bytes)));
   return out;
 }
 

@@ -1,9 +1,10 @@
 // The bus cost model: how long a transfer over one directed path takes, and how long it takes to
 // recompute (prefill) a run of tokens instead (ARCHITECTURE.md section 4).
 //
-//   t_fetch(path, bytes)  = alpha_us + bytes / beta_bytes_per_s * 1e6                      [us]
+//   t_fetch(path, bytes)  = (alpha_us + bytes / beta_bytes_per_s * 1e6) × k(bytes)         [us]
 //   t_recompute(n, p)     = c0_us + c1_us_per_token * n + c2_us_per_token2 * n * (p + n/2)  [us]
 //     n = tokens recomputed, p = tokens before them (the prefix they attend to).
+//     k(bytes) = the path's size curve (SIZE CURVE below; 1 unless fitted).
 //
 // Units, everywhere in this model: time in microseconds (double, names end in _us), sizes in
 // bytes, bandwidth in bytes per second (names end in _bytes_per_s), tokens as counts. These are
@@ -21,6 +22,7 @@
 #ifndef KVFABRIC_CORE_BUS_COST_MODEL_H_
 #define KVFABRIC_CORE_BUS_COST_MODEL_H_
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -65,13 +67,51 @@ std::optional<BusPath> BusPathFromName(std::string_view name);
 // True for 1..kMaxBusPath.
 bool IsValidBusPath(int value);
 
+// SIZE CURVE. A line alpha + bytes / beta cannot follow a path whose bandwidth changes with the
+// transfer's size beyond what alpha explains: a memcpy of 256 KiB that stays in cache, an NVMe
+// drive whose large reads run slower than 1 MiB ones, a daemon whose large gets move many blocks
+// at once (docs/benchmarks.md, calibration runs of 2026-12-02). Each path therefore carries a
+// factor per size class, applied to the line:
+//   t_fetch(path, bytes) = (alpha_us + bytes / beta * 1e6) × k(bytes)
+// k is given at kSizeClasses knots, 64 KiB × 4^j (64 KiB, 256 KiB, 1 MiB, ... 1 GiB), and
+// interpolated linearly in log2(bytes) between them; below the first knot it is the first's,
+// above the last the last's. Every factor is 1 by default (the line alone), and each lies in
+// [kMinSizeFactor, kMaxSizeFactor]. Between two knots the curve's slope is a per-size-class
+// beta; the fits (core/cost_fit.h) set the factors from the line's residuals per class.
+inline constexpr int kSizeClasses = 8;
+inline constexpr double kMinSizeFactor = 0.25;
+inline constexpr double kMaxSizeFactor = 4.0;
+// The size of knot j (0 <= j < kSizeClasses): 64 KiB << 2j.
+constexpr uint64_t SizeClassBytes(int j) { return uint64_t{65536} << (2 * j); }
+
 // Fitted parameters of one path.
 struct PathParameters {
   // Fixed cost per transfer, in microseconds (>= 0).
   double alpha_us = 0;
   // Sustained bandwidth, in bytes per second (> 0).
   double beta_bytes_per_s = 1;
+  // The size curve's factor at each knot (SIZE CURVE above); all 1 = the line alone.
+  std::array<double, kSizeClasses> size_factors = {1, 1, 1, 1, 1, 1, 1, 1};
 };
+
+// Whether every size factor is 1.
+bool HasFlatSizeCurve(const PathParameters& p);
+// Whether every size factor is finite and within [kMinSizeFactor, kMaxSizeFactor].
+bool SizeFactorsValid(const PathParameters& p);
+// The interpolation weights of `bytes` on the knots: at most two non-zero, summing to 1
+// (SIZE CURVE); `first` is the lower knot, weights[0] its weight and weights[1] the next's.
+struct SizeClassWeights {
+  int first = 0;
+  double weights[2] = {1, 0};
+};
+SizeClassWeights SizeClassWeightsFor(double bytes);
+// k(bytes).
+double SizeFactor(const PathParameters& p, double bytes);
+// The line through the curve at `bytes`: alpha × k(bytes), beta / k(bytes), a flat curve. It
+// predicts the same time as `p` at `bytes` and scales proportionally around it; the planner
+// prices a source's stream with it at the size that stream is expected to move (its per-byte
+// terms must stay linear).
+PathParameters AtSize(const PathParameters& p, double bytes);
 
 // Fitted recompute (prefill) cost of one model.
 struct RecomputeParameters {
@@ -96,9 +136,14 @@ inline double SplitSidesMicros(const RecomputeParameters& r, double a, double b)
   return (a > b ? a : b) + r.split_serial_fraction * (a < b ? a : b);
 }
 
-// t_fetch in microseconds. REQUIRES: p.beta_bytes_per_s > 0.
-inline double FetchMicros(const PathParameters& p, double bytes) {
+// The line alone: alpha + bytes / beta, in microseconds, without the size curve.
+inline double LineMicros(const PathParameters& p, double bytes) {
   return p.alpha_us + bytes / p.beta_bytes_per_s * 1e6;
+}
+
+// t_fetch in microseconds, the size curve applied. REQUIRES: p.beta_bytes_per_s > 0.
+inline double FetchMicros(const PathParameters& p, double bytes) {
+  return LineMicros(p, bytes) * SizeFactor(p, bytes);
 }
 
 // t_recompute(n, prefix) in microseconds; 0 when n == 0 (nothing to prefill costs nothing, not
@@ -108,7 +153,8 @@ inline double RecomputeMicros(const RecomputeParameters& r, double n, double pre
   return r.c0_us + r.c1_us_per_token * n + r.c2_us_per_token2 * n * (prefix + n / 2);
 }
 
-// "t_fetch(nvme→host, 4 MiB) = 85.0 µs + 4194304 B / 1.95 GB/s = 2.24 ms".
+// "t_fetch(nvme→host, 4 MiB) = 85.0 µs + 4194304 B / 1.95 GB/s = 2.24 ms", with
+// " × 1.07 (size curve at 4 MiB)" before the result when k(bytes) is not 1.
 std::string ExplainFetch(BusPath path, const PathParameters& p, uint64_t bytes);
 // "t_recompute(n=4096, p=1024) = 2.00 ms + 4096 × 10.0 µs + 4096 × (1024 + 2048) × 1.00 ns =
 //  55.5 ms".

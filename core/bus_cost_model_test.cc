@@ -134,7 +134,7 @@ TEST(BusCalibrationTest, LoadNamesTheBadField) {
        "paths[0].beta_bytes_per_s"},
       {"\"alpha_us\": 12.5", "\"alpha_us\": \"x\"", "paths[1].alpha_us"},
       {"\"nvme_to_host\"", "\"nvme\"", "paths[0].path"},
-      {"\"version\": 1", "\"version\": 2", "version"},
+      {"\"version\": 1", "\"version\": 3", "version"},
       {"\"c1_us_per_token\": 10.0", "\"c1_us_per_token\": -1.0", "recompute[0].c1_us_per_token"},
       {"\"samples\": 30,\n      \"min", "\"samples\": -30,\n      \"min", "paths[1].samples"},
       {"\"host_id\": \"cache-1\"", "\"host_id\": \"\"",
@@ -160,6 +160,89 @@ TEST(BusCalibrationTest, LoadNamesTheBadField) {
   bad.paths[0].parameters.beta_bytes_per_s = 0;
   EXPECT_EQ(SaveBusCalibration(Env::Default(), bad, ::testing::TempDir() + "/never.json").code(),
             StatusCode::kInvalidArgument);
+}
+
+TEST(BusCostModelTest, TheSizeCurveInterpolatesInLogSizeAndClampsOutside) {
+  PathParameters p{100.0, 1e9};
+  p.size_factors = {0.5, 1.0, 1.5, 2.0, 2.0, 2.0, 2.0, 3.0};
+  EXPECT_DOUBLE_EQ(SizeFactor(p, 64 << 10), 0.5);
+  EXPECT_DOUBLE_EQ(SizeFactor(p, 4096), 0.5);        // below the first knot
+  EXPECT_DOUBLE_EQ(SizeFactor(p, 128 << 10), 0.75);  // half way in log2 between 64 and 256 KiB
+  EXPECT_DOUBLE_EQ(SizeFactor(p, 1 << 20), 1.5);
+  EXPECT_DOUBLE_EQ(SizeFactor(p, 1ull << 30), 3.0);   // the last knot
+  EXPECT_DOUBLE_EQ(SizeFactor(p, 16ull << 30), 3.0);  // beyond it
+  const double b = 1 << 20;
+  EXPECT_DOUBLE_EQ(FetchMicros(p, b), (100.0 + b / 1e9 * 1e6) * 1.5);
+  EXPECT_DOUBLE_EQ(LineMicros(p, b), 100.0 + b / 1e9 * 1e6);
+  // The line through the curve at b: the same time there, proportional around it.
+  const PathParameters at = AtSize(p, b);
+  EXPECT_TRUE(HasFlatSizeCurve(at));
+  EXPECT_DOUBLE_EQ(FetchMicros(at, b), FetchMicros(p, b));
+  EXPECT_DOUBLE_EQ(at.alpha_us, 150.0);
+  EXPECT_EQ(ExplainFetch(BusPath::kNvmeToHost, p, 1 << 20),
+            "t_fetch(nvme→host, 1 MiB) = 100 µs + 1048576 B / 1.00 GB/s × 1.500 (size curve at "
+            "1 MiB) = 1.72 ms");
+  EXPECT_TRUE(SizeFactorsValid(p));
+  p.size_factors[3] = 5;
+  EXPECT_FALSE(SizeFactorsValid(p));
+}
+
+TEST(BusCalibrationTest, ASizeCurveIsWrittenAsVersion2AndChecked) {
+  BusCalibration c = Sample();
+  // Flat curves: version 1, which older builds read.
+  std::string flat = BusCalibrationToJson(c);
+  EXPECT_NE(flat.find("\"version\": 1"), std::string::npos);
+  EXPECT_EQ(flat.find("size_factors"), std::string::npos);
+  c.paths[1].parameters.size_factors = {0.9, 1.0, 1.1, 1.2, 1.3, 1.25, 1.0, 0.75};
+  const std::string text = BusCalibrationToJson(c);
+  EXPECT_NE(text.find("\"version\": 2"), std::string::npos) << text;
+  auto back = BusCalibrationFromJson(text);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->paths[1].parameters.size_factors, c.paths[1].parameters.size_factors);
+  EXPECT_TRUE(HasFlatSizeCurve(back->paths[0].parameters));
+  auto edit = [&](const std::string& from, const std::string& to) {
+    std::string j = text;
+    const size_t at = j.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return BusCalibrationFromJson(j.replace(at, from.size(), to)).status();
+  };
+  Status v1 = edit("\"version\": 2", "\"version\": 1");
+  EXPECT_NE(v1.message().find("paths[1].size_factors: needs version 2"), std::string_view::npos)
+      << v1;
+  Status range = edit("1.3,", "5,");
+  EXPECT_NE(range.message().find("paths[1].size_factors[4]"), std::string_view::npos) << range;
+  Status count = edit("0.75\n", "0.75, 1\n");
+  EXPECT_NE(count.message().find("array of 8"), std::string_view::npos) << count;
+  // The model refuses what the file would.
+  CalibratedCostModel model;
+  PathParameters bad{1, 1e9};
+  bad.size_factors[0] = 0.1;
+  EXPECT_EQ(model.SetPath(BusPath::kNvmeToHost, "", bad).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(CalibratedCostModelTest, ASourceOfOneStreamSizeLearnsItsCurveThere) {
+  // Placement sees one transfer per source and load, all about the same size: the line in force
+  // cannot be refitted from them (no prior here to settle the other direction), but its curve
+  // can, at that size and not elsewhere.
+  CalibratedCostModel::Options options;
+  options.prior_weight = 0;
+  CalibratedCostModel model(options);
+  ASSERT_TRUE(model.Load(Sample()).ok());
+  const PathParameters before = *model.Path(BusPath::kRemoteHostToLocalHost, "cache-1");
+  const double bytes = 12 << 20;
+  const double truth = FetchMicros(before, bytes) * 1.3;
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_TRUE(
+        model.ObserveTransfer(BusPath::kRemoteHostToLocalHost, "cache-1", 12 << 20, truth).ok());
+  }
+  const PathParameters after = *model.Path(BusPath::kRemoteHostToLocalHost, "cache-1");
+  EXPECT_NEAR(FetchMicros(after, bytes) / truth, 1.0, 0.03);
+  EXPECT_EQ(after.alpha_us, before.alpha_us);
+  EXPECT_NEAR(FetchMicros(after, 64 << 10), FetchMicros(before, 64 << 10), 1e-9);
+  // And the later observations are scored against it: the median error has come down.
+  auto report = model.PathReportFor(BusPath::kRemoteHostToLocalHost, "cache-1");
+  ASSERT_TRUE(report.ok());
+  EXPECT_EQ(report->provenance.source, ParameterSource::kOnlineFit);
 }
 
 TEST(CalibratedCostModelTest, FallsBackToThePathDefault) {

@@ -356,6 +356,7 @@ StatusOr<PathFit> FitAndJudge(const ProbeRun& a, const ProbeRun& b, const JudgeO
   }
   const uint64_t judge_from = std::min(options.judge_from_bytes, largest);
   std::vector<double> judged;
+  std::vector<double> judged_line;
   fit.judged_min_bytes = UINT64_MAX;
   for (const SizeTiming& t : b) {
     SizeError e;
@@ -366,6 +367,8 @@ StatusOr<PathFit> FitAndJudge(const ProbeRun& a, const ProbeRun& b, const JudgeO
     e.judged = t.bytes >= judge_from;
     if (e.judged) {
       judged.push_back(std::fabs(e.error));
+      judged_line.push_back(
+          std::fabs(e.observed_us / LineMicros(fit.run_a, static_cast<double>(t.bytes)) - 1));
       fit.judged_min_bytes = std::min(fit.judged_min_bytes, t.bytes);
       fit.judged_max_bytes = std::max(fit.judged_max_bytes, t.bytes);
     }
@@ -374,6 +377,8 @@ StatusOr<PathFit> FitAndJudge(const ProbeRun& a, const ProbeRun& b, const JudgeO
   // judge_from <= largest, so at least the largest size is judged.
   fit.median_abs_error = MedianOf(judged);
   fit.worst_abs_error = *std::max_element(judged.begin(), judged.end());
+  fit.line_median_abs_error = MedianOf(judged_line);
+  fit.line_worst_abs_error = *std::max_element(judged_line.begin(), judged_line.end());
   std::vector<std::vector<double>> groups;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i].bytes < judge_from) continue;

@@ -160,6 +160,10 @@ struct PathFit {
   uint64_t judged_max_bytes = 0;
   double median_abs_error = 0;
   double worst_abs_error = 0;
+  // The same errors of run A's line without its size curve (bus_cost_model.h, SIZE CURVE): what
+  // the curve bought. Equal to the above when JudgeOptions::fit.fit_size_curve is false.
+  double line_median_abs_error = 0;
+  double line_worst_abs_error = 0;
   // The repeats' spread over the judged sizes (NoiseFloorRatio, runs A and B together).
   double noise_floor_ratio = 0;
   // worst_abs_error <= max(target_error_ratio, noise_floor_ratio): as good as the target, or as

@@ -70,6 +70,10 @@ Status CalibratedCostModel::SetPath(BusPath path, std::string_view host_id, cons
                                    ": alpha_us must be finite and >= 0 and beta_bytes_per_s "
                                    "finite and > 0");
   }
+  if (!SizeFactorsValid(p)) {
+    return Status::InvalidArgument(PathLabel(path, host_id) +
+                                   ": every size factor must be finite and in [0.25, 4]");
+  }
   MutexLock lock(&mu_);
   PathEntry& e = paths_[PathKey(static_cast<int>(path), std::string(host_id))];
   e.parameters = p;
@@ -305,13 +309,14 @@ Status CalibratedCostModel::ObserveTransfer(BusPath path, std::string_view host_
   e.fit.Observe(bytes, observed_us);
   if (options_.online_refit &&
       e.fit.effective_observations() >= options_.min_observations_for_refit) {
+    // The line and its size curve; while the sizes seen cannot separate alpha from beta, the
+    // line in force keeps and only its curve is refitted against it (SIZE CURVE: the curve's
+    // statistics fit any line).
     auto fitted = e.fit.Fit();
-    if (fitted.ok()) {  // else: keep the parameters in force
-      e.parameters = *fitted;
-      e.provenance.source = ParameterSource::kOnlineFit;
-      ++e.provenance.refits;
-      e.provenance.updated_unix_us = NowUnixMicros();
-    }
+    e.parameters = fitted.ok() ? *fitted : e.fit.WithCurve(e.parameters);
+    e.provenance.source = ParameterSource::kOnlineFit;
+    ++e.provenance.refits;
+    e.provenance.updated_unix_us = NowUnixMicros();
   }
   return Status::OK();
 }

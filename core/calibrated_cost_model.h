@@ -9,9 +9,11 @@
 //
 // Online refit: an observation for (path, host) with no exact entry creates one, seeded from the
 // default; once its online fit rests on at least Options::min_observations_for_refit effective
-// observations and can separate alpha and beta, every further observation replaces that entry's
-// parameters with the fit. The error is always scored against the parameters in force *before*
-// the observation is added, i.e. out of sample.
+// observations, every further observation replaces that entry's parameters with the fit: line
+// and size curve (bus_cost_model.h, SIZE CURVE) while the observed sizes separate alpha and beta,
+// else the line in force with its curve refitted against it (a source that always moves about
+// the same bytes per load still learns what that size takes). The error is always scored against
+// the parameters in force *before* the observation is added, i.e. out of sample.
 //
 // Provenance: every entry remembers where its parameters came from (ParameterSource), how many
 // times the online refit replaced them and when they last changed, for `explain` and metrics.

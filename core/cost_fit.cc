@@ -174,6 +174,59 @@ template class NormalEquations<3>;
 
 }  // namespace cost_fit_internal
 
+void SizeCurveFit::Add(uint64_t bytes, double observed_us, double w) {
+  const double b = static_cast<double>(bytes) * kBytesScale;
+  const SizeClassWeights h = SizeClassWeightsFor(static_cast<double>(bytes));
+  for (int i = 0; i < 2; ++i) {
+    const double hw = h.weights[i] * w;
+    if (!(h.weights[i] > 0)) continue;
+    Knot& k = knots_[h.first + i];
+    k.wt += hw * observed_us;
+    k.wbt += hw * b * observed_us;
+    k.w += hw;
+    k.wb += hw * b;
+    k.wbb += hw * b * b;
+    k.count += h.weights[i];
+  }
+}
+
+void SizeCurveFit::Decay(double factor) {
+  for (Knot& k : knots_) {
+    k.wt *= factor;
+    k.wbt *= factor;
+    k.w *= factor;
+    k.wb *= factor;
+    k.wbb *= factor;
+    k.count *= factor;
+  }
+}
+
+void SizeCurveFit::SeedPrior(const std::array<double, kSizeClasses>& factors, double observations) {
+  for (int j = 0; j < kSizeClasses; ++j) {
+    prior_[j] =
+        std::isfinite(factors[j]) ? std::clamp(factors[j], kMinSizeFactor, kMaxSizeFactor) : 1.0;
+  }
+  prior_observations_ = std::isfinite(observations) && observations > 0 ? observations : 0;
+}
+
+std::array<double, kSizeClasses> SizeCurveFit::Factors(const PathParameters& line) const {
+  std::array<double, kSizeClasses> out = prior_;
+  const double a = line.alpha_us;
+  const double g = 1e6 / (line.beta_bytes_per_s * kBytesScale);  // µs per MiB
+  if (!std::isfinite(a) || !std::isfinite(g) || !(g > 0)) return out;
+  for (int j = 0; j < kSizeClasses; ++j) {
+    const Knot& k = knots_[j];
+    if (!(k.count > 1e-9)) continue;
+    const double num = a * k.wt + g * k.wbt;                            // sum h w L t
+    const double den = a * a * k.w + 2 * a * g * k.wb + g * g * k.wbb;  // sum h w L^2
+    if (!(den > 0) || !std::isfinite(num) || !std::isfinite(den)) continue;
+    const double prior = prior_observations_ * den / k.count;
+    const double factor = (num + prior * prior_[j]) / (den + prior);
+    if (std::isfinite(factor)) out[j] = std::clamp(factor, kMinSizeFactor, kMaxSizeFactor);
+  }
+  return out;
+}
+
 StatusOr<PathParameters> FitPathParameters(std::span<const TransferSample> samples,
                                            const FitOptions& options) {
   std::vector<uint64_t> sizes;
@@ -219,7 +272,16 @@ StatusOr<PathParameters> FitPathParameters(std::span<const TransferSample> sampl
   if (!((*solved)[1] > 0)) {
     return Status::FailedPrecondition("path fit: time does not grow with size (beta infinite)");
   }
-  return PathFromCoefficients(*solved);
+  PathParameters line = PathFromCoefficients(*solved);
+  if (options.fit_size_curve) {
+    SizeCurveFit curve;
+    curve.SeedPrior(line.size_factors, options.size_curve_prior_observations);
+    for (const TransferSample& s : samples) {
+      curve.Add(s.bytes, s.observed_us, Weight(options.weighting, s.observed_us));
+    }
+    line.size_factors = curve.Factors(line);
+  }
+  return line;
 }
 
 StatusOr<RecomputeParameters> FitRecomputeParameters(std::span<const RecomputeSample> samples,
@@ -275,6 +337,9 @@ std::vector<RecomputeSample> RecomputeReferenceShapes() {
 }
 
 void OnlinePathFit::SeedPrior(const PathParameters& prior, double weight) {
+  if (SizeFactorsValid(prior)) {
+    curve_.SeedPrior(prior.size_factors, options_.size_curve_prior_observations);
+  }
   if (!(weight > 0) || !std::isfinite(prior.alpha_us) || prior.alpha_us < 0 ||
       !std::isfinite(prior.beta_bytes_per_s) || !(prior.beta_bytes_per_s > 0)) {
     return;
@@ -282,7 +347,7 @@ void OnlinePathFit::SeedPrior(const PathParameters& prior, double weight) {
   constexpr int kSizes = 6;  // 64 KiB .. 64 MiB by 4x
   for (int i = 0; i < kSizes; ++i) {
     const uint64_t bytes = (uint64_t{64} << 10) << (2 * i);
-    const double t = FetchMicros(prior, static_cast<double>(bytes));
+    const double t = LineMicros(prior, static_cast<double>(bytes));
     if (!GoodTime(t)) continue;
     // One row per term (see OnlineRecomputeFit::SeedPrior).
     const std::array<double, 2> f = PathFeatures(bytes);
@@ -329,6 +394,8 @@ bool OnlinePathFit::Observe(uint64_t bytes, double observed_us) {
   eq_.Decay(options_.decay);
   effective_count_ = effective_count_ * options_.decay + 1;
   eq_.Add(PathFeatures(bytes), observed_us, Weight(options_.weighting, observed_us));
+  curve_.Decay(options_.decay);
+  curve_.Add(bytes, observed_us, Weight(options_.weighting, observed_us));
   return true;
 }
 
@@ -339,7 +406,14 @@ StatusOr<PathParameters> OnlinePathFit::Fit() const {
         "online path fit: the observed transfers do not separate alpha and beta yet (need "
         "transfers of clearly different sizes)");
   }
-  return PathFromCoefficients(*solved);
+  return WithCurve(PathFromCoefficients(*solved));
+}
+
+PathParameters OnlinePathFit::WithCurve(const PathParameters& line) const {
+  PathParameters out = line;
+  out.size_factors = {1, 1, 1, 1, 1, 1, 1, 1};
+  if (options_.fit_size_curve) out.size_factors = curve_.Factors(out);
+  return out;
 }
 
 bool OnlineRecomputeFit::Observe(uint64_t tokens, uint64_t prefix_tokens, double observed_us) {

@@ -80,9 +80,49 @@ enum class FitWeighting : int {
 struct FitOptions {
   // See the file comment. Default kRelative.
   FitWeighting weighting = FitWeighting::kRelative;
+  // Fit the path's size curve (bus_cost_model.h, SIZE CURVE) after its line. Default true;
+  // false returns a flat curve (the line alone, as before the curve existed).
+  bool fit_size_curve = true;
+  // How many observations' worth of "factor 1" each knot starts from (SizeCurveFit). Default
+  // 0.1: one sample at a knot (a calibration fits the median of its repeats per size) moves it
+  // 91% of the way to what it measured.
+  double size_curve_prior_observations = 0.1;
 };
 
-// Fits alpha and beta. FailedPrecondition if the samples hold fewer than 2 distinct sizes (the
+// The size curve's statistics: per knot, decayed sums from which the knot's factor against any
+// line follows in closed form. An observation (bytes, t) adds to the two knots around bytes
+// with its interpolation weights h (SizeClassWeightsFor). Knot j's factor minimises
+//   sum over its observations of h w (t - k L(bytes))^2,   L = alpha + bytes / beta (the line)
+// (w = 1/t^2 for relative weighting, 1 for absolute), so
+//   k = sum h w L t / sum h w L^2,   with L linear in (alpha, 1/beta):
+// five sums per knot (of h w t, h w B t, h w, h w B, h w B^2) give k for whichever line is in
+// force, so a refitted line never leaves the curve fitted against an older one. Each knot also
+// holds `prior` observations of its prior factor (1 unless seeded), each worth the mean of its
+// own observations' h w L^2, so a knot with few observations moves only part of the way, and
+// one with none keeps the prior. Factors
+// are clamped to [kMinSizeFactor, kMaxSizeFactor]. Constant memory; not synchronised.
+class SizeCurveFit {
+ public:
+  // Adds one transfer with the weighting's w (1/t^2 relative, 1 absolute).
+  void Add(uint64_t bytes, double observed_us, double w);
+  void Decay(double factor);
+  // Sets the factors a knot starts from, and how many observations' worth they count.
+  void SeedPrior(const std::array<double, kSizeClasses>& factors, double observations);
+  // The factors against `line` (its own curve ignored).
+  std::array<double, kSizeClasses> Factors(const PathParameters& line) const;
+
+ private:
+  struct Knot {
+    double wt = 0, wbt = 0, w = 0, wb = 0, wbb = 0;  // sums of h w t, h w B t, h w, h w B, h w B^2
+    double count = 0;                                // sum of h (decayed)
+  };
+  std::array<Knot, kSizeClasses> knots_{};
+  std::array<double, kSizeClasses> prior_ = {1, 1, 1, 1, 1, 1, 1, 1};
+  double prior_observations_ = 0;
+};
+
+// Fits alpha and beta, then (FitOptions::fit_size_curve) the size curve against that line.
+// FailedPrecondition if the samples hold fewer than 2 distinct sizes (the
 // message says how many there were), if their sizes cannot separate alpha from beta, or if the
 // fitted time does not grow with size. InvalidArgument for a sample with bytes == 0 or a time
 // that is not finite and > 0 (the message names its index).
@@ -134,21 +174,31 @@ struct OnlineFitOptions {
   double decay = 0.999;
   // Weighting of each observation. Default kRelative.
   FitWeighting weighting = FitWeighting::kRelative;
+  // As FitOptions. The online default moves a knot half way on its first observation.
+  bool fit_size_curve = true;
+  double size_curve_prior_observations = 1.0;
 };
 
 // Path parameters refitted from a stream of observed transfers in constant memory.
 class OnlinePathFit {
  public:
-  explicit OnlinePathFit(const OnlineFitOptions& options = {}) : options_(options) {}
+  explicit OnlinePathFit(const OnlineFitOptions& options = {}) : options_(options) {
+    curve_.SeedPrior({1, 1, 1, 1, 1, 1, 1, 1}, options_.size_curve_prior_observations);
+  }
 
   // Adds one observation; a non-finite or non-positive time, or bytes == 0, is ignored (returns
   // false).
   bool Observe(uint64_t bytes, double observed_us);
-  // See the file comment. Ignored for weight <= 0 or parameters that are not finite.
+  // See the file comment. Ignored for weight <= 0 or parameters that are not finite. The
+  // prior's size curve becomes the curve's starting point (SizeCurveFit::SeedPrior) whatever
+  // `weight`.
   void SeedPrior(const PathParameters& prior, double weight);
-  // The current fit; FailedPrecondition while the observations cannot separate alpha and beta
-  // (e.g. all transfers about the same size).
+  // The current fit, line and size curve; FailedPrecondition while the observations cannot
+  // separate alpha and beta (e.g. all transfers about the same size).
   StatusOr<PathParameters> Fit() const;
+  // `line` with the size curve fitted against it (flat when OnlineFitOptions::fit_size_curve is
+  // false): what a caller keeps when Fit() cannot separate the line yet.
+  PathParameters WithCurve(const PathParameters& line) const;
   // Sum of the decayed weights' count: how many observations the fit effectively rests on.
   double effective_observations() const { return effective_count_; }
   // Bytes this object occupies; independent of how many observations it has seen.
@@ -157,6 +207,7 @@ class OnlinePathFit {
  private:
   OnlineFitOptions options_;
   cost_fit_internal::NormalEquations<2> eq_;
+  SizeCurveFit curve_;
   double effective_count_ = 0;
 };
 

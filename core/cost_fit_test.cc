@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -175,6 +176,81 @@ TEST(OnlinePathFitTest, RefusesUntilSizesDiffer) {
   EXPECT_FALSE(fit.Observe(1, std::nan("")));
   ASSERT_TRUE(fit.Observe(64 << 20, 100.0 + 63 * 50.0));
   EXPECT_TRUE(fit.Fit().ok());
+}
+
+// A path the line cannot follow, shaped like the memcpy and daemon-get probes of 2026-12-02:
+// small copies run faster than the line through the large ones predicts (cache), and the
+// largest slower again. The truth is the line times a curve.
+PathParameters CurvedTruth() {
+  PathParameters p{40.0, 10e9};
+  p.size_factors = {0.70, 0.80, 0.95, 1.05, 1.10, 1.00, 0.90, 0.90};
+  return p;
+}
+
+double WorstError(const PathParameters& model, const std::vector<TransferSample>& samples,
+                  bool line_only) {
+  double worst = 0;
+  for (const TransferSample& s : samples) {
+    const double b = static_cast<double>(s.bytes);
+    const double predicted = line_only ? LineMicros(model, b) : FetchMicros(model, b);
+    worst = std::max(worst, std::fabs(s.observed_us / predicted - 1));
+  }
+  return worst;
+}
+
+TEST(FitPathParametersTest, TheSizeCurveFollowsWhatTheLineCannot) {
+  const PathParameters truth = CurvedTruth();
+  std::vector<TransferSample> samples;
+  for (int j = 0; j < 7; ++j) {  // the probe's sizes: 64 KiB .. 256 MiB
+    const uint64_t bytes = SizeClassBytes(j);
+    samples.push_back({bytes, FetchMicros(truth, static_cast<double>(bytes))});
+  }
+  FitOptions line_only;
+  line_only.fit_size_curve = false;
+  auto line = FitPathParameters(samples, line_only);
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_TRUE(HasFlatSizeCurve(*line));
+  auto curved = FitPathParameters(samples);
+  ASSERT_TRUE(curved.ok()) << curved.status();
+  // The same line either way; the curve only corrects its residuals.
+  EXPECT_DOUBLE_EQ(curved->alpha_us, line->alpha_us);
+  EXPECT_DOUBLE_EQ(curved->beta_bytes_per_s, line->beta_bytes_per_s);
+  const double line_worst = WorstError(*line, samples, /*line_only=*/true);
+  const double curve_worst = WorstError(*curved, samples, /*line_only=*/false);
+  EXPECT_GT(line_worst, 0.10);
+  // Each knot moves 1 / (1 + 0.1) of the way (the prior of FitOptions): within 1% here.
+  EXPECT_LT(curve_worst, 0.012) << "line alone: " << line_worst;
+  // Between the knots it interpolates: half way (in log size) between 1 and 4 MiB.
+  const double mid = 2.0 * (1 << 20);
+  EXPECT_NEAR(FetchMicros(*curved, mid) / FetchMicros(truth, mid), 1.0, 0.03);
+}
+
+TEST(OnlinePathFitTest, TheCurveIsFittedAgainstWhicheverLineIsInForce) {
+  // Every transfer the same size (one source's stream per load): the line cannot be separated,
+  // but the curve learns what transfers of that size take, against any line it is asked for.
+  OnlinePathFit fit;
+  const uint64_t bytes = 8 << 20;
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(fit.Observe(bytes, 3000.0));
+  EXPECT_FALSE(fit.Fit().ok());
+  for (const PathParameters& line : {PathParameters{100.0, 4e9}, PathParameters{10.0, 2e9}}) {
+    const PathParameters p = fit.WithCurve(line);
+    EXPECT_EQ(p.alpha_us, line.alpha_us);
+    EXPECT_NEAR(FetchMicros(p, static_cast<double>(bytes)), 3000.0, 3000.0 * 0.03)
+        << ExplainFetch(BusPath::kRemoteHostToLocalHost, p, bytes);
+    // Far from the sizes seen, the line stands.
+    EXPECT_DOUBLE_EQ(SizeFactor(p, 64 << 10), 1.0);
+  }
+  // A prior's curve is where knots without observations start.
+  OnlinePathFit seeded;
+  PathParameters prior{100.0, 4e9};
+  prior.size_factors[0] = 0.8;
+  seeded.SeedPrior(prior, 0.1);
+  EXPECT_DOUBLE_EQ(seeded.WithCurve(prior).size_factors[0], 0.8);
+  OnlineFitOptions flat;
+  flat.fit_size_curve = false;
+  OnlinePathFit off(flat);
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(off.Observe(bytes, 3000.0));
+  EXPECT_TRUE(HasFlatSizeCurve(off.WithCurve(prior)));
 }
 
 TEST(OnlineRecomputeFitTest, ConvergesInBoundedMemory) {

@@ -479,7 +479,16 @@ StatusOr<placement::PlanRequest> PlanRequestFromProto(const v1::PlanRequest& req
       return Status::InvalidArgument(f + ".path: BUS_PATH_HOST_TO_DEVICE listed twice");
     }
     // The node refuses non-finite or non-positive numbers, naming host_to_device.
-    out.host_to_device = PathParameters{p.alpha_us(), p.beta_bytes_per_s()};
+    PathParameters h2d{p.alpha_us(), p.beta_bytes_per_s()};
+    if (p.size_factors_size() != 0) {
+      if (p.size_factors_size() != kSizeClasses) {
+        return Status::InvalidArgument(f + ".size_factors: must hold 0 or " +
+                                       std::to_string(kSizeClasses) + " factors, got " +
+                                       std::to_string(p.size_factors_size()));
+      }
+      for (int k = 0; k < kSizeClasses; ++k) h2d.size_factors[k] = p.size_factors(k);
+    }
+    out.host_to_device = h2d;
   }
   if (request.has_locations()) {
     KVF_ASSIGN_OR_RETURN(out.locations,

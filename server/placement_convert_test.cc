@@ -423,7 +423,16 @@ TEST(PlacementConvertTest, PlanRequestSizesTheChainFromTheFingerprint) {
   ASSERT_TRUE(r->host_to_device.has_value());
   EXPECT_EQ(r->host_to_device->alpha_us, 7);
   EXPECT_EQ(r->host_to_device->beta_bytes_per_s, 2e10);
+  EXPECT_TRUE(HasFlatSizeCurve(*r->host_to_device));  // no factors sent: the line alone
   EXPECT_FALSE(r->locations.has_value());
+  for (int k = 0; k < kSizeClasses; ++k) h2d->add_size_factors(1 + 0.125 * k);
+  r = PlanRequestFromProto(req, "client-7", DefaultLimits());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->host_to_device->size_factors[7], 1.875);
+  h2d->add_size_factors(1);
+  ExpectInvalid(PlanRequestFromProto(req, "client-7", DefaultLimits()).status(),
+                "client_paths[0].size_factors: must hold 0 or 8 factors, got 9");
+  h2d->clear_size_factors();
   EXPECT_FALSE(r->recompute.has_value());
 
   ChainLocationsToProto(SampleLocations(), req.mutable_locations());

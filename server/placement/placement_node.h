@@ -550,6 +550,10 @@ class PlacementNode {
   // What a record counts against plan_history_bytes (added and removed alike).
   static std::size_t PlanRecordBytes(const PlanRecord& record);
   const PlanRecord* FindPlanLocked(std::uint64_t plan_id) const KVF_REQUIRES(mu_);
+  // Resolves every path's size curve in `in` at the bytes the plan is expected to move over it
+  // (AtSize; PlannerHost::expected_bytes says how that is estimated).
+  static void ResolveSizeCurves(const ChainLocations& locations,
+                                const std::vector<ChainBlockSpec>& chain, PlannerInput* in);
   // Each path's and the recompute model's parameters, provenance, error and queued bytes, as
   // text and terms, for Explain.
   void DescribePlanInputs(const PlanRequest& request, const PlannerInput& in,

@@ -23,7 +23,7 @@ inline Status OverLimit(std::string_view what, std::uint64_t got, std::string_vi
 
 inline bool GoodPath(const PathParameters& p) {
   return std::isfinite(p.alpha_us) && p.alpha_us >= 0 && std::isfinite(p.beta_bytes_per_s) &&
-         p.beta_bytes_per_s > 0;
+         p.beta_bytes_per_s > 0 && SizeFactorsValid(p);
 }
 
 inline bool GoodRecompute(const RecomputeParameters& r) {

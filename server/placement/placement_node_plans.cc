@@ -80,7 +80,8 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   }
   if (request.host_to_device && !GoodPath(*request.host_to_device)) {
     return Status::InvalidArgument(
-        "host_to_device: alpha_us must be finite and >= 0, beta_bytes_per_s finite and > 0");
+        "host_to_device: alpha_us must be finite and >= 0, beta_bytes_per_s finite and > 0, "
+        "size factors in [0.25, 4]");
   }
   if (request.recompute && !GoodRecompute(*request.recompute)) {
     return Status::InvalidArgument("recompute: c0, c1, c2 must be finite and >= 0");
@@ -208,6 +209,7 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
     ph.nvme = PathOrDefault(BusPath::kNvmeToHost, host.host_id);
     in.hosts.push_back(std::move(ph));
   }
+  ResolveSizeCurves(result.locations, chain, &in);
   in.blocks.resize(chain.size());
   for (std::size_t i = 0; i < chain.size(); ++i) {
     ChainBlock& b = in.blocks[i];
@@ -314,6 +316,66 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   return result;
 }
 
+void PlacementNode::ResolveSizeCurves(const ChainLocations& locations,
+                                      const std::vector<ChainBlockSpec>& chain, PlannerInput* in) {
+  // What each source is expected to move: every block of the cached prefix split evenly over
+  // the hosts holding an exact copy of it (the balanced assignment, planner.h), its NVMe part
+  // where that host holds it on NVMe only. This is the size the client's observations of the
+  // source will have (one per source and load, RecordTransfers), so the curve is read where it
+  // was learned.
+  std::vector<double> bytes(in->hosts.size(), 0.0);
+  std::vector<double> nvme(in->hosts.size(), 0.0);
+  double total = 0;
+  const std::uint32_t prefix = std::min<std::uint32_t>(
+      locations.cached_prefix_blocks, static_cast<std::uint32_t>(locations.blocks.size()));
+  std::vector<std::uint32_t> holders;
+  std::vector<bool> host_tier;
+  for (std::uint32_t i = 0; i < prefix && i < chain.size(); ++i) {
+    holders.clear();
+    host_tier.clear();
+    for (const LocatedReplica& r : locations.blocks[i]) {
+      if (r.representation == static_cast<std::uint8_t>(BlockRepresentation::kCompactInt8)) {
+        continue;
+      }
+      if (r.host_index >= in->hosts.size()) continue;
+      const auto at = std::find(holders.begin(), holders.end(), r.host_index);
+      if (at == holders.end()) {
+        holders.push_back(r.host_index);
+        host_tier.push_back(r.tier != Tier::kNvme);
+      } else if (r.tier != Tier::kNvme) {
+        host_tier[at - holders.begin()] = true;
+      }
+    }
+    if (holders.empty()) continue;
+    const double b = static_cast<double>(chain[i].bytes);
+    total += b;
+    const double share = b / static_cast<double>(holders.size());
+    for (std::size_t h = 0; h < holders.size(); ++h) {
+      bytes[holders[h]] += share;
+      if (!host_tier[h]) nvme[holders[h]] += share;
+    }
+  }
+  // A source the prefix does not use is priced at the whole prefix (any size would do; this one
+  // keeps its explanation meaningful).
+  const double fallback = total > 0 ? total : 0;
+  auto resolve = [](PathParameters* p, double at, double* factor) {
+    *factor = SizeFactor(*p, at);
+    *p = AtSize(*p, at);
+  };
+  for (std::size_t h = 0; h < in->hosts.size(); ++h) {
+    PlannerHost& ph = in->hosts[h];
+    const double at = bytes[h] > 0 ? bytes[h] : fallback;
+    const double at_nvme = nvme[h] > 0 ? nvme[h] : at;
+    ph.expected_bytes = static_cast<std::uint64_t>(at);
+    ph.expected_nvme_bytes = static_cast<std::uint64_t>(at_nvme);
+    resolve(&ph.transfer, at, &ph.transfer_size_factor);
+    resolve(&ph.nvme, at_nvme, &ph.nvme_size_factor);
+  }
+  in->expected_bytes = static_cast<std::uint64_t>(total);
+  resolve(&in->host_to_device, total, &in->host_to_device_size_factor);
+  resolve(&in->client_ingest, total, &in->client_ingest_size_factor);
+}
+
 void PlacementNode::DescribePlanInputs(const PlanRequest& request, const PlannerInput& in,
                                        PlanRecord* record) const {
   // Provenance is stamped with the system clock (core/calibrated_cost_model.cc), not env_'s.
@@ -339,14 +401,23 @@ void PlacementNode::DescribePlanInputs(const PlanRequest& request, const Planner
     return std::string(b);
   };
   auto path = [&](BusPath bus, const std::string& host, const PathParameters& used,
-                  const std::string& resource) {
+                  const std::string& resource, std::uint64_t at_bytes, double size_factor) {
     const std::string label = std::string(BusPathArrowName(bus)) + (host.empty() ? "" : " " + host);
     const std::uint64_t queued = path_load_.QueuedBytes(bus, resource);
     t += "  " + label + ": alpha " + FormatMicros(used.alpha_us) + ", beta " +
          FormatRate(used.beta_bytes_per_s) + ", queued " + FormatBytes(queued);
+    if (size_factor != 1) {
+      // `used` is the line × k at the expected bytes (ResolveSizeCurves).
+      char b[96];
+      std::snprintf(b, sizeof(b), " (size curve × %.3f at %s)", size_factor,
+                    FormatBytes(at_bytes).c_str());
+      t += b;
+    }
     const std::string key = std::string(BusPathName(bus)) + (host.empty() ? "" : "[" + host + "]");
     record->input_terms.push_back({"alpha:" + key, used.alpha_us, "us"});
     record->input_terms.push_back({"beta:" + key, used.beta_bytes_per_s, "bytes/s"});
+    record->input_terms.push_back({"size_factor:" + key, size_factor, "ratio"});
+    record->input_terms.push_back({"size_at:" + key, static_cast<double>(at_bytes), "bytes"});
     record->input_terms.push_back({"queued:" + key, static_cast<double>(queued), "bytes"});
     StatusOr<CalibratedCostModel::PathReport> r = cost_model_.PathReportFor(bus, host);
     if (r.ok()) {
@@ -364,11 +435,14 @@ void PlacementNode::DescribePlanInputs(const PlanRequest& request, const Planner
   };
   for (const PlannerHost& h : in.hosts) {
     path(h.local ? BusPath::kLocalMemcpy : BusPath::kRemoteHostToLocalHost, h.host_id, h.transfer,
-         h.host_id);
-    path(BusPath::kNvmeToHost, h.host_id, h.nvme, h.host_id);
+         h.host_id, h.expected_bytes, h.transfer_size_factor);
+    path(BusPath::kNvmeToHost, h.host_id, h.nvme, h.host_id, h.expected_nvme_bytes,
+         h.nvme_size_factor);
   }
-  path(BusPath::kHostToDevice, "", in.host_to_device, in.client_id);
-  path(BusPath::kClientIngest, "", in.client_ingest, in.client_id);
+  path(BusPath::kHostToDevice, "", in.host_to_device, in.client_id, in.expected_bytes,
+       in.host_to_device_size_factor);
+  path(BusPath::kClientIngest, "", in.client_ingest, in.client_id, in.expected_bytes,
+       in.client_ingest_size_factor);
   t += "  recompute " + (request.model_id.empty() ? std::string("(no model)") : request.model_id) +
        ": c0 " + FormatMicros(in.recompute.c0_us) + ", c1 " +
        FormatMicros(in.recompute.c1_us_per_token) + "/token, c2 " +

@@ -306,6 +306,45 @@ TEST_F(PlacementNodeTest, ALocalHostWithItsOwnMeasuredPathIsPlannedWithIt) {
   EXPECT_NEAR(Alternative(local.plan, PlanKind::kFetchAll), want, 1e-6 * want);
 }
 
+TEST_F(PlacementNodeTest, ASizeCurveIsReadAtTheBytesEachSourceIsExpectedToMove) {
+  options_.client_ingest = {0.0, 100e9};  // not the limit here
+  options_.explain_every_plan = true;
+  PathParameters curved{20.0, 2e9};
+  curved.size_factors = {1, 1, 1, 3.0, 1, 1, 1, 1};  // slower around 4 MiB
+  options_.calibration.paths.push_back(
+      {BusPath::kRemoteHostToLocalHost, "", curved, 10, 0, 0, 0, 0});
+  Start();
+  const std::uint64_t la = Register(Rec("a", 1));
+  Report("a", 1, la, Commits(0, 8));
+  // One source moves all 8 MiB: half way (in log size) between the 4 MiB knot (3) and the
+  // 16 MiB one (1): k = 2.
+  const PlanResult one = MakePlan(8);
+  node_->ReportPlanFinished(one.plan_id);
+  const double bytes = 8.0 * kBlockBytes;
+  const double want = 10 + (20 + bytes / 2e9 * 1e6) * 2.0;
+  EXPECT_NEAR(Alternative(one.plan, PlanKind::kFetchAll), want, 1e-6 * want);
+  auto x = node_->Explain(one.plan_id);
+  ASSERT_TRUE(x.ok());
+  EXPECT_NE(x->text.find("(size curve × 2.000 at 8 MiB)"), std::string::npos) << x->text;
+  auto term = [&](const PlanExplanation& e, const std::string& name) {
+    for (const ExplainTerm& t : e.terms) {
+      if (t.name == name) return t.value;
+    }
+    ADD_FAILURE() << "no term " << name;
+    return 0.0;
+  };
+  EXPECT_DOUBLE_EQ(term(*x, "size_factor:remote_host_to_local_host[a]"), 2.0);
+  EXPECT_DOUBLE_EQ(term(*x, "size_at:remote_host_to_local_host[a]"), bytes);
+  // A second daemon holding the same blocks: each is expected to move half, 4 MiB, at k = 3.
+  const std::uint64_t lb = Register(Rec("b", 1));
+  Report("b", 1, lb, Commits(0, 8));
+  const PlanResult two = MakePlan(8);
+  auto y = node_->Explain(two.plan_id);
+  ASSERT_TRUE(y.ok());
+  EXPECT_DOUBLE_EQ(term(*y, "size_at:remote_host_to_local_host[b]"), bytes / 2);
+  EXPECT_DOUBLE_EQ(term(*y, "size_factor:remote_host_to_local_host[b]"), 3.0);
+}
+
 TEST_F(PlacementNodeTest, PlanNamesFallbackHostsThatHoldTheWholeRun) {
   Start();
   const std::uint64_t la = Register(Rec("a", 1));

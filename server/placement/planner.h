@@ -150,6 +150,14 @@ struct PlannerHost {
   PathParameters transfer;
   // Daemon NVMe → daemon host memory.
   PathParameters nvme;
+  // The planner prices every path with alpha and beta alone (its per-byte terms stay linear);
+  // a caller whose parameters carry a size curve resolves it first (AtSize, core/
+  // bus_cost_model.h) at the bytes the plan is expected to move over the path. These record
+  // that, for explanations only: the bytes, and the factors k(bytes) applied (1: flat curve).
+  uint64_t expected_bytes = 0;
+  double transfer_size_factor = 1;
+  uint64_t expected_nvme_bytes = 0;
+  double nvme_size_factor = 1;
 };
 
 struct BlockReplica {
@@ -191,6 +199,11 @@ struct PlannerInput {
   // Every daemon→client byte of the plan, all streams together (BusPath::kClientIngest). The
   // default does not limit anything.
   PathParameters client_ingest{0.0, kUnlimitedBytesPerSecond};
+  // As PlannerHost::expected_bytes, for host_to_device and client_ingest (the cached prefix's
+  // bytes).
+  uint64_t expected_bytes = 0;
+  double host_to_device_size_factor = 1;
+  double client_ingest_size_factor = 1;
   RecomputeParameters recompute;
   // 1..kMaxPlannerChainBlocks blocks, block 0 first.
   std::vector<ChainBlock> blocks;
