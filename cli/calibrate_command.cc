@@ -430,13 +430,14 @@ std::string FormatCalibrationText(const CalibrationReport& r) {
                     std::string(BusPathName(p.path)).c_str(), host.c_str(),
                     p.not_measured_reason.c_str());
     } else {
-      std::snprintf(line, sizeof(line), "%-26s %-16s %10.2f %10.3f %13s %12s %11s %8s  %s\n",
-                    std::string(BusPathName(p.path)).c_str(), host.c_str(),
-                    p.fit.final_parameters.alpha_us, p.fit.final_parameters.beta_bytes_per_s / 1e9,
-                    Percent(p.fit.median_abs_error).c_str(), Percent(p.fit.worst_abs_error).c_str(),
-                    Percent(p.fit.line_worst_abs_error).c_str(),
-                    Percent(p.fit.noise_floor_ratio).c_str(),
-                    p.fit.target_met ? "yes (within max(target, noise))" : "no");
+      std::snprintf(
+          line, sizeof(line), "%-26s %-16s %10.2f %10.3f %13s %12s %11s %8s  %s\n",
+          std::string(BusPathName(p.path)).c_str(), host.c_str(), p.fit.final_parameters.alpha_us,
+          p.fit.final_parameters.beta_bytes_per_s / 1e9, Percent(p.fit.median_abs_error).c_str(),
+          Percent(p.fit.worst_abs_error).c_str(),
+          (Percent(p.fit.line_worst_abs_error) + (p.fit.size_curve_kept ? "" : "*")).c_str(),
+          Percent(p.fit.noise_floor_ratio).c_str(),
+          p.fit.target_met ? "yes (within max(target, noise))" : "no");
     }
     out += line;
   }
@@ -456,6 +457,9 @@ std::string FormatCalibrationText(const CalibrationReport& r) {
     out +=
         "split overlap " + r.prefill_model_id + ": " + FormatSplitOverlap(*r.split_overlap) + "\n";
   }
+  out +=
+      "line worst: run A's line alone judged on run B; * = its size curve did no better there, "
+      "so the file holds the line alone\n";
   out += "wrote " + r.out_path + ": " + std::to_string(r.calibration.paths.size()) +
          " paths; target met on " + std::to_string(r.targets_met()) + " of " +
          std::to_string(r.measured_paths()) + " measured paths\n";
@@ -492,6 +496,7 @@ std::string FormatCalibrationJson(const CalibrationReport& r) {
     e["worst_error_ratio"] = f.worst_abs_error;
     e["line_median_error_ratio"] = f.line_median_abs_error;
     e["line_worst_error_ratio"] = f.line_worst_abs_error;
+    e["size_curve_kept"] = f.size_curve_kept;
     e["size_factors"] = f.final_parameters.size_factors;
     e["noise_floor_ratio"] = f.noise_floor_ratio;
     e["target_met"] = f.target_met;

@@ -161,9 +161,13 @@ struct PathFit {
   double median_abs_error = 0;
   double worst_abs_error = 0;
   // The same errors of run A's line without its size curve (bus_cost_model.h, SIZE CURVE): what
-  // the curve bought. Equal to the above when JudgeOptions::fit.fit_size_curve is false.
+  // the curve bought. Equal to the above when the curve was not kept.
   double line_median_abs_error = 0;
   double line_worst_abs_error = 0;
+  // Whether run A's size curve predicted run B at least as well as its line, in median and
+  // worst error. If not, the curve is dropped: run_a, the errors above and final_parameters
+  // are the line's alone (a curve that does not repeat between runs fitted noise).
+  bool size_curve_kept = false;
   // The repeats' spread over the judged sizes (NoiseFloorRatio, runs A and B together).
   double noise_floor_ratio = 0;
   // worst_abs_error <= max(target_error_ratio, noise_floor_ratio): as good as the target, or as

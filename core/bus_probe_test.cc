@@ -181,6 +181,34 @@ TEST(FitAndJudgeTest, ScoresRunBAgainstTheRunAFitOnly) {
   EXPECT_EQ(c.samples, 2u * 3 * sizes.size());
 }
 
+TEST(FitAndJudgeTest, KeepsTheSizeCurveOnlyWhereItRepeatsInRunB) {
+  std::mt19937_64 rng(TestSeed(TestName()));
+  const std::vector<uint64_t> sizes = DefaultLadder();
+  // A path whose small transfers run fast (cache) and whose largest run slow: both runs show it.
+  PathParameters curved = kRemote;
+  curved.size_factors = {0.75, 0.85, 1.0, 1.05, 1.05, 1.0, 0.92, 0.92};
+  const ProbeRun a = SyntheticRun(curved, sizes, 5, 0.002, rng);
+  const ProbeRun b = SyntheticRun(curved, sizes, 5, 0.002, rng);
+  auto fit = FitAndJudge(a, b, {});
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_TRUE(fit->size_curve_kept);
+  EXPECT_GT(fit->line_worst_abs_error, 0.05);
+  EXPECT_LT(fit->worst_abs_error, 0.02) << "line alone: " << fit->line_worst_abs_error;
+  EXPECT_FALSE(HasFlatSizeCurve(fit->final_parameters));
+  EXPECT_TRUE(fit->target_met);
+  // Run A's structure that run B does not repeat is noise: the curve goes, the line stays.
+  const ProbeRun plain = SyntheticRun(kRemote, sizes, 5, 0.002, rng);
+  auto dropped = FitAndJudge(a, plain, {});
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  EXPECT_FALSE(dropped->size_curve_kept);
+  EXPECT_TRUE(HasFlatSizeCurve(dropped->run_a));
+  EXPECT_TRUE(HasFlatSizeCurve(dropped->final_parameters));
+  EXPECT_EQ(dropped->worst_abs_error, dropped->line_worst_abs_error);
+  for (const SizeError& e : dropped->run_b) {
+    EXPECT_DOUBLE_EQ(e.predicted_us, LineMicros(dropped->run_a, static_cast<double>(e.bytes)));
+  }
+}
+
 TEST(FitAndJudgeTest, JudgesTheLargestSizeWhenEverySizeIsBelowTheJudgedRange) {
   std::mt19937_64 rng(2);
   const std::vector<uint64_t> sizes = {4 * kKiB, 16 * kKiB, 64 * kKiB};
