@@ -202,7 +202,20 @@ std::string FormatPathCalibrationLine(const PathCalibration& p) {
                 p.host_id.empty() ? "local" : p.host_id.c_str(), p.parameters.alpha_us,
                 p.parameters.beta_bytes_per_s / 1e9, 100 * p.worst_error_ratio,
                 100 * p.noise_floor_ratio);
-  return line;
+  std::string out = line;
+  if (!HasFlatSizeCurve(p.parameters)) {
+    // The size curve (bus_cost_model.h), knot by knot: only kept where it beat the line.
+    out.pop_back();
+    out += "; size curve";
+    for (int j = 0; j < kSizeClasses; ++j) {
+      char k[48];
+      std::snprintf(k, sizeof(k), " %s x%.2f", FormatBytes(SizeClassBytes(j)).c_str(),
+                    p.parameters.size_factors[j]);
+      out += k;
+    }
+    out += "\n";
+  }
+  return out;
 }
 
 CLI::App* AddCalibrateSubcommand(CLI::App& app, CalibrateArgs* args) {

@@ -280,6 +280,16 @@ StatusOr<PathParameters> FitPathParameters(std::span<const TransferSample> sampl
       curve.Add(s.bytes, s.observed_us, Weight(options.weighting, s.observed_us));
     }
     line.size_factors = curve.Factors(line);
+    // Knots beyond the measured sizes hold the nearest measured knot's factor, not 1: the line
+    // extrapolates with the error it had at the end of the range.
+    int first = 0;
+    while (first < kSizeClasses && !curve.Observed(first)) ++first;
+    int last = kSizeClasses - 1;
+    while (last > first && !curve.Observed(last)) --last;
+    if (first < kSizeClasses) {
+      for (int j = 0; j < first; ++j) line.size_factors[j] = line.size_factors[first];
+      for (int j = last + 1; j < kSizeClasses; ++j) line.size_factors[j] = line.size_factors[last];
+    }
   }
   return line;
 }

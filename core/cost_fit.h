@@ -110,6 +110,8 @@ class SizeCurveFit {
   void SeedPrior(const std::array<double, kSizeClasses>& factors, double observations);
   // The factors against `line` (its own curve ignored).
   std::array<double, kSizeClasses> Factors(const PathParameters& line) const;
+  // Whether knot j has observations (beyond a vanishing decayed remainder).
+  bool Observed(int j) const { return knots_[j].count > 1e-9; }
 
  private:
   struct Knot {
@@ -121,11 +123,12 @@ class SizeCurveFit {
   double prior_observations_ = 0;
 };
 
-// Fits alpha and beta, then (FitOptions::fit_size_curve) the size curve against that line.
-// FailedPrecondition if the samples hold fewer than 2 distinct sizes (the
-// message says how many there were), if their sizes cannot separate alpha from beta, or if the
-// fitted time does not grow with size. InvalidArgument for a sample with bytes == 0 or a time
-// that is not finite and > 0 (the message names its index).
+// Fits alpha and beta, then (FitOptions::fit_size_curve) the size curve against that line; a
+// knot outside the samples' sizes takes the factor of the nearest knot they reach (the line's
+// error at the largest size measured is the best guess beyond it). FailedPrecondition if the
+// samples hold fewer than 2 distinct sizes (the message says how many there were), if their sizes
+// cannot separate alpha from beta, or if the fitted time does not grow with size. InvalidArgument
+// for a sample with bytes == 0 or a time that is not finite and > 0 (the message names its index).
 StatusOr<PathParameters> FitPathParameters(std::span<const TransferSample> samples,
                                            const FitOptions& options = {});
 

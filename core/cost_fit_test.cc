@@ -223,6 +223,9 @@ TEST(FitPathParametersTest, TheSizeCurveFollowsWhatTheLineCannot) {
   // Between the knots it interpolates: half way (in log size) between 1 and 4 MiB.
   const double mid = 2.0 * (1 << 20);
   EXPECT_NEAR(FetchMicros(*curved, mid) / FetchMicros(truth, mid), 1.0, 0.03);
+  // Beyond the largest size measured (256 MiB, knot 6), the factor measured there.
+  EXPECT_DOUBLE_EQ(curved->size_factors[7], curved->size_factors[6]);
+  EXPECT_NE(curved->size_factors[7], 1.0);
 }
 
 TEST(OnlinePathFitTest, TheCurveIsFittedAgainstWhicheverLineIsInForce) {
