@@ -358,7 +358,7 @@ TEST(CalibratedCostModelTest, RecomputeRefitsAfterAFewPrefillsFromThePrior) {
 TEST(CalibratedCostModelTest, APathThatTurnsSlowIsRescaledAfterEightMisses) {
   CalibratedCostModel model;
   ASSERT_TRUE(model.SetPath(BusPath::kRemoteHostToLocalHost, "a", {20.0, 2e9}).ok());
-  const PathParameters slow{200.0, 0.2e9};  // the link now runs at a tenth
+  const PathParameters slow{60.0, 2e9 / 3};  // the link now runs at a third
   const uint64_t sizes[] = {1u << 20, 4u << 20, 2u << 20, 8u << 20};
   for (int i = 0; i < 7; ++i) {
     const uint64_t b = sizes[i % 4];
@@ -392,6 +392,44 @@ TEST(CalibratedCostModelTest, APathThatTurnsSlowIsRescaledAfterEightMisses) {
                     .ok());
   }
   EXPECT_EQ(steady.PathProvenance(BusPath::kNvmeToHost, "")->change_points, 0u);
+}
+
+TEST(CalibratedCostModelTest, TwoMissesFarBeyondNoiseAreAChangePoint) {
+  CalibratedCostModel model;
+  ASSERT_TRUE(model.SetPath(BusPath::kRemoteHostToLocalHost, "a", {20.0, 2e9}).ok());
+  const PathParameters capped{400.0, 0.1e9};  // a twentieth: a rate cap on the link
+  auto observe = [&](uint64_t b, double us) {
+    ASSERT_TRUE(model.ObserveTransfer(BusPath::kRemoteHostToLocalHost, "a", b, us).ok());
+  };
+  auto change_points = [&] {
+    return model.PathProvenance(BusPath::kRemoteHostToLocalHost, "a")->change_points;
+  };
+  // One outlier, then an ordinary transfer: not a change.
+  observe(4 << 20, FetchMicros(capped, 4 << 20));
+  observe(4 << 20, FetchMicros({20.0, 2e9}, 4 << 20));
+  EXPECT_EQ(change_points(), 0u);
+  // Two in a row: the path is rescaled by their median at once, not after eight loads.
+  observe(4 << 20, FetchMicros(capped, 4 << 20));
+  EXPECT_EQ(change_points(), 0u);
+  observe(8 << 20, FetchMicros(capped, 8 << 20));
+  EXPECT_EQ(change_points(), 1u);
+  const PathParameters now = *model.Path(BusPath::kRemoteHostToLocalHost, "a");
+  for (uint64_t b : {4u << 20, 8u << 20}) {
+    const double err =
+        FetchMicros(now, static_cast<double>(b)) / FetchMicros(capped, static_cast<double>(b)) - 1;
+    EXPECT_LT(std::abs(err), 0.05) << b;
+  }
+  // The rule can be turned off.
+  CalibratedCostModel::Options off;
+  off.change_point_severe_run = 0;
+  CalibratedCostModel patient(off);
+  ASSERT_TRUE(patient.SetPath(BusPath::kNvmeToHost, "", {20.0, 2e9}).ok());
+  for (int i = 0; i < 7; ++i) {
+    ASSERT_TRUE(
+        patient.ObserveTransfer(BusPath::kNvmeToHost, "", 4 << 20, FetchMicros(capped, 4 << 20))
+            .ok());
+  }
+  EXPECT_EQ(patient.PathProvenance(BusPath::kNvmeToHost, "")->change_points, 0u);
 }
 
 TEST(CalibratedCostModelTest, ReloadReplacesTheEntriesTheFileNamesAndKeepsTheRest) {

@@ -214,15 +214,25 @@ bool CalibratedCostModel::MissRun::Add(double ratio, const Options& options, dou
                                                                  : 0;
   if (dir == 0 || dir != direction) {
     length = 0;
+    severe_tail = 0;
     direction = dir;
     if (dir == 0) return false;
   }
+  const bool severe =
+      options.change_point_severe_run > 0 && (ratio > 1 + options.change_point_severe_ratio ||
+                                              ratio < 1 / (1 + options.change_point_severe_ratio));
+  severe_tail = severe ? severe_tail + 1 : 0;
   ratios[length++] = ratio;
-  if (length < run) return false;
+  // The severe rule looks at its own tail of the run only: the misses far beyond noise.
+  const uint32_t severe_run = std::min<uint32_t>(options.change_point_severe_run, run);
+  const bool severe_done = severe_run > 0 && severe_tail >= severe_run;
+  if (length < run && !severe_done) return false;
+  const uint32_t from = severe_done && length < run ? length - severe_tail : 0;
   std::array<double, 32> sorted = ratios;
-  std::sort(sorted.begin(), sorted.begin() + length);
-  *median = sorted[length / 2];
+  std::sort(sorted.begin() + from, sorted.begin() + length);
+  *median = sorted[from + (length - from) / 2];
   length = 0;
+  severe_tail = 0;
   direction = 0;
   return true;
 }

@@ -24,8 +24,10 @@
 // Change points: the online fit forgets slowly (a window of 1000 observations), which is right
 // for noise and wrong for a path that suddenly got slower (a congested link, a daemon throttled,
 // a drive failing over). When Options::change_point_run consecutive observations of an entry
-// all miss by more than change_point_ratio in the same direction, the entry's parameters are
-// scaled by the median observed/predicted ratio of that run (alpha times it, beta divided by
+// all miss by more than change_point_ratio in the same direction (or its last
+// change_point_severe_run miss by more than change_point_severe_ratio: far beyond noise), the
+// entry's parameters are scaled by the median observed/predicted ratio of that run (of the severe
+// tail, for the shorter rule) (alpha times it, beta divided by
 // it; c0, c1, c2 times it), its fit restarts from them (as a prior) and
 // ParameterProvenance::change_points counts it. Defaults: 8 observations, 50%.
 //
@@ -115,6 +117,14 @@ class CalibratedCostModel {
     // Change points (file comment). change_point_run 0 turns detection off; at most 32.
     uint32_t change_point_run = 8;
     double change_point_ratio = 0.5;
+    // A miss far beyond any noise floor measured here (observed/predicted above 1 + this or
+    // below 1 / (1 + this); default 3: 4x) needs a shorter run: change_point_severe_run of them
+    // in a row (default 2; 0 turns the rule off; at most change_point_run). A link capped to a
+    // twentieth of its rate otherwise went on being planned as before for 8 loads, each waiting
+    // out the cap (cluster_planner_bench phase 2); the per-request spread of identical plans on
+    // this VM is 0.45x..1.26x (p10..p90), so two 4x misses in a row are not noise.
+    uint32_t change_point_severe_run = 2;
+    double change_point_severe_ratio = 3.0;
   };
 
   // What the metrics layer exports per path.
@@ -208,7 +218,8 @@ class CalibratedCostModel {
   struct MissRun {
     std::array<double, 32> ratios{};  // observed / predicted
     uint32_t length = 0;
-    int direction = 0;  // +1 slower than predicted, -1 faster
+    uint32_t severe_tail = 0;  // the run's last misses beyond change_point_severe_ratio
+    int direction = 0;         // +1 slower than predicted, -1 faster
     // Adds one observation's ratio; true when the run reached `run` (and resets it).
     bool Add(double ratio, const Options& options, double* median);
   };
