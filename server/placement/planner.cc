@@ -132,9 +132,11 @@ FetchShape ShapeFetch(const Work& w, uint32_t first, uint32_t end, uint8_t c) {
     uint32_t j = i + 1;
     while (j < end && SourceId(ReplicaAt(w, j, a[j])) == s && w.Compact(j) == compact) ++j;
     const SourceCost& sc = w.Source(r);
+    // A stream pays its source's alphas and queue wait once, before its first run: the client
+    // sends all of a source's blocks as one list in full batches (FETCH MODEL).
     if (!used[s]) {
       used[s] = 1;
-      stream[s] = w.plan_fixed_us + sc.wait_us;
+      stream[s] = w.plan_fixed_us + sc.fixed_us;
     }
     PlanRun run;
     run.first_block = i;
@@ -145,7 +147,7 @@ FetchShape ShapeFetch(const Work& w, uint32_t first, uint32_t end, uint8_t c) {
     run.compact = compact != 0;
     for (uint32_t x = i; x < j; ++x) run.payload_bytes += w.in->blocks[x].bytes;
     run.predicted_start_us = stream[s];
-    stream[s] += sc.alpha_us + static_cast<double>(run.payload_bytes) * sc.per_byte_us;
+    stream[s] += static_cast<double>(run.payload_bytes) * sc.per_byte_us;
     run.predicted_end_us = stream[s];
     out.bytes += static_cast<double>(run.payload_bytes);
     out.runs.push_back(run);
@@ -228,22 +230,25 @@ std::string FetchText(uint32_t first, uint32_t end, double us) {
   return "t_fetch(" + Blocks(first, end) + ") = " + FormatMicros(us);
 }
 
-std::string SourceText(const Work& w, const PlanRun& run) {
+// `first`: the run is its stream's first, which pays the stream's alphas and queue wait.
+std::string SourceText(const Work& w, const PlanRun& run, bool first) {
   const PlannerHost& host = w.in->hosts[run.host_index];
   const SourceCost& s = w.Source({run.host_index, run.tier});
   std::string out = "fetch " + Blocks(run.first_block, run.first_block + run.block_count) +
                     (run.compact ? " compact" : " exact") + " from " + host.host_id + " (" +
-                    std::string(TierName(run.tier)) + ", " + FormatBytes(run.payload_bytes) +
-                    "): " + FormatMicros(host.transfer.alpha_us) + " (" +
-                    std::string(BusPathArrowName(host.local ? BusPath::kLocalMemcpy
-                                                            : BusPath::kRemoteHostToLocalHost)) +
-                    ")";
-  if (run.tier == Tier::kNvme) out += " + " + FormatMicros(host.nvme.alpha_us) + " (nvme→host)";
-  out += " + " + std::to_string(run.payload_bytes) + " B / " + FormatRate(s.bottleneck_beta) +
-         " (" + std::string(BusPathArrowName(s.bottleneck)) + " bottleneck) = " +
-         FormatMicros(s.alpha_us + static_cast<double>(run.payload_bytes) * s.per_byte_us) +
-         " (queue wait " + FormatMicros(s.wait_us) + ", paid once per stream)" + "; " +
-         FormatMicros(run.predicted_start_us) + " → " + FormatMicros(run.predicted_end_us);
+                    std::string(TierName(run.tier)) + ", " + FormatBytes(run.payload_bytes) + "): ";
+  if (first) {
+    out += "the stream's alphas " + FormatMicros(host.transfer.alpha_us) + " (" +
+           std::string(BusPathArrowName(host.local ? BusPath::kLocalMemcpy
+                                                   : BusPath::kRemoteHostToLocalHost)) +
+           ")";
+    if (run.tier == Tier::kNvme) out += " + " + FormatMicros(host.nvme.alpha_us) + " (nvme→host)";
+    out += " and queue wait " + FormatMicros(s.wait_us) + " first, then ";
+  }
+  out += std::to_string(run.payload_bytes) + " B / " + FormatRate(s.bottleneck_beta) + " (" +
+         std::string(BusPathArrowName(s.bottleneck)) +
+         " bottleneck) = " + FormatMicros(static_cast<double>(run.payload_bytes) * s.per_byte_us) +
+         "; " + FormatMicros(run.predicted_start_us) + " → " + FormatMicros(run.predicted_end_us);
   if (run.compact) {
     double pen = 0;
     for (uint32_t b = run.first_block; b < run.first_block + run.block_count; ++b) {
@@ -500,8 +505,8 @@ StatusOr<Plan> Planner::MakeOnePlan(const PlannerInput& in,
         std::to_string(static_cast<uint64_t>(w.PrefixTokens(w.m))) + " tokens)\n";
     x += "fetch: F = " + FormatMicros(in.host_to_device.alpha_us) + " (host→device alpha) + wait " +
          FormatMicros(w.h2d_wait_us) +
-         " + max(latest stream end, client ingest, host→device); a stream per source: its queue "
-         "wait once, per run alpha of each stage + bytes / bottleneck beta; client ingest " +
+         " + max(latest stream end, client ingest, host→device); a stream per source: its "
+         "stages' alphas and queue wait once, then bytes / bottleneck beta; client ingest " +
          FormatMicros(in.client_ingest.alpha_us) + " + wait " + FormatMicros(w.ingest_wait_us) +
          " + bytes / " + FormatRate(in.client_ingest.beta_bytes_per_s) + "; host→device bytes / " +
          FormatRate(in.host_to_device.beta_bytes_per_s) + "\n";
@@ -561,9 +566,16 @@ StatusOr<Plan> Planner::MakeOnePlan(const PlannerInput& in,
            ")\n";
     }
     size_t listed = 0;
+    std::vector<uint8_t> seen(w.SourceCount(), 0);
     for (const PlanRun& run : plan.runs) {
+      bool first = false;
+      if (run.action == RunAction::kFetch) {
+        uint8_t& s = seen[SourceId({run.host_index, run.tier})];
+        first = s == 0;
+        s = 1;
+      }
       std::string line = run.action == RunAction::kFetch
-                             ? SourceText(w, run)
+                             ? SourceText(w, run, first)
                              : "recompute " +
                                    Blocks(run.first_block, run.first_block + run.block_count) +
                                    ": " + FormatMicros(run.predicted_start_us) + " → " +

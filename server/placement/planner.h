@@ -32,10 +32,11 @@
 // (client/client_io.cc): one stream per source, its blocks one after another, the streams side
 // by side. A stream's blocks pass the daemon stages [NVMe→host on the daemon, if tier NVMe] →
 // [daemon→client host: remote→local over the transport, or memcpy for a daemon on the client's
-// node], which pipeline, so a run of B bytes from source s takes
-//   run(s, B) = sum of alpha over the daemon stages + B × max over those stages of 1/beta
-// and the stream of s ends at
-//   T(s) = wait(s) + sum over the runs of s of run(s, bytes),
+// node], which pipeline. The client sends every block a plan fetches from one source as one list,
+// in full batches, whatever the plan's runs (client/client_io.cc, FetchRuns), and reports the
+// stream's bytes and wall time as one observation, so the fitted alpha is a per-stream cost: the
+// stream of s, moving B(s) bytes in all, ends at
+//   T(s) = wait(s) + sum of alpha over the daemon stages + B(s) × max over those stages of 1/beta,
 // wait(s) being the bytes other plans have queued at its daemon stages (max over the stages of
 // QueuedBytes / beta, PathLoad). All streams land in the client, through two stages they share:
 // its ingest (client_ingest: every daemon→client byte of the plan crosses one NIC or one memory
@@ -53,13 +54,16 @@
 // NVMe source's per-byte cost max(1/beta_nvme, 1/beta_transfer) learns the staged path's rate);
 // the ingest beta is what all streams delivered together (reported for loads with two or more).
 //
-// A run is a maximal stretch of consecutive blocks fetched from one source; each run pays its
-// source's alphas (the client batches a daemon's blocks, so this is conservative when runs
-// alternate). The replica of each block is chosen for the whole cached prefix [0, m) from two
-// candidate assignments, priced with F above:
-//   serial:   a dynamic program over blocks × replicas minimising the sum of run costs (it pays
-//             a source's alphas and queue wait when a run starts, so it avoids loaded daemons
-//             and alternation, and puts every block on its cheapest source);
+// A run is a maximal stretch of consecutive blocks fetched from one source; runs only order the
+// stream's bytes (a run's predicted start and end), they pay no alpha of their own. (Until
+// 2026-12-07 each run paid its source's alphas: a chain spread block by block over two daemons,
+// as rendezvous hashing spreads it, was charged alpha 20-40 times per stream, and placement
+// predicted fetches 1.3x slower than they ran and chose splits that lost to fetching
+// everything, cluster_planner_bench.) The replica of each block is chosen for the whole cached
+// prefix [0, m) from two candidate assignments, priced with F above:
+//   serial:   a dynamic program over blocks × replicas minimising the sum of run costs, each run
+//             charged its source's alphas and queue wait as if it were a stream of its own (a
+//             heuristic: it avoids loaded daemons, and puts every block on its cheapest source);
 //   balanced: blocks in chain order, each on the replica whose stream would end first
 //             (earliest finish time), which spreads replicated blocks over equal daemons.
 // Every alternative (fetch-all, each split k, each fetch-prefix j) takes the cheaper candidate
@@ -83,8 +87,8 @@
 //                      where eviction kept only the compact copy);
 //   compact            the compact copy wherever there is one.
 // A block is cached when it has a usable replica under the choice. A run (below) is also cut
-// where the representation changes, so each run has one; pricing still pays one run's alpha for
-// adjacent blocks of the same source (the client batches them), a small underestimate there.
+// where the representation changes, so each run has one; the source's stream still pays its
+// alphas once.
 //
 // COST. O(m × R + H) time and memory for m cached blocks, R replicas per block (R <= 8) and H
 // hosts: one backward pass for the serial candidate, one forward pass for the balanced one, and

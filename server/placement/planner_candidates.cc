@@ -47,9 +47,9 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// The queue wait of source `id` (SourceId).
-double SourceWait(const Work& w, int id) {
-  return w.sources[static_cast<size_t>(id / 2)][id % 2].wait_us;
+// The alphas and queue wait of source `id` (SourceId): what its stream pays once.
+double SourceFixed(const Work& w, int id) {
+  return w.sources[static_cast<size_t>(id / 2)][id % 2].fixed_us;
 }
 
 // The serial candidate: a dynamic program over blocks × replicas minimising the sum of run costs
@@ -144,8 +144,7 @@ void Improve(const Work* w, std::vector<int32_t>* assignment) {
     const BlockReplica& r = ReplicaAt(*w, i, out[i]);
     const SourceCost& sc = w->Source(r);
     const int s = src[i];
-    stream[s] += (count[s] == 0 ? sc.wait_us : 0) + (source_at(i - 1) == s ? 0 : sc.alpha_us) +
-                 w->BytesUs(i, sc);
+    stream[s] += (count[s] == 0 ? sc.fixed_us : 0) + w->BytesUs(i, sc);
     ++count[s];
   }
   for (int pass = 0; pass < kImprovePasses; ++pass) {
@@ -156,14 +155,8 @@ void Improve(const Work* w, std::vector<int32_t>* assignment) {
       const BlockReplica& from = ReplicaAt(*w, i, out[i]);
       const int s = src[i];
       const SourceCost& fs = w->Source(from);
-      const int p = source_at(static_cast<int64_t>(i) - 1),
-                q = source_at(static_cast<int64_t>(i) + 1);
-      // Stream s without block i: a run split in two pays one more alpha, a run of i alone one
-      // fewer; the last block takes the queue wait with it.
-      double s_after = stream[s] - w->BytesUs(i, fs) +
-                       (p == s && q == s   ? fs.alpha_us
-                        : p != s && q != s ? -fs.alpha_us
-                                           : 0);
+      // Stream s without block i; its last block takes the alphas and queue wait with it.
+      double s_after = stream[s] - w->BytesUs(i, fs);
       if (count[s] == 1) s_after = 0;
       int32_t best_arg = -1;
       double best_t = 0, best_gain = 0;
@@ -171,10 +164,7 @@ void Improve(const Work* w, std::vector<int32_t>* assignment) {
         const int t = SourceId(b.replicas[r]);
         if (t == s) continue;
         const SourceCost& ts = w->Source(b.replicas[r]);
-        const double t_after = stream[t] + (count[t] == 0 ? ts.wait_us : 0) + w->BytesUs(i, ts) +
-                               (p == t && q == t   ? -ts.alpha_us
-                                : p != t && q != t ? ts.alpha_us
-                                                   : 0);
+        const double t_after = stream[t] + (count[t] == 0 ? ts.fixed_us : 0) + w->BytesUs(i, ts);
         const double before = std::max(stream[s], stream[t]);
         const double gain = before - std::max(s_after, t_after);
         if (gain > best_gain && gain > 1e-12 * before) {
@@ -212,24 +202,19 @@ void BalancedCandidate(Work* w) {
     const BlockReplica& r = in.blocks[i].replicas[0];
     const int s = SourceId(r);
     const SourceCost& sc = w->Source(r);
-    const bool continues =
-        i > 0 && out[i - 1] >= 0 && SourceId(ReplicaAt(*w, i - 1, out[i - 1])) == s;
-    stream[s] +=
-        (count[s] == 0 ? sc.wait_us : 0) + (continues ? 0 : sc.alpha_us) + w->BytesUs(i, sc);
+    stream[s] += (count[s] == 0 ? sc.fixed_us : 0) + w->BytesUs(i, sc);
     ++count[s];
     out[i] = static_cast<int32_t>(w->offset[i]);
   }
   for (uint32_t i = 0; i < m; ++i) {
     if (out[i] >= 0) continue;
-    const int prev = i > 0 ? SourceId(ReplicaAt(*w, i - 1, out[i - 1])) : -1;
     const ChainBlock& b = in.blocks[i];
     double best = kInf;
     int32_t arg = -1;
     for (size_t r = 0; r < b.replicas.size(); ++r) {
       const int s = SourceId(b.replicas[r]);
       const SourceCost& sc = w->Source(b.replicas[r]);
-      const double end = stream[s] + (count[s] == 0 ? sc.wait_us : 0) +
-                         (s == prev ? 0 : sc.alpha_us) + w->BytesUs(i, sc);
+      const double end = stream[s] + (count[s] == 0 ? sc.fixed_us : 0) + w->BytesUs(i, sc);
       if (end < best) {
         best = end;
         arg = static_cast<int32_t>(w->offset[i] + r);
@@ -250,22 +235,20 @@ void PriceCandidate(Work* w, uint8_t c) {
   const PlannerInput& in = *w->in;
   const uint32_t m = w->m;
   const std::vector<int32_t>& a = w->assign[c];
-  // Per block: its source, and what it adds to that source's stream as a run's first block
-  // (alphas + bytes) or as a later one (bytes).
+  // Per block: its source, and what it adds to that source's stream (its bytes; the stream's
+  // first block also its alphas and queue wait).
   std::vector<int> source(m);
-  std::vector<double> first_us(m), more_us(m);
+  std::vector<double> bytes_us(m);
   for (uint32_t i = 0; i < m; ++i) {
     const BlockReplica& r = ReplicaAt(*w, i, a[i]);
-    const SourceCost& sc = w->Source(r);
     source[i] = SourceId(r);
-    more_us[i] = w->BytesUs(i, sc);
-    first_us[i] = sc.alpha_us + more_us[i];
+    bytes_us[i] = w->BytesUs(i, w->Source(r));
   }
   std::vector<double> stream(w->SourceCount(), -1);  // -1: not used yet
-  auto add = [&](uint32_t i, bool continues) {
+  auto add = [&](uint32_t i) {
     double& t = stream[source[i]];
-    if (t < 0) t = SourceWait(*w, source[i]);
-    t += continues ? more_us[i] : first_us[i];
+    if (t < 0) t = SourceFixed(*w, source[i]);
+    t += bytes_us[i];
     return t;
   };
   auto keep = [&](std::vector<double>* us, std::vector<uint8_t>* arg, uint32_t at, double f) {
@@ -277,9 +260,7 @@ void PriceCandidate(Work* w, uint8_t c) {
   double longest = 0, bytes = 0;
   for (int64_t i = static_cast<int64_t>(m) - 1; i >= 0; --i) {
     const auto b = static_cast<uint32_t>(i);
-    // Prepending a block of the same source extends the run [b + 1, ...) (its alphas stay
-    // paid once); another source starts a run.
-    longest = std::max(longest, add(b, b + 1 < m && source[b + 1] == source[b]));
+    longest = std::max(longest, add(b));
     bytes += static_cast<double>(in.blocks[b].bytes);
     keep(&w->suffix_us, &w->suffix_arg, b, w->plan_fixed_us + std::max(longest, w->Shared(bytes)));
   }
@@ -287,7 +268,7 @@ void PriceCandidate(Work* w, uint8_t c) {
   longest = 0;
   bytes = 0;
   for (uint32_t i = 0; i < m; ++i) {
-    longest = std::max(longest, add(i, i > 0 && source[i - 1] == source[i]));
+    longest = std::max(longest, add(i));
     bytes += static_cast<double>(in.blocks[i].bytes);
     keep(&w->prefix_us, &w->prefix_arg, i + 1,
          w->plan_fixed_us + std::max(longest, w->Shared(bytes)));

@@ -58,8 +58,8 @@ OracleSource SourceOf(const PlannerInput& in, const BlockReplica& r) {
 }
 
 // Fetch time of [a, b) under one assignment (choice[i - a] = replica index), no load: each
-// source's stream sums its runs; the streams overlap; the client's ingest and host→device link
-// carry every byte.
+// source's stream pays its alphas once and then its blocks' bytes; the streams overlap; the
+// client's ingest and host→device link carry every byte.
 double OracleFetch(const PlannerInput& in, uint32_t a, uint32_t b, const std::vector<int>& choice) {
   if (a == b) return 0;
   std::map<std::pair<uint32_t, Tier>, double> stream;
@@ -67,12 +67,9 @@ double OracleFetch(const PlannerInput& in, uint32_t a, uint32_t b, const std::ve
   for (uint32_t i = a; i < b; ++i) {
     const BlockReplica& r = in.blocks[i].replicas[choice[i - a]];
     const OracleSource s = SourceOf(in, r);
-    const bool new_run = i == a ||
-                         in.blocks[i - 1].replicas[choice[i - 1 - a]].host_index != r.host_index ||
-                         in.blocks[i - 1].replicas[choice[i - 1 - a]].tier != r.tier;
-    double& t = stream[{r.host_index, r.tier}];
-    if (new_run) t += s.fixed;
-    t += static_cast<double>(in.blocks[i].bytes) * s.per_byte;
+    // A stream pays its source's alphas once, whatever its runs.
+    auto [it, fresh] = stream.try_emplace({r.host_index, r.tier}, s.fixed);
+    it->second += static_cast<double>(in.blocks[i].bytes) * s.per_byte;
     bytes += static_cast<double>(in.blocks[i].bytes);
   }
   double longest = 0;
@@ -431,7 +428,7 @@ TEST(PlannerTest, StreamsFromTwoDaemonsOverlapUnlessTheClientsIngestIsTheLimit) 
                 std::string::npos)
           << two->explanation;
     } else {
-      // Half each (the balanced assignment), each stream paying its alpha per run.
+      // Half each (the balanced assignment), each stream paying its alpha once.
       EXPECT_EQ(on[0], on[1]);
       EXPECT_LT(two->predicted_total_us, 0.55 * one->predicted_total_us);
       EXPECT_NE(two->explanation.find("assignment), streams: cache-0/host ends"), std::string::npos)
