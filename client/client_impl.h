@@ -71,6 +71,11 @@ struct Context {
   // The fetch loader's streams are still moving the plan's blocks: a
   // prefill that overlaps them is observed as beside_fetch.
   bool fetching KVF_GUARDED_BY(mu) = false;
+  // The mirror: the plan prefills blocks before some it fetches (a split's
+  // front), so that prefill runs while the streams move and slows them;
+  // their transfers are observed as beside_prefill. (A recompute run after
+  // every fetched block waits for them to land, so it never is.)
+  bool fetch_beside_prefill KVF_GUARDED_BY(mu) = false;
   Status load_status KVF_GUARDED_BY(mu);
   Clock::time_point load_start KVF_GUARDED_BY(mu);
   // Written by Load (under mu) before the loader threads start; read-only

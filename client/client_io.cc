@@ -317,8 +317,13 @@ void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Ho
   // prices it. A load from two or more daemons at once is also an
   // observation of the ingest, all bytes over the overlapped time (host_id
   // "": every client's default).
+  // A prefill of this load that ran beside the streams (a split's front)
+  // slowed them: the observations say so, and placement leaves them out of
+  // the paths' fits (the split's overlap term covers it).
   {
     MutexLock l(&c.mu);
+    const bool beside = c.fetch_beside_prefill;
+    const std::size_t from = c.transfers.size();
     for (std::size_t h = 0; h < hosts.size() && h < tallies.size(); ++h) {
       const StreamTally& t = tallies[h];
       if (t.host_bytes > 0) {
@@ -332,6 +337,9 @@ void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Ho
     }
     if (streams >= 2) {
       c.transfers.push_back(Observation(v1::BUS_PATH_CLIENT_INGEST, "", total, std::max(us, 1.0)));
+    }
+    for (std::size_t i = from; i < c.transfers.size(); ++i) {
+      c.transfers[i].set_beside_prefill(beside);
     }
   }
   prom_->ObserveTransfer(/*save=*/false, total, us);

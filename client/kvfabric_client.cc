@@ -431,6 +431,17 @@ Status Client::Impl::Load(const MatchResult& match, ContextId id) {
   // Fetches and recomputes run concurrently, as the plan assumes.
   c->load_workers = 2;
   c->fetching = !fetch_runs.empty();
+  // A recompute run that starts before a fetched block does not wait for
+  // it: it prefills beside the streams (client_impl.h, fetch_beside_prefill).
+  std::uint32_t first_recomputed = UINT32_MAX, last_fetched = 0;
+  for (const MatchResult::Run& r : match.runs) {
+    if (r.fetch) {
+      last_fetched = std::max(last_fetched, r.first_block + r.block_count);
+    } else {
+      first_recomputed = std::min(first_recomputed, r.first_block);
+    }
+  }
+  c->fetch_beside_prefill = !fetch_runs.empty() && first_recomputed < last_fetched;
   c->workers.emplace_back([this, c, fetch_runs] { FetchRuns(c, fetch_runs); });
   c->workers.emplace_back([this, c, recompute_runs] { RecomputeRuns(c, recompute_runs); });
   return Status::OK();

@@ -587,6 +587,7 @@ StatusOr<placement::ObservationReport> ObservationReportFromProto(
     o.host_id = t.host_id();
     o.bytes = t.bytes();
     o.observed_us = t.observed_us();
+    o.beside_prefill = t.beside_prefill();
     out.transfers.push_back(std::move(o));
   }
   out.recomputes.reserve(request.recomputes_size());

@@ -413,6 +413,10 @@ std::vector<MetricFamily> PlacementFamilies(const PlacementSnapshot& s) {
           "Prefill calls that ran beside their load's fetches (split fronts), left out of the "
           "prefill model's fit and error: the split prediction's overlap term covers them.",
           {S(D(s.observations_beside_fetch))});
+  Counter(out, "observations_beside_prefill_total",
+          "Transfers that moved beside a prefill of their load (split fetch sides), left out of "
+          "the paths' fits and errors: the split prediction's overlap term covers them.",
+          {S(D(s.observations_beside_prefill))});
   Counter(out, "fallback_runs_total",
           "Plan runs a client could not complete as planned and fell back (another replica or "
           "recompute).",

@@ -247,6 +247,9 @@ struct TransferObservation {
   std::string host_id;  // empty for paths local to the client
   std::uint64_t bytes = 0;
   double observed_us = 0;
+  // Moved while a prefill of the same load ran (kvfabric.v1.TransferObservation.beside_prefill):
+  // not scored or fitted as the path alone.
+  bool beside_prefill = false;
 };
 
 struct RecomputeObservation {
@@ -402,6 +405,9 @@ struct PlacementSnapshot {
   // Prefill calls that ran beside their load's fetches (split fronts): left out of the prefill's
   // fit and error on purpose.
   std::uint64_t observations_beside_fetch = 0;
+  // Transfers that moved beside a prefill of their load (split fetch sides): left out of the
+  // paths' fits and errors on purpose.
+  std::uint64_t observations_beside_prefill = 0;
   std::uint64_t fallback_runs = 0;
   std::uint64_t stale_reports = 0;
   std::uint64_t places = 0;

@@ -566,10 +566,16 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
   // The cost model synchronises itself; scoring and refitting happen outside mu_.
   std::uint64_t unscored = 0;
   std::uint64_t beside_fetch = 0;
+  std::uint64_t beside_prefill = 0;
   for (std::size_t i = 0; i < r.transfers.size(); ++i) {
     const TransferObservation& t = r.transfers[i];
     if (!member[i]) {
       ++unscored;
+    } else if (t.beside_prefill) {
+      // A split's fetch side, slowed by the prefill beside it: the split's own score covers it,
+      // and fitting alpha and beta to it would count the overlap twice (once in them, once in s)
+      // and price every later fetch-all as if a prefill ran beside it.
+      ++beside_prefill;
     } else if (!cost_model_.ObserveTransfer(t.path, t.host_id, t.bytes, t.observed_us).ok()) {
       ++unscored;
     }
@@ -598,6 +604,7 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
   MutexLock lock(&mu_);
   counters_.observations_unscored += unscored;
   counters_.observations_beside_fetch += beside_fetch;
+  counters_.observations_beside_prefill += beside_prefill;
   for (std::size_t i = 0; i < r.transfers.size(); ++i) {
     const TransferObservation& t = r.transfers[i];
     const int path = static_cast<int>(t.path);

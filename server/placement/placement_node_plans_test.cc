@@ -519,6 +519,12 @@ TEST_F(PlacementNodeTest, ObservationsScorePathsAndDropStaleEntries) {
                            2 * FetchMicros(options_.remote_to_local, static_cast<double>(bytes))});
   }
   r.transfers.push_back({BusPath::kRemoteHostToLocalHost, "not-a-member", kBlockBytes, 10.0});
+  // A split's fetch side, ten times slower beside its prefill: neither scored nor fitted, but
+  // its bytes are traffic.
+  r.transfers.push_back(
+      {BusPath::kRemoteHostToLocalHost, "a", kBlockBytes,
+       10 * FetchMicros(options_.remote_to_local, static_cast<double>(kBlockBytes)),
+       /*beside_prefill=*/true});
   r.recomputes.push_back({64, 0, 2 * RecomputeMicros(options_.recompute, 64, 0)});
   // A split's front, ten times slower beside its fetch: neither scored nor fitted.
   r.recomputes.push_back(
@@ -542,14 +548,15 @@ TEST_F(PlacementNodeTest, ObservationsScorePathsAndDropStaleEntries) {
   EXPECT_EQ(s.models[0].error.count, 1u);
   EXPECT_NEAR(s.models[0].error.worst_abs, 1.0, 1e-9);
   EXPECT_EQ(s.observations_beside_fetch, 1u);
+  EXPECT_EQ(s.observations_beside_prefill, 1u);
   EXPECT_EQ(s.observations_unscored, 1u);
   EXPECT_EQ(s.stale_reports, 1u);
   EXPECT_EQ(s.fallback_runs, 1u);
   EXPECT_EQ(s.directory.stale_replicas_removed, 1u);
-  // Traffic per path counts the member's four transfers, not the stranger's.
+  // Traffic per path counts the member's five transfers, not the stranger's.
   const PathTraffic& t = s.traffic[static_cast<std::size_t>(BusPath::kRemoteHostToLocalHost)];
-  EXPECT_EQ(t.transfers, 4u);
-  EXPECT_EQ(t.bytes, kBlockBytes * (1 + 2 + 4 + 8));
+  EXPECT_EQ(t.transfers, 5u);
+  EXPECT_EQ(t.bytes, kBlockBytes * (1 + 2 + 4 + 8 + 1));
   EXPECT_GT(t.observed_us, 0.0);
   const std::vector<BlockKey> keys = Keys(2);
   EXPECT_EQ(Holders(*node_->Locate("t", keys)),
