@@ -277,8 +277,11 @@ class Client::Impl {
   // one lease at a time beside the kFetch requests. The blocks that arrived intact are removed from
   // *blocks (the rest stay, sorted); *tally: the bytes that moved and when. The first error, if
   // any.
+  // cut_after_us > 0: the stream starts no request after that many µs from
+  // its start (ClientOptions::straggler_factor); its unlanded blocks stay in
+  // *blocks and the result is DeadlineExceeded naming the cut.
   Status FetchFrom(Context& c, const MatchResult::Host& host, std::vector<std::uint32_t>* blocks,
-                   std::size_t nvme_from, StreamTally* tally);
+                   std::size_t nvme_from, StreamTally* tally, double cut_after_us = 0);
   // The same for blocks a compact run fetches (client_compact.cc): their
   // compact_int8 copies, under CompactInt8BlockKey, whole blocks of
   // compact_bytes_ into the start of their pages, fetch_batch_ per request

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <optional>
@@ -175,6 +176,22 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
     by_host[h].insert(by_host[h].end(), nvme_by_host[h].begin(), nvme_by_host[h].end());
   }
   std::vector<Status> host_status(m.hosts.size());
+  // Each stream's cut-off (ClientOptions::straggler_factor): the latest end
+  // placement predicted for the host's runs, times the factor, plus slack.
+  std::vector<double> cut_after(m.hosts.size(), 0);
+  if (o_.straggler_factor > 0) {
+    std::vector<double> predicted(m.hosts.size(), 0);
+    for (std::size_t ri : runs) {
+      const MatchResult::Run& run = m.runs[ri];
+      if (run.host < predicted.size()) {
+        predicted[run.host] = std::max(predicted[run.host], run.predicted_end_us);
+      }
+    }
+    const double slack_us = static_cast<double>(o_.straggler_slack.count()) * 1e3;
+    for (std::size_t h = 0; h < predicted.size(); ++h) {
+      if (predicted[h] > 0) cut_after[h] = o_.straggler_factor * predicted[h] + slack_us;
+    }
+  }
   {
     std::vector<std::size_t> hosts;
     for (std::size_t h = 0; h < by_host.size(); ++h) {
@@ -185,7 +202,7 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
     auto fetch = [&](std::size_t h) {
       StreamTally& t = tallies[h];
       if (!by_host[h].empty()) {
-        host_status[h] = FetchFrom(*c, m.hosts[h], &by_host[h], nvme_from[h], &t);
+        host_status[h] = FetchFrom(*c, m.hosts[h], &by_host[h], nvme_from[h], &t, cut_after[h]);
       }
       if (!compact_by_host[h].empty() && !HostDown(host_status[h])) {
         std::uint64_t compact_moved = 0;
@@ -349,7 +366,7 @@ void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Ho
 
 Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
                                std::vector<std::uint32_t>* blocks, std::size_t nvme_from,
-                               StreamTally* tally) {
+                               StreamTally* tally, double cut_after_us) {
   nvme_from = std::min(nvme_from, blocks->size());
   const auto start = Clock::now();
   auto daemon = GetDaemon(host);
@@ -414,6 +431,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
     std::size_t first_done KVF_GUARDED_BY(mu) = 0;  // layer-0 units answered
     std::size_t fetchers KVF_GUARDED_BY(mu) = 0;  // host-pool workers still running
     bool down KVF_GUARDED_BY(mu) = false;
+    bool cut KVF_GUARDED_BY(mu) = false;                 // past cut_after_us: no further request
     std::vector<bool> out KVF_GUARDED_BY(mu);            // per position: left the units
     std::vector<std::uint32_t> nvme KVF_GUARDED_BY(mu);  // to lease
     std::size_t planned_nvme KVF_GUARDED_BY(mu) = 0;     // of them, the plan's (at the front)
@@ -452,6 +470,25 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
                       if (HostDown(s)) p.down = true;
                       p.cv.NotifyAll();
                     };
+  // Whether the stream is past its cut-off (and, the first time, says so).
+  // REQUIRES: p.mu held.
+  auto past_cut = [&]() KVF_REQUIRES(p.mu) {
+    if (p.cut) return true;
+    if (!(cut_after_us > 0)) return false;
+    const double elapsed = MicrosSince(start);
+    if (elapsed <= cut_after_us) return false;
+    p.cut = true;
+    if (p.first.ok()) {
+      char b[160];
+      std::snprintf(b, sizeof(b),
+                    "stream cut after %.1f ms, past %.1f ms (straggler_factor x its predicted "
+                    "end + straggler_slack)",
+                    elapsed / 1e3, cut_after_us / 1e3);
+      p.first = Status::DeadlineExceeded(std::string(b)).WithContext("daemon " + host.host_id);
+    }
+    p.cv.NotifyAll();
+    return true;
+  };
   auto fetch_host_pool = [&] {
     std::vector<bool> arrived, to_nvme;
     std::vector<std::size_t> on_nvme, positions;
@@ -460,7 +497,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
       std::size_t unit = 0;
       {
         MutexLock l(&p.mu);
-        if (p.down || p.next >= units) {
+        if (p.down || p.next >= units || past_cut()) {
           --p.fetchers;
           p.cv.NotifyAll();
           return;
@@ -525,9 +562,10 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
         // A lease of fewer than fetch_batch_ blocks goes only when no more
         // can come (or it holds the plan's NVMe blocks, known from the start).
         p.cv.Wait(&p.mu, [&]() KVF_REQUIRES(p.mu) {
-          return p.down || p.nvme.size() >= fetch_batch_ || p.planned_nvme > 0 || p.fetchers == 0;
+          return p.down || p.cut || p.nvme.size() >= fetch_batch_ || p.planned_nvme > 0 ||
+                 p.fetchers == 0;
         });
-        if (p.down || p.nvme.empty()) {
+        if (p.down || p.nvme.empty() || past_cut()) {
           p.left.insert(p.left.end(), p.nvme.begin(), p.nvme.end());
           p.nvme.clear();
           return;
@@ -566,9 +604,16 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
   fetch_host_pool();
   for (std::thread& t : threads) t.join();
   MutexLock l(&p.mu);
-  if (p.down) {
-    DropDaemon(d);
-    // Whatever this daemon did not land in full falls back.
+  // Blocks a request answered as on NVMe after the lease worker had stopped
+  // (the stream was cut or the daemon went down while it was in flight) were
+  // never leased: they fall back too. Without this a cut stream lost them,
+  // and a fallback recompute of a later block waited for them for ever.
+  p.left.insert(p.left.end(), p.nvme.begin(), p.nvme.end());
+  p.nvme.clear();
+  if (p.down || p.cut) {
+    // The daemon is gone (its session too) or its stream was cut (the
+    // daemon stays): whatever it did not land in full falls back.
+    if (p.down) DropDaemon(d);
     MutexLock cl(&c.mu);
     for (std::size_t k = 0; k < blocks->size(); ++k) {
       if (!p.out[k] && c.landed_us[(*blocks)[k]] < 0) p.left.push_back((*blocks)[k]);

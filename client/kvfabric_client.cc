@@ -106,6 +106,14 @@ Status Client::Impl::Init() {
     return Status::InvalidArgument("client: fetch_depth (--client-fetch-depth) " +
                                    std::to_string(o_.fetch_depth) + " must be 1..64");
   }
+  if (!(o_.straggler_factor == 0 ||
+        (std::isfinite(o_.straggler_factor) && o_.straggler_factor >= 1.5)) ||
+      o_.straggler_slack.count() < 0) {
+    return Status::InvalidArgument("client: straggler_factor " +
+                                   std::to_string(o_.straggler_factor) +
+                                   " must be 0 (off) or finite and >= 1.5, and straggler_slack "
+                                   ">= 0");
+  }
   if (o_.rpc_timeout.count() <= 0 || o_.transfer_timeout.count() <= 0) {
     return Status::InvalidArgument("client: rpc_timeout and transfer_timeout must be positive");
   }

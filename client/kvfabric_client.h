@@ -198,6 +198,20 @@ struct ClientOptions {
   // NVMe only are leased (the daemon stages them) one lease at a time per
   // daemon beside these requests.
   std::uint32_t fetch_depth = 4;
+  // A stream that runs far past its plan's prediction is cut: once a
+  // daemon's stream has run straggler_factor x the end placement predicted
+  // for it plus straggler_slack, it starts no further request; the requests
+  // in flight finish, and its blocks not yet landed fall back like a failed
+  // run's (another replica, else recompute). The stream's bytes and time
+  // still teach placement the path (a miss this large is a change point
+  // after two, core/calibrated_cost_model.h). Without it a link capped to a
+  // twentieth of its rate held every load planned before placement knew,
+  // for the whole of its fetch (cluster_planner_bench phase 2). 0 turns it
+  // off; otherwise >= 1.5 (a stream must be allowed its noise: identical
+  // plans spread 0.45-1.26x on the 2-vCPU VM). Default 4. Streams of a
+  // plan without predictions (predicted end 0) are never cut.
+  double straggler_factor = 4.0;
+  std::chrono::milliseconds straggler_slack{20};
   // Who reads a fetched block's bytes again for its CRC32C. true (default):
   // the daemon is asked to (kFetch flag bit 3); where it copies into the
   // history pool through a shared-memory mapping (UCX on one host) it reads

@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <new>
@@ -212,6 +213,8 @@ class ClientEndToEndTest : public ::testing::Test {
     o.max_context_tokens = kTokens;
     o.daemon_checks_landing = daemon_checks_landing_;
     o.prefill = stated_prefill_;
+    o.straggler_factor = straggler_factor_;
+    o.straggler_slack = straggler_slack_;
     o.recompute = [this](const client::RecomputeRequest& r, std::span<std::byte> out) {
       return Prefill(r, out);
     };
@@ -300,10 +303,13 @@ class ClientEndToEndTest : public ::testing::Test {
     return text.substr(at + 1, text.find('\n', at + 1) - at - 1);
   }
 
-  ContextReport LoadAndCheck(const std::string& what) {
+  // `edit`, if given, changes the plan before it is loaded.
+  ContextReport LoadAndCheck(const std::string& what,
+                             const std::function<void(client::MatchResult*)>& edit = nullptr) {
     auto match = client_->Match(chain_, 0, /*explain=*/true);
     EXPECT_TRUE(match.ok()) << match.status().ToString();
     if (!match.ok()) return {};
+    if (edit) edit(&*match);
     std::printf("%s: plan %llu %s, cached prefix %u blocks, predicted %.0f us\n", what.c_str(),
                 static_cast<unsigned long long>(match->plan_id), match->kind.c_str(),
                 match->cached_prefix_blocks, match->predicted_us);
@@ -431,6 +437,8 @@ class ClientEndToEndTest : public ::testing::Test {
   std::uint32_t pool_pages_ = 2;  // arena pool pages (2: one context at a time)
   bool daemon_checks_landing_ = true;  // ClientOptions::daemon_checks_landing
   std::optional<RecomputeParameters> stated_prefill_;  // ClientOptions::prefill
+  double straggler_factor_ = 4.0;                      // ClientOptions::straggler_factor
+  std::chrono::milliseconds straggler_slack_{20};      // ClientOptions::straggler_slack
   std::vector<BlockKey> chain_;
   std::atomic<bool> fail_prefill_{false};
   std::atomic<int> prefix_not_landed_{0};
@@ -751,6 +759,46 @@ TEST_F(ClientEndToEndTest, EightContextsLoadAndSaveConcurrentlyWhileADaemonDies)
 // is demoted to NVMe. A load fetches the host-resident blocks by key over the
 // data plane (kFetch) and the NVMe-only ones through the control plane's
 // Lease, which stages them; the history is exact either way.
+class ClientEndToEndStragglerTest : public ClientEndToEndTest {
+ protected:
+  void SetUp() override {
+    straggler_factor_ = 1.5;
+    straggler_slack_ = std::chrono::milliseconds(0);
+    ClientEndToEndTest::SetUp();
+  }
+};
+
+// A plan whose streams were predicted to end after 1 µs: each stream is past
+// its cut-off before (or soon after) its first requests and starts no more,
+// and the blocks it did not land fall back (another replica, else
+// recompute). The engine still sees every byte exactly.
+TEST_F(ClientEndToEndStragglerTest, AStreamFarPastItsPredictionIsCutAndItsBlocksFallBackExactly) {
+  ASSERT_NO_FATAL_FAILURE(MakeChain());
+  ASSERT_NO_FATAL_FAILURE(PrefillAndSave());
+  const ContextReport r = LoadAndCheck("cut", [](client::MatchResult* m) {
+    for (auto& run : m->runs) {
+      if (run.fetch) run.predicted_end_us = 1.0;
+    }
+  });
+  std::uint32_t fetched_as_planned = 0, fell_back = 0;
+  bool cut = false;
+  for (const client::RunOutcome& run : r.runs) {
+    if (!run.fetch) continue;
+    fell_back += run.blocks_from_fallback_host + run.blocks_recomputed_after_failure;
+    cut = cut || run.failure.find("stream cut after") != std::string::npos;
+  }
+  fetched_as_planned = r.blocks_fetched;
+  std::printf("cut streams: %u blocks fetched, %u fell back\n", fetched_as_planned, fell_back);
+  EXPECT_TRUE(cut);
+  EXPECT_GT(fell_back, 0u);
+  EXPECT_EQ(r.blocks_fetched + r.blocks_recomputed, chain_.size());
+  // A plan without predictions is never cut.
+  const ContextReport whole = LoadAndCheck("no predictions", [](client::MatchResult* m) {
+    for (auto& run : m->runs) run.predicted_end_us = 0;
+  });
+  for (const client::RunOutcome& run : whole.runs) EXPECT_EQ(run.failure, "");
+}
+
 class ClientEndToEndNvmeTest : public ClientEndToEndTest {
  protected:
   void SetUp() override {
