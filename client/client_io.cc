@@ -317,11 +317,15 @@ void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Ho
   std::uint64_t total = 0;
   std::size_t streams = 0;
   double us = 0;  // the overlapped time: the longest part of any stream
+  double shortest = 0;  // the shortest stream's time (its longer part)
   for (const StreamTally& t : tallies) {
     total += t.host_bytes + t.nvme_bytes;
-    streams += t.host_bytes + t.nvme_bytes > 0 ? 1 : 0;
-    if (t.host_bytes > 0) us = std::max(us, t.host_us);
-    if (t.nvme_bytes > 0) us = std::max(us, t.nvme_us);
+    if (t.host_bytes + t.nvme_bytes == 0) continue;
+    const double stream_us =
+        std::max(t.host_bytes > 0 ? t.host_us : 0.0, t.nvme_bytes > 0 ? t.nvme_us : 0.0);
+    shortest = streams == 0 ? stream_us : std::min(shortest, stream_us);
+    ++streams;
+    us = std::max(us, stream_us);
   }
   if (total == 0) return;
   // The planner's FETCH MODEL: two sources per daemon (its host pool; its
@@ -331,9 +335,9 @@ void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Ho
   // the others): the host pool's as remote_host_to_local_host, the NVMe
   // tier's as nvme_to_host, so a daemon's slow NVMe never makes its host
   // pool look slow and the staged path's cost is learned where the planner
-  // prices it. A load from two or more daemons at once is also an
-  // observation of the ingest, all bytes over the overlapped time (host_id
-  // "": every client's default).
+  // prices it. A load from two or more daemons at once whose streams ended
+  // within 2x of each other is also an observation of the ingest, all bytes
+  // over the overlapped time (host_id "": every client's default).
   // A prefill of this load that ran beside the streams (a split's front)
   // slowed them: the observations say so, and placement leaves them out of
   // the paths' fits (the split's overlap term covers it).
@@ -352,7 +356,11 @@ void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Ho
                                           std::max(t.nvme_us, 1.0)));
       }
     }
-    if (streams >= 2) {
+    // The shared ingest limited the load only if the streams ended about
+    // together: one stream far slower than the others (a capped link, a
+    // straggler) says nothing about the client's ingest, and reported as
+    // its rate it made every later fetch look slow.
+    if (streams >= 2 && shortest >= 0.5 * us) {
       c.transfers.push_back(Observation(v1::BUS_PATH_CLIENT_INGEST, "", total, std::max(us, 1.0)));
     }
     for (std::size_t i = from; i < c.transfers.size(); ++i) {
@@ -368,9 +376,13 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
                                std::vector<std::uint32_t>* blocks, std::size_t nvme_from,
                                StreamTally* tally, double cut_after_us) {
   nvme_from = std::min(nvme_from, blocks->size());
-  const auto start = Clock::now();
   auto daemon = GetDaemon(host);
   if (!daemon.ok()) return daemon.status();
+  // The stream's time (what placement learns the path from, and what its
+  // cut-off is measured against) starts once the session is open: opening
+  // one (gRPC, the transport's connection, the daemon mapping the history
+  // pool) is paid once per client and daemon, not per load.
+  const auto start = Clock::now();
   // The session stays valid while this thread holds it, even if another
   // thread drops the daemon: its calls then fail Unavailable.
   const std::shared_ptr<Daemon> d = std::move(*daemon);

@@ -209,9 +209,13 @@ struct ClientOptions {
   // for the whole of its fetch (cluster_planner_bench phase 2). 0 turns it
   // off; otherwise >= 1.5 (a stream must be allowed its noise: identical
   // plans spread 0.45-1.26x on the 2-vCPU VM). Default 4. Streams of a
-  // plan without predictions (predicted end 0) are never cut.
+  // plan without predictions (predicted end 0) are never cut; a client whose
+  // `recompute` cannot prefill sets 0 (the Python client opened without
+  // recompute= does). The stream's time starts once its daemon session is
+  // open. Slack default
+  // 50 ms: a short load on a busy host is not worth a fallback.
   double straggler_factor = 4.0;
-  std::chrono::milliseconds straggler_slack{20};
+  std::chrono::milliseconds straggler_slack{50};
   // Who reads a fetched block's bytes again for its CRC32C. true (default):
   // the daemon is asked to (kFetch flag bit 3); where it copies into the
   // history pool through a shared-memory mapping (UCX on one host) it reads

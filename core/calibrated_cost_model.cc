@@ -206,7 +206,8 @@ BusCalibration CalibratedCostModel::ToCalibration() const {
   return c;
 }
 
-bool CalibratedCostModel::MissRun::Add(double ratio, const Options& options, double* median) {
+bool CalibratedCostModel::MissRun::Add(double ratio, double gap_us, const Options& options,
+                                       double* median) {
   const uint32_t run = std::min<uint32_t>(options.change_point_run, 32);
   if (run == 0 || !std::isfinite(ratio) || !(ratio > 0)) return false;
   const int dir = ratio > 1 + options.change_point_ratio         ? +1
@@ -218,9 +219,10 @@ bool CalibratedCostModel::MissRun::Add(double ratio, const Options& options, dou
     direction = dir;
     if (dir == 0) return false;
   }
-  const bool severe =
-      options.change_point_severe_run > 0 && (ratio > 1 + options.change_point_severe_ratio ||
-                                              ratio < 1 / (1 + options.change_point_severe_ratio));
+  const bool severe = options.change_point_severe_run > 0 &&
+                      gap_us >= options.change_point_severe_min_us &&
+                      (ratio > 1 + options.change_point_severe_ratio ||
+                       ratio < 1 / (1 + options.change_point_severe_ratio));
   severe_tail = severe ? severe_tail + 1 : 0;
   ratios[length++] = ratio;
   // The severe rule looks at its own tail of the run only: the misses far beyond noise.
@@ -279,7 +281,7 @@ StatusOr<RecomputeParameters> CalibratedCostModel::Recompute(std::string_view mo
 }
 
 Status CalibratedCostModel::ObserveTransfer(BusPath path, std::string_view host_id, uint64_t bytes,
-                                            double observed_us) {
+                                            double observed_us, bool beside_prefill) {
   if (bytes == 0 || !std::isfinite(observed_us) || !(observed_us > 0)) {
     return Status::InvalidArgument("transfer observation on " + PathLabel(path, host_id) +
                                    ": bytes must be > 0 and observed_us finite and > 0");
@@ -304,18 +306,35 @@ Status CalibratedCostModel::ObserveTransfer(BusPath path, std::string_view host_
   }
   PathEntry& e = it->second;
   const double predicted = FetchMicros(e.parameters, static_cast<double>(bytes));
-  e.error.Record(observed_us, predicted);
   double scale = 1;
-  if (e.misses.Add(observed_us / predicted, options_, &scale)) {
+  bool change = false;
+  if (beside_prefill) {
+    // Only the severe rule, on a run of its own (see the header).
+    Options severe = options_;
+    severe.change_point_run = std::min<uint32_t>(options_.change_point_severe_run, 32);
+    severe.change_point_ratio = options_.change_point_severe_ratio;
+    severe.change_point_severe_run = 0;
+    const double gap = std::fabs(observed_us - predicted);
+    change = gap >= options_.change_point_severe_min_us &&
+             e.beside_misses.Add(observed_us / predicted, gap, severe, &scale);
+  } else {
+    e.error.Record(observed_us, predicted);
+    change =
+        e.misses.Add(observed_us / predicted, std::fabs(observed_us - predicted), options_, &scale);
+  }
+  if (change) {
     // A change point: the path is not what it was; start again from the scaled figures.
     e.parameters.alpha_us *= scale;
     e.parameters.beta_bytes_per_s /= scale;
     e.fit = NewPathFit(e.parameters, ParameterSource::kOnlineFit);
+    e.misses = MissRun();
+    e.beside_misses = MissRun();
     e.provenance.source = ParameterSource::kOnlineFit;
     ++e.provenance.change_points;
     e.provenance.updated_unix_us = NowUnixMicros();
     return Status::OK();
   }
+  if (beside_prefill) return Status::OK();
   e.fit.Observe(bytes, observed_us);
   if (options_.online_refit &&
       e.fit.effective_observations() >= options_.min_observations_for_refit) {
@@ -348,7 +367,7 @@ Status CalibratedCostModel::ObserveRecompute(std::string_view model_id, uint64_t
                                            static_cast<double>(prefix_tokens));
   e.error.Record(observed_us, predicted);
   double scale = 1;
-  if (e.misses.Add(observed_us / predicted, options_, &scale)) {
+  if (e.misses.Add(observed_us / predicted, std::fabs(observed_us - predicted), options_, &scale)) {
     e.parameters.c0_us *= scale;
     e.parameters.c1_us_per_token *= scale;
     e.parameters.c2_us_per_token2 *= scale;

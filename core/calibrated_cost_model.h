@@ -125,6 +125,11 @@ class CalibratedCostModel {
     // this VM is 0.45x..1.26x (p10..p90), so two 4x misses in a row are not noise.
     uint32_t change_point_severe_run = 2;
     double change_point_severe_ratio = 3.0;
+    // A miss counts toward the severe rule only where observed and predicted differ by at least
+    // this many µs (default 5000): on a small transfer one thread wake-up on a busy host
+    // (~200 µs here, spread 2-4x) is a 4x miss, and rescaling alpha and beta by it would make
+    // every larger fetch look slow; a capped link's stream misses by hundreds of ms.
+    double change_point_severe_min_us = 5000;
   };
 
   // What the metrics layer exports per path.
@@ -197,8 +202,15 @@ class CalibratedCostModel {
 
   // Scores and (per Options) refits. NotFound as Path/Recompute; InvalidArgument for bytes or
   // tokens == 0 or a time that is not finite and > 0.
-  Status ObserveTransfer(BusPath path, std::string_view host_id, uint64_t bytes,
-                         double observed_us);
+  //
+  // beside_prefill: the bytes moved while a prefill of the same load ran (a split plan's fetch
+  // side), so the time is not the path's alone: it is neither scored nor fitted. It still
+  // counts toward the severe change-point rule (change_point_severe_run misses beyond
+  // change_point_severe_ratio, a run of their own), since a prefill beside a fetch does not make
+  // it several times slower, and a model that plans only splits would otherwise never learn
+  // that a path was capped.
+  Status ObserveTransfer(BusPath path, std::string_view host_id, uint64_t bytes, double observed_us,
+                         bool beside_prefill = false);
   Status ObserveRecompute(std::string_view model_id, uint64_t tokens, uint64_t prefix_tokens,
                           double observed_us);
   // A finished split plan of `model_id`: its predicted sides (PlanAlternative front_us,
@@ -220,8 +232,9 @@ class CalibratedCostModel {
     uint32_t length = 0;
     uint32_t severe_tail = 0;  // the run's last misses beyond change_point_severe_ratio
     int direction = 0;         // +1 slower than predicted, -1 faster
-    // Adds one observation's ratio; true when the run reached `run` (and resets it).
-    bool Add(double ratio, const Options& options, double* median);
+    // Adds one observation's ratio, `gap_us` = |observed - predicted|; true when the run
+    // reached `run` (and resets it).
+    bool Add(double ratio, double gap_us, const Options& options, double* median);
   };
   struct PathEntry {
     PathParameters parameters;
@@ -229,6 +242,7 @@ class CalibratedCostModel {
     OnlinePathFit fit;
     ParameterProvenance provenance;
     MissRun misses;
+    MissRun beside_misses;  // of beside_prefill observations: the severe rule only
     double noise_floor_ratio = 0;
   };
   struct RecomputeEntry {

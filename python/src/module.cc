@@ -188,6 +188,8 @@ PyClientPtr Open(py::dict options, py::object recompute) {
   DeviceChoice device;
   client::ClientOptions o = ParseClientOptions(options, &device);
   PyClientPtr p(new PyClient);
+  // Without the engine's prefill a cut stream's blocks could not fall back.
+  if (recompute.is_none()) o.straggler_factor = 0;
   p->recompute = std::make_unique<PyRecompute>(std::move(recompute));
   PyRecompute* fn = p->recompute.get();
   o.recompute = [fn](const client::RecomputeRequest& r, std::span<std::byte> out) {
