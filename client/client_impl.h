@@ -268,6 +268,9 @@ class Client::Impl {
     std::uint64_t nvme_bytes = 0;
     double host_us = 0;
     double nvme_us = 0;
+    // The stream was cut as a straggler (ClientOptions::straggler_factor):
+    // its miss is the path's even beside a prefill (not beside_prefill).
+    bool cut = false;
   };
   // Fetches `blocks` of `c` from `host` into its history: blocks
   // [0, nvme_from) by kFetch, in batches of fetch_batch_ with

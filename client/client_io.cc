@@ -343,10 +343,13 @@ void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Ho
   // the paths' fits (the split's overlap term covers it).
   {
     MutexLock l(&c.mu);
+    // A stream cut as a straggler missed by far more than a prefill beside
+    // it explains: that miss is the path's, and reported as such (a model
+    // that plans only splits would otherwise never learn a capped link).
     const bool beside = c.fetch_beside_prefill;
-    const std::size_t from = c.transfers.size();
     for (std::size_t h = 0; h < hosts.size() && h < tallies.size(); ++h) {
       const StreamTally& t = tallies[h];
+      const std::size_t first = c.transfers.size();
       if (t.host_bytes > 0) {
         c.transfers.push_back(Observation(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST, hosts[h].host_id,
                                           t.host_bytes, std::max(t.host_us, 1.0)));
@@ -355,7 +358,11 @@ void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Ho
         c.transfers.push_back(Observation(v1::BUS_PATH_NVME_TO_HOST, hosts[h].host_id, t.nvme_bytes,
                                           std::max(t.nvme_us, 1.0)));
       }
+      for (std::size_t i = first; i < c.transfers.size(); ++i) {
+        c.transfers[i].set_beside_prefill(beside && !t.cut);
+      }
     }
+    const std::size_t ingest = c.transfers.size();
     // The shared ingest limited the load only if the streams ended about
     // together: one stream far slower than the others (a capped link, a
     // straggler) says nothing about the client's ingest, and reported as
@@ -363,7 +370,7 @@ void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Ho
     if (streams >= 2 && shortest >= 0.5 * us) {
       c.transfers.push_back(Observation(v1::BUS_PATH_CLIENT_INGEST, "", total, std::max(us, 1.0)));
     }
-    for (std::size_t i = from; i < c.transfers.size(); ++i) {
+    for (std::size_t i = ingest; i < c.transfers.size(); ++i) {
       c.transfers[i].set_beside_prefill(beside);
     }
   }
@@ -631,6 +638,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
       if (!p.out[k] && c.landed_us[(*blocks)[k]] < 0) p.left.push_back((*blocks)[k]);
     }
   }
+  tally->cut = tally->cut || p.cut;
   tally->host_bytes += p.host_moved;
   tally->nvme_bytes += p.nvme_moved;
   if (p.host_moved > 0) tally->host_us = std::max(tally->host_us, p.host_end_us);

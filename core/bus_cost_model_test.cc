@@ -419,34 +419,9 @@ TEST(CalibratedCostModelTest, TwoMissesFarBeyondNoiseAreAChangePoint) {
         FetchMicros(now, static_cast<double>(b)) / FetchMicros(capped, static_cast<double>(b)) - 1;
     EXPECT_LT(std::abs(err), 0.05) << b;
   }
-  // A split's fetch side (beside_prefill) is neither scored nor fitted, and even ten of them
-  // twice as slow as predicted are no change; two beyond 4x are.
-  CalibratedCostModel split;
-  ASSERT_TRUE(split.SetPath(BusPath::kRemoteHostToLocalHost, "b", {20.0, 2e9}).ok());
-  for (int i = 0; i < 10; ++i) {
-    ASSERT_TRUE(split
-                    .ObserveTransfer(BusPath::kRemoteHostToLocalHost, "b", 4 << 20,
-                                     2 * FetchMicros({20.0, 2e9}, 4 << 20), /*beside_prefill=*/true)
-                    .ok());
-  }
-  auto split_report = split.PathReportFor(BusPath::kRemoteHostToLocalHost, "b");
-  ASSERT_TRUE(split_report.ok());
-  EXPECT_EQ(split_report->error.count, 0u);
-  EXPECT_EQ(split_report->provenance.change_points, 0u);
-  EXPECT_EQ(split.Path(BusPath::kRemoteHostToLocalHost, "b")->beta_bytes_per_s, 2e9);
-  for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(split
-                    .ObserveTransfer(BusPath::kRemoteHostToLocalHost, "b", 4 << 20,
-                                     FetchMicros(capped, 4 << 20), /*beside_prefill=*/true)
-                    .ok());
-  }
-  EXPECT_EQ(split.PathProvenance(BusPath::kRemoteHostToLocalHost, "b")->change_points, 1u);
-  EXPECT_NEAR(FetchMicros(*split.Path(BusPath::kRemoteHostToLocalHost, "b"), 4 << 20) /
-                  FetchMicros(capped, 4 << 20),
-              1.0, 0.05);
-  // Within change_point_severe_min_us (5 ms) of its prediction a miss is a thread wake-up, not
-  // the path: twenty times slower 64 KiB transfers (52.8 µs predicted, 1.06 ms taken) are no
-  // severe miss.
+  // Within change_point_severe_min_us (20 ms) of its prediction a miss is a thread wake-up or
+  // a page fault, not the path: twenty times slower 64 KiB transfers (52.8 µs predicted,
+  // 1.06 ms taken) are no severe miss.
   CalibratedCostModel small;
   ASSERT_TRUE(small.SetPath(BusPath::kRemoteHostToLocalHost, "c", {20.0, 2e9}).ok());
   for (int i = 0; i < 3; ++i) {

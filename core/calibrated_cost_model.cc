@@ -281,7 +281,7 @@ StatusOr<RecomputeParameters> CalibratedCostModel::Recompute(std::string_view mo
 }
 
 Status CalibratedCostModel::ObserveTransfer(BusPath path, std::string_view host_id, uint64_t bytes,
-                                            double observed_us, bool beside_prefill) {
+                                            double observed_us) {
   if (bytes == 0 || !std::isfinite(observed_us) || !(observed_us > 0)) {
     return Status::InvalidArgument("transfer observation on " + PathLabel(path, host_id) +
                                    ": bytes must be > 0 and observed_us finite and > 0");
@@ -306,35 +306,18 @@ Status CalibratedCostModel::ObserveTransfer(BusPath path, std::string_view host_
   }
   PathEntry& e = it->second;
   const double predicted = FetchMicros(e.parameters, static_cast<double>(bytes));
+  e.error.Record(observed_us, predicted);
   double scale = 1;
-  bool change = false;
-  if (beside_prefill) {
-    // Only the severe rule, on a run of its own (see the header).
-    Options severe = options_;
-    severe.change_point_run = std::min<uint32_t>(options_.change_point_severe_run, 32);
-    severe.change_point_ratio = options_.change_point_severe_ratio;
-    severe.change_point_severe_run = 0;
-    const double gap = std::fabs(observed_us - predicted);
-    change = gap >= options_.change_point_severe_min_us &&
-             e.beside_misses.Add(observed_us / predicted, gap, severe, &scale);
-  } else {
-    e.error.Record(observed_us, predicted);
-    change =
-        e.misses.Add(observed_us / predicted, std::fabs(observed_us - predicted), options_, &scale);
-  }
-  if (change) {
+  if (e.misses.Add(observed_us / predicted, std::fabs(observed_us - predicted), options_, &scale)) {
     // A change point: the path is not what it was; start again from the scaled figures.
     e.parameters.alpha_us *= scale;
     e.parameters.beta_bytes_per_s /= scale;
     e.fit = NewPathFit(e.parameters, ParameterSource::kOnlineFit);
-    e.misses = MissRun();
-    e.beside_misses = MissRun();
     e.provenance.source = ParameterSource::kOnlineFit;
     ++e.provenance.change_points;
     e.provenance.updated_unix_us = NowUnixMicros();
     return Status::OK();
   }
-  if (beside_prefill) return Status::OK();
   e.fit.Observe(bytes, observed_us);
   if (options_.online_refit &&
       e.fit.effective_observations() >= options_.min_observations_for_refit) {
@@ -367,7 +350,10 @@ Status CalibratedCostModel::ObserveRecompute(std::string_view model_id, uint64_t
                                            static_cast<double>(prefix_tokens));
   e.error.Record(observed_us, predicted);
   double scale = 1;
-  if (e.misses.Add(observed_us / predicted, std::fabs(observed_us - predicted), options_, &scale)) {
+  // The severe rule is the paths' (a capped link); a model's prefill does not turn 4x slower
+  // between two calls, and an engine's stated constants far from its real prefill are the
+  // online refit's to correct (gap 0: never severe).
+  if (e.misses.Add(observed_us / predicted, 0.0, options_, &scale)) {
     e.parameters.c0_us *= scale;
     e.parameters.c1_us_per_token *= scale;
     e.parameters.c2_us_per_token2 *= scale;

@@ -117,19 +117,20 @@ class CalibratedCostModel {
     // Change points (file comment). change_point_run 0 turns detection off; at most 32.
     uint32_t change_point_run = 8;
     double change_point_ratio = 0.5;
-    // A miss far beyond any noise floor measured here (observed/predicted above 1 + this or
-    // below 1 / (1 + this); default 3: 4x) needs a shorter run: change_point_severe_run of them
-    // in a row (default 2; 0 turns the rule off; at most change_point_run). A link capped to a
+    // Transfers only: a miss far beyond any noise floor measured here (observed/predicted above 1 +
+    // this or below 1 / (1 + this); default 3: 4x) needs a shorter run: change_point_severe_run of
+    // them in a row (default 2; 0 turns the rule off; at most change_point_run). A link capped to a
     // twentieth of its rate otherwise went on being planned as before for 8 loads, each waiting
     // out the cap (cluster_planner_bench phase 2); the per-request spread of identical plans on
     // this VM is 0.45x..1.26x (p10..p90), so two 4x misses in a row are not noise.
     uint32_t change_point_severe_run = 2;
     double change_point_severe_ratio = 3.0;
     // A miss counts toward the severe rule only where observed and predicted differ by at least
-    // this many µs (default 5000): on a small transfer one thread wake-up on a busy host
-    // (~200 µs here, spread 2-4x) is a 4x miss, and rescaling alpha and beta by it would make
-    // every larger fetch look slow; a capped link's stream misses by hundreds of ms.
-    double change_point_severe_min_us = 5000;
+    // this many µs (default 20000): on a small transfer a thread wake-up on a busy host (~200 µs
+    // here, spread 2-4x) or a new session's first page faults is a 4x miss, and rescaling alpha
+    // and beta by it made every larger fetch look slow (the vLLM connector test loaded 480 of
+    // its 736 cached tokens with 5 ms); a capped link's stream misses by hundreds of ms.
+    double change_point_severe_min_us = 20000;
   };
 
   // What the metrics layer exports per path.
@@ -202,15 +203,8 @@ class CalibratedCostModel {
 
   // Scores and (per Options) refits. NotFound as Path/Recompute; InvalidArgument for bytes or
   // tokens == 0 or a time that is not finite and > 0.
-  //
-  // beside_prefill: the bytes moved while a prefill of the same load ran (a split plan's fetch
-  // side), so the time is not the path's alone: it is neither scored nor fitted. It still
-  // counts toward the severe change-point rule (change_point_severe_run misses beyond
-  // change_point_severe_ratio, a run of their own), since a prefill beside a fetch does not make
-  // it several times slower, and a model that plans only splits would otherwise never learn
-  // that a path was capped.
-  Status ObserveTransfer(BusPath path, std::string_view host_id, uint64_t bytes, double observed_us,
-                         bool beside_prefill = false);
+  Status ObserveTransfer(BusPath path, std::string_view host_id, uint64_t bytes,
+                         double observed_us);
   Status ObserveRecompute(std::string_view model_id, uint64_t tokens, uint64_t prefix_tokens,
                           double observed_us);
   // A finished split plan of `model_id`: its predicted sides (PlanAlternative front_us,
@@ -242,7 +236,6 @@ class CalibratedCostModel {
     OnlinePathFit fit;
     ParameterProvenance provenance;
     MissRun misses;
-    MissRun beside_misses;  // of beside_prefill observations: the severe rule only
     double noise_floor_ratio = 0;
   };
   struct RecomputeEntry {

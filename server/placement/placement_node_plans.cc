@@ -574,10 +574,9 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
     } else if (t.beside_prefill) {
       // A split's fetch side, slowed by the prefill beside it: the split's own score covers it,
       // and fitting alpha and beta to it would count the overlap twice (once in them, once in s)
-      // and price every later fetch-all as if a prefill ran beside it. Only a miss far beyond
-      // what a prefill beside it explains is a change point (CalibratedCostModel).
+      // and price every later fetch-all as if a prefill ran beside it. (A stream the client cut
+      // as a straggler is reported without the flag: that miss is the path's.)
       ++beside_prefill;
-      cost_model_.ObserveTransfer(t.path, t.host_id, t.bytes, t.observed_us, true).IgnoreError();
     } else if (!cost_model_.ObserveTransfer(t.path, t.host_id, t.bytes, t.observed_us).ok()) {
       ++unscored;
     }
