@@ -88,10 +88,19 @@ done
 bash tools/setup.sh || exit 1
 
 # Bazel's disk cache (.bazelrc --disk_cache) has no size limit of its own:
-# entries no build used for 14 days go.
+# entries no build used for 14 days go, and then the least recently used
+# until it holds at most KVF_DISK_CACHE_MAX_GIB (default 24). Without the size
+# bound it reached 61 GiB within two weeks of sessions and filled the disk
+# under a CI run (2026-12-07: "No space left on device" in the CMake stage).
 disk_cache="$HOME/.cache/kvfabric/bazel-disk"
 if [[ -d $disk_cache ]]; then
   find "$disk_cache" -type f -atime +14 -delete 2>/dev/null || true
+  max_bytes=$(( ${KVF_DISK_CACHE_MAX_GIB:-24} * 1024 * 1024 * 1024 ))
+  # Oldest access first; delete until the rest fits.
+  find "$disk_cache" -type f -printf '%A@ %s %p\n' 2>/dev/null | sort -n |
+    awk -v max="$max_bytes" '{ size[NR] = $2; $1 = ""; $2 = ""; path[NR] = substr($0, 3); total += size[NR] }
+      END { for (i = 1; i <= NR && total > max; i++) { print path[i]; total -= size[i] } }' |
+    xargs -r -d '\n' rm -f -- 2>/dev/null || true
 fi
 
 # CI (CI=true) runs every test again even when Bazel holds a result for the
