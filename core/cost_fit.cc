@@ -178,8 +178,8 @@ void SizeCurveFit::Add(uint64_t bytes, double observed_us, double w) {
   const double b = static_cast<double>(bytes) * kBytesScale;
   const SizeClassWeights h = SizeClassWeightsFor(static_cast<double>(bytes));
   for (int i = 0; i < 2; ++i) {
-    const double hw = h.weights[i] * w;
     if (!(h.weights[i] > 0)) continue;
+    const double hw = h.weights[i] * w;
     Knot& k = knots_[h.first + i];
     k.wt += hw * observed_us;
     k.wbt += hw * b * observed_us;

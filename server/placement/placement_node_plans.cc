@@ -357,14 +357,13 @@ void PlacementNode::ResolveSizeCurves(const ChainLocations& locations,
   }
   // A source the prefix does not use is priced at the whole prefix (any size would do; this one
   // keeps its explanation meaningful).
-  const double fallback = total > 0 ? total : 0;
   auto resolve = [](PathParameters* p, double at, double* factor) {
     *factor = SizeFactor(*p, at);
     *p = AtSize(*p, at);
   };
   for (std::size_t h = 0; h < in->hosts.size(); ++h) {
     PlannerHost& ph = in->hosts[h];
-    const double at = bytes[h] > 0 ? bytes[h] : fallback;
+    const double at = bytes[h] > 0 ? bytes[h] : total;
     const double at_nvme = nvme[h] > 0 ? nvme[h] : at;
     ph.expected_bytes = static_cast<std::uint64_t>(at);
     ph.expected_nvme_bytes = static_cast<std::uint64_t>(at_nvme);

@@ -137,9 +137,6 @@ void Improve(const Work* w, std::vector<int32_t>* assignment) {
   std::vector<uint32_t> count(w->SourceCount(), 0);
   std::vector<int> src(m);
   for (uint32_t i = 0; i < m; ++i) src[i] = SourceId(ReplicaAt(*w, i, out[i]));
-  auto source_at = [&](int64_t i) {
-    return i < 0 || i >= static_cast<int64_t>(m) ? -1 : src[static_cast<size_t>(i)];
-  };
   for (uint32_t i = 0; i < m; ++i) {
     const BlockReplica& r = ReplicaAt(*w, i, out[i]);
     const SourceCost& sc = w->Source(r);
