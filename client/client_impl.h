@@ -76,6 +76,12 @@ struct Context {
   // their transfers are observed as beside_prefill. (A recompute run after
   // every fetched block waits for them to land, so it never is.)
   bool fetch_beside_prefill KVF_GUARDED_BY(mu) = false;
+  // This load's prefills so far: the µs of those that ended, and when the
+  // one running began (if one is). What a prefill beside the streams can
+  // have cost them is at most this (RecordTransfers).
+  double prefill_us KVF_GUARDED_BY(mu) = 0;
+  bool prefill_running KVF_GUARDED_BY(mu) = false;
+  Clock::time_point prefill_since KVF_GUARDED_BY(mu);
   Status load_status KVF_GUARDED_BY(mu);
   Clock::time_point load_start KVF_GUARDED_BY(mu);
   // Written by Load (under mu) before the loader threads start; read-only
@@ -271,6 +277,9 @@ class Client::Impl {
     // The stream was cut as a straggler (ClientOptions::straggler_factor):
     // its miss is the path's even beside a prefill (not beside_prefill).
     bool cut = false;
+    // The latest end placement predicted for this daemon's runs, µs after
+    // the load began; 0: none (a fallback, a plan without predictions).
+    double predicted_us = 0;
   };
   // Fetches `blocks` of `c` from `host` into its history: blocks
   // [0, nvme_from) by kFetch, in batches of fetch_batch_ with

@@ -176,17 +176,18 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
     by_host[h].insert(by_host[h].end(), nvme_by_host[h].begin(), nvme_by_host[h].end());
   }
   std::vector<Status> host_status(m.hosts.size());
-  // Each stream's cut-off (ClientOptions::straggler_factor): the latest end
-  // placement predicted for the host's runs, times the factor, plus slack.
+  // Each stream's predicted end: the latest placement predicted for the
+  // host's runs. Its cut-off (ClientOptions::straggler_factor) is that times
+  // the factor, plus slack.
+  std::vector<double> predicted(m.hosts.size(), 0);
+  for (std::size_t ri : runs) {
+    const MatchResult::Run& run = m.runs[ri];
+    if (run.host < predicted.size()) {
+      predicted[run.host] = std::max(predicted[run.host], run.predicted_end_us);
+    }
+  }
   std::vector<double> cut_after(m.hosts.size(), 0);
   if (o_.straggler_factor > 0) {
-    std::vector<double> predicted(m.hosts.size(), 0);
-    for (std::size_t ri : runs) {
-      const MatchResult::Run& run = m.runs[ri];
-      if (run.host < predicted.size()) {
-        predicted[run.host] = std::max(predicted[run.host], run.predicted_end_us);
-      }
-    }
     const double slack_us = static_cast<double>(o_.straggler_slack.count()) * 1e3;
     for (std::size_t h = 0; h < predicted.size(); ++h) {
       if (predicted[h] > 0) cut_after[h] = o_.straggler_factor * predicted[h] + slack_us;
@@ -198,6 +199,7 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
       if (!by_host[h].empty() || !compact_by_host[h].empty()) hosts.push_back(h);
     }
     std::vector<StreamTally> tallies(m.hosts.size());
+    for (std::size_t h = 0; h < tallies.size(); ++h) tallies[h].predicted_us = predicted[h];
     const auto start = Clock::now();
     auto fetch = [&](std::size_t h) {
       StreamTally& t = tallies[h];
@@ -315,17 +317,22 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
 void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Host>& hosts,
                                    std::span<const StreamTally> tallies) {
   std::uint64_t total = 0;
-  std::size_t streams = 0;
   double us = 0;  // the overlapped time: the longest part of any stream
-  double shortest = 0;  // the shortest stream's time (its longer part)
+  // The host-pool parts alone, for the ingest (below): their bytes, how many
+  // streams had one, the longest and the shortest.
+  std::uint64_t host_total = 0;
+  std::size_t host_streams = 0;
+  double host_longest = 0, host_shortest = 0;
   for (const StreamTally& t : tallies) {
     total += t.host_bytes + t.nvme_bytes;
     if (t.host_bytes + t.nvme_bytes == 0) continue;
-    const double stream_us =
-        std::max(t.host_bytes > 0 ? t.host_us : 0.0, t.nvme_bytes > 0 ? t.nvme_us : 0.0);
-    shortest = streams == 0 ? stream_us : std::min(shortest, stream_us);
-    ++streams;
-    us = std::max(us, stream_us);
+    us = std::max(us,
+                  std::max(t.host_bytes > 0 ? t.host_us : 0.0, t.nvme_bytes > 0 ? t.nvme_us : 0.0));
+    if (t.host_bytes == 0) continue;
+    host_total += t.host_bytes;
+    host_shortest = host_streams == 0 ? t.host_us : std::min(host_shortest, t.host_us);
+    host_longest = std::max(host_longest, t.host_us);
+    ++host_streams;
   }
   if (total == 0) return;
   // The planner's FETCH MODEL: two sources per daemon (its host pool; its
@@ -336,8 +343,9 @@ void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Ho
   // tier's as nvme_to_host, so a daemon's slow NVMe never makes its host
   // pool look slow and the staged path's cost is learned where the planner
   // prices it. A load from two or more daemons at once whose streams ended
-  // within 2x of each other is also an observation of the ingest, all bytes
-  // over the overlapped time (host_id "": every client's default).
+  // within 2x of each other is also an observation of the ingest: their
+  // host-pool parts' bytes over the longest of those parts (host_id "":
+  // every client's default).
   // A prefill of this load that ran beside the streams (a split's front)
   // slowed them: the observations say so, and placement leaves them out of
   // the paths' fits (the split's overlap term covers it).
@@ -346,9 +354,17 @@ void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Ho
     // A stream cut as a straggler missed by far more than a prefill beside
     // it explains: that miss is the path's, and reported as such (a model
     // that plans only splits would otherwise never learn a capped link).
+    // Likewise a stream that ended later past its predicted end than this
+    // load's prefills ran until now: a prefill beside it can have taken at
+    // most all of its own time from the stream, so the rest is the path's.
     const bool beside = c.fetch_beside_prefill;
+    const double prefill_us =
+        c.prefill_us + (c.prefill_running ? MicrosSince(c.prefill_since) : 0.0);
     for (std::size_t h = 0; h < hosts.size() && h < tallies.size(); ++h) {
       const StreamTally& t = tallies[h];
+      const double stream_us =
+          std::max(t.host_bytes > 0 ? t.host_us : 0.0, t.nvme_bytes > 0 ? t.nvme_us : 0.0);
+      const bool unexplained = t.predicted_us > 0 && stream_us - t.predicted_us > prefill_us;
       const std::size_t first = c.transfers.size();
       if (t.host_bytes > 0) {
         c.transfers.push_back(Observation(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST, hosts[h].host_id,
@@ -359,16 +375,22 @@ void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Ho
                                           std::max(t.nvme_us, 1.0)));
       }
       for (std::size_t i = first; i < c.transfers.size(); ++i) {
-        c.transfers[i].set_beside_prefill(beside && !t.cut);
+        c.transfers[i].set_beside_prefill(beside && !t.cut && !unexplained);
       }
     }
     const std::size_t ingest = c.transfers.size();
     // The shared ingest limited the load only if the streams ended about
     // together: one stream far slower than the others (a capped link, a
     // straggler) says nothing about the client's ingest, and reported as
-    // its rate it made every later fetch look slow.
-    if (streams >= 2 && shortest >= 0.5 * us) {
-      c.transfers.push_back(Observation(v1::BUS_PATH_CLIENT_INGEST, "", total, std::max(us, 1.0)));
+    // its rate it made every later fetch look slow. Only the host-pool parts
+    // are counted: an NVMe part runs at its daemon's staging rate (a few
+    // hundred MB/s here), so streams that end together because both staged
+    // from NVMe measure the disks, not the client. Counted, they taught the
+    // ingest 190-500 MB/s on a client that takes 1 GB/s and more, and every
+    // later fetch-all looked slower than the split beside it.
+    if (host_streams >= 2 && host_shortest >= 0.5 * host_longest) {
+      c.transfers.push_back(
+          Observation(v1::BUS_PATH_CLIENT_INGEST, "", host_total, std::max(host_longest, 1.0)));
     }
     for (std::size_t i = ingest; i < c.transfers.size(); ++i) {
       c.transfers[i].set_beside_prefill(beside);

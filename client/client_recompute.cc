@@ -79,13 +79,20 @@ Status Client::Impl::RecomputeRun(Context& c, std::uint32_t first, std::uint32_t
                          std::span<const std::uint32_t>(c.pages).first(first), block_bytes_)
           .WithCompact(flags);
   bool beside_fetch = false;
+  const auto start = Clock::now();
   {
     MutexLock l(&c.mu);
     beside_fetch = c.fetching;
+    c.prefill_running = true;
+    c.prefill_since = start;
   }
-  const auto start = Clock::now();
   Status s = o_.recompute(req, out);
   const double us = MicrosSince(start);
+  {
+    MutexLock l(&c.mu);
+    c.prefill_running = false;
+    c.prefill_us += us;
+  }
   if (!s.ok()) {
     return s.WithContext("client: recompute of blocks [" + std::to_string(first) + ", " +
                          std::to_string(first + count) + ")");
