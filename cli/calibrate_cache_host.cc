@@ -159,11 +159,14 @@ Status CacheHostTarget::PrepareGets(ClientFabric* fabric, std::span<const std::u
   return Status::OK();
 }
 
-StatusOr<double> CacheHostTarget::TimedGet(std::uint64_t bytes) {
+StatusOr<double> CacheHostTarget::TimedGet(std::uint64_t bytes, std::uint64_t offset) {
   auto it = get_keys_.find(bytes);
   if (it == get_keys_.end()) return Status::Internal("no probe blocks put for this size");
   KVF_ASSIGN_OR_RETURN(BlockSplit split, Split(bytes));
-  std::span<std::byte> staging = fabric_->staging->bytes();
+  if (offset + bytes > fabric_->staging->bytes().size()) {
+    return Status::Internal("probe read beyond the staging region");
+  }
+  std::span<std::byte> staging = fabric_->staging->bytes().subspan(offset, bytes);
   // Marks every block so that a transfer that wrote nothing fails the CRC check.
   for (std::uint64_t k = 0; k < split.blocks; ++k) {
     std::memset(staging.data() + k * split.block_bytes, 0xa5, 8);
@@ -176,7 +179,7 @@ StatusOr<double> CacheHostTarget::TimedGet(std::uint64_t bytes) {
   }
   const auto start = SteadyClock::now();
   KVF_ASSIGN_OR_RETURN(const std::vector<client::CacheHostSession::ReadResult> got,
-                       session_->Fetch(fetch, "", {0, split.block_bytes}));
+                       session_->Fetch(fetch, "", {offset, split.block_bytes}));
   const double us = MicrosSince(start);
   for (std::uint64_t k = 0; k < split.blocks; ++k) {
     if (got[k].status.code() == StatusCode::kUnavailable) {
@@ -316,6 +319,66 @@ Status CacheHostTarget::DeleteKeys(const std::vector<std::string>& keys) {
 
 StatusOr<double> CacheHostProbe::Measure(std::uint64_t bytes) {
   return get_ ? session_->TimedGet(bytes) : session_->TimedPut(bytes);
+}
+
+IngestProbe::IngestProbe(std::vector<CacheHostTarget*> targets, std::uint64_t slice_bytes)
+    : targets_(std::move(targets)), slice_bytes_(slice_bytes), results_(targets_.size()) {
+  for (std::size_t i = 1; i < targets_.size(); ++i) workers_.emplace_back([this, i] { Worker(i); });
+}
+
+IngestProbe::~IngestProbe() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+void IngestProbe::Worker(std::size_t i) {
+  std::uint64_t seen = 0;
+  for (;;) {
+    std::uint64_t share = 0;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      share = share_;
+    }
+    Status s = targets_[i]->TimedGet(share, i * slice_bytes_).status();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      results_[i] = std::move(s);
+      --pending_;
+    }
+    cv_.notify_all();
+  }
+}
+
+StatusOr<double> IngestProbe::Measure(std::uint64_t bytes) {
+  const std::uint64_t n = targets_.size();
+  if (bytes % n != 0 || bytes / n > slice_bytes_) {
+    return Status::Internal("client ingest probe of " + FormatBytes(bytes) + " over " +
+                            std::to_string(n) + " daemons: not whole probe sizes");
+  }
+  const auto start = SteadyClock::now();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    share_ = bytes / n;
+    pending_ = n - 1;
+    ++generation_;
+  }
+  cv_.notify_all();
+  Status first = targets_[0]->TimedGet(bytes / n, 0).status();
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait(l, [&] { return pending_ == 0; });
+  const double us = MicrosSince(start);
+  KVF_RETURN_IF_ERROR(first.WithContext("client ingest probe, " + targets_[0]->address()));
+  for (std::size_t i = 1; i < n; ++i) {
+    KVF_RETURN_IF_ERROR(results_[i].WithContext("client ingest probe, " + targets_[i]->address()));
+  }
+  return us;
 }
 
 }  // namespace kvfabric::cli::calibrate_internal

@@ -30,6 +30,7 @@ using calibrate_internal::SteadyClock;
 using calibrate_internal::CacheHostProbe;
 using calibrate_internal::CacheHostTarget;
 using calibrate_internal::ClientFabric;
+using calibrate_internal::IngestProbe;
 #endif  // KVF_HAVE_UCX
 
 std::string PathLabel(BusPath path, const std::string& host_id) {
@@ -366,7 +367,13 @@ StatusOr<CalibrationReport> RunCalibrate(const CalibrateArgs& args,
 
 #ifdef KVF_HAVE_UCX
   if (!sessions.empty()) {
-    KVF_ASSIGN_OR_RETURN(std::unique_ptr<ClientFabric> fabric, ClientFabric::Create(sizes.back(), args.data_transport));
+    // The client's ingest is probed over up to kMaxIngestProbeDaemons daemons at once, each
+    // read landing in its own slice of the staging region.
+    const std::size_t ingest_daemons = std::min(sessions.size(), kMaxIngestProbeDaemons);
+    KVF_ASSIGN_OR_RETURN(
+        std::unique_ptr<ClientFabric> fabric,
+        ClientFabric::Create(sizes.back() * std::max<std::size_t>(1, ingest_daemons),
+                             args.data_transport));
     for (std::unique_ptr<CacheHostTarget>& session : sessions) {
       calibrator.Progress("cache host " + session->host_id() + ": putting the read probes");
       KVF_RETURN_IF_ERROR(session->PrepareGets(fabric.get(), sizes));
@@ -377,6 +384,19 @@ StatusOr<CalibrationReport> RunCalibrate(const CalibrateArgs& args,
         KVF_RETURN_IF_ERROR(
             calibrator.Measure(probe, path, session->host_id(), session->address()));
       }
+    }
+    if (ingest_daemons >= 2) {
+      // What all daemons' streams deliver into this client together (the planner's shared
+      // ingest term, planner.h FETCH MODEL): each probe size read from every daemon at once,
+      // so the fitted sizes are the totals.
+      std::vector<std::uint64_t> totals;
+      std::vector<CacheHostTarget*> targets;
+      for (std::uint64_t bytes : sizes) totals.push_back(bytes * ingest_daemons);
+      for (std::size_t i = 0; i < ingest_daemons; ++i) targets.push_back(sessions[i].get());
+      IngestProbe probe(std::move(targets), sizes.back());
+      Calibrator ingest(totals, args.repeats, context.progress, &report);
+      KVF_RETURN_IF_ERROR(ingest.Measure(probe, BusPath::kClientIngest, "",
+                                         std::to_string(ingest_daemons) + " daemons at once"));
     }
     if (context.prefill) {
       // Whether the engine's prefill and a fetch share a resource: the first daemon's reads of
@@ -399,6 +419,9 @@ StatusOr<CalibrationReport> RunCalibrate(const CalibrateArgs& args,
   if (args.cache_hosts.empty()) {
     calibrator.NotMeasured(BusPath::kRemoteHostToLocalHost, "-", "no --cache-host");
     calibrator.NotMeasured(BusPath::kLocalHostToRemoteHost, "-", "no --cache-host");
+  }
+  if (args.cache_hosts.size() < 2) {
+    calibrator.NotMeasured(BusPath::kClientIngest, "-", "fewer than two --cache-host");
   }
 
   BusCalibration& calibration = report.calibration;

@@ -54,6 +54,9 @@
 
 namespace kvfabric::cli {
 
+// Daemons read at once by the client-ingest probe (CalibrateArgs::cache_hosts).
+inline constexpr std::size_t kMaxIngestProbeDaemons = 4;
+
 struct CalibrateArgs {
   // How the gRPC connections are secured (--tls-ca, --tls-cert, --tls-key,
   // --tls-token-file, --insecure; security/grpc_security.h).
@@ -63,6 +66,9 @@ struct CalibrateArgs {
   // --cache-host: gRPC address HOST:PORT of a cache-host daemon; repeatable. The data-plane
   // address comes from the daemon's grants.
   std::vector<std::string> cache_hosts;
+  // With two or more, the client's ingest (client_ingest, host_id "") is measured too: every
+  // probe size read from the first kMaxIngestProbeDaemons daemons at once (the staging region
+  // then holds that many times --max-bytes).
   // --cache-host-admin: each --cache-host's admin listener (its --admin-address), in the same
   // order, one per --cache-host: the write probe deletes the blocks it puts, which is an
   // administrative RPC.

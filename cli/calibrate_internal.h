@@ -8,12 +8,15 @@
 #ifdef KVF_HAVE_UCX
 #include <grpcpp/grpcpp.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -73,9 +76,11 @@ class CacheHostTarget {
   // Puts one set of blocks per size, read by TimedGet.
   Status PrepareGets(ClientFabric* fabric, std::span<const std::uint64_t> sizes);
 
-  // Lease + kGet, timed; then (untimed) Release and a CRC check of every block read.
-  // REQUIRES: PrepareGets succeeded (also for TimedPut, which uses its fabric).
-  StatusOr<double> TimedGet(std::uint64_t bytes);
+  // kFetch of the probe blocks of `bytes` into the fabric's staging at `offset`, timed; then
+  // (untimed) a CRC check of every block read.
+  // REQUIRES: PrepareGets succeeded (also for TimedPut, which uses its fabric), and
+  // offset + bytes fits the staging region.
+  StatusOr<double> TimedGet(std::uint64_t bytes, std::uint64_t offset = 0);
 
   // Reserve + kPut + Commit of fresh blocks, timed; then (untimed) Delete.
   StatusOr<double> TimedPut(std::uint64_t bytes);
@@ -134,6 +139,33 @@ class CacheHostProbe final : public PathProbe {
  private:
   CacheHostTarget* const session_;
   const bool get_;
+};
+
+// The client's ingest (BusPath::kClientIngest): a probe of B bytes reads B / n from each of n
+// daemons at once (their probe blocks of that size, each into its own slice of the staging
+// region, slice i at i x slice_bytes) and times the whole, from the start of the first read to
+// the end of the last. Threads: n - 1 workers kept for the probe's life, so no thread start is
+// timed. REQUIRES: every target's PrepareGets succeeded, n >= 2, and the staging region holds
+// n x slice_bytes.
+class IngestProbe final : public PathProbe {
+ public:
+  IngestProbe(std::vector<CacheHostTarget*> targets, std::uint64_t slice_bytes);
+  ~IngestProbe() override;
+  StatusOr<double> Measure(std::uint64_t bytes) override;
+
+ private:
+  void Worker(std::size_t i);
+
+  const std::vector<CacheHostTarget*> targets_;
+  const std::uint64_t slice_bytes_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::uint64_t generation_ = 0;  // a new read for the workers, under mu_
+  std::uint64_t share_ = 0;       // its bytes per daemon, under mu_
+  std::size_t pending_ = 0;       // workers not done with it, under mu_
+  bool stop_ = false;             // under mu_
+  std::vector<Status> results_;   // per worker, under mu_
+  std::vector<std::thread> workers_;
 };
 
 #endif  // KVF_HAVE_UCX

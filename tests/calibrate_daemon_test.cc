@@ -32,13 +32,14 @@ struct Target {
   cli::CalibrateArgs args;
 };
 
-void StartTarget(const std::string& transport, Target* t) {
+void StartTarget(const std::string& transport, Target* t,
+                 const std::string& host_id = "calib-host") {
   char tmpl[] = "/tmp/kvf_calibrate_test_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   t->dir = tmpl;
   auto daemon = testing::ServerProcess::Start(
       testing::ServerBinary("KVF_CACHED", "kvfabric-cached"), "cached", t->dir,
-      {"--host-id=calib-host", "--insecure", "--grpc-address=127.0.0.1:0",
+      {"--host-id=" + host_id, "--insecure", "--grpc-address=127.0.0.1:0",
        "--transport-address=127.0.0.1:0", "--metrics-address=off", "--admin-address=127.0.0.1:0",
        "--lock-memory=off", "--log-level=warn", "--host-pool-bytes=384MiB",
        "--host-page-bytes=1MiB", "--data-transport=" + transport});
@@ -56,6 +57,14 @@ void StartTarget(const std::string& transport, Target* t) {
   args.data_transport = transport;
 }
 
+// RunCalibrate without a device or a prefill probe.
+StatusOr<cli::CalibrationReport> Calibrate(const cli::CalibrateArgs& args) {
+  cli::CalibrateContext ctx;
+  ctx.env = Env::Default();
+  ctx.no_device_reason = "no GPU in this test";
+  return cli::RunCalibrate(args, ctx);
+}
+
 class CalibrateDaemonTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CalibrateDaemonTest, MeasuresBothDirectionsOfADaemonAndWritesAFileServicesLoad) {
@@ -63,10 +72,7 @@ TEST_P(CalibrateDaemonTest, MeasuresBothDirectionsOfADaemonAndWritesAFileService
   ASSERT_NO_FATAL_FAILURE(StartTarget(GetParam(), &t));
   const cli::CalibrateArgs& args = t.args;
   const std::string& dir = t.dir;
-  cli::CalibrateContext ctx;
-  ctx.env = Env::Default();
-  ctx.no_device_reason = "no GPU in this test";
-  auto report = cli::RunCalibrate(args, ctx);
+  auto report = Calibrate(args);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   const std::string text = cli::FormatCalibrationText(*report);
   EXPECT_NE(text.find("calib-host"), std::string::npos) << text;
@@ -120,6 +126,49 @@ TEST(CalibrateDaemonSplitOverlapTest, IsMeasuredBesideReadsAndWrittenWithThePref
   EXPECT_EQ(loaded->recompute[0].model_id, "sleepy");
   EXPECT_DOUBLE_EQ(loaded->recompute[0].parameters.split_serial_fraction, o.serial_fraction);
   std::printf("%s", text.c_str());
+  std::filesystem::remove_all(t.dir);
+}
+
+// With two daemons, calibrate also measures the client's ingest: every probe size read from both
+// at once, fitted over the totals and written as client_ingest with no host id (the default
+// placement plans every client with). Each read lands in its own slice of the staging region and
+// is CRC-checked there, so a probe that overlapped the two would fail the run.
+TEST(CalibrateDaemonIngestTest, TwoDaemonsReadAtOnceAreTheClientIngest) {
+  Target a, b;
+  ASSERT_NO_FATAL_FAILURE(StartTarget("tcp", &a, "calib-a"));
+  ASSERT_NO_FATAL_FAILURE(StartTarget("tcp", &b, "calib-b"));
+  cli::CalibrateArgs args = a.args;
+  args.cache_hosts.push_back(b.daemon->grpc());
+  args.cache_host_admins.push_back(b.daemon->Get("admin"));
+  args.max_bytes = 16 << 20;
+  auto report = Calibrate(args);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  const std::string text = cli::FormatCalibrationText(*report);
+  EXPECT_EQ(text.find("not measured: fewer than two --cache-host"), std::string::npos) << text;
+  auto loaded = LoadBusCalibration(Env::Default(), args.out_path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  int ingest = 0;
+  for (const PathCalibration& p : loaded->paths) {
+    if (p.path != BusPath::kClientIngest) continue;
+    ++ingest;
+    EXPECT_EQ(p.host_id, "");
+    EXPECT_GT(p.parameters.beta_bytes_per_s, 0);
+  }
+  EXPECT_EQ(ingest, 1) << text;
+  std::printf("%s", text.c_str());
+  std::filesystem::remove_all(a.dir);
+  std::filesystem::remove_all(b.dir);
+}
+
+// With one daemon there is nothing to read at once: the ingest is not measured, and says why.
+TEST(CalibrateDaemonIngestTest, OneDaemonLeavesTheIngestUnmeasuredWithAReason) {
+  Target t;
+  ASSERT_NO_FATAL_FAILURE(StartTarget("tcp", &t));
+  t.args.max_bytes = 4 << 20;
+  auto report = Calibrate(t.args);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  const std::string text = cli::FormatCalibrationText(*report);
+  EXPECT_NE(text.find("fewer than two --cache-host"), std::string::npos) << text;
   std::filesystem::remove_all(t.dir);
 }
 
