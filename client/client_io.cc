@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <numeric>
 #include <optional>
 
@@ -262,35 +263,69 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
     }
     if (!missing.empty() && quiet > Clock::now()) std::this_thread::sleep_until(quiet);
   }
+  // Each missing block is asked of its run's fallback hosts in their order,
+  // all runs' blocks for one host in one stream: a cut stream's blocks are
+  // spread over many short runs (the planner alternates daemons block by
+  // block), and a request per run and host cost each a round trip under the
+  // load that made the stream slow. A compact run's fallbacks hold its
+  // compact copies (placement lists only those) and are asked per run.
+  std::map<std::size_t, std::uint32_t> from_fallback;  // run -> blocks fetched there
+  for (auto& [ri, blocks] : missing) std::sort(blocks.begin(), blocks.end());
+  for (std::size_t round = 0; status.ok(); ++round) {
+    std::map<std::uint32_t, std::vector<std::uint32_t>> ask;  // host -> exact blocks
+    for (auto& [ri, blocks] : missing) {
+      const std::vector<std::uint32_t>& fallbacks = m.runs[ri].fallback_hosts;
+      if (blocks.empty() || round >= fallbacks.size() || dead[fallbacks[round]]) continue;
+      const std::uint32_t h = fallbacks[round];
+      if (m.runs[ri].compact) {
+        std::vector<StreamTally> tallies(m.hosts.size());
+        const auto start = Clock::now();
+        const std::size_t before = blocks.size();
+        const Status s = FetchCompactFrom(*c, m.hosts[h], &blocks, &tallies[h].host_bytes);
+        tallies[h].host_us = MicrosSince(start);
+        RecordTransfers(*c, m.hosts, tallies);
+        from_fallback[ri] += static_cast<std::uint32_t>(before - blocks.size());
+        dead[h] = HostDown(s);
+        continue;
+      }
+      ask[h].insert(ask[h].end(), blocks.begin(), blocks.end());
+    }
+    bool any_left = false;
+    for (auto& [ri, blocks] : missing) {
+      any_left = any_left || (!blocks.empty() && round + 1 < m.runs[ri].fallback_hosts.size());
+    }
+    for (auto& [h, blocks] : ask) {
+      if (dead[h]) continue;  // went down earlier in this round
+      std::sort(blocks.begin(), blocks.end());
+      std::vector<StreamTally> tallies(m.hosts.size());
+      // The plan does not say where on the fallback a block rests: the host
+      // pool first.
+      const Status s = FetchFrom(*c, m.hosts[h], &blocks, blocks.size(), &tallies[h]);
+      RecordTransfers(*c, m.hosts, tallies);
+      dead[h] = HostDown(s);
+      // What is left in `blocks` did not land: the rest did.
+      for (auto& [ri, run_blocks] : missing) {
+        if (run_blocks.empty() || m.runs[ri].compact) continue;
+        if (round >= m.runs[ri].fallback_hosts.size() || m.runs[ri].fallback_hosts[round] != h) {
+          continue;
+        }
+        std::vector<std::uint32_t> left;
+        std::set_intersection(run_blocks.begin(), run_blocks.end(), blocks.begin(), blocks.end(),
+                              std::back_inserter(left));
+        from_fallback[ri] += static_cast<std::uint32_t>(run_blocks.size() - left.size());
+        run_blocks = std::move(left);
+      }
+    }
+    if (ask.empty() && !any_left) break;
+  }
+  {
+    MutexLock l(&c->mu);
+    if (!c->pages_safe.ok()) status = c->pages_safe;
+  }
+  // Then what is still missing is recomputed, in contiguous pieces in chain
+  // order (a prefill attends to the blocks before it: they landed above).
   for (auto& [ri, blocks] : missing) {
     if (!status.ok()) break;
-    std::sort(blocks.begin(), blocks.end());
-    std::uint32_t from_fallback = 0;
-    for (std::uint32_t h : m.runs[ri].fallback_hosts) {
-      if (blocks.empty()) break;
-      if (dead[h]) continue;
-      const std::size_t before = blocks.size();
-      std::vector<StreamTally> tallies(m.hosts.size());
-      StreamTally& t = tallies[h];
-      const auto start = Clock::now();
-      // A compact run's fallbacks hold its compact copies (placement lists
-      // only those); an exact run's, exact ones (where on the fallback the
-      // plan does not say: the host pool first).
-      Status s;
-      if (m.runs[ri].compact) {
-        s = FetchCompactFrom(*c, m.hosts[h], &blocks, &t.host_bytes);
-        t.host_us = MicrosSince(start);
-      } else {
-        s = FetchFrom(*c, m.hosts[h], &blocks, blocks.size(), &t);
-      }
-      RecordTransfers(*c, m.hosts, tallies);
-      from_fallback += static_cast<std::uint32_t>(before - blocks.size());
-      dead[h] = HostDown(s);
-    }
-    {
-      MutexLock l(&c->mu);
-      if (!c->pages_safe.ok()) status = c->pages_safe;
-    }
     const auto recomputed = static_cast<std::uint32_t>(blocks.size());
     for (std::size_t i = 0; i < blocks.size() && status.ok();) {
       std::size_t j = i + 1;
@@ -298,16 +333,17 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
       status = Recompute(*c, blocks[i], static_cast<std::uint32_t>(j - i));
       i = j;
     }
+    const std::uint32_t fetched = from_fallback[ri];
     {
       MutexLock l(&c->mu);
       RunOutcome& ro = c->report.runs[ri];
-      ro.blocks_from_fallback_host = from_fallback;
+      ro.blocks_from_fallback_host = fetched;
       ro.blocks_recomputed_after_failure = recomputed;
       ro.failure = failures[ri];
       c->fallback_runs.push_back(static_cast<std::uint32_t>(ri));
     }
     MutexLock l(&metrics_mu_);
-    if (from_fallback > 0) ++m_.fallbacks_to_replica;
+    if (fetched > 0) ++m_.fallbacks_to_replica;
     if (recomputed > 0) ++m_.fallbacks_to_recompute;
     m_.blocks_fallen_back += recomputed;
   }
