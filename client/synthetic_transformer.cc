@@ -72,9 +72,9 @@ struct SyntheticTransformer::Slot {
   std::vector<float> k;       // [max_context_tokens, head_dim], KV head 0 widened to fp32
   std::vector<float> v;       // likewise
   std::vector<float> logits;  // [vocab]
-  std::vector<float> states;  // [2, head_dim]: the running state, then the tile's
+  std::vector<float> states;  // [2, head_dim]: a query's running state, then the tile's
   float lses[2] = {0, 0};
-  std::vector<float> merged;  // [head_dim]
+  std::vector<float> lse_run;  // [chunk]: each query's running log-sum-exp
 };
 
 SyntheticTransformer::SyntheticTransformer(const SyntheticTransformerOptions& o) : o_(o) {}
@@ -147,7 +147,7 @@ Status SyntheticTransformer::Allocate() {
       s->v.assign(kv, 0.0f);
       s->logits.assign(o_.vocab, 0.0f);
       s->states.assign(2 * std::size_t{hd}, 0.0f);
-      s->merged.assign(hd, 0.0f);
+      s->lse_run.assign(chunk, 0.0f);
       slots_.push_back(std::move(s));
     }
   } catch (const std::bad_alloc&) {
@@ -282,28 +282,38 @@ void SyntheticTransformer::RunChunk(Slot& s, const HostHistory& prefix, std::uin
     }
     RmsNorm(s.x.data(), chunk, o_.hidden, s.h.data());
     Gemm(chunk, hd, o_.hidden, s.h.data(), wq_[j].data(), 0.0f, s.q.data());
-    for (std::uint32_t i = 0; i < chunk; ++i) {
-      const std::uint64_t keys = start + chunk_start + i + 1;  // causal: itself included
-      const float* q = &s.q[std::size_t{i} * hd];
-      float* run = s.states.data();
-      float* tile = s.states.data() + hd;
-      for (std::uint64_t t0 = 0; t0 < keys; t0 += o_.tile_tokens) {
+    // Key tiles outermost: each tile of K and V (tile_tokens x head_dim x 2
+    // floats) is read once per chunk and used by every query that sees it
+    // while it is in cache, so a pair costs the same at any prefix length
+    // (one query at a time over all keys streamed the whole prefix from
+    // memory per query once it outgrew the cache, and a long prefix's pairs
+    // cost 2-3x a short one's). Each query still meets the same tiles in the
+    // same order, each merged into its running state (s.attn's row) exactly
+    // as before, so the result is the same bit for bit.
+    const std::uint64_t first_keys = start + chunk_start + 1;  // query 0's, itself included
+    for (std::uint64_t t0 = 0; t0 < first_keys + chunk - 1; t0 += o_.tile_tokens) {
+      const auto* k = reinterpret_cast<const std::byte*>(&s.k[t0 * hd]);
+      const auto* v = reinterpret_cast<const std::byte*>(&s.v[t0 * hd]);
+      // Queries before i0 have fewer keys than t0: their last tile is behind them.
+      const std::uint64_t i0 = t0 < first_keys ? 0 : t0 - first_keys + 1;
+      for (std::uint64_t i = i0; i < chunk; ++i) {
+        const std::uint64_t keys = first_keys + i;
         const auto t =
             static_cast<std::uint32_t>(std::min<std::uint64_t>(o_.tile_tokens, keys - t0));
-        float* dst = t0 == 0 ? run : tile;
-        gpu::cpu_kernels::DecodeAttentionTile(shape, scale, t, q,
-                                              reinterpret_cast<const std::byte*>(&s.k[t0 * hd]),
-                                              reinterpret_cast<const std::byte*>(&s.v[t0 * hd]),
-                                              dst, t0 == 0 ? &s.lses[0] : &s.lses[1]);
-        if (t0 == 0) continue;
-        float lse = 0;
-        gpu::cpu_kernels::MergeStates(2, 1, hd, s.states.data(), s.lses, s.merged.data(), &lse);
-        std::memcpy(run, s.merged.data(), hd * 4);
-        s.lses[0] = lse;
+        const float* q = &s.q[i * hd];
+        float* run = &s.attn[i * hd];
+        if (t0 == 0) {
+          gpu::cpu_kernels::DecodeAttentionTile(shape, scale, t, q, k, v, run, &s.lse_run[i]);
+          continue;
+        }
+        float* tile = s.states.data() + hd;
+        gpu::cpu_kernels::DecodeAttentionTile(shape, scale, t, q, k, v, tile, &s.lses[1]);
+        std::memcpy(s.states.data(), run, hd * 4);
+        s.lses[0] = s.lse_run[i];
+        gpu::cpu_kernels::MergeStates(2, 1, hd, s.states.data(), s.lses, run, &s.lse_run[i]);
       }
-      std::memcpy(&s.attn[std::size_t{i} * hd], run, hd * 4);
-      result->attention_pairs += keys;
     }
+    for (std::uint32_t i = 0; i < chunk; ++i) result->attention_pairs += first_keys + i;
     Gemm(chunk, o_.hidden, hd, s.attn.data(), wo_[j].data(), 1.0f, s.x.data());
     RmsNorm(s.x.data(), chunk, o_.hidden, s.h.data());
     Gemm(chunk, o_.ffn, o_.hidden, s.h.data(), w1_[j].data(), 0.0f, s.u.data());

@@ -19,8 +19,9 @@
 //      result depends on those bytes), the new tokens' from step 1, widened
 //      to fp32 once per chunk. Attention is the project's own decode kernel
 //      (gpu/kernels/cpu_kernels.h, DecodeAttentionTile) over tiles of
-//      `tile_tokens`, merged exactly by log-sum-exp (MergeStates), one query
-//      token at a time.
+//      `tile_tokens`, merged exactly by log-sum-exp (MergeStates): key tiles
+//      outermost, so each tile serves every query of the chunk while it is
+//      in cache; each query meets its tiles in order.
 //   3. The LM head for the last token: logits = hidden x vocab (one sgemv).
 // Prompts longer than max_chunk_tokens run as consecutive chunks (chunked
 // prefill): each attends over the prefix and the chunks before it.
