@@ -400,7 +400,10 @@ void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Ho
       const StreamTally& t = tallies[h];
       const double stream_us =
           std::max(t.host_bytes > 0 ? t.host_us : 0.0, t.nvme_bytes > 0 ? t.nvme_us : 0.0);
-      const bool unexplained = t.predicted_us > 0 && stream_us - t.predicted_us > prefill_us;
+      // (Only where this client ran the prefill: an engine that computes the
+      // front itself, as vLLM's connector does, says nothing of its time.)
+      const bool unexplained =
+          prefill_us > 0 && t.predicted_us > 0 && stream_us - t.predicted_us > prefill_us;
       const std::size_t first = c.transfers.size();
       if (t.host_bytes > 0) {
         c.transfers.push_back(Observation(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST, hosts[h].host_id,

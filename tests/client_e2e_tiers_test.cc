@@ -1,12 +1,14 @@
 // The client end to end (tests/client_e2e_fixture.h) where a tier or a link
 // misbehaves: a stream far past its prediction is cut and its blocks fall
-// back; daemons over NVMe tiers serve both fetch paths.
+// back; a split's late streams are reported as their paths'; daemons over
+// NVMe tiers serve both fetch paths.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdio>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "tests/client_e2e_fixture.h"
 
@@ -51,6 +53,70 @@ TEST_F(ClientEndToEndStragglerTest, AStreamFarPastItsPredictionIsCutAndItsBlocks
     for (auto& run : m->runs) run.predicted_end_us = 0;
   });
   for (const client::RunOutcome& run : whole.runs) EXPECT_EQ(run.failure, "");
+}
+
+// A split's streams move while its front is prefilled and are reported
+// beside_prefill: placement leaves them out of the paths' fits. A prefill
+// can have taken at most its own time from a stream, so a stream that ended
+// later past its predicted end than the load's prefills ran is reported as
+// the path's. Here the front is block 0 alone (a fraction of a millisecond)
+// and the streams move every other block: predicted to end far in the
+// future, they did not miss (nothing scored); predicted to end after 1 µs,
+// they missed by far more than the prefill took (scored out of sample).
+class ClientEndToEndSplitTest : public ClientEndToEndTest {
+ protected:
+  void SetUp() override {
+    // A prefill stated far slower than any fetch: placement plans fetch-all, and the test makes
+    // the split itself (block 0 prefilled; the real prefill takes 20 µs per token).
+    stated_prefill_ = RecomputeParameters{1e5, 1e4, 0};
+    ClientEndToEndTest::SetUp();
+  }
+};
+
+TEST_F(ClientEndToEndSplitTest, ASplitsStreamsAreThePathsWhenTheirMissOutlastsThePrefill) {
+  ASSERT_NO_FATAL_FAILURE(MakeChain());
+  ASSERT_NO_FATAL_FAILURE(PrefillAndSave());
+  const auto as_split = [](double predicted_end_us) {
+    return [predicted_end_us](client::MatchResult* m) {
+      for (auto& run : m->runs) {
+        if (run.fetch) run.predicted_end_us = predicted_end_us;
+      }
+      if (m->runs.empty() || !m->runs.front().fetch || m->runs.front().first_block != 0) return;
+      client::MatchResult::Run front;  // a recompute run
+      front.first_block = 0;
+      front.block_count = 1;
+      m->runs.front().first_block = 1;
+      if (--m->runs.front().block_count == 0) m->runs.erase(m->runs.begin());
+      m->runs.insert(m->runs.begin(), front);
+      m->kind = "split";
+    };
+  };
+  const auto path_lines = [this](const ContextReport& r) {
+    std::set<std::string> sources;
+    for (const client::RunOutcome& run : r.runs) {
+      if (run.fetch) sources.insert(run.host_id);
+    }
+    const std::string text = ExplainFreshPlan();
+    std::vector<std::string> lines;
+    for (const std::string& host : sources) {
+      std::string l = InputLine(text, "remote→local " + host + ":");
+      if (l.empty()) l = InputLine(text, "memcpy " + host + ":");
+      lines.push_back(l.empty() ? "no line for " + host + " in:\n" + text : l);
+    }
+    return lines;
+  };
+  const ContextReport explained = LoadAndCheck("split, on time", as_split(1e12));
+  ASSERT_EQ(explained.runs.front().fetch, false);
+  ASSERT_EQ(explained.runs.front().block_count, 1u);
+  ASSERT_GT(explained.blocks_fetched, 0u);
+  for (const std::string& l : path_lines(explained)) {
+    EXPECT_NE(l.find("not scored yet"), std::string::npos) << l;
+  }
+  const ContextReport late = LoadAndCheck("split, late", as_split(1.0));
+  ASSERT_GT(late.blocks_fetched, 0u);
+  for (const std::string& l : path_lines(late)) {
+    EXPECT_NE(l.find("out-of-sample error"), std::string::npos) << l;
+  }
 }
 
 // Daemons whose host pools hold only part of what they are sent: the rest
