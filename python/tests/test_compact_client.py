@@ -51,13 +51,17 @@ def test_compact_after_loads_old_blocks_compact_and_exact_never_does(compact_clu
         assert client.finish(ctx).blocks_written == BLOCKS
 
         # The daemon converts in the background; placement lists the copies
-        # after its next report.
+        # after its next report. A plan made while placement lists the
+        # compact copies but not (yet or again) the exact ones says
+        # "compact-where-gone" (seen once in five runs on a loaded 2-vCPU VM):
+        # wait for both.
         after = 2 * TPB
         old = (BLOCKS * TPB - after) // TPB  # blocks 0..5 may be compact
         deadline = time.monotonic() + 30
         while True:
             plan = client.match(keys, accuracy=f"compact_after={after}", explain=True)
-            if sum(r.block_count for r in plan.runs if r.compact) == old:
+            if (sum(r.block_count for r in plan.runs if r.compact) == old
+                    and plan.representation == "compact"):
                 break
             assert time.monotonic() < deadline, plan.explanation
             time.sleep(0.1)
