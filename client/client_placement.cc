@@ -83,6 +83,7 @@ Status Client::Impl::Match(std::span<const BlockKey> chain, std::uint64_t suffix
   req.set_client_node(client_node_);
   req.set_suffix_tokens(suffix_tokens);
   req.set_include_explanation(explain);
+  req.set_prefix_plans_only(options.prefix_plans_only);
   if (accuracy.compact_after_tokens) {
     v1::AccuracyPolicy* a = req.mutable_accuracy();
     a->set_allow_compact(true);

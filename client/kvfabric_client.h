@@ -388,6 +388,10 @@ struct MatchOptions {
   // Fill MatchResult::explanation with the plan's formula.
   bool explain = false;
   AccuracyPolicy accuracy;
+  // Only plans whose fetch runs are a leading prefix of the chain (no split):
+  // for an engine that can take only a loaded prefix and computes everything
+  // after it itself (vLLM's connector).
+  bool prefix_plans_only = false;
 };
 
 // What Match returns: the plan, and the chain it was made for.

@@ -461,6 +461,7 @@ StatusOr<placement::PlanRequest> PlanRequestFromProto(const v1::PlanRequest& req
   out.client_node = request.client_node();
   out.suffix_tokens = request.suffix_tokens();
   out.include_explanation = request.include_explanation();
+  out.prefix_plans_only = request.prefix_plans_only();
   out.chain.reserve(keys.size());
   const std::uint32_t tokens = fingerprint.tokens_per_block;
   for (std::size_t i = 0; i < keys.size(); ++i) {

@@ -197,6 +197,7 @@ class Client:
         explain: bool = False,
         accuracy: str = "exact",
         decode_steps: int = 0,
+        prefix_only: bool = False,
     ) -> Match:
         """Placement's plan for the chain ``keys`` plus ``suffix_tokens`` the
         engine prefills anyway: ``cached_prefix_blocks``, ``kind``, ``runs``
@@ -209,8 +210,13 @@ class Client:
         ``"compact_after=N"``: blocks ending N or more tokens before the last
         may be fetched as their compact_int8 copies where the plan finds that
         cheaper over ``decode_steps`` decode steps (0 counts as 1). Runs that
-        do say ``compact``; ``representation`` names the plan's choice."""
-        return self._native.match(keys, suffix_tokens, explain, accuracy, decode_steps)
+        do say ``compact``; ``representation`` names the plan's choice.
+
+        ``prefix_only``: only plans whose fetch runs are a leading prefix of
+        the chain (no split), for an engine that can take only a loaded
+        prefix and computes the rest itself (the vLLM connector)."""
+        return self._native.match(keys, suffix_tokens, explain, accuracy, decode_steps,
+                                  prefix_only)
 
     def block_is_compact(self, context: int, block: int) -> bool:
         """Whether block ``block`` landed as its compact copy (then

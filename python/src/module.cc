@@ -595,10 +595,11 @@ PYBIND11_MODULE(_kvfabric, m) {
            })
       .def("match",
            [](PyClient& p, py::iterable keys, std::uint64_t suffix_tokens, bool explain,
-              const std::string& accuracy, std::uint64_t decode_steps) {
+              const std::string& accuracy, std::uint64_t decode_steps, bool prefix_only) {
              const std::vector<BlockKey> chain = ToKeys(keys);
              client::MatchOptions options;
              options.explain = explain;
+             options.prefix_plans_only = prefix_only;
              options.accuracy = ValueOrThrow(client::AccuracyPolicy::Parse(accuracy), "match");
              options.accuracy.decode_steps = decode_steps;
              auto out = std::make_shared<MatchResult>();

@@ -218,6 +218,8 @@ struct PlanRequest {
   // (one block per key); unset: placement locates the chain itself.
   std::optional<ChainLocations> locations;
   bool include_explanation = false;
+  // kvfabric.v1.PlanRequest.prefix_plans_only: no split plans.
+  bool prefix_plans_only = false;
   // The accuracy policy (kvfabric.v1.AccuracyPolicy, docs/compact.md). nullopt: `exact`, and
   // compact copies are never offered to the planner (not even ones `locations` lists).
   struct CompactPolicy {

@@ -172,6 +172,7 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   in.client_id = request.client_id;
   in.suffix_tokens = request.suffix_tokens;
   in.include_explanation = request.include_explanation || options_.explain_every_plan;
+  in.prefix_plans_only = request.prefix_plans_only;
   in.max_explanation_bytes = options_.limits.max_explanation_bytes;
   in.host_to_device = request.host_to_device
                           ? *request.host_to_device

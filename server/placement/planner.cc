@@ -418,7 +418,7 @@ StatusOr<Plan> Planner::MakeOnePlan(const PlannerInput& in,
     const double rest_m = w.Rest(w.m);
     double best_split = kInf;
     uint32_t best_k = 1;
-    for (uint32_t k = 1; k < w.m; ++k) {
+    for (uint32_t k = 1; k < w.m && !in.prefix_plans_only; ++k) {
       const double t = SplitSidesMicros(in.recompute, w.Front(k), w.FetchSuffix(k)) + rest_m +
                        (pen[w.m] - pen[k]);
       if (t < best_split) {
@@ -426,11 +426,13 @@ StatusOr<Plan> Planner::MakeOnePlan(const PlannerInput& in,
         best_k = k;
       }
     }
-    PlanAlternative split{PlanKind::kSplit, best_split, best_k, w.m, false};
-    split.front_us = w.Front(best_k);
-    split.fetch_us = w.FetchSuffix(best_k);
-    split.rest_us = rest_m;
-    plan.alternatives.push_back(split);
+    if (!in.prefix_plans_only) {
+      PlanAlternative split{PlanKind::kSplit, best_split, best_k, w.m, false};
+      split.front_us = w.Front(best_k);
+      split.fetch_us = w.FetchSuffix(best_k);
+      split.rest_us = rest_m;
+      plan.alternatives.push_back(split);
+    }
     double best_prefix = kInf;
     uint32_t best_j = 1;
     for (uint32_t j = 1; j < w.m; ++j) {

@@ -213,6 +213,9 @@ struct PlannerInput {
   std::vector<ChainBlock> blocks;
   // Tokens after the chain every alternative prefills anyway.
   uint64_t suffix_tokens = 0;
+  // Only prefix-shaped alternatives (recompute-all, fetch-all, fetch-prefix):
+  // the split is not considered (kvfabric.v1.PlanRequest.prefix_plans_only).
+  bool prefix_plans_only = false;
   // Fill Plan::explanation.
   bool include_explanation = false;
   // Cap on the explanation's length, in bytes (kvfabric.v1.Limits.max_explanation_bytes).

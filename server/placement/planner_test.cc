@@ -263,6 +263,26 @@ TEST(PlannerTest, SplitBeatsBothPurePlansWhenFetchAndRecomputeAreComparable) {
   EXPECT_EQ(plan->runs[1].first_block, plan->runs[0].block_count);
 }
 
+// The same chain for an engine that takes only a loaded prefix (prefix_plans_only, vLLM's
+// connector): no split is considered, and the plan's fetch runs, if any, lead the chain.
+TEST(PlannerTest, PrefixPlansOnlyNeverSplitsAndFetchesALeadingPrefix) {
+  Planner planner(nullptr);
+  PlannerInput in = Chain(64, 64, 1 << 20, {20.0, 6.4e9});
+  in.prefix_plans_only = true;
+  auto plan = planner.MakePlan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_NE(plan->kind, PlanKind::kSplit);
+  for (const PlanAlternative& a : plan->alternatives) EXPECT_NE(a.kind, PlanKind::kSplit);
+  bool recomputing = false;
+  for (const PlanRun& r : plan->runs) {
+    if (r.action == RunAction::kRecompute) recomputing = true;
+    EXPECT_FALSE(recomputing && r.action == RunAction::kFetch) << "a fetch after a recompute";
+  }
+  const double pure = std::min(Alternative(*plan, PlanKind::kRecomputeAll),
+                               Alternative(*plan, PlanKind::kFetchAll));
+  EXPECT_LE(plan->predicted_total_us, pure);
+}
+
 // The same chain on a host where the prefill and the fetch share the cores (s = 1): a split
 // costs both sides one after the other, so a pure plan wins, and the split alternative is
 // predicted as the sum of its sides.

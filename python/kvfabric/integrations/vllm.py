@@ -304,8 +304,11 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if usable == 0:
             return 0, False
         keys = self._keys(tokens[:usable * self._bs], RequestExtras.of(request))
+        # vLLM takes only a loaded prefix and computes every token after it:
+        # a split (a recomputed front, the rest fetched) would load nothing.
         plan = self._client.match(keys, suffix_tokens=len(tokens) - usable * self._bs,
-                                  accuracy=self._accuracy, decode_steps=self._decode_steps)
+                                  accuracy=self._accuracy, decode_steps=self._decode_steps,
+                                  prefix_only=True)
         fetched = 0
         for run in sorted(plan.runs, key=lambda r: r.first_block):
             if not run.fetch or run.first_block != fetched:
@@ -400,7 +403,7 @@ class KvfabricConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 ctx = self._client.new_context(spec.blocks * self._bs)
                 keys = self._keys(spec.token_ids, spec.extras)
                 plan = self._client.match(keys, accuracy=self._accuracy,
-                                          decode_steps=self._decode_steps)
+                                          decode_steps=self._decode_steps, prefix_only=True)
                 if plan.cached_prefix_blocks < spec.blocks or not all(r.fetch for r in plan.runs):
                     raise kvfabric.NotFound(5, f"request {spec.req_id}: placement no longer "
                                             f"plans a fetch of {spec.blocks} blocks ({plan.kind})")
