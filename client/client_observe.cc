@@ -13,6 +13,10 @@ using internal::Observation;
 
 void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Host>& hosts,
                                    std::span<const StreamTally> tallies) {
+  // A stream's time: the longer of its parts that moved bytes.
+  const auto StreamMicros = [](const StreamTally& t) {
+    return std::max(t.host_bytes > 0 ? t.host_us : 0.0, t.nvme_bytes > 0 ? t.nvme_us : 0.0);
+  };
   std::uint64_t total = 0;
   double us = 0;  // the overlapped time: the longest part of any stream
   // The host-pool parts alone, for the ingest (below): their bytes, how many
@@ -23,8 +27,7 @@ void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Ho
   for (const StreamTally& t : tallies) {
     total += t.host_bytes + t.nvme_bytes;
     if (t.host_bytes + t.nvme_bytes == 0) continue;
-    us = std::max(us,
-                  std::max(t.host_bytes > 0 ? t.host_us : 0.0, t.nvme_bytes > 0 ? t.nvme_us : 0.0));
+    us = std::max(us, StreamMicros(t));
     if (t.host_bytes == 0) continue;
     host_total += t.host_bytes;
     host_shortest = host_streams == 0 ? t.host_us : std::min(host_shortest, t.host_us);
@@ -59,8 +62,7 @@ void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Ho
         c.prefill_us + (c.prefill_running ? MicrosSince(c.prefill_since) : 0.0);
     for (std::size_t h = 0; h < hosts.size() && h < tallies.size(); ++h) {
       const StreamTally& t = tallies[h];
-      const double stream_us =
-          std::max(t.host_bytes > 0 ? t.host_us : 0.0, t.nvme_bytes > 0 ? t.nvme_us : 0.0);
+      const double stream_us = StreamMicros(t);
       // (Only where this client ran the prefill: an engine that computes the
       // front itself, as vLLM's connector does, says nothing of its time.)
       const bool unexplained =
