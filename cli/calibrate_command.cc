@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -385,6 +386,8 @@ StatusOr<CalibrationReport> RunCalibrate(const CalibrateArgs& args,
             calibrator.Measure(probe, path, session->host_id(), session->address()));
       }
     }
+    // Kept for the split-overlap probe below: a real fetch reads from every daemon at once.
+    std::unique_ptr<IngestProbe> ingest_probe;
     if (ingest_daemons >= 2) {
       // What all daemons' streams deliver into this client together (the planner's shared
       // ingest term, planner.h FETCH MODEL): each probe size read from every daemon at once,
@@ -393,27 +396,40 @@ StatusOr<CalibrationReport> RunCalibrate(const CalibrateArgs& args,
       std::vector<CacheHostTarget*> targets;
       for (std::uint64_t bytes : sizes) totals.push_back(bytes * ingest_daemons);
       for (std::size_t i = 0; i < ingest_daemons; ++i) targets.push_back(sessions[i].get());
-      IngestProbe probe(std::move(targets), sizes.back());
+      ingest_probe = std::make_unique<IngestProbe>(std::move(targets), sizes.back());
       Calibrator ingest(totals, args.repeats, context.progress, &report);
-      KVF_RETURN_IF_ERROR(ingest.Measure(probe, BusPath::kClientIngest, "",
+      KVF_RETURN_IF_ERROR(ingest.Measure(*ingest_probe, BusPath::kClientIngest, "",
                                          std::to_string(ingest_daemons) + " daemons at once"));
     }
     if (context.prefill) {
-      // Whether the engine's prefill and a fetch share a resource: the first daemon's reads of
-      // the largest probe size beside the prefill (core/recompute_probe.h, ProbeSplitOverlap).
-      calibrator.Progress("prefill of " + context.prefill_model_id +
-                          ": split overlap beside reads from " + sessions.front()->host_id());
-      CacheHostTarget* target = sessions.front().get();
+      // Whether the engine's prefill and a fetch share a resource (core/recompute_probe.h,
+      // ProbeSplitOverlap): reads of the largest probe size beside the prefill, from every
+      // daemon at once where there are two or more (as a plan's fetch reads: the daemons'
+      // copies and the client's ingest compete with the prefill for the CPUs and the memory
+      // bus), else from the one daemon.
       const std::uint64_t bytes = sizes.back();
-      KVF_ASSIGN_OR_RETURN(
-          report.split_overlap,
-          ProbeSplitOverlap(
-              context.prefill, [target, bytes] { return target->TimedGet(bytes).status(); },
-              context.split_overlap_options));
+      FetchProbe fetch;
+      std::string from;
+      if (ingest_probe) {
+        IngestProbe* probe = ingest_probe.get();
+        const std::uint64_t total = bytes * ingest_daemons;
+        fetch = [probe, total] { return probe->Measure(total).status(); };
+        from = std::to_string(ingest_daemons) + " daemons at once";
+      } else {
+        CacheHostTarget* target = sessions.front().get();
+        fetch = [target, bytes] { return target->TimedGet(bytes).status(); };
+        from = sessions.front()->host_id();
+      }
+      calibrator.Progress("prefill of " + context.prefill_model_id +
+                          ": split overlap beside reads from " + from);
+      KVF_ASSIGN_OR_RETURN(report.split_overlap, ProbeSplitOverlap(context.prefill, fetch,
+                                                                   context.split_overlap_options));
+      report.split_overlap_from = from;
       calibrator.Progress("prefill of " + context.prefill_model_id + ": " +
                           FormatSplitOverlap(*report.split_overlap));
     }
-    sessions.clear();  // deletes the read probes while the fabric is still up
+    ingest_probe.reset();  // its workers read through the sessions
+    sessions.clear();      // deletes the read probes while the fabric is still up
   }
 #endif
   if (args.cache_hosts.empty()) {
@@ -490,8 +506,8 @@ std::string FormatCalibrationText(const CalibrationReport& r) {
     out += line;
   }
   if (r.split_overlap) {
-    out +=
-        "split overlap " + r.prefill_model_id + ": " + FormatSplitOverlap(*r.split_overlap) + "\n";
+    out += "split overlap " + r.prefill_model_id + ": " + FormatSplitOverlap(*r.split_overlap) +
+           " (fetch side: reads from " + r.split_overlap_from + ")\n";
   }
   out +=
       "line worst: run A's line alone judged on run B; * = its size curve did no better there, "

@@ -157,10 +157,13 @@ struct CalibrationReport {
   // The prefill probe's outcome, when CalibrateContext::prefill was given.
   std::optional<RecomputeProbeReport> prefill;
   std::string prefill_model_id;
-  // With a prefill and a cache host: how much the prefill and a fetch from the first daemon
-  // slow each other (core/recompute_probe.h, ProbeSplitOverlap); its s is the recompute
-  // entry's split_serial_fraction.
+  // With a prefill and a cache host: how much the prefill and a fetch slow each other
+  // (core/recompute_probe.h, ProbeSplitOverlap); its s is the recompute entry's
+  // split_serial_fraction. The fetch side reads from every daemon at once (up to
+  // kMaxIngestProbeDaemons), as a plan's fetch does, or from the one daemon there is;
+  // split_overlap_from says which ("2 daemons at once", or the daemon's host id).
   std::optional<SplitOverlapReport> split_overlap;
+  std::string split_overlap_from;
 
   // Measured paths, and those of them that met the target.
   int measured_paths() const;

@@ -111,6 +111,7 @@ class Demo {
   RecomputeProbeOptions prefill_probe_options_;
   RecomputeProbeReport prefill_probe_;
   std::optional<SplitOverlapReport> split_overlap_;
+  std::string split_overlap_from_;                  // CalibrationReport::split_overlap_from
   std::vector<std::vector<std::uint32_t>> tokens_;  // per conversation, its longest history
   std::vector<std::vector<BlockKey>> keys_;         // per conversation
   std::uint32_t total_turns_ = 0;
@@ -245,6 +246,7 @@ Status Demo::StartCluster() {
     if (!report.prefill) return Status::Internal("calibration returned no prefill fit");
     prefill_probe_ = std::move(*report.prefill);
     split_overlap_ = report.split_overlap;
+    split_overlap_from_ = report.split_overlap_from;
     calibration = std::move(report.calibration);
   } else {
     KVF_ASSIGN_OR_RETURN(prefill_probe_, ProbeRecompute(prefill, prefill_probe_options_));
@@ -340,7 +342,8 @@ void Demo::PrintPrefillFit(double seconds) const {
       100 * prefill_probe_.noise_floor_ratio,
       static_cast<unsigned long long>(prefill_probe_.samples), seconds);
   if (split_overlap_) {
-    std::printf("  split overlap                %s\n", FormatSplitOverlap(*split_overlap_).c_str());
+    std::printf("  split overlap                %s (reads from %s)\n",
+                FormatSplitOverlap(*split_overlap_).c_str(), split_overlap_from_.c_str());
   }
   std::printf("  e.g. %s; fetching it: %s of KV\n",
               ExplainRecompute(r, a_.tokens_per_block, a_.system_prompt_tokens).c_str(),
