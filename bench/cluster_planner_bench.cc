@@ -235,11 +235,9 @@ Status Bench::Start() {
                        client::SyntheticPrefillProbe::Create(engine_.get(), max_n, max_p));
   auto probe = [&](std::uint64_t n, std::uint64_t p) { return harness->Run(n, p); };
   KVF_ASSIGN_OR_RETURN(const RecomputeProbeReport pr, ProbeRecompute(probe, po));
-  std::printf(
-      "prefill probe: t = %.0f us + %.1f us * n + %.4f us * n * (p + n/2), worst "
-      "out-of-sample %.1f%%, noise floor %.1f%%\n",
-      pr.parameters.c0_us, pr.parameters.c1_us_per_token, pr.parameters.c2_us_per_token2,
-      100 * pr.worst_abs_error, 100 * pr.noise_floor_ratio);
+  std::printf("prefill probe: %s, worst out-of-sample %.1f%%, noise floor %.1f%%\n",
+              FormatRecomputeModel(pr.parameters).c_str(), 100 * pr.worst_abs_error,
+              100 * pr.noise_floor_ratio);
 
   gpu::DeviceOptions dopts;
   dopts.arena_bytes = std::uint64_t{16} << 20;

@@ -496,9 +496,8 @@ std::string FormatCalibrationText(const CalibrationReport& r) {
   if (r.prefill) {
     const RecomputeParameters& c = r.prefill->parameters;
     std::snprintf(line, sizeof(line),
-                  "prefill %s: t = %.1f us + %.3f us * n + %.5f us * n * (p + n/2); median err "
-                  "%s%%, worst %s%%, noise %s%% (%llu calls)\n",
-                  r.prefill_model_id.c_str(), c.c0_us, c.c1_us_per_token, c.c2_us_per_token2,
+                  "prefill %s: %s; median err %s%%, worst %s%%, noise %s%% (%llu calls)\n",
+                  r.prefill_model_id.c_str(), FormatRecomputeModel(c).c_str(),
                   Percent(r.prefill->median_abs_error).c_str(),
                   Percent(r.prefill->worst_abs_error).c_str(),
                   Percent(r.prefill->noise_floor_ratio).c_str(),
@@ -572,6 +571,7 @@ std::string FormatCalibrationJson(const CalibrationReport& r) {
                     {"c0_us", c.c0_us},
                     {"c1_us_per_token", c.c1_us_per_token},
                     {"c2_us_per_token2", c.c2_us_per_token2},
+                    {"c3_us_per_prefix_token", c.c3_us_per_prefix_token},
                     {"median_error_ratio", r.prefill->median_abs_error},
                     {"worst_error_ratio", r.prefill->worst_abs_error},
                     {"noise_floor_ratio", r.prefill->noise_floor_ratio},

@@ -336,9 +336,9 @@ Status Demo::PreparePrefillProbe() {
 void Demo::PrintPrefillFit(double seconds) const {
   const RecomputeParameters& r = prefill_probe_.parameters;
   std::printf(
-      "  prefill                      t = %.0f us + %.2f us * n + %.4f us * n * (p + n/2)   "
-      "worst out-of-sample %5.1f%%, noise floor %5.1f%% (%llu calls, %.1f s)\n",
-      r.c0_us, r.c1_us_per_token, r.c2_us_per_token2, 100 * prefill_probe_.worst_abs_error,
+      "  prefill                      %s   worst out-of-sample %5.1f%%, noise floor %5.1f%% (%llu "
+      "calls, %.1f s)\n",
+      FormatRecomputeModel(r).c_str(), 100 * prefill_probe_.worst_abs_error,
       100 * prefill_probe_.noise_floor_ratio,
       static_cast<unsigned long long>(prefill_probe_.samples), seconds);
   if (split_overlap_) {
@@ -547,13 +547,14 @@ void Demo::PrintSummary(double seconds) const {
       t_.prefill_calls, static_cast<unsigned long long>(t_.prefill_tokens),
       static_cast<unsigned long long>(t_.prefill_pairs), t_.prefill_us / 1000);
   const RecomputeParameters& stated = prefill_probe_.parameters;
-  std::printf("\nrecompute model          %10s %12s %16s %8s %10s %s\n", "c0", "c1 /token",
-              "c2 /token^2", "calls", "median err", "worst err");
+  std::printf("\nrecompute model          %10s %12s %16s %14s %8s %10s %s\n", "c0", "c1 /token",
+              "c2 /token^2", "c3 /prefix tok", "calls", "median err", "worst err");
   std::printf(
-      "  stated at Open (probe) %10s %12s %16s %8llu %9.1f%% %8.1f%% (noise floor "
+      "  stated at Open (probe) %10s %12s %16s %14s %8llu %9.1f%% %8.1f%% (noise floor "
       "%.1f%%)\n",
       FormatMicros(stated.c0_us).c_str(), FormatMicros(stated.c1_us_per_token).c_str(),
       FormatMicros(stated.c2_us_per_token2).c_str(),
+      FormatMicros(stated.c3_us_per_prefix_token).c_str(),
       static_cast<unsigned long long>(prefill_probe_.samples),
       100 * prefill_probe_.median_abs_error, 100 * prefill_probe_.worst_abs_error,
       100 * prefill_probe_.noise_floor_ratio);
@@ -561,13 +562,14 @@ void Demo::PrintSummary(double seconds) const {
     for (const CalibratedCostModel::RecomputeReport& m : node->Snapshot().models) {
       if (m.model_id != model_.model_id) continue;
       std::printf(
-          "  placement now (%s, %llu refits) %s %12s %16s %8llu %9.1f%% %8.1f%% "
+          "  placement now (%s, %llu refits) %s %12s %16s %14s %8llu %9.1f%% %8.1f%% "
           "(out of sample: each call against the fit before it)\n",
           std::string(ParameterSourceName(m.provenance.source)).c_str(),
           static_cast<unsigned long long>(m.provenance.refits),
           FormatMicros(m.parameters.c0_us).c_str(),
           FormatMicros(m.parameters.c1_us_per_token).c_str(),
           FormatMicros(m.parameters.c2_us_per_token2).c_str(),
+          FormatMicros(m.parameters.c3_us_per_prefix_token).c_str(),
           static_cast<unsigned long long>(m.error.count), 100 * std::fabs(m.error.median),
           100 * m.error.worst_abs);
       std::printf(

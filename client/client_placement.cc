@@ -97,6 +97,7 @@ Status Client::Impl::Match(std::span<const BlockKey> chain, std::uint64_t suffix
     r->set_c1_us(o_.prefill->c1_us_per_token);
     r->set_c2_us(o_.prefill->c2_us_per_token2);
     r->set_split_serial_fraction(o_.prefill->split_serial_fraction);
+    r->set_c3_us(o_.prefill->c3_us_per_prefix_token);
   }
   v1::PlanResponse resp;
   const grpc::Status g = CallPlacement([&](v1::Placement::Stub* stub, grpc::ClientContext* ctx) {

@@ -61,7 +61,7 @@ Status ToClientOptions(const kvf_options& o, ClientOptions* out) {
   }
   for (const auto& [name, v] :
        {std::pair{"prefill_c0_us", o.prefill_c0_us}, std::pair{"prefill_c1_us", o.prefill_c1_us},
-        std::pair{"prefill_c2_us", o.prefill_c2_us}}) {
+        std::pair{"prefill_c2_us", o.prefill_c2_us}, std::pair{"prefill_c3_us", o.prefill_c3_us}}) {
     if (!std::isfinite(v) || v < 0) {
       return Status::InvalidArgument(std::string("options->") + name + " is " + std::to_string(v) +
                                      ": the prefill constants must be finite and >= 0 (all 0: "
@@ -124,10 +124,12 @@ Status ToClientOptions(const kvf_options& o, ClientOptions* out) {
   options.staging_bytes = o.staging_bytes;
   options.history_pool_bytes = o.history_pool_bytes;
   options.max_context_tokens = o.max_context_tokens;
-  if (o.prefill_c0_us != 0 || o.prefill_c1_us != 0 || o.prefill_c2_us != 0) {
+  if (o.prefill_c0_us != 0 || o.prefill_c1_us != 0 || o.prefill_c2_us != 0 ||
+      o.prefill_c3_us != 0) {
     // Open refuses non-finite or negative constants, naming ClientOptions::prefill.
-    options.prefill = kvfabric::RecomputeParameters{
-        o.prefill_c0_us, o.prefill_c1_us, o.prefill_c2_us, o.prefill_split_serial_fraction};
+    options.prefill =
+        kvfabric::RecomputeParameters{o.prefill_c0_us, o.prefill_c1_us, o.prefill_c2_us,
+                                      o.prefill_split_serial_fraction, o.prefill_c3_us};
   }
   if (o.metrics_address != nullptr) options.metrics_address = o.metrics_address;
   if (o.tls_ca_file != nullptr) options.security.ca_file = o.tls_ca_file;

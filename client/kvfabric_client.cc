@@ -35,9 +35,12 @@ Status Client::Impl::Init() {
   if (o_.prefill &&
       !(std::isfinite(o_.prefill->c0_us) && o_.prefill->c0_us >= 0 &&
         std::isfinite(o_.prefill->c1_us_per_token) && o_.prefill->c1_us_per_token >= 0 &&
-        std::isfinite(o_.prefill->c2_us_per_token2) && o_.prefill->c2_us_per_token2 >= 0)) {
+        std::isfinite(o_.prefill->c2_us_per_token2) && o_.prefill->c2_us_per_token2 >= 0 &&
+        std::isfinite(o_.prefill->c3_us_per_prefix_token) &&
+        o_.prefill->c3_us_per_prefix_token >= 0)) {
     return Status::InvalidArgument(
-        "client: prefill constants (ClientOptions::prefill) c0, c1, c2 must be finite and >= 0");
+        "client: prefill constants (ClientOptions::prefill) c0, c1, c2, c3 must be finite and "
+        ">= 0");
   }
   if (o_.prefill &&
       !(o_.prefill->split_serial_fraction >= 0 && o_.prefill->split_serial_fraction <= 1)) {

@@ -108,6 +108,8 @@ Status Validate(const BusCalibration& c) {
     KVF_RETURN_IF_ERROR(CheckNonNegative(r.parameters.c0_us, w + ".c0_us"));
     KVF_RETURN_IF_ERROR(CheckNonNegative(r.parameters.c1_us_per_token, w + ".c1_us_per_token"));
     KVF_RETURN_IF_ERROR(CheckNonNegative(r.parameters.c2_us_per_token2, w + ".c2_us_per_token2"));
+    KVF_RETURN_IF_ERROR(
+        CheckNonNegative(r.parameters.c3_us_per_prefix_token, w + ".c3_us_per_prefix_token"));
     if (!(r.parameters.split_serial_fraction >= 0 && r.parameters.split_serial_fraction <= 1)) {
       return Status::InvalidArgument(w + ".split_serial_fraction: must be in [0, 1], got " +
                                      std::to_string(r.parameters.split_serial_fraction));
@@ -160,6 +162,7 @@ std::string BusCalibrationToJson(const BusCalibration& c) {
     e["c0_us"] = r.parameters.c0_us;
     e["c1_us_per_token"] = r.parameters.c1_us_per_token;
     e["c2_us_per_token2"] = r.parameters.c2_us_per_token2;
+    e["c3_us_per_prefix_token"] = r.parameters.c3_us_per_prefix_token;
     e["split_serial_fraction"] = r.parameters.split_serial_fraction;
     e["samples"] = r.samples;
     e["median_error_ratio"] = r.median_error_ratio;
@@ -243,6 +246,9 @@ StatusOr<BusCalibration> BusCalibrationFromJson(std::string_view text) {
     KVF_ASSIGN_OR_RETURN(r.parameters.c0_us, GetDouble(e, w, "c0_us"));
     KVF_ASSIGN_OR_RETURN(r.parameters.c1_us_per_token, GetDouble(e, w, "c1_us_per_token"));
     KVF_ASSIGN_OR_RETURN(r.parameters.c2_us_per_token2, GetDouble(e, w, "c2_us_per_token2"));
+    // Optional: files written before 2026-12-07 fitted three terms.
+    KVF_ASSIGN_OR_RETURN(r.parameters.c3_us_per_prefix_token,
+                         GetOptionalDouble(e, w, "c3_us_per_prefix_token"));
     KVF_ASSIGN_OR_RETURN(r.parameters.split_serial_fraction,
                          GetOptionalDouble(e, w, "split_serial_fraction"));
     KVF_ASSIGN_OR_RETURN(r.samples, GetUint(e, w, "samples"));

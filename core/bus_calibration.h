@@ -22,6 +22,7 @@
 //     "recompute": [
 //       { "model_id": "meta-llama/Llama-3.1-8B@5206a32",
 //         "c0_us": 2000, "c1_us_per_token": 10.0, "c2_us_per_token2": 0.001,   // >= 0, finite
+//         "c3_us_per_prefix_token": 0.7,           // optional, >= 0, finite (absent = 0)
 //         "split_serial_fraction": 0.0,            // optional, in [0, 1] (bus_cost_model.h)
 //         "samples": 30 }
 //     ]

@@ -160,9 +160,23 @@ std::string ExplainRecompute(const RecomputeParameters& r, uint64_t n, uint64_t 
                     ") = " + FormatMicros(r.c0_us) + " + " + std::to_string(n) + " × " +
                     FormatMicros(r.c1_us_per_token) + " + " + std::to_string(n) + " × (" +
                     std::to_string(prefix) + " + " + half + ") × " +
-                    FormatMicros(r.c2_us_per_token2) + " = " +
-                    FormatMicros(RecomputeMicros(r, nd, pd));
+                    FormatMicros(r.c2_us_per_token2);
+  if (r.c3_us_per_prefix_token != 0) {
+    out += " + " + std::to_string(prefix) + " × " + FormatMicros(r.c3_us_per_prefix_token);
+  }
+  out += " = " + FormatMicros(RecomputeMicros(r, nd, pd));
   return out;
+}
+
+std::string FormatRecomputeModel(const RecomputeParameters& r) {
+  char b[192];
+  int n = std::snprintf(b, sizeof(b), "t = %.1f us + %.3f us * n + %.5f us * n * (p + n/2)",
+                        r.c0_us, r.c1_us_per_token, r.c2_us_per_token2);
+  if (r.c3_us_per_prefix_token != 0 && n > 0 && static_cast<std::size_t>(n) < sizeof(b)) {
+    std::snprintf(b + n, sizeof(b) - static_cast<std::size_t>(n), " + %.3f us * p",
+                  r.c3_us_per_prefix_token);
+  }
+  return b;
 }
 
 }  // namespace kvfabric

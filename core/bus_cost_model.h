@@ -2,8 +2,11 @@
 // recompute (prefill) a run of tokens instead (ARCHITECTURE.md section 4).
 //
 //   t_fetch(path, bytes)  = (alpha_us + bytes / beta_bytes_per_s * 1e6) × k(bytes)         [us]
-//   t_recompute(n, p)     = c0_us + c1_us_per_token * n + c2_us_per_token2 * n * (p + n/2)  [us]
+//   t_recompute(n, p)     = c0_us + c1_us_per_token * n + c2_us_per_token2 * n * (p + n/2)
+//                           + c3_us_per_prefix_token * p                                     [us]
 //     n = tokens recomputed, p = tokens before them (the prefix they attend to).
+//     c3: what one call pays per prefix token however few tokens it prefills (reading the
+//     prefix's K and V, which a call of a few tokens cannot amortise; 0 where unmeasured).
 //     k(bytes) = the path's size curve (SIZE CURVE below; 1 unless fitted).
 //
 // Units, everywhere in this model: time in microseconds (double, names end in _us), sizes in
@@ -23,6 +26,7 @@
 #define KVFABRIC_CORE_BUS_COST_MODEL_H_
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -128,6 +132,15 @@ struct RecomputeParameters {
   // fetch on a small host). Placement fits it from finished split plans
   // (CalibratedCostModel::ObserveSplit); an engine may state it.
   double split_serial_fraction = 0;
+  // Per call, per token of the prefix, in microseconds (>= 0): reading the prefix's K and V
+  // once per prefill call, whatever n is. An engine's attention over a cached prefix reads
+  // every prefix key and value at least once per call (a GPU's FlashAttention once per query
+  // tile, memory-bound when n is small; the CPU stand-in widens them to fp32 once per chunk),
+  // so a call of 16 tokens after 4096 costs more than c2 × 16 × 4096 alone: without this term
+  // the 2-vCPU VM's prefill probe missed that shape by +28-29% while every other shape was
+  // within 15% (docs/placement.md). 0 (default): not modelled, the three-term model. Last, so
+  // that {c0, c1, c2, s} initialisers keep their meaning.
+  double c3_us_per_prefix_token = 0;
 };
 
 // A split plan's two overlapped sides (recompute front `a`, fetch `b`), in microseconds:
@@ -150,15 +163,27 @@ inline double FetchMicros(const PathParameters& p, double bytes) {
 // c0).
 inline double RecomputeMicros(const RecomputeParameters& r, double n, double prefix) {
   if (n <= 0) return 0;
-  return r.c0_us + r.c1_us_per_token * n + r.c2_us_per_token2 * n * (prefix + n / 2);
+  return r.c0_us + r.c1_us_per_token * n + r.c2_us_per_token2 * n * (prefix + n / 2) +
+         r.c3_us_per_prefix_token * prefix;
+}
+
+// Every constant of `r` finite and >= 0, and split_serial_fraction in [0, 1].
+inline bool RecomputeParametersValid(const RecomputeParameters& r) {
+  for (double v : {r.c0_us, r.c1_us_per_token, r.c2_us_per_token2, r.c3_us_per_prefix_token}) {
+    if (!std::isfinite(v) || v < 0) return false;
+  }
+  return r.split_serial_fraction >= 0 && r.split_serial_fraction <= 1;
 }
 
 // "t_fetch(nvme→host, 4 MiB) = 85.0 µs + 4194304 B / 1.95 GB/s = 2.24 ms", with
 // " × 1.07 (size curve at 4 MiB)" before the result when k(bytes) is not 1.
 std::string ExplainFetch(BusPath path, const PathParameters& p, uint64_t bytes);
 // "t_recompute(n=4096, p=1024) = 2.00 ms + 4096 × 10.0 µs + 4096 × (1024 + 2048) × 1.00 ns =
-//  55.5 ms".
+//  55.5 ms", with " + 1024 × 700 ns" (p × c3) before the result when c3 is not 0.
 std::string ExplainRecompute(const RecomputeParameters& r, uint64_t n, uint64_t prefix);
+// The model with its constants: "t = 2438.0 us + 97.430 us * n + 0.09490 us * n * (p + n/2) +
+// 0.702 us * p" (the last term only when c3 is not 0).
+std::string FormatRecomputeModel(const RecomputeParameters& r);
 
 // Durations for people, three significant digits: "850 ns", "85.0 µs", "2.24 ms", "1.50 s",
 // "95.0 s". Negative values get a leading '-'; non-finite print as "inf"/"nan".

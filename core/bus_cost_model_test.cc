@@ -24,6 +24,11 @@ TEST(BusCostModelTest, FetchAndRecomputeFollowTheirFormulas) {
   const RecomputeParameters r{2000, 10, 0.001};
   EXPECT_DOUBLE_EQ(RecomputeMicros(r, 4096, 1024), 2000 + 10 * 4096 + 0.001 * 4096 * (1024 + 2048));
   EXPECT_EQ(RecomputeMicros(r, 0, 1024), 0);
+  RecomputeParameters with_prefix = r;
+  with_prefix.c3_us_per_prefix_token = 0.5;
+  EXPECT_DOUBLE_EQ(RecomputeMicros(with_prefix, 16, 4096),
+                   2000 + 10 * 16 + 0.001 * 16 * (4096 + 8) + 0.5 * 4096);
+  EXPECT_EQ(RecomputeMicros(with_prefix, 0, 4096), 0);
 }
 
 TEST(BusCostModelTest, ExplanationsFillInTheNumbers) {
@@ -33,6 +38,13 @@ TEST(BusCostModelTest, ExplanationsFillInTheNumbers) {
             "t_recompute(n=4096, p=1024) = 2.00 ms + 4096 × 10.0 µs + 4096 × (1024 + 2048) × "
             "1.00 ns = 55.5 ms");
   EXPECT_NE(ExplainRecompute({0, 1, 0}, 3, 0).find("(0 + 1.5)"), std::string::npos);
+  EXPECT_EQ(ExplainRecompute({2000, 10, 0.001, 0, 0.5}, 16, 4096),
+            "t_recompute(n=16, p=4096) = 2.00 ms + 16 × 10.0 µs + 16 × (4096 + 8) × 1.00 ns + "
+            "4096 × 500 ns = 4.27 ms");
+  EXPECT_EQ(FormatRecomputeModel({2000, 10, 0.001}),
+            "t = 2000.0 us + 10.000 us * n + 0.00100 us * n * (p + n/2)");
+  EXPECT_EQ(FormatRecomputeModel({2000, 10, 0.001, 0, 0.5}),
+            "t = 2000.0 us + 10.000 us * n + 0.00100 us * n * (p + n/2) + 0.500 us * p");
 }
 
 TEST(BusCostModelTest, FormatsDurationsAndRates) {
@@ -486,26 +498,41 @@ TEST(BusCostModelTest, SplitSidesOverlapByTheSerialFraction) {
   EXPECT_EQ(SplitSidesMicros(r, 500, 300), 650);
 }
 
-TEST(BusCalibrationTest, SplitSerialFractionRoundTripsIsOptionalAndIsChecked) {
+// An optional recompute field `key` (member `field`): `good` is written and read back, a file
+// written before the field existed reads as 0, and `bad` is refused naming the field.
+void ExpectOptionalRecomputeField(const char* key, double RecomputeParameters::*field, double good,
+                                  double bad) {
+  SCOPED_TRACE(key);
   BusCalibration c = Sample();
-  c.recompute[0].parameters.split_serial_fraction = 0.75;
+  c.recompute[0].parameters.*field = good;
   auto back = BusCalibrationFromJson(BusCalibrationToJson(c));
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->recompute[0].parameters.split_serial_fraction, 0.75);
-  // A file written before the field existed reads as 0 (full overlap, the old formula).
+  EXPECT_EQ(back->recompute[0].parameters.*field, good);
   std::string j = BusCalibrationToJson(c);
-  const auto at = j.find("\"split_serial_fraction\"");
+  const auto at = j.find("\"" + std::string(key) + "\"");
   ASSERT_NE(at, std::string::npos);
   j.erase(at, j.find('\n', at) + 1 - at);
   auto old = BusCalibrationFromJson(j);
   ASSERT_TRUE(old.ok()) << old.status() << "\n" << j;
-  EXPECT_EQ(old->recompute[0].parameters.split_serial_fraction, 0.0);
-  c.recompute[0].parameters.split_serial_fraction = 1.5;
-  auto bad = BusCalibrationFromJson(BusCalibrationToJson(c));
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("recompute[0].split_serial_fraction"),
+  EXPECT_EQ(old->recompute[0].parameters.*field, 0.0);
+  c.recompute[0].parameters.*field = bad;
+  auto refused = BusCalibrationFromJson(BusCalibrationToJson(c));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("recompute[0]." + std::string(key)),
             std::string_view::npos)
-      << bad.status();
+      << refused.status();
+}
+
+// split_serial_fraction: a file from before it reads as 0 (full overlap, the old formula).
+TEST(BusCalibrationTest, SplitSerialFractionRoundTripsIsOptionalAndIsChecked) {
+  ExpectOptionalRecomputeField("split_serial_fraction", &RecomputeParameters::split_serial_fraction,
+                               0.75, 1.5);
+}
+
+// c3 (the per-call cost per prefix token): a file from before it reads as 0 (three terms).
+TEST(BusCalibrationTest, PrefixTermRoundTripsIsOptionalAndIsChecked) {
+  ExpectOptionalRecomputeField("c3_us_per_prefix_token",
+                               &RecomputeParameters::c3_us_per_prefix_token, 0.7, -0.1);
 }
 
 TEST(CalibratedCostModelTest, SplitOverlapIsFittedFromFinishedSplitPlans) {

@@ -27,9 +27,9 @@ ParameterProvenance Fresh(ParameterSource source) {
 Status CheckRecompute(std::string_view model_id, const RecomputeParameters& r) {
   if (model_id.empty()) return Status::InvalidArgument("model_id: must be non-empty");
   if (!FiniteNonNegative(r.c0_us) || !FiniteNonNegative(r.c1_us_per_token) ||
-      !FiniteNonNegative(r.c2_us_per_token2)) {
+      !FiniteNonNegative(r.c2_us_per_token2) || !FiniteNonNegative(r.c3_us_per_prefix_token)) {
     return Status::InvalidArgument("recompute parameters of \"" + std::string(model_id) +
-                                   "\": c0, c1, c2 must be finite and >= 0");
+                                   "\": c0, c1, c2, c3 must be finite and >= 0");
   }
   if (!(r.split_serial_fraction >= 0 && r.split_serial_fraction <= 1)) {
     return Status::InvalidArgument("recompute parameters of \"" + std::string(model_id) +
@@ -107,6 +107,7 @@ StatusOr<bool> CalibratedCostModel::StateRecompute(std::string_view model_id,
   if (e.provenance.source == ParameterSource::kStated && e.parameters.c0_us == r.c0_us &&
       e.parameters.c1_us_per_token == r.c1_us_per_token &&
       e.parameters.c2_us_per_token2 == r.c2_us_per_token2 &&
+      e.parameters.c3_us_per_prefix_token == r.c3_us_per_prefix_token &&
       e.parameters.split_serial_fraction == r.split_serial_fraction) {
     return false;  // restated unchanged: keep the fit and the errors gathered so far
   }
@@ -357,6 +358,7 @@ Status CalibratedCostModel::ObserveRecompute(std::string_view model_id, uint64_t
     e.parameters.c0_us *= scale;
     e.parameters.c1_us_per_token *= scale;
     e.parameters.c2_us_per_token2 *= scale;
+    e.parameters.c3_us_per_prefix_token *= scale;
     e.fit = NewRecomputeFit(e.parameters, ParameterSource::kOnlineFit);
     e.provenance.source = ParameterSource::kOnlineFit;
     ++e.provenance.change_points;

@@ -21,10 +21,17 @@ std::array<double, 2> PathFeatures(uint64_t bytes) {
   return {1.0, static_cast<double>(bytes) * kBytesScale};
 }
 
-std::array<double, 3> RecomputeFeatures(uint64_t n, uint64_t p) {
+// c0, c1, c2 and c3's features (core/bus_cost_model.h); the three-term model takes the first
+// three.
+std::array<double, 4> RecomputeFeatures4(uint64_t n, uint64_t p) {
   const double nd = static_cast<double>(n) * kTokenScale;
   const double pd = static_cast<double>(p) * kTokenScale;
-  return {1.0, nd, nd * (pd + nd / 2)};
+  return {1.0, nd, nd * (pd + nd / 2), pd};
+}
+
+std::array<double, 3> RecomputeFeatures3(uint64_t n, uint64_t p) {
+  const std::array<double, 4> f = RecomputeFeatures4(n, p);
+  return {f[0], f[1], f[2]};
 }
 
 double Weight(FitWeighting weighting, double t) {
@@ -38,8 +45,26 @@ PathParameters PathFromCoefficients(const std::array<double, 2>& c) {
   return {c[0], 1e6 / (c[1] * kBytesScale)};
 }
 
+RecomputeParameters RecomputeFromCoefficients(const std::array<double, 4>& c) {
+  RecomputeParameters r;
+  r.c0_us = c[0];
+  r.c1_us_per_token = c[1] * kTokenScale;
+  r.c2_us_per_token2 = c[2] * kTokenScale * kTokenScale;
+  r.c3_us_per_prefix_token = c[3] * kTokenScale;
+  return r;
+}
+
 RecomputeParameters RecomputeFromCoefficients(const std::array<double, 3>& c) {
-  return {c[0], c[1] * kTokenScale, c[2] * kTokenScale * kTokenScale};
+  return RecomputeFromCoefficients(std::array<double, 4>{c[0], c[1], c[2], 0});
+}
+
+// The four-term fit where the data separate c3 (prefills after prefixes of several lengths),
+// else the three-term one with c3 = 0; the error is the three-term fit's.
+StatusOr<RecomputeParameters> SolveRecompute(const cost_fit_internal::NormalEquations<4>& eq4,
+                                             const cost_fit_internal::NormalEquations<3>& eq3) {
+  if (auto four = eq4.SolveNonNegative(0); four.ok()) return RecomputeFromCoefficients(*four);
+  KVF_ASSIGN_OR_RETURN(const auto three, eq3.SolveNonNegative(0));
+  return RecomputeFromCoefficients(three);
 }
 
 }  // namespace
@@ -171,6 +196,7 @@ StatusOr<std::array<double, K>> NormalEquations<K>::Solve() const {
 
 template class NormalEquations<2>;
 template class NormalEquations<3>;
+template class NormalEquations<4>;
 
 }  // namespace cost_fit_internal
 
@@ -299,7 +325,8 @@ StatusOr<RecomputeParameters> FitRecomputeParameters(std::span<const RecomputeSa
   std::vector<std::pair<uint64_t, uint64_t>> shapes;
   std::vector<uint64_t> ns;
   shapes.reserve(samples.size());
-  cost_fit_internal::NormalEquations<3> eq;
+  cost_fit_internal::NormalEquations<3> eq3;
+  cost_fit_internal::NormalEquations<4> eq4;
   for (size_t i = 0; i < samples.size(); ++i) {
     const RecomputeSample& s = samples[i];
     if (s.tokens == 0) {
@@ -312,8 +339,9 @@ StatusOr<RecomputeParameters> FitRecomputeParameters(std::span<const RecomputeSa
     }
     shapes.emplace_back(s.tokens, s.prefix_tokens);
     ns.push_back(s.tokens);
-    eq.Add(RecomputeFeatures(s.tokens, s.prefix_tokens), s.observed_us,
-           Weight(options.weighting, s.observed_us));
+    const double w = Weight(options.weighting, s.observed_us);
+    eq3.Add(RecomputeFeatures3(s.tokens, s.prefix_tokens), s.observed_us, w);
+    eq4.Add(RecomputeFeatures4(s.tokens, s.prefix_tokens), s.observed_us, w);
   }
   std::sort(shapes.begin(), shapes.end());
   const size_t distinct = std::unique(shapes.begin(), shapes.end()) - shapes.begin();
@@ -329,13 +357,13 @@ StatusOr<RecomputeParameters> FitRecomputeParameters(std::span<const RecomputeSa
         "recompute fit: every sample has n = " + std::to_string(ns[0]) +
         " tokens, so c0 (per call) and c1 (per token) cannot be separated; vary n");
   }
-  auto solved = eq.SolveNonNegative(/*must_be_free=*/0);
+  auto solved = SolveRecompute(eq4, eq3);
   if (!solved.ok()) {
     return Status::FailedPrecondition(
         "recompute fit: the (n, p) shapes cannot separate c0, c1 and c2; vary both n and p (" +
         std::string(solved.status().message()) + ")");
   }
-  return RecomputeFromCoefficients(*solved);
+  return solved;
 }
 
 std::vector<RecomputeSample> RecomputeReferenceShapes() {
@@ -371,11 +399,7 @@ void OnlinePathFit::SeedPrior(const PathParameters& prior, double weight) {
 }
 
 void OnlineRecomputeFit::SeedPrior(const RecomputeParameters& prior, double weight) {
-  if (!(weight > 0) || !std::isfinite(prior.c0_us) || prior.c0_us < 0 ||
-      !std::isfinite(prior.c1_us_per_token) || prior.c1_us_per_token < 0 ||
-      !std::isfinite(prior.c2_us_per_token2) || prior.c2_us_per_token2 < 0) {
-    return;
-  }
+  if (!(weight > 0) || !RecomputeParametersValid(prior)) return;
   // Each term of the prior's prediction pinned on its own row (a ridge toward the prior in the
   // metric of relative error at the reference shapes), not the whole prediction on one row:
   // a prior wrong in c2 alone must not drag c1 along where the observed shapes cannot
@@ -387,14 +411,20 @@ void OnlineRecomputeFit::SeedPrior(const RecomputeParameters& prior, double weig
     const double p = static_cast<double>(s.prefix_tokens);
     const double t = RecomputeMicros(prior, n, p);
     if (!GoodTime(t)) continue;
-    const std::array<double, 3> f = RecomputeFeatures(s.tokens, s.prefix_tokens);
-    const double terms[3] = {prior.c0_us, prior.c1_us_per_token * n,
-                             prior.c2_us_per_token2 * n * (p + n / 2)};
-    for (int k = 0; k < 3; ++k) {
-      std::array<double, 3> row{};
+    const std::array<double, 4> f = RecomputeFeatures4(s.tokens, s.prefix_tokens);
+    const double terms[4] = {prior.c0_us, prior.c1_us_per_token * n,
+                             prior.c2_us_per_token2 * n * (p + n / 2),
+                             prior.c3_us_per_prefix_token * p};
+    const double w = weight / static_cast<double>(shapes.size()) * Weight(options_.weighting, t);
+    for (int k = 0; k < 4; ++k) {
+      std::array<double, 4> row{};
       row[k] = f[k];
-      eq_.Add(row, terms[k],
-              weight / static_cast<double>(shapes.size()) * Weight(options_.weighting, t));
+      eq4_.Add(row, terms[k], w);
+      if (k < 3) {
+        std::array<double, 3> row3{};
+        row3[k] = f[k];
+        eq3_.Add(row3, terms[k], w);
+      }
     }
   }
 }
@@ -428,21 +458,23 @@ PathParameters OnlinePathFit::WithCurve(const PathParameters& line) const {
 
 bool OnlineRecomputeFit::Observe(uint64_t tokens, uint64_t prefix_tokens, double observed_us) {
   if (tokens == 0 || !GoodTime(observed_us)) return false;
-  eq_.Decay(options_.decay);
+  eq3_.Decay(options_.decay);
+  eq4_.Decay(options_.decay);
   effective_count_ = effective_count_ * options_.decay + 1;
-  eq_.Add(RecomputeFeatures(tokens, prefix_tokens), observed_us,
-          Weight(options_.weighting, observed_us));
+  const double w = Weight(options_.weighting, observed_us);
+  eq3_.Add(RecomputeFeatures3(tokens, prefix_tokens), observed_us, w);
+  eq4_.Add(RecomputeFeatures4(tokens, prefix_tokens), observed_us, w);
   return true;
 }
 
 StatusOr<RecomputeParameters> OnlineRecomputeFit::Fit() const {
-  auto solved = eq_.SolveNonNegative(0);
+  auto solved = SolveRecompute(eq4_, eq3_);
   if (!solved.ok()) {
     return Status::FailedPrecondition(
         "online recompute fit: the observed prefills do not separate c0, c1 and c2 yet (need "
         "varied n and p)");
   }
-  return RecomputeFromCoefficients(*solved);
+  return solved;
 }
 
 }  // namespace kvfabric

@@ -136,9 +136,11 @@ StatusOr<PathParameters> FitPathParameters(std::span<const TransferSample> sampl
 // 4096} (observed_us 0). The recompute probe measures it; recompute priors are spread over it.
 std::vector<RecomputeSample> RecomputeReferenceShapes();
 
-// Fits c0, c1, c2. FailedPrecondition if the samples hold fewer than 3 distinct (n, p) shapes or
-// their shapes cannot separate the three terms (e.g. every sample has the same n); the message
-// says which. InvalidArgument for a sample with tokens == 0 or a bad time.
+// Fits c0, c1, c2 and c3 (the per-call cost per prefix token), or c0, c1, c2 with c3 = 0 where
+// the shapes cannot separate c3 (e.g. every sample has p = 0, or one n per prefix length).
+// FailedPrecondition if the samples hold fewer than 3 distinct (n, p) shapes or their shapes
+// cannot separate the three terms (e.g. every sample has the same n); the message says which.
+// InvalidArgument for a sample with tokens == 0 or a bad time.
 StatusOr<RecomputeParameters> FitRecomputeParameters(std::span<const RecomputeSample> samples,
                                                      const FitOptions& options = {});
 
@@ -229,7 +231,9 @@ class OnlineRecomputeFit {
 
  private:
   OnlineFitOptions options_;
-  cost_fit_internal::NormalEquations<3> eq_;
+  // c0..c3, and c0..c2 for when the observations cannot separate c3 yet (FitRecomputeParameters).
+  cost_fit_internal::NormalEquations<4> eq4_;
+  cost_fit_internal::NormalEquations<3> eq3_;
   double effective_count_ = 0;
 };
 

@@ -107,15 +107,6 @@ TEST(FitPathParametersTest, RejectsBadSamplesNamingTheIndex) {
             std::string_view::npos);
 }
 
-TEST(FitRecomputeParametersTest, RecoversCoefficientsExactlyWithoutNoise) {
-  std::mt19937_64 rng(1);
-  auto fit = FitRecomputeParameters(RecomputeProbes(kModel, 0.0, rng));
-  ASSERT_TRUE(fit.ok()) << fit.status();
-  EXPECT_NEAR(fit->c0_us, kModel.c0_us, 1e-6 * kModel.c0_us);
-  EXPECT_NEAR(fit->c1_us_per_token, kModel.c1_us_per_token, 1e-6 * kModel.c1_us_per_token);
-  EXPECT_NEAR(fit->c2_us_per_token2, kModel.c2_us_per_token2, 1e-6 * kModel.c2_us_per_token2);
-}
-
 // 1% noise over 48 prefills: c1 and c2 within 5%, c0 (2 ms against 3.3 ms for the smallest
 // prefill) within 15%.
 TEST(FitRecomputeParametersTest, RecoversCoefficientsFromNoisyPrefills) {
@@ -125,6 +116,35 @@ TEST(FitRecomputeParametersTest, RecoversCoefficientsFromNoisyPrefills) {
   EXPECT_NEAR(fit->c0_us, kModel.c0_us, 0.15 * kModel.c0_us);
   EXPECT_NEAR(fit->c1_us_per_token, kModel.c1_us_per_token, 0.05 * kModel.c1_us_per_token);
   EXPECT_NEAR(fit->c2_us_per_token2, kModel.c2_us_per_token2, 0.05 * kModel.c2_us_per_token2);
+}
+
+// Exact data are fitted exactly, c3 (the per-call cost per prefix token, reading the prefix's K
+// and V) included; a prefill without such a cost gets c3 = 0 (non-negative least squares).
+TEST(FitRecomputeParametersTest, RecoversCoefficientsExactlyWithoutNoise) {
+  RecomputeParameters with_prefix = kModel;
+  with_prefix.c3_us_per_prefix_token = 0.5;
+  for (const RecomputeParameters& truth : {kModel, with_prefix}) {
+    SCOPED_TRACE(truth.c3_us_per_prefix_token);
+    std::mt19937_64 rng(1);
+    auto fit = FitRecomputeParameters(RecomputeProbes(truth, 0.0, rng));
+    ASSERT_TRUE(fit.ok()) << fit.status();
+    EXPECT_NEAR(fit->c0_us, truth.c0_us, 1e-6 * truth.c0_us);
+    EXPECT_NEAR(fit->c1_us_per_token, truth.c1_us_per_token, 1e-6 * truth.c1_us_per_token);
+    EXPECT_NEAR(fit->c2_us_per_token2, truth.c2_us_per_token2, 1e-6 * truth.c2_us_per_token2);
+    EXPECT_NEAR(fit->c3_us_per_prefix_token, truth.c3_us_per_prefix_token, 1e-6);
+  }
+}
+
+// Prefills after no prefix cannot separate c3 (its column is 0): the three-term fit, c3 = 0.
+TEST(FitRecomputeParametersTest, ShapesWithoutAPrefixFitThreeTerms) {
+  std::vector<RecomputeSample> s;
+  for (uint64_t n : {16, 64, 256, 1024}) {
+    s.push_back({n, 0, RecomputeMicros(kModel, static_cast<double>(n), 0)});
+  }
+  auto fit = FitRecomputeParameters(s);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_EQ(fit->c3_us_per_prefix_token, 0);
+  EXPECT_NEAR(fit->c1_us_per_token, kModel.c1_us_per_token, 1e-6 * kModel.c1_us_per_token);
 }
 
 TEST(FitRecomputeParametersTest, RefusesFewerThanThreeShapes) {
@@ -256,23 +276,44 @@ TEST(OnlinePathFitTest, TheCurveIsFittedAgainstWhicheverLineIsInForce) {
   EXPECT_TRUE(HasFlatSizeCurve(off.WithCurve(prior)));
 }
 
+// Feeds `fit` `count` prefills of `truth` with 1% noise, n in [16, max_n], p in [0, max_p].
+void ObserveRandomPrefills(const RecomputeParameters& truth, uint64_t max_n, uint64_t max_p,
+                           int count, std::mt19937_64& rng, OnlineRecomputeFit* fit) {
+  std::uniform_int_distribution<uint64_t> n_dist(16, max_n);
+  std::uniform_int_distribution<uint64_t> p_dist(0, max_p);
+  std::normal_distribution<double> noise(0.0, 0.01);
+  for (int i = 0; i < count; ++i) {
+    const uint64_t n = n_dist(rng), p = p_dist(rng);
+    const double t = RecomputeMicros(truth, static_cast<double>(n), static_cast<double>(p));
+    ASSERT_TRUE(fit->Observe(n, p, t * (1 + noise(rng))));
+  }
+}
+
 TEST(OnlineRecomputeFitTest, ConvergesInBoundedMemory) {
   std::mt19937_64 rng(TestSeed("OnlineRecomputeFitTest.ConvergesInBoundedMemory"));
-  std::uniform_int_distribution<uint64_t> n_dist(16, 8192);
-  std::uniform_int_distribution<uint64_t> p_dist(0, 65536);
-  std::normal_distribution<double> noise(0.0, 0.01);
   OnlineRecomputeFit fit;
-  for (int i = 0; i < 100000; ++i) {
-    const uint64_t n = n_dist(rng), p = p_dist(rng);
-    const double t = RecomputeMicros(kModel, static_cast<double>(n), static_cast<double>(p));
-    ASSERT_TRUE(fit.Observe(n, p, t * (1 + noise(rng))));
-  }
+  ASSERT_NO_FATAL_FAILURE(ObserveRandomPrefills(kModel, 8192, 65536, 100000, rng, &fit));
   auto r = fit.Fit();
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_NEAR(r->c0_us, kModel.c0_us, 0.15 * kModel.c0_us);
   EXPECT_NEAR(r->c1_us_per_token, kModel.c1_us_per_token, 0.05 * kModel.c1_us_per_token);
   EXPECT_NEAR(r->c2_us_per_token2, kModel.c2_us_per_token2, 0.05 * kModel.c2_us_per_token2);
   EXPECT_LE(fit.effective_observations(), 1000.0 + 1e-6);
+}
+
+// Seeded with a three-term prior (c3 = 0, a calibration file from before c3), the online fit
+// learns an engine's per-prefix-token cost from its prefills.
+TEST(OnlineRecomputeFitTest, LearnsThePrefixTermAgainstAThreeTermPrior) {
+  std::mt19937_64 rng(TestSeed("OnlineRecomputeFitTest.LearnsThePrefixTermAgainstAThreeTermPrior"));
+  RecomputeParameters truth = kModel;
+  truth.c3_us_per_prefix_token = 0.5;
+  OnlineRecomputeFit fit;
+  fit.SeedPrior(kModel, 2);
+  ASSERT_NO_FATAL_FAILURE(ObserveRandomPrefills(truth, 1024, 16384, 2000, rng, &fit));
+  auto r = fit.Fit();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(r->c3_us_per_prefix_token, 0.5, 0.1);
+  EXPECT_NEAR(r->c2_us_per_token2, truth.c2_us_per_token2, 0.1 * truth.c2_us_per_token2);
 }
 
 }  // namespace

@@ -505,7 +505,7 @@ StatusOr<placement::PlanRequest> PlanRequestFromProto(const v1::PlanRequest& req
     // The node refuses non-finite or negative constants, naming engine_prefill.
     const v1::RecomputeParameters& r = request.engine_prefill();
     out.engine_prefill =
-        RecomputeParameters{r.c0_us(), r.c1_us(), r.c2_us(), r.split_serial_fraction()};
+        RecomputeParameters{r.c0_us(), r.c1_us(), r.c2_us(), r.split_serial_fraction(), r.c3_us()};
   }
   return out;
 }

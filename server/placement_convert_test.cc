@@ -442,6 +442,30 @@ TEST(PlacementConvertTest, PlanRequestSizesTheChainFromTheFingerprint) {
   EXPECT_EQ(r->locations->hosts.size(), 2u);
 }
 
+// The engine's stated prefill constants arrive whole, c3 (the per-prefix-token term) included;
+// a sender without c3 states 0 (the three-term model).
+TEST(PlacementConvertTest, PlanRequestCarriesTheEnginesPrefillConstants) {
+  v1::PlanRequest req = PlanOf(2);
+  v1::RecomputeParameters* pre = req.mutable_engine_prefill();
+  pre->set_c0_us(2000);
+  pre->set_c1_us(10);
+  pre->set_c2_us(0.001);
+  pre->set_split_serial_fraction(0.25);
+  pre->set_c3_us(0.5);
+  StatusOr<placement::PlanRequest> r = PlanRequestFromProto(req, "client-7", DefaultLimits());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->engine_prefill.has_value());
+  EXPECT_EQ(r->engine_prefill->c0_us, 2000);
+  EXPECT_EQ(r->engine_prefill->c1_us_per_token, 10);
+  EXPECT_EQ(r->engine_prefill->c2_us_per_token2, 0.001);
+  EXPECT_EQ(r->engine_prefill->split_serial_fraction, 0.25);
+  EXPECT_EQ(r->engine_prefill->c3_us_per_prefix_token, 0.5);
+  pre->clear_c3_us();
+  r = PlanRequestFromProto(req, "client-7", DefaultLimits());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->engine_prefill->c3_us_per_prefix_token, 0);
+}
+
 TEST(PlacementConvertTest, PlanRequestRefusesWhatCannotBePlanned) {
   v1::Limits limits = DefaultLimits();
   ExpectInvalid(PlanRequestFromProto(PlanOf(70000), "", limits).status(),

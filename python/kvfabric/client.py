@@ -121,7 +121,8 @@ class Client:
     context_floor_pages, hot_newest_pages), ``tile_tokens``,
     ``staging_bytes``, ``fetch_depth``, ``store_by_key``, ``save_threads``,
     ``max_context_tokens``, ``prefill`` (dict: c0_us, c1_us_per_token,
-    c2_us_per_token2, split_serial_fraction), ``rpc_timeout`` and
+    c2_us_per_token2, c3_us_per_prefix_token, split_serial_fraction),
+    ``rpc_timeout`` and
     ``transfer_timeout`` (seconds or timedelta), ``lease_ttl_ms``,
     ``metrics_address``.
 

@@ -225,6 +225,7 @@ client::ClientOptions ParseClientOptions(const py::dict& options, DeviceChoice* 
     prefill.c0_us = p.Double("c0_us", 0);
     prefill.c1_us_per_token = p.Double("c1_us_per_token", 0);
     prefill.c2_us_per_token2 = p.Double("c2_us_per_token2", 0);
+    prefill.c3_us_per_prefix_token = p.Double("c3_us_per_prefix_token", 0);
     prefill.split_serial_fraction = p.Double("split_serial_fraction", 0);
     p.Finish();
     o.prefill = prefill;

@@ -112,9 +112,7 @@ Status CostAwarePolicy::Update(const CostAwareOptions& options) {
            p.beta_bytes_per_s > 0;
   };
   const RecomputeParameters& r = options.recompute;
-  if (!good(options.host_fetch) || !good(options.nvme_fetch) || !std::isfinite(r.c0_us) ||
-      r.c0_us < 0 || !std::isfinite(r.c1_us_per_token) || r.c1_us_per_token < 0 ||
-      !std::isfinite(r.c2_us_per_token2) || r.c2_us_per_token2 < 0) {
+  if (!good(options.host_fetch) || !good(options.nvme_fetch) || !RecomputeParametersValid(r)) {
     return Status::InvalidArgument(
         "cost-aware eviction figures: alphas and recompute constants must be finite and >= 0, "
         "betas finite and > 0");

@@ -178,7 +178,8 @@ void EmitModels(const std::vector<CalibratedCostModel::RecomputeReport>& models,
   std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(shown), order.end(),
                     before);
 
-  std::vector<Sample> error, observations, effective, c0, c1, c2, noise, refits, split, split_error;
+  std::vector<Sample> error, observations, effective, c0, c1, c2, c3, noise, refits, split,
+      split_error;
   for (std::size_t i = 0; i < shown; ++i) {
     const CalibratedCostModel::RecomputeReport& m = *order[i];
     const std::vector<ClientMetric::Label> labels = {{"model", m.model_id}};
@@ -190,6 +191,7 @@ void EmitModels(const std::vector<CalibratedCostModel::RecomputeReport>& models,
     c0.push_back(S(m.parameters.c0_us / 1e6, labels));
     c1.push_back(S(m.parameters.c1_us_per_token / 1e6, labels));
     c2.push_back(S(m.parameters.c2_us_per_token2 / 1e6, labels));
+    c3.push_back(S(m.parameters.c3_us_per_prefix_token / 1e6, labels));
     split.push_back(S(m.parameters.split_serial_fraction, labels));
     AppendErrorQuantiles(m.split_error, labels, split_error);
   }
@@ -216,6 +218,10 @@ void EmitModels(const std::vector<CalibratedCostModel::RecomputeReport>& models,
   Gauge(out, "model_c2_seconds_per_token_squared",
         "Quadratic (attention) recompute cost (c2) in force, in seconds per token squared.",
         std::move(c2));
+  Gauge(out, "model_c3_seconds_per_prefix_token",
+        "Per-call recompute cost per token of the prefix (c3: reading the prefix's K and V) in "
+        "force, in seconds per token; 0 where not modelled.",
+        std::move(c3));
   Gauge(out, "model_split_serial_fraction",
         "Part of a split plan's shorter side (prefill front or fetch) that does not overlap the "
         "longer one, in force: 0 = separate resources, 1 = serial. Fitted from finished split "

@@ -26,12 +26,7 @@ inline bool GoodPath(const PathParameters& p) {
          p.beta_bytes_per_s > 0 && SizeFactorsValid(p);
 }
 
-inline bool GoodRecompute(const RecomputeParameters& r) {
-  for (double v : {r.c0_us, r.c1_us_per_token, r.c2_us_per_token2}) {
-    if (!std::isfinite(v) || v < 0) return false;
-  }
-  return r.split_serial_fraction >= 0 && r.split_serial_fraction <= 1;
-}
+inline bool GoodRecompute(const RecomputeParameters& r) { return RecomputeParametersValid(r); }
 
 }  // namespace kvfabric::placement::internal
 

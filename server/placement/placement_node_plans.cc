@@ -84,11 +84,12 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
         "size factors in [0.25, 4]");
   }
   if (request.recompute && !GoodRecompute(*request.recompute)) {
-    return Status::InvalidArgument("recompute: c0, c1, c2 must be finite and >= 0");
+    return Status::InvalidArgument("recompute: c0, c1, c2, c3 must be finite and >= 0");
   }
   if (request.engine_prefill && !GoodRecompute(*request.engine_prefill)) {
     return Status::InvalidArgument(
-        "engine_prefill: c0, c1, c2 must be finite and >= 0, split_serial_fraction in [0, 1]");
+        "engine_prefill: c0, c1, c2, c3 must be finite and >= 0, split_serial_fraction in "
+        "[0, 1]");
   }
 
   if (request.compact && (!std::isfinite(request.compact->extra_decode_us_per_token) ||
@@ -446,7 +447,8 @@ void PlacementNode::DescribePlanInputs(const PlanRequest& request, const Planner
   t += "  recompute " + (request.model_id.empty() ? std::string("(no model)") : request.model_id) +
        ": c0 " + FormatMicros(in.recompute.c0_us) + ", c1 " +
        FormatMicros(in.recompute.c1_us_per_token) + "/token, c2 " +
-       FormatMicros(in.recompute.c2_us_per_token2) + "/token^2, split overlap s " +
+       FormatMicros(in.recompute.c2_us_per_token2) + "/token^2, c3 " +
+       FormatMicros(in.recompute.c3_us_per_prefix_token) + "/prefix token, split overlap s " +
        SplitFractionText(in.recompute.split_serial_fraction);
   if (request.recompute) {
     t += " (given with the request)";
@@ -698,6 +700,7 @@ StatusOr<PlanExplanation> PlacementNode::Explain(std::uint64_t plan_id) const {
   t.push_back({"c0", plan->recompute.c0_us, "us"});
   t.push_back({"c1", plan->recompute.c1_us_per_token, "us/token"});
   t.push_back({"c2", plan->recompute.c2_us_per_token2, "us/token^2"});
+  t.push_back({"c3", plan->recompute.c3_us_per_prefix_token, "us/prefix token"});
   t.push_back({"s", plan->recompute.split_serial_fraction, "ratio"});
   t.insert(t.end(), plan->input_terms.begin(), plan->input_terms.end());
   for (const PlanAlternative& a : plan->alternatives) {

@@ -50,9 +50,9 @@ Status Validate(const PlannerInput& in) {
         "beta_bytes_per_s finite and > 0");
   }
   const RecomputeParameters& r = in.recompute;
-  for (double v : {r.c0_us, r.c1_us_per_token, r.c2_us_per_token2}) {
+  for (double v : {r.c0_us, r.c1_us_per_token, r.c2_us_per_token2, r.c3_us_per_prefix_token}) {
     if (!std::isfinite(v) || v < 0) {
-      return Status::InvalidArgument("recompute: c0, c1, c2 must be finite and >= 0");
+      return Status::InvalidArgument("recompute: c0, c1, c2, c3 must be finite and >= 0");
     }
   }
   if (!(r.split_serial_fraction >= 0 && r.split_serial_fraction <= 1)) {

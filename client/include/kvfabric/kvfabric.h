@@ -306,10 +306,12 @@ typedef struct kvf_options {
 
   /* What the engine's prefill costs, if it knows (ClientOptions::prefill):
    * prefill_c0_us + prefill_c1_us * n + prefill_c2_us * n * (p + n / 2)
-   * microseconds for n tokens after p. Sent with every plan request;
+   * + prefill_c3_us * p microseconds for n tokens after p (prefill_c3_us,
+   * at the end of this struct, is the per-call cost of reading the prefix's
+   * K and V). Sent with every plan request;
    * placement plans with it until a calibration file or its online fit of
    * the model (from the recompute times this client measures) says
-   * otherwise. All three 0 (default): not stated. Each finite and >= 0. */
+   * otherwise. All four 0 (default): not stated. Each finite and >= 0. */
   double prefill_c0_us;
   double prefill_c1_us;
   double prefill_c2_us;
@@ -395,6 +397,11 @@ typedef struct kvf_options {
    * kvf_key_tokens refuses a token id >= vocab_size (KVF_INVALID_ARGUMENT
    * naming the block, the position and both values). */
   uint32_t vocab_size;
+
+  /* With prefill_c0_us..prefill_c2_us: what one prefill call pays per token
+   * of its prefix however few tokens it prefills (reading the prefix's K
+   * and V), in microseconds. Finite and >= 0; 0 (default): not modelled. */
+  double prefill_c3_us;
 } kvf_options;
 
 /* Fills *options with the defaults above (required fields zero or NULL) and
