@@ -328,6 +328,10 @@ std::vector<MetricFamily> SnapshotFamilies(const CacheHostSnapshot& s, std::size
            S(t.promotions_failed, {{"result", "failed"}})});
   Counter(out, "staging_reads_total", "NVMe reads that staged a block into host pages for a lease.",
           {S(s.staging_reads)});
+  Counter(out, "staging_waits_total",
+          "Leases that found another lease staging the same block from NVMe and waited for its "
+          "read (instead of reading it again or refusing the block).",
+          {S(s.staging_waits)});
   Counter(
       out, "crc_failures_total",
       "Payloads that failed their CRC32C: commit = the client's bytes in the pages (not "

@@ -396,10 +396,7 @@ StatusOr<LeaseBatch> CacheHostNode::Lease(const Namespace& ns, std::span<const B
         s = Status::FailedPrecondition("block " + b.key.ToHex() +
                                        " belongs to another model fingerprint");
         break;
-      case LeaseOutcome::kBusy:
-        s = Status::Unavailable("block " + b.key.ToHex() +
-                                " is being staged from NVMe by another lease; retry");
-        break;
+      case LeaseOutcome::kBusy:  // Stage waits for the other lease's staging read
       case LeaseOutcome::kNvmeOnly:
         if (options.host_only) {
           s = Status::Unavailable("block " + b.key.ToHex() +
@@ -601,6 +598,7 @@ CacheHostSnapshot CacheHostNode::Snapshot() const {
     s.grants_expired = grants_expired_;
   }
   s.staging_reads = staging_reads_.load();
+  s.staging_waits = staging_waits_.load();
   s.staging_crc_failures = staging_crc_failures_.load();
   s.data_plane_endpoints = data_plane_ ? data_plane_->endpoints() : 0;
   if (data_plane_) s.data_plane = data_plane_->stats();

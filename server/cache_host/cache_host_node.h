@@ -292,6 +292,9 @@ struct CacheHostSnapshot {
   std::uint64_t grants_active = 0;
   std::uint64_t grants_expired = 0;
   std::uint64_t staging_reads = 0;
+  // Leases that found another lease staging the same block and waited for its
+  // read instead of reading it again (or refusing it).
+  std::uint64_t staging_waits = 0;
   std::uint64_t staging_crc_failures = 0;
   std::uint64_t data_plane_endpoints = 0;
   DataPlaneStats data_plane;  // connection refusals and closes
@@ -568,6 +571,7 @@ class CacheHostNode {
   std::uint64_t grants_expired_ KVF_GUARDED_BY(mu_) = 0;
   std::atomic<std::uint64_t> transfers_refused_{0};
   std::atomic<std::uint64_t> staging_reads_{0};
+  std::atomic<std::uint64_t> staging_waits_{0};
   std::atomic<std::uint64_t> staging_crc_failures_{0};
 
   // Demotions in flight; Reserve waits on demotion_cv_ for them.

@@ -625,10 +625,7 @@ TEST_F(CacheHostNodeTest, FetchLeavesNvmeOnlyBlocksToTheControlPlane) {
   StartNode(Options(1 << 20, true));  // 16 pages of 64 KiB
   constexpr int kBlocks = 12;         // 4 pages each: three pools' worth
   std::vector<BlockKey> keys;
-  for (int i = 0; i < kBlocks; ++i) {
-    ASSERT_TRUE(Put("t", Key(i), Meta(4, 16 * i), 0, i).ok()) << i;
-    keys.push_back(Key(i));
-  }
+  ASSERT_NO_FATAL_FAILURE(PutFourPageBlocks("t", kBlocks, &keys));
   ASSERT_GT(node_->Snapshot().table.demotions_completed, 0u);
   const std::uint64_t staging_reads = node_->Snapshot().staging_reads;
   int host = 0, nvme_only = 0;
@@ -664,6 +661,56 @@ TEST_F(CacheHostNodeTest, FetchLeavesNvmeOnlyBlocksToTheControlPlane) {
   EXPECT_GT(host, 0);
   // Staging reads came from the control-plane Leases only.
   EXPECT_GE(node_->Snapshot().staging_reads - staging_reads, static_cast<std::uint64_t>(nvme_only));
+}
+
+// Contexts loading the same prefix (a shared system prompt) lease the same
+// NVMe-only block at once. One lease stages it; the others wait for that read
+// and lease its copy. Until 2026-12-07 they were refused ("being staged by
+// another lease", "already has a host copy") and their clients recomputed the
+// block: cluster_planner_bench logged such fallbacks in most runs.
+TEST_F(CacheHostNodeTest, ConcurrentLeasesOfOneNvmeBlockAllGetItFromOneRead) {
+  StartNode(Options(2 << 20, true));  // 32 pages of 64 KiB
+  constexpr int kBlocks = 16;         // 4 pages each: two pools' worth
+  std::vector<BlockKey> keys;
+  ASSERT_NO_FATAL_FAILURE(PutFourPageBlocks("t", kBlocks, &keys));
+  std::vector<int> nvme_only;
+  auto looked = node_->Lookup(Namespace{"t"}, keys);
+  for (int i = 0; i < kBlocks; ++i) {
+    if (looked[i].status.ok() && looked[i].tier == BlockTier::kNvme) nvme_only.push_back(i);
+  }
+  ASSERT_FALSE(nvme_only.empty());
+  constexpr int kLeases = 4;
+  for (int i : nvme_only) {
+    const BlockKey key = Key(i);
+    const CacheHostSnapshot before = node_->Snapshot();
+    std::vector<StatusOr<LeaseBatch>> got(kLeases, Status::Unknown("not run"));
+    std::atomic<int> ready{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kLeases; ++t) {
+      threads.emplace_back([&, t] {
+        ready.fetch_add(1);
+        while (ready.load() < kLeases) std::this_thread::yield();
+        got[t] = node_->Lease(Namespace{"t"}, std::span<const BlockKey>(&key, 1), {});
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    for (int t = 0; t < kLeases; ++t) {
+      ASSERT_TRUE(got[t].ok()) << got[t].status().ToString();
+      EXPECT_TRUE(got[t]->results[0].status.ok())
+          << "block " << i << ", lease " << t << ": " << got[t]->results[0].status.ToString();
+      EXPECT_EQ(got[t]->results[0].crc32c, looked[i].crc32c) << i;
+      if (!got[t]->results[0].status.ok()) continue;
+      ReleaseEntry rel{got[t]->grant.lease_id, got[t]->grant.token, {}};
+      EXPECT_TRUE(node_->Release(Namespace{"t"}, std::span<const ReleaseEntry>(&rel, 1))[0].ok());
+    }
+    const CacheHostSnapshot after = node_->Snapshot();
+    // One read, however many leases asked; the others waited for it or found
+    // its copy in the pool.
+    EXPECT_EQ(after.staging_reads - before.staging_reads, 1u) << i;
+    std::printf("block %d: %llu of %d leases waited for another's staging read\n", i,
+                static_cast<unsigned long long>(after.staging_waits - before.staging_waits),
+                kLeases);
+  }
 }
 
 }  // namespace

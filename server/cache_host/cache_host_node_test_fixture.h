@@ -143,6 +143,15 @@ class CacheHostNodeTest : public ::testing::Test {
   }
 
   // Reserve, put from staging [offset, +bytes), commit. Returns the commit status.
+  // Puts blocks Key(0..count) of 4 pages each (Meta(4, 16 i), salt i) into
+  // `ns` and appends their keys to *keys.
+  void PutFourPageBlocks(const std::string& ns, int count, std::vector<BlockKey>* keys) {
+    for (int i = 0; i < count; ++i) {
+      ASSERT_TRUE(Put(ns, Key(i), Meta(4, 16 * i), 0, i).ok()) << i;
+      keys->push_back(Key(i));
+    }
+  }
+
   Status Put(const std::string& ns, const BlockKey& key, const BlockMeta& meta,
              std::uint64_t offset, std::uint64_t salt) {
     Fill(offset, meta.bytes, salt);

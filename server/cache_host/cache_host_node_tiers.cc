@@ -85,14 +85,40 @@ Status CacheHostNode::RecoverNvme() {
 CacheHostNode::~CacheHostNode() { Shutdown(std::chrono::milliseconds(0)); }
 
 Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
-  auto order = table_->BeginPromotion(ns, key);
-  if (!order.ok() && order.status().code() == StatusCode::kResourceExhausted) {
-    auto meta = table_->Lookup(Ns(table_->TenantName(ns)), key);
-    MakeRoomAndWait(std::nullopt, meta.ok() ? pool_->PagesFor(meta->meta.bytes) : 1,
-                    std::chrono::steady_clock::now() + options_.reserve_wait);
+  const auto deadline = std::chrono::steady_clock::now() + options_.reserve_wait;
+  bool made_room = false;
+  StatusOr<PromotionOrder> order = Status::Unknown("not started");
+  for (;;) {
     order = table_->BeginPromotion(ns, key);
+    if (order.ok()) break;
+    const StatusCode code = order.status().code();
+    if (code == StatusCode::kAborted) {
+      // Another lease is staging this block (two contexts loading the same
+      // prefix, a shared system prompt): its read brings the same bytes into
+      // the pool, so wait for it (up to reserve_wait) and lease its copy,
+      // rather than refuse the block and send the client to recompute it.
+      if (!table_->AwaitPromotion(ns, key, deadline)) {
+        return Status::Unavailable("block " + key.ToHex() +
+                                   " is still being staged from NVMe by another lease after "
+                                   "reserve_wait; retry");
+      }
+      ++staging_waits_;
+      continue;
+    }
+    if (code == StatusCode::kResourceExhausted && !made_room) {
+      made_room = true;
+      auto meta = table_->Lookup(Ns(table_->TenantName(ns)), key);
+      MakeRoomAndWait(std::nullopt, meta.ok() ? pool_->PagesFor(meta->meta.bytes) : 1, deadline);
+      continue;
+    }
+    // Staged meanwhile (by the lease waited for, or by one that ran between
+    // this lease's first look and now): nothing to read; the caller leases
+    // the host copy.
+    if (code == StatusCode::kFailedPrecondition && table_->HasHostCopy(ns, key)) {
+      return Status::OK();
+    }
+    return order.status();
   }
-  if (!order.ok()) return order.status();
   // While it is promoting the block cannot go, so neither can its namespace:
   // its tenant (and NVMe key) are read now, before AbortPromotion may remove
   // the block and let the namespace be reclaimed.

@@ -318,6 +318,14 @@ class LeaseTable {
   // `remove_block` (the NVMe copy failed its CRC) it also removes the block
   // from the index and returns it.
   StatusOr<PromotionOrder> BeginPromotion(NamespaceId ns, const BlockKey& key);
+  // Waits until no staging read of `key` is in flight (another lease's
+  // BeginPromotion ended in CompletePromotion or AbortPromotion) or `deadline`
+  // passes. true: none is in flight now (the block may have a host copy, or
+  // may be NVMe-only again after a failed read, or gone).
+  bool AwaitPromotion(NamespaceId ns, const BlockKey& key,
+                      std::chrono::steady_clock::time_point deadline);
+  // Whether `key` has a host copy now (tier host or both).
+  bool HasHostCopy(NamespaceId ns, const BlockKey& key) const;
   // `layer_crcs`: the staged copy's verified layer CRCs (NvmeTier::Read).
   Status CompletePromotion(const PromotionOrder& order, std::vector<std::uint32_t> layer_crcs);
   StatusOr<std::optional<BlockEntry>> AbortPromotion(const PromotionOrder& order,
@@ -465,6 +473,8 @@ class LeaseTable {
   std::set<std::pair<std::uint64_t, std::uint64_t>> reservation_expiry_ KVF_GUARDED_BY(mu_);
   std::set<std::pair<std::uint64_t, std::uint64_t>> lease_expiry_ KVF_GUARDED_BY(mu_);
   LeaseTableCounters c_ KVF_GUARDED_BY(mu_);
+  // Signalled when a staging read ends (CompletePromotion, AbortPromotion).
+  CondVar promotion_cv_;
 };
 
 }  // namespace kvfabric::cache_host

@@ -190,8 +190,28 @@ Status LeaseTable::CompletePromotion(const PromotionOrder& order,
   if (layer_crcs.size() == e->meta.layers) e->layer_crc32c = std::move(layer_crcs);
   ++c_.promotions_completed;
   HoldCopyLocked(order.ns, e->compact_key);  // the exact block is back in the pool
+  promotion_cv_.NotifyAll();
   return index_.ReplaceLocation(order.ns, order.key, BlockTier::kBoth, order.pages,
                                 order.pages.TotalPages() * pool_->page_bytes(), e->nvme);
+}
+
+bool LeaseTable::AwaitPromotion(NamespaceId ns, const BlockKey& key,
+                                std::chrono::steady_clock::time_point deadline) {
+  MutexLock lock(&mu_);
+  for (;;) {
+    const BlockEntry* e = ns < index_.namespace_count() ? index_.Find(ns, key) : nullptr;
+    if (e == nullptr || !e->promoting) return true;
+    if (promotion_cv_.WaitUntil(&mu_, deadline) == std::cv_status::timeout) {
+      e = ns < index_.namespace_count() ? index_.Find(ns, key) : nullptr;
+      return e == nullptr || !e->promoting;
+    }
+  }
+}
+
+bool LeaseTable::HasHostCopy(NamespaceId ns, const BlockKey& key) const {
+  MutexLock lock(&mu_);
+  const BlockEntry* e = ns < index_.namespace_count() ? index_.Find(ns, key) : nullptr;
+  return e != nullptr && InHost(e->tier);
 }
 
 StatusOr<std::optional<BlockEntry>> LeaseTable::AbortPromotion(const PromotionOrder& order,
@@ -205,6 +225,7 @@ StatusOr<std::optional<BlockEntry>> LeaseTable::AbortPromotion(const PromotionOr
   KVF_RETURN_IF_ERROR(pool_->Free(order.pages));
   e->promoting = false;
   ++c_.promotions_failed;
+  promotion_cv_.NotifyAll();
   if (!remove_block) return std::optional<BlockEntry>();
   KVF_ASSIGN_OR_RETURN(BlockEntry removed, index_.Remove(order.ns, order.key));
   index_.ReclaimIfEmpty(order.ns);
