@@ -403,7 +403,7 @@ namespace {
 // kvf_match and kvf_match_accuracy: `accuracy` NULL is `exact`.
 kvf_status MatchAs(const char* function, kvf_client* client, const kvf_block_key* keys, size_t n,
                    uint64_t suffix_tokens, const char* accuracy, uint64_t decode_steps,
-                   kvf_match_result** out) {
+                   uint32_t flags, kvf_match_result** out) {
   if (out != nullptr) *out = nullptr;
   return Guard(function, [&]() -> Status {
     KVF_C_REQUIRE(client);
@@ -411,7 +411,14 @@ kvf_status MatchAs(const char* function, kvf_client* client, const kvf_block_key
     if (keys == nullptr && n > 0) {
       return Status::InvalidArgument("keys is NULL (n is " + std::to_string(n) + ")");
     }
+    constexpr uint32_t kKnownFlags = KVF_MATCH_PREFIX_PLANS_ONLY;
+    if ((flags & ~kKnownFlags) != 0) {
+      return Status::InvalidArgument(
+          "flags " + std::to_string(flags) + " name bits this library does not know (known: " +
+          std::to_string(kKnownFlags) + " = KVF_MATCH_PREFIX_PLANS_ONLY)");
+    }
     kvfabric::client::MatchOptions options;
+    options.prefix_plans_only = (flags & KVF_MATCH_PREFIX_PLANS_ONLY) != 0;
     if (accuracy != nullptr) {
       KVF_ASSIGN_OR_RETURN(options.accuracy, kvfabric::client::AccuracyPolicy::Parse(accuracy));
     }
@@ -428,13 +435,21 @@ kvf_status MatchAs(const char* function, kvf_client* client, const kvf_block_key
 
 kvf_status kvf_match(kvf_client* client, const kvf_block_key* keys, size_t n,
                      uint64_t suffix_tokens, kvf_match_result** out) {
-  return MatchAs("kvf_match", client, keys, n, suffix_tokens, nullptr, 0, out);
+  return MatchAs("kvf_match", client, keys, n, suffix_tokens, nullptr, 0, 0, out);
 }
 
 kvf_status kvf_match_accuracy(kvf_client* client, const kvf_block_key* keys, size_t n,
                               uint64_t suffix_tokens, const char* accuracy, uint64_t decode_steps,
                               kvf_match_result** out) {
-  return MatchAs("kvf_match_accuracy", client, keys, n, suffix_tokens, accuracy, decode_steps, out);
+  return MatchAs("kvf_match_accuracy", client, keys, n, suffix_tokens, accuracy, decode_steps, 0,
+                 out);
+}
+
+kvf_status kvf_match_with_flags(kvf_client* client, const kvf_block_key* keys, size_t n,
+                                uint64_t suffix_tokens, const char* accuracy, uint64_t decode_steps,
+                                uint32_t flags, kvf_match_result** out) {
+  return MatchAs("kvf_match_with_flags", client, keys, n, suffix_tokens, accuracy, decode_steps,
+                 flags, out);
 }
 
 const char* kvf_match_representation(const kvf_match_result* match) {

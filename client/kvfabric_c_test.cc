@@ -328,6 +328,11 @@ TEST(KvfabricCTest, EveryCallRefusesANullClientNamingIt) {
             KVF_INVALID_ARGUMENT);
   EXPECT_EQ(LastError(), "kvf_match_accuracy" + expected);
   EXPECT_EQ(match, nullptr);
+  EXPECT_EQ(
+      kvf_match_with_flags(nullptr, &key, 1, 0, nullptr, 0, KVF_MATCH_PREFIX_PLANS_ONLY, &match),
+      KVF_INVALID_ARGUMENT);
+  EXPECT_EQ(LastError(), "kvf_match_with_flags" + expected);
+  EXPECT_EQ(match, nullptr);
   int compact = 7;
   EXPECT_EQ(kvf_block_is_compact(nullptr, context, 0, &compact), KVF_INVALID_ARGUMENT);
   EXPECT_EQ(LastError(), "kvf_block_is_compact" + expected);

@@ -311,6 +311,28 @@ TEST_P(CApiClusterTest, MatchAccuracyParsesThePolicyAndNamesTheRepresentation) {
   EXPECT_EQ(kvf_finish(client_, ctx, nullptr), KVF_OK);
 }
 
+// KVF_MATCH_PREFIX_PLANS_ONLY reaches placement (MatchOptions::prefix_plans_only); a bit the
+// library does not know is refused, naming it.
+TEST_P(CApiClusterTest, MatchWithFlagsPlansPrefixesOnlyAndRefusesUnknownBits) {
+  std::vector<std::uint32_t> tokens(kTokens, 13);
+  std::vector<kvf_block_key> keys(kTokens / 16);
+  size_t n = 0;
+  ASSERT_EQ(kvf_key_tokens(client_, tokens.data(), tokens.size(), keys.data(), keys.size(), &n),
+            KVF_OK);
+  kvf_match_result* match = nullptr;
+  EXPECT_EQ(kvf_match_with_flags(client_, keys.data(), n, 0, nullptr, 0, 2u, &match),
+            KVF_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(kvf_last_error(), "flags 2"), nullptr) << kvf_last_error();
+  EXPECT_EQ(match, nullptr);
+  ASSERT_EQ(kvf_match_with_flags(client_, keys.data(), n, 0, nullptr, 0,
+                                 KVF_MATCH_PREFIX_PLANS_ONLY, &match),
+            KVF_OK)
+      << kvf_last_error();
+  EXPECT_NE(kvf_match_plan_id(match), 0u);  // placement planned it
+  EXPECT_STRNE(kvf_match_kind(match), "split");
+  kvf_match_free(match);
+}
+
 INSTANTIATE_TEST_SUITE_P(DataTransports, CApiClusterTest,
                          ::testing::Values("ucx", "tcp", "tcp_mtls"),
                          [](const ::testing::TestParamInfo<const char*>& info) {

@@ -512,6 +512,10 @@ StatusOr<Plan> Planner::MakeOnePlan(const PlannerInput& in,
          FormatMicros(in.client_ingest.alpha_us) + " + wait " + FormatMicros(w.ingest_wait_us) +
          " + bytes / " + FormatRate(in.client_ingest.beta_bytes_per_s) + "; host→device bytes / " +
          FormatRate(in.host_to_device.beta_bytes_per_s) + "\n";
+    if (in.prefix_plans_only) {
+      x += "prefix plans only (the engine loads a prefix and computes every token after it): "
+           "no split considered\n";
+    }
     for (const PlanAlternative& a : plan.alternatives) {
       x += a.chosen ? "* " : "  ";
       x += std::string(PlanKindName(a.kind));

@@ -269,8 +269,10 @@ TEST(PlannerTest, PrefixPlansOnlyNeverSplitsAndFetchesALeadingPrefix) {
   Planner planner(nullptr);
   PlannerInput in = Chain(64, 64, 1 << 20, {20.0, 6.4e9});
   in.prefix_plans_only = true;
+  in.include_explanation = true;
   auto plan = planner.MakePlan(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_NE(plan->explanation.find("prefix plans only"), std::string::npos) << plan->explanation;
   EXPECT_NE(plan->kind, PlanKind::kSplit);
   for (const PlanAlternative& a : plan->alternatives) EXPECT_NE(a.kind, PlanKind::kSplit);
   bool recomputing = false;

@@ -452,6 +452,22 @@ kvf_status kvf_match_accuracy(kvf_client* client, const kvf_block_key* keys, siz
                               uint64_t suffix_tokens, const char* accuracy, uint64_t decode_steps,
                               kvf_match_result** out);
 
+/* Flags of kvf_match_with_flags. */
+enum kvf_match_flag {
+  /* The engine loads a prefix of the chain and computes every token after it
+   * (vLLM's connector does): placement plans recompute-all, fetch-all, or a
+   * fetched prefix then recompute, never a split (whose recomputed front an
+   * engine like that cannot take). MatchOptions::prefix_plans_only. */
+  KVF_MATCH_PREFIX_PLANS_ONLY = 1u
+};
+
+/* kvf_match_accuracy with flags, a bitwise OR of kvf_match_flag values (0:
+ * what kvf_match_accuracy does). A bit not named above gives
+ * KVF_INVALID_ARGUMENT. */
+kvf_status kvf_match_with_flags(kvf_client* client, const kvf_block_key* keys, size_t n,
+                                uint64_t suffix_tokens, const char* accuracy, uint64_t decode_steps,
+                                uint32_t flags, kvf_match_result** out);
+
 /* Accessors of a match; they cannot fail (NULL match: 0, or ""). */
 /* Blocks of the chain cached per placement's directory. */
 uint32_t kvf_match_cached_blocks(const kvf_match_result* match);
