@@ -152,6 +152,16 @@ class CApiClusterTest : public ::testing::TestWithParam<const char*> {
     return KVF_OK;
   }
 
+  // The block keys of kTokens copies of `token`.
+  void KeysOfRepeatedToken(std::uint32_t token, std::vector<kvf_block_key>* keys) {
+    std::vector<std::uint32_t> tokens(kTokens, token);
+    keys->assign(kTokens / 16, kvf_block_key{});
+    size_t n = 0;
+    ASSERT_EQ(kvf_key_tokens(client_, tokens.data(), tokens.size(), keys->data(), keys->size(), &n),
+              KVF_OK);
+    keys->resize(n);
+  }
+
   Engine engine_;
   std::string tls_dir_;
   std::string ca_file_;
@@ -280,11 +290,9 @@ TEST_P(CApiClusterTest, AFailingPrefillFailsTheLoadItDoesNotHang) {
 }
 
 TEST_P(CApiClusterTest, MatchAccuracyParsesThePolicyAndNamesTheRepresentation) {
-  std::vector<std::uint32_t> tokens(kTokens, 11);
-  std::vector<kvf_block_key> keys(kTokens / 16);
-  size_t n = 0;
-  ASSERT_EQ(kvf_key_tokens(client_, tokens.data(), tokens.size(), keys.data(), keys.size(), &n),
-            KVF_OK);
+  std::vector<kvf_block_key> keys;
+  ASSERT_NO_FATAL_FAILURE(KeysOfRepeatedToken(11, &keys));
+  const size_t n = keys.size();
   kvf_match_result* match = nullptr;
   EXPECT_EQ(kvf_match_accuracy(client_, keys.data(), n, 0, "compact_after=lots", 0, &match),
             KVF_INVALID_ARGUMENT);
@@ -314,11 +322,9 @@ TEST_P(CApiClusterTest, MatchAccuracyParsesThePolicyAndNamesTheRepresentation) {
 // KVF_MATCH_PREFIX_PLANS_ONLY reaches placement (MatchOptions::prefix_plans_only); a bit the
 // library does not know is refused, naming it.
 TEST_P(CApiClusterTest, MatchWithFlagsPlansPrefixesOnlyAndRefusesUnknownBits) {
-  std::vector<std::uint32_t> tokens(kTokens, 13);
-  std::vector<kvf_block_key> keys(kTokens / 16);
-  size_t n = 0;
-  ASSERT_EQ(kvf_key_tokens(client_, tokens.data(), tokens.size(), keys.data(), keys.size(), &n),
-            KVF_OK);
+  std::vector<kvf_block_key> keys;
+  ASSERT_NO_FATAL_FAILURE(KeysOfRepeatedToken(13, &keys));
+  const size_t n = keys.size();
   kvf_match_result* match = nullptr;
   EXPECT_EQ(kvf_match_with_flags(client_, keys.data(), n, 0, nullptr, 0, 2u, &match),
             KVF_INVALID_ARGUMENT);
