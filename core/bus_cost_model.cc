@@ -147,6 +147,11 @@ std::string ExplainFetch(BusPath path, const PathParameters& p, uint64_t bytes) 
 }
 
 std::string ExplainRecompute(const RecomputeParameters& r, uint64_t n, uint64_t prefix) {
+  // Nothing to prefill costs nothing, not c0 (nor c3 p): say so rather than list terms that
+  // do not add up to the result.
+  if (n == 0) {
+    return "t_recompute(n=0, p=" + std::to_string(prefix) + ") = 0 µs (nothing to prefill)";
+  }
   const double nd = static_cast<double>(n);
   const double pd = static_cast<double>(prefix);
   char half[32];

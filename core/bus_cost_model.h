@@ -179,7 +179,8 @@ inline bool RecomputeParametersValid(const RecomputeParameters& r) {
 // " × 1.07 (size curve at 4 MiB)" before the result when k(bytes) is not 1.
 std::string ExplainFetch(BusPath path, const PathParameters& p, uint64_t bytes);
 // "t_recompute(n=4096, p=1024) = 2.00 ms + 4096 × 10.0 µs + 4096 × (1024 + 2048) × 1.00 ns =
-//  55.5 ms", with " + 1024 × 700 ns" (p × c3) before the result when c3 is not 0.
+//  55.5 ms", with " + 1024 × 700 ns" (p × c3) before the result when c3 is not 0;
+// "t_recompute(n=0, p=1024) = 0 µs (nothing to prefill)" for n = 0.
 std::string ExplainRecompute(const RecomputeParameters& r, uint64_t n, uint64_t prefix);
 // The model with its constants: "t = 2438.0 us + 97.430 us * n + 0.09490 us * n * (p + n/2) +
 // 0.702 us * p" (the last term only when c3 is not 0).

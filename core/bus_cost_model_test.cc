@@ -41,6 +41,8 @@ TEST(BusCostModelTest, ExplanationsFillInTheNumbers) {
   EXPECT_EQ(ExplainRecompute({2000, 10, 0.001, 0, 0.5}, 16, 4096),
             "t_recompute(n=16, p=4096) = 2.00 ms + 16 × 10.0 µs + 16 × (4096 + 8) × 1.00 ns + "
             "4096 × 500 ns = 4.27 ms");
+  EXPECT_EQ(ExplainRecompute({2000, 10, 0.001, 0, 0.5}, 0, 1552),
+            "t_recompute(n=0, p=1552) = 0 µs (nothing to prefill)");
   EXPECT_EQ(FormatRecomputeModel({2000, 10, 0.001}),
             "t = 2000.0 us + 10.000 us * n + 0.00100 us * n * (p + n/2)");
   EXPECT_EQ(FormatRecomputeModel({2000, 10, 0.001, 0, 0.5}),
