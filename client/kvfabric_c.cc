@@ -326,6 +326,10 @@ void kvf_options_init(kvf_options* options) {
   options->device_index = 0;
   options->device_staging_pages = 0;        // two tiles' worth (Client)
   options->device_context_floor_pages = 0;  // 1 sink + hot_newest_pages (Client)
+  options->straggler_factor = 4.0;
+  options->straggler_slack_ms = 50;
+  options->connect_at_open = 1;
+  options->daemon_checks_landing = 1;
 }
 
 kvf_status kvf_client_open(const kvf_options* options, kvf_client** out) {

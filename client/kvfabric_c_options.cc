@@ -141,6 +141,16 @@ Status ToClientOptions(const kvf_options& o, ClientOptions* out) {
   options.security.allow_insecure_remote = o.allow_insecure_remote != 0;
   options.data_plane_tls = o.data_plane_tls != 0;
   options.fetch_depth = o.fetch_depth != 0 ? o.fetch_depth : 4;  // 0: older callers
+  if (!(o.straggler_factor == 0 ||
+        (std::isfinite(o.straggler_factor) && o.straggler_factor >= 1.5))) {
+    return Status::InvalidArgument("options->straggler_factor is " +
+                                   std::to_string(o.straggler_factor) +
+                                   ": it must be 0 (off) or finite and >= 1.5 (default 4)");
+  }
+  options.straggler_factor = o.straggler_factor;
+  options.straggler_slack = std::chrono::milliseconds(o.straggler_slack_ms);
+  options.connect_at_open = o.connect_at_open != 0;
+  options.daemon_checks_landing = o.daemon_checks_landing != 0;
   if (o.write_back_protocol > 1) {
     return Status::InvalidArgument("options->write_back_protocol is " +
                                    std::to_string(o.write_back_protocol) +

@@ -276,6 +276,9 @@ TEST(KvfabricCTest, OpenRefusesPrefillConstantsThatAreNotFiniteAndNonNegative) {
   o.prefill_c2_us = std::numeric_limits<double>::infinity();
   ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, "options->prefill_c2_us");
   o = ValidOptions();
+  o.straggler_factor = 1.0;
+  ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, "options->straggler_factor");
+  o = ValidOptions();
   o.prefill_c3_us = -0.5;
   ExpectOpenRefused(o, KVF_INVALID_ARGUMENT, "options->prefill_c3_us");
   o = ValidOptions();

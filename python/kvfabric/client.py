@@ -122,7 +122,8 @@ class Client:
     ``staging_bytes``, ``fetch_depth``, ``store_by_key``, ``save_threads``,
     ``max_context_tokens``, ``prefill`` (dict: c0_us, c1_us_per_token,
     c2_us_per_token2, c3_us_per_prefix_token, split_serial_fraction),
-    ``rpc_timeout`` and
+    ``straggler_factor``, ``straggler_slack`` (seconds), ``connect_at_open``,
+    ``daemon_checks_landing``, ``rpc_timeout`` and
     ``transfer_timeout`` (seconds or timedelta), ``lease_ttl_ms``,
     ``metrics_address``.
 

@@ -233,6 +233,12 @@ client::ClientOptions ParseClientOptions(const py::dict& options, DeviceChoice* 
   o.rpc_timeout = r.Seconds("rpc_timeout", o.rpc_timeout);
   o.transfer_timeout = r.Seconds("transfer_timeout", o.transfer_timeout);
   o.lease_ttl_ms = r.Unsigned<std::uint32_t>("lease_ttl_ms", o.lease_ttl_ms);
+  // Open refuses a straggler_factor that is neither 0 nor >= 1.5; a client
+  // without recompute= keeps 0 whatever is given (module.cc).
+  o.straggler_factor = r.Double("straggler_factor", o.straggler_factor);
+  o.straggler_slack = r.Seconds("straggler_slack", o.straggler_slack);
+  o.connect_at_open = r.Bool("connect_at_open", o.connect_at_open);
+  o.daemon_checks_landing = r.Bool("daemon_checks_landing", o.daemon_checks_landing);
   o.metrics_address = r.String("metrics_address", "");
   if (r.Has("compact_extra_decode_us_per_token")) {
     o.compact_extra_decode_us_per_token = r.Double("compact_extra_decode_us_per_token", 0);

@@ -91,6 +91,14 @@ def test_errors_are_exceptions_with_codes_and_settings(cluster):
     assert "fetch_dpeth" in str(e.value) and "fetch_depth" in str(e.value)
     with pytest.raises(kvfabric.InvalidArgument):
         open_client(cluster, model=small_model(tokens_per_block=12))
+    with pytest.raises(kvfabric.InvalidArgument) as e:
+        open_client(cluster, recompute=lambda request, out: None, straggler_factor=1.0)
+    assert "straggler_factor" in str(e.value)
+    # The straggler, connection and landing-check options are taken by name.
+    with open_client(cluster, recompute=lambda request, out: None, straggler_factor=2.0,
+                     straggler_slack=0.1, connect_at_open=False,
+                     daemon_checks_landing=False) as client:
+        assert client.metrics()["blocks_fetched"] == 0
     with pytest.raises(kvfabric.Unavailable) as e:
         open_client(cluster, placement_address="127.0.0.1:1", rpc_timeout=0.5)
     assert isinstance(e.value, kvfabric.Error) and e.value.code_name == "Unavailable"

@@ -402,6 +402,23 @@ typedef struct kvf_options {
    * of its prefix however few tokens it prefills (reading the prefix's K
    * and V), in microseconds. Finite and >= 0; 0 (default): not modelled. */
   double prefill_c3_us;
+
+  /* A daemon's stream that runs straggler_factor x its predicted end plus
+   * straggler_slack_ms starts no further request and its blocks fall back
+   * (another replica, else recompute) (ClientOptions::straggler_factor,
+   * docs/client.md). Defaults 4.0 and 50; straggler_factor 0 turns it off,
+   * otherwise >= 1.5. */
+  double straggler_factor;
+  uint32_t straggler_slack_ms;
+  /* 1 (default): open starts a data session with every serving daemon on a
+   * thread of its own (ClientOptions::connect_at_open); 0: connect on first
+   * use. */
+  int connect_at_open;
+  /* 1 (default): daemons copying through shared memory check the CRC of the
+   * bytes they land and the client skips its own pass
+   * (ClientOptions::daemon_checks_landing); 0: the client checks every
+   * byte. */
+  int daemon_checks_landing;
 } kvf_options;
 
 /* Fills *options with the defaults above (required fields zero or NULL) and
