@@ -87,11 +87,18 @@ CacheHostNode::~CacheHostNode() { Shutdown(std::chrono::milliseconds(0)); }
 Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
   const auto deadline = std::chrono::steady_clock::now() + options_.reserve_wait;
   bool made_room = false;
-  StatusOr<PromotionOrder> order = Status::Unknown("not started");
+  std::optional<PromotionOrder> order;
   for (;;) {
-    order = table_->BeginPromotion(ns, key);
-    if (order.ok()) break;
-    const StatusCode code = order.status().code();
+    StatusOr<std::optional<PromotionOrder>> begun = table_->BeginPromotion(ns, key);
+    // Staged meanwhile (by the lease waited for below, or by one that ran
+    // between this lease's first look and now): nothing to read; the caller
+    // leases the host copy.
+    if (begun.ok() && !begun->has_value()) return Status::OK();
+    if (begun.ok()) {
+      order = std::move(**begun);
+      break;
+    }
+    const StatusCode code = begun.status().code();
     if (code == StatusCode::kAborted) {
       // Another lease is staging this block (two contexts loading the same
       // prefix, a shared system prompt): its read brings the same bytes into
@@ -111,13 +118,7 @@ Status CacheHostNode::Stage(NamespaceId ns, const BlockKey& key) {
       MakeRoomAndWait(std::nullopt, meta.ok() ? pool_->PagesFor(meta->meta.bytes) : 1, deadline);
       continue;
     }
-    // Staged meanwhile (by the lease waited for, or by one that ran between
-    // this lease's first look and now): nothing to read; the caller leases
-    // the host copy.
-    if (code == StatusCode::kFailedPrecondition && table_->HasHostCopy(ns, key)) {
-      return Status::OK();
-    }
-    return order.status();
+    return begun.status();
   }
   // While it is promoting the block cannot go, so neither can its namespace:
   // its tenant (and NVMe key) are read now, before AbortPromotion may remove

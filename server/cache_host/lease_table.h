@@ -310,22 +310,20 @@ class LeaseTable {
 
   // Staging (NVMe -> host, "promotion"). BeginPromotion takes staging pages
   // for an NVMe-only block and marks it promoting (Delete refuses meanwhile,
-  // a second BeginPromotion gets Aborted). NotFound if absent; FailedPrecondition
-  // if it has a host copy already; ResourceExhausted (with the page counts) if
+  // a second BeginPromotion gets Aborted). NotFound if absent; nullopt (nothing
+  // to stage) if it has a host copy already; ResourceExhausted (with the page counts) if
   // the pool cannot hold it. CompletePromotion publishes the staged pages as the
   // block's host copy (tier both; the NVMe copy stays, so eviction later drops
   // the host copy without I/O). AbortPromotion frees the pages; with
   // `remove_block` (the NVMe copy failed its CRC) it also removes the block
   // from the index and returns it.
-  StatusOr<PromotionOrder> BeginPromotion(NamespaceId ns, const BlockKey& key);
+  StatusOr<std::optional<PromotionOrder>> BeginPromotion(NamespaceId ns, const BlockKey& key);
   // Waits until no staging read of `key` is in flight (another lease's
   // BeginPromotion ended in CompletePromotion or AbortPromotion) or `deadline`
   // passes. true: none is in flight now (the block may have a host copy, or
   // may be NVMe-only again after a failed read, or gone).
   bool AwaitPromotion(NamespaceId ns, const BlockKey& key,
                       std::chrono::steady_clock::time_point deadline);
-  // Whether `key` has a host copy now (tier host or both).
-  bool HasHostCopy(NamespaceId ns, const BlockKey& key) const;
   // `layer_crcs`: the staged copy's verified layer CRCs (NvmeTier::Read).
   Status CompletePromotion(const PromotionOrder& order, std::vector<std::uint32_t> layer_crcs);
   StatusOr<std::optional<BlockEntry>> AbortPromotion(const PromotionOrder& order,

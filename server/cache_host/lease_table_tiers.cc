@@ -156,13 +156,12 @@ std::vector<EvictionDecision> LeaseTable::Explain(const Namespace& ns, const Blo
   return decisions_.Find(ns.tenant, key);
 }
 
-StatusOr<PromotionOrder> LeaseTable::BeginPromotion(NamespaceId ns, const BlockKey& key) {
+StatusOr<std::optional<PromotionOrder>> LeaseTable::BeginPromotion(NamespaceId ns,
+                                                                   const BlockKey& key) {
   MutexLock lock(&mu_);
   BlockEntry* e = ns < index_.namespace_count() ? index_.FindMutable(ns, key) : nullptr;
   if (e == nullptr) return Status::NotFound("block " + key.ToHex() + " is not cached");
-  if (InHost(e->tier)) {
-    return Status::FailedPrecondition("block " + key.ToHex() + " already has a host copy");
-  }
+  if (InHost(e->tier)) return std::optional<PromotionOrder>();  // staged by another lease
   if (e->promoting) {
     return Status::Aborted("block " + key.ToHex() + " is being staged by another lease");
   }
@@ -173,7 +172,7 @@ StatusOr<PromotionOrder> LeaseTable::BeginPromotion(NamespaceId ns, const BlockK
   }
   e->promoting = true;
   ++c_.promotions_started;
-  return PromotionOrder{ns, key, *runs, e->nvme, e->meta, e->crc32c};
+  return std::optional<PromotionOrder>(PromotionOrder{ns, key, *runs, e->nvme, e->meta, e->crc32c});
 }
 
 Status LeaseTable::CompletePromotion(const PromotionOrder& order,
@@ -206,12 +205,6 @@ bool LeaseTable::AwaitPromotion(NamespaceId ns, const BlockKey& key,
       return e == nullptr || !e->promoting;
     }
   }
-}
-
-bool LeaseTable::HasHostCopy(NamespaceId ns, const BlockKey& key) const {
-  MutexLock lock(&mu_);
-  const BlockEntry* e = ns < index_.namespace_count() ? index_.Find(ns, key) : nullptr;
-  return e != nullptr && InHost(e->tier);
 }
 
 StatusOr<std::optional<BlockEntry>> LeaseTable::AbortPromotion(const PromotionOrder& order,
