@@ -32,21 +32,12 @@ Status Client::Impl::Init() {
     return Status::InvalidArgument("client: placement_address (--placement-address) is empty");
   }
   if (o_.device == nullptr) return Status::InvalidArgument("client: no device given");
-  if (o_.prefill &&
-      !(std::isfinite(o_.prefill->c0_us) && o_.prefill->c0_us >= 0 &&
-        std::isfinite(o_.prefill->c1_us_per_token) && o_.prefill->c1_us_per_token >= 0 &&
-        std::isfinite(o_.prefill->c2_us_per_token2) && o_.prefill->c2_us_per_token2 >= 0 &&
-        std::isfinite(o_.prefill->c3_us_per_prefix_token) &&
-        o_.prefill->c3_us_per_prefix_token >= 0)) {
+  if (o_.prefill && !RecomputeParametersValid(*o_.prefill)) {
     return Status::InvalidArgument(
         "client: prefill constants (ClientOptions::prefill) c0, c1, c2, c3 must be finite and "
-        ">= 0");
-  }
-  if (o_.prefill &&
-      !(o_.prefill->split_serial_fraction >= 0 && o_.prefill->split_serial_fraction <= 1)) {
-    return Status::InvalidArgument(
-        "client: ClientOptions::prefill.split_serial_fraction must be in [0, 1], got " +
-        std::to_string(o_.prefill->split_serial_fraction));
+        ">= 0 and split_serial_fraction in [0, 1]; got " +
+        FormatRecomputeModel(*o_.prefill) +
+        ", s = " + std::to_string(o_.prefill->split_serial_fraction));
   }
   if (!o_.recompute) {
     return Status::InvalidArgument("client: no recompute function (the engine's prefill)");
