@@ -136,6 +136,108 @@ __attribute__((target("sse4.2"))) inline std::uint32_t Sse42Stripes(
   return crc;
 }
 
+// One 8-byte store: non-temporal (movnti) when kStreaming.
+template <bool kStreaming>
+__attribute__((target("sse4.2"))) inline void Store64(std::uint8_t* at, std::uint64_t v) {
+  if constexpr (kStreaming) {
+    _mm_stream_si64(reinterpret_cast<long long*>(at), static_cast<long long>(v));
+  } else {
+    std::memcpy(at, &v, sizeof(v));
+  }
+}
+
+// Copies one 64-byte line word by word, each word stored from the register
+// the `crc32` instruction takes it from; returns the register after it.
+// Streaming: 16-byte registers, each stored non-temporally (d 16-byte
+// aligned) and its two words taken from it for the CRC.
+template <bool kStreaming>
+__attribute__((target("sse4.2"))) inline std::uint64_t CopyLine(std::uint64_t c, std::uint8_t* d,
+                                                                const std::uint8_t* s) {
+  if constexpr (kStreaming) {
+    for (std::size_t w = 0; w < 64; w += 16) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + w));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + w), v);
+      c = _mm_crc32_u64(c, static_cast<std::uint64_t>(_mm_cvtsi128_si64(v)));
+      c = _mm_crc32_u64(c, static_cast<std::uint64_t>(_mm_extract_epi64(v, 1)));
+    }
+  } else {
+    for (std::size_t w = 0; w < 64; w += 8) {
+      const std::uint64_t v = Load64(s + w);
+      Store64<false>(d + w, v);
+      c = _mm_crc32_u64(c, v);
+    }
+  }
+  return c;
+}
+
+// Sse42Stripes with a copy fused in: each 8-byte word is loaded once into a
+// register, stored from it and fed to the `crc32` instruction from it, so
+// the CRC covers exactly the values the stores wrote. Three independent
+// chains keep the instruction's latency (3 cycles) hidden, as above.
+template <bool kStreaming>
+__attribute__((target("sse4.2"))) inline std::uint32_t Sse42CopyStripes(
+    std::uint32_t crc, std::uint8_t*& d, const std::uint8_t*& s, std::size_t& n, std::size_t stripe,
+    const std::array<ByteTable, 4>& shift) {
+  while (n >= 3 * stripe) {
+    std::uint64_t c0 = crc;
+    std::uint64_t c1 = 0;
+    std::uint64_t c2 = 0;
+    // A 64-byte line of each stripe at a time: streaming stores then fill
+    // one write-combining buffer per line before the next; the out-of-order
+    // core overlaps the three chains.
+    for (std::size_t i = 0; i < stripe; i += 64) {
+      c0 = CopyLine<kStreaming>(c0, d + i, s + i);
+      c1 = CopyLine<kStreaming>(c1, d + stripe + i, s + stripe + i);
+      c2 = CopyLine<kStreaming>(c2, d + 2 * stripe + i, s + 2 * stripe + i);
+    }
+    crc = Shift(shift, static_cast<std::uint32_t>(c0)) ^ static_cast<std::uint32_t>(c1);
+    crc = Shift(shift, crc) ^ static_cast<std::uint32_t>(c2);
+    s += 3 * stripe;
+    d += 3 * stripe;
+    n -= 3 * stripe;
+  }
+  return crc;
+}
+
+// The one-pass copy with the `crc32` instruction, for CPUs without the
+// folding path. Streaming: non-temporal 8-byte stores (the caller fences).
+template <bool kStreaming>
+__attribute__((target("sse4.2"))) std::uint32_t CopySse42(std::uint32_t crc, std::uint8_t* d,
+                                                          const std::uint8_t* s, std::size_t n) {
+  std::uint32_t l = crc ^ 0xffffffffu;
+  // Leading bytes up to a boundary of the destination, so every store after
+  // them is aligned: 8 bytes, or a 64-byte line when streaming (16-byte
+  // stores fill whole lines).
+  constexpr std::uintptr_t kAlign = kStreaming ? 63 : 7;
+  while (n > 0 && (reinterpret_cast<std::uintptr_t>(d) & kAlign) != 0) {
+    *d = *s++;
+    l = _mm_crc32_u8(l, *d++);
+    --n;
+  }
+  // Short stripes only: the three streams of stores then stay within 768
+  // bytes of each other. Non-temporal stores to three lines 8 KiB apart ran
+  // at 1.3-2.8 GB/s on AMD EPYC (one stream: 11-12); 256-byte stripes run
+  // at 10-11 GB/s, ordinary stores as fast as with the long stripes.
+  l = Sse42CopyStripes<kStreaming>(l, d, s, n, kShortStripe, kShiftShort);
+  std::uint64_t l64 = l;
+  while (n >= 8) {
+    const std::uint64_t v = Load64(s);
+    Store64<kStreaming>(d, v);
+    l64 = _mm_crc32_u64(l64, v);
+    s += 8;
+    d += 8;
+    n -= 8;
+  }
+  l = static_cast<std::uint32_t>(l64);
+  while (n > 0) {
+    const std::uint8_t v = *s++;
+    *d++ = v;
+    l = _mm_crc32_u8(l, v);
+    --n;
+  }
+  return l ^ 0xffffffffu;
+}
+
 // The folding path: carry-less multiplication (VPCLMULQDQ on 512-bit
 // registers), four times the bytes per cycle of the `crc32` instruction,
 // which retires 8 bytes a cycle at best (15 GB/s in cache on the development
@@ -423,6 +525,21 @@ std::uint32_t ExtendCopyFolding(std::uint32_t crc, void* dst, const void* src, s
 #endif
 }
 
+std::uint32_t ExtendCopyHardware(std::uint32_t crc, void* dst, const void* src, std::size_t n,
+                                 bool streaming) {
+#if KVF_CRC32C_HAVE_SSE42
+  auto* d = static_cast<std::uint8_t*>(dst);
+  const auto* s = static_cast<const std::uint8_t*>(src);
+  if (!streaming) return CopySse42<false>(crc, d, s, n);
+  crc = CopySse42<true>(crc, d, s, n);
+  _mm_sfence();  // streaming stores are weakly ordered
+  return crc;
+#else
+  (void)streaming;
+  return ExtendCopyReadBack(crc, dst, src, n);
+#endif
+}
+
 std::uint32_t ExtendCopyReadBack(std::uint32_t crc, void* dst, const void* src, std::size_t n) {
   auto* d = static_cast<std::uint8_t*>(dst);
   const auto* s = static_cast<const std::uint8_t*>(src);
@@ -440,9 +557,11 @@ std::uint32_t ExtendCopy(std::uint32_t crc, void* dst, const void* src, std::siz
                          bool streaming) {
 #if KVF_CRC32C_HAVE_SSE42
   static const bool kUseFolding = internal::FoldingAvailable();
+  static const bool kUseHardware = internal::HardwareAvailable();
   if (kUseFolding && n >= kFoldMinBytes) {
     return internal::ExtendCopyFolding(crc, dst, src, n, streaming);
   }
+  if (kUseHardware) return internal::ExtendCopyHardware(crc, dst, src, n, streaming);
 #endif
   (void)streaming;
   return internal::ExtendCopyReadBack(crc, dst, src, n);

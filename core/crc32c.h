@@ -41,15 +41,17 @@ inline std::uint32_t Extend(std::uint32_t crc, std::span<const std::byte> bytes)
 
 // Copies n bytes from src to dst (the ranges must not overlap, as for
 // std::memcpy) and returns Extend(crc, dst, n): the CRC of the bytes it
-// stored. Where the CPU folds (FoldingAvailable()) and n is at least 1 KiB,
-// one pass: each 64-byte
-// line is loaded once into a register, stored from it and folded into the
-// CRC from it, so the CRC covers exactly the values the store instructions
-// wrote and neither side is read twice. Elsewhere, pieces of kCopyPieceBytes
-// are copied with std::memcpy and each read back while it is still in this
-// core's cache. With `streaming`, the stores of the one-pass path bypass the
-// caches (non-temporal, fenced before return, as core/stream_copy.h), for a
-// destination not read again soon.
+// stored, in one pass: each piece is loaded once into a register, stored
+// from it and fed to the CRC from it, so the CRC covers exactly the values
+// the store instructions wrote and neither side is read twice. Where the CPU
+// folds (FoldingAvailable()) and n is at least 1 KiB, 64-byte registers
+// folded by VPCLMULQDQ; elsewhere with the `crc32` instruction
+// (HardwareAvailable()), 8-byte registers in three interleaved chains.
+// Without either (not x86-64), pieces of kCopyPieceBytes are copied with
+// std::memcpy and each read back while it is still in this core's cache.
+// With `streaming`, the one-pass stores bypass the caches (non-temporal,
+// fenced before return, as core/stream_copy.h), for a destination not read
+// again soon.
 std::uint32_t ExtendCopy(std::uint32_t crc, void* dst, const void* src, std::size_t n,
                          bool streaming);
 
@@ -113,10 +115,14 @@ std::uint32_t ExtendFolding(std::uint32_t crc, const void* data, std::size_t n);
 // forwards to ExtendPortable, so callers never execute an illegal instruction.)
 std::uint32_t ExtendHardware(std::uint32_t crc, const void* data, std::size_t n);
 
-// ExtendCopy's two paths, exposed so tests and benchmarks can compare them.
-// REQUIRES (one-pass): FoldingAvailable().
+// ExtendCopy's three paths, exposed so tests and benchmarks can compare them.
+// REQUIRES: FoldingAvailable().
 std::uint32_t ExtendCopyFolding(std::uint32_t crc, void* dst, const void* src, std::size_t n,
                                 bool streaming);
+// REQUIRES: HardwareAvailable() (forwards to ExtendCopyReadBack on builds
+// without a hardware path).
+std::uint32_t ExtendCopyHardware(std::uint32_t crc, void* dst, const void* src, std::size_t n,
+                                 bool streaming);
 std::uint32_t ExtendCopyReadBack(std::uint32_t crc, void* dst, const void* src, std::size_t n);
 
 }  // namespace internal

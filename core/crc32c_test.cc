@@ -147,18 +147,21 @@ TEST(Crc32cTest, FoldingMatchesPortableAroundEveryBoundary) {
   }
 }
 
-// ExtendCopy, through both of its paths and the dispatching entry point,
+// ExtendCopy, through each of its paths and the dispatching entry point,
 // with and without streaming stores: the destination holds the source's
 // bytes and nothing past them changed, and the CRC is the one Extend gives,
 // for lengths around the 64-byte head, the 256-byte loop and the read-back
-// piece, at every source and destination alignment mod 64.
+// piece and the `crc32` path's stripes, at every source and destination
+// alignment mod 64.
 TEST(Crc32cTest, ExtendCopyCopiesAndReturnsTheCrcOfWhatItStored) {
   const std::uint64_t seed = TestSeed("Crc32cTest.ExtendCopyCopiesAndReturnsTheCrcOfWhatItStored");
   std::mt19937_64 rng(seed);
   std::vector<std::uint8_t> src((1u << 18) + 256);
   for (auto& b : src) b = static_cast<std::uint8_t>(rng());
   std::vector<std::size_t> lengths = {0, 1, 63, 64, 255, 256, 257, 1023, 1024, 1025, 1279, 1280};
-  for (std::size_t k : {std::size_t{4096}, kCopyPieceBytes, std::size_t{1} << 18}) {
+  // 768 and 24576: three stripes of the `crc32` path's short and long loops.
+  for (std::size_t k : {std::size_t{768}, std::size_t{4096}, std::size_t{24576}, kCopyPieceBytes,
+                        std::size_t{1} << 18}) {
     for (std::size_t d = 0; d < 4; ++d) lengths.push_back(k - d);
   }
   for (int i = 0; i < 40; ++i) lengths.push_back(rng() % (1u << 18));
@@ -169,6 +172,7 @@ TEST(Crc32cTest, ExtendCopyCopiesAndReturnsTheCrcOfWhatItStored) {
          return internal::ExtendCopyReadBack(c, d, s, n);
        }}};
   if (internal::FoldingAvailable()) paths.push_back({"folding", &internal::ExtendCopyFolding});
+  if (internal::HardwareAvailable()) paths.push_back({"crc32", &internal::ExtendCopyHardware});
   std::vector<std::uint8_t> dst(src.size() + 128);
   for (const auto& [name, copy] : paths) {
     for (bool streaming : {false, true}) {
