@@ -33,6 +33,7 @@
 #include "client/history_pool.h"
 #include "client/host_history.h"
 #include "client/kvfabric_client.h"
+#include "client/layer0_gate.h"
 #include "client/streaming_attention.h"
 #include "core/mutex.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
@@ -292,8 +293,13 @@ class Client::Impl {
   // cut_after_us > 0: the stream starts no request after that many µs from
   // its start (ClientOptions::straggler_factor); its unlanded blocks stay in
   // *blocks and the result is DeadlineExceeded naming the cut.
+  // gate (may be null): this load's Layer0Gate (client/layer0_gate.h),
+  // which FetchFrom signals once (when its layer-0 units are answered, or on
+  // return) and waits on before its later groups, at most as long again as
+  // its own layer 0 took.
   Status FetchFrom(Context& c, const MatchResult::Host& host, std::vector<std::uint32_t>* blocks,
-                   std::size_t nvme_from, StreamTally* tally, double cut_after_us = 0);
+                   std::size_t nvme_from, StreamTally* tally, double cut_after_us = 0,
+                   Layer0Gate* gate = nullptr);
   // The same for blocks a compact run fetches (client_compact.cc): their
   // compact_int8 copies, under CompactInt8BlockKey, whole blocks of
   // compact_bytes_ into the start of their pages, fetch_batch_ per request

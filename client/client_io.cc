@@ -201,11 +201,15 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
     }
     std::vector<StreamTally> tallies(m.hosts.size());
     for (std::size_t h = 0; h < tallies.size(); ++h) tallies[h].predicted_us = predicted[h];
+    std::size_t streams = 0;
+    for (std::size_t h : hosts) streams += by_host[h].empty() ? 0 : 1;
+    Layer0Gate gate(streams);
     const auto start = Clock::now();
     auto fetch = [&](std::size_t h) {
       StreamTally& t = tallies[h];
       if (!by_host[h].empty()) {
-        host_status[h] = FetchFrom(*c, m.hosts[h], &by_host[h], nvme_from[h], &t, cut_after[h]);
+        host_status[h] =
+            FetchFrom(*c, m.hosts[h], &by_host[h], nvme_from[h], &t, cut_after[h], &gate);
       }
       if (!compact_by_host[h].empty() && !HostDown(host_status[h])) {
         std::uint64_t compact_moved = 0;
@@ -352,7 +356,17 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
 
 Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
                                std::vector<std::uint32_t>* blocks, std::size_t nvme_from,
-                               StreamTally* tally, double cut_after_us) {
+                               StreamTally* tally, double cut_after_us, Layer0Gate* gate) {
+  // Signals the gate once: when this stream's layer-0 units are answered,
+  // at the latest on return (an early error included).
+  struct GateSignal {
+    Layer0Gate* gate;
+    std::atomic<bool> sent{false};
+    void Send() {
+      if (gate != nullptr && !sent.exchange(true)) gate->Done();
+    }
+    ~GateSignal() { Send(); }
+  } gate_signal{gate};
   nvme_from = std::min(nvme_from, blocks->size());
   auto daemon = GetDaemon(host);
   if (!daemon.ok()) return daemon.status();
@@ -419,6 +433,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
     CondVar cv;
     std::size_t next KVF_GUARDED_BY(mu) = 0;
     std::size_t first_done KVF_GUARDED_BY(mu) = 0;  // layer-0 units answered
+    double first_done_us KVF_GUARDED_BY(mu) = 0;    // when the last of them was
     std::size_t fetchers KVF_GUARDED_BY(mu) = 0;  // host-pool workers still running
     bool down KVF_GUARDED_BY(mu) = false;
     bool cut KVF_GUARDED_BY(mu) = false;                 // past cut_after_us: no further request
@@ -460,6 +475,14 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
                       if (HostDown(s)) p.down = true;
                       p.cv.NotifyAll();
                     };
+  // One more layer-0 unit answered; the last one signals the gate.
+  // REQUIRES: p.mu held.
+  auto first_unit_done = [&]() KVF_REQUIRES(p.mu) {
+    if (++p.first_done < first_units) return;
+    p.first_done_us = MicrosSince(start);
+    gate_signal.Send();
+  };
+  if (first_units == 0) gate_signal.Send();
   // Whether the stream is past its cut-off (and, the first time, says so).
   // REQUIRES: p.mu held.
   auto past_cut = [&]() KVF_REQUIRES(p.mu) {
@@ -485,6 +508,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
     std::vector<std::uint32_t> batch;
     for (;;) {
       std::size_t unit = 0;
+      double own_layer0_us = 0;
       {
         MutexLock l(&p.mu);
         if (p.down || p.next >= units || past_cut()) {
@@ -494,11 +518,20 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
         }
         unit = p.next++;
         // A layered model's later groups wait until this daemon answered
-        // every layer-0 unit (other daemons' are not waited for).
+        // every layer-0 unit, then for the other streams' layer 0 (the gate)
+        // at most as long again.
         if (layered && unit >= first_units) {
           p.cv.Wait(&p.mu,
                     [&]() KVF_REQUIRES(p.mu) { return p.down || p.first_done >= first_units; });
+          own_layer0_us = p.down ? 0 : p.first_done_us;
         }
+      }
+      if (own_layer0_us > 0 && gate != nullptr) {
+        gate->AwaitUntil(start +
+                         std::chrono::microseconds(static_cast<std::int64_t>(2 * own_layer0_us)));
+      }
+      {
+        MutexLock l(&p.mu);
         // This unit's blocks that are still in play.
         positions.clear();
         const UnitSpan us = span_of(unit);
@@ -524,7 +557,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
       if (positions.empty()) {
         if (unit < first_units) {
           MutexLock l(&p.mu);
-          ++p.first_done;
+          first_unit_done();
           p.cv.NotifyAll();
         }
         continue;
@@ -539,7 +572,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
         for (std::size_t k : on_nvme) to_nvme[k] = true;
       }
       MutexLock l(&p.mu);
-      if (unit < first_units) ++p.first_done;
+      if (unit < first_units) first_unit_done();
       record(positions, arrived, to_nvme, s, moved);
     }
   };
