@@ -798,7 +798,12 @@ int main(int argc, char** argv) {
         fetched_now == fetched_before ? 0.0
                                       : 100.0 * static_cast<double>(checked_now - checked_before) /
                                             static_cast<double>(fetched_now - fetched_before));
-    if (model.layer_count > 1 && round_trip_ms > 0) {
+    if (model.layer_count > 1 && round_trip_ms > 0 && recomputed > 0) {
+      std::printf(
+          "  layer 0 not judged: the plans recompute %u blocks, whose layers arrive together from "
+          "the prefill\n",
+          recomputed);
+    } else if (model.layer_count > 1 && round_trip_ms > 0) {
       // The target, per context: layer 0 ready (from Load) within
       // 1.5/L of the load (every layer, from Load) plus one round trip.
       const double bound = 1.5 / model.layer_count * all_load + round_trip_ms;
