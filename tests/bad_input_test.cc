@@ -42,10 +42,14 @@ namespace {
 
 using std::chrono_literals::operator""s;
 
-constexpr std::uint64_t kPoolBytes = 64ull << 20;
-// The pool, plus what gRPC and the data plane may hold (their memory quotas
-// and limits), plus the process's own footprint.
-constexpr std::uint64_t kRssBoundBytes = kPoolBytes + (256ull << 20);
+// How much the daemon's RSS may grow under bad input: what gRPC and the data
+// plane may hold (their memory quotas and limits). Measured from the RSS
+// before, which holds the pool (64 MiB) and the process's own footprint: under ASan
+// that footprint is 242 MiB (shadow memory) and its quarantine of freed
+// blocks grows with the flood (42-83 MiB; 17 MiB without ASan), so an
+// absolute bound of pool + 256 MiB failed there with the daemon within its
+// limits.
+constexpr std::uint64_t kRssGrowthBoundBytes = 256ull << 20;
 
 struct Case {
   const char* name;
@@ -314,7 +318,7 @@ TEST_F(BadInputTest, EveryMethodRefusesMalformedRequestsNamingTheLimit) {
   std::printf("daemon RSS %.1f MiB before, %.1f MiB after %zu bad requests; fds %d -> %d\n",
               rss_before / 1048576.0, rss_after / 1048576.0, cases.size(), fds_before,
               testing::OpenFds(pid_));
-  EXPECT_LT(rss_after, kRssBoundBytes);
+  EXPECT_LT(rss_after, rss_before + kRssGrowthBoundBytes);
 }
 
 TEST_F(BadInputTest, DataPlaneClosesGarbageTruncatedHugeIdleAndTricklingConnections) {
@@ -427,7 +431,7 @@ TEST_F(BadInputTest, DataPlaneClosesGarbageTruncatedHugeIdleAndTricklingConnecti
   std::printf("daemon RSS %.1f MiB before, %.1f MiB after; fds %d before, %d flooded, %d after\n",
               rss_before / 1048576.0, rss_after / 1048576.0, fds_before, daemon_fds_flooded,
               testing::OpenFds(pid_));
-  EXPECT_LT(rss_after, kRssBoundBytes);
+  EXPECT_LT(rss_after, rss_before + kRssGrowthBoundBytes);
   // The daemon held at most --max-data-handshakes of the sockets that never
   // said hello (the rest were shed at accept), plus the hostile ones.
   EXPECT_LT(daemon_fds_flooded, fds_before + 256 + 64);
