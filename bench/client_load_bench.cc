@@ -288,6 +288,11 @@ int main(int argc, char** argv) {
   int daemons = 2;
   std::uint32_t layers = 4;
   double prefill_us_per_token = 50.0;
+  // The daemons' copy helpers and streaming threshold (kvfabric-cached
+  // --copy-threads, --streaming-copy-min-bytes); defaults as the daemon's.
+  int copy_threads = kvfabric::server::EmbeddedDaemonOptions{}.copy_threads;
+  std::uint64_t streaming_copy_min_bytes =
+      kvfabric::server::EmbeddedDaemonOptions{}.streaming_copy_min_bytes;
   int warmup = 0;
   bool populate = true;
   bool client_checks = false;
@@ -335,6 +340,10 @@ int main(int argc, char** argv) {
       }
     } else if (flag == "--compact-extra-decode-us") {
       compact_extra_us = std::strtod(value.c_str(), nullptr);
+    } else if (flag == "--copy-threads") {
+      copy_threads = std::atoi(value.c_str());
+    } else if (flag == "--streaming-copy-min-bytes") {
+      streaming_copy_min_bytes = std::strtoull(value.c_str(), nullptr, 10);
     } else if (flag == "--contexts") {
       contexts.clear();
       for (std::size_t p = 0; p < value.size();) {
@@ -433,6 +442,8 @@ int main(int argc, char** argv) {
     // daemon, 8.
     d.host_pool_bytes = (daemons == 1 ? 16 : 8) * history_bytes + 16 * block_bytes;
     d.host_page_bytes = 1 << 20;
+    d.copy_threads = copy_threads;
+    d.streaming_copy_min_bytes = streaming_copy_min_bytes;
     d.data_transport = transport;
     d.metrics = false;
     d.populate_imports = populate;

@@ -192,6 +192,7 @@ Status EmbeddedCluster::StartDaemon(const EmbeddedDaemonOptions& options, Daemon
   topts.kind = options.data_transport;
   topts.ucx_tls = options.ucx_tls;
   topts.copy_threads = options.copy_threads;
+  topts.streaming_copy_min_bytes = options.streaming_copy_min_bytes;
   topts.populate_imported_mappings = options.populate_imports;
   topts.workers = options.data_workers;
   if (options_.data_plane_tls) {

@@ -83,6 +83,9 @@ struct EmbeddedDaemonOptions {
   std::string ucx_tls = "sm,self,tcp";
   // Copy helpers of each daemon's transport (UcxTransportOptions::copy_threads).
   int copy_threads = 1;
+  // Each daemon's transport: UcxTransportOptions::streaming_copy_min_bytes
+  // (kvfabric-cached --streaming-copy-min-bytes).
+  std::uint64_t streaming_copy_min_bytes = std::uint64_t{8} << 20;
   // UcxTransportOptions::populate_imported_mappings (kvfabric-cached
   // --no-populate-imports turns it off).
   bool populate_imports = true;

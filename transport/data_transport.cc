@@ -64,6 +64,7 @@ StatusOr<std::unique_ptr<Transport>> CreateDataTransport(const DataTransportOpti
   }
   u.on_rejected_peer = options.on_rejected_peer;
   u.copy_threads = options.copy_threads;
+  u.streaming_copy_min_bytes = options.streaming_copy_min_bytes;
   u.populate_imported_mappings = options.populate_imported_mappings;
   u.workers = options.workers;
   StatusOr<std::unique_ptr<Transport>> created = ucx::CreateUcxTransport(u);

@@ -39,6 +39,9 @@ struct DataTransportOptions {
   // shared_memory_peers (on a progress thread; must not block).
   std::function<void(const std::string& peer, const Status& why)> on_rejected_peer;
   int copy_threads = 1;
+  // UCX only: UcxTransportOptions::streaming_copy_min_bytes (batches copied
+  // through a mapping of at least this many bytes use streaming stores).
+  std::uint64_t streaming_copy_min_bytes = std::uint64_t{8} << 20;
   // UCX only: UcxTransportOptions::populate_imported_mappings (fill in the
   // page tables of imported shared-memory regions in the background).
   bool populate_imported_mappings = true;

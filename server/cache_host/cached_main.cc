@@ -160,6 +160,10 @@ int Run(int argc, char** argv) {
   AddBytesOption(app, "--tcp-receive-buffer-bytes", &f.tcp_receive_buffer_bytes,
                  "SO_RCVBUF per connection with --data-transport=tcp (0: kernel autotuning, "
                  "the default; else 4KiB..64MiB)");
+  AddBytesOption(app, "--streaming-copy-min-bytes", &f.streaming_copy_min_bytes,
+                 "shared-memory batches of at least this many bytes are copied with streaming "
+                 "(non-temporal) stores, which skip the caches: a daemon's copies are not read "
+                 "again by it soon (0: every batch; default 8MiB)");
   app.add_option("--copy-threads", f.copy_threads,
                  "threads that help the UCX progress thread copy large shared-memory "
                  "batches (0: it copies alone; default 1; more on nodes with many cores)")
@@ -360,6 +364,7 @@ int Run(int argc, char** argv) {
         peer, why.message(), n);
   };
   topts.copy_threads = f.copy_threads;
+  topts.streaming_copy_min_bytes = f.streaming_copy_min_bytes;
   topts.populate_imported_mappings = !f.no_populate_imports;
   topts.workers = f.data_workers;
   topts.tcp_send_buffer_bytes = *send_buffer;
