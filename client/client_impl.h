@@ -36,6 +36,7 @@
 #include "client/layer0_gate.h"
 #include "client/streaming_attention.h"
 #include "core/mutex.h"
+#include "core/thread_cache.h"
 #include "kvfabric/v1/cache_host.grpc.pb.h"
 #include "kvfabric/v1/placement.grpc.pb.h"
 #include "metrics/metrics_server.h"
@@ -110,7 +111,7 @@ struct Context {
   // Blocks [0, landed_prefix) have all landed: a recompute starting at block
   // b waits until landed_prefix >= b (its prefill attends to them).
   std::uint32_t landed_prefix KVF_GUARDED_BY(mu) = 0;
-  std::vector<std::thread> workers KVF_GUARDED_BY(mu);  // joined by Finish
+  TaskGroup workers;  // the load's two (FetchRuns, RecomputeRuns); waited for by Finish
   // Saves.
   std::vector<std::uint64_t> layer_bits KVF_GUARDED_BY(mu);    // per full block: layers saved
   std::vector<std::uint32_t> layers_saved KVF_GUARDED_BY(mu);  // per full block: distinct layers
@@ -499,6 +500,16 @@ class Client::Impl {
   // such recompute at a time, client-wide: it is a fault path.
   Mutex scratch_mu_;
   std::unique_ptr<std::byte[]> recompute_scratch_;  // its bytes: under scratch_mu_
+
+  // Threads for a load's workers (FetchRuns, RecomputeRuns), its streams and
+  // their fetch workers, and a save's further daemons: parked between loads,
+  // so a load's first request leaves without waiting for thread creations
+  // (core/thread_cache.h). At most kIdleLoaderThreads stay parked: a two-
+  // daemon load runs 11 at the default fetch_depth, so about six concurrent
+  // loads start none. Last, so that it is destroyed first: its destructor
+  // waits for tasks still running, while what they use is alive.
+  static constexpr std::size_t kIdleLoaderThreads = 64;
+  ThreadCache loaders_{kIdleLoaderThreads};
 };
 
 // Helpers of client_io.cc and client_save.cc.

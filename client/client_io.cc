@@ -220,11 +220,13 @@ void Client::Impl::FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t
         if (host_status[h].ok()) host_status[h] = std::move(s);
       }
     };
-    // One thread per further daemon; this thread takes the first.
-    std::vector<std::thread> others;
-    for (std::size_t i = 1; i < hosts.size(); ++i) others.emplace_back(fetch, hosts[i]);
+    // A loader thread per further daemon; this thread takes the first.
+    TaskGroup others;
+    for (std::size_t i = 1; i < hosts.size(); ++i) {
+      others.Run(&loaders_, [&fetch, h = hosts[i]] { fetch(h); });
+    }
     if (!hosts.empty()) fetch(hosts[0]);
-    for (std::thread& t : others) t.join();
+    others.Wait();
     RecordTransfers(*c, m.hosts, tallies);
     // The plan's streams are done; a fallback below fetches and recomputes
     // one after another on this thread.
@@ -621,11 +623,11 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
     MutexLock l(&p.mu);
     p.fetchers = workers;
   }
-  std::vector<std::thread> threads;
-  threads.emplace_back(lease_nvme);
-  for (std::size_t w = 1; w < workers; ++w) threads.emplace_back(fetch_host_pool);
+  TaskGroup threads;
+  threads.Run(&loaders_, lease_nvme);
+  for (std::size_t w = 1; w < workers; ++w) threads.Run(&loaders_, fetch_host_pool);
   fetch_host_pool();
-  for (std::thread& t : threads) t.join();
+  threads.Wait();
   MutexLock l(&p.mu);
   // Blocks a request answered as on NVMe after the lease worker had stopped
   // (the stream was cut or the daemon went down while it was in flight) were

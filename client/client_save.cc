@@ -160,12 +160,12 @@ void Client::Impl::SaveBatch(std::vector<SaveJob>& jobs) {
     for (auto& [index, group] : by_host) save_to(index, group);
     return;
   }
-  std::vector<std::thread> others;
+  TaskGroup others;
   for (auto it = std::next(by_host.begin()); it != by_host.end(); ++it) {
-    others.emplace_back(save_to, it->first, std::ref(it->second));
+    others.Run(&loaders_, [&save_to, it] { save_to(it->first, it->second); });
   }
   save_to(by_host.begin()->first, by_host.begin()->second);
-  for (std::thread& t : others) t.join();
+  others.Wait();
 }
 
 Status Client::Impl::SaveTo(const v1::HostRef& host, std::vector<SaveJob*>& jobs,

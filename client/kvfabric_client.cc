@@ -444,8 +444,8 @@ Status Client::Impl::Load(const MatchResult& match, ContextId id) {
     }
   }
   c->fetch_beside_prefill = !fetch_runs.empty() && first_recomputed < last_fetched;
-  c->workers.emplace_back([this, c, fetch_runs] { FetchRuns(c, fetch_runs); });
-  c->workers.emplace_back([this, c, recompute_runs] { RecomputeRuns(c, recompute_runs); });
+  c->workers.Run(&loaders_, [this, c, fetch_runs] { FetchRuns(c, fetch_runs); });
+  c->workers.Run(&loaders_, [this, c, recompute_runs] { RecomputeRuns(c, recompute_runs); });
   return Status::OK();
 }
 
@@ -611,12 +611,7 @@ Status Client::Impl::Attend(ContextId id, std::uint32_t layer, std::uint64_t ste
 
 Status Client::Impl::Finish(ContextId id, ContextReport* report) {
   KVF_ASSIGN_OR_RETURN(std::shared_ptr<Context> c, Find(id));
-  std::vector<std::thread> workers;
-  {
-    MutexLock l(&c->mu);
-    workers.swap(c->workers);
-  }
-  for (std::thread& t : workers) t.join();
+  c->workers.Wait();
   {
     // No thread touches the context after its saves: reporting holds its
     // lock only for the analysis' sake (and costs nothing).
@@ -689,7 +684,6 @@ void Context::Reset() {
   layer_ready.clear();
   compact.clear();
   landed_blocks = 0;
-  workers.clear();
   layer_bits.clear();
   layers_saved.clear();
   save_queued.clear();
