@@ -212,6 +212,11 @@ bool UcxCore::OnProgressThread() const {
 
 bool UcxCore::Post(std::function<void()> fn) {
   const bool here = OnProgressThread();
+  if (here && in_task_) {
+    // Inside a task of RunQueued, which runs it next.
+    its_posts_.push_back(std::move(fn));
+    return true;
+  }
   MutexLock lock(&mu_);
   if (!worker_alive_ || (stopping_ && !here)) return false;
   queue_.push_back(std::move(fn));
@@ -247,7 +252,15 @@ bool UcxCore::RunQueued() {
       running_.swap(queue_);
     }
     ran = true;
-    for (auto& fn : running_) fn();
+    for (auto& fn : running_) {
+      in_task_ = true;
+      fn();
+      in_task_ = false;
+      // What it posted, now; what those post is queued (in_task_ is off).
+      running_posts_.swap(its_posts_);
+      for (auto& posted : running_posts_) posted();
+      running_posts_.clear();
+    }
     running_.clear();
   }
 }
