@@ -65,7 +65,7 @@ std::vector<std::vector<CopyRange>> Split(std::span<const CopyRange> ranges, std
 
 }  // namespace
 
-CopyPool::CopyPool(int threads) {
+CopyPool::CopyPool(int threads, std::size_t min_split_bytes) : min_split_bytes_(min_split_bytes) {
   for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
 }
 
@@ -132,6 +132,10 @@ void FoldPieces(std::span<const CopyRange> ranges,
 
 Status CopyPool::Copy(std::span<const CopyRange> ranges, bool streaming) {
   if (workers_.empty() || ranges.empty()) return CopyAll(ranges, streaming);
+  std::size_t total = 0;
+  for (const CopyRange& r : ranges) total += r.bytes;
+  if (total < min_split_bytes_) return CopyAll(ranges, streaming);
+  split_copies_.fetch_add(1, std::memory_order_relaxed);
   std::vector<std::size_t> origin;
   std::vector<std::vector<CopyRange>> shares = Split(ranges, workers_.size() + 1, &origin);
   bool checked = false;

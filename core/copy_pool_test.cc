@@ -27,7 +27,7 @@ TEST(CopyPoolTest, CopiesEveryRangeExactlyWithAnyNumberOfHelpers) {
   std::vector<unsigned char> src(kBytes);
   for (auto& b : src) b = static_cast<unsigned char>(rng());
   for (int threads = 0; threads <= 3; ++threads) {
-    CopyPool pool(threads);
+    CopyPool pool(threads, /*min_split_bytes=*/0);
     EXPECT_EQ(pool.threads(), threads);
     for (bool streaming : {false, true}) {
       std::vector<unsigned char> dst(kBytes, 0xee);
@@ -55,7 +55,7 @@ TEST(CopyPoolTest, CopiesEveryRangeExactlyWithAnyNumberOfHelpers) {
 // Several callers share one pool: each gets exactly its own bytes.
 TEST(CopyPoolTest, ConcurrentCallersShareThePool) {
   const std::uint64_t seed = Seed();
-  CopyPool pool(2);
+  CopyPool pool(2, /*min_split_bytes=*/0);
   std::vector<std::thread> callers;
   std::vector<int> bad(4, 0);
   for (int c = 0; c < 4; ++c) {
@@ -87,7 +87,7 @@ TEST(CopyPoolTest, CheckedRangesGetTheirDestinationsCrcWhereverTheyAreCut) {
   std::vector<unsigned char> src(kBytes);
   for (auto& b : src) b = static_cast<unsigned char>(rng());
   for (int threads = 0; threads <= 3; ++threads) {
-    CopyPool pool(threads);
+    CopyPool pool(threads, /*min_split_bytes=*/0);
     for (int round = 0; round < 4; ++round) {
       std::vector<unsigned char> dst(kBytes, 0xee);
       std::vector<CopyRange> ranges;
@@ -117,6 +117,29 @@ TEST(CopyPoolTest, CheckedRangesGetTheirDestinationsCrcWhereverTheyAreCut) {
       }
     }
   }
+}
+
+// Below min_split_bytes the caller copies alone (no helper is woken); at
+// and above it the copy is split. Both land every byte.
+TEST(CopyPoolTest, SmallCopiesAreNotSplit) {
+  constexpr std::size_t kMin = 1 << 20;
+  CopyPool pool(2, kMin);
+  EXPECT_EQ(pool.min_split_bytes(), kMin);
+  std::vector<unsigned char> src(2 * kMin), dst(2 * kMin, 0);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 1);
+  // Two ranges adding up to one byte under the minimum.
+  std::vector<CopyRange> small = {{dst.data(), src.data(), kMin / 2},
+                                  {dst.data() + kMin, src.data() + kMin, kMin / 2 - 1}};
+  ASSERT_TRUE(pool.Copy(small, /*streaming=*/false).ok());
+  EXPECT_EQ(pool.split_copies(), 0u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), kMin / 2), 0);
+  EXPECT_EQ(std::memcmp(dst.data() + kMin, src.data() + kMin, kMin / 2 - 1), 0);
+  EXPECT_EQ(dst[kMin + kMin / 2 - 1], 0);
+  std::vector<CopyRange> large = {{dst.data(), src.data(), 2 * kMin}};
+  ASSERT_TRUE(pool.Copy(large, /*streaming=*/true).ok());
+  EXPECT_EQ(pool.split_copies(), 1u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 2 * kMin), 0);
+  EXPECT_EQ(CopyPool(1).min_split_bytes(), CopyPool::kDefaultMinSplitBytes);
 }
 
 TEST(CopyPoolTest, EmptyCopiesReturn) {
