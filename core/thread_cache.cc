@@ -91,8 +91,11 @@ void TaskGroup::Run(ThreadCache* cache, std::function<void()> task) {
     MutexLock l(&mu_);
     ++running_;
   }
-  cache->Run([this, task = std::move(task)] {
+  cache->Run([this, task = std::move(task)]() mutable {
     task();
+    // Its captures go before Wait can return: a load's task holds the
+    // context, which Finish recycles only when it holds the last reference.
+    task = nullptr;
     MutexLock l(&mu_);
     if (--running_ == 0) cv_.NotifyAll();
   });

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <thread>
 
 #include "core/mutex.h"
@@ -98,6 +99,19 @@ TEST(ThreadCacheTest, DestructorRunsWhatIsQueued) {
     }
   }
   EXPECT_EQ(ran.load(), 16);
+}
+
+// A task's captures are released before Wait returns: the client recycles a
+// context only when Finish holds its last reference.
+TEST(ThreadCacheTest, ATasksCapturesAreReleasedBeforeWaitReturns) {
+  ThreadCache cache(4);
+  auto held = std::make_shared<int>(1);
+  for (int round = 0; round < 200; ++round) {
+    TaskGroup group;
+    group.Run(&cache, [held] { EXPECT_GE(held.use_count(), 2); });
+    group.Wait();
+    ASSERT_EQ(held.use_count(), 1) << "round " << round;
+  }
 }
 
 TEST(ThreadCacheTest, TaskGroupIsReusable) {
