@@ -200,7 +200,8 @@ __attribute__((target("sse4.2"))) inline std::uint32_t Sse42CopyStripes(
 }
 
 // The one-pass copy with the `crc32` instruction, for CPUs without the
-// folding path. Streaming: non-temporal 8-byte stores (the caller fences).
+// folding path. Streaming: non-temporal stores, 16-byte within the stripes
+// and 8-byte after them (the caller fences).
 template <bool kStreaming>
 __attribute__((target("sse4.2"))) std::uint32_t CopySse42(std::uint32_t crc, std::uint8_t* d,
                                                           const std::uint8_t* s, std::size_t n) {
