@@ -15,6 +15,9 @@
 namespace kvfabric::client {
 namespace {
 
+// Both admission windows start here (and adapt: AdmissionWindow).
+constexpr std::uint32_t kInitialWindow = 4;
+
 using Clock = std::chrono::steady_clock;
 
 // The grant's 16-byte access token; Internal naming `rpc` if it is not 16 bytes.
@@ -64,7 +67,10 @@ StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const std::string& address,
 }
 
 CacheHostSession::CacheHostSession(DataPlaneClient* data, CacheHostSessionOptions options)
-    : data_(data), o_(std::move(options)) {}
+    : data_(data),
+      o_(std::move(options)),
+      fetches_(kInitialWindow, o_.max_fetches_in_flight),
+      stores_(kInitialWindow, o_.max_stores_in_flight) {}
 
 CacheHostSession::~CacheHostSession() = default;
 
@@ -407,30 +413,21 @@ Status CacheHostSession::StoreRound(DaemonConnection* conn,
     } else if (first.ok()) {
       first = got.status();
     }
-    MutexLock l(&window_mu_);
-    stores_.Return(refused, got.ok(), o_.max_stores_in_flight);
-    window_cv_.NotifyAll();
+    stores_.Release(refused, got.ok());
   };
   for (std::size_t i = 0; i < entries.size() && first.ok(); i += wire::kMaxStoreKeys) {
     for (;;) {
-      {
-        MutexLock l(&window_mu_);
-        if (stores_.HasRoom()) {
-          ++stores_.in_flight;
-          break;
-        }
-        // Others' messages hold the window: wait for a slot (ours come back
-        // only when we wait for them, below).
-        if (mine.empty() &&
-            !window_cv_.WaitUntil(&window_mu_, give_up,
-                                  [&]() KVF_REQUIRES(window_mu_) { return stores_.HasRoom(); })) {
+      if (stores_.TryAcquire()) break;
+      // Others' messages hold the window: wait for a slot (ours come back
+      // only when we wait for them, below).
+      if (mine.empty()) {
+        if (!stores_.Acquire(0, give_up)) {
           first = Status::ResourceExhausted(
               "cache host " + o_.host_id + ": no store admitted within transfer_timeout (" +
-              std::to_string(stores_.in_flight) + " in flight, window " +
-              std::to_string(stores_.size) + ")");
-          break;
+              std::to_string(stores_.in_flight()) + " in flight, window " +
+              std::to_string(stores_.size()) + ")");
         }
-        if (mine.empty()) continue;
+        break;
       }
       finish_oldest();
     }
@@ -440,9 +437,7 @@ Status CacheHostSession::StoreRound(DaemonConnection* conn,
         entries.subspan(i, std::min<std::size_t>(wire::kMaxStoreKeys, entries.size() - i));
     auto id = data_->StartStore(conn, one);
     if (!id.ok()) {
-      MutexLock l(&window_mu_);
-      --stores_.in_flight;
-      window_cv_.NotifyAll();
+      stores_.Release(/*refused=*/false, /*answered=*/false);
       first = id.status();
       break;
     }
@@ -452,10 +447,7 @@ Status CacheHostSession::StoreRound(DaemonConnection* conn,
   return first;
 }
 
-std::uint32_t CacheHostSession::store_window() const {
-  MutexLock l(&window_mu_);
-  return stores_.size;
-}
+std::uint32_t CacheHostSession::store_window() const { return stores_.size(); }
 
 StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::Fetch(
     std::span<const wire::FetchKey> keys, std::string_view expected_digest, SlotLayout slots) {
@@ -501,28 +493,20 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::Fetch(
 
 template <typename Request>
 StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::WithinWindow(
-    std::chrono::milliseconds patience, std::uint64_t* throttled, const Request& request) {
+    std::uint32_t rank, std::chrono::milliseconds patience, std::uint64_t* throttled,
+    const Request& request) {
   const auto give_up = Clock::now() + patience;
   for (auto pause = std::chrono::milliseconds(1);;
        pause = std::min(pause * 2, std::chrono::milliseconds(64))) {
-    {
-      MutexLock l(&window_mu_);
-      if (!window_cv_.WaitUntil(&window_mu_, give_up,
-                                [&]() KVF_REQUIRES(window_mu_) { return fetches_.HasRoom(); })) {
-        return Status::ResourceExhausted(
-            "cache host " + o_.host_id + ": no fetch admitted within " +
-            std::to_string(patience.count()) + " ms (" + std::to_string(fetches_.in_flight) +
-            " in flight, window " + std::to_string(fetches_.size) + ")");
-      }
-      ++fetches_.in_flight;
+    if (!fetches_.Acquire(rank, give_up)) {
+      return Status::ResourceExhausted(
+          "cache host " + o_.host_id + ": no fetch admitted within " +
+          std::to_string(patience.count()) + " ms (" + std::to_string(fetches_.in_flight()) +
+          " in flight, window " + std::to_string(fetches_.size()) + ")");
     }
     StatusOr<std::vector<ReadResult>> got = request();
     const bool refused = !got.ok() && got.status().code() == StatusCode::kResourceExhausted;
-    {
-      MutexLock l(&window_mu_);
-      fetches_.Return(refused, got.ok(), o_.max_fetches_in_flight);
-      window_cv_.NotifyAll();
-    }
+    fetches_.Release(refused, got.ok());
     if (!refused || Clock::now() + pause >= give_up) return got;
     if (throttled != nullptr) ++*throttled;
     std::this_thread::sleep_for(pause);
@@ -532,20 +516,21 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::WithinWind
 StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::FetchWithin(
     std::span<const wire::FetchKey> keys, std::string_view expected_digest, SlotLayout slots,
     std::chrono::milliseconds patience, std::uint64_t* throttled) {
-  return WithinWindow(patience, throttled, [&] { return Fetch(keys, expected_digest, slots); });
+  // Ranked by the first layer it moves (a whole block: 0).
+  const std::uint32_t rank = slots.layer_count == 0 ? 0 : slots.first_layer;
+  return WithinWindow(rank, patience, throttled,
+                      [&] { return Fetch(keys, expected_digest, slots); });
 }
 
 StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::LeaseGetWithin(
     std::span<const std::string> keys, std::string_view expected_digest, std::uint32_t ttl_ms,
     SlotLayout slots, std::chrono::milliseconds patience, std::uint64_t* throttled) {
-  return WithinWindow(patience, throttled,
+  // Whole blocks, layer 0 included: the first rank.
+  return WithinWindow(0, patience, throttled,
                       [&] { return LeaseGet(keys, expected_digest, ttl_ms, slots); });
 }
 
-std::uint32_t CacheHostSession::fetch_window() const {
-  MutexLock l(&window_mu_);
-  return fetches_.size;
-}
+std::uint32_t CacheHostSession::fetch_window() const { return fetches_.size(); }
 
 StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::LeaseGet(
     std::span<const std::string> keys, std::string_view expected_digest, std::uint32_t ttl_ms,

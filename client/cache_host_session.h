@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "client/admission_window.h"
 #include "client/data_plane_client.h"
 #include "core/mutex.h"
 #include "core/status.h"
@@ -208,7 +209,10 @@ class CacheHostSession {
   // options.max_fetches_in_flight: additive increase, multiplicative decrease,
   // so the session settles at what the daemon admits. A refused request waits
   // for a slot and a pause (1 ms doubling to 64 ms) and is asked again, for
-  // at most `patience`; *throttled counts the refusals. Other answers as Fetch.
+  // at most `patience`; *throttled counts the refusals. Waiting requests are
+  // admitted earliest layer first (slots.first_layer; a whole block ranks
+  // with layer 0), then in arrival order (client/admission_window.h). Other
+  // answers as Fetch.
   StatusOr<std::vector<ReadResult>> FetchWithin(std::span<const wire::FetchKey> keys,
                                                 std::string_view expected_digest, SlotLayout slots,
                                                 std::chrono::milliseconds patience,
@@ -265,9 +269,11 @@ class CacheHostSession {
   std::unique_ptr<grpc::ClientContext> RpcContext() const;
 
  private:
-  // FetchWithin's loop around `call` (a kFetch or a LeaseGet).
+  // FetchWithin's loop around `call` (a kFetch or a LeaseGet), admitted at
+  // `rank` (AdmissionWindow::Acquire).
   template <typename Request>
-  StatusOr<std::vector<ReadResult>> WithinWindow(std::chrono::milliseconds patience,
+  StatusOr<std::vector<ReadResult>> WithinWindow(std::uint32_t rank,
+                                                 std::chrono::milliseconds patience,
                                                  std::uint64_t* throttled, const Request& request);
 
   CacheHostSession(DataPlaneClient* data, CacheHostSessionOptions options);
@@ -291,32 +297,9 @@ class CacheHostSession {
   // Set once; the pointer stays valid while the session lives.
   std::shared_ptr<DaemonConnection> conn_ KVF_GUARDED_BY(conn_mu_);
   bool closed_ KVF_GUARDED_BY(conn_mu_) = false;
-  // An admission window (additive increase, multiplicative decrease): at
-  // most `size` requests in flight; it halves at a reply that refused
-  // something for room and grows by one after `size` replies that did not,
-  // up to `max`.
-  struct AdmissionWindow {
-    std::uint32_t size = 4;
-    std::uint32_t in_flight = 0;
-    std::uint32_t accepted = 0;  // replies since the window last changed
-    bool HasRoom() const { return in_flight < size; }
-    // A request's slot comes back: `refused` if its reply refused for room,
-    // `answered` if it got a reply at all.
-    void Return(bool refused, bool answered, std::uint32_t max) {
-      --in_flight;
-      if (refused) {
-        size = std::max<std::uint32_t>(1, size / 2);
-        accepted = 0;
-      } else if (answered && ++accepted >= size) {
-        size = std::min(size + 1, std::max<std::uint32_t>(1, max));
-        accepted = 0;
-      }
-    }
-  };
-  mutable Mutex window_mu_;
-  CondVar window_cv_;
-  AdmissionWindow fetches_ KVF_GUARDED_BY(window_mu_);  // kFetch requests
-  AdmissionWindow stores_ KVF_GUARDED_BY(window_mu_);   // kStore messages
+  // Admission windows (client/admission_window.h), both starting at 4.
+  AdmissionWindow fetches_;  // kFetch requests and leases, earliest layer first
+  AdmissionWindow stores_;   // kStore messages
   // One pass of StoreByKey over `entries` through the window: codes[i] for
   // entries[i], or the first request-wide error (every message sent is
   // answered or failed before it returns).
