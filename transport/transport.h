@@ -164,6 +164,15 @@ struct Transfer {
   // itself. Lets a daemon check a block where it landed in a client's memory
   // for a fraction of a second pass (docs/protocol.md, kFetch flag bit 3).
   bool checksum = false;
+  // Urgency: a batch's rank is its entries' lowest. A backend that queues
+  // batches for a progress thread (UCX) starts a batch of rank 0 (the
+  // default) in arrival order as ever, and one of a higher rank only when
+  // nothing of rank 0 waits, lowest rank first (then arrival), unless one
+  // waited past its deferral bound (UcxTransportOptions::max_rank_deferral).
+  // A daemon ranks a kFetch's copy by the first layer it moves, so a load's
+  // layer 0 overtakes other loads' later layers already queued. Backends
+  // that start batches at once ignore it.
+  std::uint32_t rank = 0;
 };
 
 // How an endpoint treats a failed peer. Explicit, never a backend default.

@@ -360,6 +360,11 @@ void DataPlane::Impl::Fetch(Endpoint* ep, const wire::TransferMessage& m,
   } else {
     entries = Entries(ranges, remote, /*write=*/false);
   }
+  // Ranked by the first layer it moves (transport::Transfer::rank): another
+  // load's layer 0 that arrives while this daemon's queue holds later layers
+  // starts before them (a whole block, or layer 0: rank 0, never deferred).
+  const std::uint32_t rank = m.fetch_layer_count != 0 ? m.fetch_first_layer : 0;
+  for (Transfer& t : entries) t.rank = rank;
   Launch(
       ep, entries, std::move(*ticket), /*write=*/false,
       [self = shared_from_this(), ep, release, request = m.request_id, results = std::move(results),

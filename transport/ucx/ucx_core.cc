@@ -225,6 +225,16 @@ bool UcxCore::Post(std::function<void()> fn) {
   return true;
 }
 
+bool UcxCore::PostRanked(std::uint32_t rank, std::function<void()> fn) {
+  if (rank == 0) return Post(std::move(fn));
+  const bool here = OnProgressThread();
+  MutexLock lock(&mu_);
+  if (!worker_alive_ || (stopping_ && !here)) return false;
+  ranked_.push_back(RankedTask{rank, ranked_seq_++, transport::Clock::now(), std::move(fn)});
+  if (!here) (void)ucp_worker_signal(worker_.get());
+  return true;
+}
+
 bool UcxCore::RunSync(const std::function<void()>& fn) {
   if (OnProgressThread()) {
     fn();
@@ -252,17 +262,39 @@ bool UcxCore::RunQueued() {
       running_.swap(queue_);
     }
     ran = true;
-    for (auto& fn : running_) {
-      in_task_ = true;
-      fn();
-      in_task_ = false;
-      // What it posted, now; what those post is queued (in_task_ is off).
-      running_posts_.swap(its_posts_);
-      for (auto& posted : running_posts_) posted();
-      running_posts_.clear();
-    }
+    for (auto& fn : running_) RunTask(fn);
     running_.clear();
   }
+}
+
+void UcxCore::RunTask(std::function<void()>& fn) {
+  in_task_ = true;
+  fn();
+  in_task_ = false;
+  // What it posted, now; what those post is queued (in_task_ is off).
+  running_posts_.swap(its_posts_);
+  for (auto& posted : running_posts_) posted();
+  running_posts_.clear();
+}
+
+bool UcxCore::RunOneRanked() {
+  std::function<void()> fn;
+  {
+    MutexLock lock(&mu_);
+    if (ranked_.empty()) return false;
+    // Lowest (rank, seq), unless the first posted has waited its bound.
+    std::size_t best = 0;
+    for (std::size_t i = 1; i < ranked_.size(); ++i) {
+      const RankedTask& a = ranked_[i];
+      const RankedTask& b = ranked_[best];
+      if (a.rank < b.rank || (a.rank == b.rank && a.seq < b.seq)) best = i;
+    }
+    if (transport::Clock::now() - ranked_.front().queued >= options_.max_rank_deferral) best = 0;
+    fn = std::move(ranked_[best].fn);
+    ranked_.erase(ranked_.begin() + static_cast<std::ptrdiff_t>(best));
+  }
+  RunTask(fn);
+  return true;
 }
 
 void UcxCore::Loop(Waiter* started) {
@@ -297,6 +329,12 @@ void UcxCore::Loop(Waiter* started) {
       if (!queue_.empty()) continue;
       if (stopping_) break;
     }
+    // One ranked task per turn: arrivals during it are ranked before the
+    // next (they went through ucp_worker_progress first).
+    if (RunOneRanked()) {
+      last_activity = transport::Clock::now();
+      continue;
+    }
     const auto now = transport::Clock::now();
     if (ran || events > 0) last_activity = now;
     const bool busy = !requests_.empty() || !awaiting_.empty();
@@ -308,7 +346,7 @@ void UcxCore::Loop(Waiter* started) {
       // A task queued before ucp_worker_arm may have had its signal consumed
       // by the arm: look at the queue once more before sleeping.
       MutexLock lock(&mu_);
-      if (!queue_.empty() || stopping_) continue;
+      if (!queue_.empty() || !ranked_.empty() || stopping_) continue;
     }
     pollfd pfd = {};
     pfd.fd = efd_;
@@ -331,12 +369,15 @@ void UcxCore::DrainAndDestroyWorker() {
   const auto deadline = transport::Clock::now() + options_.shutdown_drain_timeout;
   while (!requests_.empty() && transport::Clock::now() < deadline) {
     RunQueued();
+    while (RunOneRanked()) {
+    }
     if (ucp_worker_progress(worker) == 0) {
       pollfd pfd = {efd_, POLLIN, 0};
       if (ucp_worker_arm(worker) == UCS_OK) (void)poll(&pfd, 1, 10);
     }
   }
   RunQueued();
+  while (RunOneRanked()) RunQueued();
   // Requests UCX never completed: released to UCX (which then calls no
   // callback and frees them with the worker); their contexts are finished
   // here, completing what waits on them.
@@ -353,6 +394,7 @@ void UcxCore::DrainAndDestroyWorker() {
     MutexLock lock(&mu_);
     worker_alive_ = false;
     queue_.clear();
+    ranked_.clear();
   }
   worker_.reset();
 }

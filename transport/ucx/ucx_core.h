@@ -255,6 +255,10 @@ class UcxCore {
   // (then `fn` is not run). From the progress thread it always queues; what
   // a queued task posts runs right after that task (see RunQueued).
   bool Post(std::function<void()> fn);
+  // Any thread. As Post for rank 0; a higher rank queues `fn` as a ranked
+  // task (UcxTransportOptions::max_rank_deferral): run when no plain task
+  // waits, lowest rank then first posted, one per turn of the loop.
+  bool PostRanked(std::uint32_t rank, std::function<void()> fn);
   // Any thread. Runs `fn` on the progress thread and waits for it (at once
   // when called there); false once shut down.
   bool RunSync(const std::function<void()>& fn);
@@ -331,6 +335,11 @@ class UcxCore {
   void Loop(Waiter* started);
   // Runs every queued task; true if there was one.
   bool RunQueued();
+  // Runs the ranked task due next (and what it posts) if any; true if it ran
+  // one.
+  bool RunOneRanked();
+  // Runs `fn` as a task of the loop: what it posts runs right after it.
+  void RunTask(std::function<void()>& fn);
   void TeardownOnProgressThread();
   void DrainAndDestroyWorker();
   void Register(const std::shared_ptr<EpState>& s);
@@ -439,6 +448,16 @@ class UcxCore {
   bool in_task_ = false;
   std::vector<std::function<void()>> its_posts_;
   std::vector<std::function<void()>> running_posts_;
+  // PostRanked's tasks, in posting order (a handful: one per batch a peer's
+  // requests left queued, which the daemon's per-peer bound limits).
+  struct RankedTask {
+    std::uint32_t rank = 0;
+    std::uint64_t seq = 0;
+    transport::Clock::time_point queued;
+    std::function<void()> fn;
+  };
+  std::vector<RankedTask> ranked_ KVF_GUARDED_BY(mu_);
+  std::uint64_t ranked_seq_ KVF_GUARDED_BY(mu_) = 0;
   std::string listen_address_ KVF_GUARDED_BY(mu_);
   std::thread thread_;
   std::once_flag shutdown_once_;

@@ -185,7 +185,10 @@ class UcxEndpoint final : public Endpoint {
     }
     Status h = closed_.load() ? Status::Unavailable("endpoint to " + state_->peer + " was closed")
                               : state_->health();
-    const bool posted = h.ok() && core_->Post([c = core_.get(), op] { c->StartBatch(op); });
+    std::uint32_t rank = transfers.empty() ? 0 : transfers[0].rank;
+    for (const Transfer& t : transfers) rank = std::min(rank, t.rank);
+    const bool posted =
+        h.ok() && core_->PostRanked(rank, [c = core_.get(), op] { c->StartBatch(op); });
     if (!posted) {
       Status why = h.ok() ? Status::Unavailable("the UCX transport was destroyed")
                           : internal::AsUnavailable(h);

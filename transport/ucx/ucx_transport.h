@@ -258,6 +258,16 @@ struct UcxTransportOptions {
   // every copy, UINT64_MAX none.
   std::uint64_t streaming_copy_min_bytes = std::uint64_t{8} << 20;
 
+  // Ranked batches (transport::Transfer::rank): a batch of rank above 0
+  // waits while batches of rank 0 are queued and starts lowest rank first,
+  // one at a time with ucp_worker_progress between (so arrivals meanwhile
+  // are ranked too); the oldest starts first instead once it has waited this
+  // long, so a stream of urgent batches delays a ranked one by at most this
+  // (plus the batch running). Default 20 ms: beyond the ~5 ms a daemon here
+  // spends on eight loads' layer 0 (8 MiB each over two daemons), well under
+  // a load of a 32K-token history (~30 ms alone, ~250 ms beside seven others).
+  std::chrono::milliseconds max_rank_deferral{20};
+
   // Helper threads for copies through a mapping (core/copy_pool.h): the
   // thread that copies a batch (the progress thread, or the caller for an
   // inline batch) splits its bytes across itself and these. One thread
