@@ -507,6 +507,11 @@ StatusOr<std::vector<CacheHostSession::ReadResult>> CacheHostSession::WithinWind
     StatusOr<std::vector<ReadResult>> got = request();
     const bool refused = !got.ok() && got.status().code() == StatusCode::kResourceExhausted;
     fetches_.Release(refused, got.ok());
+    if (got.ok()) {
+      std::uint64_t moved = 0;
+      for (const ReadResult& r : *got) moved += r.status.ok() ? r.payload_bytes : 0;
+      bytes_moved_.fetch_add(moved, std::memory_order_relaxed);
+    }
     if (!refused || Clock::now() + pause >= give_up) return got;
     if (throttled != nullptr) ++*throttled;
     std::this_thread::sleep_for(pause);

@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -218,6 +219,11 @@ class CacheHostSession {
                                                 std::chrono::milliseconds patience,
                                                 std::uint64_t* throttled);
   std::uint32_t fetch_window() const;
+  // Payload bytes FetchWithin and LeaseGetWithin moved in all, for every
+  // caller of this session: a load's stream reads it at its start and end to
+  // tell placement how many bytes other loads moved over the same daemon
+  // meanwhile (TransferObservation.shared_bytes).
+  std::uint64_t bytes_moved() const { return bytes_moved_.load(std::memory_order_relaxed); }
 
   // A lease as its holder names it to the daemon: id and access token (the
   // daemon refuses an id without its token).
@@ -300,6 +306,7 @@ class CacheHostSession {
   // Admission windows (client/admission_window.h), both starting at 4.
   AdmissionWindow fetches_;  // kFetch requests and leases, earliest layer first
   AdmissionWindow stores_;   // kStore messages
+  std::atomic<std::uint64_t> bytes_moved_{0};
   // One pass of StoreByKey over `entries` through the window: codes[i] for
   // entries[i], or the first request-wide error (every message sent is
   // answered or failed before it returns).

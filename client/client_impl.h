@@ -276,6 +276,9 @@ class Client::Impl {
     std::uint64_t nvme_bytes = 0;
     double host_us = 0;
     double nvme_us = 0;
+    // Bytes other loads moved through this daemon's session while the
+    // host-pool part ran (TransferObservation.shared_bytes).
+    std::uint64_t host_shared_bytes = 0;
     // The stream was cut as a straggler (ClientOptions::straggler_factor):
     // its miss is the path's even beside a prefill (not beside_prefill).
     bool cut = false;

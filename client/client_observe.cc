@@ -1,7 +1,8 @@
 // Client::Impl's report of what a load's streams measured (RecordTransfers):
 // each daemon's host-pool and NVMe parts as their paths' observations, the
 // client's ingest where two or more host-pool parts ran together, and which
-// of them moved beside a prefill (placement leaves those out of its fits).
+// of them moved beside a prefill (placement leaves those out of its fits) or
+// beside other loads (placement fits those at their share of the time).
 #include <algorithm>
 
 #include "client/client_impl.h"
@@ -71,6 +72,7 @@ void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Ho
       if (t.host_bytes > 0) {
         c.transfers.push_back(Observation(v1::BUS_PATH_REMOTE_HOST_TO_LOCAL_HOST, hosts[h].host_id,
                                           t.host_bytes, std::max(t.host_us, 1.0)));
+        c.transfers.back().set_shared_bytes(t.host_shared_bytes);
       }
       if (t.nvme_bytes > 0) {
         c.transfers.push_back(Observation(v1::BUS_PATH_NVME_TO_HOST, hosts[h].host_id, t.nvme_bytes,
@@ -93,6 +95,11 @@ void Client::Impl::RecordTransfers(Context& c, const std::vector<MatchResult::Ho
     if (host_streams >= 2 && host_shortest >= 0.5 * host_longest) {
       c.transfers.push_back(
           Observation(v1::BUS_PATH_CLIENT_INGEST, "", host_total, std::max(host_longest, 1.0)));
+      // Other loads' bytes through any daemon meanwhile (each stream counted
+      // its own daemon's).
+      std::uint64_t shared = 0;
+      for (const StreamTally& t : tallies) shared += t.host_bytes > 0 ? t.host_shared_bytes : 0;
+      c.transfers.back().set_shared_bytes(shared);
     }
     for (std::size_t i = ingest; i < c.transfers.size(); ++i) {
       c.transfers[i].set_beside_prefill(beside);

@@ -589,6 +589,7 @@ StatusOr<placement::ObservationReport> ObservationReportFromProto(
     o.bytes = t.bytes();
     o.observed_us = t.observed_us();
     o.beside_prefill = t.beside_prefill();
+    o.shared_bytes = t.shared_bytes();
     out.transfers.push_back(std::move(o));
   }
   out.recomputes.reserve(request.recomputes_size());

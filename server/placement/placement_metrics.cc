@@ -423,6 +423,10 @@ std::vector<MetricFamily> PlacementFamilies(const PlacementSnapshot& s) {
           "Transfers that moved beside a prefill of their load (split fetch sides), left out of "
           "the paths' fits and errors: the split prediction's overlap term covers them.",
           {S(D(s.observations_beside_prefill))});
+  Counter(out, "observations_shared_total",
+          "Transfers that moved beside other loads of their client over the same path, fitted "
+          "and scored at their share of the time (bytes / (bytes + shared bytes)).",
+          {S(D(s.observations_shared))});
   Counter(out, "fallback_runs_total",
           "Plan runs a client could not complete as planned and fell back (another replica or "
           "recompute).",

@@ -244,6 +244,10 @@ struct PlanResult {
   std::vector<std::vector<std::uint32_t>> fallback_host_indices;
 };
 
+// The smallest share of a path's time an observation is fitted at
+// (TransferObservation::shared_bytes): as if at most 64 loads shared it.
+inline constexpr double kMaxSharedShare = 64;
+
 struct TransferObservation {
   BusPath path = BusPath::kUnspecified;
   std::string host_id;  // empty for paths local to the client
@@ -252,6 +256,11 @@ struct TransferObservation {
   // Moved while a prefill of the same load ran (kvfabric.v1.TransferObservation.beside_prefill):
   // not scored or fitted as the path alone.
   bool beside_prefill = false;
+  // Bytes other loads moved over the same path meanwhile
+  // (kvfabric.v1.TransferObservation.shared_bytes): the path is scored and
+  // fitted from observed_us x bytes / (bytes + shared_bytes), the share
+  // counted down to 1/kMaxSharedShare.
+  std::uint64_t shared_bytes = 0;
 };
 
 struct RecomputeObservation {
@@ -410,6 +419,9 @@ struct PlacementSnapshot {
   // Transfers that moved beside a prefill of their load (split fetch sides): left out of the
   // paths' fits and errors on purpose.
   std::uint64_t observations_beside_prefill = 0;
+  // Transfers that moved beside other loads over the same path
+  // (shared_bytes > 0): scored and fitted at their share of the time.
+  std::uint64_t observations_shared = 0;
   std::uint64_t fallback_runs = 0;
   std::uint64_t stale_reports = 0;
   std::uint64_t places = 0;

@@ -569,6 +569,7 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
   std::uint64_t unscored = 0;
   std::uint64_t beside_fetch = 0;
   std::uint64_t beside_prefill = 0;
+  std::uint64_t shared = 0;
   for (std::size_t i = 0; i < r.transfers.size(); ++i) {
     const TransferObservation& t = r.transfers[i];
     if (!member[i]) {
@@ -579,8 +580,16 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
       // and price every later fetch-all as if a prefill ran beside it. (A stream the client cut
       // as a straggler is reported without the flag: that miss is the path's.)
       ++beside_prefill;
-    } else if (!cost_model_.ObserveTransfer(t.path, t.host_id, t.bytes, t.observed_us).ok()) {
-      ++unscored;
+    } else {
+      // Beside other loads on the same path: what these bytes took of its
+      // time (the planner's queue wait covers the rest).
+      double us = t.observed_us;
+      if (t.shared_bytes > 0) {
+        ++shared;
+        const double b = static_cast<double>(t.bytes);
+        us *= std::max(b / (b + static_cast<double>(t.shared_bytes)), 1.0 / kMaxSharedShare);
+      }
+      if (!cost_model_.ObserveTransfer(t.path, t.host_id, t.bytes, us).ok()) ++unscored;
     }
   }
   if (!r.recomputes.empty()) {
@@ -608,6 +617,7 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
   counters_.observations_unscored += unscored;
   counters_.observations_beside_fetch += beside_fetch;
   counters_.observations_beside_prefill += beside_prefill;
+  counters_.observations_shared += shared;
   for (std::size_t i = 0; i < r.transfers.size(); ++i) {
     const TransferObservation& t = r.transfers[i];
     const int path = static_cast<int>(t.path);

@@ -503,6 +503,43 @@ TEST_F(PlacementNodeTest, ThePlanHistoryByteBoundDoesNotDrift) {
   EXPECT_TRUE(node_->RecentPlans(3, &other).empty());
 }
 
+TEST_F(PlacementNodeTest, ATransferBesideOtherLoadsIsScoredAtItsShare) {
+  Start();
+  const std::uint64_t la = Register(Rec("a", 1));
+  Report("a", 1, la, Commits(0, 2));
+  ObservationReport r;
+  r.ns = "t";
+  for (int i = 0; i < 3; ++i) {
+    const std::uint64_t bytes = kBlockBytes << i;
+    const double alone = FetchMicros(options_.remote_to_local, static_cast<double>(bytes));
+    // Beside loads that moved 1x, 3x and 7x its bytes: 2x, 4x and 8x the time alone.
+    const std::uint64_t others = bytes * ((2u << i) - 1);
+    TransferObservation t{BusPath::kRemoteHostToLocalHost, "a", bytes,
+                          static_cast<double>(2u << i) * alone};
+    t.shared_bytes = others;
+    r.transfers.push_back(t);
+  }
+  // A claim of far more sharing counts as a share of 1/64 at most: 64x the
+  // time alone, beside 1000x the bytes, scores as the model's own time.
+  TransferObservation claim{
+      BusPath::kRemoteHostToLocalHost, "a", kBlockBytes,
+      64 * FetchMicros(options_.remote_to_local, static_cast<double>(kBlockBytes))};
+  claim.shared_bytes = 1000 * kBlockBytes;
+  r.transfers.push_back(claim);
+  ASSERT_TRUE(node_->ReportObservations(r).ok());
+  const PlacementSnapshot s = node_->Snapshot();
+  EXPECT_EQ(s.observations_shared, 4u);
+  bool found = false;
+  for (const auto& p : s.paths) {
+    if (p.path != BusPath::kRemoteHostToLocalHost || p.host_id != "a") continue;
+    found = true;
+    // Scored at their share, each is the default model's prediction.
+    EXPECT_EQ(p.error.count, 4u);
+    EXPECT_NEAR(p.error.worst_abs, 0.0, 1e-6);
+  }
+  EXPECT_TRUE(found);
+}
+
 TEST_F(PlacementNodeTest, ObservationsScorePathsAndDropStaleEntries) {
   Start();
   const std::uint64_t la = Register(Rec("a", 1));
