@@ -12,7 +12,6 @@ bool AdmissionWindow::Acquire(std::uint32_t rank, Clock::time_point deadline) {
   MutexLock l(&mu_);
   Waiter me;
   me.rank = rank;
-  me.seq = next_seq_++;
   // Behind every waiter of a lower or equal rank (equal ranks: first come).
   Waiter** at = &head_;
   while (*at != nullptr && (*at)->rank <= rank) at = &(*at)->next;

@@ -56,7 +56,6 @@ class AdmissionWindow {
  private:
   struct Waiter {
     std::uint32_t rank = 0;
-    std::uint64_t seq = 0;
     Waiter* next = nullptr;
   };
   void Unlink(Waiter* w) KVF_REQUIRES(mu_);
@@ -67,10 +66,10 @@ class AdmissionWindow {
   std::uint32_t size_ KVF_GUARDED_BY(mu_);
   std::uint32_t in_flight_ KVF_GUARDED_BY(mu_) = 0;
   std::uint32_t accepted_ KVF_GUARDED_BY(mu_) = 0;  // replies since the size last changed
-  // Waiters in admission order (rank, then seq); the head is admitted next.
+  // Waiters in admission order (rank, then arrival: a newcomer goes behind
+  // every waiter of its rank); the head is admitted next.
   Waiter* head_ KVF_GUARDED_BY(mu_) = nullptr;
   std::uint32_t waiting_ KVF_GUARDED_BY(mu_) = 0;
-  std::uint64_t next_seq_ KVF_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvfabric::client

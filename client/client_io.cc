@@ -453,6 +453,13 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
     std::uint64_t host_shared KVF_GUARDED_BY(mu) = 0;  // others' bytes until host_end_us
     double nvme_end_us KVF_GUARDED_BY(mu) = 0;
   } p;
+  // Bytes other loads moved through this daemon's session since the stream
+  // began (its own, host pool and NVMe, taken out). REQUIRES: p.mu held.
+  auto others_moved = [&]() KVF_REQUIRES(p.mu) {
+    const std::uint64_t all = d->bytes_moved() - session_bytes_at_start;
+    const std::uint64_t own = p.host_moved + p.nvme_moved;
+    return all > own ? all - own : std::uint64_t{0};
+  };
   {
     MutexLock l(&p.mu);
     p.out.assign(blocks->size(), false);
@@ -469,9 +476,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
                       if (moved > 0) {
                         p.host_moved += moved;
                         p.host_end_us = MicrosSince(start);
-                        const std::uint64_t all = d->bytes_moved() - session_bytes_at_start;
-                        const std::uint64_t own = p.host_moved + p.nvme_moved;
-                        p.host_shared = all > own ? all - own : 0;
+                        p.host_shared = others_moved();
                       }
                       for (std::size_t k = 0; k < positions.size(); ++k) {
                         if (arrived[k] || p.out[positions[k]]) continue;
@@ -507,10 +512,9 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
     if (!(cut_after_us > 0)) return false;
     const double elapsed = MicrosSince(start);
     if (elapsed <= cut_after_us) return false;
-    const std::uint64_t own = p.host_moved + p.nvme_moved;
-    const std::uint64_t all = std::max(d->bytes_moved() - session_bytes_at_start, own);
-    const double share =
-        all == 0 ? 1.0 : std::max(static_cast<double>(own) / static_cast<double>(all), 1.0 / 64);
+    const double own = static_cast<double>(p.host_moved + p.nvme_moved);
+    const double all = own + static_cast<double>(others_moved());
+    const double share = all == 0 ? 1.0 : std::max(own / all, 1.0 / 64);
     if (elapsed * share <= cut_after_us) return false;
     p.cut = true;
     if (p.first.ok()) {

@@ -230,7 +230,7 @@ bool UcxCore::PostRanked(std::uint32_t rank, std::function<void()> fn) {
   const bool here = OnProgressThread();
   MutexLock lock(&mu_);
   if (!worker_alive_ || (stopping_ && !here)) return false;
-  ranked_.push_back(RankedTask{rank, ranked_seq_++, transport::Clock::now(), std::move(fn)});
+  ranked_.push_back(RankedTask{rank, transport::Clock::now(), std::move(fn)});
   if (!here) (void)ucp_worker_signal(worker_.get());
   return true;
 }
@@ -282,12 +282,11 @@ bool UcxCore::RunOneRanked() {
   {
     MutexLock lock(&mu_);
     if (ranked_.empty()) return false;
-    // Lowest (rank, seq), unless the first posted has waited its bound.
+    // The first posted of the lowest rank (ranked_ is in posting order),
+    // unless the first posted of all has waited its bound.
     std::size_t best = 0;
     for (std::size_t i = 1; i < ranked_.size(); ++i) {
-      const RankedTask& a = ranked_[i];
-      const RankedTask& b = ranked_[best];
-      if (a.rank < b.rank || (a.rank == b.rank && a.seq < b.seq)) best = i;
+      if (ranked_[i].rank < ranked_[best].rank) best = i;
     }
     if (transport::Clock::now() - ranked_.front().queued >= options_.max_rank_deferral) best = 0;
     fn = std::move(ranked_[best].fn);

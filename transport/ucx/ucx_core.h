@@ -452,12 +452,10 @@ class UcxCore {
   // requests left queued, which the daemon's per-peer bound limits).
   struct RankedTask {
     std::uint32_t rank = 0;
-    std::uint64_t seq = 0;
     transport::Clock::time_point queued;
     std::function<void()> fn;
   };
   std::vector<RankedTask> ranked_ KVF_GUARDED_BY(mu_);
-  std::uint64_t ranked_seq_ KVF_GUARDED_BY(mu_) = 0;
   std::string listen_address_ KVF_GUARDED_BY(mu_);
   std::thread thread_;
   std::once_flag shutdown_once_;
