@@ -69,6 +69,7 @@
 #include "client/kvfabric_client.h"
 #include "gpu/cpu/cpu_device.h"
 #include "server/embedded_cluster.h"
+#include "server/placement/placement_node.h"
 
 namespace {
 
@@ -114,6 +115,10 @@ struct LoadRun {
   std::uint32_t fetched = 0, recomputed = 0;
   std::string kind;
   kvfabric::Status status;
+  std::uint64_t plan_id = 0;
+  // Placement's path load: how much later the plans made after this one, sharing its paths,
+  // made its end (PlanExplanation::later_plans_delay_us); -1: not known.
+  double later_delay_ms = -1;
 };
 
 }  // namespace
@@ -617,6 +622,7 @@ int main(int argc, char** argv) {
         if (!match->explanation.empty()) std::printf("%s\n", match->explanation.c_str());
         r.kind = match->kind;
         r.predicted_ms = match->predicted_us / 1e3;
+        r.plan_id = match->plan_id;
         auto ctx = (*client)->NewContext(tokens);
         if (!ctx.ok()) {
           r.status = ctx.status();
@@ -641,6 +647,13 @@ int main(int argc, char** argv) {
           r.layer0_ms = report->layer0_ready_us / 1e3;
           r.all_layers_ms = report->all_layers_ready_us / 1e3;
           r.recomputed = report->blocks_recomputed;
+          // Finish reported the plan finished: placement has its measured time and the delay
+          // the later plans added.
+          if (r.plan_id != 0) {
+            auto x = (*cluster)->placement_node()->Explain(r.plan_id);
+            if (x.ok() && x->later_plans_delay_us)
+              r.later_delay_ms = *x->later_plans_delay_us / 1e3;
+          }
         } else if (r.status.ok()) {
           r.status = report.status();
         }
@@ -717,6 +730,32 @@ int main(int argc, char** argv) {
           fetched_layer0, model.layer_count, fetched_all, round_trip_ms, bound,
           fetched_layer0 <= bound ? "within" : "over", judged, n, fetched_layer0 / fetched_all,
           worst);
+    }
+    // Per context, measured against predicted: as planned (the loads already admitted on its
+    // paths), and with the loads admitted after it added (placement's path load shares each
+    // path equally among the plans on it). With n contexts started together, the first plan
+    // was priced alone; the ones after it explain the rest.
+    if (n > 1) {
+      std::vector<double> planned, shared;
+      for (const LoadRun& r : runs) {
+        if (r.predicted_ms <= 0 || r.load_ms <= 0) continue;
+        planned.push_back(r.load_ms / r.predicted_ms);
+        if (r.later_delay_ms >= 0)
+          shared.push_back(r.load_ms / (r.predicted_ms + r.later_delay_ms));
+      }
+      std::sort(planned.begin(), planned.end());
+      std::sort(shared.begin(), shared.end());
+      auto range = [](const std::vector<double>& v) {
+        if (v.empty()) return std::string("-");
+        char b[96];
+        std::snprintf(b, sizeof(b), "%.2f..%.2f (median %.2f, %zu)", v.front(), v.back(),
+                      kvfabric::bench::Percentile(v, 0.5), v.size());
+        return std::string(b);
+      };
+      std::printf(
+          "  per context, load measured/predicted: as planned %s; with the plans admitted "
+          "after it %s\n",
+          range(planned).c_str(), range(shared).c_str());
     }
     throttled_before = throttled_now;
     fetched_before = fetched_now;

@@ -102,7 +102,8 @@ std::string FormatPlanList(const ExplainPlanArgs& args, const v1::ListPlansRespo
              ",\"suffix_tokens\":" + std::to_string(p.suffix_tokens()) +
              ",\"predicted_total_us\":" + Fixed(p.predicted_total_us(), 1) +
              ",\"finished\":" + (p.finished() ? "true" : "false") +
-             ",\"observed_total_us\":" + Fixed(p.observed_total_us(), 1) + "}";
+             ",\"observed_total_us\":" + Fixed(p.observed_total_us(), 1) +
+             ",\"later_plans_delay_us\":" + Fixed(p.later_plans_delay_us(), 1) + "}";
     }
     return out + "]}\n";
   }
@@ -131,6 +132,13 @@ std::string FormatPlanList(const ExplainPlanArgs& args, const v1::ListPlansRespo
         (observed && p.predicted_total_us() > 0
              ? Fixed(p.observed_total_us() / p.predicted_total_us(), 2) + "x"
              : std::string("-")) +
+        (observed && p.later_plans_delay_us() > 0
+             ? " (" +
+                   Fixed(
+                       p.observed_total_us() / (p.predicted_total_us() + p.later_plans_delay_us()),
+                       2) +
+                   "x with the " + Millis(p.later_plans_delay_us()) + " later plans added)"
+             : std::string()) +
         "\n";
   }
   return out + "(kvfabric explain plan --plan-id ID gives a plan's formula with its numbers)\n";

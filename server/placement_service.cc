@@ -285,6 +285,7 @@ grpc::Status PlacementService::ListPlans(grpc::ServerContext* context,
     out->set_predicted_total_us(p.predicted_total_us);
     out->set_finished(p.finished);
     out->set_observed_total_us(p.observed_total_us.value_or(0.0));
+    out->set_later_plans_delay_us(p.later_plans_delay_us.value_or(0.0));
   }
   response->set_history_plans(node_->PlanHistorySize());
   return grpc::Status::OK;

@@ -1,24 +1,41 @@
-// PathLoad: the bytes already planned on each path, so that two plans do not both assume a
-// path's whole bandwidth.
+// PathLoad: what the plans placement admitted still have to move on each path, so that two plans
+// do not both assume a path's whole bandwidth.
 //
-// Model: every path resource (a BusPath on one daemon, or the host→device link of one client)
-// is a FIFO. A plan admitted on it adds its bytes to the resource's queue; the planner predicts
-// that a new transfer on the resource starts only after the queued bytes have drained, i.e. it
-// waits QueuedBytes / beta. Bytes leave the queue when the plan is released (the client reported
+// Model: every path resource (a BusPath on one daemon, or a stage of one client) serves the plans
+// charged to it at once, in equal shares (processor sharing): n plans moving bytes over a
+// resource of rate beta each receive beta / n until one of them has moved all its bytes. That
+// is what the daemons and the client do with concurrent loads (each load's requests are admitted
+// earliest layer first and served side by side, docs/client.md), and it is what the last byte of
+// a load measures: two loads started together end together.
+//
+// The model drains: a plan's bytes start moving when it is admitted, at the rate its plan assumed
+// for the resource (PathCharge::beta_bytes_per_s, the newest charge's rate for the whole
+// resource), so a plan admitted long ago and nearly done holds little. A charge with no rate
+// (0) never drains: it holds its bytes until released, as every charge did before 2026-12-07.
+//
+// What a new stream of B bytes pays for sharing: it ends (B + Σ min(r_i, B)) / beta after it
+// starts, r_i being what each admitted plan still has to move there (Backlog); the sum is
+// SharedBacklog::Taken. What an admitted plan pays for the plans admitted after it: each one
+// that arrives while it still has r to move, bringing b, delays its end by min(r, b) / beta
+// (AddedDelayUs), which placement reports beside the plan's prediction once it finished: the
+// plan was priced with the loads that were there, and the ones that joined it explain the rest.
+//
+// Bytes leave the model when they have drained, when the plan is released (the client reported
 // it finished) or when its deadline (its predicted end plus a margin the caller picks) passes,
-// whichever comes first, so a client that never reports cannot inflate a path forever.
-// This is deliberately simple: it ignores that the admitted plan has partly drained by now
-// (pessimistic by at most one plan's transfer) and treats concurrent transfers as queued rather
-// than sharing bandwidth (the same finish time for the last byte).
+// so a client that never reports cannot inflate a path forever.
 //
-// Memory: one entry per admitted, unreleased plan and per resource with bytes queued.
+// Memory: one entry per admitted, unreleased plan, and one per charge of it on a resource still
+// moving bytes.
 //
-// Thread safety: every method may be called from any thread (one mutex).
+// Thread safety: every method may be called from any thread (one mutex). Times are on the
+// caller's monotonic clock (Env::NowMicros) and must not go backwards between calls; an earlier
+// time is treated as the latest one seen.
 #ifndef KVFABRIC_SERVER_PLACEMENT_PATH_LOAD_H_
 #define KVFABRIC_SERVER_PLACEMENT_PATH_LOAD_H_
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -31,11 +48,32 @@
 namespace kvfabric {
 
 // Bytes a plan moves over one path resource. `resource` is the daemon's host_id for daemon
-// paths (remote, NVMe, memcpy from a local daemon) and the client's id for host→device.
+// paths (remote, NVMe, memcpy from a local daemon) and the client's id for its ingest and
+// host→device stages.
 struct PathCharge {
   BusPath path = BusPath::kUnspecified;
   std::string resource;
   uint64_t bytes = 0;
+  // The rate the plan assumed for this resource, bytes/s; 0: the bytes do not drain.
+  double beta_bytes_per_s = 0;
+};
+
+// What other plans still have to move on one resource, ascending, and what they take from a
+// stream of B bytes that shares it with them.
+class SharedBacklog {
+ public:
+  SharedBacklog() = default;
+  explicit SharedBacklog(std::vector<double> remaining);  // any order; entries <= 0 dropped
+
+  // Σ r_i.
+  double Total() const { return prefix_.empty() ? 0 : prefix_.back(); }
+  size_t plans() const { return remaining_.size(); }
+  // Σ min(r_i, bytes): the bytes the others move while a stream of `bytes` moves its own.
+  double Taken(double bytes) const;
+
+ private:
+  std::vector<double> remaining_;  // ascending
+  std::vector<double> prefix_;     // prefix_[i] = Σ remaining_[0..i]
 };
 
 class PathLoad {
@@ -44,31 +82,57 @@ class PathLoad {
   PathLoad(const PathLoad&) = delete;
   PathLoad& operator=(const PathLoad&) = delete;
 
-  // Bytes queued on (path, resource) now.
-  uint64_t QueuedBytes(BusPath path, std::string_view resource) const;
+  // What each admitted plan still has to move on (path, resource) at `now_us`.
+  SharedBacklog Backlog(BusPath path, std::string_view resource, uint64_t now_us);
+  // Σ of Backlog, rounded up.
+  uint64_t QueuedBytes(BusPath path, std::string_view resource, uint64_t now_us);
 
-  // Adds a plan's charges; returns a ticket (non-zero) for Release. `deadline_us` is on the
-  // caller's monotonic clock (Env::NowMicros) and is used only by ReleaseExpired.
-  uint64_t Admit(const std::vector<PathCharge>& charges, uint64_t deadline_us);
-  // Removes a plan's charges. Idempotent; false if the ticket is unknown (released or expired).
-  bool Release(uint64_t ticket);
+  // Adds a plan's charges at `now_us` (charges naming the same resource are summed); returns a
+  // ticket (non-zero) for Release. `deadline_us` is used only by ReleaseExpired.
+  uint64_t Admit(const std::vector<PathCharge>& charges, uint64_t now_us, uint64_t deadline_us);
+  // Removes a plan's charges. False if the ticket is unknown (released or expired). When
+  // `added_delay_us` is set, it receives AddedDelayUs of the plan.
+  bool Release(uint64_t ticket, uint64_t now_us, double* added_delay_us = nullptr);
   // Releases every plan whose deadline is <= now_us; returns how many.
   size_t ReleaseExpired(uint64_t now_us);
+  // How much later than when it was admitted the model now expects the plan's last byte, on
+  // the resource where that is most: the plans admitted after it, each min(r, b) / beta on a
+  // resource they share. 0 for an unknown ticket.
+  double AddedDelayUs(uint64_t ticket) const;
   // Plans admitted and not released.
   size_t admitted_plans() const;
 
  private:
+  using Key = std::pair<int, std::string>;
+  // One resource, served in equal shares. `served` is the virtual clock: the bytes each plan
+  // still moving there has received since the resource was last idle; a plan admitted at
+  // virtual time v with b bytes is done at v + b.
+  struct Resource {
+    double beta = 0;                               // bytes/s, the newest charge's; 0: no draining
+    uint64_t clock_us = 0;                         // the time `served` is at
+    double served = 0;                             // virtual bytes
+    std::set<std::pair<double, uint64_t>> active;  // (virtual end, ticket)
+  };
+  struct Charge {
+    Key key;
+    double virtual_end = 0;  // in its resource's `served` units
+    double delay_us = 0;     // added by plans admitted after this one
+    bool active = false;     // still in the resource's `active`
+  };
   struct Admitted {
-    std::vector<PathCharge> charges;
+    std::vector<Charge> charges;
     uint64_t deadline_us = 0;
   };
-  using Key = std::pair<int, std::string>;
 
-  void RemoveLocked(const Admitted& a) KVF_REQUIRES(mu_);
+  // Moves `r` to now_us: plans drain at beta / n, finishing ones leave `active`.
+  void AdvanceLocked(const Key& key, Resource* r, uint64_t now_us) KVF_REQUIRES(mu_);
+  void RemoveLocked(uint64_t ticket, Admitted* a, uint64_t now_us) KVF_REQUIRES(mu_);
+  uint64_t ClampLocked(uint64_t now_us) KVF_REQUIRES(mu_);
 
   mutable Mutex mu_;
   uint64_t next_ticket_ KVF_GUARDED_BY(mu_) = 1;
-  std::map<Key, uint64_t, std::less<>> queued_ KVF_GUARDED_BY(mu_);  // entries > 0 only
+  uint64_t latest_us_ KVF_GUARDED_BY(mu_) = 0;
+  std::map<Key, Resource, std::less<>> resources_ KVF_GUARDED_BY(mu_);  // with active plans
   std::unordered_map<uint64_t, Admitted> plans_ KVF_GUARDED_BY(mu_);
 };
 

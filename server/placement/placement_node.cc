@@ -488,8 +488,8 @@ StatusOr<ReportResult> PlacementNode::ReportBlocks(const BlockReport& r) {
 }
 
 ChainLocations PlacementNode::LocateLocked(std::string_view ns, std::span<const BlockKey> keys) {
-  const std::vector<DirectoryEntry> entries =
-      directory_.Lookup(ns, keys, /*touch=*/true, env_->NowMicros());
+  const std::uint64_t now_us = env_->NowMicros();
+  const std::vector<DirectoryEntry> entries = directory_.Lookup(ns, keys, /*touch=*/true, now_us);
   ChainLocations out;
   out.blocks.resize(keys.size());
   std::unordered_map<std::string_view, std::uint32_t> index;
@@ -507,7 +507,7 @@ ChainLocations PlacementNode::LocateLocked(std::string_view ns, std::span<const 
           index.try_emplace(h->first, static_cast<std::uint32_t>(out.hosts.size()));
       if (inserted) {
         out.hosts.push_back(h->second.record);
-        queued.push_back(path_load_.QueuedBytes(BusPath::kRemoteHostToLocalHost, h->first));
+        queued.push_back(path_load_.QueuedBytes(BusPath::kRemoteHostToLocalHost, h->first, now_us));
       }
       block.push_back({at->second, r.best_tier(), r.payload_bytes, r.representation});
     }

@@ -309,6 +309,9 @@ struct PlanSummary {
   double predicted_total_us = 0;
   bool finished = false;
   std::optional<double> observed_total_us;  // once the client reported it finished
+  // Once finished: how much later the plans admitted after it, sharing its paths, made its end
+  // (PathLoad::AddedDelayUs); predicted_total_us + this is its prediction with them.
+  std::optional<double> later_plans_delay_us;
 };
 
 struct PlanExplanation {
@@ -321,6 +324,7 @@ struct PlanExplanation {
   std::uint64_t decided_unix_us = 0;
   double predicted_total_us = 0;
   std::optional<double> observed_total_us;
+  std::optional<double> later_plans_delay_us;  // as PlanSummary's
 };
 
 struct PlaceRequest {
@@ -550,6 +554,7 @@ class PlacementNode {
     std::uint64_t ticket = 0;  // PathLoad ticket; 0 once released or if nothing was charged
     bool finished = false;
     std::optional<double> observed_total_us;
+    std::optional<double> later_plans_delay_us;  // PlanSummary's, set when it finished
     // A split planned with the model's own cost-model entry: its measured total refits the
     // model's split overlap when it finishes.
     bool learn_split = false;
@@ -576,8 +581,7 @@ class PlacementNode {
                                 const std::vector<ChainBlockSpec>& chain, PlannerInput* in);
   // Each path's and the recompute model's parameters, provenance, error and queued bytes, as
   // text and terms, for Explain.
-  void DescribePlanInputs(const PlanRequest& request, const PlannerInput& in,
-                          PlanRecord* record) const;
+  void DescribePlanInputs(const PlanRequest& request, const PlannerInput& in, PlanRecord* record);
   PlanRecord* FindPlanLocked(std::uint64_t plan_id) KVF_REQUIRES(mu_);
 
   Status CheckNamespace(std::string_view ns) const;

@@ -241,6 +241,7 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   PlanRecord record;
   {
     MutexLock admission(&admission_mu_);
+    in.now_us = env_->NowMicros();
     KVF_ASSIGN_OR_RETURN(result.plan, planner_.MakePlan(in));
     // The inputs as this plan saw them: before its own bytes are queued.
     if (in.include_explanation) DescribePlanInputs(request, in, &record);
@@ -249,7 +250,7 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
       const std::uint64_t deadline =
           env_->NowMicros() + options_.plan_deadline_slack_us +
           static_cast<std::uint64_t>(std::min(hold, 1e15));  // 1e15 µs: ~30 years, no overflow
-      ticket = path_load_.Admit(result.plan.charges, deadline);
+      ticket = path_load_.Admit(result.plan.charges, in.now_us, deadline);
     }
   }
   for (const PlanRun& run : result.plan.runs) {
@@ -378,7 +379,7 @@ void PlacementNode::ResolveSizeCurves(const ChainLocations& locations,
 }
 
 void PlacementNode::DescribePlanInputs(const PlanRequest& request, const PlannerInput& in,
-                                       PlanRecord* record) const {
+                                       PlanRecord* record) {
   // Provenance is stamped with the system clock (core/calibrated_cost_model.cc), not env_'s.
   const double now_us = static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(
                                                 std::chrono::system_clock::now().time_since_epoch())
@@ -404,7 +405,7 @@ void PlacementNode::DescribePlanInputs(const PlanRequest& request, const Planner
   auto path = [&](BusPath bus, const std::string& host, const PathParameters& used,
                   const std::string& resource, std::uint64_t at_bytes, double size_factor) {
     const std::string label = std::string(BusPathArrowName(bus)) + (host.empty() ? "" : " " + host);
-    const std::uint64_t queued = path_load_.QueuedBytes(bus, resource);
+    const std::uint64_t queued = path_load_.QueuedBytes(bus, resource, in.now_us);
     t += "  " + label + ": alpha " + FormatMicros(used.alpha_us) + ", beta " +
          FormatRate(used.beta_bytes_per_s) + ", queued " + FormatBytes(queued);
     if (size_factor != 1) {
@@ -506,6 +507,7 @@ std::vector<PlanSummary> PlacementNode::RecentPlans(std::size_t n, const std::st
     s.predicted_total_us = it->predicted_total_us;
     s.finished = it->finished;
     s.observed_total_us = it->observed_total_us;
+    s.later_plans_delay_us = it->later_plans_delay_us;
     out.push_back(std::move(s));
   }
   return out;
@@ -642,7 +644,10 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
   if (r.plan_finished && !plan->finished) {
     plan->finished = true;
     ++counters_.plans_finished;
-    if (plan->ticket != 0) path_load_.Release(plan->ticket);
+    double later_delay_us = 0;
+    if (plan->ticket != 0 && path_load_.Release(plan->ticket, env_->NowMicros(), &later_delay_us)) {
+      plan->later_plans_delay_us = later_delay_us;
+    }
     plan->ticket = 0;
     if (std::isfinite(r.observed_total_us) && r.observed_total_us > 0) {
       plan->observed_total_us = r.observed_total_us;
@@ -699,6 +704,7 @@ StatusOr<PlanExplanation> PlacementNode::Explain(std::uint64_t plan_id) const {
   out.decided_unix_us = plan->decided_unix_us;
   out.predicted_total_us = plan->predicted_total_us;
   out.observed_total_us = plan->observed_total_us;
+  out.later_plans_delay_us = plan->later_plans_delay_us;
   auto& t = out.terms;
   t.push_back({"chain_blocks", static_cast<double>(plan->chain_blocks), "blocks"});
   t.push_back({"m", static_cast<double>(plan->cached_prefix_blocks), "blocks"});
@@ -720,6 +726,9 @@ StatusOr<PlanExplanation> PlacementNode::Explain(std::uint64_t plan_id) const {
   }
   t.push_back({"t_predicted", plan->predicted_total_us, "us"});
   if (plan->observed_total_us) t.push_back({"t_observed", *plan->observed_total_us, "us"});
+  if (plan->later_plans_delay_us) {
+    t.push_back({"t_later_plans_delay", *plan->later_plans_delay_us, "us"});
+  }
   return out;
 }
 

@@ -193,6 +193,13 @@ TEST_F(PlacementNodeTest, APlanLoadsItsPathsUntilFinishedOrPastItsDeadline) {
   ASSERT_TRUE(x.ok());
   ASSERT_TRUE(x->observed_total_us.has_value());
   EXPECT_DOUBLE_EQ(*x->observed_total_us, done.observed_total_us);
+  // The second plan, admitted at the same time on the same paths, took an equal share: the
+  // first's end moved by what the second's fetch-all was predicted to wait for it.
+  ASSERT_TRUE(x->later_plans_delay_us.has_value());
+  EXPECT_NEAR(
+      *x->later_plans_delay_us,
+      Alternative(second.plan, PlanKind::kFetchAll) - Alternative(first.plan, PlanKind::kFetchAll),
+      1e-6 * *x->later_plans_delay_us);
   // The inputs as the plan saw them: every path with its figures, provenance
   // and queue, and the recompute model.
   EXPECT_NE(x->text.find("inputs (as the plan was made)"), std::string::npos) << x->text;

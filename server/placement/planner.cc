@@ -21,6 +21,7 @@ using planner_internal::kCandidates;
 using planner_internal::kSerial;
 using planner_internal::ReplicaAt;
 using planner_internal::RunPasses;
+using planner_internal::SharedStage;
 using planner_internal::SourceCost;
 using planner_internal::SourceId;
 using planner_internal::TierName;
@@ -123,7 +124,8 @@ struct FetchShape {
 FetchShape ShapeFetch(const Work& w, uint32_t first, uint32_t end, uint8_t c) {
   FetchShape out;
   const std::vector<int32_t>& a = w.assign[c];
-  std::vector<double> stream(w.SourceCount(), 0);
+  std::vector<double> stream(w.SourceCount(), 0);  // µs after the plan starts
+  std::vector<double> moved(w.SourceCount(), 0);   // bytes
   std::vector<uint8_t> used(w.SourceCount(), 0);
   for (uint32_t i = first; i < end;) {
     const BlockReplica& r = ReplicaAt(w, i, a[i]);
@@ -132,11 +134,12 @@ FetchShape ShapeFetch(const Work& w, uint32_t first, uint32_t end, uint8_t c) {
     uint32_t j = i + 1;
     while (j < end && SourceId(ReplicaAt(w, j, a[j])) == s && w.Compact(j) == compact) ++j;
     const SourceCost& sc = w.Source(r);
-    // A stream pays its source's alphas and queue wait once, before its first run: the client
-    // sends all of a source's blocks as one list in full batches (FETCH MODEL).
+    // A stream pays its source's alphas once, before its first run: the client sends all of a
+    // source's blocks as one list in full batches (FETCH MODEL). Its runs end where its bytes
+    // so far end, beside the other plans' (SourceCost::StreamUs).
     if (!used[s]) {
       used[s] = 1;
-      stream[s] = w.plan_fixed_us + sc.fixed_us;
+      stream[s] = w.plan_fixed_us + sc.alpha_us;
     }
     PlanRun run;
     run.first_block = i;
@@ -147,7 +150,8 @@ FetchShape ShapeFetch(const Work& w, uint32_t first, uint32_t end, uint8_t c) {
     run.compact = compact != 0;
     for (uint32_t x = i; x < j; ++x) run.payload_bytes += w.in->blocks[x].bytes;
     run.predicted_start_us = stream[s];
-    stream[s] += static_cast<double>(run.payload_bytes) * sc.per_byte_us;
+    moved[s] += static_cast<double>(run.payload_bytes);
+    stream[s] = w.plan_fixed_us + sc.StreamUs(moved[s]);
     run.predicted_end_us = stream[s];
     out.bytes += static_cast<double>(run.payload_bytes);
     out.runs.push_back(run);
@@ -185,24 +189,31 @@ PlanRun RecomputeRun(const Work& w, uint32_t first, uint32_t end, double start, 
 }
 
 void AddCharges(const Work& w, const std::vector<PlanRun>& runs, std::vector<PathCharge>* out) {
-  std::map<std::pair<int, std::string>, uint64_t> sum;
+  // (path, resource) → (bytes, the rate this plan assumed there: PathLoad drains at it).
+  std::map<std::pair<int, std::string>, std::pair<uint64_t, double>> sum;
   uint64_t h2d = 0;
   for (const PlanRun& run : runs) {
     if (run.action != RunAction::kFetch) continue;
     const PlannerHost& host = w.in->hosts[run.host_index];
     const BusPath tp = host.local ? BusPath::kLocalMemcpy : BusPath::kRemoteHostToLocalHost;
-    sum[{static_cast<int>(tp), host.host_id}] += run.payload_bytes;
+    auto& t = sum[{static_cast<int>(tp), host.host_id}];
+    t.first += run.payload_bytes;
+    t.second = host.transfer.beta_bytes_per_s;
     if (run.tier == Tier::kNvme) {
-      sum[{static_cast<int>(BusPath::kNvmeToHost), host.host_id}] += run.payload_bytes;
+      auto& n = sum[{static_cast<int>(BusPath::kNvmeToHost), host.host_id}];
+      n.first += run.payload_bytes;
+      n.second = host.nvme.beta_bytes_per_s;
     }
     h2d += run.payload_bytes;
   }
-  for (const auto& [key, bytes] : sum) {
-    out->push_back({static_cast<BusPath>(key.first), key.second, bytes});
+  for (const auto& [key, charge] : sum) {
+    out->push_back({static_cast<BusPath>(key.first), key.second, charge.first, charge.second});
   }
   if (h2d > 0) {
-    out->push_back({BusPath::kClientIngest, w.in->client_id, h2d});
-    out->push_back({BusPath::kHostToDevice, w.in->client_id, h2d});
+    out->push_back(
+        {BusPath::kClientIngest, w.in->client_id, h2d, w.in->client_ingest.beta_bytes_per_s});
+    out->push_back(
+        {BusPath::kHostToDevice, w.in->client_id, h2d, w.in->host_to_device.beta_bytes_per_s});
   }
 }
 
@@ -230,7 +241,7 @@ std::string FetchText(uint32_t first, uint32_t end, double us) {
   return "t_fetch(" + Blocks(first, end) + ") = " + FormatMicros(us);
 }
 
-// `first`: the run is its stream's first, which pays the stream's alphas and queue wait.
+// `first`: the run is its stream's first, which pays the stream's alphas and shares its stages.
 std::string SourceText(const Work& w, const PlanRun& run, bool first) {
   const PlannerHost& host = w.in->hosts[run.host_index];
   const SourceCost& s = w.Source({run.host_index, run.tier});
@@ -243,7 +254,20 @@ std::string SourceText(const Work& w, const PlanRun& run, bool first) {
                                                    : BusPath::kRemoteHostToLocalHost)) +
            ")";
     if (run.tier == Tier::kNvme) out += " + " + FormatMicros(host.nvme.alpha_us) + " (nvme→host)";
-    out += " and queue wait " + FormatMicros(s.wait_us) + " first, then ";
+    out += " first";
+    // The stage with more left to move by the plans admitted before this one.
+    const SharedStage* busy = s.transfer;
+    if (s.nvme != nullptr &&
+        s.nvme->backlog.Total() * s.nvme->per_byte_us > busy->backlog.Total() * busy->per_byte_us) {
+      busy = s.nvme;
+    }
+    if (busy->backlog.plans() > 0) {
+      out += ", sharing " + std::string(busy == s.nvme ? "nvme→host" : "the transfer") + " with " +
+             std::to_string(busy->backlog.plans()) + " admitted plans still moving " +
+             FormatBytes(static_cast<uint64_t>(busy->backlog.Total())) +
+             " (each takes min(its bytes left, the stream's bytes) in equal shares)";
+    }
+    out += ", then ";
   }
   out += std::to_string(run.payload_bytes) + " B / " + FormatRate(s.bottleneck_beta) + " (" +
          std::string(BusPathArrowName(s.bottleneck)) +
@@ -505,13 +529,21 @@ StatusOr<Plan> Planner::MakeOnePlan(const PlannerInput& in,
         " tokens (+" + std::to_string(in.suffix_tokens) + " suffix tokens); cached prefix " +
         std::to_string(w.m) + " blocks (" +
         std::to_string(static_cast<uint64_t>(w.PrefixTokens(w.m))) + " tokens)\n";
-    x += "fetch: F = " + FormatMicros(in.host_to_device.alpha_us) + " (host→device alpha) + wait " +
-         FormatMicros(w.h2d_wait_us) +
-         " + max(latest stream end, client ingest, host→device); a stream per source: its "
-         "stages' alphas and queue wait once, then bytes / bottleneck beta; client ingest " +
-         FormatMicros(in.client_ingest.alpha_us) + " + wait " + FormatMicros(w.ingest_wait_us) +
-         " + bytes / " + FormatRate(in.client_ingest.beta_bytes_per_s) + "; host→device bytes / " +
-         FormatRate(in.host_to_device.beta_bytes_per_s) + "\n";
+    auto others = [](const SharedStage& stage) {
+      return stage.backlog.plans() == 0
+                 ? std::string()
+                 : " (shared with " + std::to_string(stage.backlog.plans()) +
+                       " admitted plans still moving " +
+                       FormatBytes(static_cast<uint64_t>(stage.backlog.Total())) + ")";
+    };
+    x += "fetch: F = " + FormatMicros(in.host_to_device.alpha_us) +
+         " (host→device alpha) + max(latest stream end, client ingest, host→device); a stream "
+         "per source: its stages' alphas once, then (bytes + Σ min(r_i, bytes)) / beta per "
+         "stage, r_i what each plan admitted before still moves there; client ingest " +
+         FormatMicros(in.client_ingest.alpha_us) + " + that at " +
+         FormatRate(in.client_ingest.beta_bytes_per_s) + others(w.ingest) +
+         "; host→device that at " + FormatRate(in.host_to_device.beta_bytes_per_s) + others(w.h2d) +
+         "\n";
     if (in.prefix_plans_only) {
       x += "prefix plans only (the engine loads a prefix and computes every token after it): "
            "no split considered\n";

@@ -36,15 +36,20 @@
 // in full batches, whatever the plan's runs (client/client_io.cc, FetchRuns), and reports the
 // stream's bytes and wall time as one observation, so the fitted alpha is a per-stream cost: the
 // stream of s, moving B(s) bytes in all, ends at
-//   T(s) = wait(s) + sum of alpha over the daemon stages + B(s) × max over those stages of 1/beta,
-// wait(s) being the bytes other plans have queued at its daemon stages (max over the stages of
-// QueuedBytes / beta, PathLoad). All streams land in the client, through two stages they share:
-// its ingest (client_ingest: every daemon→client byte of the plan crosses one NIC or one memory
-// bus, BusPath::kClientIngest) and its host→device link. So a plan that fetches B bytes in all
-// takes
-//   F = alpha_h2d + wait_h2d + max( max over sources used of T(s),
-//                                   alpha_ingest + B / beta_ingest,
-//                                   B / beta_h2d ).
+//   T(s) = sum of alpha over the daemon stages
+//          + max over those stages of (B(s) + Taken_stage(B(s))) / beta_stage,
+// Taken_stage(B) = Σ min(r_i, B) being what the other admitted plans, which still have r_i bytes
+// to move through the stage, take from it while the stream moves its B: every stage serves the
+// plans on it in equal shares (PathLoad, SharedBacklog::Taken). All streams land in the client,
+// through two stages they share: its ingest (client_ingest: every daemon→client byte of the plan
+// crosses one NIC or one memory bus, BusPath::kClientIngest) and its host→device link. So a plan
+// that fetches B bytes in all takes
+//   F = alpha_h2d + max( max over sources used of T(s),
+//                        alpha_ingest + (B + Taken_ingest(B)) / beta_ingest,
+//                        (B + Taken_h2d(B)) / beta_h2d ).
+// (Until 2026-12-07 a stage was a FIFO: a stream first waited Σ r_i / beta. Loads started
+// together end together, and a small load beside a large one ends early; a FIFO predicted
+// neither.)
 // With one source this is the old pipeline formula plus the ingest term; with several it is the
 // overlap: two equal daemons holding half each take half as long as one holding all, unless
 // the client's ingest (or its host→device link) is the limit, as on every machine measured so
@@ -62,8 +67,9 @@
 // everything, cluster_planner_bench.) The replica of each block is chosen for the whole cached
 // prefix [0, m) from two candidate assignments, priced with F above:
 //   serial:   a dynamic program over blocks × replicas minimising the sum of run costs, each run
-//             charged its source's alphas and queue wait as if it were a stream of its own (a
-//             heuristic: it avoids loaded daemons, and puts every block on its cheapest source);
+//             charged its source's alphas and the whole backlog of its stages (Σ r_i / beta) as
+//             if it were a stream of its own (a heuristic: it avoids loaded daemons, and puts
+//             every block on its cheapest source);
 //   balanced: blocks in chain order, each on the replica whose stream would end first
 //             (earliest finish time), which spreads replicated blocks over equal daemons.
 // Every alternative (fetch-all, each split k, each fetch-prefix j) takes the cheaper candidate
@@ -197,8 +203,11 @@ std::string_view RepresentationChoiceName(RepresentationChoice choice);
 
 struct PlannerInput {
   std::vector<PlannerHost> hosts;
-  // The client's id: the resource its host→device path is charged to in PathLoad.
+  // The client's id: the resource its ingest and host→device stages are charged to in PathLoad.
   std::string client_id;
+  // When the plan is made, on PathLoad's clock (Env::NowMicros): what admitted plans still have
+  // to move is read at this time.
+  uint64_t now_us = 0;
   PathParameters host_to_device;
   // Every daemon→client byte of the plan, all streams together (BusPath::kClientIngest). The
   // default does not limit anything.
@@ -282,8 +291,9 @@ struct Plan {
 
 class Planner {
  public:
-  // `load` may be null (no load accounting); otherwise it must outlive the Planner.
-  explicit Planner(const PathLoad* load) : load_(load) {}
+  // `load` may be null (no load accounting); otherwise it must outlive the Planner. The planner
+  // reads it (PathLoad::Backlog); the caller admits plans to it.
+  explicit Planner(PathLoad* load) : load_(load) {}
 
   // InvalidArgument naming the field for malformed input: no blocks or more than
   // kMaxPlannerChainBlocks, a block with 0 tokens or bytes, a prefix_tokens that is not the running sum,
@@ -295,7 +305,7 @@ class Planner {
   // One plan with block i read compact where compact[i] (the exact copy otherwise).
   StatusOr<Plan> MakeOnePlan(const PlannerInput& input, const std::vector<uint8_t>& compact) const;
 
-  const PathLoad* const load_;
+  PathLoad* const load_;
 };
 
 }  // namespace kvfabric

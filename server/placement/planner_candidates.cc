@@ -6,36 +6,39 @@
 #include <vector>
 
 namespace kvfabric::planner_internal {
-void ComputeSources(const PlannerInput& in, const PathLoad* load, Work* w) {
-  w->h2d_per_byte_us = 1e6 / in.host_to_device.beta_bytes_per_s;
-  w->ingest_per_byte_us = 1e6 / in.client_ingest.beta_bytes_per_s;
-  const uint64_t q_h2d = load ? load->QueuedBytes(BusPath::kHostToDevice, in.client_id) : 0;
-  w->h2d_wait_us = static_cast<double>(q_h2d) * w->h2d_per_byte_us;
-  w->plan_fixed_us = in.host_to_device.alpha_us + w->h2d_wait_us;
-  const uint64_t q_ingest = load ? load->QueuedBytes(BusPath::kClientIngest, in.client_id) : 0;
-  w->ingest_wait_us = static_cast<double>(q_ingest) * w->ingest_per_byte_us;
+void ComputeSources(const PlannerInput& in, PathLoad* load, Work* w) {
+  auto backlog = [&](BusPath path, const std::string& resource) {
+    return load != nullptr ? load->Backlog(path, resource, in.now_us) : SharedBacklog();
+  };
+  w->plan_fixed_us = in.host_to_device.alpha_us;
+  w->h2d = {1e6 / in.host_to_device.beta_bytes_per_s,
+            backlog(BusPath::kHostToDevice, in.client_id)};
+  w->ingest = {1e6 / in.client_ingest.beta_bytes_per_s,
+               backlog(BusPath::kClientIngest, in.client_id)};
   w->sources.resize(in.hosts.size());
+  w->stages.resize(in.hosts.size());
   for (size_t i = 0; i < in.hosts.size(); ++i) {
     const PlannerHost& host = in.hosts[i];
     const BusPath tp = host.local ? BusPath::kLocalMemcpy : BusPath::kRemoteHostToLocalHost;
-    const double qt = load ? static_cast<double>(load->QueuedBytes(tp, host.host_id)) : 0;
-    const double qn =
-        load ? static_cast<double>(load->QueuedBytes(BusPath::kNvmeToHost, host.host_id)) : 0;
-    const double t_per_byte = 1e6 / host.transfer.beta_bytes_per_s;
-    const double n_per_byte = 1e6 / host.nvme.beta_bytes_per_s;
+    SharedStage& transfer = w->stages[i][0];
+    SharedStage& nvme = w->stages[i][1];
+    transfer = {1e6 / host.transfer.beta_bytes_per_s, backlog(tp, host.host_id)};
+    nvme = {1e6 / host.nvme.beta_bytes_per_s, backlog(BusPath::kNvmeToHost, host.host_id)};
     SourceCost hs;
-    hs.wait_us = qt * t_per_byte;
+    hs.wait_us = transfer.backlog.Total() * transfer.per_byte_us;
     hs.alpha_us = host.transfer.alpha_us;
     hs.fixed_us = hs.alpha_us + hs.wait_us;
-    hs.per_byte_us = t_per_byte;
+    hs.per_byte_us = transfer.per_byte_us;
     hs.bottleneck = tp;
     hs.bottleneck_beta = host.transfer.beta_bytes_per_s;
+    hs.transfer = &transfer;
     SourceCost ns = hs;
-    ns.wait_us = std::max(hs.wait_us, qn * n_per_byte);
+    ns.wait_us = std::max(hs.wait_us, nvme.backlog.Total() * nvme.per_byte_us);
     ns.alpha_us = host.transfer.alpha_us + host.nvme.alpha_us;
     ns.fixed_us = ns.alpha_us + ns.wait_us;
-    if (n_per_byte > hs.per_byte_us) {
-      ns.per_byte_us = n_per_byte;
+    ns.nvme = &nvme;
+    if (nvme.per_byte_us > hs.per_byte_us) {
+      ns.per_byte_us = nvme.per_byte_us;
       ns.bottleneck = BusPath::kNvmeToHost;
       ns.bottleneck_beta = host.nvme.beta_bytes_per_s;
     }
@@ -46,11 +49,6 @@ void ComputeSources(const PlannerInput& in, const PathLoad* load, Work* w) {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// The alphas and queue wait of source `id` (SourceId): what its stream pays once.
-double SourceFixed(const Work& w, int id) {
-  return w.sources[static_cast<size_t>(id / 2)][id % 2].fixed_us;
-}
 
 // The serial candidate: a dynamic program over blocks × replicas minimising the sum of run costs
 // of [0, m).
@@ -226,27 +224,20 @@ void BalancedCandidate(Work* w) {
 }
 
 // Prices every suffix [k, m) and prefix [0, j) of candidate `c` with F, keeping the cheaper
-// candidate per k and j. Stream ends only grow as blocks are added, so one sweep each way
-// carries their max.
+// candidate per k and j. Stream ends only grow as blocks are added (StreamUs grows with the
+// bytes), so one sweep each way carries their max.
 void PriceCandidate(Work* w, uint8_t c) {
   const PlannerInput& in = *w->in;
   const uint32_t m = w->m;
   const std::vector<int32_t>& a = w->assign[c];
-  // Per block: its source, and what it adds to that source's stream (its bytes; the stream's
-  // first block also its alphas and queue wait).
+  // Per block: its source; per source, the bytes its stream has so far.
   std::vector<int> source(m);
-  std::vector<double> bytes_us(m);
-  for (uint32_t i = 0; i < m; ++i) {
-    const BlockReplica& r = ReplicaAt(*w, i, a[i]);
-    source[i] = SourceId(r);
-    bytes_us[i] = w->BytesUs(i, w->Source(r));
-  }
-  std::vector<double> stream(w->SourceCount(), -1);  // -1: not used yet
+  for (uint32_t i = 0; i < m; ++i) source[i] = SourceId(ReplicaAt(*w, i, a[i]));
+  std::vector<double> stream(w->SourceCount(), 0);
   auto add = [&](uint32_t i) {
-    double& t = stream[source[i]];
-    if (t < 0) t = SourceFixed(*w, source[i]);
-    t += bytes_us[i];
-    return t;
+    const int s = source[i];
+    stream[s] += static_cast<double>(in.blocks[i].bytes);
+    return w->sources[static_cast<size_t>(s / 2)][s % 2].StreamUs(stream[s]);
   };
   auto keep = [&](std::vector<double>* us, std::vector<uint8_t>* arg, uint32_t at, double f) {
     if (c == 0 || f < (*us)[at]) {
@@ -261,7 +252,7 @@ void PriceCandidate(Work* w, uint8_t c) {
     bytes += static_cast<double>(in.blocks[b].bytes);
     keep(&w->suffix_us, &w->suffix_arg, b, w->plan_fixed_us + std::max(longest, w->Shared(bytes)));
   }
-  std::fill(stream.begin(), stream.end(), -1);
+  std::fill(stream.begin(), stream.end(), 0);
   longest = 0;
   bytes = 0;
   for (uint32_t i = 0; i < m; ++i) {

@@ -3,7 +3,7 @@
 // replica of each block a fetch reads. Internal to the planner: planner.cc
 // builds plans from what RunPasses leaves in a Work.
 //
-//   ComputeSources   per (host, tier) source: alphas, queue wait, bottleneck;
+//   ComputeSources   per (host, tier) source: alphas, shared stages, bottleneck;
 //   RunPasses        the three candidates (serial DP, balanced, serial
 //                    improved by local moves), each priced for every suffix
 //                    [k, m) and prefix [0, j) of the cached prefix.
@@ -24,14 +24,35 @@
 
 namespace kvfabric::planner_internal {
 
+// A stage plans share (PathLoad): its per-byte cost and what the admitted plans still have to
+// move through it.
+struct SharedStage {
+  double per_byte_us = 0;  // 1 / beta, in µs per byte
+  SharedBacklog backlog;
+  // How long `bytes` take through the stage beside the backlog (equal shares, planner.h).
+  double Us(double bytes) const { return (bytes + backlog.Taken(bytes)) * per_byte_us; }
+};
+
 // The cost of fetching from one source (host, tier); see the FETCH MODEL in planner.h.
 struct SourceCost {
-  double alpha_us = 0;     // alphas of the daemon stages: paid per run
-  double wait_us = 0;      // queue wait: once per stream (the serial choice pays it per run)
+  double alpha_us = 0;  // alphas of the daemon stages: once per stream
+  // The whole backlog of its stages (max over them of Σ r_i / beta): what the serial and
+  // balanced heuristics charge a stream for the other plans. Streams are priced with StreamUs.
+  double wait_us = 0;
   double fixed_us = 0;     // alpha_us + wait_us: what the serial choice pays per run
   double per_byte_us = 0;  // 1 / bottleneck beta of the daemon stages, in µs per byte
   BusPath bottleneck = BusPath::kUnspecified;
   double bottleneck_beta = 0;
+  const SharedStage* transfer = nullptr;  // the daemon→client stage
+  const SharedStage* nvme = nullptr;      // the NVMe stage; null for the host tier
+  // The stream of this source moving `bytes`: its alphas, then the slower of its stages, each
+  // shared with the plans admitted before (0 bytes: 0, it has not started).
+  double StreamUs(double bytes) const {
+    if (bytes <= 0) return 0;
+    double t = transfer->Us(bytes);
+    if (nvme != nullptr) t = std::max(t, nvme->Us(bytes));
+    return alpha_us + t;
+  }
 };
 
 inline int SourceId(const BlockReplica& r) {
@@ -53,11 +74,11 @@ struct Work {
   // Per block: read as its compact copy (in->blocks already hold that copy's bytes and replicas).
   const std::vector<uint8_t>* compact = nullptr;
   std::vector<std::array<SourceCost, 2>> sources;  // [host][tier - 1]
-  double plan_fixed_us = 0;                        // alpha_h2d + wait_h2d
-  double h2d_wait_us = 0;
-  double h2d_per_byte_us = 0;
-  double ingest_per_byte_us = 0;
-  double ingest_wait_us = 0;  // bytes this client's other plans have queued at its ingest
+  // Per host: its daemon→client and NVMe stages (SourceCost points into these).
+  std::vector<std::array<SharedStage, 2>> stages;
+  double plan_fixed_us = 0;   // alpha_h2d
+  SharedStage h2d;            // the client's host→device link
+  SharedStage ingest;         // the client's ingest
   uint32_t m = 0;             // cached prefix blocks
   uint64_t total_tokens = 0;
   // Flat per-(block, replica) arrays over blocks [0, m), for the serial candidate's dynamic
@@ -91,11 +112,11 @@ struct Work {
     return i == in->blocks.size() ? static_cast<double>(total_tokens)
                                   : static_cast<double>(in->blocks[i].prefix_tokens);
   }
-  // The client's shared stages for `bytes` fetched in all: max(ingest, host→device).
+  // The client's shared stages for `bytes` fetched in all: max(ingest, host→device), each
+  // shared with this client's other admitted plans.
   double Shared(double bytes) const {
     if (bytes <= 0) return 0;
-    return std::max(in->client_ingest.alpha_us + ingest_wait_us + bytes * ingest_per_byte_us,
-                    bytes * h2d_per_byte_us);
+    return std::max(in->client_ingest.alpha_us + ingest.Us(bytes), h2d.Us(bytes));
   }
   // Fetch time of blocks [k, m) and [0, j), including the per-plan host→device cost.
   double FetchSuffix(uint32_t k) const { return k >= m ? 0 : suffix_us[k]; }
@@ -114,8 +135,8 @@ inline const BlockReplica& ReplicaAt(const Work& w, uint32_t block, int32_t flat
 }
 
 // Fills w->sources and the client's shared-stage costs from `in` and the
-// path load (null: idle paths).
-void ComputeSources(const PlannerInput& in, const PathLoad* load, Work* w);
+// path load read at in.now_us (null: idle paths).
+void ComputeSources(const PlannerInput& in, PathLoad* load, Work* w);
 
 // Builds the three candidates of w->assign and prices them into
 // w->suffix_us / prefix_us (and _arg). REQUIRES: ComputeSources, w->m set.
