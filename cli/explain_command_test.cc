@@ -138,6 +138,8 @@ TEST(ExplainCommandTest, RecentPlansShowKindAgeAndObservedOverPredicted) {
   p->set_predicted_total_us(2000);
   p->set_finished(true);
   p->set_observed_total_us(2500);
+  // Plans admitted after it, sharing its paths, made it 500 us later.
+  p->set_later_plans_delay_us(500);
   p = r.add_plans();
   p->set_plan_id(30);
   p->set_kind(v1::PLAN_KIND_FETCH_ALL);
@@ -149,12 +151,14 @@ TEST(ExplainCommandTest, RecentPlansShowKindAgeAndObservedOverPredicted) {
   EXPECT_NE(out.find("2.00 ms"), std::string::npos) << out;
   EXPECT_NE(out.find("2.50 ms"), std::string::npos) << out;
   EXPECT_NE(out.find("1.25x"), std::string::npos) << out;
+  EXPECT_NE(out.find("1.00x with the 0.50 ms later plans added"), std::string::npos) << out;
   EXPECT_NE(out.find("running"), std::string::npos) << out;
   EXPECT_LT(out.find("31 "), out.find("30 ")) << "newest first";
   args.json = true;
   const std::string json = FormatPlanList(args, r, 0);
   EXPECT_NE(json.find("\"kind\":\"split\""), std::string::npos) << json;
   EXPECT_NE(json.find("\"observed_total_us\":2500.0"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"later_plans_delay_us\":500.0"), std::string::npos) << json;
 }
 
 TEST(ExplainCommandTest, AllNamespacesWithAKeyIsRefusedBeforeAnyRpc) {

@@ -500,13 +500,13 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
   // Whether the stream is past its cut-off (and, the first time, says so).
   // REQUIRES: p.mu held.
   // Its time is counted at its share of what the daemon moved meanwhile
-  // (this client's other loads beside it): placement predicts its end as if
-  // it queued after the loads planned before it (PathLoad), but loads that
-  // start together share the daemon and all end late, so uncorrected the
-  // first of eight loads at once was cut as a straggler and fell back to
-  // recompute (client_load_bench, 8 contexts: 60 blocks, 1.0 s for a
-  // 0.17 s load). Placement fits the stream's time the same way
-  // (TransferObservation.shared_bytes).
+  // (this client's other loads beside it): placement predicts its end
+  // beside the loads planned before it (PathLoad shares the daemon among
+  // them), not the ones planned after it, and loads that start together all
+  // end late, so uncorrected the first of eight loads at once was cut as a
+  // straggler and fell back to recompute (client_load_bench, 8 contexts: 60
+  // blocks, 1.0 s for a 0.17 s load). Placement fits the stream's time the
+  // same way (TransferObservation.shared_bytes).
   auto past_cut = [&]() KVF_REQUIRES(p.mu) {
     if (p.cut) return true;
     if (!(cut_after_us > 0)) return false;
