@@ -88,6 +88,7 @@ PathParameters AtSize(const PathParameters& p, double bytes) {
   PathParameters out;
   out.alpha_us = p.alpha_us * k;
   out.beta_bytes_per_s = p.beta_bytes_per_s / k;
+  out.concurrency_gain = p.concurrency_gain;
   return out;
 }
 

@@ -96,7 +96,16 @@ struct PathParameters {
   double beta_bytes_per_s = 1;
   // The size curve's factor at each knot (SIZE CURVE above); all 1 = the line alone.
   std::array<double, kSizeClasses> size_factors = {1, 1, 1, 1, 1, 1, 1, 1};
+  // How much more the path carries for several transfers at once than for one, in
+  // [1, kMaxConcurrencyGain]: together they move at most concurrency_gain × beta, each at most
+  // beta (a single transfer is held to beta by its own window and round trips; on the 2-vCPU
+  // VM, 8 loads at once through one client moved 14.5 GB/s where one moved 12). 1: the path is
+  // shared as it is, n transfers at beta / n each. Learned from transfers that moved beside
+  // other loads (CalibratedCostModel::ObserveShared); the placement's path load shares by it.
+  double concurrency_gain = 1;
 };
+
+inline constexpr double kMaxConcurrencyGain = 16;
 
 // Whether every size factor is 1.
 bool HasFlatSizeCurve(const PathParameters& p);

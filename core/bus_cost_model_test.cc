@@ -302,6 +302,49 @@ TEST(CalibratedCostModelTest, ScoresOutOfSampleAndRefitsPerHost) {
   EXPECT_TRUE(model.ObserveTransfer(BusPath::kNvmeToHost, "", 0, 1.0).IsInvalidArgument());
 }
 
+// A path that moves one transfer at 1 GB/s and several together at 1.5 GB/s: fed alone, two at
+// once and four at once, through ObserveShared then ObserveTransfer as placement does, the model
+// learns beta 1 GB/s and a concurrency gain of 1.5. (Slowly: the line's fit keeps about 1000
+// observations, and shared ones fitted at a gain still too low pull beta toward the capacity;
+// each window closes about a third of the gap, so 3000 observations left beta 6% high.)
+TEST(CalibratedCostModelTest, TransfersBesideOthersTeachTheConcurrencyGain) {
+  std::mt19937_64 rng(
+      TestSeed("CalibratedCostModelTest.TransfersBesideOthersTeachTheConcurrencyGain"));
+  std::uniform_int_distribution<int> shift(20, 24);
+  std::normal_distribution<double> noise(0.0, 0.005);
+  CalibratedCostModel model;
+  ASSERT_TRUE(model.Load(Sample()).ok());
+  constexpr double kAlpha = 12.5, kBeta = 1e9, kCapacity = 1.5e9;
+  for (int i = 0; i < 8000; ++i) {
+    const uint64_t bytes = 1ull << shift(rng);
+    const double b = static_cast<double>(bytes);
+    const int n = i % 3 == 0 ? 1 : i % 3 == 1 ? 2 : 4;  // transfers at once, equal sizes
+    const double rate = std::min(n * kBeta, kCapacity);
+    const double observed = (kAlpha + n * b / rate * 1e6) * (1 + noise(rng));
+    double us = observed;
+    if (n > 1) {
+      auto own = model.ObserveShared(BusPath::kRemoteHostToLocalHost, "cache-1", bytes,
+                                     bytes * (n - 1), observed);
+      ASSERT_TRUE(own.ok()) << own.status();
+      us *= *own;
+    }
+    ASSERT_TRUE(model.ObserveTransfer(BusPath::kRemoteHostToLocalHost, "cache-1", bytes, us).ok());
+  }
+  auto p = model.Path(BusPath::kRemoteHostToLocalHost, "cache-1");
+  ASSERT_TRUE(p.ok());
+  EXPECT_NEAR(p->beta_bytes_per_s, kBeta, 0.05 * kBeta);
+  EXPECT_NEAR(p->concurrency_gain, kCapacity / kBeta, 0.05 * kCapacity / kBeta);
+  // A transfer alone teaches nothing of the gain and is all its own; bad input is refused.
+  EXPECT_DOUBLE_EQ(*model.ObserveShared(BusPath::kRemoteHostToLocalHost, "cache-1", 100, 0, 1.0),
+                   1);
+  EXPECT_TRUE(model.ObserveShared(BusPath::kRemoteHostToLocalHost, "cache-1", 0, 5, 1.0)
+                  .status()
+                  .IsInvalidArgument());
+  EXPECT_TRUE(model.ObserveShared(BusPath::kHostToDevice, "", 1, 5, 1.0).status().IsNotFound());
+  // Sixty-three others' bytes for each of its own: fitted at a 64th at most.
+  EXPECT_DOUBLE_EQ(*model.ObserveShared(BusPath::kNvmeToHost, "x", 1, 1000, 1e9), 1.0 / 64);
+}
+
 TEST(CalibratedCostModelTest, AnEngineStatementReplacesDefaultsButNotACalibration) {
   CalibratedCostModel model;
   ASSERT_TRUE(model.Load(Sample()).ok());  // calibrates model "llama@1"

@@ -283,29 +283,12 @@ StatusOr<RecomputeParameters> CalibratedCostModel::Recompute(std::string_view mo
 
 Status CalibratedCostModel::ObserveTransfer(BusPath path, std::string_view host_id, uint64_t bytes,
                                             double observed_us) {
-  if (bytes == 0 || !std::isfinite(observed_us) || !(observed_us > 0)) {
-    return Status::InvalidArgument("transfer observation on " + PathLabel(path, host_id) +
-                                   ": bytes must be > 0 and observed_us finite and > 0");
-  }
   MutexLock lock(&mu_);
-  const PathEntry* found = FindPathLocked(path, host_id);
-  if (found == nullptr) {
-    return Status::NotFound("transfer observation on " + PathLabel(path, host_id) +
-                            ": no calibration for the path");
-  }
-  const PathKey key(static_cast<int>(path), std::string(host_id));
-  auto it = paths_.find(key);
-  if (it == paths_.end()) {
-    // Specialise the default for this host; its own error and fit start empty.
-    PathEntry e;
-    e.parameters = found->parameters;
-    e.fit = NewPathFit(e.parameters, found->provenance.source);
-    e.provenance = found->provenance;
-    e.provenance.refits = 0;
-    e.noise_floor_ratio = found->noise_floor_ratio;
-    it = paths_.emplace(key, std::move(e)).first;
-  }
-  PathEntry& e = it->second;
+  Status why;
+  PathEntry* own =
+      ObservedPathLocked(path, host_id, "transfer observation", bytes, observed_us, &why);
+  if (own == nullptr) return why;
+  PathEntry& e = *own;
   const double predicted = FetchMicros(e.parameters, static_cast<double>(bytes));
   e.error.Record(observed_us, predicted);
   double scale = 1;
@@ -326,12 +309,65 @@ Status CalibratedCostModel::ObserveTransfer(BusPath path, std::string_view host_
     // line in force keeps and only its curve is refitted against it (SIZE CURVE: the curve's
     // statistics fit any line).
     auto fitted = e.fit.Fit();
+    const double gain = e.parameters.concurrency_gain;  // not the line's: ObserveShared's
     e.parameters = fitted.ok() ? *fitted : e.fit.WithCurve(e.parameters);
+    e.parameters.concurrency_gain = gain;
     e.provenance.source = ParameterSource::kOnlineFit;
     ++e.provenance.refits;
     e.provenance.updated_unix_us = NowUnixMicros();
   }
   return Status::OK();
+}
+
+CalibratedCostModel::PathEntry* CalibratedCostModel::ObservedPathLocked(
+    BusPath path, std::string_view host_id, std::string_view what, uint64_t bytes,
+    double observed_us, Status* why) {
+  if (bytes == 0 || !std::isfinite(observed_us) || !(observed_us > 0)) {
+    *why = Status::InvalidArgument(std::string(what) + " on " + PathLabel(path, host_id) +
+                                   ": bytes must be > 0 and observed_us finite and > 0");
+    return nullptr;
+  }
+  const PathEntry* found = FindPathLocked(path, host_id);
+  if (found == nullptr) {
+    *why = Status::NotFound(std::string(what) + " on " + PathLabel(path, host_id) +
+                            ": no calibration for the path");
+    return nullptr;
+  }
+  const PathKey key(static_cast<int>(path), std::string(host_id));
+  auto it = paths_.find(key);
+  if (it == paths_.end()) {
+    // Specialise the default for this host; its own error and fit start empty.
+    PathEntry e;
+    e.parameters = found->parameters;
+    e.fit = NewPathFit(e.parameters, found->provenance.source);
+    e.provenance = found->provenance;
+    e.provenance.refits = 0;
+    e.noise_floor_ratio = found->noise_floor_ratio;
+    e.gain_samples = found->gain_samples;
+    it = paths_.emplace(key, std::move(e)).first;
+  }
+  return &it->second;
+}
+
+StatusOr<double> CalibratedCostModel::ObserveShared(BusPath path, std::string_view host_id,
+                                                    uint64_t bytes, uint64_t shared_bytes,
+                                                    double observed_us) {
+  MutexLock lock(&mu_);
+  Status why;
+  PathEntry* e =
+      ObservedPathLocked(path, host_id, "shared transfer observation", bytes, observed_us, &why);
+  if (e == nullptr) return why;
+  const double b = static_cast<double>(bytes);
+  const double all = b + static_cast<double>(shared_bytes);
+  double& gain = e->parameters.concurrency_gain;
+  if (shared_bytes > 0) {
+    const double sample =
+        std::clamp(FetchMicros(e->parameters, all) / observed_us, 1.0, kMaxConcurrencyGain);
+    constexpr double kSlowest = 1.0 / 16;
+    gain += (sample - gain) * std::max(1.0 / (e->gain_samples + 1), kSlowest);
+    e->gain_samples += 1;
+  }
+  return std::max(std::min(1.0, gain * b / all), 1.0 / kMaxSharedShare);
 }
 
 Status CalibratedCostModel::ObserveRecompute(std::string_view model_id, uint64_t tokens,

@@ -90,6 +90,10 @@ struct ParameterProvenance {
   int64_t updated_unix_us = 0;
 };
 
+// The smallest share of a path's time a shared observation is fitted at (ObserveShared): as if
+// at most 64 loads shared it.
+inline constexpr double kMaxSharedShare = 64;
+
 class CalibratedCostModel {
  public:
   struct Options {
@@ -205,6 +209,16 @@ class CalibratedCostModel {
   // tokens == 0 or a time that is not finite and > 0.
   Status ObserveTransfer(BusPath path, std::string_view host_id, uint64_t bytes,
                          double observed_us);
+  // A transfer of `bytes` that took `observed_us` while other loads moved `shared_bytes` over
+  // the same path. Learns the path's concurrency_gain from it: the line predicts
+  // t1 = alpha + (bytes + shared) / beta for all of them at beta (gain 1), and t1 / observed,
+  // within [1, kMaxConcurrencyGain], is a sample of the gain (the mean of the first 16
+  // samples, then each moves it 1/16 of the way). Returns the fraction of observed_us that was
+  // this transfer's own, to pass to ObserveTransfer: min(1, gain × bytes / (bytes + shared)),
+  // at least 1/kMaxSharedShare (with n equal transfers at once, each ends after n / gain of its
+  // time alone). Errors as ObserveTransfer.
+  StatusOr<double> ObserveShared(BusPath path, std::string_view host_id, uint64_t bytes,
+                                 uint64_t shared_bytes, double observed_us);
   Status ObserveRecompute(std::string_view model_id, uint64_t tokens, uint64_t prefix_tokens,
                           double observed_us);
   // A finished split plan of `model_id`: its predicted sides (PlanAlternative front_us,
@@ -237,6 +251,7 @@ class CalibratedCostModel {
     ParameterProvenance provenance;
     MissRun misses;
     double noise_floor_ratio = 0;
+    double gain_samples = 0;  // ObserveShared calls that moved parameters.concurrency_gain
   };
   struct RecomputeEntry {
     RecomputeParameters parameters;
@@ -256,6 +271,11 @@ class CalibratedCostModel {
   using PathKey = std::pair<int, std::string>;
 
   const PathEntry* FindPathLocked(BusPath path, std::string_view host_id) const KVF_REQUIRES(mu_);
+  // For an observation of `bytes` in `observed_us` (`what`, for errors): the entry of exactly
+  // (path, host_id), specialised from the path's default when there is none yet; null with
+  // *why set for bytes == 0, a time that is not finite and > 0, or no entry to start from.
+  PathEntry* ObservedPathLocked(BusPath path, std::string_view host_id, std::string_view what,
+                                uint64_t bytes, double observed_us, Status* why) KVF_REQUIRES(mu_);
   // A fresh online fit for parameters from `source` (with the prior, see Options::prior_weight).
   OnlinePathFit NewPathFit(const PathParameters& p, ParameterSource source) const;
   OnlineRecomputeFit NewRecomputeFit(const RecomputeParameters& r, ParameterSource source) const;

@@ -7,22 +7,53 @@
 
 namespace kvfabric {
 
-SharedBacklog::SharedBacklog(std::vector<double> remaining) : remaining_(std::move(remaining)) {
+SharedBacklog::SharedBacklog(std::vector<double> remaining, double gain)
+    : gain_(std::isfinite(gain) && gain > 1 ? gain : 1), remaining_(std::move(remaining)) {
   std::erase_if(remaining_, [](double r) { return !(r > 0); });
   std::sort(remaining_.begin(), remaining_.end());
-  prefix_.resize(remaining_.size());
-  double sum = 0;
-  for (size_t i = 0; i < remaining_.size(); ++i) prefix_[i] = sum += remaining_[i];
+  const size_t n = remaining_.size();
+  at_.resize(n);
+  // Between the k-th and (k+1)-th smallest remainders, the new transfer and n - k plans move.
+  double prev = 0, t = 0;
+  for (size_t k = 0; k < n; ++k) {
+    t += (remaining_[k] - prev) * Slowdown(n - k + 1);
+    at_[k] = t;
+    prev = remaining_[k];
+    total_ += remaining_[k];
+  }
 }
 
-double SharedBacklog::Taken(double bytes) const {
-  if (bytes <= 0 || remaining_.empty()) return 0;
-  // The plans with less than `bytes` left give all of it; the rest give `bytes` each.
-  const auto below = static_cast<size_t>(
-      std::lower_bound(remaining_.begin(), remaining_.end(), bytes) - remaining_.begin());
-  const double whole = below == 0 ? 0 : prefix_[below - 1];
-  return whole + bytes * static_cast<double>(remaining_.size() - below);
+double SharedBacklog::Slowdown(size_t n) const {
+  return std::max(1.0, static_cast<double>(n) / gain_);
 }
+
+double SharedBacklog::Stretched(double bytes) const {
+  if (!(bytes > 0)) return 0;
+  // The plans with less than `bytes` left end before the new transfer does.
+  const auto j = static_cast<size_t>(std::lower_bound(remaining_.begin(), remaining_.end(), bytes) -
+                                     remaining_.begin());
+  const size_t n = remaining_.size();
+  if (j == 0) return bytes * Slowdown(n + 1);
+  return at_[j - 1] + (bytes - remaining_[j - 1]) * Slowdown(n - j + 1);
+}
+
+namespace {
+
+// When each of the transfers with `remaining` bytes (ascending) ends, in µs from now, at `beta`
+// shared by `gain` (each moves at beta × min(1, gain / n) while n move), none arriving later.
+std::vector<double> EndsUs(const std::vector<double>& remaining, double beta, double gain) {
+  std::vector<double> ends(remaining.size());
+  double prev = 0, t = 0;
+  for (size_t k = 0; k < remaining.size(); ++k) {
+    const double n = static_cast<double>(remaining.size() - k);
+    t += (remaining[k] - prev) / (beta * std::min(1.0, gain / n)) * 1e6;
+    ends[k] = t;
+    prev = remaining[k];
+  }
+  return ends;
+}
+
+}  // namespace
 
 uint64_t PathLoad::ClampLocked(uint64_t now_us) {
   latest_us_ = std::max(latest_us_, now_us);
@@ -37,10 +68,12 @@ void PathLoad::AdvanceLocked(const Key& key, Resource* r, uint64_t now_us) {
     while (!r->active.empty()) {
       const auto first = r->active.begin();
       const double n = static_cast<double>(r->active.size());
-      // Every active plan receives beta / n; the one nearest its end gets there after this.
-      const double dt_us = (first->first - r->served) * n / r->beta * 1e6;
+      // Every active plan receives beta × min(1, gain / n); the one nearest its end gets there
+      // after this.
+      const double rate = r->beta * std::min(1.0, r->gain / n);
+      const double dt_us = (first->first - r->served) / rate * 1e6;
       if (t + dt_us > now) {
-        r->served += (now - t) * r->beta / n / 1e6;
+        r->served += (now - t) * rate / 1e6;
         break;
       }
       t += dt_us;
@@ -57,17 +90,19 @@ void PathLoad::AdvanceLocked(const Key& key, Resource* r, uint64_t now_us) {
   r->clock_us = now_us;
 }
 
-SharedBacklog PathLoad::Backlog(BusPath path, std::string_view resource, uint64_t now_us) {
+SharedBacklog PathLoad::Backlog(BusPath path, std::string_view resource, uint64_t now_us,
+                                double gain) {
   MutexLock lock(&mu_);
   const uint64_t now = ClampLocked(now_us);
   const auto it = resources_.find(Key(static_cast<int>(path), std::string(resource)));
-  if (it == resources_.end()) return SharedBacklog();
+  if (it == resources_.end()) return SharedBacklog({}, gain);
   AdvanceLocked(it->first, &it->second, now);
   std::vector<double> remaining;
   remaining.reserve(it->second.active.size());
   for (const auto& [end, ticket] : it->second.active) remaining.push_back(end - it->second.served);
+  if (gain <= 0) gain = it->second.gain;
   if (it->second.active.empty()) resources_.erase(it);
-  return SharedBacklog(std::move(remaining));
+  return SharedBacklog(std::move(remaining), gain);
 }
 
 uint64_t PathLoad::QueuedBytes(BusPath path, std::string_view resource, uint64_t now_us) {
@@ -80,17 +115,22 @@ uint64_t PathLoad::Admit(const std::vector<PathCharge>& charges, uint64_t now_us
   const uint64_t now = ClampLocked(now_us);
   const uint64_t ticket = next_ticket_++;
   // Charges naming one resource move as one share of it.
-  std::map<Key, std::pair<uint64_t, double>> merged;
+  struct Merged {
+    uint64_t bytes = 0;
+    double beta = 0, gain = 1;
+  };
+  std::map<Key, Merged> merged;
   for (const PathCharge& c : charges) {
     if (c.bytes == 0) continue;
-    auto& m = merged[Key(static_cast<int>(c.path), c.resource)];
-    m.first += c.bytes;
-    m.second = c.beta_bytes_per_s;
+    Merged& m = merged[Key(static_cast<int>(c.path), c.resource)];
+    m.bytes += c.bytes;
+    m.beta = c.beta_bytes_per_s;
+    m.gain = c.concurrency_gain;
   }
   Admitted& admitted = plans_[ticket];
   admitted.deadline_us = deadline_us;
   for (const auto& [key, charge] : merged) {
-    const auto [bytes, beta] = charge;
+    const uint64_t bytes = charge.bytes;
     auto [it, inserted] = resources_.try_emplace(key);
     Resource& r = it->second;
     if (inserted) {
@@ -98,15 +138,27 @@ uint64_t PathLoad::Admit(const std::vector<PathCharge>& charges, uint64_t now_us
     } else {
       AdvanceLocked(key, &r, now);
     }
-    r.beta = std::isfinite(beta) && beta > 0 ? beta : 0;
-    // Each plan still moving bytes here is delayed by what the new one takes from it.
-    if (r.beta > 0) {
+    r.beta = std::isfinite(charge.beta) && charge.beta > 0 ? charge.beta : 0;
+    r.gain = std::isfinite(charge.gain) && charge.gain > 1 ? charge.gain : 1;
+    // Each plan still moving bytes here ends later by the new one: its end with it less its
+    // end without (`active` is in order of bytes left; the new plan goes after its equals).
+    if (r.beta > 0 && !r.active.empty()) {
+      std::vector<double> left;
+      left.reserve(r.active.size() + 1);
+      for (const auto& entry : r.active) left.push_back(entry.first - r.served);
+      const std::vector<double> before = EndsUs(left, r.beta, r.gain);
+      const auto at = std::upper_bound(left.begin(), left.end(), static_cast<double>(bytes));
+      const auto pos = static_cast<size_t>(at - left.begin());
+      left.insert(at, static_cast<double>(bytes));
+      const std::vector<double> after = EndsUs(left, r.beta, r.gain);
+      size_t i = 0;
       for (const auto& [end, other] : r.active) {
+        const double delay = after[i < pos ? i : i + 1] - before[i];
+        ++i;
         const auto o = plans_.find(other);
         if (o == plans_.end()) continue;
-        const double taken = std::min(end - r.served, static_cast<double>(bytes));
         for (Charge& c : o->second.charges) {
-          if (c.active && c.key == key) c.delay_us += taken / r.beta * 1e6;
+          if (c.active && c.key == key) c.delay_us += delay;
         }
       }
     }

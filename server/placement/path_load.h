@@ -3,7 +3,9 @@
 //
 // Model: every path resource (a BusPath on one daemon, or a stage of one client) serves the plans
 // charged to it at once, in equal shares (processor sharing): n plans moving bytes over a
-// resource of rate beta each receive beta / n until one of them has moved all its bytes. That
+// resource of rate beta each receive beta × min(1, gain / n) until one of them has moved all its
+// bytes, gain being the resource's concurrency gain (PathParameters::concurrency_gain: together
+// they move up to gain × beta, each at most beta; 1 on a path learned to be shared as it is). That
 // is what the daemons and the client do with concurrent loads (each load's requests are admitted
 // earliest layer first and served side by side, docs/client.md), and it is what the last byte of
 // a load measures: two loads started together end together.
@@ -13,12 +15,14 @@
 // resource), so a plan admitted long ago and nearly done holds little. A charge with no rate
 // (0) never drains: it holds its bytes until released, as every charge did before 2026-12-07.
 //
-// What a new stream of B bytes pays for sharing: it ends (B + Σ min(r_i, B)) / beta after it
-// starts, r_i being what each admitted plan still has to move there (Backlog); the sum is
-// SharedBacklog::Taken. What an admitted plan pays for the plans admitted after it: each one
-// that arrives while it still has r to move, bringing b, delays its end by min(r, b) / beta
-// (AddedDelayUs), which placement reports beside the plan's prediction once it finished: the
-// plan was priced with the loads that were there, and the ones that joined it explain the rest.
+// What a new stream of B bytes pays for sharing: it ends SharedBacklog::Stretched(B) / beta
+// after it starts, which is (B + Σ min(r_i, B)) / beta with gain 1, r_i being what each admitted
+// plan still has to move there (Backlog). What an admitted plan pays for the plans admitted
+// after it: each one that arrives while it still has bytes to move pushes its end back (by
+// min(r, b) / beta with gain 1; in general the difference of its end with and without the new
+// plan, no later arrivals assumed). The sum is AddedDelayUs, which placement reports beside the
+// plan's prediction once it finished: the plan was priced with the loads that were there, and
+// the ones that joined it explain the rest.
 //
 // Bytes leave the model when they have drained, when the plan is released (the client reported
 // it finished) or when its deadline (its predicted end plus a margin the caller picks) passes,
@@ -56,24 +60,37 @@ struct PathCharge {
   uint64_t bytes = 0;
   // The rate the plan assumed for this resource, bytes/s; 0: the bytes do not drain.
   double beta_bytes_per_s = 0;
+  // The resource's concurrency gain the plan assumed (PathParameters::concurrency_gain).
+  double concurrency_gain = 1;
 };
 
-// What other plans still have to move on one resource, ascending, and what they take from a
-// stream of B bytes that shares it with them.
+// What other plans still have to move on one resource, and how long a new transfer takes
+// beside them.
 class SharedBacklog {
  public:
   SharedBacklog() = default;
-  explicit SharedBacklog(std::vector<double> remaining);  // any order; entries <= 0 dropped
+  // `remaining`: any order, entries <= 0 dropped. `gain`: the resource's concurrency gain
+  // (PathParameters::concurrency_gain; below 1 is taken as 1).
+  explicit SharedBacklog(std::vector<double> remaining, double gain = 1);
 
   // Σ r_i.
-  double Total() const { return prefix_.empty() ? 0 : prefix_.back(); }
+  double Total() const { return total_; }
   size_t plans() const { return remaining_.size(); }
-  // Σ min(r_i, bytes): the bytes the others move while a stream of `bytes` moves its own.
-  double Taken(double bytes) const;
+  double gain() const { return gain_; }
+  // How long a new transfer of `bytes` takes beside the plans, in bytes at the resource's
+  // single-transfer rate beta (divide by beta for the time): while n transfers move (it and the
+  // plans with bytes left), each moves at beta × min(1, gain / n), and no plan arrives after
+  // it. With gain 1: bytes + Σ min(r_i, bytes).
+  double Stretched(double bytes) const;
 
  private:
+  // max(1, n / gain): how much slower each of n transfers moves than one alone.
+  double Slowdown(size_t n) const;
+
+  double gain_ = 1;
+  double total_ = 0;
   std::vector<double> remaining_;  // ascending
-  std::vector<double> prefix_;     // prefix_[i] = Σ remaining_[0..i]
+  std::vector<double> at_;         // at_[k] = Stretched(remaining_[k])
 };
 
 class PathLoad {
@@ -82,8 +99,9 @@ class PathLoad {
   PathLoad(const PathLoad&) = delete;
   PathLoad& operator=(const PathLoad&) = delete;
 
-  // What each admitted plan still has to move on (path, resource) at `now_us`.
-  SharedBacklog Backlog(BusPath path, std::string_view resource, uint64_t now_us);
+  // What each admitted plan still has to move on (path, resource) at `now_us`, priced with
+  // `gain` (0: the resource's, from its newest charge).
+  SharedBacklog Backlog(BusPath path, std::string_view resource, uint64_t now_us, double gain = 0);
   // Σ of Backlog, rounded up.
   uint64_t QueuedBytes(BusPath path, std::string_view resource, uint64_t now_us);
 
@@ -96,8 +114,8 @@ class PathLoad {
   // Releases every plan whose deadline is <= now_us; returns how many.
   size_t ReleaseExpired(uint64_t now_us);
   // How much later than when it was admitted the model now expects the plan's last byte, on
-  // the resource where that is most: the plans admitted after it, each min(r, b) / beta on a
-  // resource they share. 0 for an unknown ticket.
+  // the resource where that is most: what the plans admitted after it added there (file
+  // comment). 0 for an unknown ticket.
   double AddedDelayUs(uint64_t ticket) const;
   // Plans admitted and not released.
   size_t admitted_plans() const;
@@ -109,6 +127,7 @@ class PathLoad {
   // virtual time v with b bytes is done at v + b.
   struct Resource {
     double beta = 0;                               // bytes/s, the newest charge's; 0: no draining
+    double gain = 1;                               // the newest charge's concurrency gain, >= 1
     uint64_t clock_us = 0;                         // the time `served` is at
     double served = 0;                             // virtual bytes
     std::set<std::pair<double, uint64_t>> active;  // (virtual end, ticket)

@@ -113,7 +113,7 @@ void EmitPaths(const std::vector<CalibratedCostModel::PathReport>& paths,
   std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(shown), order.end(),
                     before);
 
-  std::vector<Sample> error, observations, effective, alpha, beta, noise, refits, changes;
+  std::vector<Sample> error, observations, effective, alpha, beta, gain, noise, refits, changes;
   for (std::size_t i = 0; i < shown; ++i) {
     const CalibratedCostModel::PathReport& p = *order[i];
     const std::vector<ClientMetric::Label> labels = {{"path", std::string(BusPathName(p.path))},
@@ -126,6 +126,7 @@ void EmitPaths(const std::vector<CalibratedCostModel::PathReport>& paths,
     effective.push_back(S(p.effective_observations, labels));
     alpha.push_back(S(p.parameters.alpha_us / 1e6, labels));
     beta.push_back(S(p.parameters.beta_bytes_per_s, labels));
+    gain.push_back(S(p.parameters.concurrency_gain, labels));
   }
 
   Gauge(out, "path_entries",
@@ -149,6 +150,11 @@ void EmitPaths(const std::vector<CalibratedCostModel::PathReport>& paths,
   Gauge(out, "path_beta_bytes_per_second",
         "Sustained bandwidth (beta) in force for a (path, host), in bytes per second.",
         std::move(beta));
+  Gauge(out, "path_concurrency_gain",
+        "How much more a (path, host) carries for several transfers at once than for one "
+        "(together at most gain x beta, each at most beta), learned from transfers that moved "
+        "beside other loads; 1 = shared as it is.",
+        std::move(gain));
   Gauge(out, "path_noise_floor_ratio",
         "The calibration's noise floor of a (path, host): how far identical interleaved repeats "
         "spread (max(1 - p10, p90 - 1) of repeat/median); an error below it is the machine's. "

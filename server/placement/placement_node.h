@@ -244,10 +244,6 @@ struct PlanResult {
   std::vector<std::vector<std::uint32_t>> fallback_host_indices;
 };
 
-// The smallest share of a path's time an observation is fitted at
-// (TransferObservation::shared_bytes): as if at most 64 loads shared it.
-inline constexpr double kMaxSharedShare = 64;
-
 struct TransferObservation {
   BusPath path = BusPath::kUnspecified;
   std::string host_id;  // empty for paths local to the client
@@ -257,9 +253,10 @@ struct TransferObservation {
   // not scored or fitted as the path alone.
   bool beside_prefill = false;
   // Bytes other loads moved over the same path meanwhile
-  // (kvfabric.v1.TransferObservation.shared_bytes): the path is scored and
-  // fitted from observed_us x bytes / (bytes + shared_bytes), the share
-  // counted down to 1/kMaxSharedShare.
+  // (kvfabric.v1.TransferObservation.shared_bytes): the path's concurrency
+  // gain g is learned from it, and the path is scored and fitted from
+  // observed_us x min(1, g x bytes / (bytes + shared_bytes)), the share
+  // counted down to 1/kMaxSharedShare (CalibratedCostModel::ObserveShared).
   std::uint64_t shared_bytes = 0;
 };
 

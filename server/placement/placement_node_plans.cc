@@ -408,6 +408,13 @@ void PlacementNode::DescribePlanInputs(const PlanRequest& request, const Planner
     const std::uint64_t queued = path_load_.QueuedBytes(bus, resource, in.now_us);
     t += "  " + label + ": alpha " + FormatMicros(used.alpha_us) + ", beta " +
          FormatRate(used.beta_bytes_per_s) + ", queued " + FormatBytes(queued);
+    if (used.concurrency_gain > 1) {
+      char b[96];
+      std::snprintf(b, sizeof(b), ", concurrency gain %.2f (several at once up to %s)",
+                    used.concurrency_gain,
+                    FormatRate(used.concurrency_gain * used.beta_bytes_per_s).c_str());
+      t += b;
+    }
     if (size_factor != 1) {
       // `used` is the line × k at the expected bytes (ResolveSizeCurves).
       char b[96];
@@ -421,6 +428,7 @@ void PlacementNode::DescribePlanInputs(const PlanRequest& request, const Planner
     record->input_terms.push_back({"size_factor:" + key, size_factor, "ratio"});
     record->input_terms.push_back({"size_at:" + key, static_cast<double>(at_bytes), "bytes"});
     record->input_terms.push_back({"queued:" + key, static_cast<double>(queued), "bytes"});
+    record->input_terms.push_back({"concurrency_gain:" + key, used.concurrency_gain, "ratio"});
     StatusOr<CalibratedCostModel::PathReport> r = cost_model_.PathReportFor(bus, host);
     if (r.ok()) {
       t += " (" + provenance(r->provenance) + (r->host_id.empty() ? ", the path's default" : "") +
@@ -583,13 +591,14 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
       // as a straggler is reported without the flag: that miss is the path's.)
       ++beside_prefill;
     } else {
-      // Beside other loads on the same path: what these bytes took of its
-      // time (the planner's queue wait covers the rest).
+      // Beside other loads on the same path: it teaches the path's concurrency gain, and what
+      // these bytes took of its time is fitted (the planner's path load shares the rest).
       double us = t.observed_us;
       if (t.shared_bytes > 0) {
         ++shared;
-        const double b = static_cast<double>(t.bytes);
-        us *= std::max(b / (b + static_cast<double>(t.shared_bytes)), 1.0 / kMaxSharedShare);
+        StatusOr<double> own =
+            cost_model_.ObserveShared(t.path, t.host_id, t.bytes, t.shared_bytes, t.observed_us);
+        if (own.ok()) us *= *own;
       }
       if (!cost_model_.ObserveTransfer(t.path, t.host_id, t.bytes, us).ok()) ++unscored;
     }

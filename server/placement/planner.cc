@@ -189,32 +189,33 @@ PlanRun RecomputeRun(const Work& w, uint32_t first, uint32_t end, double start, 
 }
 
 void AddCharges(const Work& w, const std::vector<PlanRun>& runs, std::vector<PathCharge>* out) {
-  // (path, resource) → (bytes, the rate this plan assumed there: PathLoad drains at it).
-  std::map<std::pair<int, std::string>, std::pair<uint64_t, double>> sum;
-  uint64_t h2d = 0;
+  // (path, resource) → its charge: the bytes, and the rate and gain this plan assumed there
+  // (PathLoad drains by them).
+  std::map<std::pair<int, std::string>, PathCharge> sum;
+  auto add = [&](BusPath path, const std::string& resource, uint64_t bytes,
+                 const PathParameters& p) {
+    PathCharge& c = sum[{static_cast<int>(path), resource}];
+    c.path = path;
+    c.resource = resource;
+    c.bytes += bytes;
+    c.beta_bytes_per_s = p.beta_bytes_per_s;
+    c.concurrency_gain = p.concurrency_gain;
+  };
+  uint64_t fetched = 0;
   for (const PlanRun& run : runs) {
     if (run.action != RunAction::kFetch) continue;
     const PlannerHost& host = w.in->hosts[run.host_index];
-    const BusPath tp = host.local ? BusPath::kLocalMemcpy : BusPath::kRemoteHostToLocalHost;
-    auto& t = sum[{static_cast<int>(tp), host.host_id}];
-    t.first += run.payload_bytes;
-    t.second = host.transfer.beta_bytes_per_s;
-    if (run.tier == Tier::kNvme) {
-      auto& n = sum[{static_cast<int>(BusPath::kNvmeToHost), host.host_id}];
-      n.first += run.payload_bytes;
-      n.second = host.nvme.beta_bytes_per_s;
-    }
-    h2d += run.payload_bytes;
+    add(host.local ? BusPath::kLocalMemcpy : BusPath::kRemoteHostToLocalHost, host.host_id,
+        run.payload_bytes, host.transfer);
+    if (run.tier == Tier::kNvme)
+      add(BusPath::kNvmeToHost, host.host_id, run.payload_bytes, host.nvme);
+    fetched += run.payload_bytes;
   }
-  for (const auto& [key, charge] : sum) {
-    out->push_back({static_cast<BusPath>(key.first), key.second, charge.first, charge.second});
+  if (fetched > 0) {
+    add(BusPath::kClientIngest, w.in->client_id, fetched, w.in->client_ingest);
+    add(BusPath::kHostToDevice, w.in->client_id, fetched, w.in->host_to_device);
   }
-  if (h2d > 0) {
-    out->push_back(
-        {BusPath::kClientIngest, w.in->client_id, h2d, w.in->client_ingest.beta_bytes_per_s});
-    out->push_back(
-        {BusPath::kHostToDevice, w.in->client_id, h2d, w.in->host_to_device.beta_bytes_per_s});
-  }
+  for (auto& [key, charge] : sum) out->push_back(std::move(charge));
 }
 
 std::string Blocks(uint32_t first, uint32_t end) {

@@ -37,16 +37,17 @@
 // stream's bytes and wall time as one observation, so the fitted alpha is a per-stream cost: the
 // stream of s, moving B(s) bytes in all, ends at
 //   T(s) = sum of alpha over the daemon stages
-//          + max over those stages of (B(s) + Taken_stage(B(s))) / beta_stage,
-// Taken_stage(B) = Σ min(r_i, B) being what the other admitted plans, which still have r_i bytes
-// to move through the stage, take from it while the stream moves its B: every stage serves the
-// plans on it in equal shares (PathLoad, SharedBacklog::Taken). All streams land in the client,
+//          + max over those stages of Stretched_stage(B(s)) / beta_stage,
+// Stretched_stage(B) being B stretched by the other admitted plans, which still have r_i bytes
+// to move through the stage: every stage serves the plans on it in equal shares, each at most
+// beta, together at most concurrency_gain × beta (PathLoad, SharedBacklog::Stretched); with
+// gain 1, Stretched(B) = B + Σ min(r_i, B). All streams land in the client,
 // through two stages they share: its ingest (client_ingest: every daemon→client byte of the plan
 // crosses one NIC or one memory bus, BusPath::kClientIngest) and its host→device link. So a plan
 // that fetches B bytes in all takes
 //   F = alpha_h2d + max( max over sources used of T(s),
-//                        alpha_ingest + (B + Taken_ingest(B)) / beta_ingest,
-//                        (B + Taken_h2d(B)) / beta_h2d ).
+//                        alpha_ingest + Stretched_ingest(B) / beta_ingest,
+//                        Stretched_h2d(B) / beta_h2d ).
 // (Until 2026-12-07 a stage was a FIFO: a stream first waited Σ r_i / beta. Loads started
 // together end together, and a small load beside a large one ends early; a FIFO predicted
 // neither.)

@@ -7,14 +7,16 @@
 
 namespace kvfabric::planner_internal {
 void ComputeSources(const PlannerInput& in, PathLoad* load, Work* w) {
-  auto backlog = [&](BusPath path, const std::string& resource) {
-    return load != nullptr ? load->Backlog(path, resource, in.now_us) : SharedBacklog();
+  // Each stage shared with the plans admitted before, by the gain the cost model has now.
+  auto backlog = [&](BusPath path, const std::string& resource, const PathParameters& p) {
+    return load != nullptr ? load->Backlog(path, resource, in.now_us, p.concurrency_gain)
+                           : SharedBacklog({}, p.concurrency_gain);
   };
   w->plan_fixed_us = in.host_to_device.alpha_us;
   w->h2d = {1e6 / in.host_to_device.beta_bytes_per_s,
-            backlog(BusPath::kHostToDevice, in.client_id)};
+            backlog(BusPath::kHostToDevice, in.client_id, in.host_to_device)};
   w->ingest = {1e6 / in.client_ingest.beta_bytes_per_s,
-               backlog(BusPath::kClientIngest, in.client_id)};
+               backlog(BusPath::kClientIngest, in.client_id, in.client_ingest)};
   w->sources.resize(in.hosts.size());
   w->stages.resize(in.hosts.size());
   for (size_t i = 0; i < in.hosts.size(); ++i) {
@@ -22,8 +24,9 @@ void ComputeSources(const PlannerInput& in, PathLoad* load, Work* w) {
     const BusPath tp = host.local ? BusPath::kLocalMemcpy : BusPath::kRemoteHostToLocalHost;
     SharedStage& transfer = w->stages[i][0];
     SharedStage& nvme = w->stages[i][1];
-    transfer = {1e6 / host.transfer.beta_bytes_per_s, backlog(tp, host.host_id)};
-    nvme = {1e6 / host.nvme.beta_bytes_per_s, backlog(BusPath::kNvmeToHost, host.host_id)};
+    transfer = {1e6 / host.transfer.beta_bytes_per_s, backlog(tp, host.host_id, host.transfer)};
+    nvme = {1e6 / host.nvme.beta_bytes_per_s,
+            backlog(BusPath::kNvmeToHost, host.host_id, host.nvme)};
     SourceCost hs;
     hs.wait_us = transfer.backlog.Total() * transfer.per_byte_us;
     hs.alpha_us = host.transfer.alpha_us;

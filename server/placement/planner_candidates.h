@@ -30,7 +30,7 @@ struct SharedStage {
   double per_byte_us = 0;  // 1 / beta, in µs per byte
   SharedBacklog backlog;
   // How long `bytes` take through the stage beside the backlog (equal shares, planner.h).
-  double Us(double bytes) const { return (bytes + backlog.Taken(bytes)) * per_byte_us; }
+  double Us(double bytes) const { return backlog.Stretched(bytes) * per_byte_us; }
 };
 
 // The cost of fetching from one source (host, tier); see the FETCH MODEL in planner.h.

@@ -403,6 +403,28 @@ TEST(PlannerTest, AdmittedPlansShareAStreamsDaemonOnceNotOncePerRun) {
   EXPECT_TRUE(load.Release(ticket, 0));
 }
 
+// A daemon path with concurrency gain 2 carries a second load at full speed: beside one admitted
+// plan, a fetch costs what it costs alone; at gain 1 it shares.
+TEST(PlannerTest, APathWithAConcurrencyGainCarriesASecondPlanAtFullSpeed) {
+  PathLoad load;
+  Planner planner(&load);
+  PlannerInput in = Chain(8, 8, 1 << 20, {20.0, 1e9});
+  auto idle = planner.MakePlan(in);
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  load.Admit({{BusPath::kRemoteHostToLocalHost, "cache-0", 100'000'000, 1e9, 2}}, 0, 1'000'000);
+  in.hosts[0].transfer.concurrency_gain = 2;
+  auto gained = planner.MakePlan(in);
+  ASSERT_TRUE(gained.ok()) << gained.status();
+  EXPECT_DOUBLE_EQ(Alternative(*gained, PlanKind::kFetchAll),
+                   Alternative(*idle, PlanKind::kFetchAll));
+  in.hosts[0].transfer.concurrency_gain = 1;
+  auto shared = planner.MakePlan(in);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  // 8 MiB beside 100 MB at 1 GB/s in equal shares: twice its time alone on the wire.
+  EXPECT_NEAR(Alternative(*shared, PlanKind::kFetchAll) - Alternative(*idle, PlanKind::kFetchAll),
+              8.0 * (1 << 20) / 1e9 * 1e6, 1e-6);
+}
+
 // Fetch-all of `blocks` blocks of 2 MiB with every block on each of `daemons` equal daemons.
 PlannerInput Replicated(uint32_t blocks, uint32_t daemons, PathParameters stream,
                         PathParameters ingest) {
