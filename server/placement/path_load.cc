@@ -113,6 +113,7 @@ uint64_t PathLoad::Admit(const std::vector<PathCharge>& charges, uint64_t now_us
                          uint64_t deadline_us) {
   MutexLock lock(&mu_);
   const uint64_t now = ClampLocked(now_us);
+  if (plans_.size() >= max_plans_) return 0;
   const uint64_t ticket = next_ticket_++;
   // Charges naming one resource move as one share of it.
   struct Merged {

@@ -29,7 +29,9 @@
 // so a client that never reports cannot inflate a path forever.
 //
 // Memory: one entry per admitted, unreleased plan, and one per charge of it on a resource still
-// moving bytes.
+// moving bytes; at most `max_plans` plans are admitted at once (a plan made past that is not
+// charged: Admit returns 0), and admitting one costs O(n log n) in the n plans on each of its
+// resources.
 //
 // Thread safety: every method may be called from any thread (one mutex). Times are on the
 // caller's monotonic clock (Env::NowMicros) and must not go backwards between calls; an earlier
@@ -95,7 +97,8 @@ class SharedBacklog {
 
 class PathLoad {
  public:
-  PathLoad() = default;
+  static constexpr size_t kDefaultMaxPlans = 16384;
+  explicit PathLoad(size_t max_plans = kDefaultMaxPlans) : max_plans_(max_plans) {}
   PathLoad(const PathLoad&) = delete;
   PathLoad& operator=(const PathLoad&) = delete;
 
@@ -106,7 +109,8 @@ class PathLoad {
   uint64_t QueuedBytes(BusPath path, std::string_view resource, uint64_t now_us);
 
   // Adds a plan's charges at `now_us` (charges naming the same resource are summed); returns a
-  // ticket (non-zero) for Release. `deadline_us` is used only by ReleaseExpired.
+  // ticket (non-zero) for Release, or 0 when max_plans plans are admitted already (nothing is
+  // charged). `deadline_us` is used only by ReleaseExpired.
   uint64_t Admit(const std::vector<PathCharge>& charges, uint64_t now_us, uint64_t deadline_us);
   // Removes a plan's charges. False if the ticket is unknown (released or expired). When
   // `added_delay_us` is set, it receives AddedDelayUs of the plan.
@@ -148,6 +152,7 @@ class PathLoad {
   void RemoveLocked(uint64_t ticket, Admitted* a, uint64_t now_us) KVF_REQUIRES(mu_);
   uint64_t ClampLocked(uint64_t now_us) KVF_REQUIRES(mu_);
 
+  const size_t max_plans_;
   mutable Mutex mu_;
   uint64_t next_ticket_ KVF_GUARDED_BY(mu_) = 1;
   uint64_t latest_us_ KVF_GUARDED_BY(mu_) = 0;

@@ -128,6 +128,17 @@ TEST(PathLoadTest, ChargesWithoutARateHoldTheirBytesUntilReleased) {
   EXPECT_EQ(load.admitted_plans(), 1u);
 }
 
+TEST(PathLoadTest, PlansPastTheBoundAreNotCharged) {
+  PathLoad load(2);
+  EXPECT_NE(load.Admit({{kRemote, "h", 100, 1e9}}, 0, kNever), 0u);
+  const uint64_t b = load.Admit({{kRemote, "h", 100, 1e9}}, 0, kNever);
+  EXPECT_NE(b, 0u);
+  EXPECT_EQ(load.Admit({{kRemote, "h", 100, 1e9}}, 0, kNever), 0u);
+  EXPECT_EQ(load.QueuedBytes(kRemote, "h", 0), 200u);
+  EXPECT_TRUE(load.Release(b, 0));
+  EXPECT_NE(load.Admit({{kRemote, "h", 100, 1e9}}, 0, kNever), 0u);
+}
+
 TEST(PathLoadTest, AClockThatGoesBackIsTheLatestTimeSeen) {
   PathLoad load;
   load.Admit({{kRemote, "h", 1'000'000, 1e9}}, 1000, kNever);

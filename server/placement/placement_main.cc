@@ -95,6 +95,16 @@ int Run(int argc, char** argv) {
   app.add_option("--hot-threshold", o.hot_threshold,
                  "accesses after which Place gives a key --hot-replicas copies");
   app.add_option("--hot-replicas", o.hot_replicas, "replicas of a hot key");
+  app.add_option("--plan-history", o.plan_history, "plans kept for `kvfabric explain plan`");
+  app.add_option("--plan-history-bytes", o.plan_history_bytes,
+                 "bytes of plan explanations kept, whichever of this and --plan-history is hit "
+                 "first");
+  app.add_option("--max-admitted-plans", o.max_admitted_plans,
+                 "plans whose bytes the path load holds at once (a plan made past it is "
+                 "answered but not charged)");
+  app.add_option("--max-models", o.max_models,
+                 "models whose prefill constants are learned online (observations of more are "
+                 "not scored)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -106,6 +116,13 @@ int Run(int argc, char** argv) {
   }
   if (Status s = grpc_limits.Validate(); !s.ok()) {
     spdlog::error("kvfabric-placement: {}", s.message());
+    return 2;
+  }
+  if (Status s = placement::PlacementNode::ValidateOptions(o); !s.ok()) {
+    spdlog::error(
+        "kvfabric-placement: {} (--plan-history, --max-directory-entries, "
+        "--max-admitted-plans, --hot-replicas)",
+        s.message());
     return 2;
   }
   if (Status s = ValidateServerSecurity(security, grpc_address); !s.ok()) {
@@ -158,6 +175,10 @@ int Run(int argc, char** argv) {
     std::printf("directory: up to %llu blocks; hot keys after %llu accesses get %u replicas\n",
                 static_cast<unsigned long long>(o.max_directory_entries),
                 static_cast<unsigned long long>(o.hot_threshold), o.hot_replicas);
+    std::printf(
+        "plans: %zu kept for explain (at most %zu bytes); at most %zu admitted to the path "
+        "load at once; prefill constants learned for up to %zu models\n",
+        o.plan_history, o.plan_history_bytes, o.max_admitted_plans, o.max_models);
     std::printf("kvfabric-placement: configuration OK (--check-config: nothing was started)\n");
     return 0;
   }

@@ -392,6 +392,10 @@ std::vector<MetricFamily> PlacementFamilies(const PlacementSnapshot& s) {
           "Plans whose path load was released at their deadline (the client did not report "
           "them finished in time).",
           {S(D(s.plans_expired))});
+  Counter(out, "plans_not_admitted_total",
+          "Plans answered but not charged to the path load: --max-admitted-plans plans held it "
+          "already.",
+          {S(D(s.plans_not_admitted))});
   Gauge(out, "plan_history_plans", "Plans kept for Explain.", {S(D(s.plan_history))});
 
   MetricFamily plan_error;

@@ -32,6 +32,13 @@ StatusOr<std::unique_ptr<PlacementNode>> PlacementNode::Create(PlacementOptions 
   if (membership == nullptr || env == nullptr) {
     return Status::InvalidArgument("placement node needs a membership store and an Env");
   }
+  KVF_RETURN_IF_ERROR(ValidateOptions(options));
+  std::unique_ptr<PlacementNode> node(new PlacementNode(std::move(options), membership, env));
+  KVF_RETURN_IF_ERROR(node->Start());
+  return node;
+}
+
+Status PlacementNode::ValidateOptions(const PlacementOptions& options) {
   const PlacementLimits& l = options.limits;
   if (l.max_replicas < 1 || l.max_replicas > 8) {
     return Status::InvalidArgument("max_replicas: " + std::to_string(l.max_replicas) +
@@ -52,8 +59,10 @@ StatusOr<std::unique_ptr<PlacementNode>> PlacementNode::Create(PlacementOptions 
     return Status::InvalidArgument("hot_replicas: " + std::to_string(options.hot_replicas) +
                                    " not in 1..max_replicas " + std::to_string(l.max_replicas));
   }
-  if (options.plan_history < 1 || options.max_directory_entries < 1) {
-    return Status::InvalidArgument("plan_history and max_directory_entries must be >= 1");
+  if (options.plan_history < 1 || options.max_directory_entries < 1 ||
+      options.max_admitted_plans < 1) {
+    return Status::InvalidArgument(
+        "plan_history, max_directory_entries and max_admitted_plans must be >= 1");
   }
   if (!std::isfinite(options.plan_deadline_factor) || options.plan_deadline_factor < 1) {
     return Status::InvalidArgument("plan_deadline_factor: must be finite and >= 1");
@@ -74,9 +83,7 @@ StatusOr<std::unique_ptr<PlacementNode>> PlacementNode::Create(PlacementOptions 
   if (!GoodRecompute(options.recompute)) {
     return Status::InvalidArgument("recompute: c0, c1, c2 must be finite and >= 0");
   }
-  std::unique_ptr<PlacementNode> node(new PlacementNode(std::move(options), membership, env));
-  KVF_RETURN_IF_ERROR(node->Start());
-  return node;
+  return Status::OK();
 }
 
 PlacementNode::PlacementNode(PlacementOptions options, MembershipStore* membership, Env* env)

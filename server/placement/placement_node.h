@@ -132,6 +132,10 @@ struct PlacementOptions {
   // that never reports cannot inflate a path for long.
   double plan_deadline_factor = 2.0;
   std::uint64_t plan_deadline_slack_us = 100'000;
+  // Plans whose bytes the path load holds at once (--max-admitted-plans). A plan made past it is
+  // still answered, priced with the load there is, but not charged
+  // (PlacementSnapshot::plans_not_admitted). Default 16384 (PathLoad::kDefaultMaxPlans).
+  std::size_t max_admitted_plans = PathLoad::kDefaultMaxPlans;
 
   // Place: a key the directory has seen accessed at least hot_threshold times gets hot_replicas
   // copies when the request leaves replicas at 0 (else 1). Defaults 8 and 2.
@@ -410,6 +414,8 @@ struct PlacementSnapshot {
   std::uint64_t plans_finished = 0;
   std::uint64_t split_observations = 0;  // CalibratedCostModel::ObserveSplit calls that counted
   std::uint64_t plans_expired = 0;  // path load released by deadline
+  // Plans not charged to the path load: max_admitted_plans were admitted already.
+  std::uint64_t plans_not_admitted = 0;
   std::uint64_t plan_history = 0;   // gauge
   std::uint64_t observations_unknown_plan = 0;
   // No parameters for the path or model, not a member, or over max_models.
@@ -441,6 +447,8 @@ struct PlacementSnapshot {
 
 class PlacementNode {
  public:
+  // InvalidArgument naming the first option out of range (what Create refuses).
+  static Status ValidateOptions(const PlacementOptions& options);
   // Loads the calibration over the default parameters, watches `membership`, learns its
   // current members (List) and starts the maintenance thread. InvalidArgument naming the
   // setting for options that cannot work. `membership` and `env` are borrowed and must outlive
@@ -592,7 +600,7 @@ class PlacementNode {
   const std::uint64_t incarnation_;
 
   CalibratedCostModel cost_model_;
-  PathLoad path_load_;
+  PathLoad path_load_{options_.max_admitted_plans};
   const Planner planner_{&path_load_};
   // Held across making a plan and admitting its bytes to path_load_ (never with mu_).
   Mutex admission_mu_;

@@ -303,7 +303,9 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
     result.plan.explanation.clear();
   }
   record.ticket = ticket;
+  const bool not_admitted = ticket == 0 && !result.plan.charges.empty();
   MutexLock lock(&mu_);
+  if (not_admitted) ++counters_.plans_not_admitted;
   record.plan_id = next_plan_id_++;
   result.plan_id = record.plan_id;
   plans_bytes_ += PlanRecordBytes(record);
