@@ -265,8 +265,10 @@ std::string SourceText(const Work& w, const PlanRun& run, bool first) {
     if (busy->backlog.plans() > 0) {
       out += ", sharing " + std::string(busy == s.nvme ? "nvme→host" : "the transfer") + " with " +
              std::to_string(busy->backlog.plans()) + " admitted plans still moving " +
-             FormatBytes(static_cast<uint64_t>(busy->backlog.Total())) +
-             " (each takes min(its bytes left, the stream's bytes) in equal shares)";
+             FormatBytes(static_cast<uint64_t>(busy->backlog.Total())) + " in equal shares" +
+             (busy->backlog.gain() > 1
+                  ? " (concurrency gain " + FormatFraction(busy->backlog.gain()) + ")"
+                  : std::string());
     }
     out += ", then ";
   }
@@ -539,8 +541,9 @@ StatusOr<Plan> Planner::MakeOnePlan(const PlannerInput& in,
     };
     x += "fetch: F = " + FormatMicros(in.host_to_device.alpha_us) +
          " (host→device alpha) + max(latest stream end, client ingest, host→device); a stream "
-         "per source: its stages' alphas once, then (bytes + Σ min(r_i, bytes)) / beta per "
-         "stage, r_i what each plan admitted before still moves there; client ingest " +
+         "per source: its stages' alphas once, then per stage its bytes shared with the plans "
+         "admitted before, n at once each at beta × min(1, gain / n) (with gain 1: (bytes + "
+         "Σ min(r_i, bytes)) / beta, r_i what each still moves there); client ingest " +
          FormatMicros(in.client_ingest.alpha_us) + " + that at " +
          FormatRate(in.client_ingest.beta_bytes_per_s) + others(w.ingest) +
          "; host→device that at " + FormatRate(in.host_to_device.beta_bytes_per_s) + others(w.h2d) +
