@@ -14,6 +14,7 @@
 #include "client/client_impl.h"
 #include "client/client_log.h"
 #include "core/block_format.h"
+#include "core/bus_cost_model.h"
 #include "core/crc32c.h"
 #include "proto/grpc_status.h"
 #include "transport/data_transport.h"
@@ -514,7 +515,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
     if (elapsed <= cut_after_us) return false;
     const double own = static_cast<double>(p.host_moved + p.nvme_moved);
     const double all = own + static_cast<double>(others_moved());
-    const double share = all == 0 ? 1.0 : std::max(own / all, 1.0 / 64);
+    const double share = all == 0 ? 1.0 : std::max(own / all, 1.0 / kMaxSharedShare);
     if (elapsed * share <= cut_after_us) return false;
     p.cut = true;
     if (p.first.ok()) {

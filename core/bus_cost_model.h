@@ -106,6 +106,10 @@ struct PathParameters {
 };
 
 inline constexpr double kMaxConcurrencyGain = 16;
+// The smallest share of a path's time a transfer beside other loads is counted at: as if at most
+// 64 loads shared it (CalibratedCostModel::ObserveShared fits at it; the client's straggler cut
+// counts elapsed time at it).
+inline constexpr double kMaxSharedShare = 64;
 
 // Whether every size factor is 1.
 bool HasFlatSizeCurve(const PathParameters& p);

@@ -90,10 +90,6 @@ struct ParameterProvenance {
   int64_t updated_unix_us = 0;
 };
 
-// The smallest share of a path's time a shared observation is fitted at (ObserveShared): as if
-// at most 64 loads shared it.
-inline constexpr double kMaxSharedShare = 64;
-
 class CalibratedCostModel {
  public:
   struct Options {
