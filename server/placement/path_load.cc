@@ -187,12 +187,7 @@ bool PathLoad::Release(uint64_t ticket, uint64_t now_us, double* added_delay_us)
   const uint64_t now = ClampLocked(now_us);
   const auto it = plans_.find(ticket);
   if (it == plans_.end()) return false;
-  if (added_delay_us != nullptr) {
-    *added_delay_us = 0;
-    for (const Charge& c : it->second.charges) {
-      *added_delay_us = std::max(*added_delay_us, c.delay_us);
-    }
-  }
+  if (added_delay_us != nullptr) *added_delay_us = it->second.AddedDelayUs();
   RemoveLocked(ticket, &it->second, now);
   plans_.erase(it);
   return true;
@@ -217,10 +212,7 @@ size_t PathLoad::ReleaseExpired(uint64_t now_us) {
 double PathLoad::AddedDelayUs(uint64_t ticket) const {
   MutexLock lock(&mu_);
   const auto it = plans_.find(ticket);
-  if (it == plans_.end()) return 0;
-  double delay = 0;
-  for (const Charge& c : it->second.charges) delay = std::max(delay, c.delay_us);
-  return delay;
+  return it == plans_.end() ? 0 : it->second.AddedDelayUs();
 }
 
 size_t PathLoad::admitted_plans() const {

@@ -39,6 +39,7 @@
 #ifndef KVFABRIC_SERVER_PLACEMENT_PATH_LOAD_H_
 #define KVFABRIC_SERVER_PLACEMENT_PATH_LOAD_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -145,6 +146,12 @@ class PathLoad {
   struct Admitted {
     std::vector<Charge> charges;
     uint64_t deadline_us = 0;
+    // The most any of its resources' later plans added (PathLoad::AddedDelayUs).
+    double AddedDelayUs() const {
+      double delay = 0;
+      for (const Charge& c : charges) delay = std::max(delay, c.delay_us);
+      return delay;
+    }
   };
 
   // Moves `r` to now_us: plans drain at beta / n, finishing ones leave `active`.
