@@ -260,7 +260,7 @@ class Client::Impl {
     return history_pool_->page(c.pages[b]);
   }
 
-  // client_io.cc
+  // client_io.cc (FetchFrom: client_stream.cc)
   // Loader thread bodies: the plan's fetch runs (with their fallbacks), and
   // its recompute runs plus the partial tail.
   void FetchRuns(std::shared_ptr<Context> c, std::vector<std::size_t> runs);
