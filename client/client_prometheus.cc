@@ -188,6 +188,11 @@ std::vector<MetricFamily> ClientPrometheus::Collect() const {
              S(m.fallbacks_to_recompute, {{"to", "recompute"}})});
     Counter(out, "blocks_fallen_back_total", "Blocks recomputed after a failed fetch.",
             {S(m.blocks_fallen_back)});
+    Counter(out, "streams_cut_total",
+            "Daemon streams of a load cut as stragglers (straggler_factor), their unlanded blocks "
+            "falling back: past their cut-off, or projected past it from the rate they moved.",
+            {S(m.streams_cut_past_cut_off, {{"why", "past_cut_off"}}),
+             S(m.streams_cut_projected, {{"why", "projected"}})});
     Counter(out, "crc_failures_total",
             "Fetched blocks whose bytes did not match their committed CRC32C (refetched or "
             "recomputed, never used).",

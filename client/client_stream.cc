@@ -4,12 +4,11 @@
 // their fallbacks are client_io.cc.
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "client/client_impl.h"
-#include "core/bus_cost_model.h"
+#include "client/straggler_cut.h"
 
 namespace kvfabric::client {
 
@@ -157,8 +156,8 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
     gate_signal.Send();
   };
   if (first_units == 0) gate_signal.Send();
-  // Whether the stream is past its cut-off (and, the first time, says so).
-  // REQUIRES: p.mu held.
+  // Whether the stream is cut as a straggler (client/straggler_cut.h; the
+  // first time, says so). REQUIRES: p.mu held.
   // Its time is counted at its share of what the daemon moved meanwhile
   // (this client's other loads beside it): placement predicts its end
   // beside the loads planned before it (PathLoad shares the daemon among
@@ -167,23 +166,28 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
   // straggler and fell back to recompute (client_load_bench, 8 contexts: 60
   // blocks, 1.0 s for a 0.17 s load). Placement fits the stream's time the
   // same way (TransferObservation.shared_bytes).
+  StreamProgress progress;
+  progress.total_bytes = std::uint64_t{blocks->size()} * block_bytes_;
+  progress.predicted_us = tally->predicted_us;
+  progress.cut_after_us = cut_after_us;
+  progress.min_evidence_us = static_cast<double>(o_.straggler_slack.count()) * 1e3;
   auto past_cut = [&]() KVF_REQUIRES(p.mu) {
     if (p.cut) return true;
     if (!(cut_after_us > 0)) return false;
-    const double elapsed = MicrosSince(start);
-    if (elapsed <= cut_after_us) return false;
-    const double own = static_cast<double>(p.host_moved + p.nvme_moved);
-    const double all = own + static_cast<double>(others_moved());
-    const double share = all == 0 ? 1.0 : std::max(own / all, 1.0 / kMaxSharedShare);
-    if (elapsed * share <= cut_after_us) return false;
+    progress.elapsed_us = MicrosSince(start);
+    progress.own_bytes = p.host_moved + p.nvme_moved;
+    progress.others_bytes = others_moved();
+    const StreamVerdict verdict = JudgeStream(progress);
+    if (!verdict.cut()) return false;
     p.cut = true;
+    {
+      MutexLock l(&metrics_mu_);
+      ++(verdict.kind == StreamVerdict::Kind::kProjectedPastCutOff ? m_.streams_cut_projected
+                                                                   : m_.streams_cut_past_cut_off);
+    }
     if (p.first.ok()) {
-      char b[200];
-      std::snprintf(b, sizeof(b),
-                    "stream cut after %.1f ms at %.0f%% of the daemon's bytes, past %.1f ms "
-                    "(straggler_factor x its predicted end + straggler_slack)",
-                    elapsed / 1e3, 100 * share, cut_after_us / 1e3);
-      p.first = Status::DeadlineExceeded(std::string(b)).WithContext("daemon " + host.host_id);
+      p.first = Status::DeadlineExceeded(DescribeCut(progress, verdict))
+                    .WithContext("daemon " + host.host_id);
     }
     p.cv.NotifyAll();
     return true;
@@ -210,6 +214,13 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
           p.cv.Wait(&p.mu,
                     [&]() KVF_REQUIRES(p.mu) { return p.down || p.first_done >= first_units; });
           own_layer0_us = p.down ? 0 : p.first_done_us;
+          // Judged again with layer 0's bytes in: nothing else of this
+          // stream is in flight now, so a cut here costs no request.
+          if (past_cut()) {
+            --p.fetchers;
+            p.cv.NotifyAll();
+            return;
+          }
         }
       }
       if (own_layer0_us > 0 && gate != nullptr) {

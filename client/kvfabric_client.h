@@ -200,9 +200,13 @@ struct ClientOptions {
   std::uint32_t fetch_depth = 4;
   // A stream that runs far past its plan's prediction is cut: once a
   // daemon's stream has run straggler_factor x the end placement predicted
-  // for it plus straggler_slack, it starts no further request; the requests
-  // in flight finish, and its blocks not yet landed fall back like a failed
-  // run's (another replica, else recompute). The stream's bytes and time
+  // for it plus straggler_slack, or has run its whole predicted time (and at
+  // least straggler_slack) at a rate that would end it past that
+  // (client/straggler_cut.h: judged when a layered load's layer 0 is
+  // answered, before its large requests go out), it starts no further
+  // request; the requests in flight finish, and its blocks not yet landed
+  // fall back like a failed run's (another replica, else recompute)
+  // (ClientMetrics::streams_cut_past_cut_off, streams_cut_projected). The stream's bytes and time
   // still teach placement the path (a miss this large is a change point
   // after two, core/calibrated_cost_model.h). Without it a link capped to a
   // twentieth of its rate held every load planned before placement knew,
@@ -335,6 +339,11 @@ struct ClientMetrics {
   // Fetch requests and NVMe leases a daemon refused for its per-namespace
   // lease bound and this client asked again after a pause.
   std::uint64_t fetch_requests_throttled = 0;
+  // Daemon streams cut as stragglers (straggler_factor,
+  // client/straggler_cut.h): past their cut-off, and projected past it from
+  // the rate they moved (before their large requests went out).
+  std::uint64_t streams_cut_past_cut_off = 0;
+  std::uint64_t streams_cut_projected = 0;
   // Blocks a daemon refused at write-back for room (its namespace's
   // reservation bound, or a full pool) that this client sent again after
   // narrowing its window of kStores (CacheHostSession::StoreByKey).

@@ -5,13 +5,16 @@
 // data plane, so the client receives a corrupted block whose stored copy is
 // intact) and the other is killed midway. Every corrupted block is caught by
 // its CRC where it landed and falls back; no load returns a wrong byte; the
-// loads go on.
+// loads go on. And a daemon whose pushes all complete late has its stream cut
+// once its layer 0 shows it would end far past its prediction, before its
+// later layers are asked for.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -21,6 +24,7 @@
 
 #include "client/kvfabric_client.h"
 #include "core/testing/test_seed.h"
+#include "core/units.h"
 #include "server/embedded_cluster.h"
 #include "tests/test_engine.h"
 #include "transport/testing/fault_injection_transport.h"
@@ -30,6 +34,7 @@ namespace {
 
 using client::Client;
 using client::ContextId;
+using client::ContextReport;
 
 constexpr int kThreads = 8;
 constexpr int kRounds = 3;
@@ -161,9 +166,13 @@ class ClientFaultInjectionTest : public ::testing::Test {
     return true;
   }
 
-  // One engine request: match, load, check every byte, save, finish.
-  Status Serve(const std::vector<BlockKey>& chain) {
+  // One engine request: match (the plan changed by `edit`, if given), load,
+  // check every byte, save, finish (its report in *report, if given).
+  Status Serve(const std::vector<BlockKey>& chain,
+               const std::function<void(client::MatchResult*)>& edit = {},
+               ContextReport* report_out = nullptr) {
     KVF_ASSIGN_OR_RETURN(client::MatchResult match, client_->Match(chain, 0));
+    if (edit) edit(&match);
     KVF_ASSIGN_OR_RETURN(ContextId ctx, client_->NewContext(kContextTokens));
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -192,6 +201,7 @@ class ClientFaultInjectionTest : public ::testing::Test {
     auto report = client_->Finish(ctx);
     if (s.ok() && !report.ok()) s = report.status();
     if (report.ok()) fetched_.fetch_add(report->blocks_fetched);
+    if (report.ok() && report_out != nullptr) *report_out = *report;
     return s;
   }
 
@@ -352,6 +362,59 @@ TEST_F(ClientFaultInjectionTest, ACorruptedLayerSliceFallsBackWithoutHoldingUpLa
   EXPECT_EQ(layer0_changed.load(), 0) << "a fallback rewrote layer 0 after it was ready";
   EXPECT_EQ(wrong_blocks_.load(), 0) << "a load returned wrong bytes";
   EXPECT_EQ(n.ok, kEngines * 2);
+}
+
+// Every push of one daemon completes 250 ms late (a link far slower than
+// placement knew), and the plan predicts each stream to end after 100 ms:
+// cut-off 4 x 100 + 50 = 450 ms. That daemon's layer 0 (a quarter of its
+// bytes: four layers) is answered after about 250 ms, past the stream's whole
+// predicted time, and at that rate its stream would end after about 1 s: it
+// is cut there, having moved exactly layer 0, instead of at 450 ms with its
+// later layers' requests on the slow link. The other daemon's stream goes on;
+// every byte the engine reads is right (the cut blocks are recomputed).
+TEST_F(ClientFaultInjectionTest, AStreamWhoseLayerZeroProjectsItFarPastItsCutOffStopsThere) {
+  const std::vector<BlockKey> chain = ChainOf(200);
+  ASSERT_TRUE(Serve(chain).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  transport::FaultRates rates;
+  rates.delay_one_in = 1;
+  rates.delay = std::chrono::milliseconds(250);
+  faults_->SetRates(rates);
+  const client::ClientMetrics before = client_->metrics();
+  std::uint32_t slow_blocks = 0;
+  ContextReport report;
+  const Status s = Serve(
+      chain,
+      [&slow_blocks](client::MatchResult* m) {
+        for (client::MatchResult::Run& run : m->runs) {
+          if (!run.fetch) continue;
+          run.predicted_end_us = 100e3;
+          if (m->hosts[run.host].host_id == "corrupting") slow_blocks += run.block_count;
+        }
+      },
+      &report);
+  faults_->SetRates({});
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_GT(slow_blocks, 0u) << "the plan fetched nothing from the slow daemon";
+  const client::ClientMetrics after = client_->metrics();
+  const std::uint64_t layer_bytes = block_bytes_ / model_.layer_count;
+  const std::string moved = FormatBytes(std::uint64_t{slow_blocks} * layer_bytes) + " of " +
+                            FormatBytes(std::uint64_t{slow_blocks} * block_bytes_) + " moved";
+  for (const client::RunOutcome& run : report.runs) {
+    if (!run.fetch) continue;
+    if (run.host_id == "corrupting") {
+      EXPECT_NE(run.failure.find("would end at"), std::string::npos) << run.failure;
+      EXPECT_NE(run.failure.find(moved), std::string::npos)
+          << run.failure << "\n(expected exactly layer 0: " << moved << ")";
+      EXPECT_EQ(run.blocks_recomputed_after_failure + run.blocks_from_fallback_host,
+                run.block_count);
+    } else {
+      EXPECT_EQ(run.failure, "") << "the other daemon's stream was cut too";
+    }
+  }
+  EXPECT_EQ(after.streams_cut_projected - before.streams_cut_projected, 1u);
+  EXPECT_EQ(after.streams_cut_past_cut_off, before.streams_cut_past_cut_off);
+  EXPECT_EQ(wrong_blocks_.load(), 0) << "a load returned wrong bytes";
 }
 
 }  // namespace

@@ -264,6 +264,8 @@ py::dict MetricsDict(const client::ClientMetrics& m) {
   KVF_FIELD(history_pages_in_use);
   KVF_FIELD(history_pages_quarantined);
   KVF_FIELD(fetch_requests_throttled);
+  KVF_FIELD(streams_cut_past_cut_off);
+  KVF_FIELD(streams_cut_projected);
   KVF_FIELD(store_blocks_throttled);
   KVF_FIELD(peak_history_pages_in_use);
   KVF_FIELD(attends);
