@@ -154,6 +154,38 @@ class Calibrator {
   CalibrationReport* const report_;
 };
 
+#ifdef KVF_HAVE_UCX
+// The concurrency gain of `target`'s remote_host_to_local_host path, fitted as `out`: reads of
+// the largest probe size of which kConcurrencyProbeStreams fit in the staging region.
+Status MeasureConcurrencyGain(CacheHostTarget* target, std::span<const std::uint64_t> sizes,
+                              std::uint64_t staging_bytes, int repeats,
+                              const Calibrator& calibrator, PathOutcome* out) {
+  constexpr int k = kConcurrencyProbeStreams;
+  std::uint64_t bytes = 0;
+  for (std::uint64_t s : sizes) {
+    if (s <= staging_bytes / k) bytes = std::max(bytes, s);
+  }
+  if (bytes == 0) {
+    out->not_measured_gain = "no probe size of which " + std::to_string(k) + " fit in " +
+                             FormatBytes(staging_bytes) + " of staging";
+    return Status::OK();
+  }
+  calibrator.Progress(PathLabel(out->path, out->host_id) + ": concurrency gain, " +
+                      std::to_string(k) + " reads of " + FormatBytes(bytes) + " at once x " +
+                      std::to_string(repeats) + " repeats");
+  IngestProbe together(std::vector<CacheHostTarget*>(k, target), bytes, "concurrency gain probe",
+                       /*transfers_only=*/true);
+  KVF_ASSIGN_OR_RETURN(ConcurrencyGainReport gain,
+                       ProbeConcurrencyGain(
+                           out->fit.final_parameters, bytes, k, repeats,
+                           [target, bytes] { return target->TimedGet(bytes, 0); },
+                           [&together, bytes] { return together.Measure(bytes * k); }));
+  calibrator.Progress(PathLabel(out->path, out->host_id) + ": " + FormatConcurrencyGain(gain));
+  out->concurrency = gain;
+  return Status::OK();
+}
+#endif  // KVF_HAVE_UCX
+
 std::string Percent(double ratio) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.2f", 100 * ratio);
@@ -371,10 +403,9 @@ StatusOr<CalibrationReport> RunCalibrate(const CalibrateArgs& args,
     // The client's ingest is probed over up to kMaxIngestProbeDaemons daemons at once, each
     // read landing in its own slice of the staging region.
     const std::size_t ingest_daemons = std::min(sessions.size(), kMaxIngestProbeDaemons);
-    KVF_ASSIGN_OR_RETURN(
-        std::unique_ptr<ClientFabric> fabric,
-        ClientFabric::Create(sizes.back() * std::max<std::size_t>(1, ingest_daemons),
-                             args.data_transport));
+    const std::uint64_t staging_bytes = sizes.back() * std::max<std::size_t>(1, ingest_daemons);
+    KVF_ASSIGN_OR_RETURN(std::unique_ptr<ClientFabric> fabric,
+                         ClientFabric::Create(staging_bytes, args.data_transport));
     for (std::unique_ptr<CacheHostTarget>& session : sessions) {
       calibrator.Progress("cache host " + session->host_id() + ": putting the read probes");
       KVF_RETURN_IF_ERROR(session->PrepareGets(fabric.get(), sizes));
@@ -384,6 +415,15 @@ StatusOr<CalibrationReport> RunCalibrate(const CalibrateArgs& args,
         CacheHostProbe probe(session.get(), get);
         KVF_RETURN_IF_ERROR(
             calibrator.Measure(probe, path, session->host_id(), session->address()));
+      }
+    }
+    // After every write probe: the gain probe's reads land in the staging region's later
+    // slices, which the write probes send from (and whose CRCs they keep).
+    for (std::unique_ptr<CacheHostTarget>& session : sessions) {
+      for (PathOutcome& p : report.paths) {
+        if (p.path != BusPath::kRemoteHostToLocalHost || p.host_id != session->host_id()) continue;
+        KVF_RETURN_IF_ERROR(MeasureConcurrencyGain(session.get(), sizes, staging_bytes,
+                                                   args.repeats, calibrator, &p));
       }
     }
     // Kept for the split-overlap probe below: a real fetch reads from every daemon at once.
@@ -444,7 +484,9 @@ StatusOr<CalibrationReport> RunCalibrate(const CalibrateArgs& args,
   calibration.created_unix_us = env->WallMicros();
   calibration.machine = args.machine.empty() ? HostName() : args.machine;
   for (const PathOutcome& p : report.paths) {
-    if (p.measured) calibration.paths.push_back(ToPathCalibration(p.path, p.host_id, p.fit));
+    if (!p.measured) continue;
+    calibration.paths.push_back(ToPathCalibration(p.path, p.host_id, p.fit));
+    if (p.concurrency) calibration.paths.back().parameters.concurrency_gain = p.concurrency->gain;
   }
   if (context.prefill) {
     calibrator.Progress("prefill of " + context.prefill_model_id + ": probing");
@@ -492,6 +534,15 @@ std::string FormatCalibrationText(const CalibrationReport& r) {
           p.fit.target_met ? "yes (within max(target, noise))" : "no");
     }
     out += line;
+  }
+  for (const PathOutcome& p : r.paths) {
+    if (p.concurrency) {
+      out += "concurrency gain " + std::string(BusPathName(p.path)) + " " + p.host_id + ": " +
+             FormatConcurrencyGain(*p.concurrency) + "\n";
+    } else if (!p.not_measured_gain.empty()) {
+      out += "concurrency gain " + std::string(BusPathName(p.path)) + " " + p.host_id +
+             ": not measured: " + p.not_measured_gain + "\n";
+    }
   }
   if (r.prefill) {
     const RecomputeParameters& c = r.prefill->parameters;
@@ -562,6 +613,16 @@ std::string FormatCalibrationJson(const CalibrationReport& r) {
                        {"judged", s.judged}});
     }
     e["run_b"] = std::move(sizes);
+    if (p.concurrency) {
+      const ConcurrencyGainReport& g = *p.concurrency;
+      e["concurrency"] = {{"streams", g.streams},
+                          {"bytes", g.bytes},
+                          {"repeats", g.repeats},
+                          {"alone_us", g.alone_us},
+                          {"together_us", g.together_us},
+                          {"line_us", g.line_us},
+                          {"gain", g.gain}};
+    }
     paths.push_back(std::move(e));
   }
   j["paths"] = std::move(paths);

@@ -56,6 +56,10 @@ namespace kvfabric::cli {
 
 // Daemons read at once by the client-ingest probe (CalibrateArgs::cache_hosts).
 inline constexpr std::size_t kMaxIngestProbeDaemons = 4;
+// Reads from one daemon at once by the concurrency-gain probe of its remote_host_to_local_host
+// path (core/bus_probe.h, ProbeConcurrencyGain), each of the largest probe size whose that many
+// fit in the staging region, with as many repeats as the other probes.
+inline constexpr int kConcurrencyProbeStreams = 4;
 
 struct CalibrateArgs {
   // How the gRPC connections are secured (--tls-ca, --tls-cert, --tls-key,
@@ -142,6 +146,11 @@ struct PathOutcome {
   // Why not, when !measured, e.g. "no GPU (this build has no CUDA backend)".
   std::string not_measured_reason;
   PathFit fit;  // valid when measured
+  // remote_host_to_local_host: what kConcurrencyProbeStreams reads at once carried; its gain
+  // is the file's concurrency_gain. Absent where it was not measured (not_measured_gain says
+  // why).
+  std::optional<ConcurrencyGainReport> concurrency;
+  std::string not_measured_gain;
 };
 
 struct CalibrationReport {

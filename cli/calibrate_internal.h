@@ -146,18 +146,25 @@ class CacheHostProbe final : public PathProbe {
 // region, slice i at i x slice_bytes) and times the whole, from the start of the first read to
 // the end of the last. Threads: n - 1 workers kept for the probe's life, so no thread start is
 // timed. REQUIRES: every target's PrepareGets succeeded, n >= 2, and the staging region holds
-// n x slice_bytes.
+// n x slice_bytes. One daemon named n times reads n at once from it (the concurrency-gain
+// probe). `what` names the probe in its errors. transfers_only: the time runs to the end of
+// the last fetch, without the CRC checks after them (TimedGet's own time).
 class IngestProbe final : public PathProbe {
  public:
-  IngestProbe(std::vector<CacheHostTarget*> targets, std::uint64_t slice_bytes);
+  IngestProbe(std::vector<CacheHostTarget*> targets, std::uint64_t slice_bytes,
+              std::string what = "client ingest probe", bool transfers_only = false);
   ~IngestProbe() override;
   StatusOr<double> Measure(std::uint64_t bytes) override;
 
  private:
   void Worker(std::size_t i);
+  // Target i's TimedGet of `bytes` into its slice; *end: when its fetch ended.
+  Status TimedRead(std::size_t i, std::uint64_t bytes, SteadyClock::time_point* end);
 
   const std::vector<CacheHostTarget*> targets_;
   const std::uint64_t slice_bytes_;
+  const std::string what_;
+  const bool transfers_only_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::uint64_t generation_ = 0;  // a new read for the workers, under mu_
@@ -165,6 +172,7 @@ class IngestProbe final : public PathProbe {
   std::size_t pending_ = 0;       // workers not done with it, under mu_
   bool stop_ = false;             // under mu_
   std::vector<Status> results_;   // per worker, under mu_
+  std::vector<SteadyClock::time_point> ends_;  // per worker: its fetch's end, under mu_
   std::vector<std::thread> workers_;
 };
 

@@ -1,5 +1,6 @@
 #include "core/bus_calibration.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -90,6 +91,11 @@ Status Validate(const BusCalibration& c) {
                                        "]: must be in [0.25, 4], got " + Num(f));
       }
     }
+    const double g = p.parameters.concurrency_gain;
+    if (!std::isfinite(g) || g < 1 || g > kMaxConcurrencyGain) {
+      return Status::InvalidArgument(w + ".concurrency_gain: must be in [1, " +
+                                     Num(kMaxConcurrencyGain) + "], got " + Num(g));
+    }
     if (p.min_bytes > p.max_bytes) {
       return Status::InvalidArgument(w + ".min_bytes: " + std::to_string(p.min_bytes) +
                                      " > max_bytes " + std::to_string(p.max_bytes));
@@ -129,11 +135,15 @@ Status Validate(const BusCalibration& c) {
 std::string BusCalibrationToJson(const BusCalibration& c) {
   Json j;
   j["format"] = kFormat;
-  // Version 1 unless a path carries a size curve: a reader of version 1 would ignore the
-  // factors and predict with the line alone, so such a file must be refused by it instead.
-  bool curved = false;
-  for (const PathCalibration& p : c.paths) curved = curved || !HasFlatSizeCurve(p.parameters);
-  j["version"] = curved ? kBusCalibrationVersion : 1;
+  // The oldest version that holds the file: a reader of version 1 would ignore the size
+  // factors and predict with the line alone, one of version 2 the concurrency gain, so a file
+  // with them must be refused by such a reader instead.
+  int version = 1;
+  for (const PathCalibration& p : c.paths) {
+    if (!HasFlatSizeCurve(p.parameters)) version = std::max(version, 2);
+    if (p.parameters.concurrency_gain != 1) version = std::max(version, 3);
+  }
+  j["version"] = version;
   j["created_unix_us"] = c.created_unix_us;
   j["machine"] = c.machine;
   j["paths"] = Json::array();
@@ -153,6 +163,7 @@ std::string BusCalibrationToJson(const BusCalibration& c) {
       e["size_factors"] = Json::array();
       for (double f : p.parameters.size_factors) e["size_factors"].push_back(f);
     }
+    if (p.parameters.concurrency_gain != 1) e["concurrency_gain"] = p.parameters.concurrency_gain;
     j["paths"].push_back(std::move(e));
   }
   j["recompute"] = Json::array();
@@ -230,6 +241,13 @@ StatusOr<BusCalibration> BusCalibrationFromJson(std::string_view text) {
         }
         p.parameters.size_factors[k] = (*f)[k].get<double>();
       }
+    }
+    if (e.contains("concurrency_gain")) {
+      if (version < 3) {
+        return Status::InvalidArgument(w + ".concurrency_gain: needs version 3, the file says " +
+                                       std::to_string(version));
+      }
+      KVF_ASSIGN_OR_RETURN(p.parameters.concurrency_gain, GetDouble(e, w, "concurrency_gain"));
     }
     c.paths.push_back(std::move(p));
   }

@@ -3,7 +3,8 @@
 //
 //   {
 //     "format": "kvfabric.bus_calibration",
-//     "version": 2,                                // 1 when no path has a size curve
+//     "version": 3,                                // 2 when no path has a concurrency gain,
+//                                                  // 1 when none has a size curve either
 //     "created_unix_us": 1764460800000000,        // when it was measured (informational)
 //     "machine": "node-17",                        // where (informational, may be empty)
 //     "paths": [
@@ -14,6 +15,9 @@
 //         "size_factors": [1.08, 1.02, 1, 0.99, 1, 1.01, 1.04, 1.04],   // optional, version 2:
 //                                                  // the size curve (bus_cost_model.h), each in
 //                                                  // [0.25, 4]; absent = all 1
+//         "concurrency_gain": 1.6,                 // optional, version 3: what several
+//                                                  // transfers at once carry over one
+//                                                  // (bus_cost_model.h), in [1, 16]; absent = 1
 //         "samples": 40,                           // probes the fit used (>= 0)
 //         "min_bytes": 65536, "max_bytes": 268435456,   // probe size range fitted
 //         "median_error_ratio": 0.004,             // out-of-sample |observed/predicted - 1|
@@ -30,8 +34,9 @@
 //
 // Load rejects (InvalidArgument, naming the field, e.g.
 // "paths[2].beta_bytes_per_s: must be finite and > 0, got -3") any missing or mistyped field, an
-// unknown path name, a version other than 1 or 2, size_factors in a version-1 file or not 8
-// factors in [0.25, 4], a duplicate (path, host_id) or model_id. Unknown extra fields are ignored,
+// unknown path name, a version other than 1 to 3, size_factors in a version-1 file or not 8
+// factors in [0.25, 4], a concurrency_gain in a file before version 3 or outside [1, 16], a
+// duplicate (path, host_id) or model_id. Unknown extra fields are ignored,
 // so a newer writer can add informational fields without a version bump; anything that changes
 // meaning bumps the version.
 //
@@ -50,9 +55,10 @@
 
 namespace kvfabric {
 
-// The newest version this build reads and writes. Files without a size curve are written as
-// version 1, so older builds keep reading them.
-inline constexpr int kBusCalibrationVersion = 2;
+// The newest version this build reads and writes. A file is written at the oldest version that
+// holds what it says (no concurrency gain: 2; no size curve either: 1), so older builds keep
+// reading it; a newer field in an older version is refused rather than ignored.
+inline constexpr int kBusCalibrationVersion = 3;
 
 struct PathCalibration {
   BusPath path = BusPath::kUnspecified;

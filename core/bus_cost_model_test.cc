@@ -148,7 +148,7 @@ TEST(BusCalibrationTest, LoadNamesTheBadField) {
        "paths[0].beta_bytes_per_s"},
       {"\"alpha_us\": 12.5", "\"alpha_us\": \"x\"", "paths[1].alpha_us"},
       {"\"nvme_to_host\"", "\"nvme\"", "paths[0].path"},
-      {"\"version\": 1", "\"version\": 3", "version"},
+      {"\"version\": 1", "\"version\": 4", "version"},
       {"\"c1_us_per_token\": 10.0", "\"c1_us_per_token\": -1.0", "recompute[0].c1_us_per_token"},
       {"\"samples\": 30,\n      \"min", "\"samples\": -30,\n      \"min", "paths[1].samples"},
       {"\"host_id\": \"cache-1\"", "\"host_id\": \"\"",
@@ -307,6 +307,51 @@ TEST(CalibratedCostModelTest, ScoresOutOfSampleAndRefitsPerHost) {
 // learns beta 1 GB/s and a concurrency gain of 1.5. (Slowly: the line's fit keeps about 1000
 // observations, and shared ones fitted at a gain still too low pull beta toward the capacity;
 // each window closes about a third of the gap, so 3000 observations left beta 6% high.)
+// A measured concurrency gain is written as version 3 (older builds refuse it rather than
+// ignore it), read back exactly, and checked; Load takes it as a full window of samples.
+TEST(BusCalibrationTest, AConcurrencyGainIsWrittenAsVersion3AndChecked) {
+  BusCalibration c = Sample();
+  c.paths[1].parameters.concurrency_gain = 1.75;
+  const std::string text = BusCalibrationToJson(c);
+  EXPECT_NE(text.find("\"version\": 3"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"concurrency_gain\": 1.75"), std::string::npos) << text;
+  auto back = BusCalibrationFromJson(text);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->paths[1].parameters.concurrency_gain, 1.75);
+  EXPECT_EQ(back->paths[0].parameters.concurrency_gain, 1);
+  auto edit = [&](const std::string& from, const std::string& to) {
+    std::string j = text;
+    const size_t at = j.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return BusCalibrationFromJson(j.replace(at, from.size(), to)).status();
+  };
+  Status v2 = edit("\"version\": 3", "\"version\": 2");
+  EXPECT_NE(v2.message().find("paths[1].concurrency_gain: needs version 3"), std::string_view::npos)
+      << v2;
+  Status low = edit("1.75", "0.5");
+  EXPECT_NE(low.message().find("paths[1].concurrency_gain: must be in [1, 16]"),
+            std::string_view::npos)
+      << low;
+  EXPECT_TRUE(edit("1.75", "17").IsInvalidArgument());
+  // A size curve alone stays version 2.
+  c.paths[1].parameters.concurrency_gain = 1;
+  c.paths[1].parameters.size_factors[0] = 0.5;
+  EXPECT_NE(BusCalibrationToJson(c).find("\"version\": 2"), std::string::npos);
+  // The model refuses what the file would, and a loaded gain is not undone by one sample.
+  CalibratedCostModel model;
+  PathParameters bad{1, 1e9};
+  bad.concurrency_gain = 0.9;
+  EXPECT_TRUE(model.SetPath(BusPath::kNvmeToHost, "", bad).IsInvalidArgument());
+  c.paths[1].parameters.concurrency_gain = 2;
+  ASSERT_TRUE(model.Load(c).ok());
+  // Two transfers at once, each 1 MiB, taking what they would at gain 1: a sample of 1.
+  const double t1 = FetchMicros(c.paths[1].parameters, 2.0 * (1 << 20));
+  ASSERT_TRUE(
+      model.ObserveShared(BusPath::kRemoteHostToLocalHost, "cache-1", 1 << 20, 1 << 20, t1).ok());
+  EXPECT_DOUBLE_EQ(model.Path(BusPath::kRemoteHostToLocalHost, "cache-1")->concurrency_gain,
+                   2 - 1.0 / 16);
+}
+
 TEST(CalibratedCostModelTest, TransfersBesideOthersTeachTheConcurrencyGain) {
   std::mt19937_64 rng(
       TestSeed("CalibratedCostModelTest.TransfersBesideOthersTeachTheConcurrencyGain"));
@@ -532,6 +577,36 @@ TEST(CalibratedCostModelTest, ReloadReplacesTheEntriesTheFileNamesAndKeepsTheRes
   file.paths[0].parameters.beta_bytes_per_s = -1;
   EXPECT_TRUE(model.Reload(file).status().IsInvalidArgument());
   EXPECT_EQ(model.Path(named, named_host)->alpha_us, 7.0);
+}
+
+// The concurrency gain is learned online: a file that names the path without measuring a gain
+// keeps the learned one; a file with a gain replaces it.
+TEST(CalibratedCostModelTest, ReloadKeepsALearnedGainTheFileDidNotMeasure) {
+  CalibratedCostModel model;
+  ASSERT_TRUE(model.Load(Sample()).ok());
+  const PathParameters p = *model.Path(BusPath::kRemoteHostToLocalHost, "cache-1");
+  // Pairs of 1 MiB transfers ending after what one would alone: a gain of 2.
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(model
+                    .ObserveShared(BusPath::kRemoteHostToLocalHost, "cache-1", 1 << 20, 1 << 20,
+                                   FetchMicros(p, 2.0 * (1 << 20)) / 2)
+                    .ok());
+  }
+  ASSERT_DOUBLE_EQ(model.Path(BusPath::kRemoteHostToLocalHost, "cache-1")->concurrency_gain, 2);
+  BusCalibration file = Sample();
+  file.paths[1].parameters.alpha_us = 9;
+  ASSERT_TRUE(model.Reload(file).ok());
+  EXPECT_EQ(model.Path(BusPath::kRemoteHostToLocalHost, "cache-1")->alpha_us, 9);
+  EXPECT_DOUBLE_EQ(model.Path(BusPath::kRemoteHostToLocalHost, "cache-1")->concurrency_gain, 2);
+  file.paths[1].parameters.concurrency_gain = 3;
+  ASSERT_TRUE(model.Reload(file).ok());
+  EXPECT_DOUBLE_EQ(model.Path(BusPath::kRemoteHostToLocalHost, "cache-1")->concurrency_gain, 3);
+  // ToCalibration carries it, so the file placement's model would write holds it.
+  bool written = false;
+  for (const PathCalibration& c : model.ToCalibration().paths) {
+    if (c.host_id == "cache-1") written = c.parameters.concurrency_gain == 3;
+  }
+  EXPECT_TRUE(written);
 }
 
 TEST(BusCostModelTest, SplitSidesOverlapByTheSerialFraction) {

@@ -437,6 +437,51 @@ StatusOr<PathFit> MeasureAndFit(PathProbe& probe, std::span<const uint64_t> size
   return last;
 }
 
+StatusOr<ConcurrencyGainReport> ProbeConcurrencyGain(
+    const PathParameters& fitted, uint64_t bytes, int streams, int repeats,
+    const std::function<StatusOr<double>()>& alone,
+    const std::function<StatusOr<double>()>& together) {
+  if (streams < 2 || repeats < 1 || bytes == 0) {
+    return Status::InvalidArgument(
+        "concurrency gain probe: needs streams >= 2, repeats >= 1 and "
+        "bytes > 0");
+  }
+  std::vector<double> one, all;
+  for (int r = 0; r < repeats; ++r) {
+    KVF_ASSIGN_OR_RETURN(double a, alone());
+    KVF_ASSIGN_OR_RETURN(double t, together());
+    if (!(a > 0) || !(t > 0) || !std::isfinite(a) || !std::isfinite(t)) {
+      return Status::Internal("concurrency gain probe: a time that is not finite and > 0");
+    }
+    one.push_back(a);
+    all.push_back(t);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  };
+  ConcurrencyGainReport out;
+  out.streams = streams;
+  out.bytes = bytes;
+  out.repeats = repeats;
+  out.alone_us = median(one);
+  out.together_us = median(all);
+  out.line_us = FetchMicros(fitted, static_cast<double>(bytes) * streams);
+  out.gain = std::clamp(out.line_us / out.together_us, 1.0, kMaxConcurrencyGain);
+  return out;
+}
+
+std::string FormatConcurrencyGain(const ConcurrencyGainReport& r) {
+  char b[200];
+  std::snprintf(b, sizeof(b),
+                "%d at once of %s: %.1f ms (one alone %.1f ms; the line at gain 1: "
+                "%.1f ms): gain %.2f",
+                r.streams, FormatBytes(r.bytes).c_str(), r.together_us / 1e3, r.alone_us / 1e3,
+                r.line_us / 1e3, r.gain);
+  return b;
+}
+
 PathCalibration ToPathCalibration(BusPath path, std::string host_id, const PathFit& fit) {
   PathCalibration c;
   c.path = path;

@@ -200,6 +200,32 @@ StatusOr<PathFit> MeasureAndFit(PathProbe& probe, std::span<const uint64_t> size
 // worst error ratios of the run-A fit.
 PathCalibration ToPathCalibration(BusPath path, std::string host_id, const PathFit& fit);
 
+// ---- Concurrency gain ----
+//
+// What a path carries for several transfers at once over one (PathParameters::
+// concurrency_gain). `together` moves `streams` transfers of `bytes` at once and returns the
+// wall time from the first start to the last end; `alone` moves one and returns its time. Both
+// are run `repeats` times, interleaved (alone, together, alone, ...) so drift hits both, and
+// the gain is t1 / median(together) within [1, kMaxConcurrencyGain], t1 being the fitted
+// line's time for all streams x bytes at beta: the sample CalibratedCostModel::ObserveShared
+// takes from a stream that moved beside others, measured here on purpose.
+struct ConcurrencyGainReport {
+  int streams = 0;
+  uint64_t bytes = 0;  // per transfer
+  int repeats = 0;
+  double alone_us = 0;     // median of one transfer alone
+  double together_us = 0;  // median of `streams` at once
+  double line_us = 0;      // the fitted line's time for streams x bytes (gain 1)
+  double gain = 1;
+};
+// InvalidArgument for streams < 2, repeats < 1 or bytes == 0; the probes' errors as they are.
+StatusOr<ConcurrencyGainReport> ProbeConcurrencyGain(
+    const PathParameters& fitted, uint64_t bytes, int streams, int repeats,
+    const std::function<StatusOr<double>()>& alone,
+    const std::function<StatusOr<double>()>& together);
+// "4 at once of 64 MiB: 41.0 ms (one alone 12.1 ms; the line at gain 1: 48.2 ms): gain 1.18".
+std::string FormatConcurrencyGain(const ConcurrencyGainReport& r);
+
 // ---- Local probes ----
 
 struct MemcpyProbeOptions {

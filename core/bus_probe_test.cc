@@ -527,5 +527,47 @@ TEST(NvmeReadProbeTest, NamesTheDirectoryWhenItCannotCreateTheFile) {
       << probe.status();
 }
 
+// Four transfers at once that take what 4 x bytes take on the line at 1.6x beta: a gain of 1.6,
+// from the median of interleaved repeats (one outlier each side does not move it); clamped to
+// [1, 16]; the probes' errors and bad arguments are returned.
+TEST(ConcurrencyGainProbeTest, TheGainIsTheLineOverTheMedianOfTransfersAtOnce) {
+  const PathParameters line{10.0, 1e9};
+  const uint64_t bytes = 16 << 20;
+  const double t4 = FetchMicros(line, 4.0 * bytes) / 1.6;
+  std::vector<double> together = {t4, 3 * t4, t4, t4 / 3, t4};
+  std::vector<int> order;
+  size_t next = 0;
+  auto alone = [&]() -> StatusOr<double> {
+    order.push_back(1);
+    return FetchMicros(line, static_cast<double>(bytes));
+  };
+  auto at_once = [&]() -> StatusOr<double> {
+    order.push_back(4);
+    return together[next++];
+  };
+  auto r = ProbeConcurrencyGain(line, bytes, 4, 5, alone, at_once);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->together_us, t4);
+  EXPECT_NEAR(r->gain, 1.6, 1e-12);
+  EXPECT_DOUBLE_EQ(r->alone_us, FetchMicros(line, static_cast<double>(bytes)));
+  EXPECT_EQ(order, (std::vector<int>{1, 4, 1, 4, 1, 4, 1, 4, 1, 4}));
+  EXPECT_NE(FormatConcurrencyGain(*r).find("4 at once of 16 MiB"), std::string::npos)
+      << FormatConcurrencyGain(*r);
+  EXPECT_NE(FormatConcurrencyGain(*r).find("gain 1.60"), std::string::npos);
+  // Slower together than the line: no gain (1), never below.
+  auto slow =
+      ProbeConcurrencyGain(line, bytes, 4, 1, alone, [&]() -> StatusOr<double> { return 2 * t4; });
+  EXPECT_DOUBLE_EQ(slow->gain, 1);
+  auto fast =
+      ProbeConcurrencyGain(line, bytes, 4, 1, alone, [&]() -> StatusOr<double> { return 1.0; });
+  EXPECT_DOUBLE_EQ(fast->gain, kMaxConcurrencyGain);
+  auto failing = ProbeConcurrencyGain(line, bytes, 4, 3, alone, [&]() -> StatusOr<double> {
+    return Status::Unavailable("daemon went away");
+  });
+  EXPECT_TRUE(failing.status().IsUnavailable());
+  EXPECT_TRUE(ProbeConcurrencyGain(line, bytes, 1, 3, alone, at_once).status().IsInvalidArgument());
+  EXPECT_TRUE(ProbeConcurrencyGain(line, 0, 4, 3, alone, at_once).status().IsInvalidArgument());
+}
+
 }  // namespace
 }  // namespace kvfabric

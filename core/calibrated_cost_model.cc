@@ -39,6 +39,14 @@ Status CheckRecompute(std::string_view model_id, const RecomputeParameters& r) {
   return Status::OK();
 }
 
+// ObserveShared's gain: the mean of its first kGainWindow samples, then each sample moves it
+// 1/kGainWindow of the way. A gain a calibration file states counts as a full window, so one
+// transfer does not undo a measurement.
+constexpr double kGainWindow = 16;
+double GainPriorSamples(const PathParameters& p) {
+  return p.concurrency_gain != 1 ? kGainWindow : 0;
+}
+
 std::string PathLabel(BusPath path, std::string_view host_id) {
   std::string s(BusPathName(path));
   if (!host_id.empty()) s += " host \"" + std::string(host_id) + "\"";
@@ -74,11 +82,17 @@ Status CalibratedCostModel::SetPath(BusPath path, std::string_view host_id, cons
     return Status::InvalidArgument(PathLabel(path, host_id) +
                                    ": every size factor must be finite and in [0.25, 4]");
   }
+  if (!std::isfinite(p.concurrency_gain) || p.concurrency_gain < 1 ||
+      p.concurrency_gain > kMaxConcurrencyGain) {
+    return Status::InvalidArgument(PathLabel(path, host_id) +
+                                   ": concurrency_gain must be in [1, 16]");
+  }
   MutexLock lock(&mu_);
   PathEntry& e = paths_[PathKey(static_cast<int>(path), std::string(host_id))];
   e.parameters = p;
   e.fit = NewPathFit(e.parameters, source);
   e.provenance = Fresh(source);
+  e.gain_samples = GainPriorSamples(p);
   return Status::OK();
 }
 
@@ -124,11 +138,19 @@ StatusOr<CalibratedCostModel::ReloadCounts> CalibratedCostModel::Reload(
   MutexLock lock(&mu_);
   for (const PathCalibration& p : calibration.paths) {
     PathEntry& e = paths_[PathKey(static_cast<int>(p.path), p.host_id)];
+    // A file without a gain did not measure one: the gain learned so far stays.
+    const double learned_gain = e.parameters.concurrency_gain;
+    const double learned_samples = e.gain_samples;
     e = PathEntry();
     e.parameters = p.parameters;
     e.fit = NewPathFit(e.parameters, ParameterSource::kCalibration);
     e.provenance = Fresh(ParameterSource::kCalibration);
     e.noise_floor_ratio = p.noise_floor_ratio;
+    e.gain_samples = GainPriorSamples(e.parameters);
+    if (p.parameters.concurrency_gain == 1 && learned_samples > 0) {
+      e.parameters.concurrency_gain = learned_gain;
+      e.gain_samples = learned_samples;
+    }
     ++counts.paths;
   }
   for (const RecomputeCalibration& r : calibration.recompute) {
@@ -176,6 +198,7 @@ Status CalibratedCostModel::Load(const BusCalibration& calibration) {
     e.fit = NewPathFit(e.parameters, ParameterSource::kCalibration);
     e.provenance = Fresh(ParameterSource::kCalibration);
     e.noise_floor_ratio = p.noise_floor_ratio;
+    e.gain_samples = GainPriorSamples(e.parameters);
   }
   for (const RecomputeCalibration& r : calibration.recompute) {
     RecomputeEntry& e = models_[r.model_id];
@@ -363,8 +386,7 @@ StatusOr<double> CalibratedCostModel::ObserveShared(BusPath path, std::string_vi
   if (shared_bytes > 0) {
     const double sample =
         std::clamp(FetchMicros(e->parameters, all) / observed_us, 1.0, kMaxConcurrencyGain);
-    constexpr double kSlowest = 1.0 / 16;
-    gain += (sample - gain) * std::max(1.0 / (e->gain_samples + 1), kSlowest);
+    gain += (sample - gain) * std::max(1.0 / (e->gain_samples + 1), 1.0 / kGainWindow);
     e->gain_samples += 1;
   }
   return std::max(std::min(1.0, gain * b / all), 1.0 / kMaxSharedShare);

@@ -176,9 +176,10 @@ class CalibratedCostModel {
   // Replaces every entry with the file's (validated) contents; errors and online fits restart.
   Status Load(const BusCalibration& calibration);
   // A calibration file read again (SIGHUP, the admin RPC): the file's entries replace the ones
-  // they name (their errors and online fits restart, source kCalibration); entries the file
-  // does not name keep their parameters, fits and errors. Validated first: an invalid file
-  // changes nothing.
+  // they name (their errors and online fits restart, source kCalibration), except that a path
+  // entry without a concurrency_gain keeps the gain learned so far (the file did not measure
+  // one); entries the file does not name keep their parameters, fits and errors. Validated
+  // first: an invalid file changes nothing.
   struct ReloadCounts {
     size_t paths = 0;
     size_t models = 0;
@@ -209,7 +210,8 @@ class CalibratedCostModel {
   // the same path. Learns the path's concurrency_gain from it: the line predicts
   // t1 = alpha + (bytes + shared) / beta for all of them at beta (gain 1), and t1 / observed,
   // within [1, kMaxConcurrencyGain], is a sample of the gain (the mean of the first 16
-  // samples, then each moves it 1/16 of the way). Returns the fraction of observed_us that was
+  // samples, then each moves it 1/16 of the way; a gain set or loaded from a calibration file
+  // counts as 16 samples). Returns the fraction of observed_us that was
   // this transfer's own, to pass to ObserveTransfer: min(1, gain × bytes / (bytes + shared)),
   // at least 1/kMaxSharedShare (with n equal transfers at once, each ends after n / gain of its
   // time alone). Errors as ObserveTransfer.

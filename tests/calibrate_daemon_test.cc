@@ -77,6 +77,23 @@ TEST_P(CalibrateDaemonTest, MeasuresBothDirectionsOfADaemonAndWritesAFileService
   const std::string text = cli::FormatCalibrationText(*report);
   EXPECT_NE(text.find("calib-host"), std::string::npos) << text;
 
+  // The read path's concurrency gain: four reads of 16 MiB (four of the largest size that fit
+  // the 64 MiB staging region) at once, against one alone, written to the file.
+  EXPECT_NE(text.find("concurrency gain remote_host_to_local_host calib-host: 4 at once of 16 MiB"),
+            std::string::npos)
+      << text;
+  double measured_gain = 0;
+  for (const cli::PathOutcome& p : report->paths) {
+    if (p.path != BusPath::kRemoteHostToLocalHost || !p.concurrency) continue;
+    EXPECT_EQ(p.concurrency->streams, 4);
+    EXPECT_EQ(p.concurrency->repeats, 3);
+    EXPECT_GT(p.concurrency->alone_us, 0);
+    EXPECT_GT(p.concurrency->together_us, 0);
+    measured_gain = p.concurrency->gain;
+  }
+  EXPECT_GE(measured_gain, 1) << text;
+  EXPECT_LE(measured_gain, 16) << text;
+
   auto loaded = LoadBusCalibration(Env::Default(), args.out_path);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   bool get = false, put = false;
@@ -86,6 +103,8 @@ TEST_P(CalibrateDaemonTest, MeasuresBothDirectionsOfADaemonAndWritesAFileService
     put = put || p.path == BusPath::kLocalHostToRemoteHost;
     EXPECT_GT(p.parameters.beta_bytes_per_s, 0);
     EXPECT_GE(p.parameters.alpha_us, 0);
+    EXPECT_DOUBLE_EQ(p.parameters.concurrency_gain,
+                     p.path == BusPath::kRemoteHostToLocalHost ? measured_gain : 1.0);
   }
   EXPECT_TRUE(get) << text;
   EXPECT_TRUE(put) << text;
