@@ -66,6 +66,7 @@ StatusOr<std::unique_ptr<Transport>> CreateDataTransport(const DataTransportOpti
   u.copy_threads = options.copy_threads;
   u.streaming_copy_min_bytes = options.streaming_copy_min_bytes;
   u.populate_imported_mappings = options.populate_imported_mappings;
+  u.max_rank_deferral = options.max_rank_deferral;
   u.workers = options.workers;
   StatusOr<std::unique_ptr<Transport>> created = ucx::CreateUcxTransport(u);
   if (!created.ok()) {

@@ -8,6 +8,7 @@
 #ifndef KVFABRIC_TRANSPORT_DATA_TRANSPORT_H_
 #define KVFABRIC_TRANSPORT_DATA_TRANSPORT_H_
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -45,6 +46,9 @@ struct DataTransportOptions {
   // UCX only: UcxTransportOptions::populate_imported_mappings (fill in the
   // page tables of imported shared-memory regions in the background).
   bool populate_imported_mappings = true;
+  // UCX only: UcxTransportOptions::max_rank_deferral (how long a ranked
+  // batch, a load's later layers, waits behind urgent ones at most).
+  std::chrono::milliseconds max_rank_deferral{20};
   // Progress threads serving connections (both kinds).
   int workers = 1;
   // tcp only: TcpTransportOptions::send_buffer_bytes (0: auto, -1: kernel

@@ -37,6 +37,7 @@ struct Flags {
   std::uint64_t tcp_max_pacing_rate = 0;
   int copy_threads = 1;
   std::uint64_t streaming_copy_min_bytes = std::uint64_t{8} << 20;
+  std::chrono::microseconds max_rank_deferral{20'000};
   int data_workers = 1;
   std::string lock_memory = "required";
   std::string pool_memory = "transport";

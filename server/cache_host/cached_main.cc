@@ -164,6 +164,9 @@ int Run(int argc, char** argv) {
                  "shared-memory batches of at least this many bytes are copied with streaming "
                  "(non-temporal) stores, which skip the caches: a daemon's copies are not read "
                  "again by it soon (0: every batch; default 8MiB)");
+  AddDurationOption(app, "--max-rank-deferral", &f.max_rank_deferral,
+                    "UCX: how long a copy of a load's later layers waits at most while copies "
+                    "of whole blocks or layer 0 are queued (0..10s; default 20ms)");
   app.add_option("--copy-threads", f.copy_threads,
                  "threads that help the UCX progress thread copy large shared-memory "
                  "batches (0: it copies alone; default 1; more on nodes with many cores)")
@@ -320,6 +323,11 @@ int Run(int argc, char** argv) {
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  if (f.max_rank_deferral.count() < 0 || f.max_rank_deferral > std::chrono::seconds(10)) {
+    spdlog::error("kvfabric-cached: --max-rank-deferral: must be 0..10s, got {} us",
+                  f.max_rank_deferral.count());
+    return 2;
+  }
   StatusOr<int> send_buffer = tcp::ParseSendBuffer(f.tcp_send_buffer, "--tcp-send-buffer");
   if (!send_buffer.ok()) {
     spdlog::error("kvfabric-cached: {}", send_buffer.status().message());
@@ -365,6 +373,8 @@ int Run(int argc, char** argv) {
   };
   topts.copy_threads = f.copy_threads;
   topts.streaming_copy_min_bytes = f.streaming_copy_min_bytes;
+  topts.max_rank_deferral =
+      std::chrono::duration_cast<std::chrono::milliseconds>(f.max_rank_deferral);
   topts.populate_imported_mappings = !f.no_populate_imports;
   topts.workers = f.data_workers;
   topts.tcp_send_buffer_bytes = *send_buffer;
