@@ -52,6 +52,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -119,6 +120,9 @@ struct Outcome {
   // the previous run's end; summed), in µs after Load.
   double fetch_predicted_us = 0, fetch_measured_us = 0;
   double recompute_predicted_us = 0, recompute_measured_us = 0;
+  // kvfabric's run: its streams cut as stragglers (client/straggler_cut.h), past their cut-off
+  // and projected past it (runs whose failure says so; a stream's runs share its failure).
+  std::set<std::string> cut_past, cut_projected;
   std::string explanation;
   client::MatchResult match;
 };
@@ -366,6 +370,11 @@ StatusOr<double> Bench::Execute(Policy policy, std::uint32_t doc, std::uint32_t 
     for (std::size_t i = 0; i < report.runs.size(); ++i) {
       const client::RunOutcome& r = report.runs[i];
       if (r.fetch) {
+        if (r.failure.find("stream cut after") != std::string::npos) {
+          (r.failure.find("would end at") != std::string::npos ? outcome->cut_projected
+                                                               : outcome->cut_past)
+              .insert(r.host_id);
+        }
         if (r.host_id == "bench-a") outcome->fetched_from_a += r.block_count;
         outcome->fetch_predicted_us = std::max(outcome->fetch_predicted_us, r.predicted_end_us);
         outcome->fetch_measured_us = std::max(outcome->fetch_measured_us, r.measured_end_us);
@@ -473,13 +482,15 @@ void Bench::Report(const char* name, const std::vector<Outcome>& o) const {
   double fetch_pred = 0, fetch_meas = 0, rc_pred = 0, rc_meas = 0;
   std::vector<double> repeat_ratio;
   std::map<std::string, int> kinds;
-  std::uint64_t blocks = 0, from_a = 0, within = 0;
+  std::uint64_t blocks = 0, from_a = 0, within = 0, cut_past = 0, cut_projected = 0;
   for (const Outcome& x : o) {
     for (int p = 0; p < kRuns; ++p) total[p] += x.us[p];
     oracle += *std::min_element(std::begin(x.us), std::begin(x.us) + kPolicies);
     min_of_two += std::min(x.us[kKvfabric], x.us[kKvfabricAgain]);
     if (x.us[kKvfabric] > 0) repeat_ratio.push_back(x.us[kKvfabricAgain] / x.us[kKvfabric]);
     ++kinds[x.kind];
+    cut_past += x.cut_past.size();
+    cut_projected += x.cut_projected.size();
     blocks += x.blocks;
     from_a += x.fetched_from_a;
     fetch_pred += x.fetch_predicted_us;
@@ -492,15 +503,17 @@ void Bench::Report(const char* name, const std::vector<Outcome>& o) const {
   std::printf("\n%s: %zu requests, %llu blocks\n", name, o.size(),
               static_cast<unsigned long long>(blocks));
   if (a_.per_request) {
-    std::printf("  %4s %6s %-14s %10s %10s %10s %10s %10s %7s\n", "req", "blocks", "kvfabric plan",
-                "predicted", "kvfabric", "again", "fetch-all", "recompute", "k/orc");
+    std::printf("  %4s %6s %-14s %10s %10s %10s %10s %10s %7s  %s\n", "req", "blocks",
+                "kvfabric plan", "predicted", "kvfabric", "again", "fetch-all", "recompute",
+                "k/orc", "cut (past, projected)");
     for (std::size_t i = 0; i < o.size(); ++i) {
       const Outcome& x = o[i];
       const double orc = *std::min_element(std::begin(x.us), std::begin(x.us) + kPolicies);
-      std::printf("  %4zu %6u %-14s %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %6.2fx\n", i, x.blocks,
-                  x.kind.c_str(), x.predicted_us / 1e3, x.us[kKvfabric] / 1e3,
+      std::printf("  %4zu %6u %-14s %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %6.2fx  %zu, %zu\n", i,
+                  x.blocks, x.kind.c_str(), x.predicted_us / 1e3, x.us[kKvfabric] / 1e3,
                   x.us[kKvfabricAgain] / 1e3, x.us[kAlwaysFetch] / 1e3,
-                  x.us[kAlwaysRecompute] / 1e3, orc > 0 ? x.us[kKvfabric] / orc : 0);
+                  x.us[kAlwaysRecompute] / 1e3, orc > 0 ? x.us[kKvfabric] / orc : 0,
+                  x.cut_past.size(), x.cut_projected.size());
     }
   }
   std::printf("  %-18s %12s %14s\n", "policy", "load s", "vs oracle");
@@ -533,6 +546,9 @@ void Bench::Report(const char* name, const std::vector<Outcome>& o) const {
   for (const auto& [k, n] : kinds) std::printf(" %s %d", k.c_str(), n);
   std::printf("; blocks fetched from bench-a: %llu (%.0f%%)\n",
               static_cast<unsigned long long>(from_a), blocks ? 100.0 * from_a / blocks : 0.0);
+  std::printf(
+      "  kvfabric's streams cut as stragglers: %llu past their cut-off, %llu projected past it\n",
+      static_cast<unsigned long long>(cut_past), static_cast<unsigned long long>(cut_projected));
 }
 
 Status Bench::Run() {

@@ -101,6 +101,8 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
     std::size_t fetchers KVF_GUARDED_BY(mu) = 0;    // host-pool workers still running
     bool down KVF_GUARDED_BY(mu) = false;
     bool cut KVF_GUARDED_BY(mu) = false;                 // past cut_after_us: no further request
+    bool suspect KVF_GUARDED_BY(mu) = false;       // StreamVerdict::suspect: one request at a time
+    std::size_t in_flight KVF_GUARDED_BY(mu) = 0;  // host-pool requests
     std::vector<bool> out KVF_GUARDED_BY(mu);            // per position: left the units
     std::vector<std::uint32_t> nvme KVF_GUARDED_BY(mu);  // to lease
     std::size_t planned_nvme KVF_GUARDED_BY(mu) = 0;     // of them, the plan's (at the front)
@@ -178,7 +180,11 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
     progress.own_bytes = p.host_moved + p.nvme_moved;
     progress.others_bytes = others_moved();
     const StreamVerdict verdict = JudgeStream(progress);
-    if (!verdict.cut()) return false;
+    if (!verdict.cut()) {
+      if (p.suspect && !verdict.suspect) p.cv.NotifyAll();  // back to full depth
+      p.suspect = verdict.suspect;
+      return false;
+    }
     p.cut = true;
     {
       MutexLock l(&metrics_mu_);
@@ -222,6 +228,19 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
             return;
           }
         }
+        // A suspect stream (client/straggler_cut.h) keeps one request in
+        // flight until the next answer judges it again.
+        if (p.suspect && p.in_flight > 0) {
+          p.cv.Wait(&p.mu, [&]() KVF_REQUIRES(p.mu) {
+            return p.down || p.cut || !p.suspect || p.in_flight == 0;
+          });
+          if (p.down || past_cut()) {
+            --p.fetchers;
+            p.cv.NotifyAll();
+            return;
+          }
+        }
+        ++p.in_flight;  // until its answer is recorded (or it turns out empty)
       }
       if (own_layer0_us > 0 && gate != nullptr) {
         gate->AwaitUntil(start +
@@ -252,11 +271,10 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
         positions.resize(kept);
       }
       if (positions.empty()) {
-        if (unit < first_units) {
-          MutexLock l(&p.mu);
-          first_unit_done();
-          p.cv.NotifyAll();
-        }
+        MutexLock l(&p.mu);
+        --p.in_flight;
+        if (unit < first_units) first_unit_done();
+        p.cv.NotifyAll();
         continue;
       }
       for (std::size_t k : positions) batch.push_back((*blocks)[k]);
@@ -269,6 +287,7 @@ Status Client::Impl::FetchFrom(Context& c, const MatchResult::Host& host,
         for (std::size_t k : on_nvme) to_nvme[k] = true;
       }
       MutexLock l(&p.mu);
+      --p.in_flight;
       if (unit < first_units) first_unit_done();
       record(positions, arrived, to_nvme, s, moved);
     }

@@ -20,9 +20,13 @@ StreamVerdict JudgeStream(const StreamProgress& p) {
     return v;
   }
   if (p.own_bytes == 0 || p.total_bytes <= p.own_bytes || !(p.predicted_us > 0)) return v;
-  if (v.own_us < std::max(p.predicted_us, p.min_evidence_us)) return v;
   v.projected_us = v.own_us * static_cast<double>(p.total_bytes) / own;
-  if (v.projected_us > p.cut_after_us) v.kind = StreamVerdict::Kind::kProjectedPastCutOff;
+  if (!(v.projected_us > p.cut_after_us)) return v;
+  if (v.own_us < std::max(p.predicted_us, p.min_evidence_us)) {
+    v.suspect = true;
+  } else {
+    v.kind = StreamVerdict::Kind::kProjectedPastCutOff;
+  }
   return v;
 }
 

@@ -24,6 +24,15 @@
 // in 301 ms, docs/benchmarks.md). Requiring the whole predicted time to
 // have passed means a stall shorter than the stream's own prediction never
 // projects a cut.
+//
+// A stream whose rate projects it past its cut-off before that evidence is in
+// is suspect: the client then keeps one request of it in flight, not
+// fetch_depth, until the next answer judges it again (cut, or on time and
+// back to full depth). On a link capped to a fourteenth of what placement
+// knew, layer 0 took 21 ms of a stream predicted to end after 150 ms: too
+// little to cut on, and then fetch_depth requests of 8 MiB went out at
+// once, sharing the link and all ending after ~900 ms; one at a time, the
+// first ends after ~220 ms and cuts the stream.
 #ifndef KVFABRIC_CLIENT_STRAGGLER_CUT_H_
 #define KVFABRIC_CLIENT_STRAGGLER_CUT_H_
 
@@ -45,6 +54,9 @@ struct StreamProgress {
 struct StreamVerdict {
   enum class Kind : std::uint8_t { kOnTime, kPastCutOff, kProjectedPastCutOff };
   Kind kind = Kind::kOnTime;
+  // kOnTime only: at its rate so far it would end past its cut-off, but it
+  // has not yet run its predicted time (or straggler_slack).
+  bool suspect = false;
   double share = 1;         // of the daemon's bytes
   double own_us = 0;        // elapsed_us x share
   double projected_us = 0;  // own time at the end at the rate so far (0: not projected)

@@ -67,18 +67,25 @@ TEST(StragglerCutTest, ASlowStreamIsCutOnceItsRateProjectsItPastTheCutOff) {
 
 // A projection needs its evidence: the stream's whole predicted time and
 // the slack. A stall shorter than that never projects a cut, however little
-// moved.
+// moved; the stream is only suspect (one request at a time) until then.
 TEST(StragglerCutTest, NoProjectionBeforeThePredictedTimeOrTheSlackPassed) {
   StreamProgress p = Planned();
   p.own_bytes = 1 << 20;
   p.elapsed_us = 49e3;  // before the predicted end
   EXPECT_EQ(JudgeStream(p).kind, Kind::kOnTime);
+  EXPECT_TRUE(JudgeStream(p).suspect);
   p.predicted_us = 10e3;
   p.cut_after_us = 90e3;
   p.elapsed_us = 40e3;  // past the predicted end, not past the slack
   EXPECT_EQ(JudgeStream(p).kind, Kind::kOnTime);
+  EXPECT_TRUE(JudgeStream(p).suspect);
   p.elapsed_us = 51e3;
   EXPECT_EQ(JudgeStream(p).kind, Kind::kProjectedPastCutOff);
+  EXPECT_FALSE(JudgeStream(p).suspect);
+  // Early and on course: not suspect.
+  p.elapsed_us = 1e3;
+  p.own_bytes = std::uint64_t{64} << 20;
+  EXPECT_FALSE(JudgeStream(p).suspect);
   // Nor without a prediction, without bytes, or with everything moved.
   StreamProgress q = Planned();
   q.elapsed_us = 200e3;
@@ -99,6 +106,7 @@ TEST(StragglerCutTest, ALateStreamThatWouldEndBeforeItsCutOffGoesOn) {
   p.own_bytes = std::uint64_t{64} << 20;  // half: ends at 240 ms
   const StreamVerdict v = JudgeStream(p);
   EXPECT_EQ(v.kind, Kind::kOnTime);
+  EXPECT_FALSE(v.suspect);
   EXPECT_DOUBLE_EQ(v.projected_us, 240e3);
   // Counted at its share: beside as many bytes of other loads, it projects
   // to half that.
