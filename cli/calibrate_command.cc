@@ -237,6 +237,12 @@ std::string FormatPathCalibrationLine(const PathCalibration& p) {
                 p.parameters.beta_bytes_per_s / 1e9, 100 * p.worst_error_ratio,
                 100 * p.noise_floor_ratio);
   std::string out = line;
+  if (p.parameters.concurrency_gain != 1) {
+    char g[64];
+    std::snprintf(g, sizeof(g), "; concurrency gain %.2f\n", p.parameters.concurrency_gain);
+    out.pop_back();
+    out += g;
+  }
   if (!HasFlatSizeCurve(p.parameters)) {
     // The size curve (bus_cost_model.h), knot by knot: only kept where it beat the line.
     out.pop_back();

@@ -317,5 +317,19 @@ TEST(CalibrateCommandTest, AnUnwritableOutPathIsAnErrorNamingIt) {
       << report.status();
 }
 
+// The one-line summary the demo prints per path names a concurrency gain where there is one.
+TEST(CalibrateCommandTest, APathLineNamesItsConcurrencyGain) {
+  PathCalibration p;
+  p.path = BusPath::kRemoteHostToLocalHost;
+  p.host_id = "cache-1";
+  p.parameters = {12.5, 2e9};
+  const std::string plain = FormatPathCalibrationLine(p);
+  EXPECT_EQ(plain.find("concurrency gain"), std::string::npos) << plain;
+  p.parameters.concurrency_gain = 1.5;
+  const std::string line = FormatPathCalibrationLine(p);
+  EXPECT_NE(line.find("noise floor   0.0%; concurrency gain 1.50\n"), std::string::npos) << line;
+  EXPECT_EQ(line.back(), '\n');
+}
+
 }  // namespace
 }  // namespace kvfabric::cli
