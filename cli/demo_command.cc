@@ -242,6 +242,11 @@ Status Demo::StartCluster() {
     for (const PathCalibration& p : report.calibration.paths) {
       std::fputs(FormatPathCalibrationLine(p).c_str(), stdout);
     }
+    for (const PathOutcome& p : report.paths) {
+      if (!p.concurrency) continue;
+      std::printf("  concurrency gain %-9s %s\n", p.host_id.c_str(),
+                  FormatConcurrencyGain(*p.concurrency).c_str());
+    }
     std::printf("  calibrated in %.1f s\n", Seconds(Clock::now() - start));
     if (!report.prefill) return Status::Internal("calibration returned no prefill fit");
     prefill_probe_ = std::move(*report.prefill);
