@@ -206,7 +206,9 @@ struct ClientOptions {
   // answered, before its large requests go out), it starts no further
   // request; the requests in flight finish, and its blocks not yet landed
   // fall back like a failed run's (another replica, else recompute)
-  // (ClientMetrics::streams_cut_past_cut_off, streams_cut_projected). The stream's bytes and time
+  // (ClientMetrics::streams_cut_past_cut_off, streams_cut_projected). A
+  // stream whose rate projects it past the cut-off before it has run its
+  // predicted time keeps one request in flight until the next answer. The stream's bytes and time
   // still teach placement the path (a miss this large is a change point
   // after two, core/calibrated_cost_model.h). Without it a link capped to a
   // twentieth of its rate held every load planned before placement knew,
