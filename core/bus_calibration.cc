@@ -91,10 +91,10 @@ Status Validate(const BusCalibration& c) {
                                        "]: must be in [0.25, 4], got " + Num(f));
       }
     }
-    const double g = p.parameters.concurrency_gain;
-    if (!std::isfinite(g) || g < 1 || g > kMaxConcurrencyGain) {
+    if (!ConcurrencyGainValid(p.parameters)) {
       return Status::InvalidArgument(w + ".concurrency_gain: must be in [1, " +
-                                     Num(kMaxConcurrencyGain) + "], got " + Num(g));
+                                     Num(kMaxConcurrencyGain) + "], got " +
+                                     Num(p.parameters.concurrency_gain));
     }
     if (p.min_bytes > p.max_bytes) {
       return Status::InvalidArgument(w + ".min_bytes: " + std::to_string(p.min_bytes) +

@@ -53,6 +53,11 @@ bool HasFlatSizeCurve(const PathParameters& p) {
   return true;
 }
 
+bool ConcurrencyGainValid(const PathParameters& p) {
+  const double g = p.concurrency_gain;
+  return std::isfinite(g) && g >= 1 && g <= kMaxConcurrencyGain;
+}
+
 bool SizeFactorsValid(const PathParameters& p) {
   for (double k : p.size_factors) {
     if (!std::isfinite(k) || k < kMinSizeFactor || k > kMaxSizeFactor) return false;

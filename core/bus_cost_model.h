@@ -115,6 +115,8 @@ inline constexpr double kMaxSharedShare = 64;
 bool HasFlatSizeCurve(const PathParameters& p);
 // Whether every size factor is finite and within [kMinSizeFactor, kMaxSizeFactor].
 bool SizeFactorsValid(const PathParameters& p);
+// Whether concurrency_gain is finite and within [1, kMaxConcurrencyGain].
+bool ConcurrencyGainValid(const PathParameters& p);
 // The interpolation weights of `bytes` on the knots: at most two non-zero, summing to 1
 // (SIZE CURVE); `first` is the lower knot, weights[0] its weight and weights[1] the next's.
 struct SizeClassWeights {

@@ -302,11 +302,6 @@ TEST(CalibratedCostModelTest, ScoresOutOfSampleAndRefitsPerHost) {
   EXPECT_TRUE(model.ObserveTransfer(BusPath::kNvmeToHost, "", 0, 1.0).IsInvalidArgument());
 }
 
-// A path that moves one transfer at 1 GB/s and several together at 1.5 GB/s: fed alone, two at
-// once and four at once, through ObserveShared then ObserveTransfer as placement does, the model
-// learns beta 1 GB/s and a concurrency gain of 1.5. (Slowly: the line's fit keeps about 1000
-// observations, and shared ones fitted at a gain still too low pull beta toward the capacity;
-// each window closes about a third of the gap, so 3000 observations left beta 6% high.)
 // A measured concurrency gain is written as version 3 (older builds refuse it rather than
 // ignore it), read back exactly, and checked; Load takes it as a full window of samples.
 TEST(BusCalibrationTest, AConcurrencyGainIsWrittenAsVersion3AndChecked) {
@@ -352,6 +347,11 @@ TEST(BusCalibrationTest, AConcurrencyGainIsWrittenAsVersion3AndChecked) {
                    2 - 1.0 / 16);
 }
 
+// A path that moves one transfer at 1 GB/s and several together at 1.5 GB/s: fed alone, two at
+// once and four at once, through ObserveShared then ObserveTransfer as placement does, the model
+// learns beta 1 GB/s and a concurrency gain of 1.5. (Slowly: the line's fit keeps about 1000
+// observations, and shared ones fitted at a gain still too low pull beta toward the capacity;
+// each window closes about a third of the gap, so 3000 observations left beta 6% high.)
 TEST(CalibratedCostModelTest, TransfersBesideOthersTeachTheConcurrencyGain) {
   std::mt19937_64 rng(
       TestSeed("CalibratedCostModelTest.TransfersBesideOthersTeachTheConcurrencyGain"));

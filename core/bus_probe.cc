@@ -456,17 +456,12 @@ StatusOr<ConcurrencyGainReport> ProbeConcurrencyGain(
     one.push_back(a);
     all.push_back(t);
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-  };
   ConcurrencyGainReport out;
   out.streams = streams;
   out.bytes = bytes;
   out.repeats = repeats;
-  out.alone_us = median(one);
-  out.together_us = median(all);
+  out.alone_us = MedianOf(std::move(one));
+  out.together_us = MedianOf(std::move(all));
   out.line_us = FetchMicros(fitted, static_cast<double>(bytes) * streams);
   out.gain = std::clamp(out.line_us / out.together_us, 1.0, kMaxConcurrencyGain);
   return out;

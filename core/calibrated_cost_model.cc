@@ -82,8 +82,7 @@ Status CalibratedCostModel::SetPath(BusPath path, std::string_view host_id, cons
     return Status::InvalidArgument(PathLabel(path, host_id) +
                                    ": every size factor must be finite and in [0.25, 4]");
   }
-  if (!std::isfinite(p.concurrency_gain) || p.concurrency_gain < 1 ||
-      p.concurrency_gain > kMaxConcurrencyGain) {
+  if (!ConcurrencyGainValid(p)) {
     return Status::InvalidArgument(PathLabel(path, host_id) +
                                    ": concurrency_gain must be in [1, 16]");
   }
