@@ -546,6 +546,71 @@ TEST(CalibratedCostModelTest, TwoMissesFarBeyondNoiseAreAChangePoint) {
   EXPECT_EQ(patient.PathProvenance(BusPath::kNvmeToHost, "")->change_points, 0u);
 }
 
+TEST(CalibratedCostModelTest, ARetrialRestoresTheFiguresFromBeforeASlowdown) {
+  CalibratedCostModel model;
+  const PathParameters healthy{20.0, 2e9};
+  const PathParameters capped{400.0, 0.1e9};
+  const PathParameters worse{4000.0, 0.01e9};  // ten times slower again
+  ASSERT_TRUE(model.SetPath(BusPath::kRemoteHostToLocalHost, "a", healthy).ok());
+  auto observe = [&](const PathParameters& truth) {
+    ASSERT_TRUE(model
+                    .ObserveTransfer(BusPath::kRemoteHostToLocalHost, "a", 8 << 20,
+                                     FetchMicros(truth, 8 << 20))
+                    .ok());
+  };
+  auto retrial = [&](const PathParameters& truth, uint64_t shared = 0) {
+    const double b = 8 << 20;
+    // With `shared` bytes beside it at gain 1, the transfer took (b + shared) / b of its time.
+    return *model.ObserveRetrial(BusPath::kRemoteHostToLocalHost, "a", 8 << 20, shared,
+                                 FetchMicros(truth, b) * (b + static_cast<double>(shared)) / b);
+  };
+  EXPECT_FALSE(model.HealthyBefore(BusPath::kRemoteHostToLocalHost, "a"));
+  // Two severe misses: a change point that remembers the figures before it.
+  observe(capped);
+  observe(capped);
+  ASSERT_EQ(model.PathProvenance(BusPath::kRemoteHostToLocalHost, "a")->change_points, 1u);
+  ASSERT_TRUE(model.HealthyBefore(BusPath::kRemoteHostToLocalHost, "a"));
+  EXPECT_EQ(model.HealthyBefore(BusPath::kRemoteHostToLocalHost, "a")->beta_bytes_per_s, 2e9);
+  // A second slowdown keeps the first figures, not the slowed ones.
+  observe(worse);
+  observe(worse);
+  ASSERT_EQ(model.PathProvenance(BusPath::kRemoteHostToLocalHost, "a")->change_points, 2u);
+  EXPECT_EQ(model.HealthyBefore(BusPath::kRemoteHostToLocalHost, "a")->beta_bytes_per_s, 2e9);
+  EXPECT_EQ(model.PathReportFor(BusPath::kRemoteHostToLocalHost, "a")->healthy->beta_bytes_per_s,
+            2e9);
+  // A retrial that is still slow is an ordinary observation and keeps them.
+  const uint64_t scored = model.PathReportFor(BusPath::kRemoteHostToLocalHost, "a")->error.count;
+  EXPECT_EQ(retrial(worse), RetrialOutcome::kStillSlow);
+  EXPECT_EQ(model.PathReportFor(BusPath::kRemoteHostToLocalHost, "a")->error.count, scored + 1);
+  EXPECT_TRUE(model.HealthyBefore(BusPath::kRemoteHostToLocalHost, "a"));
+  // One beside as many bytes of other loads, at the healthy rate: restored, gain untouched.
+  EXPECT_EQ(retrial(healthy, 8 << 20), RetrialOutcome::kRestored);
+  EXPECT_FALSE(model.HealthyBefore(BusPath::kRemoteHostToLocalHost, "a"));
+  const PathParameters now = *model.Path(BusPath::kRemoteHostToLocalHost, "a");
+  EXPECT_EQ(now.beta_bytes_per_s, 2e9);
+  EXPECT_EQ(now.alpha_us, 20.0);
+  EXPECT_EQ(now.concurrency_gain, 1.0);
+  const ParameterProvenance p = *model.PathProvenance(BusPath::kRemoteHostToLocalHost, "a");
+  EXPECT_EQ(p.restores, 1u);
+  EXPECT_EQ(p.source, ParameterSource::kOnlineFit);
+  // Nothing to restore now: an ordinary observation.
+  EXPECT_EQ(retrial(healthy), RetrialOutcome::kNotDegraded);
+  // A speed-up learned from traffic forgets the remembered figures too, and so does SetPath.
+  observe(capped);
+  observe(capped);
+  ASSERT_TRUE(model.HealthyBefore(BusPath::kRemoteHostToLocalHost, "a"));
+  observe(healthy);
+  observe(healthy);
+  EXPECT_FALSE(model.HealthyBefore(BusPath::kRemoteHostToLocalHost, "a"));
+  observe(capped);
+  observe(capped);
+  ASSERT_TRUE(model.HealthyBefore(BusPath::kRemoteHostToLocalHost, "a"));
+  ASSERT_TRUE(model.SetPath(BusPath::kRemoteHostToLocalHost, "a", healthy).ok());
+  EXPECT_FALSE(model.HealthyBefore(BusPath::kRemoteHostToLocalHost, "a"));
+  EXPECT_EQ(model.ObserveRetrial(BusPath::kNvmeToHost, "a", 1, 0, 1.0).status().code(),
+            StatusCode::kNotFound);
+}
+
 TEST(CalibratedCostModelTest, ReloadReplacesTheEntriesTheFileNamesAndKeepsTheRest) {
   CalibratedCostModel model;
   ASSERT_TRUE(model.Load(Sample()).ok());

@@ -92,6 +92,8 @@ Status CalibratedCostModel::SetPath(BusPath path, std::string_view host_id, cons
   e.fit = NewPathFit(e.parameters, source);
   e.provenance = Fresh(source);
   e.gain_samples = GainPriorSamples(p);
+  e.healthy.reset();
+  e.misses = MissRun();
   return Status::OK();
 }
 
@@ -310,19 +312,27 @@ Status CalibratedCostModel::ObserveTransfer(BusPath path, std::string_view host_
   PathEntry* own =
       ObservedPathLocked(path, host_id, "transfer observation", bytes, observed_us, &why);
   if (own == nullptr) return why;
-  PathEntry& e = *own;
+  ObserveTransferLocked(*own, bytes, observed_us);
+  return Status::OK();
+}
+
+void CalibratedCostModel::ObserveTransferLocked(PathEntry& e, uint64_t bytes, double observed_us) {
   const double predicted = FetchMicros(e.parameters, static_cast<double>(bytes));
   e.error.Record(observed_us, predicted);
   double scale = 1;
   if (e.misses.Add(observed_us / predicted, std::fabs(observed_us - predicted), options_, &scale)) {
-    // A change point: the path is not what it was; start again from the scaled figures.
+    // A change point: the path is not what it was; start again from the scaled figures. A
+    // slowdown remembers the figures from before it (the first of a run of slowdowns), for
+    // retrials; a speed-up learned from traffic forgets them.
+    if (scale > 1 && !e.healthy) e.healthy = e.parameters;
+    if (scale < 1) e.healthy.reset();
     e.parameters.alpha_us *= scale;
     e.parameters.beta_bytes_per_s /= scale;
     e.fit = NewPathFit(e.parameters, ParameterSource::kOnlineFit);
     e.provenance.source = ParameterSource::kOnlineFit;
     ++e.provenance.change_points;
     e.provenance.updated_unix_us = NowUnixMicros();
-    return Status::OK();
+    return;
   }
   e.fit.Observe(bytes, observed_us);
   if (options_.online_refit &&
@@ -338,7 +348,52 @@ Status CalibratedCostModel::ObserveTransfer(BusPath path, std::string_view host_
     ++e.provenance.refits;
     e.provenance.updated_unix_us = NowUnixMicros();
   }
-  return Status::OK();
+}
+
+std::optional<PathParameters> CalibratedCostModel::HealthyBefore(BusPath path,
+                                                                 std::string_view host_id) const {
+  MutexLock lock(&mu_);
+  const auto it = paths_.find(PathKey(static_cast<int>(path), std::string(host_id)));
+  if (it == paths_.end()) return std::nullopt;
+  return it->second.healthy;
+}
+
+StatusOr<RetrialOutcome> CalibratedCostModel::ObserveRetrial(BusPath path, std::string_view host_id,
+                                                             uint64_t bytes, uint64_t shared_bytes,
+                                                             double observed_us) {
+  MutexLock lock(&mu_);
+  Status why;
+  PathEntry* e = ObservedPathLocked(path, host_id, "retrial observation", bytes, observed_us, &why);
+  if (e == nullptr) return why;
+  if (e->healthy) {
+    // Its share at the gain in force, without learning the gain from it: the slowed line would
+    // read a recovered path's shared transfer as a gain of 16.
+    const double b = static_cast<double>(bytes);
+    const double all = b + static_cast<double>(shared_bytes);
+    const double us =
+        observed_us *
+        std::max(std::min(1.0, e->parameters.concurrency_gain * b / all), 1.0 / kMaxSharedShare);
+    if (us <= (1 + options_.change_point_ratio) * FetchMicros(*e->healthy, b)) {
+      // Recovered: scored against the figures in force (they missed), then the figures from
+      // before the slowdown come back and the fit restarts from them with this transfer.
+      e->error.Record(us, FetchMicros(e->parameters, b));
+      e->parameters = *e->healthy;
+      e->healthy.reset();
+      e->misses = MissRun();
+      e->fit = NewPathFit(e->parameters, ParameterSource::kOnlineFit);
+      e->fit.Observe(bytes, us);
+      e->provenance.source = ParameterSource::kOnlineFit;
+      ++e->provenance.restores;
+      e->provenance.updated_unix_us = NowUnixMicros();
+      return RetrialOutcome::kRestored;
+    }
+  }
+  // Still slow (or never slowed): an ordinary observation.
+  const RetrialOutcome outcome =
+      e->healthy ? RetrialOutcome::kStillSlow : RetrialOutcome::kNotDegraded;
+  const double own = shared_bytes > 0 ? SharedOwnLocked(*e, bytes, shared_bytes, observed_us) : 1;
+  ObserveTransferLocked(*e, bytes, observed_us * own);
+  return outcome;
 }
 
 CalibratedCostModel::PathEntry* CalibratedCostModel::ObservedPathLocked(
@@ -379,14 +434,19 @@ StatusOr<double> CalibratedCostModel::ObserveShared(BusPath path, std::string_vi
   PathEntry* e =
       ObservedPathLocked(path, host_id, "shared transfer observation", bytes, observed_us, &why);
   if (e == nullptr) return why;
+  return SharedOwnLocked(*e, bytes, shared_bytes, observed_us);
+}
+
+double CalibratedCostModel::SharedOwnLocked(PathEntry& e, uint64_t bytes, uint64_t shared_bytes,
+                                            double observed_us) {
   const double b = static_cast<double>(bytes);
   const double all = b + static_cast<double>(shared_bytes);
-  double& gain = e->parameters.concurrency_gain;
+  double& gain = e.parameters.concurrency_gain;
   if (shared_bytes > 0) {
     const double sample =
-        std::clamp(FetchMicros(e->parameters, all) / observed_us, 1.0, kMaxConcurrencyGain);
-    gain += (sample - gain) * std::max(1.0 / (e->gain_samples + 1), 1.0 / kGainWindow);
-    e->gain_samples += 1;
+        std::clamp(FetchMicros(e.parameters, all) / observed_us, 1.0, kMaxConcurrencyGain);
+    gain += (sample - gain) * std::max(1.0 / (e.gain_samples + 1), 1.0 / kGainWindow);
+    e.gain_samples += 1;
   }
   return std::max(std::min(1.0, gain * b / all), 1.0 / kMaxSharedShare);
 }
@@ -490,7 +550,7 @@ std::vector<CalibratedCostModel::PathReport> CalibratedCostModel::PathReports() 
   MutexLock lock(&mu_);
   for (const auto& [key, e] : paths_) {
     out.push_back({static_cast<BusPath>(key.first), key.second, e.parameters, e.error.Get(),
-                   e.fit.effective_observations(), e.provenance, e.noise_floor_ratio});
+                   e.fit.effective_observations(), e.provenance, e.noise_floor_ratio, e.healthy});
   }
   return out;
 }
@@ -509,9 +569,14 @@ StatusOr<CalibratedCostModel::PathReport> CalibratedCostModel::PathReportFor(
     return Status::NotFound("no calibration for path " + PathLabel(path, host_id));
   }
   const PathEntry& e = it->second;
-  return PathReport{
-      path,         it->first.second,   e.parameters, e.error.Get(), e.fit.effective_observations(),
-      e.provenance, e.noise_floor_ratio};
+  return PathReport{path,
+                    it->first.second,
+                    e.parameters,
+                    e.error.Get(),
+                    e.fit.effective_observations(),
+                    e.provenance,
+                    e.noise_floor_ratio,
+                    e.healthy};
 }
 
 StatusOr<CalibratedCostModel::RecomputeReport> CalibratedCostModel::RecomputeReportFor(

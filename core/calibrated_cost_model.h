@@ -31,6 +31,15 @@
 // it; c0, c1, c2 times it), its fit restarts from them (as a prior) and
 // ParameterProvenance::change_points counts it. Defaults: 8 observations, 50%.
 //
+// Retrials: a path rescaled slower gets less traffic (placement plans around it), and a path
+// that gets none never shows that it recovered. So a slowdown keeps the figures from before it
+// (the first of a run of slowdowns; HealthyBefore, PathReport::healthy), and placement
+// occasionally plans a load on them (placement_node.h, RETRIALS). Its transfers come back
+// through ObserveRetrial: one within change_point_ratio of what the remembered figures predict
+// restores them (the fit restarts from them; ParameterProvenance::restores counts it); a slower
+// one is an ordinary observation. A change point toward faster, or figures set, loaded or
+// reloaded, forget the remembered ones.
+//
 // Split overlap: a split plan prefills a front of the chain while it fetches the rest of the
 // cached prefix, and is predicted as max(A, B) + s × min(A, B) + rest (RecomputeParameters::
 // split_serial_fraction s). Each finished split plan (ObserveSplit: its predicted A, B, rest
@@ -55,6 +64,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -88,6 +98,15 @@ struct ParameterProvenance {
   uint64_t change_points = 0;
   // When the parameters last changed (wall clock, microseconds since the epoch).
   int64_t updated_unix_us = 0;
+  // Times a retrial restored the figures from before a slowdown (file comment, Retrials).
+  uint64_t restores = 0;
+};
+
+// What ObserveRetrial made of a transfer.
+enum class RetrialOutcome : int {
+  kNotDegraded = 0,  // the path was not slowed (any more): an ordinary observation
+  kRestored = 1,     // within change_point_ratio of the figures from before the slowdown
+  kStillSlow = 2,    // slower than that: an ordinary observation
 };
 
 class CalibratedCostModel {
@@ -144,6 +163,8 @@ class CalibratedCostModel {
     // The calibration's noise floor for this entry (PathCalibration::noise_floor_ratio); 0 if
     // it came from no calibration file.
     double noise_floor_ratio = 0;
+    // The figures from before a slowdown, while a retrial has not restored them (file comment).
+    std::optional<PathParameters> healthy;
   };
   struct RecomputeReport {
     std::string model_id;
@@ -217,6 +238,14 @@ class CalibratedCostModel {
   // time alone). Errors as ObserveTransfer.
   StatusOr<double> ObserveShared(BusPath path, std::string_view host_id, uint64_t bytes,
                                  uint64_t shared_bytes, double observed_us);
+  // A transfer of a load planned on the figures from before (path, host_id)'s slowdown (file
+  // comment, Retrials), `shared_bytes` as ObserveShared. kRestored: they are back in force.
+  // Otherwise it was observed as ObserveShared and ObserveTransfer would. Errors as they.
+  StatusOr<RetrialOutcome> ObserveRetrial(BusPath path, std::string_view host_id, uint64_t bytes,
+                                          uint64_t shared_bytes, double observed_us);
+  // The figures (path, host_id)'s own entry had before a slowdown that no retrial has undone
+  // yet; nullopt if it was not slowed (or has no entry of its own).
+  std::optional<PathParameters> HealthyBefore(BusPath path, std::string_view host_id) const;
   Status ObserveRecompute(std::string_view model_id, uint64_t tokens, uint64_t prefix_tokens,
                           double observed_us);
   // A finished split plan of `model_id`: its predicted sides (PlanAlternative front_us,
@@ -250,6 +279,7 @@ class CalibratedCostModel {
     MissRun misses;
     double noise_floor_ratio = 0;
     double gain_samples = 0;  // ObserveShared calls that moved parameters.concurrency_gain
+    std::optional<PathParameters> healthy;  // before a slowdown (file comment, Retrials)
   };
   struct RecomputeEntry {
     RecomputeParameters parameters;
@@ -274,6 +304,11 @@ class CalibratedCostModel {
   // *why set for bytes == 0, a time that is not finite and > 0, or no entry to start from.
   PathEntry* ObservedPathLocked(BusPath path, std::string_view host_id, std::string_view what,
                                 uint64_t bytes, double observed_us, Status* why) KVF_REQUIRES(mu_);
+  // Scores, and refits or detects a change point (ObserveTransfer, on its entry).
+  void ObserveTransferLocked(PathEntry& e, uint64_t bytes, double observed_us) KVF_REQUIRES(mu_);
+  // Learns the gain from a shared transfer; returns its own fraction (ObserveShared).
+  double SharedOwnLocked(PathEntry& e, uint64_t bytes, uint64_t shared_bytes, double observed_us)
+      KVF_REQUIRES(mu_);
   // A fresh online fit for parameters from `source` (with the prior, see Options::prior_weight).
   OnlinePathFit NewPathFit(const PathParameters& p, ParameterSource source) const;
   OnlineRecomputeFit NewRecomputeFit(const RecomputeParameters& r, ParameterSource source) const;

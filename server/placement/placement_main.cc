@@ -23,9 +23,11 @@
 
 #include "core/bus_calibration.h"
 #include "core/config/logging_flags.h"
+#include "core/config/unit_flags.h"
 #include "core/config/yaml_config.h"
 #include "core/env.h"
 #include "core/logging.h"
+#include "core/units.h"
 #include "metrics/exposition.h"
 #include "metrics/rpc_metrics.h"
 #include "security/grpc_authorizer.h"
@@ -105,6 +107,13 @@ int Run(int argc, char** argv) {
   app.add_option("--max-models", o.max_models,
                  "models whose prefill constants are learned online (observations of more are "
                  "not scored)");
+  std::chrono::microseconds retrial_interval = o.retrial_interval;
+  std::chrono::microseconds retrial_max_interval = o.retrial_max_interval;
+  AddDurationOption(app, "--retrial-interval", &retrial_interval,
+                    "how long a daemon's slowed path goes without a transfer before a plan tries "
+                    "it on its figures from before the slowdown (0: never)");
+  AddDurationOption(app, "--retrial-max-interval", &retrial_max_interval,
+                    "the most that interval doubles to while retrials find the path still slow");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -118,10 +127,13 @@ int Run(int argc, char** argv) {
     spdlog::error("kvfabric-placement: {}", s.message());
     return 2;
   }
+  o.retrial_interval = std::chrono::duration_cast<std::chrono::milliseconds>(retrial_interval);
+  o.retrial_max_interval =
+      std::chrono::duration_cast<std::chrono::milliseconds>(retrial_max_interval);
   if (Status s = placement::PlacementNode::ValidateOptions(o); !s.ok()) {
     spdlog::error(
         "kvfabric-placement: {} (--plan-history, --max-directory-entries, "
-        "--max-admitted-plans, --hot-replicas)",
+        "--max-admitted-plans, --hot-replicas, --retrial-interval, --retrial-max-interval)",
         s.message());
     return 2;
   }
@@ -179,6 +191,14 @@ int Run(int argc, char** argv) {
         "plans: %zu kept for explain (at most %zu bytes); at most %zu admitted to the path "
         "load at once; prefill constants learned for up to %zu models\n",
         o.plan_history, o.plan_history_bytes, o.max_admitted_plans, o.max_models);
+    if (o.retrial_interval.count() == 0) {
+      std::printf("retrials of slowed paths: off (--retrial-interval 0)\n");
+    } else {
+      std::printf(
+          "retrials of slowed paths: after %s without a transfer, doubling to at most %s while "
+          "they find the path still slow\n",
+          FormatDuration(retrial_interval).c_str(), FormatDuration(retrial_max_interval).c_str());
+    }
     std::printf("kvfabric-placement: configuration OK (--check-config: nothing was started)\n");
     return 0;
   }

@@ -113,7 +113,8 @@ void EmitPaths(const std::vector<CalibratedCostModel::PathReport>& paths,
   std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(shown), order.end(),
                     before);
 
-  std::vector<Sample> error, observations, effective, alpha, beta, gain, noise, refits, changes;
+  std::vector<Sample> error, observations, effective, alpha, beta, gain, noise, refits, changes,
+      restores, slowed;
   for (std::size_t i = 0; i < shown; ++i) {
     const CalibratedCostModel::PathReport& p = *order[i];
     const std::vector<ClientMetric::Label> labels = {{"path", std::string(BusPathName(p.path))},
@@ -122,6 +123,8 @@ void EmitPaths(const std::vector<CalibratedCostModel::PathReport>& paths,
     noise.push_back(S(p.noise_floor_ratio, labels));
     refits.push_back(S(D(p.provenance.refits), labels));
     changes.push_back(S(D(p.provenance.change_points), labels));
+    restores.push_back(S(D(p.provenance.restores), labels));
+    slowed.push_back(S(p.healthy ? 1.0 : 0.0, labels));
     observations.push_back(S(D(p.error.count), labels));
     effective.push_back(S(p.effective_observations, labels));
     alpha.push_back(S(p.parameters.alpha_us / 1e6, labels));
@@ -166,8 +169,16 @@ void EmitPaths(const std::vector<CalibratedCostModel::PathReport>& paths,
           std::move(refits));
   Counter(out, "path_change_points_total",
           "Times a (path, host) was rescaled after eight consecutive same-direction misses "
-          "beyond 50% (a path that turned slower or faster).",
+          "beyond 50%, or two beyond 4x and 20 ms (a path that turned slower or faster).",
           std::move(changes));
+  Gauge(out, "path_slowed",
+        "1 while a change point has slowed a (path, host) and no retrial has found it recovered "
+        "(placement keeps its figures from before the slowdown and retries them).",
+        std::move(slowed));
+  Counter(out, "path_restores_total",
+          "Times a retrial found a slowed (path, host) recovered and restored its figures from "
+          "before the slowdown.",
+          std::move(restores));
 }
 
 void EmitModels(const std::vector<CalibratedCostModel::RecomputeReport>& models,
@@ -441,6 +452,18 @@ std::vector<MetricFamily> PlacementFamilies(const PlacementSnapshot& s) {
           "Plan runs a client could not complete as planned and fell back (another replica or "
           "recompute).",
           {S(D(s.fallback_runs))});
+  Counter(out, "retrials_total",
+          "Plans made on a slowed daemon's figures from before its slowdown, to learn whether it "
+          "recovered (--retrial-interval).",
+          {S(D(s.retrials))});
+  Counter(out, "retrials_judged_total",
+          "Retrial plans whose transfers found the daemon's slowed paths recovered (restored: "
+          "their figures from before are back) or still slow (the next retrial waits twice as "
+          "long).",
+          {S(D(s.retrials_restored), {{"outcome", "restored"}}),
+           S(D(s.retrials_still_slow), {{"outcome", "still_slow"}})});
+  Gauge(out, "retrial_hosts", "Daemons with a slowed path whose retrials placement is timing now.",
+        {S(D(s.retrial_hosts))});
   Counter(out, "stale_reports_total",
           "Directory entries clients reported stale (the daemon answered NOT_FOUND).",
           {S(D(s.stale_reports))});

@@ -97,6 +97,10 @@ PlacementSnapshot SampleSnapshot() {
   s.observations_unscored = 11;
   s.observations_beside_fetch = 4;
   s.fallback_runs = 3;
+  s.retrials = 4;
+  s.retrials_restored = 1;
+  s.retrials_still_slow = 2;
+  s.retrial_hosts = 1;
   s.stale_reports = 13;
   s.places = 8;
   s.place_hot_keys = 5;
@@ -108,6 +112,8 @@ PlacementSnapshot SampleSnapshot() {
       PathEntry(BusPath::kRemoteHostToLocalHost, "host-a", 12.5, 11.5e9, Errors({0.02, -0.1})),
       PathEntry(BusPath::kNvmeToHost, "host-a", 100, 3e9, Errors({})),
   };
+  s.paths[1].healthy = PathParameters{12.5, 23e9};
+  s.paths[1].provenance.restores = 2;
   CalibratedCostModel::RecomputeReport model;
   model.model_id = "llama-3-8b";
   model.parameters = {2000, 10, 0.001};
@@ -178,6 +184,14 @@ TEST(PlacementMetricsTest, RendersSnapshotCountsAsExactLines) {
            "kvfabric_placement_plan_error_unscored_total 1",
            "kvfabric_placement_stale_reports_total 13",
            "kvfabric_placement_fallback_runs_total 3",
+           "kvfabric_placement_retrials_total 4",
+           "kvfabric_placement_retrials_judged_total{outcome=\"restored\"} 1",
+           "kvfabric_placement_retrials_judged_total{outcome=\"still_slow\"} 2",
+           "kvfabric_placement_retrial_hosts 1",
+           "kvfabric_placement_path_slowed{path=\"remote_host_to_local_host\",host=\"host-a\"} 1",
+           "kvfabric_placement_path_slowed{path=\"nvme_to_host\",host=\"host-a\"} 0",
+           "kvfabric_placement_path_restores_total{path=\"remote_host_to_local_host\","
+           "host=\"host-a\"} 2",
            "kvfabric_placement_places_total 8",
            "kvfabric_placement_place_hot_keys_total 5",
            "kvfabric_placement_locates_total 33",

@@ -67,6 +67,18 @@ Status PlacementNode::ValidateOptions(const PlacementOptions& options) {
   if (!std::isfinite(options.plan_deadline_factor) || options.plan_deadline_factor < 1) {
     return Status::InvalidArgument("plan_deadline_factor: must be finite and >= 1");
   }
+  // A day at most: an interval is a promise to look again.
+  constexpr std::chrono::milliseconds kMaxRetrialInterval = std::chrono::hours(24);
+  if (options.retrial_interval.count() < 0 || options.retrial_interval > kMaxRetrialInterval ||
+      (options.retrial_interval.count() > 0 &&
+       (options.retrial_max_interval < options.retrial_interval ||
+        options.retrial_max_interval > kMaxRetrialInterval))) {
+    return Status::InvalidArgument(
+        "retrial_interval: " + std::to_string(options.retrial_interval.count()) +
+        " ms and retrial_max_interval: " + std::to_string(options.retrial_max_interval.count()) +
+        " ms must satisfy 0 <= retrial_interval <= retrial_max_interval <= 24 h (0: no "
+        "retrials)");
+  }
   const std::pair<const char*, const PathParameters*> defaults[] = {
       {"remote_to_local", &options.remote_to_local},
       {"local_memcpy", &options.local_memcpy},
@@ -218,6 +230,10 @@ void PlacementNode::RemoveMemberLocked(const std::string& host_id, bool expired)
   if (departed_.size() > kMaxDeparted) departed_.pop_front();
   if (it->second.lease_id != 0) host_by_lease_.erase(it->second.lease_id);
   hosts_.erase(it);
+  {
+    MutexLock retrial(&retrial_mu_);
+    retrials_.erase(id);
+  }
   if (expired) {
     ++counters_.lease_expiries;
   } else {
@@ -686,6 +702,10 @@ PlacementSnapshot PlacementNode::Snapshot() const {
     s.directory = directory_.counters();
     s.plan_history = plans_.size();
     s.plan_error = plan_error_.Get();
+  }
+  {
+    MutexLock retrial(&retrial_mu_);
+    s.retrial_hosts = retrials_.size();
   }
   s.plans_admitted = path_load_.admitted_plans();
   s.paths = cost_model_.PathReports();

@@ -37,6 +37,20 @@
 // per path), compares the plan's observed and predicted totals, and drops stale directory
 // entries the client met.
 //
+// RETRIALS. A path a change point rescaled slower gets fewer loads (plans route around it) and
+// one that gets none never shows that it recovered (a throttle lifted, a partition healed). So
+// when a plan's chain has replicas on a host whose remote->local (or memcpy) or NVMe path is
+// slowed by more than the cost model's change_point_ratio against its figures from before the
+// slowdown (CalibratedCostModel::HealthyBefore), and no load has reported a transfer of the host
+// for Options::retrial_interval, that one plan is made on the figures from before (one host per
+// plan; a plan that would not fetch from it anyway is made again on the figures in force). Its
+// transfers of the host go to CalibratedCostModel::ObserveRetrial: a recovered path gets its
+// figures back at once; one still slow was an ordinary observation, and the host's next retrial
+// waits twice as long, up to Options::retrial_max_interval. The cost of a failed retrial is
+// bounded by the client's straggler cut (client/straggler_cut.h): a stream far behind a plan made
+// on healthy figures is cut early and its blocks recomputed. Explain names the retrial, and
+// PlacementSnapshot counts them by outcome.
+//
 // Place chooses hosts for new blocks by weighted rendezvous over live, non-draining members
 // (weight: free host + NVMe bytes), with Options::hot_replicas copies for keys the directory
 // has seen accessed at least Options::hot_threshold times.
@@ -136,6 +150,13 @@ struct PlacementOptions {
   // still answered, priced with the load there is, but not charged
   // (PlacementSnapshot::plans_not_admitted). Default 16384 (PathLoad::kDefaultMaxPlans).
   std::size_t max_admitted_plans = PathLoad::kDefaultMaxPlans;
+  // RETRIALS (file comment): how long a host's slowed path goes without a transfer before a plan
+  // tries it on its figures from before the slowdown, and the most that interval doubles to
+  // while retrials find it still slow (--retrial-interval, --retrial-max-interval). Defaults 5 s
+  // and 300 s: a failed retrial costs about one plan's cut-off, so at most one such plan per
+  // host every 5 minutes once a path stays slow. 0 turns retrials off.
+  std::chrono::milliseconds retrial_interval{5000};
+  std::chrono::milliseconds retrial_max_interval{300000};
 
   // Place: a key the directory has seen accessed at least hot_threshold times gets hot_replicas
   // copies when the request leaves replicas at 0 (else 1). Defaults 8 and 2.
@@ -430,6 +451,12 @@ struct PlacementSnapshot {
   // (shared_bytes > 0): scored and fitted at their share of the time.
   std::uint64_t observations_shared = 0;
   std::uint64_t fallback_runs = 0;
+  // RETRIALS: plans made on a slowed host's figures from before its slowdown, and how their
+  // transfers judged it; hosts with a slowed path now (gauge).
+  std::uint64_t retrials = 0;
+  std::uint64_t retrials_restored = 0;
+  std::uint64_t retrials_still_slow = 0;
+  std::uint64_t retrial_hosts = 0;
   std::uint64_t stale_reports = 0;
   std::uint64_t places = 0;
   std::uint64_t place_hot_keys = 0;
@@ -564,7 +591,27 @@ class PlacementNode {
     // model's split overlap when it finishes.
     bool learn_split = false;
     bool fell_back = false;  // a report named fallback runs of this plan
+    // RETRIALS: the host this plan retried (empty: none), and whether a report judged it.
+    std::string retrial_host;
+    bool retrial_judged = false;
   };
+  // RETRIALS: a host with a slowed path, as the node times its retrials (env_ clock).
+  struct RetrialState {
+    std::uint64_t next_us = 0;      // no retrial before
+    std::uint64_t interval_us = 0;  // doubles per retrial that finds the host still slow
+    std::uint32_t still_slow = 0;   // such retrials in a row
+  };
+  // Hosts whose retrials are timed at once (a bound on retrials_: members only reach it).
+  static constexpr std::size_t kMaxRetrialHosts = 4096;
+  // The host of `in` whose slowed paths this plan should retry: their figures in `in` replaced by
+  // those from before the slowdown (the ones in force saved in *saved), or -1.
+  int ChooseRetrial(PlannerInput* in, PlannerHost* saved);
+  // The plan retried in->hosts[h]: starts its interval and notes it in `record`.
+  void BeginRetrial(const PlannerInput& in, int h, PlanRecord* record);
+  // After a report: a retried host's outcome, and hosts whose transfers an ordinary load just
+  // reported (their retrials wait another interval).
+  void JudgeRetrial(const std::string& host, std::uint64_t restored, std::uint64_t still_slow,
+                    const std::vector<std::string>& observed_hosts);
 
   PlacementNode(PlacementOptions options, MembershipStore* membership, Env* env);
   Status Start();
@@ -604,6 +651,9 @@ class PlacementNode {
   const Planner planner_{&path_load_};
   // Held across making a plan and admitting its bytes to path_load_ (never with mu_).
   Mutex admission_mu_;
+  // RETRIALS' timing; taken last (after admission_mu_ or mu_), never calls out.
+  mutable Mutex retrial_mu_;
+  std::map<std::string, RetrialState, std::less<>> retrials_ KVF_GUARDED_BY(retrial_mu_);
 
   mutable Mutex mu_;
   Directory directory_ KVF_GUARDED_BY(mu_);

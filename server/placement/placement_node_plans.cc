@@ -242,9 +242,23 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   {
     MutexLock admission(&admission_mu_);
     in.now_us = env_->NowMicros();
+    // RETRIALS (placement_node.h): at most one host priced at its figures from before a
+    // slowdown; if the plan would not fetch from it even so, it is made on the figures in force.
+    PlannerHost saved;
+    int retrial = ChooseRetrial(&in, &saved);
     KVF_ASSIGN_OR_RETURN(result.plan, planner_.MakePlan(in));
+    if (retrial >= 0 &&
+        std::none_of(result.plan.runs.begin(), result.plan.runs.end(), [&](const PlanRun& r) {
+          return r.action == RunAction::kFetch &&
+                 r.host_index == static_cast<std::uint32_t>(retrial);
+        })) {
+      in.hosts[static_cast<std::size_t>(retrial)] = std::move(saved);
+      retrial = -1;
+      KVF_ASSIGN_OR_RETURN(result.plan, planner_.MakePlan(in));
+    }
     // The inputs as this plan saw them: before its own bytes are queued.
     if (in.include_explanation) DescribePlanInputs(request, in, &record);
+    if (retrial >= 0) BeginRetrial(in, retrial, &record);
     if (!result.plan.charges.empty()) {
       const double hold = result.plan.predicted_total_us * options_.plan_deadline_factor;
       const std::uint64_t deadline =
@@ -306,6 +320,7 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
   const bool not_admitted = ticket == 0 && !result.plan.charges.empty();
   MutexLock lock(&mu_);
   if (not_admitted) ++counters_.plans_not_admitted;
+  if (!record.retrial_host.empty()) ++counters_.retrials;
   record.plan_id = next_plan_id_++;
   result.plan_id = record.plan_id;
   plans_bytes_ += PlanRecordBytes(record);
@@ -577,6 +592,22 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
       member[i] = r.transfers[i].host_id.empty() || hosts_.contains(r.transfers[i].host_id);
     }
   }
+  // RETRIALS: the host this report's plan retried, judged by the first report with its transfers.
+  std::string retrial_host;
+  if (r.plan_id != 0) {
+    MutexLock lock(&mu_);
+    PlanRecord* plan = FindPlanLocked(r.plan_id);
+    if (plan != nullptr && !plan->retrial_host.empty() && !plan->retrial_judged &&
+        std::any_of(r.transfers.begin(), r.transfers.end(), [&](const TransferObservation& t) {
+          return t.host_id == plan->retrial_host && !t.beside_prefill;
+        })) {
+      plan->retrial_judged = true;
+      retrial_host = plan->retrial_host;
+    }
+  }
+  std::uint64_t restored = 0;
+  std::uint64_t still_slow = 0;
+  std::vector<std::string> observed_hosts;  // by ordinary loads
   // The cost model synchronises itself; scoring and refitting happen outside mu_.
   std::uint64_t unscored = 0;
   std::uint64_t beside_fetch = 0;
@@ -592,7 +623,23 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
       // and price every later fetch-all as if a prefill ran beside it. (A stream the client cut
       // as a straggler is reported without the flag: that miss is the path's.)
       ++beside_prefill;
+    } else if (!retrial_host.empty() && t.host_id == retrial_host &&
+               t.path != BusPath::kHostToDevice && t.path != BusPath::kClientIngest) {
+      if (t.shared_bytes > 0) ++shared;
+      StatusOr<RetrialOutcome> outcome =
+          cost_model_.ObserveRetrial(t.path, t.host_id, t.bytes, t.shared_bytes, t.observed_us);
+      if (!outcome.ok()) {
+        ++unscored;
+      } else if (*outcome == RetrialOutcome::kRestored) {
+        ++restored;
+      } else if (*outcome == RetrialOutcome::kStillSlow) {
+        ++still_slow;
+      }
     } else {
+      if (!t.host_id.empty() && std::find(observed_hosts.begin(), observed_hosts.end(),
+                                          t.host_id) == observed_hosts.end()) {
+        observed_hosts.push_back(t.host_id);
+      }
       // Beside other loads on the same path: it teaches the path's concurrency gain, and what
       // these bytes took of its time is fitted (the planner's path load shares the rest).
       double us = t.observed_us;
@@ -626,7 +673,15 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
     }
   }
 
+  if (!retrial_host.empty() || !observed_hosts.empty()) {
+    JudgeRetrial(retrial_host, restored, still_slow, observed_hosts);
+  }
+
   MutexLock lock(&mu_);
+  if (!retrial_host.empty()) {
+    counters_.retrials_restored += restored > 0 && still_slow == 0 ? 1 : 0;
+    counters_.retrials_still_slow += still_slow > 0 ? 1 : 0;
+  }
   counters_.observations_unscored += unscored;
   counters_.observations_beside_fetch += beside_fetch;
   counters_.observations_beside_prefill += beside_prefill;
