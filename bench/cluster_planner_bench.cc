@@ -8,10 +8,12 @@
 // as the engine (real prefill compute, probed and stated to placement at Open).
 //
 // Trace: --documents histories of mixed lengths (--min-tokens .. --max-tokens) are prefilled
-// and written back once (warm-up). Then two phases of --requests requests each, served by
+// and written back once (warm-up). Then three phases of --requests requests each, served by
 // --concurrency threads at once: a request is a prefix of a random document (at least a quarter
-// of it). Between the phases bench-a's data-plane sends are capped at --slow-rate bytes/s
-// (SO_MAX_PACING_RATE on its TCP connections): fetching from it turns slow.
+// of it). Between phases 1 and 2 bench-a's data-plane sends are capped at --slow-rate bytes/s
+// (SO_MAX_PACING_RATE on its TCP connections): fetching from it turns slow. Between phases 2
+// and 3 the cap is lifted: plans avoid bench-a by then, and only placement's retrials of it
+// (placement_node.h, RETRIALS; --retrial-interval-ms) can learn that it recovered.
 //
 // Each request runs, back to back on its thread, under:
 //   kvfabric          Match (placement's plan) then Load
@@ -37,8 +39,9 @@
 // fixed policy, the noise floor, kvfabric's measured/predicted per side (the fetch runs' end and
 // the recompute runs' time), plan kinds, blocks kvfabric fetched from bench-a; and N: the
 // transfers placement observed on bench-a's path after the cap before its model followed
-// (the lower fitted bandwidth of its two sources within 2x of the cap). --per-request prints every
-// request's figures. Not a test (no assertions).
+// (the lower fitted bandwidth of its two sources within 2x of the cap); retrial plans per phase,
+// and how long after the cap was lifted placement restored bench-a's figures. --per-request
+// prints every request's figures, retrial plans marked. Not a test (no assertions).
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -83,6 +86,10 @@ struct Args {
   std::uint32_t requests = 32;  // per phase
   std::uint32_t concurrency = 2;
   std::uint64_t slow_rate = 40'000'000;
+  // Placement's retrials of the slowed daemon (placement_node.h, RETRIALS): shorter than the
+  // service's 5 s and 300 s, so that phase 3 (a minute or so) sees one.
+  std::uint32_t retrial_interval_ms = 1000;
+  std::uint32_t retrial_max_interval_ms = 8000;
   std::uint64_t host_pool_bytes = std::uint64_t{96} << 20;
   std::string work_dir = "/tmp";
   std::uint64_t seed = 1;
@@ -123,6 +130,8 @@ struct Outcome {
   // kvfabric's run: its streams cut as stragglers (client/straggler_cut.h), past their cut-off
   // and projected past it (runs whose failure says so; a stream's runs share its failure).
   std::set<std::string> cut_past, cut_projected;
+  // The daemon the plan retried on its figures from before its slowdown (RETRIALS), or "".
+  std::string retrial;
   std::string explanation;
   client::MatchResult match;
 };
@@ -151,6 +160,9 @@ class Bench {
   StatusOr<client::MatchResult> FixedPlan(Policy policy, std::span<const BlockKey> chain);
   Status Phase(const char* name, std::vector<Outcome>* out);
   void Report(const char* name, const std::vector<Outcome>& o) const;
+  // Each daemon's paths in placement's model: beta, whether slowed (and from what), change
+  // points, restores and refits.
+  void PrintDaemonPaths() const;
   double FittedBetaOfA() const;
   std::uint64_t ObservationsOfA() const;
 
@@ -198,6 +210,8 @@ Status Bench::Start() {
   }
   co.membership_ttl = std::chrono::seconds(10);
   co.placement_learns_split_overlap = a_.learn_split_overlap;
+  co.placement_retrial_interval = std::chrono::milliseconds(a_.retrial_interval_ms);
+  co.placement_retrial_max_interval = std::chrono::milliseconds(a_.retrial_max_interval_ms);
   KVF_ASSIGN_OR_RETURN(cluster_, server::EmbeddedCluster::StartDaemons(co));
 
   std::vector<std::string> grpc, admin;
@@ -366,6 +380,10 @@ StatusOr<double> Bench::Execute(Policy policy, std::uint32_t doc, std::uint32_t 
     outcome->kind = report.kind;
     outcome->predicted_us = report.predicted_us;
     outcome->explanation = match->explanation;
+    StatusOr<placement::PlanExplanation> why = cluster_->placement_node()->Explain(match->plan_id);
+    const std::size_t at = why.ok() ? why->text.find("retrial of ") : std::string::npos;
+    if (at != std::string::npos)
+      outcome->retrial = why->text.substr(at + 11, why->text.find(':', at) - at - 11);
     double previous_end_measured = 0, previous_end_predicted = 0;
     for (std::size_t i = 0; i < report.runs.size(); ++i) {
       const client::RunOutcome& r = report.runs[i];
@@ -447,6 +465,7 @@ Status Bench::Phase(const char* name, std::vector<Outcome>* out) {
   for (auto& t : threads) t.join();
   KVF_RETURN_IF_ERROR(first_error);
   Report(name, *out);
+  PrintDaemonPaths();
   return Status::OK();
 }
 
@@ -454,6 +473,23 @@ Status Bench::Phase(const char* name, std::vector<Outcome>* out) {
 // tier (nvme->host, observed over the whole staged path, the capped send included). The cap
 // shows in whichever carried bench-a's bytes: the fitted beta is the lower of the two learned
 // ones, the observations those of both.
+void Bench::PrintDaemonPaths() const {
+  std::printf("  placement's model of the daemons' paths now:\n");
+  for (const auto& r : cluster_->placement_node()->Snapshot().paths) {
+    if (r.host_id.empty() || r.path == BusPath::kLocalHostToRemoteHost) continue;
+    std::printf(
+        "    %-9s %-28s beta %-12s %-26s %3llu scored, %llu change points, %llu restores, %llu "
+        "refits\n",
+        r.host_id.c_str(), std::string(BusPathName(r.path)).c_str(),
+        FormatRate(r.parameters.beta_bytes_per_s).c_str(),
+        r.healthy ? ("slowed from " + FormatRate(r.healthy->beta_bytes_per_s)).c_str() : "",
+        static_cast<unsigned long long>(r.error.count),
+        static_cast<unsigned long long>(r.provenance.change_points),
+        static_cast<unsigned long long>(r.provenance.restores),
+        static_cast<unsigned long long>(r.provenance.refits));
+  }
+}
+
 double Bench::FittedBetaOfA() const {
   double beta = 0;
   for (const auto& r : cluster_->placement_node()->Snapshot().paths) {
@@ -482,13 +518,14 @@ void Bench::Report(const char* name, const std::vector<Outcome>& o) const {
   double fetch_pred = 0, fetch_meas = 0, rc_pred = 0, rc_meas = 0;
   std::vector<double> repeat_ratio;
   std::map<std::string, int> kinds;
-  std::uint64_t blocks = 0, from_a = 0, within = 0, cut_past = 0, cut_projected = 0;
+  std::uint64_t blocks = 0, from_a = 0, within = 0, cut_past = 0, cut_projected = 0, retrials = 0;
   for (const Outcome& x : o) {
     for (int p = 0; p < kRuns; ++p) total[p] += x.us[p];
     oracle += *std::min_element(std::begin(x.us), std::begin(x.us) + kPolicies);
     min_of_two += std::min(x.us[kKvfabric], x.us[kKvfabricAgain]);
     if (x.us[kKvfabric] > 0) repeat_ratio.push_back(x.us[kKvfabricAgain] / x.us[kKvfabric]);
     ++kinds[x.kind];
+    retrials += x.retrial.empty() ? 0 : 1;
     cut_past += x.cut_past.size();
     cut_projected += x.cut_projected.size();
     blocks += x.blocks;
@@ -503,17 +540,18 @@ void Bench::Report(const char* name, const std::vector<Outcome>& o) const {
   std::printf("\n%s: %zu requests, %llu blocks\n", name, o.size(),
               static_cast<unsigned long long>(blocks));
   if (a_.per_request) {
-    std::printf("  %4s %6s %-14s %10s %10s %10s %10s %10s %7s  %s\n", "req", "blocks",
+    std::printf("  %4s %6s %-30s %10s %10s %10s %10s %10s %7s  %s\n", "req", "blocks",
                 "kvfabric plan", "predicted", "kvfabric", "again", "fetch-all", "recompute",
                 "k/orc", "cut (past, projected)");
     for (std::size_t i = 0; i < o.size(); ++i) {
       const Outcome& x = o[i];
       const double orc = *std::min_element(std::begin(x.us), std::begin(x.us) + kPolicies);
-      std::printf("  %4zu %6u %-14s %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %6.2fx  %zu, %zu\n", i,
-                  x.blocks, x.kind.c_str(), x.predicted_us / 1e3, x.us[kKvfabric] / 1e3,
-                  x.us[kKvfabricAgain] / 1e3, x.us[kAlwaysFetch] / 1e3,
-                  x.us[kAlwaysRecompute] / 1e3, orc > 0 ? x.us[kKvfabric] / orc : 0,
-                  x.cut_past.size(), x.cut_projected.size());
+      std::printf("  %4zu %6u %-30s %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %6.2fx  %zu, %zu\n", i,
+                  x.blocks,
+                  (x.kind + (x.retrial.empty() ? "" : " (retrial " + x.retrial + ")")).c_str(),
+                  x.predicted_us / 1e3, x.us[kKvfabric] / 1e3, x.us[kKvfabricAgain] / 1e3,
+                  x.us[kAlwaysFetch] / 1e3, x.us[kAlwaysRecompute] / 1e3,
+                  orc > 0 ? x.us[kKvfabric] / orc : 0, x.cut_past.size(), x.cut_projected.size());
     }
   }
   std::printf("  %-18s %12s %14s\n", "policy", "load s", "vs oracle");
@@ -547,8 +585,10 @@ void Bench::Report(const char* name, const std::vector<Outcome>& o) const {
   std::printf("; blocks fetched from bench-a: %llu (%.0f%%)\n",
               static_cast<unsigned long long>(from_a), blocks ? 100.0 * from_a / blocks : 0.0);
   std::printf(
-      "  kvfabric's streams cut as stragglers: %llu past their cut-off, %llu projected past it\n",
-      static_cast<unsigned long long>(cut_past), static_cast<unsigned long long>(cut_projected));
+      "  kvfabric's streams cut as stragglers: %llu past their cut-off, %llu projected past it; "
+      "plans that retried a daemon on its figures from before a slowdown: %llu\n",
+      static_cast<unsigned long long>(cut_past), static_cast<unsigned long long>(cut_projected),
+      static_cast<unsigned long long>(retrials));
 }
 
 Status Bench::Run() {
@@ -617,6 +657,57 @@ Status Bench::Run() {
       "followed (fitted beta %s, cap %s/s)\n",
       static_cast<unsigned long long>(adapted_after.load()), FormatRate(FittedBetaOfA()).c_str(),
       FormatBytes(a_.slow_rate).c_str());
+
+  // Phase 3: the cap is lifted. Plans avoid bench-a by now, so only a retrial (placement_node.h,
+  // RETRIALS) can show that it recovered: watched as the time until no path of bench-a is
+  // slowed any more.
+  const placement::PlacementSnapshot at_lift = cluster_->placement_node()->Snapshot();
+  KVF_RETURN_IF_ERROR(cluster_->SetDaemonSendRate(0, 0));
+  const auto lifted = Clock::now();
+  std::printf(
+      "\nbench-a's cap lifted (fitted beta of bench-a %s; %llu retrials so far: %llu found it "
+      "still slow, %llu recovered)\n",
+      FormatRate(FittedBetaOfA()).c_str(), static_cast<unsigned long long>(at_lift.retrials),
+      static_cast<unsigned long long>(at_lift.retrials_still_slow),
+      static_cast<unsigned long long>(at_lift.retrials_restored));
+  done = false;
+  std::atomic<double> restored_after_s{-1};
+  auto slowed_a = [&] {
+    bool slowed = false;
+    for (const auto& r : cluster_->placement_node()->Snapshot().paths) {
+      slowed = slowed || (r.host_id == "bench-a" && r.healthy.has_value());
+    }
+    return slowed;
+  };
+  const bool slowed_at_lift = slowed_a();
+  std::thread recovery([&] {
+    while (!done.load()) {
+      if (slowed_at_lift && !slowed_a() && restored_after_s < 0) {
+        restored_after_s = Seconds(Clock::now() - lifted);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  std::vector<Outcome> recovered;
+  s = Phase("phase 3 (bench-a's cap lifted)", &recovered);
+  done = true;
+  recovery.join();
+  KVF_RETURN_IF_ERROR(s);
+  const placement::PlacementSnapshot end = cluster_->placement_node()->Snapshot();
+  std::printf(
+      "\nrecovery: %llu retrials since the cap was lifted (%llu restored, %llu still slow); "
+      "bench-a's figures from before the cap %s; fitted beta of bench-a now %s "
+      "(--retrial-interval-ms %u, --retrial-max-interval-ms %u)\n",
+      static_cast<unsigned long long>(end.retrials - at_lift.retrials),
+      static_cast<unsigned long long>(end.retrials_restored - at_lift.retrials_restored),
+      static_cast<unsigned long long>(end.retrials_still_slow - at_lift.retrials_still_slow),
+      !slowed_at_lift ? "were not kept (no path of bench-a was slowed from confirmed figures)"
+      : restored_after_s >= 0
+          ? ("restored " + std::to_string(restored_after_s.load()).substr(0, 5) +
+             " s after the cap was lifted")
+                .c_str()
+          : "not restored",
+      FormatRate(FittedBetaOfA()).c_str(), a_.retrial_interval_ms, a_.retrial_max_interval_ms);
   return Status::OK();
 }
 
@@ -633,6 +724,10 @@ int main(int argc, char** argv) {
   app.add_option("--requests", a.requests, "requests per phase (default 32)");
   app.add_option("--concurrency", a.concurrency, "contexts loading at once (default 2)");
   app.add_option("--slow-rate", a.slow_rate, "bench-a's send cap in phase 2, bytes/s (40e6)");
+  app.add_option("--retrial-interval-ms", a.retrial_interval_ms,
+                 "placement's --retrial-interval, in ms (1000; 0: no retrials)");
+  app.add_option("--retrial-max-interval-ms", a.retrial_max_interval_ms,
+                 "placement's --retrial-max-interval, in ms (8000)");
   app.add_option("--host-pool-bytes", a.host_pool_bytes, "host pool per daemon (96 MiB)");
   app.add_option("--work-dir", a.work_dir, "where the NVMe tiers go (/tmp)");
   app.add_option("--seed", a.seed, "trace seed (default 1)");

@@ -561,11 +561,23 @@ TEST(CalibratedCostModelTest, ARetrialRestoresTheFiguresFromBeforeASlowdown) {
   auto retrial = [&](const PathParameters& truth, uint64_t shared = 0) {
     const double b = 8 << 20;
     // With `shared` bytes beside it at gain 1, the transfer took (b + shared) / b of its time.
-    return *model.ObserveRetrial(BusPath::kRemoteHostToLocalHost, "a", 8 << 20, shared,
-                                 FetchMicros(truth, b) * (b + static_cast<double>(shared)) / b);
+    return model
+        .ObserveRetrial(BusPath::kRemoteHostToLocalHost, "a", 8 << 20, shared,
+                        FetchMicros(truth, b) * (b + static_cast<double>(shared)) / b)
+        ->outcome;
   };
+  auto confirm = [&](const PathParameters& truth) {
+    for (int i = 0; i < 4; ++i) observe(truth);
+  };
+  // A change point on figures no transfer confirmed is a correction: nothing to retry.
+  observe(capped);
+  observe(capped);
+  ASSERT_EQ(model.PathProvenance(BusPath::kRemoteHostToLocalHost, "a")->change_points, 1u);
   EXPECT_FALSE(model.HealthyBefore(BusPath::kRemoteHostToLocalHost, "a"));
-  // Two severe misses: a change point that remembers the figures before it.
+  ASSERT_TRUE(model.SetPath(BusPath::kRemoteHostToLocalHost, "a", healthy).ok());
+  // Four transfers confirm the figures; two severe misses then are a slowdown, and the figures
+  // before it are kept.
+  confirm(healthy);
   observe(capped);
   observe(capped);
   ASSERT_EQ(model.PathProvenance(BusPath::kRemoteHostToLocalHost, "a")->change_points, 1u);
@@ -595,13 +607,21 @@ TEST(CalibratedCostModelTest, ARetrialRestoresTheFiguresFromBeforeASlowdown) {
   EXPECT_EQ(p.source, ParameterSource::kOnlineFit);
   // Nothing to restore now: an ordinary observation.
   EXPECT_EQ(retrial(healthy), RetrialOutcome::kNotDegraded);
-  // A speed-up learned from traffic forgets the remembered figures too, and so does SetPath.
-  observe(capped);
-  observe(capped);
+  // A speed-up learned from traffic forgets the remembered figures once it is back to them; a
+  // partial one (from a hundredth to a fifth) does not. SetPath forgets them too.
+  confirm(healthy);
+  observe(worse);
+  observe(worse);
   ASSERT_TRUE(model.HealthyBefore(BusPath::kRemoteHostToLocalHost, "a"));
-  observe(healthy);
-  observe(healthy);
+  const PathParameters fifth{100.0, 0.4e9};
+  const uint64_t before = model.PathProvenance(BusPath::kRemoteHostToLocalHost, "a")->change_points;
+  observe(fifth);
+  observe(fifth);
+  ASSERT_EQ(model.PathProvenance(BusPath::kRemoteHostToLocalHost, "a")->change_points, before + 1);
+  EXPECT_TRUE(model.HealthyBefore(BusPath::kRemoteHostToLocalHost, "a"));
+  for (int i = 0; i < 8; ++i) observe(healthy);  // 5x misses of 17 ms: the eight-miss rule
   EXPECT_FALSE(model.HealthyBefore(BusPath::kRemoteHostToLocalHost, "a"));
+  confirm(healthy);
   observe(capped);
   observe(capped);
   ASSERT_TRUE(model.HealthyBefore(BusPath::kRemoteHostToLocalHost, "a"));
@@ -609,6 +629,57 @@ TEST(CalibratedCostModelTest, ARetrialRestoresTheFiguresFromBeforeASlowdown) {
   EXPECT_FALSE(model.HealthyBefore(BusPath::kRemoteHostToLocalHost, "a"));
   EXPECT_EQ(model.ObserveRetrial(BusPath::kNvmeToHost, "a", 1, 0, 1.0).status().code(),
             StatusCode::kNotFound);
+}
+
+TEST(CalibratedCostModelTest, ARetrialJudgesSmallAndSplitTransfersByWhichFiguresTheyFit) {
+  const PathParameters healthy{20.0, 2e9};
+  const PathParameters capped{400.0, 0.1e9};
+  auto slowed_model = [&](CalibratedCostModel* model) {
+    ASSERT_TRUE(model->SetPath(BusPath::kRemoteHostToLocalHost, "a", healthy).ok());
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(model
+                      ->ObserveTransfer(BusPath::kRemoteHostToLocalHost, "a", 8 << 20,
+                                        FetchMicros(healthy, 8 << 20))
+                      .ok());
+    }
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(model
+                      ->ObserveTransfer(BusPath::kRemoteHostToLocalHost, "a", 8 << 20,
+                                        FetchMicros(capped, 8 << 20))
+                      .ok());
+    }
+    ASSERT_TRUE(model->HealthyBefore(BusPath::kRemoteHostToLocalHost, "a"));
+  };
+  // 64 KiB: 52.8 us healthy, about 1.06 ms slowed (geometric mean about 236 us). 500 us is
+  // nearer the slowed figures: still slow. A split's fetch side judges without being scored.
+  CalibratedCostModel model;
+  slowed_model(&model);
+  const uint64_t scored = model.PathReportFor(BusPath::kRemoteHostToLocalHost, "a")->error.count;
+  EXPECT_EQ(model
+                .ObserveRetrial(BusPath::kRemoteHostToLocalHost, "a", 64 << 10, 0, 500.0,
+                                /*beside_prefill=*/true)
+                ->outcome,
+            RetrialOutcome::kStillSlow);
+  EXPECT_EQ(model.PathReportFor(BusPath::kRemoteHostToLocalHost, "a")->error.count, scored);
+  EXPECT_EQ(model.ObserveRetrial(BusPath::kRemoteHostToLocalHost, "a", 64 << 10, 0, 500.0)->outcome,
+            RetrialOutcome::kStillSlow);
+  EXPECT_EQ(model.PathReportFor(BusPath::kRemoteHostToLocalHost, "a")->error.count, scored + 1);
+  // 200 us is almost 4x the healthy figure, but a thread wake-up's miss and nearer it: restored.
+  EXPECT_EQ(model
+                .ObserveRetrial(BusPath::kRemoteHostToLocalHost, "a", 64 << 10, 0, 200.0,
+                                /*beside_prefill=*/true)
+                ->outcome,
+            RetrialOutcome::kRestored);
+  EXPECT_EQ(model.Path(BusPath::kRemoteHostToLocalHost, "a")->beta_bytes_per_s, 2e9);
+  // 8 MiB: 4.2 ms healthy, 84 ms slowed (geometric mean 18.8 ms). 15 ms is 3.6x the healthy
+  // figure, but within change_point_severe_min_us (20 ms) of it and nearer it: the change
+  // points would not call that miss severe either, so it is restored. 25 ms is not.
+  CalibratedCostModel big;
+  slowed_model(&big);
+  EXPECT_EQ(big.ObserveRetrial(BusPath::kRemoteHostToLocalHost, "a", 8 << 20, 0, 25000.0)->outcome,
+            RetrialOutcome::kStillSlow);
+  EXPECT_EQ(big.ObserveRetrial(BusPath::kRemoteHostToLocalHost, "a", 8 << 20, 0, 15000.0)->outcome,
+            RetrialOutcome::kRestored);
 }
 
 TEST(CalibratedCostModelTest, ReloadReplacesTheEntriesTheFileNamesAndKeepsTheRest) {

@@ -93,6 +93,7 @@ Status CalibratedCostModel::SetPath(BusPath path, std::string_view host_id, cons
   e.provenance = Fresh(source);
   e.gain_samples = GainPriorSamples(p);
   e.healthy.reset();
+  e.confirmed = 0;
   e.misses = MissRun();
   return Status::OK();
 }
@@ -319,15 +320,26 @@ Status CalibratedCostModel::ObserveTransfer(BusPath path, std::string_view host_
 void CalibratedCostModel::ObserveTransferLocked(PathEntry& e, uint64_t bytes, double observed_us) {
   const double predicted = FetchMicros(e.parameters, static_cast<double>(bytes));
   e.error.Record(observed_us, predicted);
+  const double ratio = observed_us / predicted;
+  if (ratio <= 1 + options_.change_point_ratio && ratio * (1 + options_.change_point_ratio) >= 1) {
+    e.confirmed = std::min<uint32_t>(e.confirmed + 1, options_.healthy_after);
+  }
   double scale = 1;
   if (e.misses.Add(observed_us / predicted, std::fabs(observed_us - predicted), options_, &scale)) {
     // A change point: the path is not what it was; start again from the scaled figures. A
-    // slowdown remembers the figures from before it (the first of a run of slowdowns), for
-    // retrials; a speed-up learned from traffic forgets them.
-    if (scale > 1 && !e.healthy) e.healthy = e.parameters;
-    if (scale < 1) e.healthy.reset();
+    // slowdown of figures transfers confirmed remembers them (the first of a run of
+    // slowdowns), for retrials; a speed-up learned from traffic forgets them once it is back
+    // within change_point_ratio of them (a partial one is still a slowdown).
+    if (scale > 1 && !e.healthy && e.confirmed >= options_.healthy_after) e.healthy = e.parameters;
+    e.confirmed = 0;
     e.parameters.alpha_us *= scale;
     e.parameters.beta_bytes_per_s /= scale;
+    if (scale < 1 && e.healthy &&
+        FetchMicros(e.parameters, static_cast<double>(bytes)) <=
+            (1 + options_.change_point_ratio) *
+                FetchMicros(*e.healthy, static_cast<double>(bytes))) {
+      e.healthy.reset();
+    }
     e.fit = NewPathFit(e.parameters, ParameterSource::kOnlineFit);
     e.provenance.source = ParameterSource::kOnlineFit;
     ++e.provenance.change_points;
@@ -358,13 +370,15 @@ std::optional<PathParameters> CalibratedCostModel::HealthyBefore(BusPath path,
   return it->second.healthy;
 }
 
-StatusOr<RetrialOutcome> CalibratedCostModel::ObserveRetrial(BusPath path, std::string_view host_id,
-                                                             uint64_t bytes, uint64_t shared_bytes,
-                                                             double observed_us) {
+StatusOr<RetrialJudgement> CalibratedCostModel::ObserveRetrial(
+    BusPath path, std::string_view host_id, uint64_t bytes, uint64_t shared_bytes,
+    double observed_us, bool beside_prefill) {
   MutexLock lock(&mu_);
   Status why;
   PathEntry* e = ObservedPathLocked(path, host_id, "retrial observation", bytes, observed_us, &why);
   if (e == nullptr) return why;
+  RetrialJudgement judgement;
+  judgement.observed_us = observed_us;
   if (e->healthy) {
     // Its share at the gain in force, without learning the gain from it: the slowed line would
     // read a recovered path's shared transfer as a gain of 16.
@@ -373,27 +387,36 @@ StatusOr<RetrialOutcome> CalibratedCostModel::ObserveRetrial(BusPath path, std::
     const double us =
         observed_us *
         std::max(std::min(1.0, e->parameters.concurrency_gain * b / all), 1.0 / kMaxSharedShare);
-    if (us <= (1 + options_.change_point_ratio) * FetchMicros(*e->healthy, b)) {
+    const double healthy_us = FetchMicros(*e->healthy, b);
+    const double slowed_us = FetchMicros(e->parameters, b);
+    // Within change_point_ratio of the healthy figures; or a miss that is noise by the change
+    // points' own measure (within change_point_severe_min_us of them) and nearer them, by ratio,
+    // than the slowed ones (a small transfer on a busy host misses by a thread wake-up).
+    const bool recovered = us <= (1 + options_.change_point_ratio) * healthy_us ||
+                           (us <= healthy_us + options_.change_point_severe_min_us &&
+                            us * us <= healthy_us * slowed_us);
+    if (recovered) {
       // Recovered: scored against the figures in force (they missed), then the figures from
       // before the slowdown come back and the fit restarts from them with this transfer.
-      e->error.Record(us, FetchMicros(e->parameters, b));
+      if (!beside_prefill) e->error.Record(us, slowed_us);
       e->parameters = *e->healthy;
       e->healthy.reset();
+      e->confirmed = 1;
       e->misses = MissRun();
       e->fit = NewPathFit(e->parameters, ParameterSource::kOnlineFit);
-      e->fit.Observe(bytes, us);
+      if (!beside_prefill) e->fit.Observe(bytes, us);
       e->provenance.source = ParameterSource::kOnlineFit;
       ++e->provenance.restores;
       e->provenance.updated_unix_us = NowUnixMicros();
-      return RetrialOutcome::kRestored;
+      return RetrialJudgement{RetrialOutcome::kRestored, us, healthy_us, slowed_us};
     }
+    judgement = RetrialJudgement{RetrialOutcome::kStillSlow, us, healthy_us, slowed_us};
   }
-  // Still slow (or never slowed): an ordinary observation.
-  const RetrialOutcome outcome =
-      e->healthy ? RetrialOutcome::kStillSlow : RetrialOutcome::kNotDegraded;
+  // Still slow (or never slowed): an ordinary observation, unless a prefill ran beside it.
+  if (beside_prefill) return judgement;
   const double own = shared_bytes > 0 ? SharedOwnLocked(*e, bytes, shared_bytes, observed_us) : 1;
   ObserveTransferLocked(*e, bytes, observed_us * own);
-  return outcome;
+  return judgement;
 }
 
 CalibratedCostModel::PathEntry* CalibratedCostModel::ObservedPathLocked(

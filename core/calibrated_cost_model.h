@@ -33,12 +33,16 @@
 //
 // Retrials: a path rescaled slower gets less traffic (placement plans around it), and a path
 // that gets none never shows that it recovered. So a slowdown keeps the figures from before it
-// (the first of a run of slowdowns; HealthyBefore, PathReport::healthy), and placement
+// (the first of a run of slowdowns; HealthyBefore, PathReport::healthy) if transfers confirmed
+// them (Options::healthy_after observations within change_point_ratio since they were set: a
+// change point on figures nothing confirmed is a correction, such as a calibration's idle-link
+// figure under load, not a slowdown to undo), and placement
 // occasionally plans a load on them (placement_node.h, RETRIALS). Its transfers come back
 // through ObserveRetrial: one within change_point_ratio of what the remembered figures predict
 // restores them (the fit restarts from them; ParameterProvenance::restores counts it); a slower
-// one is an ordinary observation. A change point toward faster, or figures set, loaded or
-// reloaded, forget the remembered ones.
+// one is an ordinary observation. A change point toward faster that brings the figures back
+// within change_point_ratio of the remembered ones, or figures set, loaded or reloaded, forget
+// them.
 //
 // Split overlap: a split plan prefills a front of the chain while it fetches the rest of the
 // cached prefix, and is predicted as max(A, B) + s × min(A, B) + rest (RecomputeParameters::
@@ -108,6 +112,14 @@ enum class RetrialOutcome : int {
   kRestored = 1,     // within change_point_ratio of the figures from before the slowdown
   kStillSlow = 2,    // slower than that: an ordinary observation
 };
+struct RetrialJudgement {
+  RetrialOutcome outcome = RetrialOutcome::kNotDegraded;
+  // The transfer's time at its share of the path, and what the figures from before the
+  // slowdown and the slowed ones predict for its bytes (µs; 0 when not slowed).
+  double observed_us = 0;
+  double healthy_us = 0;
+  double slowed_us = 0;
+};
 
 class CalibratedCostModel {
  public:
@@ -150,6 +162,15 @@ class CalibratedCostModel {
     // and beta by it made every larger fetch look slow (the vLLM connector test loaded 480 of
     // its 736 cached tokens with 5 ms); a capped link's stream misses by hundreds of ms.
     double change_point_severe_min_us = 20000;
+    // Transfers within change_point_ratio of an entry's figures (since they were last set or
+    // rescaled) a slowdown needs to keep them as the figures to retry (file comment, Retrials).
+    // Default 2 (one could be luck). Measured (cluster_planner_bench): the calibration's idle
+    // probes put the remote->local path at 2.9 GB/s; under two loads at once and a prefill
+    // beside it, the first transfers ran at 0.4-0.7 GB/s and rescaled it at once, and retrials of
+    // 2.9 GB/s then never recovered, each one a plan priced 4-7x too fast. With 4, a path whose
+    // loads were mostly splits (their fetch sides are not scored) was capped before its figures
+    // were confirmed, and never retried.
+    uint32_t healthy_after = 2;
   };
 
   // What the metrics layer exports per path.
@@ -239,10 +260,16 @@ class CalibratedCostModel {
   StatusOr<double> ObserveShared(BusPath path, std::string_view host_id, uint64_t bytes,
                                  uint64_t shared_bytes, double observed_us);
   // A transfer of a load planned on the figures from before (path, host_id)'s slowdown (file
-  // comment, Retrials), `shared_bytes` as ObserveShared. kRestored: they are back in force.
-  // Otherwise it was observed as ObserveShared and ObserveTransfer would. Errors as they.
-  StatusOr<RetrialOutcome> ObserveRetrial(BusPath path, std::string_view host_id, uint64_t bytes,
-                                          uint64_t shared_bytes, double observed_us);
+  // comment, Retrials), `shared_bytes` as ObserveShared. kRestored: they are back in force; the
+  // transfer recovered if it took at most (1 + change_point_ratio) x what they predict, or (a
+  // miss the change points count as noise) at most change_point_severe_min_us more and nearer
+  // them by ratio than the slowed figures (below their geometric mean). Otherwise it is observed
+  // as ObserveShared and ObserveTransfer would, except one that ran `beside_prefill` (a split's
+  // fetch side: slowed by the prefill, it judges but is neither scored nor fitted). Errors as
+  // ObserveTransfer.
+  StatusOr<RetrialJudgement> ObserveRetrial(BusPath path, std::string_view host_id, uint64_t bytes,
+                                            uint64_t shared_bytes, double observed_us,
+                                            bool beside_prefill = false);
   // The figures (path, host_id)'s own entry had before a slowdown that no retrial has undone
   // yet; nullopt if it was not slowed (or has no entry of its own).
   std::optional<PathParameters> HealthyBefore(BusPath path, std::string_view host_id) const;
@@ -280,6 +307,7 @@ class CalibratedCostModel {
     double noise_floor_ratio = 0;
     double gain_samples = 0;  // ObserveShared calls that moved parameters.concurrency_gain
     std::optional<PathParameters> healthy;  // before a slowdown (file comment, Retrials)
+    uint32_t confirmed = 0;  // transfers within change_point_ratio since the figures were set
   };
   struct RecomputeEntry {
     RecomputeParameters parameters;

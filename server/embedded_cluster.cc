@@ -265,6 +265,8 @@ Status EmbeddedCluster::StartPlacement(const BusCalibration& calibration) {
   placement::PlacementOptions o;
   o.calibration = calibration;
   o.cost_model.learn_split_overlap = options_.placement_learns_split_overlap;
+  o.retrial_interval = options_.placement_retrial_interval;
+  o.retrial_max_interval = options_.placement_retrial_max_interval;
   // The node refuses at the same numbers the service advertises.
   o.limits = PlacementLimitsFromProto(p.service_options.limits);
   if (calibration.paths.empty() && calibration.recompute.empty()) {

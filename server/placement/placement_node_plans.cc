@@ -599,7 +599,7 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
     PlanRecord* plan = FindPlanLocked(r.plan_id);
     if (plan != nullptr && !plan->retrial_host.empty() && !plan->retrial_judged &&
         std::any_of(r.transfers.begin(), r.transfers.end(), [&](const TransferObservation& t) {
-          return t.host_id == plan->retrial_host && !t.beside_prefill;
+          return t.host_id == plan->retrial_host;
         })) {
       plan->retrial_judged = true;
       retrial_host = plan->retrial_host;
@@ -617,24 +617,34 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
     const TransferObservation& t = r.transfers[i];
     if (!member[i]) {
       ++unscored;
+    } else if (!retrial_host.empty() && t.host_id == retrial_host &&
+               t.path != BusPath::kHostToDevice && t.path != BusPath::kClientIngest) {
+      // A retrial judges by every transfer of its host, one beside its prefill too (not fitted
+      // then: ObserveRetrial).
+      if (t.beside_prefill) ++beside_prefill;
+      if (t.shared_bytes > 0) ++shared;
+      StatusOr<RetrialJudgement> j = cost_model_.ObserveRetrial(
+          t.path, t.host_id, t.bytes, t.shared_bytes, t.observed_us, t.beside_prefill);
+      if (!j.ok()) {
+        ++unscored;
+        continue;
+      }
+      if (j->outcome == RetrialOutcome::kNotDegraded) continue;
+      ++(j->outcome == RetrialOutcome::kRestored ? restored : still_slow);
+      // At most one retrial per host and --retrial-interval: bounded.
+      spdlog::info(
+          "placement {:016x}: retrial of {}'s {}: {} in {}{} (its figures from before the "
+          "slowdown predict {}, the slowed ones {}): {}",
+          incarnation_, t.host_id, BusPathName(t.path), FormatBytes(t.bytes),
+          FormatMicros(j->observed_us), t.beside_prefill ? " beside a prefill" : "",
+          FormatMicros(j->healthy_us), FormatMicros(j->slowed_us),
+          j->outcome == RetrialOutcome::kRestored ? "recovered, restored" : "still slow");
     } else if (t.beside_prefill) {
       // A split's fetch side, slowed by the prefill beside it: the split's own score covers it,
       // and fitting alpha and beta to it would count the overlap twice (once in them, once in s)
       // and price every later fetch-all as if a prefill ran beside it. (A stream the client cut
       // as a straggler is reported without the flag: that miss is the path's.)
       ++beside_prefill;
-    } else if (!retrial_host.empty() && t.host_id == retrial_host &&
-               t.path != BusPath::kHostToDevice && t.path != BusPath::kClientIngest) {
-      if (t.shared_bytes > 0) ++shared;
-      StatusOr<RetrialOutcome> outcome =
-          cost_model_.ObserveRetrial(t.path, t.host_id, t.bytes, t.shared_bytes, t.observed_us);
-      if (!outcome.ok()) {
-        ++unscored;
-      } else if (*outcome == RetrialOutcome::kRestored) {
-        ++restored;
-      } else if (*outcome == RetrialOutcome::kStillSlow) {
-        ++still_slow;
-      }
     } else {
       if (!t.host_id.empty() && std::find(observed_hosts.begin(), observed_hosts.end(),
                                           t.host_id) == observed_hosts.end()) {
