@@ -664,22 +664,41 @@ TEST(CalibratedCostModelTest, ARetrialJudgesSmallAndSplitTransfersByWhichFigures
   EXPECT_EQ(model.ObserveRetrial(BusPath::kRemoteHostToLocalHost, "a", 64 << 10, 0, 500.0)->outcome,
             RetrialOutcome::kStillSlow);
   EXPECT_EQ(model.PathReportFor(BusPath::kRemoteHostToLocalHost, "a")->error.count, scored + 1);
-  // 200 us is almost 4x the healthy figure, but a thread wake-up's miss and nearer it: restored.
+  // 200 us is almost 4x the healthy figure, but nearer it than the slowed one: restored, scaled
+  // by that miss (later traffic refits it).
   EXPECT_EQ(model
                 .ObserveRetrial(BusPath::kRemoteHostToLocalHost, "a", 64 << 10, 0, 200.0,
                                 /*beside_prefill=*/true)
                 ->outcome,
             RetrialOutcome::kRestored);
-  EXPECT_EQ(model.Path(BusPath::kRemoteHostToLocalHost, "a")->beta_bytes_per_s, 2e9);
-  // 8 MiB: 4.2 ms healthy, 84 ms slowed (geometric mean 18.8 ms). 15 ms is 3.6x the healthy
-  // figure, but within change_point_severe_min_us (20 ms) of it and nearer it: the change
-  // points would not call that miss severe either, so it is restored. 25 ms is not.
+  EXPECT_NEAR(model.Path(BusPath::kRemoteHostToLocalHost, "a")->beta_bytes_per_s,
+              2e9 * FetchMicros(healthy, 64 << 10) / 200.0, 1e3);
+  // 8 MiB: 4.2 ms healthy, 84 ms slowed (geometric mean 18.8 ms): 25 ms is still slow, 15 ms
+  // recovered (to 3.6x the healthy figures).
   CalibratedCostModel big;
   slowed_model(&big);
   EXPECT_EQ(big.ObserveRetrial(BusPath::kRemoteHostToLocalHost, "a", 8 << 20, 0, 25000.0)->outcome,
             RetrialOutcome::kStillSlow);
   EXPECT_EQ(big.ObserveRetrial(BusPath::kRemoteHostToLocalHost, "a", 8 << 20, 0, 15000.0)->outcome,
             RetrialOutcome::kRestored);
+  EXPECT_NEAR(FetchMicros(*big.Path(BusPath::kRemoteHostToLocalHost, "a"), 8 << 20), 15000.0, 1);
+  // A split's fetch sides (never scored) confirm figures too.
+  CalibratedCostModel split;
+  ASSERT_TRUE(split.SetPath(BusPath::kRemoteHostToLocalHost, "a", healthy).ok());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(split
+                    .ObserveBesidePrefill(BusPath::kRemoteHostToLocalHost, "a", 8 << 20,
+                                          1.2 * FetchMicros(healthy, 8 << 20))
+                    .ok());
+  }
+  EXPECT_EQ(split.PathReportFor(BusPath::kRemoteHostToLocalHost, "a")->error.count, 0u);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(split
+                    .ObserveTransfer(BusPath::kRemoteHostToLocalHost, "a", 8 << 20,
+                                     FetchMicros(capped, 8 << 20))
+                    .ok());
+  }
+  EXPECT_TRUE(split.HealthyBefore(BusPath::kRemoteHostToLocalHost, "a"));
 }
 
 TEST(CalibratedCostModelTest, ReloadReplacesTheEntriesTheFileNamesAndKeepsTheRest) {

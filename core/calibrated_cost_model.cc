@@ -320,10 +320,7 @@ Status CalibratedCostModel::ObserveTransfer(BusPath path, std::string_view host_
 void CalibratedCostModel::ObserveTransferLocked(PathEntry& e, uint64_t bytes, double observed_us) {
   const double predicted = FetchMicros(e.parameters, static_cast<double>(bytes));
   e.error.Record(observed_us, predicted);
-  const double ratio = observed_us / predicted;
-  if (ratio <= 1 + options_.change_point_ratio && ratio * (1 + options_.change_point_ratio) >= 1) {
-    e.confirmed = std::min<uint32_t>(e.confirmed + 1, options_.healthy_after);
-  }
+  ConfirmLocked(e, observed_us / predicted);
   double scale = 1;
   if (e.misses.Add(observed_us / predicted, std::fabs(observed_us - predicted), options_, &scale)) {
     // A change point: the path is not what it was; start again from the scaled figures. A
@@ -362,6 +359,23 @@ void CalibratedCostModel::ObserveTransferLocked(PathEntry& e, uint64_t bytes, do
   }
 }
 
+void CalibratedCostModel::ConfirmLocked(PathEntry& e, double ratio) const {
+  if (ratio <= 1 + options_.change_point_ratio && ratio * (1 + options_.change_point_ratio) >= 1) {
+    e.confirmed = std::min<uint32_t>(e.confirmed + 1, options_.healthy_after);
+  }
+}
+
+Status CalibratedCostModel::ObserveBesidePrefill(BusPath path, std::string_view host_id,
+                                                 uint64_t bytes, double observed_us) {
+  MutexLock lock(&mu_);
+  Status why;
+  PathEntry* e =
+      ObservedPathLocked(path, host_id, "beside-prefill observation", bytes, observed_us, &why);
+  if (e == nullptr) return why;
+  ConfirmLocked(*e, observed_us / FetchMicros(e->parameters, static_cast<double>(bytes)));
+  return Status::OK();
+}
+
 std::optional<PathParameters> CalibratedCostModel::HealthyBefore(BusPath path,
                                                                  std::string_view host_id) const {
   MutexLock lock(&mu_);
@@ -389,17 +403,18 @@ StatusOr<RetrialJudgement> CalibratedCostModel::ObserveRetrial(
         std::max(std::min(1.0, e->parameters.concurrency_gain * b / all), 1.0 / kMaxSharedShare);
     const double healthy_us = FetchMicros(*e->healthy, b);
     const double slowed_us = FetchMicros(e->parameters, b);
-    // Within change_point_ratio of the healthy figures; or a miss that is noise by the change
-    // points' own measure (within change_point_severe_min_us of them) and nearer them, by ratio,
-    // than the slowed ones (a small transfer on a busy host misses by a thread wake-up).
-    const bool recovered = us <= (1 + options_.change_point_ratio) * healthy_us ||
-                           (us <= healthy_us + options_.change_point_severe_min_us &&
-                            us * us <= healthy_us * slowed_us);
-    if (recovered) {
-      // Recovered: scored against the figures in force (they missed), then the figures from
-      // before the slowdown come back and the fit restarts from them with this transfer.
+    // Recovered: nearer the healthy figures than the slowed ones, by ratio (below their
+    // geometric mean).
+    if (us * us <= healthy_us * slowed_us) {
+      // Scored against the figures in force (they missed); then the figures from before the
+      // slowdown come back, scaled by this transfer's miss where it is beyond
+      // change_point_ratio (a path back to within 3x of them, or a small transfer late by a
+      // thread wake-up: later traffic refits it), and the fit restarts from them.
       if (!beside_prefill) e->error.Record(us, slowed_us);
+      const double k = us > (1 + options_.change_point_ratio) * healthy_us ? us / healthy_us : 1;
       e->parameters = *e->healthy;
+      e->parameters.alpha_us *= k;
+      e->parameters.beta_bytes_per_s /= k;
       e->healthy.reset();
       e->confirmed = 1;
       e->misses = MissRun();

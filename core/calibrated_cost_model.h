@@ -38,11 +38,11 @@
 // change point on figures nothing confirmed is a correction, such as a calibration's idle-link
 // figure under load, not a slowdown to undo), and placement
 // occasionally plans a load on them (placement_node.h, RETRIALS). Its transfers come back
-// through ObserveRetrial: one within change_point_ratio of what the remembered figures predict
-// restores them (the fit restarts from them; ParameterProvenance::restores counts it); a slower
-// one is an ordinary observation. A change point toward faster that brings the figures back
-// within change_point_ratio of the remembered ones, or figures set, loaded or reloaded, forget
-// them.
+// through ObserveRetrial: one nearer what the remembered figures predict than what the slowed
+// ones do restores them (scaled by its miss beyond change_point_ratio; the fit restarts from
+// them; ParameterProvenance::restores counts it); a slower one is an ordinary observation. A
+// change point toward faster that brings the figures back within change_point_ratio of the
+// remembered ones, or figures set, loaded or reloaded, forget them.
 //
 // Split overlap: a split plan prefills a front of the chain while it fetches the rest of the
 // cached prefix, and is predicted as max(A, B) + s × min(A, B) + rest (RecomputeParameters::
@@ -167,9 +167,9 @@ class CalibratedCostModel {
     // Default 2 (one could be luck). Measured (cluster_planner_bench): the calibration's idle
     // probes put the remote->local path at 2.9 GB/s; under two loads at once and a prefill
     // beside it, the first transfers ran at 0.4-0.7 GB/s and rescaled it at once, and retrials of
-    // 2.9 GB/s then never recovered, each one a plan priced 4-7x too fast. With 4, a path whose
-    // loads were mostly splits (their fetch sides are not scored) was capped before its figures
-    // were confirmed, and never retried.
+    // 2.9 GB/s then never recovered, each one a plan priced 4-7x too fast. Split plans' fetch
+    // sides confirm too (ObserveBesidePrefill): before they did, a path whose loads were mostly
+    // splits was capped before its figures were confirmed, and never retried.
     uint32_t healthy_after = 2;
   };
 
@@ -260,16 +260,20 @@ class CalibratedCostModel {
   StatusOr<double> ObserveShared(BusPath path, std::string_view host_id, uint64_t bytes,
                                  uint64_t shared_bytes, double observed_us);
   // A transfer of a load planned on the figures from before (path, host_id)'s slowdown (file
-  // comment, Retrials), `shared_bytes` as ObserveShared. kRestored: they are back in force; the
-  // transfer recovered if it took at most (1 + change_point_ratio) x what they predict, or (a
-  // miss the change points count as noise) at most change_point_severe_min_us more and nearer
-  // them by ratio than the slowed figures (below their geometric mean). Otherwise it is observed
-  // as ObserveShared and ObserveTransfer would, except one that ran `beside_prefill` (a split's
-  // fetch side: slowed by the prefill, it judges but is neither scored nor fitted). Errors as
-  // ObserveTransfer.
+  // comment, Retrials), `shared_bytes` as ObserveShared. kRestored: it ran nearer, by ratio, to
+  // what those figures predict than to what the slowed ones do (below their geometric mean), and
+  // they are back in force, scaled by its miss where that is beyond change_point_ratio.
+  // Otherwise it is observed as ObserveShared and ObserveTransfer would, except one that ran
+  // `beside_prefill` (a split's fetch side: slowed by the prefill, it judges but is neither
+  // scored nor fitted). Errors as ObserveTransfer.
   StatusOr<RetrialJudgement> ObserveRetrial(BusPath path, std::string_view host_id, uint64_t bytes,
                                             uint64_t shared_bytes, double observed_us,
                                             bool beside_prefill = false);
+  // A split's fetch side (slowed by the prefill beside it): never scored or fitted, but within
+  // change_point_ratio of the figures in force it confirms them (Options::healthy_after).
+  // Errors as ObserveTransfer.
+  Status ObserveBesidePrefill(BusPath path, std::string_view host_id, uint64_t bytes,
+                              double observed_us);
   // The figures (path, host_id)'s own entry had before a slowdown that no retrial has undone
   // yet; nullopt if it was not slowed (or has no entry of its own).
   std::optional<PathParameters> HealthyBefore(BusPath path, std::string_view host_id) const;
@@ -332,6 +336,9 @@ class CalibratedCostModel {
   // *why set for bytes == 0, a time that is not finite and > 0, or no entry to start from.
   PathEntry* ObservedPathLocked(BusPath path, std::string_view host_id, std::string_view what,
                                 uint64_t bytes, double observed_us, Status* why) KVF_REQUIRES(mu_);
+  // Counts a transfer within change_point_ratio of the figures (observed / predicted = ratio)
+  // toward confirming them (PathEntry::confirmed).
+  void ConfirmLocked(PathEntry& e, double ratio) const KVF_REQUIRES(mu_);
   // Scores, and refits or detects a change point (ObserveTransfer, on its entry).
   void ObserveTransferLocked(PathEntry& e, uint64_t bytes, double observed_us) KVF_REQUIRES(mu_);
   // Learns the gain from a shared transfer; returns its own fraction (ObserveShared).

@@ -643,8 +643,10 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
       // A split's fetch side, slowed by the prefill beside it: the split's own score covers it,
       // and fitting alpha and beta to it would count the overlap twice (once in them, once in s)
       // and price every later fetch-all as if a prefill ran beside it. (A stream the client cut
-      // as a straggler is reported without the flag: that miss is the path's.)
+      // as a straggler is reported without the flag: that miss is the path's.) One within
+      // change_point_ratio of the figures confirms them all the same (retrials).
       ++beside_prefill;
+      cost_model_.ObserveBesidePrefill(t.path, t.host_id, t.bytes, t.observed_us).IgnoreError();
     } else {
       if (!t.host_id.empty() && std::find(observed_hosts.begin(), observed_hosts.end(),
                                           t.host_id) == observed_hosts.end()) {
