@@ -682,6 +682,25 @@ TEST(CalibratedCostModelTest, ARetrialJudgesSmallAndSplitTransfersByWhichFigures
   EXPECT_EQ(big.ObserveRetrial(BusPath::kRemoteHostToLocalHost, "a", 8 << 20, 0, 15000.0)->outcome,
             RetrialOutcome::kRestored);
   EXPECT_NEAR(FetchMicros(*big.Path(BusPath::kRemoteHostToLocalHost, "a"), 8 << 20), 15000.0, 1);
+  // Partly recovered: the healthy figures stay remembered for the next retrial.
+  EXPECT_TRUE(big.HealthyBefore(BusPath::kRemoteHostToLocalHost, "a"));
+  // Slowed figures far slower than the link (learned from cut streams) put the geometric mean
+  // high: a capped transfer 8.5x the healthy figure is below it, but a severe miss of them.
+  CalibratedCostModel pessimistic;
+  slowed_model(&pessimistic);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(pessimistic
+                    .ObserveTransfer(BusPath::kRemoteHostToLocalHost, "a", 8 << 20,
+                                     20 * FetchMicros(capped, 8 << 20))
+                    .ok());
+  }
+  const double healthy_us = FetchMicros(healthy, 8 << 20);
+  ASSERT_GT(FetchMicros(*pessimistic.Path(BusPath::kRemoteHostToLocalHost, "a"), 8 << 20),
+            100 * healthy_us);
+  EXPECT_EQ(pessimistic
+                .ObserveRetrial(BusPath::kRemoteHostToLocalHost, "a", 8 << 20, 0, 8.5 * healthy_us)
+                ->outcome,
+            RetrialOutcome::kStillSlow);
   // A split's fetch sides (never scored) confirm figures too.
   CalibratedCostModel split;
   ASSERT_TRUE(split.SetPath(BusPath::kRemoteHostToLocalHost, "a", healthy).ok());

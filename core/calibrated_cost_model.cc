@@ -403,19 +403,25 @@ StatusOr<RetrialJudgement> CalibratedCostModel::ObserveRetrial(
         std::max(std::min(1.0, e->parameters.concurrency_gain * b / all), 1.0 / kMaxSharedShare);
     const double healthy_us = FetchMicros(*e->healthy, b);
     const double slowed_us = FetchMicros(e->parameters, b);
-    // Recovered: nearer the healthy figures than the slowed ones, by ratio (below their
-    // geometric mean).
-    if (us * us <= healthy_us * slowed_us) {
+    // Recovered: within change_point_ratio of the healthy figures, or nearer them than the
+    // slowed ones by ratio (below their geometric mean) and not a severe miss of them (within
+    // 1 + change_point_severe_ratio: slowed figures learned from cut streams can be far slower
+    // than the link, and their geometric mean with the healthy ones then admits a capped
+    // transfer).
+    const double ratio = us / healthy_us;
+    if (ratio <= 1 + options_.change_point_ratio ||
+        (us * us <= healthy_us * slowed_us && ratio <= 1 + options_.change_point_severe_ratio)) {
       // Scored against the figures in force (they missed); then the figures from before the
       // slowdown come back, scaled by this transfer's miss where it is beyond
-      // change_point_ratio (a path back to within 3x of them, or a small transfer late by a
-      // thread wake-up: later traffic refits it), and the fit restarts from them.
+      // change_point_ratio (partly recovered, or a small transfer late by a thread wake-up:
+      // later traffic refits it, and the healthy figures stay remembered for the next
+      // retrial), and the fit restarts from them.
       if (!beside_prefill) e->error.Record(us, slowed_us);
-      const double k = us > (1 + options_.change_point_ratio) * healthy_us ? us / healthy_us : 1;
+      const double k = ratio > 1 + options_.change_point_ratio ? ratio : 1;
       e->parameters = *e->healthy;
       e->parameters.alpha_us *= k;
       e->parameters.beta_bytes_per_s /= k;
-      e->healthy.reset();
+      if (k == 1) e->healthy.reset();
       e->confirmed = 1;
       e->misses = MissRun();
       e->fit = NewPathFit(e->parameters, ParameterSource::kOnlineFit);

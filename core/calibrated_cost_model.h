@@ -38,9 +38,9 @@
 // change point on figures nothing confirmed is a correction, such as a calibration's idle-link
 // figure under load, not a slowdown to undo), and placement
 // occasionally plans a load on them (placement_node.h, RETRIALS). Its transfers come back
-// through ObserveRetrial: one nearer what the remembered figures predict than what the slowed
-// ones do restores them (scaled by its miss beyond change_point_ratio; the fit restarts from
-// them; ParameterProvenance::restores counts it); a slower one is an ordinary observation. A
+// through ObserveRetrial: one near what the remembered figures predict restores them (scaled by
+// its miss beyond change_point_ratio, and then still remembered; the fit restarts from them;
+// ParameterProvenance::restores counts it); a slower one is an ordinary observation. A
 // change point toward faster that brings the figures back within change_point_ratio of the
 // remembered ones, or figures set, loaded or reloaded, forget them.
 //
@@ -260,9 +260,11 @@ class CalibratedCostModel {
   StatusOr<double> ObserveShared(BusPath path, std::string_view host_id, uint64_t bytes,
                                  uint64_t shared_bytes, double observed_us);
   // A transfer of a load planned on the figures from before (path, host_id)'s slowdown (file
-  // comment, Retrials), `shared_bytes` as ObserveShared. kRestored: it ran nearer, by ratio, to
-  // what those figures predict than to what the slowed ones do (below their geometric mean), and
-  // they are back in force, scaled by its miss where that is beyond change_point_ratio.
+  // comment, Retrials), `shared_bytes` as ObserveShared. kRestored: it took at most (1 +
+  // change_point_ratio) x what those figures predict, or ran nearer, by ratio, to them than to
+  // the slowed ones (below their geometric mean) within (1 + change_point_severe_ratio) x them;
+  // they are back in force, scaled by its miss where that is beyond change_point_ratio (and
+  // then still remembered: HealthyBefore).
   // Otherwise it is observed as ObserveShared and ObserveTransfer would, except one that ran
   // `beside_prefill` (a split's fetch side: slowed by the prefill, it judges but is neither
   // scored nor fitted). Errors as ObserveTransfer.

@@ -123,9 +123,9 @@ struct EmbeddedClusterOptions {
   // (CalibratedCostModel::Options::learn_split_overlap). Default true.
   bool placement_learns_split_overlap = true;
   // Placement's retrials of slowed daemons (PlacementOptions::retrial_interval and
-  // retrial_max_interval; placement_node.h, RETRIALS). Defaults 5 s and 300 s.
+  // retrial_max_interval; placement_node.h, RETRIALS). Defaults 5 s and 60 s.
   std::chrono::milliseconds placement_retrial_interval{5000};
-  std::chrono::milliseconds placement_retrial_max_interval{300000};
+  std::chrono::milliseconds placement_retrial_max_interval{60000};
   // How every listener is secured (security/grpc_security.h). Default:
   // plaintext, which the embedded cluster may use since it listens on
   // 127.0.0.1 only; with certificates, every listener is TLS (mutual with a

@@ -153,10 +153,12 @@ struct PlacementOptions {
   // RETRIALS (file comment): how long a host's slowed path goes without a transfer before a plan
   // tries it on its figures from before the slowdown, and the most that interval doubles to
   // while retrials find it still slow (--retrial-interval, --retrial-max-interval). Defaults 5 s
-  // and 300 s: a failed retrial costs about one plan's cut-off, so at most one such plan per
-  // host every 5 minutes once a path stays slow. 0 turns retrials off.
+  // and 60 s: a failed retrial costs one load a few times its prediction (the straggler cut,
+  // then recomputing; 0.2-0.5 s in cluster_planner_bench), so a path that stays slow costs one
+  // such load per host a minute, and one that recovers is used again within a minute. 0 turns
+  // retrials off.
   std::chrono::milliseconds retrial_interval{5000};
-  std::chrono::milliseconds retrial_max_interval{300000};
+  std::chrono::milliseconds retrial_max_interval{60000};
 
   // Place: a key the directory has seen accessed at least hot_threshold times gets hot_replicas
   // copies when the request leaves replicas at 0 (else 1). Defaults 8 and 2.
