@@ -34,7 +34,8 @@
 // Retrials: a path rescaled slower gets less traffic (placement plans around it), and a path
 // that gets none never shows that it recovered. So a slowdown keeps the figures from before it
 // (the first of a run of slowdowns; HealthyBefore, PathReport::healthy) if transfers confirmed
-// them (Options::healthy_after observations within change_point_ratio since they were set: a
+// them (Options::healthy_after transfers at most 1 + change_point_ratio times what they
+// predicted since they were set: a
 // change point on figures nothing confirmed is a correction, such as a calibration's idle-link
 // figure under load, not a slowdown to undo), and placement
 // occasionally plans a load on them (placement_node.h, RETRIALS). Its transfers come back
@@ -162,8 +163,9 @@ class CalibratedCostModel {
     // and beta by it made every larger fetch look slow (the vLLM connector test loaded 480 of
     // its 736 cached tokens with 5 ms); a capped link's stream misses by hundreds of ms.
     double change_point_severe_min_us = 20000;
-    // Transfers within change_point_ratio of an entry's figures (since they were last set or
-    // rescaled) a slowdown needs to keep them as the figures to retry (file comment, Retrials).
+    // Transfers no slower than (1 + change_point_ratio) x an entry's figures (since they were last
+    // set or rescaled) a slowdown needs to keep them as the figures to retry (file comment,
+    // Retrials).
     // Default 2 (one could be luck). Measured (cluster_planner_bench): the calibration's idle
     // probes put the remote->local path at 2.9 GB/s; under two loads at once and a prefill
     // beside it, the first transfers ran at 0.4-0.7 GB/s and rescaled it at once, and retrials of
@@ -271,8 +273,9 @@ class CalibratedCostModel {
   StatusOr<RetrialJudgement> ObserveRetrial(BusPath path, std::string_view host_id, uint64_t bytes,
                                             uint64_t shared_bytes, double observed_us,
                                             bool beside_prefill = false);
-  // A split's fetch side (slowed by the prefill beside it): never scored or fitted, but within
-  // change_point_ratio of the figures in force it confirms them (Options::healthy_after).
+  // A split's fetch side (slowed by the prefill beside it): never scored or fitted, but no slower
+  // than (1 + change_point_ratio) x the figures in force it confirms them
+  // (Options::healthy_after).
   // Errors as ObserveTransfer.
   Status ObserveBesidePrefill(BusPath path, std::string_view host_id, uint64_t bytes,
                               double observed_us);
@@ -338,8 +341,8 @@ class CalibratedCostModel {
   // *why set for bytes == 0, a time that is not finite and > 0, or no entry to start from.
   PathEntry* ObservedPathLocked(BusPath path, std::string_view host_id, std::string_view what,
                                 uint64_t bytes, double observed_us, Status* why) KVF_REQUIRES(mu_);
-  // Counts a transfer within change_point_ratio of the figures (observed / predicted = ratio)
-  // toward confirming them (PathEntry::confirmed).
+  // Counts a transfer no slower than (1 + change_point_ratio) x the figures (observed /
+  // predicted = ratio) toward confirming them (PathEntry::confirmed).
   void ConfirmLocked(PathEntry& e, double ratio) const KVF_REQUIRES(mu_);
   // Scores, and refits or detects a change point (ObserveTransfer, on its entry).
   void ObserveTransferLocked(PathEntry& e, uint64_t bytes, double observed_us) KVF_REQUIRES(mu_);
