@@ -172,8 +172,9 @@ void EmitPaths(const std::vector<CalibratedCostModel::PathReport>& paths,
           "beyond 50%, or two beyond 4x and 20 ms (a path that turned slower or faster).",
           std::move(changes));
   Gauge(out, "path_slowed",
-        "1 while a change point has slowed a (path, host) and no retrial has found it recovered "
-        "(placement keeps its figures from before the slowdown and retries them).",
+        "1 while a change point has slowed a (path, host) below figures transfers had confirmed, "
+        "until a retrial or its own traffic brings it back to them (placement keeps those "
+        "figures and retries them).",
         std::move(slowed));
   Counter(out, "path_restores_total",
           "Times a retrial found a slowed (path, host) recovered and restored its figures from "
