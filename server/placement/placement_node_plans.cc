@@ -495,7 +495,7 @@ std::size_t PlacementNode::PlanRecordBytes(const PlanRecord& record) {
   std::size_t terms = 0;
   for (const ExplainTerm& t : record.input_terms) terms += t.name.size() + t.unit.size();
   return sizeof(PlanRecord) + record.ns.size() + record.model_id.size() +
-         record.explanation.size() + record.inputs.size() +
+         record.retrial_host.size() + record.explanation.size() + record.inputs.size() +
          record.input_terms.size() * sizeof(ExplainTerm) + terms +
          record.alternatives.size() * sizeof(PlanAlternative);
 }
