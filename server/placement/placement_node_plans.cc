@@ -597,7 +597,8 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
   if (r.plan_id != 0) {
     MutexLock lock(&mu_);
     PlanRecord* plan = FindPlanLocked(r.plan_id);
-    if (plan != nullptr && !plan->retrial_host.empty() && !plan->retrial_judged &&
+    if (plan != nullptr && plan->ns == r.ns && !plan->retrial_host.empty() &&
+        !plan->retrial_judged &&
         std::any_of(r.transfers.begin(), r.transfers.end(), [&](const TransferObservation& t) {
           return t.host_id == plan->retrial_host;
         })) {
@@ -643,8 +644,8 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
       // A split's fetch side, slowed by the prefill beside it: the split's own score covers it,
       // and fitting alpha and beta to it would count the overlap twice (once in them, once in s)
       // and price every later fetch-all as if a prefill ran beside it. (A stream the client cut
-      // as a straggler is reported without the flag: that miss is the path's.) One within
-      // change_point_ratio of the figures confirms them all the same (retrials).
+      // as a straggler is reported without the flag: that miss is the path's.) One no slower
+      // than 1 + change_point_ratio times the figures confirms them all the same (retrials).
       ++beside_prefill;
       cost_model_.ObserveBesidePrefill(t.path, t.host_id, t.bytes, t.observed_us).IgnoreError();
     } else {
@@ -714,7 +715,9 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
   }
   if (r.plan_id == 0) return Status::OK();
   PlanRecord* plan = FindPlanLocked(r.plan_id);
-  if (plan == nullptr) {
+  // Another namespace's plan is unknown here: a tenant cannot finish, release or teach the
+  // overlap of (or judge the retrial of) a plan it did not make.
+  if (plan == nullptr || plan->ns != r.ns) {
     ++counters_.observations_unknown_plan;
     return Status::OK();
   }
@@ -750,6 +753,10 @@ Status PlacementNode::ReportObservations(const ObservationReport& r) {
 void PlacementNode::ReportPlanFinished(std::uint64_t plan_id) {
   ObservationReport r;
   r.plan_id = plan_id;
+  {
+    MutexLock lock(&mu_);
+    if (const PlanRecord* plan = FindPlanLocked(plan_id); plan != nullptr) r.ns = plan->ns;
+  }
   r.plan_finished = true;
   ReportObservations(r).IgnoreError();
 }

@@ -111,6 +111,34 @@ TEST_F(RetrialTest, ASlowedHostIsRetriedAfterAnIntervalAndRestoredWhenItRecovere
   EXPECT_EQ(node_->Snapshot().retrials_still_slow, 1u);
 }
 
+TEST_F(RetrialTest, AnotherNamespaceCannotJudgeARetrialOrFinishAPlan) {
+  StartWithHostA();
+  ReportTransfer(0.1e9);
+  ReportTransfer(0.1e9);
+  MakePlan(kBlocks);
+  env_.Advance(1'000'000);
+  const PlanResult retrial = MakePlan(kBlocks);
+  ASSERT_TRUE(FetchesFromA(retrial));
+  ObservationReport r;
+  r.ns = "other";
+  r.plan_id = retrial.plan_id;
+  r.plan_finished = true;
+  r.observed_total_us = 100;
+  r.transfers.push_back({BusPath::kRemoteHostToLocalHost, "a", kChainBytes,
+                         FetchMicros({20.0, 10e9}, static_cast<double>(kChainBytes))});
+  ASSERT_TRUE(node_->ReportObservations(r).ok());
+  PlacementSnapshot s = node_->Snapshot();
+  EXPECT_EQ(s.retrials_restored, 0u);
+  EXPECT_EQ(s.plans_finished, 0u);
+  EXPECT_EQ(s.observations_unknown_plan, 1u);
+  EXPECT_LT(BetaOfA(), 10e9);
+  // Its own namespace's report judges it.
+  ReportTransfer(10e9, retrial.plan_id);
+  s = node_->Snapshot();
+  EXPECT_EQ(s.retrials_restored, 1u);
+  EXPECT_EQ(s.plans_finished, 1u);
+}
+
 TEST_F(RetrialTest, AHostOrdinaryLoadsStillUseIsNotRetried) {
   StartWithHostA();
   ReportTransfer(0.1e9);
