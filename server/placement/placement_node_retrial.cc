@@ -24,22 +24,26 @@ int PlacementNode::ChooseRetrial(PlannerInput* in, PlannerHost* saved) {
   if (options_.retrial_interval.count() <= 0) return -1;
   const double ratio = 1 + options_.cost_model.change_point_ratio;
   // A slowed path's figures from before its slowdown, resolved at the bytes the plan expects
-  // to move over it as the ones in force were (ResolveSizeCurves), if the slowdown is still
-  // beyond change_point_ratio there.
+  // to move over it as the ones in force were (ResolveSizeCurves), with their size factor
+  // there, if the slowdown is still beyond change_point_ratio there.
+  struct Resolved {
+    PathParameters parameters;
+    double size_factor = 1;
+  };
   auto healthy = [&](BusPath path, const std::string& host, const PathParameters& now,
-                     std::uint64_t at) -> std::optional<PathParameters> {
+                     std::uint64_t at) -> std::optional<Resolved> {
     std::optional<PathParameters> before = cost_model_.HealthyBefore(path, host);
     if (!before) return std::nullopt;
     const double bytes = static_cast<double>(std::max<std::uint64_t>(at, 1));
-    PathParameters resolved = AtSize(*before, bytes);
-    if (FetchMicros(now, bytes) <= ratio * FetchMicros(resolved, bytes)) return std::nullopt;
-    return resolved;
+    Resolved r{AtSize(*before, bytes), SizeFactor(*before, bytes)};
+    if (FetchMicros(now, bytes) <= ratio * FetchMicros(r.parameters, bytes)) return std::nullopt;
+    return r;
   };
   for (std::size_t h = 0; h < in->hosts.size(); ++h) {
     PlannerHost& ph = in->hosts[h];
-    const std::optional<PathParameters> transfer =
+    const std::optional<Resolved> transfer =
         healthy(TransferPath(ph), ph.host_id, ph.transfer, ph.expected_bytes);
-    const std::optional<PathParameters> nvme =
+    const std::optional<Resolved> nvme =
         healthy(BusPath::kNvmeToHost, ph.host_id, ph.nvme, ph.expected_nvme_bytes);
     MutexLock lock(&retrial_mu_);
     auto it = retrials_.find(ph.host_id);
@@ -57,8 +61,14 @@ int PlacementNode::ChooseRetrial(PlannerInput* in, PlannerHost* saved) {
     }
     if (in->now_us < it->second.next_us) continue;
     *saved = ph;
-    if (transfer) ph.transfer = *transfer;
-    if (nvme) ph.nvme = *nvme;
+    if (transfer) {
+      ph.transfer = transfer->parameters;
+      ph.transfer_size_factor = transfer->size_factor;
+    }
+    if (nvme) {
+      ph.nvme = nvme->parameters;
+      ph.nvme_size_factor = nvme->size_factor;
+    }
     return static_cast<int>(h);
   }
   return -1;
