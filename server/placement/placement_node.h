@@ -43,7 +43,8 @@
 // slowed by more than the cost model's change_point_ratio against its figures from before the
 // slowdown (CalibratedCostModel::HealthyBefore), and no load has reported a transfer of the host
 // for Options::retrial_interval, that one plan is made on the figures from before (one host per
-// plan; a plan that would not fetch from it anyway is made again on the figures in force). Its
+// plan; a plan that would not fetch from it anyway is made again on the figures in force, and
+// the host's next try waits an interval). Its
 // transfers of the host go to CalibratedCostModel::ObserveRetrial: a recovered path gets its
 // figures back at once; one still slow was an ordinary observation, and the host's next retrial
 // waits twice as long, up to Options::retrial_max_interval. The cost of a failed retrial is
@@ -608,6 +609,9 @@ class PlacementNode {
   // The host of `in` whose slowed paths this plan should retry: their figures in `in` replaced by
   // those from before the slowdown (the ones in force saved in *saved), or -1.
   int ChooseRetrial(PlannerInput* in, PlannerHost* saved);
+  // A plan made on `host`'s figures from before its slowdown would not fetch from it even so:
+  // its next try waits an interval (not doubled; no retrial counted).
+  void DeferRetrial(const std::string& host, std::uint64_t now_us);
   // The plan retried in->hosts[h]: starts its interval and notes it in `record`.
   void BeginRetrial(const PlannerInput& in, int h, PlanRecord* record);
   // After a report: a retried host's outcome, and hosts whose transfers an ordinary load just

@@ -253,6 +253,10 @@ StatusOr<PlanResult> PlacementNode::Plan(const PlanRequest& request) {
                  r.host_index == static_cast<std::uint32_t>(retrial);
         })) {
       in.hosts[static_cast<std::size_t>(retrial)] = std::move(saved);
+      // Not counted as a retrial, but the host waits an interval before the next try: a host
+      // whose other path is slowed without figures to retry would otherwise be planned twice
+      // for every request.
+      DeferRetrial(in.hosts[static_cast<std::size_t>(retrial)].host_id, in.now_us);
       retrial = -1;
       KVF_ASSIGN_OR_RETURN(result.plan, planner_.MakePlan(in));
     }

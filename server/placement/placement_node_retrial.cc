@@ -74,6 +74,12 @@ int PlacementNode::ChooseRetrial(PlannerInput* in, PlannerHost* saved) {
   return -1;
 }
 
+void PlacementNode::DeferRetrial(const std::string& host, std::uint64_t now_us) {
+  MutexLock lock(&retrial_mu_);
+  auto it = retrials_.find(host);
+  if (it != retrials_.end()) it->second.next_us = now_us + it->second.interval_us;
+}
+
 void PlacementNode::BeginRetrial(const PlannerInput& in, int h, PlanRecord* record) {
   const PlannerHost& ph = in.hosts[static_cast<std::size_t>(h)];
   RetrialState state;
