@@ -43,6 +43,12 @@ Status CheckRecompute(std::string_view model_id, const RecomputeParameters& r) {
 // 1/kGainWindow of the way. A gain a calibration file states counts as a full window, so one
 // transfer does not undo a measurement.
 constexpr double kGainWindow = 16;
+// The fraction of a shared transfer's time that was its own at concurrency gain `gain`:
+// min(1, gain x bytes / (bytes + shared)), at least 1 / kMaxSharedShare.
+double OwnShare(double gain, double bytes, double all) {
+  return std::max(std::min(1.0, gain * bytes / all), 1.0 / kMaxSharedShare);
+}
+
 double GainPriorSamples(const PathParameters& p) {
   return p.concurrency_gain != 1 ? kGainWindow : 0;
 }
@@ -400,9 +406,7 @@ StatusOr<RetrialJudgement> CalibratedCostModel::ObserveRetrial(
     // read a recovered path's shared transfer as a gain of 16.
     const double b = static_cast<double>(bytes);
     const double all = b + static_cast<double>(shared_bytes);
-    const double us =
-        observed_us *
-        std::max(std::min(1.0, e->parameters.concurrency_gain * b / all), 1.0 / kMaxSharedShare);
+    const double us = observed_us * OwnShare(e->parameters.concurrency_gain, b, all);
     const double healthy_us = FetchMicros(*e->healthy, b);
     const double slowed_us = FetchMicros(e->parameters, b);
     // Recovered: within change_point_ratio of the healthy figures, or nearer them than the
@@ -494,7 +498,7 @@ double CalibratedCostModel::SharedOwnLocked(PathEntry& e, uint64_t bytes, uint64
     gain += (sample - gain) * std::max(1.0 / (e.gain_samples + 1), 1.0 / kGainWindow);
     e.gain_samples += 1;
   }
-  return std::max(std::min(1.0, gain * b / all), 1.0 / kMaxSharedShare);
+  return OwnShare(gain, b, all);
 }
 
 Status CalibratedCostModel::ObserveRecompute(std::string_view model_id, uint64_t tokens,
